@@ -1,0 +1,277 @@
+"""Exact numbers from the text a user wrote.
+
+Every entry of a problem file becomes a SymPy number without passing through a
+binary float: ``0.1`` is read from its text as 1/10. Strings such as
+``"sqrt(2)/2"`` go through a small parser of our own over Python's ``ast``
+that accepts numbers, declared symbols, ``+ - * / ** ^``, unary signs,
+parentheses and ``sqrt``/``exp``/``log``, and nothing else. No user text ever
+reaches ``eval``, ``exec``, ``sympify`` or ``parse_expr``.
+
+>>> parse_number("0.1")
+1/10
+>>> parse_number("1e-3")
+1/1000
+>>> parse_number("sqrt(2)/2")
+sqrt(2)/2
+>>> parse_number("2^3 - 1")
+7
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from fractions import Fraction
+from typing import Mapping
+
+import sympy
+
+# Limits that keep a small hostile entry from costing a large amount of work.
+MAX_TEXT = 2000  # characters in one entry
+MAX_DIGITS = 400  # digits in one literal
+MAX_EXPONENT_TEN = 400  # |e| in a decimal literal such as 1e-3
+MAX_POWER = 1000  # |p| and |q| of an exponent p/q
+MAX_POWER_BITS = 20000  # bits of an exact integer power's result
+MAX_DEPTH = 60  # nesting depth of an expression
+
+_INT_RE = re.compile(r"[-+]?[0-9]+\Z")
+_DEC_RE = re.compile(r"[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]+)?\Z")
+_NEG_INF = {"-inf", "-.inf", "-.Inf", "-.INF", "-infinity", "-Infinity", "-oo"}
+_POS_INF = {"inf", ".inf", ".Inf", ".INF", "+inf", "+.inf", "infinity", "Infinity", "oo"}
+_NAN = {"nan", ".nan", ".NaN", ".NAN", "NaN", "NAN"}
+_FUNCTIONS = {"sqrt": sympy.sqrt, "exp": sympy.exp, "log": sympy.log}
+
+
+class NumberError(ValueError):
+    """An entry that is not an exact number; the loader adds file, line and field."""
+
+
+def is_neg_inf_text(text: str) -> bool:
+    """Whether ``text`` spells minus infinity (``-inf``, ``-.inf``, ...)."""
+    return text.strip() in _NEG_INF
+
+
+def parse_decimal(text: str) -> sympy.Rational:
+    """An integer or decimal literal, exactly, from its text.
+
+    >>> parse_decimal("-2.50")
+    -5/2
+    """
+    text = text.strip()
+    if not _DEC_RE.match(text):
+        raise NumberError(f"{text!r} is not a decimal number")
+    mantissa, _, exponent = text.lower().partition("e")
+    if sum(c.isdigit() for c in mantissa) > MAX_DIGITS:
+        raise NumberError(
+            f"{_short(text)} has more than {MAX_DIGITS} digits; write it as a fraction or round it"
+        )
+    if exponent and abs(int(exponent)) > MAX_EXPONENT_TEN:
+        raise NumberError(
+            f"{_short(text)}: the power of ten is larger than {MAX_EXPONENT_TEN}; use a smaller number"
+        )
+    value = Fraction(text)
+    return sympy.Rational(value.numerator, value.denominator)
+
+
+def parse_number(
+    text: str,
+    *,
+    symbols: Mapping[str, sympy.Symbol] | None = None,
+    allow_neg_inf: bool = False,
+) -> sympy.Expr:
+    """An exact number (or an expression in declared ``symbols``) from ``text``.
+
+    Raises :class:`NumberError` with a sentence saying what is wrong.
+    """
+    symbols = symbols or {}
+    text = text.strip()
+    if not text:
+        raise NumberError("the entry is empty; write a number")
+    if len(text) > MAX_TEXT:
+        raise NumberError(f"the entry is longer than {MAX_TEXT} characters")
+    if text in _NEG_INF:
+        if allow_neg_inf:
+            return sympy.S.NegativeInfinity
+        raise NumberError(f"{text!r}: -inf is only allowed in a mask or bias matrix")
+    if text in _POS_INF:
+        raise NumberError(f"{text!r} is not a finite number")
+    if text in _NAN:
+        raise NumberError(f"{text!r} (not a number) is not allowed; write an exact number")
+    if _DEC_RE.match(text):
+        return parse_decimal(text)
+    if "\n" in text or "\r" in text:
+        raise NumberError("an entry must be on one line")
+    text = text.replace("^", "**")  # a caret is a power, as in written mathematics
+    try:
+        tree = ast.parse(text, mode="eval")
+    except RecursionError:
+        raise NumberError(f"{_short(text)} is nested too deeply") from None
+    except (SyntaxError, ValueError) as exc:
+        raise NumberError(f"{_short(text)} is not a number or an expression ({_syntax_reason(exc)})") from None
+    value = _Builder(text, symbols).build(tree.body, 0)
+    return _check_value(text, value)
+
+
+def _syntax_reason(exc: Exception) -> str:
+    if isinstance(exc, SyntaxError) and exc.msg:
+        return exc.msg
+    return str(exc) or "invalid syntax"
+
+
+def _short(text: str) -> str:
+    return repr(text if len(text) <= 40 else text[:37] + "...")
+
+
+def _check_value(text: str, value: sympy.Expr) -> sympy.Expr:
+    if value.has(sympy.nan, sympy.zoo) or value.has(sympy.oo) or value.has(-sympy.oo):
+        raise NumberError(f"{_short(text)} is not a finite number")
+    if not value.free_symbols:
+        if value.is_extended_real is False:
+            raise NumberError(f"{_short(text)} is not a real number")
+        if value.is_extended_real is None:
+            approx = sympy.N(value, 20)
+            if approx.has(sympy.nan, sympy.zoo) or not approx.is_number:
+                raise NumberError(f"{_short(text)} is not a finite number")
+            re_part, im_part = approx.as_real_imag()
+            if im_part != 0 and abs(im_part) > 1e-15:
+                raise NumberError(f"{_short(text)} is not a real number")
+    return value
+
+
+class _Builder:
+    """Turns an ``ast`` tree of an allowed shape into a SymPy expression."""
+
+    def __init__(self, text: str, symbols: Mapping[str, sympy.Symbol]) -> None:
+        self.text = text
+        self.symbols = symbols
+
+    def fail(self, node: ast.AST, what: str) -> NumberError:
+        col = getattr(node, "col_offset", None)
+        where = f" at character {col + 1}" if col is not None and col > 0 else ""
+        return NumberError(f"{_short(self.text)}: {what}{where}")
+
+    def build(self, node: ast.AST, depth: int) -> sympy.Expr:
+        if depth > MAX_DEPTH:
+            raise self.fail(node, f"nested more than {MAX_DEPTH} levels deep")
+        if isinstance(node, ast.Constant):
+            return self.constant(node)
+        if isinstance(node, ast.Name):
+            return self.name(node)
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.UAdd, ast.USub)):
+            operand = self.build(node.operand, depth + 1)
+            return -operand if isinstance(node.op, ast.USub) else operand
+        if isinstance(node, ast.BinOp):
+            return self.binop(node, depth)
+        if isinstance(node, ast.Call):
+            return self.call(node, depth)
+        raise self.fail(node, f"{_describe(node)} is not allowed in a number")
+
+    def constant(self, node: ast.Constant) -> sympy.Expr:
+        value = node.value
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise self.fail(node, f"{_describe(node)} is not allowed in a number")
+        literal = ast.get_source_segment(self.text, node) or ""
+        literal = literal.replace("_", "")
+        if isinstance(value, int) and _INT_RE.match(literal):
+            if len(literal) > MAX_DIGITS:
+                raise self.fail(node, f"a number has more than {MAX_DIGITS} digits")
+            return sympy.Integer(int(literal))
+        if _DEC_RE.match(literal):
+            return parse_decimal(literal)
+        raise self.fail(node, f"{literal or 'this literal'} is not a decimal number")
+
+    def name(self, node: ast.Name) -> sympy.Expr:
+        if node.id in self.symbols:
+            return self.symbols[node.id]
+        hint = ""
+        if node.id == "e":
+            hint = "; write exp(1) for e"
+        elif node.id in _FUNCTIONS:
+            hint = f"; {node.id} is a function: write {node.id}(...)"
+        elif self.symbols:
+            hint = "; declared symbols: " + ", ".join(sorted(self.symbols))
+        else:
+            hint = "; declare it under 'symbols' to use it as a symbol"
+        raise self.fail(node, f"{node.id!r} is not a number or a declared symbol{hint}")
+
+    def binop(self, node: ast.BinOp, depth: int) -> sympy.Expr:
+        op = node.op
+        if not isinstance(op, (ast.Add, ast.Sub, ast.Mult, ast.Div, ast.Pow, ast.BitXor)):
+            raise self.fail(node, f"the operator {_OP_NAMES.get(type(op), type(op).__name__)} is not allowed")
+        left = self.build(node.left, depth + 1)
+        right = self.build(node.right, depth + 1)
+        if isinstance(op, ast.Add):
+            return left + right
+        if isinstance(op, ast.Sub):
+            return left - right
+        if isinstance(op, ast.Mult):
+            return left * right
+        if isinstance(op, ast.Div):
+            if right == 0:
+                raise self.fail(node, "division by zero")
+            return left / right
+        return self.power(node, left, right)
+
+    def power(self, node: ast.AST, base: sympy.Expr, exponent: sympy.Expr) -> sympy.Expr:
+        if exponent.free_symbols:
+            raise self.fail(node, "an exponent must be a number (use exp(...) for e to a symbolic power)")
+        if not exponent.is_Rational:
+            raise self.fail(node, "an exponent must be an integer or a fraction such as 1/2")
+        p, q = int(exponent.p), int(exponent.q)
+        if abs(p) > MAX_POWER or q > MAX_POWER:
+            raise self.fail(node, f"the exponent {exponent} is too large (at most {MAX_POWER})")
+        if base == 0 and p < 0:
+            raise self.fail(node, "division by zero")
+        if base.is_Rational:
+            bits = max(int(base.p).bit_length(), int(base.q).bit_length())
+            if bits * abs(p) > MAX_POWER_BITS:
+                raise self.fail(node, "the power is too large to compute exactly")
+        return base**exponent
+
+    def call(self, node: ast.Call, depth: int) -> sympy.Expr:
+        func = node.func
+        if not isinstance(func, ast.Name) or func.id not in _FUNCTIONS:
+            if isinstance(func, ast.Name):
+                raise self.fail(node, f"the function {func.id} is not allowed (only sqrt, exp, log)")
+            raise self.fail(node, f"{_describe(func)} cannot be called (only sqrt, exp, log)")
+        if node.keywords or len(node.args) != 1 or isinstance(node.args[0], ast.Starred):
+            raise self.fail(node, f"{func.id} takes exactly one argument")
+        arg = self.build(node.args[0], depth + 1)
+        if func.id == "log" and arg == 0:
+            raise self.fail(node, "log(0) is not a finite number")
+        return _FUNCTIONS[func.id](arg)
+
+
+_OP_NAMES = {
+    ast.FloorDiv: "//",
+    ast.Mod: "%",
+    ast.MatMult: "@",
+    ast.LShift: "<<",
+    ast.RShift: ">>",
+    ast.BitOr: "|",
+    ast.BitAnd: "&",
+}
+
+
+def _describe(node: ast.AST) -> str:
+    if isinstance(node, ast.Constant):
+        if isinstance(node.value, str):
+            return "a string"
+        if isinstance(node.value, bool):
+            return "a boolean"
+        if isinstance(node.value, complex):
+            return "a complex number"
+        return repr(node.value)
+    if isinstance(node, ast.Attribute):
+        return "attribute access (.)"
+    if isinstance(node, ast.Subscript):
+        return "indexing ([...])"
+    if isinstance(node, (ast.Lambda,)):
+        return "a lambda"
+    if isinstance(node, (ast.List, ast.Tuple, ast.Set, ast.Dict)):
+        return "a collection"
+    if isinstance(node, ast.Compare):
+        return "a comparison"
+    if isinstance(node, ast.BoolOp):
+        return "and/or"
+    return type(node).__name__

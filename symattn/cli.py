@@ -1,0 +1,181 @@
+"""The ``symattn`` command line: a thin layer over the library.
+
+Heavy imports (SymPy, NumPy) happen inside the commands, so ``symattn --help``
+starts fast.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import click
+
+VERSION = "0.1.0"  # kept equal to symattn.__version__ by a test
+
+_SUFFIXES = {".tex": "latex", ".md": "markdown", ".markdown": "markdown", ".json": "json", ".txt": "text", ".pdf": "pdf"}
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(VERSION, prog_name="symattn")
+@click.option("--debug", is_flag=True, hidden=True, help="Show the traceback of an internal error.")
+@click.pass_context
+def cli(ctx: click.Context, debug: bool) -> None:
+    """Work out transformer attention exactly, stage by stage.
+
+    softmax(Q Kᵀ / √d_k + M) V with exact numbers (fractions, square roots,
+    e^… terms, −∞ for masked positions), a worked solution in LaTeX,
+    Markdown, text or JSON, and a numeric cross-check of every stage.
+    """
+    ctx.obj = {"debug": debug}
+
+
+@cli.command()
+@click.argument("problem", required=False, type=click.Path(dir_okay=False, path_type=Path))
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
+              help="Where to write; the format follows the suffix (.tex, .md, .json, .txt, .pdf). Default: standard output.")
+@click.option("-f", "--format", "fmt", type=click.Choice(["latex", "markdown", "text", "json"]),
+              help="Output format (default: from the suffix of -o, else latex).")
+@click.option("--standalone/--fragment", default=True, show_default=True,
+              help="A complete compilable LaTeX document, or only the steps (for \\input).")
+@click.option("--digits", type=click.IntRange(1, 50), help="Significant digits of the decimal approximations (default: the problem's, else 4).")
+@click.option("--no-check", is_flag=True, help="Skip the numeric cross-check against NumPy.")
+def derive(problem: Path | None, output: Path | None, fmt: str | None, standalone: bool, digits: int | None, no_check: bool) -> None:
+    """Derive every stage of attention for PROBLEM exactly.
+
+    PROBLEM is a YAML problem file; without it, symattn derives its built-in
+    four-token causal example so you see the whole output at once.
+
+    \b
+    Examples:
+      symattn derive
+      symattn derive problem.yaml -o solution.tex
+      symattn derive problem.yaml --format json
+    """
+    from . import _errors
+
+    try:
+        kind = _output_kind(output, fmt)
+        if output is not None and problem is not None and _same_file(output, problem):
+            raise click.ClickException(f"-o {output} is the problem file itself; choose another output path")
+        text = _derive_text(problem, kind, standalone, digits, not no_check)
+        if output is None:
+            click.echo(text, nl=False)
+        elif kind == "pdf":
+            from .pdf import latex_to_pdf
+
+            _write_atomic(output, latex_to_pdf(text))
+        else:
+            _write_atomic(output, text.encode("utf-8"))
+    except _errors.SymattnError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+def _derive_text(problem: Path | None, kind: str, standalone: bool, digits: int | None, check: bool) -> str:
+    from . import crosscheck as _cc
+    from . import derive as _derive
+    from . import load_problem, render
+    from ._errors import SymattnError
+
+    if problem is None:
+        from importlib import resources
+
+        source = resources.files("symattn").joinpath("data/causal_4_tokens.yaml").read_text("utf-8")
+        p = _builtin(source)
+    else:
+        p = load_problem(problem)
+    d = _derive(p)
+    result = None
+    if check:
+        result = _cc(d)
+        if not result.passed:
+            first = result.mismatches[0]
+            raise SymattnError(
+                f"cross-check failed at {first} ({len(result.mismatches)} entries differ); "
+                "this is a bug in symattn, please report it with the problem file"
+            )
+    fmt = "latex" if kind == "pdf" else kind
+    return render(d, fmt, standalone=standalone or kind == "pdf", digits=digits, check=result)
+
+
+def _builtin(source: str):
+    from .problem import parse_problem
+
+    return parse_problem(source, "causal_4_tokens.yaml")
+
+
+def _output_kind(output: Path | None, fmt: str | None) -> str:
+    if fmt is not None:
+        if output is not None and output.suffix.lower() == ".pdf" and fmt != "latex":
+            raise click.UsageError(f"--format {fmt} cannot be written as a PDF")
+        return "pdf" if output is not None and output.suffix.lower() == ".pdf" else fmt
+    if output is None:
+        return "latex"
+    kind = _SUFFIXES.get(output.suffix.lower())
+    if kind is None:
+        raise click.UsageError(
+            f"cannot tell the format from {output.name!r}; use a .tex, .md, .json, .txt or .pdf name, or give --format"
+        )
+    return kind
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return a.resolve() == b.resolve() or (a.exists() and b.exists() and os.path.samefile(a, b))
+    except OSError:
+        return False
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` all at once: a failure leaves the old file untouched."""
+    folder = path.resolve().parent
+    if not folder.is_dir():
+        raise click.ClickException(f"{path}: the folder {folder} does not exist")
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; an output is an ordinary file
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The console script: click's exit codes, and no traceback for a bug either."""
+    args = sys.argv[1:] if argv is None else argv
+    debug = "--debug" in args
+    try:
+        code = cli.main(args=args, prog_name="symattn", standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("Aborted.", err=True)
+        return 1
+    except click.ClickException as exc:
+        exc.show()
+        return exc.exit_code
+    except click.exceptions.Exit as exc:
+        return exc.exit_code
+    except (BrokenPipeError, KeyboardInterrupt):
+        return 1
+    except Exception as exc:  # an internal error: a short message, never a traceback
+        if debug:
+            raise
+        click.echo(
+            f"Error: internal error ({type(exc).__name__}: {exc}). This is a bug in symattn {VERSION}; "
+            "please report it with the problem file (run with --debug for the traceback).",
+            err=True,
+        )
+        return 3
+    return code if isinstance(code, int) else 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,556 @@
+"""Problem files: read, validate and turn into an immutable :class:`Problem`.
+
+Everything a user can get wrong is found here, before any arithmetic, and
+reported as one :class:`~symattn.SymattnError` line naming the file, line,
+column and field.
+"""
+
+from __future__ import annotations
+
+import csv
+import difflib
+import io
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable
+
+import sympy
+import yaml
+
+from . import _yaml
+from ._errors import SymattnError
+from ._numbers import NumberError, is_neg_inf_text, parse_decimal, parse_number
+from ._yaml import Where, where
+
+MAX_FILE_BYTES = 64 * 1024 * 1024
+MAX_DIM = 4096
+
+FIELDS = (
+    "title",
+    "tokens",
+    "X",
+    "context",
+    "context_tokens",
+    "W_Q",
+    "W_K",
+    "W_V",
+    "Q",
+    "K",
+    "V",
+    "heads",
+    "W_O",
+    "mask",
+    "bias",
+    "scale",
+    "symbols",
+    "values",
+    "digits",
+)
+# Fields of the format that this version does not derive yet: an error, never ignored.
+NOT_YET = {
+    "heads": "multi-head attention",
+    "W_O": "an output projection (it goes with heads)",
+    "symbols": "symbolic entries",
+    "values": "symbol values (they go with symbols)",
+}
+MASK_WORDS = ("none", "causal", "causal-bottom-right")
+
+Matrix = sympy.ImmutableMatrix
+
+
+@dataclass(frozen=True)
+class Mask:
+    """Which positions each query may attend to.
+
+    ``kind`` is ``none``, ``causal``, ``causal-bottom-right``,
+    ``sliding-window`` (with ``window``) or ``matrix`` (given 0/1 entries);
+    ``allowed[i][j]`` says whether query i may attend to key j.
+    """
+
+    kind: str
+    allowed: tuple[tuple[bool, ...], ...]
+    window: int | None = None
+
+    def rule(self) -> str:
+        """The mask's rule in words, for the worked solution."""
+        return {
+            "none": "no mask: every query may attend to every key",
+            "causal": "causal: query i may attend to keys j ≤ i (no looking ahead)",
+            "causal-bottom-right": "causal, aligned bottom-right: query i may attend to keys j ≤ i + (n_k − n_q)",
+            "sliding-window": f"sliding window of {self.window}: query i may attend to keys j ≤ i with i − j < {self.window}",
+            "matrix": "given matrix: 1 = may attend, 0 = may not",
+        }[self.kind]
+
+
+@dataclass(frozen=True)
+class Problem:
+    """A validated attention problem; every matrix entry is an exact SymPy number."""
+
+    source: str
+    title: str
+    tokens: tuple[str, ...]
+    key_tokens: tuple[str, ...]
+    mask: Mask
+    scale: sympy.Expr | str  # "auto", "none" or an exact number
+    digits: int
+    X: Matrix | None = None
+    context: Matrix | None = None
+    W_Q: Matrix | None = None
+    W_K: Matrix | None = None
+    W_V: Matrix | None = None
+    Q: Matrix | None = None
+    K: Matrix | None = None
+    V: Matrix | None = None
+    bias: Matrix | None = None
+
+    @property
+    def projected(self) -> bool:
+        """True when Q, K, V are computed from X and weights (not given)."""
+        return self.X is not None
+
+    @property
+    def n_q(self) -> int:
+        return (self.X if self.projected else self.Q).rows
+
+    @property
+    def n_k(self) -> int:
+        if self.projected:
+            return (self.context if self.context is not None else self.X).rows
+        return self.K.rows
+
+    @property
+    def d_model(self) -> int | None:
+        return self.X.cols if self.projected else None
+
+    @property
+    def d_k(self) -> int:
+        return (self.W_Q if self.projected else self.Q).cols
+
+    @property
+    def d_v(self) -> int:
+        return (self.W_V if self.projected else self.V).cols
+
+    @property
+    def scale_value(self) -> sympy.Expr:
+        """The exact factor the scores are multiplied by."""
+        if self.scale == "auto":
+            return 1 / sympy.sqrt(sympy.Integer(self.d_k))
+        if self.scale == "none":
+            return sympy.Integer(1)
+        return self.scale
+
+
+def load_problem(source: str | os.PathLike) -> Problem:
+    """Read a problem from a file path, or from YAML text (a string with a newline).
+
+    >>> p = load_problem("Q: [[1, 0]]\\nK: [[1, 0], [0, 1]]\\nV: [[1], [2]]\\nmask: causal\\n")
+    >>> p.n_q, p.n_k, p.d_k, p.mask.allowed
+    (1, 2, 2, ((True, False),))
+    """
+    if isinstance(source, str) and ("\n" in source or source.lstrip().startswith("{")):
+        return parse_problem(source, "<problem>", base_dir=None)
+    path = Path(source)
+    name = str(source)
+    try:
+        size = path.stat().st_size
+        if size > MAX_FILE_BYTES:
+            raise SymattnError(
+                f"the file is {size:,} bytes, more than the limit of {MAX_FILE_BYTES:,}", file=name
+            )
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise SymattnError("no such file", file=name) from None
+    except IsADirectoryError:
+        raise SymattnError("is a folder, not a problem file", file=name) from None
+    except OSError as exc:
+        raise SymattnError(f"cannot read the file: {exc.strerror or exc}", file=name) from None
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise SymattnError(
+            f"the file is not UTF-8 text (bad byte at offset {exc.start})", file=name
+        ) from None
+    return parse_problem(text, name, base_dir=path.resolve().parent)
+
+
+def parse_problem(text: str, file: str, base_dir: Path | None = None) -> Problem:
+    """Validate the YAML ``text`` of a problem; ``file`` names it in messages."""
+    return _Reader(file, base_dir).read(text)
+
+
+class _Reader:
+    def __init__(self, file: str, base_dir: Path | None) -> None:
+        self.file = file
+        self.base_dir = base_dir
+
+    # -- the document ------------------------------------------------------
+
+    def read(self, text: str) -> Problem:
+        if "\x00" in text:
+            raise SymattnError("the file holds a NUL byte; it is not a text file", file=self.file)
+        root = _yaml.compose(text, self.file)
+        if root is None:
+            raise SymattnError("the file is empty; a problem needs at least X and the weights, or Q, K and V", file=self.file)
+        _yaml.check_tags(root, self.file)
+        if not isinstance(root, yaml.MappingNode):
+            raise self.at(root).error(
+                f"a problem file is a mapping of fields (X:, W_Q:, ...), not {_yaml.kind(root)}"
+            )
+        fields = self.fields(root)
+        return self.build(root, fields)
+
+    def at(self, node: yaml.Node) -> Where:
+        return where(self.file, node)
+
+    def fields(self, root: yaml.MappingNode) -> dict[str, tuple[yaml.Node, yaml.Node]]:
+        fields: dict[str, tuple[yaml.Node, yaml.Node]] = {}
+        for key, value in root.value:
+            if not isinstance(key, yaml.ScalarNode) or _yaml.is_null(key):
+                raise self.at(key).error("a field name must be a plain word such as X or W_Q")
+            name = key.value
+            if name not in FIELDS:
+                raise self.at(key).error(f"unknown field {name!r}{_did_you_mean(name, FIELDS)}")
+            if name in fields:
+                first = self.at(fields[name][0])
+                raise self.at(key).error(f"the field {name!r} is given twice (first at line {first.line})")
+            if name in NOT_YET:
+                raise self.at(key).error(
+                    f"{NOT_YET[name]} is part of the problem format but not supported by this version of symattn yet"
+                )
+            fields[name] = (key, value)
+        return fields
+
+    def build(self, root: yaml.MappingNode, fields: dict[str, tuple[yaml.Node, yaml.Node]]) -> Problem:
+        def node(name: str) -> yaml.Node | None:
+            return fields[name][1] if name in fields else None
+
+        def key(name: str) -> yaml.Node:
+            return fields[name][0]
+
+        direct = [n for n in ("Q", "K", "V") if n in fields]
+        projected = [n for n in ("X", "W_Q", "W_K", "W_V", "context") if n in fields]
+        if direct and projected:
+            raise self.at(key(direct[0])).error(
+                f"give either X with W_Q, W_K, W_V or Q, K, V directly, not both ({projected[0]} is also given)"
+            )
+        matrices: dict[str, Matrix] = {}
+        if direct:
+            for name in ("Q", "K", "V"):
+                if name not in fields:
+                    raise self.at(root).error(f"Q, K and V go together: {name} is missing")
+                matrices[name] = self.matrix(node(name), name)
+            self.same(matrices, "Q", "cols", "K", "cols", "Q·Kᵀ needs Q and K to have the same number of columns (d_k)", key)
+            self.same(matrices, "K", "rows", "V", "rows", "each key needs one value row: K and V need the same number of rows", key)
+        else:
+            for name in ("X", "W_Q", "W_K", "W_V"):
+                if name not in fields:
+                    raise self.at(root).error(
+                        f"{name} is missing: give X with W_Q, W_K and W_V, or give Q, K and V directly"
+                    )
+            for name in ("X", "context", "W_Q", "W_K", "W_V"):
+                if name in fields:
+                    matrices[name] = self.matrix(node(name), name)
+            self.same(matrices, "X", "cols", "W_Q", "rows", "X·W_Q needs W_Q to have {a} rows", key)
+            kv = "context" if "context" in matrices else "X"
+            self.same(matrices, kv, "cols", "W_K", "rows", kv + "·W_K needs W_K to have {a} rows", key)
+            self.same(matrices, kv, "cols", "W_V", "rows", kv + "·W_V needs W_V to have {a} rows", key)
+            self.same(matrices, "W_Q", "cols", "W_K", "cols", "Q·Kᵀ needs W_Q and W_K to have the same number of columns (d_k)", key)
+
+        if direct:
+            n_q, n_k = matrices["Q"].rows, matrices["K"].rows
+            d_k = matrices["Q"].cols
+        else:
+            n_q = matrices["X"].rows
+            n_k = matrices["context"].rows if "context" in matrices else n_q
+            d_k = matrices["W_Q"].cols
+
+        if "context_tokens" in fields and "context" not in fields:
+            raise self.at(key("context_tokens")).error("context_tokens label the rows of context, which is not given")
+        tokens = self.labels(node("tokens"), "tokens", n_q, "X" if not direct else "Q", "t")
+        if "context" in fields:
+            key_tokens = self.labels(node("context_tokens"), "context_tokens", n_k, "context", "c")
+        elif direct and n_k != n_q:
+            key_tokens = tuple(f"k_{j + 1}" for j in range(n_k))
+        else:
+            key_tokens = tokens
+
+        mask = self.mask(node("mask"), n_q, n_k)
+        bias = None
+        if "bias" in fields:
+            bias = self.matrix(node("bias"), "bias", allow_neg_inf=True)
+            if bias.shape != (n_q, n_k):
+                raise self.at(node("bias")).error(
+                    f"bias is {_shape(bias)} but the scores are {n_q}×{n_k}: bias needs one entry per query and key",
+                    "bias",
+                )
+        self.check_rows_attend(mask, bias, node("bias") or node("mask") or root)
+
+        return Problem(
+            source=self.file,
+            title=self.title(node("title")),
+            tokens=tokens,
+            key_tokens=key_tokens,
+            mask=mask,
+            scale=self.scale(node("scale"), d_k),
+            digits=self.digits(node("digits")),
+            bias=bias,
+            **matrices,
+        )
+
+    def same(self, m, a, a_dim, b, b_dim, why, key) -> None:
+        if a not in m or b not in m:
+            return
+        a_val = getattr(m[a], a_dim)
+        b_val = getattr(m[b], b_dim)
+        if a_val != b_val:
+            raise self.at(key(b)).error(
+                f"{a} is {_shape(m[a])} but {b} is {_shape(m[b])}: " + why.format(a=a_val, b=b_val)
+            )
+
+    # -- scalars and lists ---------------------------------------------------
+
+    def title(self, node: yaml.Node | None) -> str:
+        if node is None:
+            if self.file.startswith("<"):
+                return "Scaled dot-product attention"
+            stem = Path(self.file).stem.replace("_", " ").replace("-", " ").strip()
+            return stem[:1].upper() + stem[1:] if stem else "Scaled dot-product attention"
+        if not isinstance(node, yaml.ScalarNode) or _yaml.is_null(node):
+            raise self.at(node).error(f"the title must be text, not {_yaml.kind(node)}", "title")
+        return node.value.strip()
+
+    def labels(self, node, name: str, n: int, of: str, prefix: str) -> tuple[str, ...]:
+        if node is None:
+            return tuple(f"{prefix}_{i + 1}" for i in range(n))
+        if not isinstance(node, yaml.SequenceNode):
+            raise self.at(node).error(f"{name} must be a list of labels such as [The, cat, sat], not {_yaml.kind(node)}", name)
+        if len(node.value) != n:
+            raise self.at(node).error(f"{name} has {len(node.value)} labels but {of} has {n} rows", name)
+        out = []
+        for i, item in enumerate(node.value):
+            if not isinstance(item, yaml.ScalarNode) or _yaml.is_null(item) or not item.value.strip():
+                raise self.at(item).error(f"a label must be a word, not {_yaml.kind(item)}", f"{name}[{i}]")
+            out.append(item.value.strip())
+        return tuple(out)
+
+    def digits(self, node) -> int:
+        if node is None:
+            return 4
+        if isinstance(node, yaml.ScalarNode) and node.style is None and node.value.isdigit():
+            value = int(node.value)
+            if 1 <= value <= 50:
+                return value
+        raise self.at(node).error(f"digits must be a whole number from 1 to 50, not {_yaml.kind(node)}", "digits")
+
+    def scale(self, node, d_k: int):
+        if node is None:
+            return "auto"
+        if isinstance(node, yaml.ScalarNode) and node.value in ("auto", "none"):
+            return node.value
+        if not isinstance(node, yaml.ScalarNode):
+            raise self.at(node).error(f"scale must be auto, none or a number, not {_yaml.kind(node)}", "scale")
+        value = self.number(node, "scale")
+        if not (value > 0):
+            raise self.at(node).error(f"scale must be positive, not {value}", "scale")
+        return value
+
+    def number(self, node: yaml.Node, field: str, allow_neg_inf: bool = False) -> sympy.Expr:
+        if not isinstance(node, yaml.ScalarNode):
+            raise self.at(node).error(f"expected a number, not {_yaml.kind(node)}", field)
+        if _yaml.is_null(node):
+            raise self.at(node).error("the entry is empty; write a number", field)
+        if _yaml.is_bool(node):
+            raise self.at(node).error(f"{node.value!r} is a boolean, not a number", field)
+        try:
+            return parse_number(node.value, allow_neg_inf=allow_neg_inf)
+        except NumberError as exc:
+            raise self.at(node).error(str(exc), field) from None
+
+    # -- matrices ------------------------------------------------------------
+
+    def rows_of(self, node: yaml.Node, name: str) -> list[list[yaml.Node]]:
+        """The entry nodes of a matrix written as a list of rows."""
+        if not isinstance(node, yaml.SequenceNode):
+            raise self.at(node).error(
+                f"a matrix is a list of rows such as [[1, 0], [0, 1]], not {_yaml.kind(node)}", name
+            )
+        if not node.value:
+            raise self.at(node).error("the matrix is empty; it needs at least one row", name)
+        if len(node.value) > MAX_DIM:
+            raise self.at(node).error(f"the matrix has more than {MAX_DIM} rows", name)
+        rows = []
+        width = None
+        for i, row in enumerate(node.value):
+            if not isinstance(row, yaml.SequenceNode):
+                hint = " (a single row is written [[...]])" if isinstance(row, yaml.ScalarNode) else ""
+                raise self.at(row).error(f"row {i} must be a list of numbers, not {_yaml.kind(row)}{hint}", f"{name}[{i}]")
+            if not row.value:
+                raise self.at(row).error("the row is empty", f"{name}[{i}]")
+            if len(row.value) > MAX_DIM:
+                raise self.at(row).error(f"the row has more than {MAX_DIM} entries", f"{name}[{i}]")
+            if width is None:
+                width = len(row.value)
+            elif len(row.value) != width:
+                raise self.at(row).error(
+                    f"row {i} has {len(row.value)} entries but row 0 has {width}; every row needs the same length",
+                    f"{name}[{i}]",
+                )
+            rows.append(row.value)
+        return rows
+
+    def matrix(self, node: yaml.Node, name: str, allow_neg_inf: bool = False) -> Matrix:
+        if isinstance(node, yaml.MappingNode):
+            return self.matrix_file(node, name)
+        rows = self.rows_of(node, name)
+        return Matrix(
+            [
+                [self.number(entry, f"{name}[{i}][{j}]", allow_neg_inf) for j, entry in enumerate(row)]
+                for i, row in enumerate(rows)
+            ]
+        )
+
+    def matrix_file(self, node: yaml.MappingNode, name: str) -> Matrix:
+        if len(node.value) != 1 or node.value[0][0].value != "file":
+            raise self.at(node).error("a matrix is a list of rows, or {file: NAME} naming a .npy or .csv file", name)
+        value = node.value[0][1]
+        if not isinstance(value, yaml.ScalarNode) or _yaml.is_null(value):
+            raise self.at(value).error("file: needs a file name", name)
+        where_ = self.at(value)
+        rel = value.value
+        if self.base_dir is None:
+            raise where_.error("matrices from files need the problem to be read from a file", name)
+        if os.path.isabs(rel) or ".." in Path(rel).parts:
+            raise where_.error(f"{rel!r} must be a path inside the problem's folder (no absolute paths, no ..)", name)
+        path = (self.base_dir / rel).resolve()
+        if self.base_dir not in path.parents:
+            raise where_.error(f"{rel!r} leaves the problem's folder", name)
+        if path.suffix.lower() == ".csv":
+            return self._read_csv(path, rel, where_, name)
+        if path.suffix.lower() == ".npy":
+            return self._read_npy(path, rel, where_, name)
+        raise where_.error(f"{rel!r}: a matrix file must end in .npy or .csv", name)
+
+    def _read_csv(self, path: Path, rel: str, where_: Where, name: str) -> Matrix:
+        try:
+            text = path.read_text(encoding="utf-8-sig")
+        except OSError as exc:
+            raise where_.error(f"cannot read {rel!r}: {exc.strerror or exc}", name) from None
+        rows = [r for r in csv.reader(io.StringIO(text)) if r and any(c.strip() for c in r)]
+        if not rows:
+            raise where_.error(f"{rel!r} holds no numbers", name)
+        width = len(rows[0])
+        out = []
+        for i, row in enumerate(rows):
+            if len(row) != width:
+                raise where_.error(f"{rel!r} line {i + 1} has {len(row)} entries but line 1 has {width}", name)
+            try:
+                out.append([parse_decimal(c) for c in row])
+            except NumberError as exc:
+                raise where_.error(f"{rel!r} line {i + 1}: {exc}", name) from None
+        return Matrix(out)
+
+    def _read_npy(self, path: Path, rel: str, where_: Where, name: str) -> Matrix:
+        import numpy as np
+
+        try:
+            array = np.load(path, allow_pickle=False)
+        except (OSError, ValueError) as exc:
+            raise where_.error(f"cannot read {rel!r} as a .npy file: {exc}", name) from None
+        if array.ndim != 2 or 0 in array.shape:
+            raise where_.error(f"{rel!r} holds a {array.ndim}-dimensional array of shape {array.shape}; a matrix is 2-dimensional", name)
+        if array.dtype.kind in "iu":
+            return Matrix([[sympy.Integer(int(v)) for v in row] for row in array.tolist()])
+        if array.dtype.kind != "f":
+            raise where_.error(f"{rel!r} holds {array.dtype} values; expected integers or floats", name)
+        if not np.isfinite(array).all():
+            raise where_.error(f"{rel!r} holds NaN or infinite values", name)
+        # A binary float is exactly a dyadic rational: take that, not its decimal print.
+        return Matrix([[sympy.Rational(*float(v).as_integer_ratio()) for v in row] for row in array.tolist()])
+
+    # -- the mask --------------------------------------------------------------
+
+    def mask(self, node, n_q: int, n_k: int) -> Mask:
+        if node is None:
+            return Mask("none", _grid(n_q, n_k, lambda i, j: True))
+        if isinstance(node, yaml.ScalarNode) and not _yaml.is_null(node):
+            word = node.value
+            if word == "none":
+                return Mask("none", _grid(n_q, n_k, lambda i, j: True))
+            if word == "causal":
+                return Mask("causal", _grid(n_q, n_k, lambda i, j: j <= i))
+            if word == "causal-bottom-right":
+                return Mask("causal-bottom-right", _grid(n_q, n_k, lambda i, j: j <= i + n_k - n_q))
+            raise self.at(node).error(
+                f"unknown mask {word!r}{_did_you_mean(word, MASK_WORDS + ('sliding-window',))}; "
+                "use none, causal, causal-bottom-right, {sliding-window: w} or a 0/1 matrix",
+                "mask",
+            )
+        if isinstance(node, yaml.MappingNode):
+            if len(node.value) == 1 and node.value[0][0].value == "sliding-window":
+                w_node = node.value[0][1]
+                if isinstance(w_node, yaml.ScalarNode) and w_node.style is None and w_node.value.isdigit() and int(w_node.value) >= 1:
+                    w = int(w_node.value)
+                    return Mask("sliding-window", _grid(n_q, n_k, lambda i, j: j <= i and i - j < w), window=w)
+                raise self.at(w_node).error(f"the window must be a whole number ≥ 1, not {_yaml.kind(w_node)}", "mask")
+            if len(node.value) == 1 and node.value[0][0].value == "file":
+                raise self.at(node).error("a mask is a word or a 0/1 matrix written in the file", "mask")
+            first = node.value[0][0] if node.value else node
+            raise self.at(first).error(
+                f"unknown mask {_yaml.kind(first)}{_did_you_mean(getattr(first, 'value', ''), ('sliding-window',))}; "
+                "the mapping form is {sliding-window: w}",
+                "mask",
+            )
+        if isinstance(node, yaml.SequenceNode):
+            rows = self.rows_of(node, "mask")
+            allowed = tuple(
+                tuple(self.mask_entry(entry, f"mask[{i}][{j}]") for j, entry in enumerate(row))
+                for i, row in enumerate(rows)
+            )
+            if (len(allowed), len(allowed[0])) != (n_q, n_k):
+                raise self.at(node).error(
+                    f"the mask is {len(allowed)}×{len(allowed[0])} but the scores are {n_q}×{n_k}", "mask"
+                )
+            return Mask("matrix", allowed)
+        raise self.at(node).error(
+            f"the mask must be none, causal, causal-bottom-right, {{sliding-window: w}} or a 0/1 matrix, not {_yaml.kind(node)}",
+            "mask",
+        )
+
+    def mask_entry(self, node: yaml.Node, field: str) -> bool:
+        if _yaml.is_bool(node):
+            return _yaml.bool_value(node)
+        if isinstance(node, yaml.ScalarNode) and node.value in ("0", "1"):
+            return node.value == "1"
+        raise self.at(node).error(
+            f"a mask entry is 1 (may attend) or 0 (may not), or true/false, not {_yaml.kind(node)}", field
+        )
+
+    def check_rows_attend(self, mask: Mask, bias: Matrix | None, node: yaml.Node) -> None:
+        for i, row in enumerate(mask.allowed):
+            if not any(
+                ok and (bias is None or bias[i, j] != sympy.S.NegativeInfinity) for j, ok in enumerate(row)
+            ):
+                by = "the mask and bias together" if bias is not None and any(row) else "the mask"
+                raise self.at(node).error(
+                    f"{by} leave row {i} (query {i + 1}) with no key to attend to; "
+                    "its softmax would be 0/0. Allow at least one key in every row",
+                    "mask" if by == "the mask" else "bias",
+                )
+
+
+def _grid(n_q: int, n_k: int, rule) -> tuple[tuple[bool, ...], ...]:
+    return tuple(tuple(bool(rule(i, j)) for j in range(n_k)) for i in range(n_q))
+
+
+def _shape(m: Matrix) -> str:
+    return f"{m.rows}×{m.cols}"
+
+
+def _did_you_mean(word: str, choices: Iterable[str]) -> str:
+    choices = list(choices)
+    lowered = {c.lower(): c for c in choices}
+    if isinstance(word, str) and word.lower() in lowered:
+        return f" (did you mean {lowered[word.lower()]!r}?)"
+    close = difflib.get_close_matches(str(word), choices, n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""

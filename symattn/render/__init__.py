@@ -1,0 +1,26 @@
+"""Renderers: each reads a :class:`~symattn.Derivation` and returns text."""
+
+from __future__ import annotations
+
+from .json import render_json
+from .latex import render_latex
+from .markdown import render_markdown
+from .text import render_text
+
+FORMATS = ("latex", "markdown", "text", "json")
+
+
+def render(derivation, format: str = "latex", *, standalone: bool = True, digits=None, check=None) -> str:
+    """The derivation in ``format`` (one of ``latex``, ``markdown``, ``text``, ``json``)."""
+    if format == "latex":
+        return render_latex(derivation, standalone=standalone, digits=digits, check=check)
+    if format == "markdown":
+        return render_markdown(derivation, digits=digits, check=check)
+    if format == "text":
+        return render_text(derivation, digits=digits, check=check)
+    if format == "json":
+        return render_json(derivation, check=check)
+    raise ValueError(f"unknown format {format!r}; choose one of {', '.join(FORMATS)}")
+
+
+__all__ = ["FORMATS", "render", "render_json", "render_latex", "render_markdown", "render_text"]

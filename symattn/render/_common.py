@@ -1,0 +1,335 @@
+"""Pieces every renderer shares: stages grouping, decimals, LaTeX math of entries."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import mpmath
+import sympy
+
+from ..derivation import Derivation, Step
+
+NEG_INF = sympy.S.NegativeInfinity
+
+# The eight stages of the walk-through, and which step ids each one shows.
+STAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("The input", ("X", "context")),
+    ("Project to queries, keys and values", ("W_Q", "Q", "W_K", "K", "W_V", "V")),
+    ("Transpose the keys", ("K_T",)),
+    ("Score every query against every key", ("S",)),
+    ("Scale the scores", ("S_scaled",)),
+    ("Apply the mask", ("M", "S_masked")),
+    ("Softmax on each row", ("A",)),
+    ("Weighted sum of the values", ("O",)),
+)
+_GIVEN_STAGE = ("The input: queries, keys and values given", ("Q", "K", "V"))
+
+
+@dataclass(frozen=True)
+class Stage:
+    number: int
+    title: str
+    steps: tuple[Step, ...]
+
+
+def stages(d: Derivation) -> tuple[Stage, ...]:
+    """The derivation's steps grouped into numbered stages, in order."""
+    by_id = {s.id: s for s in d.steps}
+    groups = list(STAGES)
+    if not d.problem.projected:
+        groups[0] = _GIVEN_STAGE
+        groups[1] = ("", ())
+    out = []
+    for title, ids in groups:
+        steps = tuple(by_id[i] for i in ids if i in by_id)
+        if steps:
+            out.append(Stage(len(out) + 1, title, steps))
+    return tuple(out)
+
+
+def decimal(x: mpmath.mpf, digits: int) -> str:
+    """``x`` to ``digits`` significant figures, without trailing zeros.
+
+    >>> decimal(mpmath.mpf(1) / 3, 4)
+    '0.3333'
+    >>> decimal(mpmath.mpf(2), 4)
+    '2'
+    """
+    if mpmath.isinf(x):
+        return "-inf" if x < 0 else "inf"
+    if x == 0:
+        return "0"
+    text = mpmath.nstr(x, digits, min_fixed=-5, max_fixed=digits + 1, strip_zeros=True)
+    if text.endswith(".0"):
+        text = text[:-2]
+    return text
+
+
+def is_plain_integer(x: sympy.Expr) -> bool:
+    return isinstance(x, sympy.Integer)
+
+
+def needs_decimals(step: Step) -> bool:
+    """Whether some entry is neither an integer nor −∞ (so decimals help)."""
+    return any(not (is_plain_integer(x) or x == NEG_INF) for x in _entries(step))
+
+
+def _entries(step: Step):
+    if step.softmax and step.id == "A":
+        for row in step.softmax:
+            for j in range(len(row.exponents)):
+                yield row.weight(j)
+    else:
+        yield from step.exact
+
+
+def tex(x: sympy.Expr) -> str:
+    """LaTeX of one exact entry."""
+    if x == NEG_INF:
+        return "-\\infty"
+    return sympy.latex(x)
+
+
+def _exp_split(term: sympy.Expr) -> tuple[sympy.Expr, sympy.Expr] | None:
+    """``term`` as ``(c, x)`` with ``term = c·e^x`` and ``c`` free of exponentials, if it is one."""
+    coeff, exponent = [], []
+    for f in sympy.Mul.make_args(term):
+        if isinstance(f, sympy.exp):
+            exponent.append(f.args[0])
+        elif f is sympy.E:
+            exponent.append(sympy.Integer(1))
+        elif f.has(sympy.exp) or f.has(sympy.E):
+            return None
+        else:
+            coeff.append(f)
+    return sympy.Mul(*coeff), sympy.Add(*exponent)
+
+
+def exp_sum_tex(expr: sympy.Expr) -> str:
+    """A sum of terms ``c·e^x`` written with the largest exponent first.
+
+    >>> exp_sum_tex(2*sympy.exp(-2) + 1 + sympy.exp(-1))
+    '1 + e^{-1} + 2 e^{-2}'
+    """
+    parts = []
+    for term in sympy.Add.make_args(sympy.expand(expr)):
+        split = _exp_split(term)
+        if split is None:
+            return tex(expr)
+        parts.append(split)
+    parts.sort(key=lambda cx: -float(cx[1]) if cx[1].is_number else 0.0)
+    out = ""
+    for k, (c, x) in enumerate(parts):
+        power = "" if x == 0 else f"e^{{{tex(x)}}}"
+        if not power:
+            body = tex(c)
+        elif c == 1:
+            body = power
+        elif c == -1:
+            body = "-" + power
+        elif isinstance(c, sympy.Add):
+            body = f"\left({tex(c)}\right) {power}"
+        else:
+            body = f"{tex(c)} {power}"
+        if k and body.startswith("-"):
+            out += " - " + body[1:]
+        elif k:
+            out += " + " + body
+        else:
+            out += body
+    return out
+
+
+def tex_matrix(rows: list[list[str]]) -> str:
+    tall = any("\\dfrac" in cell for row in rows for cell in row)
+    body = (" \\\\[6pt] " if tall else " \\\\ ").join(" & ".join(row) for row in rows)
+    return f"\\begin{{bmatrix}} {body} \\end{{bmatrix}}"
+
+
+def normaliser_is_number(row) -> bool:
+    return row.normaliser.is_Rational
+
+
+def entry_tex(step: Step, i: int, j: int) -> str:
+    """LaTeX of entry (i, j), writing softmax rows over their normaliser Z_i."""
+    if step.softmax and not normaliser_is_number(step.softmax[i]):
+        row = step.softmax[i]
+        if step.id == "A":
+            if row.exponents[j] is None:
+                return "0"
+            return f"\\dfrac{{{exp_sum_tex(row.terms[j])}}}{{Z_{{{i + 1}}}}}"
+        numerator = sympy.expand(step.exact[i, j] * row.normaliser)
+        return f"\\dfrac{{{exp_sum_tex(numerator)}}}{{Z_{{{i + 1}}}}}"
+    return tex(step.exact[i, j])
+
+
+def exact_tex_matrix(step: Step) -> str:
+    rows, cols = step.shape
+    return tex_matrix([[entry_tex(step, i, j) for j in range(cols)] for i in range(rows)])
+
+
+def approx_tex_matrix(d: Derivation, step: Step, digits: int) -> str:
+    values = d.evaluate(step.id, max(digits + 5, 20))
+    return tex_matrix([[_tex_decimal(v, digits) for v in row] for row in values])
+
+
+def _tex_decimal(v, digits: int) -> str:
+    if mpmath.isinf(v):
+        return "-\\infty"
+    text = decimal(v, digits)
+    m = re.fullmatch(r"(-?[0-9.]+)e([-+]?)0*([0-9]+)", text)
+    if m:
+        sign = "-" if m.group(2) == "-" else ""
+        return f"{m.group(1)}\\times 10^{{{sign}{m.group(3)}}}"
+    return text
+
+
+def normaliser_lines(d: Derivation, step: Step, digits: int) -> list[str]:
+    """``m_i`` and ``Z_i`` of every row whose normaliser is not a plain number."""
+    lines = []
+    values = None
+    for i, row in enumerate(step.softmax):
+        if normaliser_is_number(row):
+            continue
+        if values is None:
+            with mpmath.workdps(digits + 10):
+                values = [_z_value(r, digits) for r in step.softmax]
+        lines.append(
+            f"m_{{{i + 1}}} = {tex(row.maximum)},\\quad Z_{{{i + 1}}} = \\sum_k e^{{Z_{{{i + 1}k}} - m_{{{i + 1}}}}} = "
+            f"{exp_sum_tex(row.normaliser)} \\approx {_tex_decimal(values[i], digits)}"
+        )
+    return lines
+
+
+def _z_value(row, digits):
+    from .._exact import to_mpf
+
+    return mpmath.fsum(mpmath.exp(to_mpf(e, digits + 10)) for e in row.exponents if e is not None)
+
+
+def factor_tex(x: sympy.Expr) -> str:
+    """An entry as a factor in a product: negatives and sums in parentheses."""
+    s = tex(x)
+    if s.startswith("-") or isinstance(x, sympy.Add):
+        return f"\\left({s}\\right)"
+    return s
+
+
+def worked_dot_tex(dot) -> str:
+    products = " + ".join(f"{factor_tex(a)} \\cdot {factor_tex(b)}" for a, b in dot.terms)
+    left = _vec_name(dot.left)
+    right = _vec_name(dot.right)
+    return (
+        f"{_sub(dot.target, dot.i, dot.j)} = {left} \\cdot {right} = {products} = {tex(dot.value)}"
+    )
+
+
+def _vec_name(name: str) -> str:
+    # "q_1" -> "q_{1}", "W_Q[:,1]" -> "W_{Q}[:,1]"
+    m = re.fullmatch(r"([A-Za-z])_([A-Za-z0-9]+)(.*)", name)
+    if not m:
+        return name
+    return f"{m.group(1)}_{{{m.group(2)}}}{m.group(3)}"
+
+
+def _sub(name: str, i: int, j: int) -> str:
+    return f"{name}_{{{i + 1}{j + 1}}}" if max(i, j) < 9 else f"{name}_{{{i + 1},{j + 1}}}"
+
+
+# -- the document as a sequence of blocks, shared by LaTeX and Markdown ------------
+
+
+@dataclass(frozen=True)
+class Block:
+    """One piece of a worked solution.
+
+    ``kind`` is ``section`` (text = heading), ``step`` (text = the step's
+    title, extra = its one sentence of why), ``para`` (text = prose in
+    plain Unicode, never LaTeX) or ``math`` (text = display LaTeX).
+    """
+
+    kind: str
+    text: str
+    extra: str = ""
+
+
+def blocks(d: Derivation, digits: int | None = None, check=None) -> list[Block]:
+    """The worked solution of ``d``, renderer-neutral."""
+    p = d.problem
+    digits = digits or p.digits
+    out: list[Block] = [Block("para", _intro(d)), Block("math", _FORMULA)]
+    for stage in stages(d):
+        out.append(Block("section", f"Step {stage.number}: {stage.title}"))
+        for step in stage.steps:
+            out.append(Block("step", step.title, step.why))
+            out.append(Block("math", f"{step.formula} = {exact_tex_matrix(step)}"))
+            out.append(Block("para", f"Shape: {step.shape_note}."))
+            for dot in step.worked:
+                out.append(Block("math", worked_dot_tex(dot)))
+            if step.softmax and step.id == "A":
+                for line in normaliser_lines(d, step, digits):
+                    out.append(Block("math", line))
+            if step.id == "O" and step.softmax:
+                line = weighted_sum_tex(d, step, digits)
+                if line:
+                    out.append(Block("math", line))
+            if needs_decimals(step):
+                out.append(Block("math", f"{_short_name(step)} \\approx {approx_tex_matrix(d, step, digits)}"))
+    if check is not None:
+        out.append(Block("section", "Cross-check"))
+        out.append(Block("para", check_sentence(check)))
+    return out
+
+
+_FORMULA = "\\operatorname{Attention}(Q, K, V) = \\operatorname{softmax}\\!\\left(\\frac{Q K^{\\top}}{\\sqrt{d_k}} + M\\right) V"
+
+
+def _short_name(step: Step) -> str:
+    return {"S_scaled": "\\frac{S}{\\sqrt{d_k}}", "S_masked": "Z", "K_T": "K^{\\top}"}.get(step.id, step.id)
+
+
+def _intro(d: Derivation) -> str:
+    p = d.problem
+    if p.projected:
+        what = (
+            f"{p.n_q} tokens ({', '.join(p.tokens)}) with d_model = {p.d_model}, "
+            f"projected to queries and keys of width d_k = {p.d_k} and values of width d_v = {p.d_v}"
+        )
+        if p.context is not None:
+            what = (
+                f"{p.n_q} query tokens ({', '.join(p.tokens)}) attending to {p.n_k} context tokens "
+                f"({', '.join(p.key_tokens)}), d_model = {p.d_model}, d_k = {p.d_k}, d_v = {p.d_v}"
+            )
+    else:
+        what = f"{p.n_q} queries and {p.n_k} keys given directly, d_k = {p.d_k}, d_v = {p.d_v}"
+    scale = {"auto": f"scores scaled by 1/√d_k = 1/√{p.d_k}", "none": "no scaling"}.get(
+        p.scale if isinstance(p.scale, str) else "", f"scores scaled by {p.scale}"
+    )
+    return f"The problem: {what}; mask: {p.mask.rule()}; {scale}. Every number below is exact."
+
+
+def check_sentence(check) -> str:
+    if check.passed:
+        return (
+            f"Every stage agrees with an independent NumPy float64 evaluation of the same problem: "
+            f"the largest difference is {check.max_abs_error:.1e} (tolerance {check.tolerance:.0e})."
+        )
+    first = check.mismatches[0]
+    return f"The cross-check FAILED: {first}."
+
+
+def weighted_sum_tex(d: Derivation, step: Step, digits: int) -> str | None:
+    """The last output row worked as a weighted average of value rows, in decimals."""
+    weights = d.evaluate("A", max(digits + 5, 20))
+    i = len(weights) - 1
+    values = step.values
+    if values is None or values.rows > 6:
+        return None
+    terms = []
+    for j, a in enumerate(weights[i]):
+        if a == 0:
+            continue
+        v = tex_matrix([[tex(values[j, c]) for c in range(values.cols)]])
+        terms.append(f"{_tex_decimal(a, digits)}\\,{v}")
+    return f"o_{{{i + 1}}} = \\sum_j A_{{{i + 1}j}}\\, v_j \\approx " + " + ".join(terms)

@@ -1,0 +1,41 @@
+"""JSON output, exactly as the CLI/JSON contract gives it."""
+
+from __future__ import annotations
+
+import json
+
+import mpmath
+
+from ..derivation import Derivation
+from ._common import NEG_INF
+
+
+def _approx(v) -> float | None:
+    return None if mpmath.isinf(v) else float(v)
+
+
+def as_dict(derivation: Derivation, *, check=None) -> dict:
+    d = derivation
+    stages = []
+    for step in d.steps:
+        m = step.exact
+        values = d.evaluate(step.id, 30)
+        stages.append(
+            {
+                "id": step.id,
+                "title": step.title,
+                "shape": list(step.shape),
+                "formula": step.formula_text,
+                "exact": [["-oo" if m[i, j] == NEG_INF else str(m[i, j]) for j in range(m.cols)] for i in range(m.rows)],
+                "approx": [[_approx(v) for v in row] for row in values],
+            }
+        )
+    out = {"title": d.problem.title, "dims": d.dims, "stages": stages}
+    if check is not None:
+        out["crosscheck"] = check.as_dict()
+    return out
+
+
+def render_json(derivation: Derivation, *, check=None, digits: int | None = None) -> str:
+    """The derivation as one JSON object (``digits`` is accepted and unused: JSON keeps full floats)."""
+    return json.dumps(as_dict(derivation, check=check), indent=2, ensure_ascii=False) + "\n"

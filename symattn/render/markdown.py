@@ -1,0 +1,35 @@
+"""Markdown worked solutions: math in ``$$`` blocks that GitHub and KaTeX render."""
+
+from __future__ import annotations
+
+import re
+
+from ..derivation import Derivation
+from ._common import blocks
+
+_MD_SPECIAL = re.compile(r"([\\`*_\[\]<>#|~$])")
+
+
+def escape(text: str) -> str:
+    """User text shown literally in Markdown (no links, emphasis, HTML or math).
+
+    >>> escape("*bold* <b>")
+    '\\\\*bold\\\\* \\\\<b\\\\>'
+    """
+    return _MD_SPECIAL.sub(r"\\\1", text.replace("\n", " "))
+
+
+def render_markdown(derivation: Derivation, *, digits: int | None = None, check=None) -> str:
+    """The worked solution as Markdown."""
+    lines = [f"# {escape(derivation.problem.title)}", ""]
+    for block in blocks(derivation, digits, check):
+        if block.kind == "section":
+            lines.append(f"## {escape(block.text)}")
+        elif block.kind == "step":
+            lines.append(f"**{escape(block.text)}.** {escape(block.extra)}")
+        elif block.kind == "para":
+            lines.append(escape(block.text))
+        else:
+            lines.append(f"$$\n{block.text}\n$$")
+        lines.append("")
+    return "\n".join(lines).rstrip() + "\n"
