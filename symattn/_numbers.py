@@ -146,6 +146,8 @@ class _Builder:
         self.symbols = symbols
 
     def fail(self, node: ast.AST, what: str) -> NumberError:
+        if ast.get_source_segment(self.text, node) == self.text:
+            return NumberError(what)  # the message already names the whole entry
         col = getattr(node, "col_offset", None)
         where = f" at character {col + 1}" if col is not None and col > 0 else ""
         return NumberError(f"{_short(self.text)}: {what}{where}")

@@ -129,7 +129,7 @@ def exp_sum_tex(expr: sympy.Expr) -> str:
         elif c == -1:
             body = "-" + power
         elif isinstance(c, sympy.Add):
-            body = f"\left({tex(c)}\right) {power}"
+            body = f"\\left({tex(c)}\\right) {power}"
         else:
             body = f"{tex(c)} {power}"
         if k and body.startswith("-"):
@@ -196,7 +196,7 @@ def normaliser_lines(d: Derivation, step: Step, digits: int) -> list[str]:
             with mpmath.workdps(digits + 10):
                 values = [_z_value(r, digits) for r in step.softmax]
         lines.append(
-            f"m_{{{i + 1}}} = {tex(row.maximum)},\\quad Z_{{{i + 1}}} = \\sum_k e^{{Z_{{{i + 1}k}} - m_{{{i + 1}}}}} = "
+            f"m_{{{i + 1}}} = {tex(row.maximum)},\\quad Z_{{{i + 1}}} = \\sum_k e^{{\\hat{{S}}_{{{i + 1}k}} - m_{{{i + 1}}}}} = "
             f"{exp_sum_tex(row.normaliser)} \\approx {_tex_decimal(values[i], digits)}"
         )
     return lines
@@ -263,6 +263,8 @@ def blocks(d: Derivation, digits: int | None = None, check=None) -> list[Block]:
         out.append(Block("section", f"Step {stage.number}: {stage.title}"))
         for step in stage.steps:
             out.append(Block("step", step.title, step.why))
+            if step.id == "A":
+                out.append(Block("math", _SOFTMAX_DEF))
             out.append(Block("math", f"{step.formula} = {exact_tex_matrix(step)}"))
             out.append(Block("para", f"Shape: {step.shape_note}."))
             for dot in step.worked:
@@ -282,11 +284,15 @@ def blocks(d: Derivation, digits: int | None = None, check=None) -> list[Block]:
     return out
 
 
+_SOFTMAX_DEF = (
+    "A_{ij} = \\frac{e^{\\hat{S}_{ij} - m_i}}{Z_i},\\qquad "
+    "m_i = \\max_k \\hat{S}_{ik},\\qquad Z_i = \\sum_k e^{\\hat{S}_{ik} - m_i}"
+)
 _FORMULA = "\\operatorname{Attention}(Q, K, V) = \\operatorname{softmax}\\!\\left(\\frac{Q K^{\\top}}{\\sqrt{d_k}} + M\\right) V"
 
 
 def _short_name(step: Step) -> str:
-    return {"S_scaled": "\\frac{S}{\\sqrt{d_k}}", "S_masked": "Z", "K_T": "K^{\\top}"}.get(step.id, step.id)
+    return {"S_scaled": "\\frac{S}{\\sqrt{d_k}}", "S_masked": "\\hat{S}", "K_T": "K^{\\top}"}.get(step.id, step.id)
 
 
 def _intro(d: Derivation) -> str:
