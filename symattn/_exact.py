@@ -28,6 +28,13 @@ NEG_INF = sympy.S.NegativeInfinity
 Matrix = sympy.ImmutableMatrix
 
 
+def tidy(x: sympy.Expr) -> sympy.Expr:
+    """``x`` in canonical expanded form (a no-op for rationals, the common case)."""
+    if x.is_Rational or x.is_Atom:
+        return x
+    return sympy.expand(x)
+
+
 def _all_rational(m: Matrix) -> bool:
     return all(isinstance(x, sympy.Rational) for x in m)
 
@@ -47,12 +54,12 @@ def matmul(a: Matrix, b: Matrix) -> Matrix:
     return Matrix(
         a.rows,
         b.cols,
-        lambda i, j: sympy.expand(sympy.Add(*[a[i, k] * b[k, j] for k in range(a.cols)])),
+        lambda i, j: tidy(sympy.Add(*[a[i, k] * b[k, j] for k in range(a.cols)])),
     )
 
 
 def scale(m: Matrix, factor: sympy.Expr) -> Matrix:
-    return m.applyfunc(lambda x: sympy.expand(x * factor))
+    return m.applyfunc(lambda x: tidy(x * factor))
 
 
 def add_mask(scores: Matrix, mask: Matrix) -> Matrix:
@@ -60,7 +67,7 @@ def add_mask(scores: Matrix, mask: Matrix) -> Matrix:
     return Matrix(
         scores.rows,
         scores.cols,
-        lambda i, j: NEG_INF if mask[i, j] == NEG_INF else sympy.expand(scores[i, j] + mask[i, j]),
+        lambda i, j: NEG_INF if mask[i, j] == NEG_INF else tidy(scores[i, j] + mask[i, j]),
     )
 
 
@@ -123,10 +130,15 @@ class SoftmaxRow:
             return sympy.Integer(0)
         return self.terms[j] / self.normaliser
 
+    def weighted_numerator(self, column: list[sympy.Expr]) -> sympy.Expr:
+        """``Z_i · Σ_j a_ij v_j = Σ_j e^{z_ij - m_i} v_j`` (like terms collected)."""
+        numerator = sympy.Add(*[t * v for t, v in zip(self.terms, column) if t != 0])
+        # Rational values collect by themselves; sums such as 1 + √2 need expanding.
+        return sympy.expand(numerator) if any(v.is_Add for v in column) else numerator
+
     def weighted_sum(self, column: list[sympy.Expr]) -> sympy.Expr:
         """``Σ_j a_ij v_j`` as one fraction over ``Z_i``."""
-        numerator = sympy.Add(*[t * v for t, v in zip(self.terms, column) if t != 0])
-        return sympy.expand(numerator) / self.normaliser
+        return self.weighted_numerator(column) / self.normaliser
 
     def evaluate(self, dps: int) -> list[mpmath.mpf]:
         """The weights at ``dps`` digits, straight from the exponents."""
@@ -142,6 +154,6 @@ def softmax_rows(masked: Matrix) -> tuple[SoftmaxRow, ...]:
         values = [masked[i, j] for j in range(masked.cols)]
         m = row_max(values)
         rows.append(
-            SoftmaxRow(m, tuple(None if v == NEG_INF else sympy.expand(v - m) for v in values))
+            SoftmaxRow(m, tuple(None if v == NEG_INF else tidy(v - m) for v in values))
         )
     return tuple(rows)

@@ -113,7 +113,7 @@ def exp_sum_tex(expr: sympy.Expr) -> str:
     '1 + e^{-1} + 2 e^{-2}'
     """
     parts = []
-    for term in sympy.Add.make_args(sympy.expand(expr)):
+    for term in sympy.Add.make_args(expr):
         split = _exp_split(term)
         if split is None:
             return tex(expr)
@@ -159,7 +159,7 @@ def entry_tex(step: Step, i: int, j: int) -> str:
             if row.exponents[j] is None:
                 return "0"
             return f"\\dfrac{{{exp_sum_tex(row.terms[j])}}}{{Z_{{{i + 1}}}}}"
-        numerator = sympy.expand(step.exact[i, j] * row.normaliser)
+        numerator = row.weighted_numerator(list(step.values.col(j)))
         return f"\\dfrac{{{exp_sum_tex(numerator)}}}{{Z_{{{i + 1}}}}}"
     return tex(step.exact[i, j])
 

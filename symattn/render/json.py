@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import mpmath
+import sympy
 
 from ..derivation import Derivation
 from ._common import NEG_INF
@@ -12,6 +13,11 @@ from ._common import NEG_INF
 
 def _approx(v) -> float | None:
     return None if mpmath.isinf(v) else float(v)
+
+
+def _exact(x: sympy.Expr) -> str:
+    """SymPy's str form (``sympify`` reads it back exactly), without the costly term sorting."""
+    return "-oo" if x == NEG_INF else sympy.sstr(x, order="none")
 
 
 def as_dict(derivation: Derivation, *, check=None) -> dict:
@@ -26,7 +32,7 @@ def as_dict(derivation: Derivation, *, check=None) -> dict:
                 "title": step.title,
                 "shape": list(step.shape),
                 "formula": step.formula_text,
-                "exact": [["-oo" if m[i, j] == NEG_INF else str(m[i, j]) for j in range(m.cols)] for i in range(m.rows)],
+                "exact": [[_exact(m[i, j]) for j in range(m.cols)] for i in range(m.rows)],
                 "approx": [[_approx(v) for v in row] for row in values],
             }
         )
