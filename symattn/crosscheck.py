@@ -82,9 +82,9 @@ def crosscheck(derivation: Derivation, tolerance: float = TOLERANCE) -> CrossChe
                         mismatches.append(Mismatch(step.id, i, j, float(value), got))
                         worst = math.inf
                     continue
-                error = float(abs(value - got))
+                error = math.inf if math.isnan(got) else float(abs(value - got))
                 worst = max(worst, error)
-                if error > tolerance * max(1.0, abs(float(value))) or math.isnan(got):
+                if error > tolerance * max(1.0, abs(float(value))):
                     mismatches.append(Mismatch(step.id, i, j, float(value), got))
         per_stage[step.id] = worst
     return CrossCheck(per_stage, tolerance, tuple(mismatches))
