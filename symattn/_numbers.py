@@ -101,15 +101,58 @@ def parse_number(
         return parse_decimal(text)
     if "\n" in text or "\r" in text:
         raise NumberError("an entry must be on one line")
-    text = text.replace("^", "**")  # a caret is a power, as in written mathematics
+    source, positions = _caret_to_power(text)
     try:
-        tree = ast.parse(text, mode="eval")
+        tree = ast.parse(source, mode="eval")
     except RecursionError:
         raise NumberError(f"{_short(text)} is nested too deeply") from None
     except (SyntaxError, ValueError) as exc:
         raise NumberError(f"{_short(text)} is not a number or an expression ({_syntax_reason(exc)})") from None
-    value = _Builder(text, symbols).build(tree.body, 0)
+    value = _Builder(text, source, positions, symbols).build(tree.body, 0)
     return _check_value(text, value)
+
+
+def _caret_to_power(text: str) -> tuple[str, list[int]]:
+    """``text`` with each ``^`` written ``**`` (a caret is a power, as in written
+    mathematics), and for each character of the result its index in ``text``."""
+    out: list[str] = []
+    positions: list[int] = []
+    for k, ch in enumerate(text):
+        if ch == "^":
+            out.append("**")
+            positions += [k, k]
+        else:
+            out.append(ch)
+            positions.append(k)
+    positions.append(len(text))
+    return "".join(out), positions
+
+
+def bits(x: sympy.Expr) -> int:
+    """The largest bit length of any integer or fraction inside ``x``."""
+    return max(
+        (max(int(r.p).bit_length(), int(r.q).bit_length()) for r in x.atoms(sympy.Rational)),
+        default=1,
+    )
+
+
+def is_zero(x: sympy.Expr) -> bool:
+    """Whether the exact number ``x`` is 0, even when it is not written as 0."""
+    if x.is_zero is not None or x.free_symbols:
+        return bool(x.is_zero)
+    approx = sympy.N(x, 30)
+    if approx.is_number and abs(approx) > sympy.Float("1e-25"):
+        return False
+    return x.equals(0) is not False
+
+
+def is_positive(x: sympy.Expr) -> bool:
+    """Whether the exact real number ``x`` is > 0 (decided exactly or at 30 digits)."""
+    if x.is_positive is not None:
+        return bool(x.is_positive)
+    if is_zero(x):
+        return False
+    return bool(sympy.N(x, 30) > 0)
 
 
 def _syntax_reason(exc: Exception) -> str:
@@ -141,14 +184,17 @@ def _check_value(text: str, value: sympy.Expr) -> sympy.Expr:
 class _Builder:
     """Turns an ``ast`` tree of an allowed shape into a SymPy expression."""
 
-    def __init__(self, text: str, symbols: Mapping[str, sympy.Symbol]) -> None:
-        self.text = text
+    def __init__(self, text: str, source: str, positions: list[int], symbols: Mapping[str, sympy.Symbol]) -> None:
+        self.text = text  # what the user wrote: quoted in messages
+        self.source = source  # what ast parsed (carets written **)
+        self.positions = positions
         self.symbols = symbols
 
     def fail(self, node: ast.AST, what: str) -> NumberError:
-        if ast.get_source_segment(self.text, node) == self.text:
+        if ast.get_source_segment(self.source, node) == self.source:
             return NumberError(what)  # the message already names the whole entry
         col = getattr(node, "col_offset", None)
+        col = self.positions[col] if col is not None else None
         where = f" at character {col + 1}" if col is not None and col > 0 else ""
         return NumberError(f"{_short(self.text)}: {what}{where}")
 
@@ -172,7 +218,7 @@ class _Builder:
         value = node.value
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise self.fail(node, f"{_describe(node)} is not allowed in a number")
-        literal = ast.get_source_segment(self.text, node) or ""
+        literal = ast.get_source_segment(self.source, node) or ""
         literal = literal.replace("_", "")
         if isinstance(value, int) and _INT_RE.match(literal):
             if len(literal) > MAX_DIGITS:
@@ -209,7 +255,7 @@ class _Builder:
         if isinstance(op, ast.Mult):
             return left * right
         if isinstance(op, ast.Div):
-            if right == 0:
+            if is_zero(right):
                 raise self.fail(node, "division by zero")
             return left / right
         return self.power(node, left, right)
@@ -222,12 +268,11 @@ class _Builder:
         p, q = int(exponent.p), int(exponent.q)
         if abs(p) > MAX_POWER or q > MAX_POWER:
             raise self.fail(node, f"the exponent {exponent} is too large (at most {MAX_POWER})")
-        if base == 0 and p < 0:
+        if p < 0 and is_zero(base):
             raise self.fail(node, "division by zero")
-        if base.is_Rational:
-            bits = max(int(base.p).bit_length(), int(base.q).bit_length())
-            if bits * abs(p) > MAX_POWER_BITS:
-                raise self.fail(node, "the power is too large to compute exactly")
+        # Checked before computing: a power of any base multiplies the size of its numbers.
+        if bits(base) * max(abs(p), 1) > MAX_POWER_BITS:
+            raise self.fail(node, "the power is too large to compute exactly")
         return base**exponent
 
     def call(self, node: ast.Call, depth: int) -> sympy.Expr:

@@ -13,9 +13,12 @@ import yaml
 
 from ._errors import SymattnError
 
+# Plain data, and the tags PyYAML's resolver gives plain scalars on its own
+# ('=' is !!value, 2024-05-01 is !!timestamp, '<<' is !!merge): symattn reads
+# those as text.
 _STANDARD_TAGS = {
     "tag:yaml.org,2002:" + name
-    for name in ("str", "int", "float", "bool", "null", "seq", "map")
+    for name in ("str", "int", "float", "bool", "null", "seq", "map", "value", "timestamp", "merge")
 }
 _BOOL_TAG = "tag:yaml.org,2002:bool"
 _NULL_TAG = "tag:yaml.org,2002:null"
@@ -46,6 +49,8 @@ def compose(text: str, file: str) -> yaml.Node | None:
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         what = exc.problem or exc.context or "invalid YAML"
+        if what.startswith("but found another document"):
+            what = "the file holds more than one YAML document (a second '---'); a problem is one document"
         if mark is None:
             raise SymattnError(f"invalid YAML: {what}", file=file) from None
         raise SymattnError(

@@ -11,6 +11,7 @@ import csv
 import difflib
 import io
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
@@ -20,7 +21,7 @@ import yaml
 
 from . import _yaml
 from ._errors import SymattnError
-from ._numbers import NumberError, is_neg_inf_text, parse_decimal, parse_number
+from ._numbers import NumberError, is_positive, parse_decimal, parse_number
 from ._yaml import Where, where
 
 MAX_FILE_BYTES = 64 * 1024 * 1024
@@ -57,6 +58,7 @@ NOT_YET = {
 MASK_WORDS = ("none", "causal", "causal-bottom-right")
 
 Matrix = sympy.ImmutableMatrix
+_WHOLE = re.compile(r"[0-9]+")  # ASCII digits only: str.isdigit() also accepts '²'
 
 
 @dataclass(frozen=True)
@@ -190,7 +192,7 @@ class _Reader:
         if "\x00" in text:
             raise SymattnError("the file holds a NUL byte; it is not a text file", file=self.file)
         root = _yaml.compose(text, self.file)
-        if root is None:
+        if root is None or _yaml.is_null(root):
             raise SymattnError("the file is empty; a problem needs at least X and the weights, or Q, K and V", file=self.file)
         _yaml.check_tags(root, self.file)
         if not isinstance(root, yaml.MappingNode):
@@ -251,10 +253,10 @@ class _Reader:
             for name in ("X", "context", "W_Q", "W_K", "W_V"):
                 if name in fields:
                     matrices[name] = self.matrix(node(name), name)
-            self.same(matrices, "X", "cols", "W_Q", "rows", "X·W_Q needs W_Q to have {a} rows", key)
+            self.same(matrices, "X", "cols", "W_Q", "rows", "X·W_Q needs W_Q to have {rows}", key)
             kv = "context" if "context" in matrices else "X"
-            self.same(matrices, kv, "cols", "W_K", "rows", kv + "·W_K needs W_K to have {a} rows", key)
-            self.same(matrices, kv, "cols", "W_V", "rows", kv + "·W_V needs W_V to have {a} rows", key)
+            self.same(matrices, kv, "cols", "W_K", "rows", kv + "·W_K needs W_K to have {rows}", key)
+            self.same(matrices, kv, "cols", "W_V", "rows", kv + "·W_V needs W_V to have {rows}", key)
             self.same(matrices, "W_Q", "cols", "W_K", "cols", "Q·Kᵀ needs W_Q and W_K to have the same number of columns (d_k)", key)
 
         if direct:
@@ -284,7 +286,7 @@ class _Reader:
                     f"bias is {_shape(bias)} but the scores are {n_q}×{n_k}: bias needs one entry per query and key",
                     "bias",
                 )
-        self.check_rows_attend(mask, bias, node("bias") or node("mask") or root)
+        self.check_rows_attend(mask, bias, node("mask") or root, node("bias"))
 
         return Problem(
             source=self.file,
@@ -305,7 +307,7 @@ class _Reader:
         b_val = getattr(m[b], b_dim)
         if a_val != b_val:
             raise self.at(key(b)).error(
-                f"{a} is {_shape(m[a])} but {b} is {_shape(m[b])}: " + why.format(a=a_val, b=b_val)
+                f"{a} is {_shape(m[a])} but {b} is {_shape(m[b])}: " + why.format(rows=f"{a_val} row" if a_val == 1 else f"{a_val} rows"), b
             )
 
     # -- scalars and lists ---------------------------------------------------
@@ -337,7 +339,7 @@ class _Reader:
     def digits(self, node) -> int:
         if node is None:
             return 4
-        if isinstance(node, yaml.ScalarNode) and node.style is None and node.value.isdigit():
+        if isinstance(node, yaml.ScalarNode) and node.style is None and _WHOLE.fullmatch(node.value):
             value = int(node.value)
             if 1 <= value <= 50:
                 return value
@@ -351,7 +353,7 @@ class _Reader:
         if not isinstance(node, yaml.ScalarNode):
             raise self.at(node).error(f"scale must be auto, none or a number, not {_yaml.kind(node)}", "scale")
         value = self.number(node, "scale")
-        if not (value > 0):
+        if not is_positive(value):
             raise self.at(node).error(f"scale must be positive, not {value}", "scale")
         return value
 
@@ -481,6 +483,8 @@ class _Reader:
                 return Mask("causal", _grid(n_q, n_k, lambda i, j: j <= i))
             if word == "causal-bottom-right":
                 return Mask("causal-bottom-right", _grid(n_q, n_k, lambda i, j: j <= i + n_k - n_q))
+            if word == "sliding-window":
+                raise self.at(node).error("a sliding window needs its width: write {sliding-window: 2}", "mask")
             raise self.at(node).error(
                 f"unknown mask {word!r}{_did_you_mean(word, MASK_WORDS + ('sliding-window',))}; "
                 "use none, causal, causal-bottom-right, {sliding-window: w} or a 0/1 matrix",
@@ -489,7 +493,7 @@ class _Reader:
         if isinstance(node, yaml.MappingNode):
             if len(node.value) == 1 and node.value[0][0].value == "sliding-window":
                 w_node = node.value[0][1]
-                if isinstance(w_node, yaml.ScalarNode) and w_node.style is None and w_node.value.isdigit() and int(w_node.value) >= 1:
+                if isinstance(w_node, yaml.ScalarNode) and w_node.style is None and _WHOLE.fullmatch(w_node.value) and int(w_node.value) >= 1:
                     w = int(w_node.value)
                     return Mask("sliding-window", _grid(n_q, n_k, lambda i, j: j <= i and i - j < w), window=w)
                 raise self.at(w_node).error(f"the window must be a whole number ≥ 1, not {_yaml.kind(w_node)}", "mask")
@@ -526,16 +530,19 @@ class _Reader:
             f"a mask entry is 1 (may attend) or 0 (may not), or true/false, not {_yaml.kind(node)}", field
         )
 
-    def check_rows_attend(self, mask: Mask, bias: Matrix | None, node: yaml.Node) -> None:
+    def check_rows_attend(self, mask: Mask, bias: Matrix | None, mask_node: yaml.Node, bias_node) -> None:
         for i, row in enumerate(mask.allowed):
             if not any(
                 ok and (bias is None or bias[i, j] != sympy.S.NegativeInfinity) for j, ok in enumerate(row)
             ):
-                by = "the mask and bias together" if bias is not None and any(row) else "the mask"
+                if any(row):  # the mask allows some key, the bias's -inf take the rest
+                    by, field, node = "the mask and bias together leave", "bias", bias_node
+                else:
+                    by, field, node = "the mask leaves", "mask", mask_node
                 raise self.at(node).error(
-                    f"{by} leave row {i} (query {i + 1}) with no key to attend to; "
+                    f"{by} row {i} (query {i + 1}) with no key to attend to; "
                     "its softmax would be 0/0. Allow at least one key in every row",
-                    "mask" if by == "the mask" else "bias",
+                    field,
                 )
 
 
