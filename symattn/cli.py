@@ -133,7 +133,10 @@ def _write_atomic(path: Path, data: bytes) -> None:
     folder = path.resolve().parent
     if not folder.is_dir():
         raise click.ClickException(f"{path}: the folder {folder} does not exist")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
+    except OSError as exc:
+        raise click.ClickException(f"{path}: cannot write there: {exc.strerror or exc}") from None
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -141,11 +144,13 @@ def _write_atomic(path: Path, data: bytes) -> None:
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; an output is an ordinary file
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         try:
             os.unlink(tmp)
         except OSError:
             pass
+        if isinstance(exc, OSError):
+            raise click.ClickException(f"{path}: cannot write there: {exc.strerror or exc}") from None
         raise
 
 

@@ -31,7 +31,6 @@ def as_dict(derivation: Derivation, *, check=None) -> dict:
                 "id": step.id,
                 "title": step.title,
                 "shape": list(step.shape),
-                "formula": step.formula_text,
                 "exact": [[_exact(m[i, j]) for j in range(m.cols)] for i in range(m.rows)],
                 "approx": [[_approx(v) for v in row] for row in values],
             }

@@ -53,7 +53,7 @@ def escape(text: str) -> str:
             out.append(_SPECIALS[ch])
         elif ch in _SYMBOLS:
             out.append(_SYMBOLS[ch])
-        elif ord(ch) < 32 or ord(ch) == 127:
+        elif ord(ch) < 32 or 127 <= ord(ch) < 160:  # control characters
             out.append(" ")
         elif ord(ch) > 255:
             out.append(f"[U+{ord(ch):04X}]")  # outside what pdflatex's inputenc knows
@@ -62,20 +62,36 @@ def escape(text: str) -> str:
     return "".join(out)
 
 
+# The subscripted names symattn's own sentences use, written as math. Only
+# these: a token such as a_b in the same sentence stays text as written.
+_MATH_NAMES = {
+    name: "\\ensuremath{" + tex + "}"
+    for name, tex in {
+        "d_model": "d_{\\mathrm{model}}",
+        "d_k": "d_k",
+        "d_v": "d_v",
+        "n_q": "n_q",
+        "n_k": "n_k",
+        "m_i": "m_i",
+        "Z_i": "Z_i",
+        "W_Q": "W_Q",
+        "W_K": "W_K",
+        "W_V": "W_V",
+    }.items()
+}
+_MATH_NAME_RE = re.compile(r"(?<![A-Za-z0-9_])(" + "|".join(_MATH_NAMES) + r")(?![A-Za-z0-9_])")
+
+
 def _prose(text: str) -> str:
-    """symattn's own sentences: escaped, with d_k, m_i, n_q as math subscripts."""
-    escaped = escape(text)
-    return re.sub(
-        r"\b([A-Za-z])\\_([A-Za-z0-9]+)\b",
-        lambda m: f"\\ensuremath{{{m.group(1)}_{{\\mathrm{{{m.group(2)}}}}}}}"
-        if len(m.group(2)) > 1
-        else f"\\ensuremath{{{m.group(1)}_{{{m.group(2)}}}}}",
-        escaped,
-    )
+    """symattn's own sentences: escaped, with d_k, n_q, W_Q ... as math."""
+    parts = _MATH_NAME_RE.split(text)
+    return "".join(_MATH_NAMES[p] if k % 2 else escape(p) for k, p in enumerate(parts))
 
 
 _PREAMBLE = r"""\documentclass[11pt]{article}
+\usepackage[T1]{fontenc}
 \usepackage[utf8]{inputenc}
+\IfFileExists{lmodern.sty}{\usepackage{lmodern}}{}
 \usepackage{amsmath,amssymb}
 \usepackage[margin=2cm]{geometry}
 \setcounter{MaxMatrixCols}{64}

@@ -7,7 +7,7 @@ import re
 from ..derivation import Derivation
 from ._common import blocks
 
-_MD_SPECIAL = re.compile(r"([\\`*_\[\]<>#|~$])")
+_MD_SPECIAL = re.compile(r"([\\`*_\[\]<>#|~$&])")
 
 
 def escape(text: str) -> str:

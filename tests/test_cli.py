@@ -1,0 +1,609 @@
+"""The ``symattn`` command line, against the contract in spec/cli-and-output.md.
+
+Every behaviour is checked three ways where it matters: in-process through
+click's ``CliRunner``, through the real entry point ``python -m symattn`` in a
+subprocess, and through the installed ``symattn`` console script (skipped when
+it is not on PATH).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import sympy
+from click.testing import CliRunner
+
+import symattn
+from symattn.cli import cli, main
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "worked_examples"
+EXAMPLE_FILES = sorted(EXAMPLES.glob("*.yaml"))
+BUILTIN = EXAMPLES / "causal_4_tokens.yaml"
+BUILTIN_TITLE = "Causal self-attention on four tokens"
+
+# spec/cli-and-output.md: stage ids, in this order, for one head.
+PROJECTED_IDS = ["X", "W_Q", "W_K", "W_V", "Q", "K", "V", "K_T", "S", "S_scaled", "M", "S_masked", "A", "O"]
+GIVEN_IDS = ["Q", "K", "V", "K_T", "S", "S_scaled", "M", "S_masked", "A", "O"]
+SPEC_STAGE_KEYS = {"id", "title", "shape", "exact", "approx"}
+SPEC_CROSSCHECK_KEYS = {"reference", "max_abs_error", "tolerance", "passed", "per_stage"}
+SPEC_DIMS_KEYS = {"n_q", "n_k", "d_model", "d_k", "d_v", "heads"}
+
+# A small valid problem (queries, keys and values given) used by the file tests.
+SMALL_PROBLEM = "title: Small\nQ: [[1, 0]]\nK: [[1, 0], [0, 1]]\nV: [[1], [2]]\n"
+
+SCRIPT = shutil.which("symattn")
+PDFLATEX = shutil.which("pdflatex")
+
+
+# -- running the command three ways -------------------------------------------------
+
+
+@dataclass
+class Run:
+    code: int
+    stdout: str
+    stderr: str
+
+
+class Invoker:
+    """Runs ``symattn ARGS`` in the folder ``cwd`` one of three ways."""
+
+    def __init__(self, kind: str, cwd: Path) -> None:
+        self.kind = kind
+        self.cwd = cwd
+
+    def __call__(self, *args: str, env: dict[str, str] | None = None) -> Run:
+        args = [str(a) for a in args]
+        if self.kind == "clirunner":
+            return self._clirunner(args, env)
+        if self.kind == "python-m":
+            command = [sys.executable, "-m", "symattn", *args]
+        else:
+            command = [SCRIPT, *args]
+        full_env = dict(os.environ, PYTHONIOENCODING="utf-8")
+        full_env.update(env or {})
+        done = subprocess.run(
+            command, cwd=self.cwd, capture_output=True, stdin=subprocess.DEVNULL, timeout=300, env=full_env
+        )
+        return Run(done.returncode, done.stdout.decode("utf-8"), done.stderr.decode("utf-8"))
+
+    def _clirunner(self, args: list[str], env: dict[str, str] | None) -> Run:
+        try:
+            runner = CliRunner(mix_stderr=False)  # click < 8.2
+        except TypeError:
+            runner = CliRunner()  # click >= 8.2: stderr is always separate
+        old = Path.cwd()
+        os.chdir(self.cwd)
+        try:
+            result = runner.invoke(cli, args, prog_name="symattn", env=env)
+        finally:
+            os.chdir(old)
+        stderr = result.stderr
+        if result.exception is not None and not isinstance(result.exception, SystemExit):
+            # CliRunner swallowed an exception the real entry point would have had to handle:
+            # show it as the traceback a user would have seen, so "no Traceback" checks catch it.
+            stderr += "".join(traceback.format_exception(*result.exc_info))
+        return Run(result.exit_code, result.stdout, stderr)
+
+
+@pytest.fixture(params=["clirunner", "python-m", "console-script"])
+def run(request, tmp_path) -> Invoker:
+    if request.param == "console-script" and SCRIPT is None:
+        pytest.skip("the symattn console script is not on PATH")
+    return Invoker(request.param, tmp_path)
+
+
+@pytest.fixture
+def run_inproc(tmp_path) -> Invoker:
+    """CliRunner only, for the checks that run many times over."""
+    return Invoker("clirunner", tmp_path)
+
+
+def assert_one_error_line(r: Run, *fragments: str) -> str:
+    """Exit 1, nothing on stdout, exactly one 'Error: ' line on stderr holding ``fragments``."""
+    assert "Traceback" not in r.stderr, r.stderr
+    assert r.code == 1, (r.code, r.stderr)
+    assert r.stdout == ""
+    lines = r.stderr.splitlines()
+    assert len(lines) == 1, f"expected one line on stderr, got {len(lines)}:\n{r.stderr}"
+    line = lines[0]
+    assert line.startswith("Error: "), line
+    for fragment in fragments:
+        assert fragment in line, f"{fragment!r} not in {line!r}"
+    return line
+
+
+def fresh_latex(path: Path, **kwargs) -> str:
+    return symattn.render_latex(symattn.derive(symattn.load_problem(path)), **kwargs)
+
+
+# -- symattn derive without a problem -----------------------------------------------
+
+
+def test_derive_without_argument_prints_the_builtin_example(run):
+    r = run("derive")
+    assert r.code == 0, r.stderr
+    assert r.stderr == ""
+    out = r.stdout
+    assert out.startswith("\\documentclass[11pt]{article}\n")
+    assert "\\begin{document}" in out
+    assert out.endswith("\\end{document}\n")
+    assert BUILTIN_TITLE in out
+    assert f"\\title{{{BUILTIN_TITLE}}}" in out
+    # The built-in example is the committed worked example: the same steps,
+    # followed by the cross-check paragraph that the CLI adds by default.
+    without_check = fresh_latex(BUILTIN)
+    assert out.startswith(without_check[: -len("\n\\end{document}\n")])
+    assert "\\section*{Cross-check}" in out
+    assert "Every stage agrees with an independent NumPy float64 evaluation" in out
+
+
+def test_builtin_example_runs_in_under_five_seconds(tmp_path):
+    start = time.perf_counter()
+    done = subprocess.run(
+        [sys.executable, "-m", "symattn", "derive"], cwd=tmp_path, capture_output=True, stdin=subprocess.DEVNULL
+    )
+    elapsed = time.perf_counter() - start
+    assert done.returncode == 0, done.stderr
+    assert BUILTIN_TITLE.encode() in done.stdout
+    assert elapsed < 5.0, f"symattn derive took {elapsed:.2f} s"
+
+
+def test_fragment_has_no_document_wrapper(run):
+    r = run("derive", "--fragment")
+    assert r.code == 0, r.stderr
+    assert "\\documentclass" not in r.stdout
+    assert "\\begin{document}" not in r.stdout
+    assert "\\end{document}" not in r.stdout
+    assert "\\maketitle" not in r.stdout
+    assert "\\section*{Step 1: The input}" in r.stdout
+    assert r.stdout.startswith("The problem: 4 tokens (The, cat, sat, down)")
+
+
+def test_standalone_flag_gives_a_document(run_inproc):
+    r = run_inproc("derive", "--standalone")
+    assert r.code == 0
+    assert r.stdout.startswith("\\documentclass")
+
+
+def test_no_check_leaves_out_the_cross_check(run_inproc):
+    r = run_inproc("derive", "--no-check")
+    assert r.code == 0, r.stderr
+    assert "Cross-check" not in r.stdout
+    # and it is then exactly the rendering without a check
+    assert r.stdout == fresh_latex(BUILTIN)
+
+
+def test_digits_sets_the_decimal_places(run_inproc):
+    problem = EXAMPLES / "causal_dk2.yaml"
+    default = run_inproc("derive", problem, "-f", "text")
+    eight = run_inproc("derive", problem, "-f", "text", "--digits", "8")
+    assert default.code == eight.code == 0
+    # S/√2 holds 4·√2 = 5.65685424949...
+    assert "5.657 " in default.stdout and "5.6568542" not in default.stdout
+    assert "5.6568542 " in eight.stdout
+
+
+@pytest.mark.parametrize("bad", ["0", "51", "many"])
+def test_digits_out_of_range_is_a_usage_error(run_inproc, bad):
+    r = run_inproc("derive", "--digits", bad)
+    assert r.code == 2
+    assert "--digits" in r.stderr
+    assert r.stdout == ""
+
+
+# -- --version and --help -----------------------------------------------------------
+
+
+def test_version(run):
+    r = run("--version")
+    assert r.code == 0, r.stderr
+    assert r.stdout == f"symattn, version {symattn.__version__}\n"
+
+
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+def test_group_help(run, flag):
+    r = run(flag)
+    assert r.code == 0, r.stderr
+    assert r.stdout.startswith("Usage: symattn [OPTIONS] COMMAND [ARGS]...")
+    assert "--version" in r.stdout
+    assert "-h, --help" in r.stdout
+    assert "derive" in r.stdout
+    assert "Derive every stage of attention" in r.stdout
+
+
+def test_derive_help_lists_every_spec_option(run):
+    r = run("derive", "--help")
+    assert r.code == 0, r.stderr
+    out = r.stdout
+    assert out.startswith("Usage: symattn derive [OPTIONS] [PROBLEM]")
+    for option in (
+        "-o, --output",
+        "-f, --format [latex|markdown|text|json]",
+        "--standalone / --fragment",
+        "--digits",
+        "--no-check",
+    ):
+        assert option in out, f"{option!r} missing from derive --help"
+    for suffix in (".tex", ".md", ".json", ".txt", ".pdf"):
+        assert suffix in out
+
+
+# -- --format json -----------------------------------------------------------------
+
+
+def test_json_of_the_builtin_example(run):
+    r = run("derive", "--format", "json")
+    assert r.code == 0, r.stderr
+    data = json.loads(r.stdout)
+    assert set(data) == {"title", "dims", "stages", "crosscheck"}
+    assert data["title"] == BUILTIN_TITLE
+    assert data["dims"] == {"n_q": 4, "n_k": 4, "d_model": 4, "d_k": 4, "d_v": 2, "heads": 1}
+    ids = [s["id"] for s in data["stages"]]
+    assert ids == PROJECTED_IDS
+    for stage in data["stages"]:
+        assert SPEC_STAGE_KEYS <= set(stage), stage.keys()
+
+    stage = {s["id"]: s for s in data["stages"]}
+    assert stage["X"]["exact"] == [["1", "0", "1", "0"], ["0", "2", "0", "2"], ["1", "1", "1", "1"], ["0", "1", "0", "1"]]
+    # causal mask: additive M is 0 on and below the diagonal, -oo above it
+    assert stage["M"]["exact"] == [
+        ["0", "-oo", "-oo", "-oo"],
+        ["0", "0", "-oo", "-oo"],
+        ["0", "0", "0", "-oo"],
+        ["0", "0", "0", "0"],
+    ]
+    assert stage["M"]["approx"][0] == [0.0, None, None, None]
+    assert stage["S_masked"]["exact"][0] == ["1", "-oo", "-oo", "-oo"]
+    assert stage["S_masked"]["approx"][0] == [1.0, None, None, None]
+    # Worked by hand: S_scaled row 2 is [6, 4, 8, 2]; masked it keeps [6, 4], so
+    # A[1][0] = e^6 / (e^6 + e^4) = 1 / (1 + e^-2) and A[1][1] = e^-2 / (1 + e^-2).
+    e = sympy.E
+    assert sympy.simplify(sympy.sympify(stage["A"]["exact"][1][0]) - 1 / (1 + e**-2)) == 0
+    assert sympy.simplify(sympy.sympify(stage["A"]["exact"][1][1]) - e**-2 / (1 + e**-2)) == 0
+    assert stage["A"]["exact"][1][2:] == ["0", "0"]
+    assert stage["A"]["approx"][1][0] == pytest.approx(1 / (1 + math.exp(-2)), rel=1e-15)
+    # the first query sees only itself: its output is the first value row, V[0] = [2, 1]
+    assert stage["O"]["exact"][0] == ["2", "1"]
+
+    check = data["crosscheck"]
+    assert set(check) == SPEC_CROSSCHECK_KEYS
+    assert check["reference"] == "numpy float64"
+    assert check["passed"] is True
+    assert 0 <= check["max_abs_error"] <= check["tolerance"]
+    assert list(check["per_stage"]) == PROJECTED_IDS
+
+
+def test_json_stage_keys_are_exactly_the_spec_keys(run_inproc):
+    r = run_inproc("derive", "--format", "json")
+    data = json.loads(r.stdout)
+    for stage in data["stages"]:
+        assert set(stage) == SPEC_STAGE_KEYS, f"{stage['id']}: {sorted(stage)}"
+
+
+def _close(a: float, b: float) -> bool:
+    return math.isclose(a, b, rel_tol=1e-12, abs_tol=1e-12)
+
+
+@pytest.mark.parametrize("example", EXAMPLE_FILES, ids=lambda p: p.stem)
+def test_json_exact_entries_read_back_to_the_derivation(run_inproc, example):
+    r = run_inproc("derive", example, "--format", "json")
+    assert r.code == 0, r.stderr
+    data = json.loads(r.stdout)
+    derivation = symattn.derive(symattn.load_problem(example))
+
+    assert set(data["dims"]) == SPEC_DIMS_KEYS
+    expected_ids = PROJECTED_IDS if data["dims"]["d_model"] is not None else GIVEN_IDS
+    assert [s["id"] for s in data["stages"]] == expected_ids
+    assert data["crosscheck"]["passed"] is True
+    assert set(data["crosscheck"]["per_stage"]) == set(expected_ids)
+
+    neg_inf = sympy.S.NegativeInfinity
+    for stage in data["stages"]:
+        exact = derivation.step(stage["id"]).exact
+        rows, cols = stage["shape"]
+        assert (rows, cols) == exact.shape
+        assert len(stage["exact"]) == len(stage["approx"]) == rows
+        for i in range(rows):
+            assert len(stage["exact"][i]) == len(stage["approx"][i]) == cols
+            for j in range(cols):
+                text, approx, want = stage["exact"][i][j], stage["approx"][i][j], exact[i, j]
+                where = f"{example.name} {stage['id']}[{i}][{j}] = {text!r}"
+                got = sympy.sympify(text)
+                if want == neg_inf:
+                    assert text == "-oo", where
+                    assert got == neg_inf, where
+                    assert approx is None, where
+                    continue
+                assert text != "-oo" and approx is not None, where
+                assert got == want or sympy.simplify(got - want) == 0, f"{where} but the derivation has {want}"
+                assert isinstance(approx, float), where
+                assert _close(approx, float(sympy.N(want, 30))), f"{where}: approx {approx}"
+
+
+def test_json_masked_entries_in_a_padding_mask(run_inproc):
+    # qkv_given masks the last key (padding) for every query.
+    data = json.loads(run_inproc("derive", EXAMPLES / "qkv_given.yaml", "-f", "json").stdout)
+    stage = {s["id"]: s for s in data["stages"]}
+    for i in range(3):
+        assert stage["M"]["exact"][i] == ["0", "0", "-oo"]
+        assert stage["M"]["approx"][i] == [0.0, 0.0, None]
+        assert stage["S_masked"]["exact"][i][2] == "-oo"
+        assert stage["S_masked"]["approx"][i][2] is None
+        assert stage["A"]["exact"][i][2] == "0"
+        assert stage["A"]["approx"][i][2] == 0.0
+
+
+# -- -o and the output format ---------------------------------------------------------
+
+
+def _looks_like(kind: str, text: str) -> None:
+    if kind == "latex":
+        assert text.startswith("\\documentclass"), text[:80]
+        assert text.endswith("\\end{document}\n")
+    elif kind == "markdown":
+        assert text.startswith(f"# {BUILTIN_TITLE}\n"), text[:80]
+        assert "\n$$\n" in text
+    elif kind == "json":
+        assert json.loads(text)["title"] == BUILTIN_TITLE
+    elif kind == "text":
+        assert text.startswith(f"{BUILTIN_TITLE}\n{'=' * len(BUILTIN_TITLE)}\n"), text[:80]
+        assert "\\" not in text.split("\n", 3)[2]
+    else:  # pragma: no cover
+        raise AssertionError(kind)
+
+
+@pytest.mark.parametrize(
+    "name, kind",
+    [("out.tex", "latex"), ("out.md", "markdown"), ("out.markdown", "markdown"), ("out.json", "json"), ("out.txt", "text")],
+)
+def test_output_suffix_picks_the_format(run, tmp_path, name, kind):
+    r = run("derive", "-o", name)
+    assert r.code == 0, r.stderr
+    assert r.stdout == ""
+    written = tmp_path / name
+    _looks_like(kind, written.read_text("utf-8"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == [name], "temporary files left behind"
+
+
+def test_output_long_option_and_overwrite(run_inproc, tmp_path):
+    target = tmp_path / "solution.tex"
+    target.write_text("old contents\n")
+    r = run_inproc("derive", "--output", "solution.tex", "--fragment")
+    assert r.code == 0, r.stderr
+    text = target.read_text("utf-8")
+    assert "old contents" not in text
+    assert "\\documentclass" not in text
+    assert "\\section*{Step 1: The input}" in text
+
+
+@pytest.mark.parametrize("fmt, kind", [("json", "json"), ("markdown", "markdown"), ("text", "text")])
+def test_format_option_wins_over_the_suffix(run_inproc, tmp_path, fmt, kind):
+    r = run_inproc("derive", "-o", "out.tex", "-f", fmt)
+    assert r.code == 0, r.stderr
+    _looks_like(kind, (tmp_path / "out.tex").read_text("utf-8"))
+
+
+@pytest.mark.parametrize("fmt, kind", [("latex", "latex"), ("markdown", "markdown"), ("json", "json"), ("text", "text")])
+def test_format_option_on_standard_output(run_inproc, fmt, kind):
+    r = run_inproc("derive", "-f", fmt)
+    assert r.code == 0, r.stderr
+    _looks_like(kind, r.stdout)
+
+
+@pytest.mark.parametrize("name", ["out.docx", "out", "out.yaml"])
+def test_unknown_suffix_is_a_usage_error(run, tmp_path, name):
+    r = run("derive", "-o", name)
+    assert r.code == 2, (r.code, r.stderr)
+    assert r.stdout == ""
+    assert "Usage: symattn derive" in r.stderr
+    assert f"Error: cannot tell the format from {name!r}" in r.stderr
+    assert "Traceback" not in r.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_pdf_with_a_non_latex_format_is_a_usage_error(run_inproc, tmp_path):
+    r = run_inproc("derive", "-o", "out.pdf", "-f", "json")
+    assert r.code == 2
+    assert "--format json cannot be written as a PDF" in r.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.skipif(PDFLATEX is None, reason="pdflatex is not installed")
+def test_pdf_output(run, tmp_path):
+    r = run("derive", "-o", "x.pdf")
+    assert r.code == 0, r.stderr
+    assert r.stdout == ""
+    data = (tmp_path / "x.pdf").read_bytes()
+    assert data.startswith(b"%PDF")
+    assert b"%%EOF" in data[-64:]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["x.pdf"], "temporary files left behind"
+
+
+# -- bad problem files ----------------------------------------------------------------
+
+BAD_FILES = {
+    # name: (content, the exact place, more text the message must hold)
+    "unknown-field": (
+        "title: x\nQ: [[1, 0]]\nK: [[1, 0], [0, 1]]\nV: [[1], [2]]\nmaks: causal\n",
+        "bad.yaml:5:1:",  # 'maks' starts line 5
+        ["unknown field 'maks'", "did you mean 'mask'"],
+    ),
+    "yaml-extra-bracket": (
+        "Q: [[1, 0]]\nK: [[1, 0], [0, 1]]]\nV: [[1], [2]]\n",
+        "bad.yaml:2:20:",  # 'K: [[1, 0], [0, 1]]' is 19 characters; the stray ']' is column 20
+        ["invalid YAML"],
+    ),
+    "yaml-colon-in-plain-scalar": (
+        "Q: [[1, 0]]\nK: [[1, 0], [0, 1]]\nV: [[1], [2]]\ntitle: a: b\n",
+        "bad.yaml:4:9:",  # 'title: a' is 8 characters; the second ':' is column 9
+        ["invalid YAML", "mapping values are not allowed"],
+    ),
+    "ragged-row": (
+        "Q: [[1, 0]]\nK:\n  - [1, 0]\n  - [0, 1, 2]\nV: [[1], [2]]\n",
+        "bad.yaml:4:5:",  # '  - ' then the row's '[' at column 5 of line 4
+        ["K[1]", "row 1 has 3 entries but row 0 has 2"],
+    ),
+    "shape-mismatch": (
+        "Q: [[1, 0]]\nK: [[1, 0, 0], [0, 1, 0]]\nV: [[1], [2]]\n",
+        "bad.yaml:2:1:",  # reported at the key K
+        ["Q is 1×2 but K is 2×3"],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_FILES))
+def test_bad_problem_file_is_one_error_line(run, tmp_path, case):
+    content, place, fragments = BAD_FILES[case]
+    (tmp_path / "bad.yaml").write_text(content, "utf-8")
+    r = run("derive", "bad.yaml")
+    line = assert_one_error_line(r, place, *fragments)
+    assert line.startswith(f"Error: {place} ")
+
+
+def test_missing_problem_file_is_one_error_line(run, tmp_path):
+    r = run("derive", "missing.yaml")
+    line = assert_one_error_line(r, "missing.yaml", "no such file")
+    assert line == "Error: missing.yaml: no such file"
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("suffix", [".tex", ".json", ".pdf"])
+def test_failed_run_leaves_the_existing_output_untouched(run, tmp_path, suffix):
+    (tmp_path / "bad.yaml").write_text(BAD_FILES["ragged-row"][0], "utf-8")
+    target = tmp_path / f"out{suffix}"
+    original = b"precious old output\n\x00\xff binary tail"
+    target.write_bytes(original)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    r = run("derive", "bad.yaml", "-o", target.name)
+    assert_one_error_line(r, "bad.yaml:4:5:")
+    assert target.read_bytes() == original
+    assert sorted(p.name for p in tmp_path.iterdir()) == before, "temporary files left behind"
+
+
+@pytest.mark.skipif(os.name != "posix", reason="the fake pdflatex is a shell script")
+def test_failed_pdf_compilation_leaves_the_existing_output_untouched(run, tmp_path):
+    """A failure after the derivation (pdflatex fails) must not touch the old output either."""
+    work = tmp_path / "work"
+    work.mkdir()
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "pdflatex"
+    fake.write_text("#!/bin/sh\necho '! Emergency stop.'\necho 'l.1 fake failure'\nexit 1\n")
+    fake.chmod(0o755)
+    # keep the real interpreter and console script reachable, but find the fake pdflatex first
+    path = os.pathsep.join([str(bin_dir), os.environ.get("PATH", "")])
+    run.cwd = work
+    target = work / "out.pdf"
+    target.write_bytes(b"%PDF-old")
+    r = run("derive", "-o", "out.pdf", env={"PATH": path})  # CliRunner sets os.environ too
+    assert_one_error_line(r, "pdflatex failed", "Emergency stop")
+    assert target.read_bytes() == b"%PDF-old"
+    assert sorted(p.name for p in work.iterdir()) == ["out.pdf"], "temporary files left behind"
+
+
+def test_output_folder_that_does_not_exist(run, tmp_path):
+    r = run("derive", "-o", "nowhere/out.tex")
+    assert_one_error_line(r, "does not exist")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "problem_name, args",
+    [
+        ("p.tex", ["-o", "p.tex"]),  # the suffix makes it look like an output
+        ("p.yaml", ["-o", "p.yaml", "-f", "json"]),
+        ("p.yaml", ["-o", "./sub/../p.yaml", "-f", "latex"]),  # another spelling of the same path
+    ],
+)
+def test_output_onto_the_problem_file_is_refused(run, tmp_path, problem_name, args):
+    (tmp_path / "sub").mkdir()
+    problem = tmp_path / problem_name
+    original = (EXAMPLES / "qkv_given.yaml").read_bytes()
+    problem.write_bytes(original)
+    r = run("derive", problem_name, *args)
+    assert_one_error_line(r, "is the problem file itself")
+    assert problem.read_bytes() == original
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([problem_name, "sub"])
+    assert list((tmp_path / "sub").iterdir()) == []
+
+
+@pytest.mark.skipif(not hasattr(os, "symlink"), reason="no symlinks")
+@pytest.mark.parametrize("how", ["symlink", "hardlink"])
+def test_output_onto_a_link_to_the_problem_file_is_refused(run_inproc, tmp_path, how):
+    problem = tmp_path / "p.yaml"
+    original = (EXAMPLES / "qkv_given.yaml").read_bytes()
+    problem.write_bytes(original)
+    link = tmp_path / "link.json"
+    try:
+        (os.symlink if how == "symlink" else os.link)(problem, link)
+    except OSError as exc:  # pragma: no cover - filesystems without links
+        pytest.skip(f"cannot make a {how}: {exc}")
+    r = run_inproc("derive", "p.yaml", "-o", "link.json")
+    assert_one_error_line(r, "is the problem file itself")
+    assert problem.read_bytes() == original
+
+
+# -- entries are never executed ---------------------------------------------------------
+
+
+def test_python_in_an_entry_is_not_executed(run, tmp_path):
+    marker = tmp_path / "MARKER"
+    entry = f"__import__('os').system('touch {marker.as_posix()}')"
+    (tmp_path / "bad.yaml").write_text(f'Q: [[1, 0]]\nK: [[1, 0], [0, 1]]\nV: [[1], ["{entry}"]]\n', "utf-8")
+    r = run("derive", "bad.yaml")
+    # 'V: [[1], [' is 10 characters: the quoted entry starts at column 11 of line 3
+    assert_one_error_line(r, "bad.yaml:3:11:", "V[1][0]")
+    assert not marker.exists()
+
+
+def test_python_yaml_tag_is_not_executed(run, tmp_path):
+    marker = tmp_path / "MARKER"
+    (tmp_path / "bad.yaml").write_text(
+        f'Q: !!python/object/apply:os.system ["touch {marker.as_posix()}"]\nK: [[1]]\nV: [[1]]\n', "utf-8"
+    )
+    r = run("derive", "bad.yaml")
+    assert_one_error_line(r, "bad.yaml:1:4:", "is not allowed")  # the tag starts after 'Q: '
+    assert not marker.exists()
+
+
+# -- errors the user can fix are exit 1, not "internal error" ------------------------------
+
+
+def test_unwritable_output_is_a_user_error(tmp_path, monkeypatch, capsys):
+    def refuse(*args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(tmp_path / ".out.tex.tmp"))
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(tempfile, "mkstemp", refuse)
+    code = main(["derive", "-o", "out.tex"])
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert code == 1, err
+    assert err.startswith("Error: ") and len(err.splitlines()) == 1, err
+    assert "bug in symattn" not in err
+    assert "Permission denied" in err
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux /proc (a folder nobody can write to)")
+def test_unwritable_output_folder_through_the_entry_point(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-m", "symattn", "derive", "-o", "/proc/symattn-test-out.tex"],
+        cwd=tmp_path, capture_output=True, text=True, stdin=subprocess.DEVNULL,
+    )
+    assert "Traceback" not in done.stderr
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.startswith("Error: ")
+    assert "bug in symattn" not in done.stderr
