@@ -140,6 +140,11 @@ class SoftmaxRow:
         """``Σ_j a_ij v_j`` as one fraction over ``Z_i``."""
         return self.weighted_numerator(column) / self.normaliser
 
+    def evaluate_normaliser(self, dps: int) -> mpmath.mpf:
+        """``Z_i`` at ``dps`` digits."""
+        with mpmath.workdps(dps + 10):
+            return mpmath.fsum(mpmath.exp(to_mpf(e, dps)) for e in self.exponents if e is not None)
+
     def evaluate(self, dps: int) -> list[mpmath.mpf]:
         """The weights at ``dps`` digits, straight from the exponents."""
         with mpmath.workdps(dps + 10):

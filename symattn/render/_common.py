@@ -107,31 +107,49 @@ def _exp_split(term: sympy.Expr) -> tuple[sympy.Expr, sympy.Expr] | None:
 
 
 def exp_sum_tex(expr: sympy.Expr) -> str:
-    """A sum of terms ``c·e^x`` written with the largest exponent first.
+    """A sum of terms ``c·e^x`` in LaTeX, the largest exponent first.
 
     >>> exp_sum_tex(2*sympy.exp(-2) + 1 + sympy.exp(-1))
     '1 + e^{-1} + 2 e^{-2}'
     """
+    return _exp_sum(expr, tex, lambda x: f"e^{{{tex(x)}}}", "\\left({}\\right)", " ")
+
+
+def exp_sum_text(expr: sympy.Expr) -> str:
+    """The same in plain text.
+
+    >>> exp_sum_text(2*sympy.exp(-2) + 1 + sympy.exp(-1))
+    '1 + exp(-1) + 2*exp(-2)'
+    """
+    return _exp_sum(expr, text_entry, lambda x: f"exp({text_entry(x)})", "({})", "*")
+
+
+def text_entry(x: sympy.Expr) -> str:
+    """Plain text of one exact entry (``sympify`` reads it back)."""
+    return "-inf" if x == NEG_INF else sympy.sstr(x, order="none")
+
+
+def _exp_sum(expr, show, power_of, paren: str, times: str) -> str:
     parts = []
     for term in sympy.Add.make_args(expr):
         split = _exp_split(term)
         if split is None:
-            return tex(expr)
+            return show(expr)
         parts.append(split)
     parts.sort(key=lambda cx: -float(cx[1]) if cx[1].is_number else 0.0)
     out = ""
     for k, (c, x) in enumerate(parts):
-        power = "" if x == 0 else f"e^{{{tex(x)}}}"
+        power = "" if x == 0 else power_of(x)
         if not power:
-            body = tex(c)
+            body = show(c)
         elif c == 1:
             body = power
         elif c == -1:
             body = "-" + power
         elif isinstance(c, sympy.Add):
-            body = f"\\left({tex(c)}\\right) {power}"
+            body = paren.format(show(c)) + times + power
         else:
-            body = f"{tex(c)} {power}"
+            body = show(c) + times + power
         if k and body.startswith("-"):
             out += " - " + body[1:]
         elif k:
@@ -139,6 +157,16 @@ def exp_sum_tex(expr: sympy.Expr) -> str:
         else:
             out += body
     return out
+
+
+def over_normaliser(step: Step, i: int, j: int) -> sympy.Expr | None:
+    """The numerator of entry (i, j) of A or O when its row is written over Z_i, else None."""
+    if not step.softmax or normaliser_is_number(step.softmax[i]):
+        return None
+    row = step.softmax[i]
+    if step.id == "A":
+        return row.terms[j]
+    return row.weighted_numerator(list(step.values.col(j)))
 
 
 def tex_matrix(rows: list[list[str]]) -> str:
@@ -153,15 +181,12 @@ def normaliser_is_number(row) -> bool:
 
 def entry_tex(step: Step, i: int, j: int) -> str:
     """LaTeX of entry (i, j), writing softmax rows over their normaliser Z_i."""
-    if step.softmax and not normaliser_is_number(step.softmax[i]):
-        row = step.softmax[i]
-        if step.id == "A":
-            if row.exponents[j] is None:
-                return "0"
-            return f"\\dfrac{{{exp_sum_tex(row.terms[j])}}}{{Z_{{{i + 1}}}}}"
-        numerator = row.weighted_numerator(list(step.values.col(j)))
-        return f"\\dfrac{{{exp_sum_tex(numerator)}}}{{Z_{{{i + 1}}}}}"
-    return tex(step.exact[i, j])
+    numerator = over_normaliser(step, i, j)
+    if numerator is None:
+        return tex(step.exact[i, j])
+    if numerator == 0:
+        return "0"
+    return f"\\dfrac{{{exp_sum_tex(numerator)}}}{{Z_{{{i + 1}}}}}"
 
 
 def exact_tex_matrix(step: Step) -> str:
@@ -188,24 +213,14 @@ def _tex_decimal(v, digits: int) -> str:
 def normaliser_lines(d: Derivation, step: Step, digits: int) -> list[str]:
     """``m_i`` and ``Z_i`` of every row whose normaliser is not a plain number."""
     lines = []
-    values = None
     for i, row in enumerate(step.softmax):
         if normaliser_is_number(row):
             continue
-        if values is None:
-            with mpmath.workdps(digits + 10):
-                values = [_z_value(r, digits) for r in step.softmax]
         lines.append(
             f"m_{{{i + 1}}} = {tex(row.maximum)},\\quad Z_{{{i + 1}}} = \\sum_k e^{{\\hat{{S}}_{{{i + 1}k}} - m_{{{i + 1}}}}} = "
-            f"{exp_sum_tex(row.normaliser)} \\approx {_tex_decimal(values[i], digits)}"
+            f"{exp_sum_tex(row.normaliser)} \\approx {_tex_decimal(row.evaluate_normaliser(digits + 5), digits)}"
         )
     return lines
-
-
-def _z_value(row, digits):
-    from .._exact import to_mpf
-
-    return mpmath.fsum(mpmath.exp(to_mpf(e, digits + 10)) for e in row.exponents if e is not None)
 
 
 def factor_tex(x: sympy.Expr) -> str:

@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-import sympy
-
 from ..derivation import Derivation, Step
-from ._common import NEG_INF, decimal, needs_decimals, stages
+from ._common import decimal, exp_sum_text, needs_decimals, normaliser_is_number, over_normaliser, stages, text_entry
 
 
-def _entry(x: sympy.Expr) -> str:
-    return "-inf" if x == NEG_INF else str(x)
 
 
 def _grid(rows: list[str], cols: list[str], cells: list[list[str]], indent: str = "    ") -> list[str]:
@@ -21,9 +17,30 @@ def _grid(rows: list[str], cols: list[str], cells: list[list[str]], indent: str 
     return lines
 
 
+def _cell(step: Step, i: int, j: int) -> str:
+    numerator = over_normaliser(step, i, j)
+    if numerator is None:
+        return text_entry(step.exact[i, j])
+    if numerator == 0:
+        return "0"
+    top = exp_sum_text(numerator)
+    return f"({top})/Z_{i + 1}" if " " in top else f"{top}/Z_{i + 1}"
+
+
 def _exact_cells(step: Step) -> list[list[str]]:
-    m = step.exact
-    return [[_entry(m[i, j]) for j in range(m.cols)] for i in range(m.rows)]
+    rows, cols = step.shape
+    return [[_cell(step, i, j) for j in range(cols)] for i in range(rows)]
+
+
+def _normalisers(step: Step, digits: int) -> list[str]:
+    lines = []
+    for i, row in enumerate(step.softmax):
+        if not normaliser_is_number(row):
+            value = decimal(row.evaluate_normaliser(digits + 5), digits)
+            lines.append(
+                f"    m_{i + 1} = {text_entry(row.maximum)},  Z_{i + 1} = {exp_sum_text(row.normaliser)} ≈ {value}"
+            )
+    return lines
 
 
 def render_text(derivation: Derivation, *, digits: int | None = None, check=None) -> str:
@@ -40,6 +57,8 @@ def render_text(derivation: Derivation, *, digits: int | None = None, check=None
             out.append(f"  {step.title}: {step.formula_text}   [{step.shape_note}]")
             out.append(f"  {step.why}")
             out.extend(_grid(list(step.rows), list(step.cols), _exact_cells(step)))
+            if step.id == "A":
+                out.extend(_normalisers(step, digits))
             if needs_decimals(step):
                 values = d.evaluate(step.id, max(digits + 5, 20))
                 out.append("    ≈")
