@@ -1,4 +1,4 @@
-"""The ``symattn`` command line, against the contract in spec/cli-and-output.md.
+"""The ``symattn`` command line, against the CLI and JSON contract.
 
 Every behaviour is checked three ways where it matters: in-process through
 click's ``CliRunner``, through the real entry point ``python -m symattn`` in a
@@ -33,7 +33,7 @@ EXAMPLE_FILES = sorted(EXAMPLES.glob("*.yaml"))
 BUILTIN = EXAMPLES / "causal_4_tokens.yaml"
 BUILTIN_TITLE = "Causal self-attention on four tokens"
 
-# spec/cli-and-output.md: stage ids, in this order, for one head.
+# The contract: stage ids, in this order, for one head.
 PROJECTED_IDS = ["X", "W_Q", "W_K", "W_V", "Q", "K", "V", "K_T", "S", "S_scaled", "M", "S_masked", "A", "O"]
 GIVEN_IDS = ["Q", "K", "V", "K_T", "S", "S_scaled", "M", "S_masked", "A", "O"]
 SPEC_STAGE_KEYS = {"id", "title", "shape", "exact", "approx"}

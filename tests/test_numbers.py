@@ -7,8 +7,6 @@ Run with:
 from __future__ import annotations
 
 import builtins
-import importlib.util
-import sys
 import time
 
 import pytest
@@ -16,28 +14,9 @@ import sympy
 from sympy import E, Integer, Rational, Symbol, exp, log, sqrt
 
 
-def _import_symattn_submodules() -> None:
-    """Import symattn's submodules even while symattn/__init__.py is mid-edit.
 
-    Importing ``symattn._numbers`` runs ``symattn/__init__.py`` first; if that
-    fails, register the package without running it so the submodules (which
-    need only each other) can still be imported and tested.
-    """
-    try:
-        import symattn._numbers  # noqa: F401
-        import symattn.problem  # noqa: F401
-    except Exception:
-        for name in [m for m in sys.modules if m == "symattn" or m.startswith("symattn.")]:
-            del sys.modules[name]
-        spec = importlib.util.find_spec("symattn")
-        package = importlib.util.module_from_spec(spec)  # not executed
-        sys.modules["symattn"] = package
-
-
-_import_symattn_submodules()
-
-from symattn import _numbers  # noqa: E402
-from symattn._numbers import NumberError, is_neg_inf_text, parse_decimal, parse_number  # noqa: E402
+from symattn import _numbers
+from symattn._numbers import NumberError, is_neg_inf_text, parse_decimal, parse_number
 
 
 def rejected(text: str, **kwargs) -> str:
