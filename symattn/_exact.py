@@ -32,7 +32,8 @@ def tidy(x: sympy.Expr) -> sympy.Expr:
     """``x`` in canonical expanded form (a no-op for rationals, the common case)."""
     if x.is_Rational or x.is_Atom:
         return x
-    return sympy.expand(x)
+    # Never split e^(a+b) into e^a·e^b: the exponents are the softmax's structure.
+    return sympy.expand(x, power_exp=False, power_base=False, log=False)
 
 
 def _all_rational(m: Matrix) -> bool:
@@ -71,8 +72,10 @@ def add_mask(scores: Matrix, mask: Matrix) -> Matrix:
     )
 
 
-def to_mpf(x: sympy.Expr, dps: int) -> mpmath.mpf:
-    """``x`` as an mpmath number good to ``dps`` digits (−∞ stays −∞)."""
+def to_mpf(x: sympy.Expr, dps: int, subs=None) -> mpmath.mpf:
+    """``x`` as an mpmath number good to ``dps`` digits (−∞ stays −∞); ``subs`` gives the symbols' values."""
+    if subs and x.free_symbols:
+        x = x.xreplace(subs)
     if x == NEG_INF:
         return mpmath.ninf
     if isinstance(x, sympy.Integer):
@@ -83,9 +86,15 @@ def to_mpf(x: sympy.Expr, dps: int) -> mpmath.mpf:
     return mpmath.mpf(value._to_mpmath(mpmath.mp.prec + 40))
 
 
-def evaluate(m: Matrix, dps: int) -> list[list[mpmath.mpf]]:
+def evaluate(m: Matrix, dps: int, subs=None) -> list[list[mpmath.mpf]]:
     with mpmath.workdps(dps + 10):
-        return [[to_mpf(m[i, j], dps) for j in range(m.cols)] for i in range(m.rows)]
+        return [[to_mpf(m[i, j], dps, subs) for j in range(m.cols)] for i in range(m.rows)]
+
+
+def mp_matmul(a: list[list[mpmath.mpf]], b: list[list[mpmath.mpf]], dps: int) -> list[list[mpmath.mpf]]:
+    """The product of two matrices of mpmath numbers, at ``dps`` digits."""
+    with mpmath.workdps(dps + 10):
+        return [[mpmath.fsum(x * row_b[j] for x, row_b in zip(row, b)) for j in range(len(b[0]))] for row in a]
 
 
 def row_max(values: list[sympy.Expr], dps: int = 50) -> sympy.Expr:
@@ -114,6 +123,7 @@ class SoftmaxRow:
 
     maximum: sympy.Expr
     exponents: tuple[sympy.Expr | None, ...]
+    is_max: bool = True  # False for a symbolic row, normalised by its first allowed score
 
     @cached_property
     def terms(self) -> tuple[sympy.Expr, ...]:
@@ -140,15 +150,15 @@ class SoftmaxRow:
         """``Σ_j a_ij v_j`` as one fraction over ``Z_i``."""
         return self.weighted_numerator(column) / self.normaliser
 
-    def evaluate_normaliser(self, dps: int) -> mpmath.mpf:
+    def evaluate_normaliser(self, dps: int, subs=None) -> mpmath.mpf:
         """``Z_i`` at ``dps`` digits."""
         with mpmath.workdps(dps + 10):
-            return mpmath.fsum(mpmath.exp(to_mpf(e, dps)) for e in self.exponents if e is not None)
+            return mpmath.fsum(mpmath.exp(to_mpf(e, dps, subs)) for e in self.exponents if e is not None)
 
-    def evaluate(self, dps: int) -> list[mpmath.mpf]:
+    def evaluate(self, dps: int, subs=None) -> list[mpmath.mpf]:
         """The weights at ``dps`` digits, straight from the exponents."""
         with mpmath.workdps(dps + 10):
-            exps = [mpmath.mpf(0) if e is None else mpmath.exp(to_mpf(e, dps)) for e in self.exponents]
+            exps = [mpmath.mpf(0) if e is None else mpmath.exp(to_mpf(e, dps, subs)) for e in self.exponents]
             total = mpmath.fsum(e for e, x in zip(exps, self.exponents) if x is not None)
             return [mpmath.mpf(0) if x is None else e / total for e, x in zip(exps, self.exponents)]
 
@@ -157,8 +167,12 @@ def softmax_rows(masked: Matrix) -> tuple[SoftmaxRow, ...]:
     rows = []
     for i in range(masked.rows):
         values = [masked[i, j] for j in range(masked.cols)]
-        m = row_max(values)
+        finite = [v for v in values if v != NEG_INF]
+        symbolic = any(v.free_symbols for v in finite)
+        # The maximum keeps exponents ≤ 0; with symbols it cannot be picked, and the first
+        # allowed score serves (any reference cancels in the quotient).
+        m = finite[0] if symbolic else row_max(values)
         rows.append(
-            SoftmaxRow(m, tuple(None if v == NEG_INF else tidy(v - m) for v in values))
+            SoftmaxRow(m, tuple(None if v == NEG_INF else tidy(v - m) for v in values), is_max=not symbolic)
         )
     return tuple(rows)

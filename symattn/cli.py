@@ -90,7 +90,7 @@ def _derive_text(problem: Path | None, kind: str, standalone: bool, digits: int 
     result = None
     if check:
         result = _cc(d)
-        if not result.passed:
+        if result.passed is False:
             first = result.mismatches[0]
             raise SymattnError(
                 f"cross-check failed at {first} ({len(result.mismatches)} entries differ); "

@@ -2,8 +2,9 @@
 
 :func:`derive` reads like the forward pass of attention, one line per stage in
 the order of the formula ``softmax(Q Kᵀ / √d_k + M) V``. Each stage is a
-:class:`Step` with a stable id (``"S_scaled"``), a title, one sentence of why,
-the relation, the shapes and the exact matrix. Renderers only read steps.
+:class:`Step` with a stable id (``"S_scaled"``, or ``"head2.S_scaled"`` with
+several heads), a title, one sentence of why, the relation, the shapes and the
+exact matrix. Renderers only read steps.
 """
 
 from __future__ import annotations
@@ -16,8 +17,11 @@ import mpmath
 import sympy
 
 from . import _exact
+from ._errors import SymattnError
 from ._exact import NEG_INF, Matrix, SoftmaxRow
-from .problem import Problem
+from .problem import Head, Problem
+
+Values = list[list[mpmath.mpf]]
 
 
 @dataclass(frozen=True)
@@ -66,6 +70,22 @@ class Step:
     def shape(self) -> tuple[int, int]:
         return (len(self.rows), len(self.cols))
 
+    @property
+    def kind(self) -> str:
+        """The stage id without its head prefix: ``"head2.A"`` → ``"A"``."""
+        return self.id.rsplit(".", 1)[-1]
+
+    @property
+    def head(self) -> int | None:
+        """The head this step belongs to (1-based), or None."""
+        if "." not in self.id:
+            return None
+        return int(self.id.split(".", 1)[0].removeprefix("head"))
+
+    def evaluate(self, derivation: "Derivation", dps: int, subs) -> Values:
+        """The values at ``dps`` digits (``subs`` gives numbers for symbols)."""
+        return _exact.evaluate(self.exact, dps, subs)
+
 
 @dataclass(frozen=True)
 class _SoftmaxStep(Step):
@@ -73,9 +93,10 @@ class _SoftmaxStep(Step):
 
     @cached_property
     def exact(self) -> Matrix:
-        return Matrix(
-            len(self.softmax), len(self.cols), lambda i, j: self.softmax[i].weight(j)
-        )
+        return Matrix(len(self.softmax), len(self.cols), lambda i, j: self.softmax[i].weight(j))
+
+    def evaluate(self, derivation, dps, subs) -> Values:
+        return [row.evaluate(dps, subs) for row in self.softmax]
 
 
 @dataclass(frozen=True)
@@ -93,6 +114,32 @@ class _OutputStep(Step):
             lambda i, j: self.softmax[i].weighted_sum([v[k, j] for k in range(v.rows)]),
         )
 
+    def evaluate(self, derivation, dps, subs) -> Values:
+        weights = [row.evaluate(dps, subs) for row in self.softmax]
+        return _exact.mp_matmul(weights, _exact.evaluate(self.values, dps, subs), dps)
+
+
+@dataclass(frozen=True)
+class _ConcatStep(Step):
+    """The heads' outputs side by side."""
+
+    parts: tuple[str, ...] = ()
+
+    def evaluate(self, derivation, dps, subs) -> Values:
+        blocks = [derivation.evaluate(part, dps) for part in self.parts]
+        return [sum((block[i] for block in blocks), []) for i in range(len(self.rows))]
+
+
+@dataclass(frozen=True)
+class _ProductStep(Step):
+    """``left · right`` where ``left`` is an earlier step (evaluated from its own structure)."""
+
+    left: str = ""
+    right: Matrix | None = field(default=None, repr=False)
+
+    def evaluate(self, derivation, dps, subs) -> Values:
+        return _exact.mp_matmul(derivation.evaluate(self.left, dps), _exact.evaluate(self.right, dps, subs), dps)
+
 
 @dataclass(frozen=True)
 class Derivation:
@@ -102,7 +149,7 @@ class Derivation:
     steps: tuple[Step, ...]
 
     def step(self, id: str) -> Step:
-        """The step with this id (``"Q"``, ``"S_scaled"``, ``"A"``, ...)."""
+        """The step with this id (``"Q"``, ``"S_scaled"``, ``"head1.A"``, ...)."""
         for s in self.steps:
             if s.id == id:
                 return s
@@ -116,34 +163,49 @@ class Derivation:
         return iter(self.steps)
 
     @property
-    def dims(self) -> dict[str, int | None]:
+    def dims(self) -> dict:
+        """The sizes of the problem; with heads of different widths d_k and d_v are lists."""
         p = self.problem
-        return {"n_q": p.n_q, "n_k": p.n_k, "d_model": p.d_model, "d_k": p.d_k, "d_v": p.d_v, "heads": 1}
+        if p.projected:
+            d_k = [h.d_k for h in p.heads]
+            d_v = [h.d_v for h in p.heads]
+        else:
+            d_k, d_v = [p.d_k], [p.d_v]
+        dims = {
+            "n_q": p.n_q,
+            "n_k": p.n_k,
+            "d_model": p.d_model,
+            "d_k": d_k[0] if len(set(d_k)) == 1 else d_k,
+            "d_v": d_v[0] if len(set(d_v)) == 1 else d_v,
+            "heads": len(d_k),
+        }
+        if p.W_O is not None:
+            dims["d_out"] = p.W_O.cols
+        return dims
 
-    def evaluate(self, id: str, dps: int = 30) -> list[list[mpmath.mpf]]:
+    @property
+    def can_evaluate(self) -> bool:
+        """False when the problem has symbols without values."""
+        return self.problem.substitutions is not None
+
+    def evaluate(self, id: str, dps: int = 30) -> Values:
         """The exact values of step ``id`` at ``dps`` significant digits (mpmath).
 
-        ``A`` and ``O`` are evaluated from the softmax structure, never through
-        ``evalf`` of a large expression.
+        Softmax weights and outputs are evaluated from the softmax structure,
+        never through ``evalf`` of a large expression. Symbols take their
+        ``values``.
         """
+        subs = self.problem.substitutions
+        if subs is None:
+            raise SymattnError(
+                "the problem has symbols without values, so its numbers cannot be evaluated; "
+                "give values: {name: number, ...} for every symbol"
+            )
         key = (id, dps)
         cache = self.__dict__.setdefault("_evaluated", {})
         if key not in cache:
-            cache[key] = self._evaluate(self.step(id), dps)
+            cache[key] = self.step(id).evaluate(self, dps, subs)
         return cache[key]
-
-    def _evaluate(self, step: Step, dps: int) -> list[list[mpmath.mpf]]:
-        if isinstance(step, _SoftmaxStep):
-            return [row.evaluate(dps) for row in step.softmax]
-        if isinstance(step, _OutputStep):
-            weights = self.evaluate("A", dps)
-            values = _exact.evaluate(step.values, dps)
-            with mpmath.workdps(dps + 10):
-                return [
-                    [mpmath.fsum(a * v[j] for a, v in zip(row, values)) for j in range(len(values[0]))]
-                    for row in weights
-                ]
-        return _exact.evaluate(step.exact, dps)
 
 
 def derive(problem: Problem) -> Derivation:
@@ -156,27 +218,22 @@ def derive(problem: Problem) -> Derivation:
     """
     p = problem
     b = _Builder(p)
-    if p.projected:
-        b.given("X", p.X)
-        if p.context is not None:
-            b.given("context", p.context)
-        b.given("W_Q", p.W_Q)
-        b.given("W_K", p.W_K)
-        b.given("W_V", p.W_V)
-        Q = b.project("Q", p.X, p.W_Q)                      # (n_q, d_model) x (d_model, d_k) -> (n_q, d_k)
-        K = b.project("K", b.kv_input, p.W_K)               # (n_k, d_model) x (d_model, d_k) -> (n_k, d_k)
-        V = b.project("V", b.kv_input, p.W_V)               # (n_k, d_model) x (d_model, d_v) -> (n_k, d_v)
-    else:
-        Q = b.given("Q", p.Q)
-        K = b.given("K", p.K)
-        V = b.given("V", p.V)
-    K_T = b.transpose(K)                                    # (n_k, d_k) -> (d_k, n_k)
-    S = b.scores(Q, K_T)                                    # (n_q, d_k) x (d_k, n_k) -> (n_q, n_k)
-    S_scaled = b.scaled(S)                                  # (n_q, n_k)
-    M = b.mask()                                            # (n_q, n_k): 0 or -inf, plus bias
-    S_masked = b.masked(S_scaled, M)                        # (n_q, n_k)
-    A = b.softmax(S_masked)                                 # (n_q, n_k), rows sum to 1
-    b.output(A, V)                                          # (n_q, n_k) x (n_k, d_v) -> (n_q, d_v)
+    if not p.projected:
+        Q, K, V = b.given("Q", p.Q), b.given("K", p.K), b.given("V", p.V)
+        b.attention(Q, K, V, p.d_k)
+        return Derivation(p, tuple(b.steps))
+    X = b.given("X", p.X)                                   # (n_q, d_model)
+    C = b.given("context", p.context) if p.context is not None else X  # (n_k, d_model)
+    outputs = []
+    for h, head in enumerate(p.heads, 1):
+        b.prefix = f"head{h}." if p.multi_head else ""
+        Q, K, V = b.projections(X, C, head)                 # (n_q, d_k), (n_k, d_k), (n_k, d_v)
+        outputs.append(b.attention(Q, K, V, head.d_k))      # (n_q, d_v)
+    if p.multi_head:
+        b.prefix = ""
+        concat = b.concat(outputs)                          # (n_q, h·d_v)
+        W_O = b.given("W_O", p.W_O)                         # (h·d_v, d_out)
+        b.output_projection(concat, W_O)                    # (n_q, d_out)
     return Derivation(p, tuple(b.steps))
 
 
@@ -210,141 +267,148 @@ _WHY = {
         "maximum m_i first changes nothing (it cancels) and keeps every exponent ≤ 0."
     ),
     "O": "Each output row is a weighted average of the value rows, weighted by the same row of A.",
+    "X_cross": "Each row of X is one query-side token; the queries are computed from it.",
+    "W_O": "The output weights, learned in training and given here: they mix the heads' outputs.",
+    "A_symbolic": (
+        "With symbols the largest score of a row cannot be picked, so each such row is normalised by its first "
+        "allowed score m_i instead; any reference value gives the same weights."
+    ),
+    "concat": "Each head attended in its own subspace; their outputs are placed side by side, row by row.",
+    "O_proj": "The output projection W_O mixes what the heads found into one output row per token.",
 }
 
 
 class _Builder:
-    """Collects the steps of one derivation, in order."""
+    """Collects the steps of one derivation, in order; ``prefix`` names the current head."""
 
     def __init__(self, p: Problem) -> None:
         self.p = p
         self.steps: list[Step] = []
+        self.prefix = ""
         self.q_labels = p.tokens
         self.k_labels = p.key_tokens
-        self.kv_input = p.context if p.context is not None else p.X
         self.kv_name = "C" if p.context is not None else "X"
 
     def add(self, step: Step) -> Step:
         self.steps.append(step)
         return step
 
+    def step(self, cls, id: str, title: str, why: str, formula: str, text: str, shape: str, rows, cols, **kw) -> Step:
+        """Add a step of class ``cls`` under the current head's prefix."""
+        return self.add(cls(self.prefix + id, title, why, formula, text, shape, rows, cols, **kw))
+
     # -- inputs and projections ------------------------------------------------
 
     def given(self, id: str, m: Matrix) -> Matrix:
         p = self.p
+        cross = p.context is not None
         if id in ("X", "Q"):
-            rows, cols = self.q_labels, _dims(id_col(id), m.cols)
+            rows = self.q_labels
         elif id in ("context", "K", "V"):
-            rows, cols = self.k_labels, _dims(id_col(id), m.cols)
-        else:  # weights: rows are model dimensions
-            rows, cols = _dims("d", m.rows), _dims(id_col(id), m.cols)
+            rows = self.k_labels
+        else:  # weights: rows are model (or concatenated value) dimensions
+            rows = _dims("c" if id == "W_O" else "d", m.rows)
+        cols = _dims({"X": "d", "context": "d", "W_O": "o"}.get(id, id[-1].lower()), m.cols)
         title = {
-            "X": "Input tokens",
-            "context": "Context tokens",
+            "X": "Query-side tokens" if cross else "Input tokens",
+            "context": "Context tokens (the key and value side)",
             "W_Q": "Query weights",
             "W_K": "Key weights",
             "W_V": "Value weights",
+            "W_O": "Output weights",
             "Q": "Queries (given)",
             "K": "Keys (given)",
             "V": "Values (given)",
         }[id]
         why = _WHY[f"{id}_given"] if id in ("Q", "K", "V") else _WHY[id]
+        if id == "X" and cross:
+            why = _WHY["X_cross"]
         symbol = {"context": "C"}.get(id, id)
-        n_name = {"X": "n", "context": "n_k", "Q": "n_q", "K": "n_k", "V": "n_k"}.get(id)
-        if p.context is not None and id == "X":
-            n_name = "n_q"
-        if n_name is None:
-            shape_note = f"{m.rows}×{m.cols} (d_model × {'d_v' if id == 'W_V' else 'd_k'})"
-        else:
-            width = {"X": "d_model", "context": "d_model", "Q": "d_k", "K": "d_k", "V": "d_v"}[id]
-            shape_note = f"{m.rows}×{m.cols} ({n_name} × {width})"
-        self.add(
-            Step(id, title, why, _tex_name(symbol), symbol, shape_note, rows, cols, matrix=m, given=True)
-        )
+        shape = {
+            "X": f"n_q × d_model" if cross else "n × d_model",
+            "context": "n_k × d_model",
+            "W_Q": "d_model × d_k",
+            "W_K": "d_model × d_k",
+            "W_V": "d_model × d_v",
+            "W_O": "h·d_v × d_out",
+            "Q": "n_q × d_k",
+            "K": "n_k × d_k",
+            "V": "n_k × d_v",
+        }[id]
+        self.step(Step, id, title, why, _tex_name(symbol), symbol, f"{m.rows}×{m.cols} ({shape})", rows, cols,
+                  matrix=m, given=True)
         return m
 
-    def project(self, id: str, inp: Matrix, weights: Matrix) -> Matrix:
-        name = "X" if inp is self.p.X else "C"
+    def projections(self, X: Matrix, C: Matrix, head: Head) -> tuple[Matrix, Matrix, Matrix]:
+        self.given("W_Q", head.W_Q)
+        self.given("W_K", head.W_K)
+        self.given("W_V", head.W_V)
+        Q = self.project("Q", X, "X", head.W_Q)                 # (n_q, d_model) x (d_model, d_k)
+        K = self.project("K", C, self.kv_name, head.W_K)        # (n_k, d_model) x (d_model, d_k)
+        V = self.project("V", C, self.kv_name, head.W_V)        # (n_k, d_model) x (d_model, d_v)
+        return Q, K, V
+
+    def project(self, id: str, inp: Matrix, name: str, weights: Matrix) -> Matrix:
         result = _exact.matmul(inp, weights)
         rows = self.q_labels if id == "Q" else self.k_labels
+        n = "n_q" if id == "Q" else "n_k"
         width = "d_v" if id == "V" else "d_k"
         worked = (_dot(id, 0, 0, inp.row(0), weights.col(0), f"{name.lower()}_1", f"W_{id}[:,1]", result[0, 0]),)
         title = {"Q": "Query projection", "K": "Key projection", "V": "Value projection"}[id]
-        return self.add(
-            Step(
-                id,
-                title,
-                _WHY[id],
-                f"{id} = {name}\\,W_{{{id}}}",
-                f"{id} = {name}·W_{id}",
-                f"({inp.rows}×{inp.cols})·({weights.rows}×{weights.cols}) → {result.rows}×{result.cols} "
-                f"({'n_q' if id == 'Q' else 'n_k'} × {width})",
-                rows,
-                _dims(id.lower(), result.cols),
-                worked=worked,
-                matrix=result,
-            )
+        why = _WHY[id]
+        if name == "C" and id in ("K", "V"):
+            why += " Keys and values come from the context: this is cross-attention."
+        return self.step(
+            Step, id, title, why,
+            f"{id} = {name}\\,W_{{{id}}}",
+            f"{id} = {name}·W_{id}",
+            f"({inp.rows}×{inp.cols})·({weights.rows}×{weights.cols}) → {result.rows}×{result.cols} ({n} × {width})",
+            rows, _dims(id.lower(), result.cols), worked=worked, matrix=result,
         ).exact
 
-    # -- scores ----------------------------------------------------------------
+    # -- one head: scores to output ------------------------------------------------
+
+    def attention(self, Q: Matrix, K: Matrix, V: Matrix, d_k: int) -> Matrix:
+        """Stages 3 to 8 of one head; returns its output (exact)."""
+        K_T = self.transpose(K)                                 # (n_k, d_k) -> (d_k, n_k)
+        S = self.scores(Q, K_T)                                 # (n_q, d_k) x (d_k, n_k) -> (n_q, n_k)
+        S_scaled = self.scaled(S, d_k)                          # (n_q, n_k)
+        M = self.mask()                                         # (n_q, n_k): 0 or -inf, plus bias
+        S_masked = self.masked(S_scaled, M)                     # (n_q, n_k)
+        A = self.softmax(S_masked)                              # (n_q, n_k), rows sum to 1
+        return self.output(A, V)                                # (n_q, n_k) x (n_k, d_v) -> (n_q, d_v)
 
     def transpose(self, K: Matrix) -> Matrix:
         K_T = K.T
-        self.add(
-            Step(
-                "K_T",
-                "Transpose the keys",
-                _WHY["K_T"],
-                "K^{\\top}",
-                "Kᵀ",
-                f"{K.rows}×{K.cols} → {K_T.rows}×{K_T.cols} (d_k × n_k)",
-                _dims("k", K_T.rows),
-                self.k_labels,
-                matrix=K_T,
-            )
-        )
+        self.step(Step, "K_T", "Transpose the keys", _WHY["K_T"], "K^{\\top}", "Kᵀ",
+                  f"{K.rows}×{K.cols} → {K_T.rows}×{K_T.cols} (d_k × n_k)",
+                  _dims("k", K_T.rows), self.k_labels, matrix=K_T)
         return K_T
 
     def scores(self, Q: Matrix, K_T: Matrix) -> Matrix:
         S = _exact.matmul(Q, K_T)
         i, j = 0, 1 if S.cols > 1 else 0
         worked = (_dot("S", i, j, Q.row(i), K_T.col(j), f"q_{i + 1}", f"k_{j + 1}", S[i, j]),)
-        return self.add(
-            Step(
-                "S",
-                "Scores",
-                _WHY["S"],
-                "S = Q\\,K^{\\top}",
-                "S = Q·Kᵀ",
-                f"({Q.rows}×{Q.cols})·({K_T.rows}×{K_T.cols}) → {S.rows}×{S.cols} (n_q × n_k)",
-                self.q_labels,
-                self.k_labels,
-                worked=worked,
-                matrix=S,
-            )
+        return self.step(
+            Step, "S", "Scores", _WHY["S"], "S = Q\\,K^{\\top}", "S = Q·Kᵀ",
+            f"({Q.rows}×{Q.cols})·({K_T.rows}×{K_T.cols}) → {S.rows}×{S.cols} (n_q × n_k)",
+            self.q_labels, self.k_labels, worked=worked, matrix=S,
         ).exact
 
-    def scaled(self, S: Matrix) -> Matrix:
+    def scaled(self, S: Matrix, d_k: int) -> Matrix:
         p = self.p
-        factor = p.scale_value
+        factor = p.scale_for(d_k)
         if p.scale == "auto":
-            why, formula, text = _WHY["S_scaled"], f"\\frac{{S}}{{\\sqrt{{d_k}}}} = \\frac{{S}}{{\\sqrt{{{p.d_k}}}}}", f"S / √d_k = S / √{p.d_k}"
+            why = _WHY["S_scaled"]
+            formula = f"\\frac{{S}}{{\\sqrt{{d_k}}}} = \\frac{{S}}{{\\sqrt{{{d_k}}}}}"
+            text = f"S / √d_k = S / √{d_k}"
         elif p.scale == "none":
             why, formula, text = _WHY["S_scaled_none"], "S", "S (no scaling)"
         else:
             why, formula, text = _WHY["S_scaled_custom"], f"{sympy.latex(factor)}\\cdot S", f"{factor}·S"
-        return self.add(
-            Step(
-                "S_scaled",
-                "Scale the scores",
-                why,
-                formula,
-                text,
-                f"{S.rows}×{S.cols} (n_q × n_k)",
-                self.q_labels,
-                self.k_labels,
-                matrix=_exact.scale(S, factor),
-            )
+        return self.step(
+            Step, "S_scaled", "Scale the scores", why, formula, text, f"{S.rows}×{S.cols} (n_q × n_k)",
+            self.q_labels, self.k_labels, matrix=_exact.scale(S, factor),
         ).exact
 
     def mask(self) -> Matrix:
@@ -358,81 +422,81 @@ class _Builder:
                 else (p.bias[i, j] if p.bias is not None else sympy.Integer(0))
             ),
         )
-        rule = p.mask.rule()
-        why = _WHY["M"] + f" Here the rule is {rule}."
-        if p.bias is not None:
-            why += " The given bias is added to it."
-        formula = "M = M_{\\text{mask}} + B" if p.bias is not None else "M"
-        return self.add(
-            Step(
-                "M",
-                "The mask",
-                why,
-                formula,
-                "M = mask + bias" if p.bias is not None else "M",
-                f"{p.n_q}×{p.n_k} (n_q × n_k)",
-                self.q_labels,
-                self.k_labels,
-                matrix=M,
+        why = _WHY["M"] + f" Here the rule is {p.mask.rule()}."
+        if p.mask.kind in ("causal", "causal-bottom-right", "sliding-window") and p.n_q != p.n_k:
+            shift = p.n_k - p.n_q
+            why += (
+                f" With {p.n_q} queries and {p.n_k} keys the two causal alignments differ: top-left "
+                f"(PyTorch's is_causal) lets query i see keys j ≤ i, bottom-right (FlashAttention's) "
+                f"keys j ≤ i {'+' if shift >= 0 else '−'} {abs(shift)}."
             )
+        if p.bias is not None:
+            why += " The bias is added to it, so M is the mask plus the bias."
+        return self.step(
+            Step, "M", "The mask", why,
+            "M = M_{\\text{mask}} + B" if p.bias is not None else "M",
+            "M = mask + bias" if p.bias is not None else "M",
+            f"{p.n_q}×{p.n_k} (n_q × n_k)", self.q_labels, self.k_labels, matrix=M,
         ).exact
 
     def masked(self, S_scaled: Matrix, M: Matrix) -> Matrix:
         p = self.p
-        scaled = {"auto": "\\frac{S}{\\sqrt{d_k}}", "none": "S"}.get(p.scale, "s\\,S") if isinstance(p.scale, str) else "s\\,S"
-        return self.add(
-            Step(
-                "S_masked",
-                "Add the mask",
-                _WHY["S_masked"],
-                f"\\hat{{S}} = {scaled} + M",
-                "Ŝ = S_scaled + M",
-                f"{p.n_q}×{p.n_k} (n_q × n_k)",
-                self.q_labels,
-                self.k_labels,
-                matrix=_exact.add_mask(S_scaled, M),
-            )
+        scaled = {"auto": "\\frac{S}{\\sqrt{d_k}}", "none": "S"}.get(p.scale) if isinstance(p.scale, str) else None
+        scaled = scaled or f"{sympy.latex(p.scale)}\\,S"
+        return self.step(
+            Step, "S_masked", "Add the mask", _WHY["S_masked"],
+            f"\\hat{{S}} = {scaled} + M", "Ŝ = S_scaled + M", f"{p.n_q}×{p.n_k} (n_q × n_k)",
+            self.q_labels, self.k_labels, matrix=_exact.add_mask(S_scaled, M),
         ).exact
 
     # -- weights and output -----------------------------------------------------
 
-    def softmax(self, Z: Matrix) -> tuple[SoftmaxRow, ...]:
-        rows = _exact.softmax_rows(Z)
-        self.add(
-            _SoftmaxStep(
-                "A",
-                "Softmax on each row",
-                _WHY["A"],
-                "A = \\operatorname{softmax}(\\hat{S})",
-                "A[i,j] = exp(Ŝ[i,j] − m_i) / Z_i,  m_i = max_k Ŝ[i,k],  Z_i = Σ_k exp(Ŝ[i,k] − m_i)",
-                f"{Z.rows}×{Z.cols} (n_q × n_k), each row sums to 1",
-                self.q_labels,
-                self.k_labels,
-                softmax=rows,
-            )
+    def softmax(self, S_masked: Matrix) -> tuple[SoftmaxRow, ...]:
+        rows = _exact.softmax_rows(S_masked)
+        why = _WHY["A"]
+        if not all(r.is_max for r in rows):
+            why += " " + _WHY["A_symbolic"]
+        self.step(
+            _SoftmaxStep, "A", "Softmax on each row", why,
+            "A = \\operatorname{softmax}(\\hat{S})",
+            "A[i,j] = exp(Ŝ[i,j] − m_i) / Z_i,  m_i = max_k Ŝ[i,k],  Z_i = Σ_k exp(Ŝ[i,k] − m_i)",
+            f"{S_masked.rows}×{S_masked.cols} (n_q × n_k), each row sums to 1",
+            self.q_labels, self.k_labels, softmax=rows,
         )
         return rows
 
-    def output(self, rows: tuple[SoftmaxRow, ...], V: Matrix) -> None:
+    def output(self, rows: tuple[SoftmaxRow, ...], V: Matrix) -> Matrix:
         p = self.p
-        self.add(
-            _OutputStep(
-                "O",
-                "Weighted sum of the values",
-                _WHY["O"],
-                "O = A\\,V",
-                "O = A·V",
-                f"({p.n_q}×{p.n_k})·({V.rows}×{V.cols}) → {p.n_q}×{V.cols} (n_q × d_v)",
-                self.q_labels,
-                _dims("v", V.cols),
-                softmax=rows,
-                values=V,
-            )
-        )
+        return self.step(
+            _OutputStep, "O", "Weighted sum of the values", _WHY["O"], "O = A\\,V", "O = A·V",
+            f"({p.n_q}×{p.n_k})·({V.rows}×{V.cols}) → {p.n_q}×{V.cols} (n_q × d_v)",
+            self.q_labels, _dims("v", V.cols), softmax=rows, values=V,
+        ).exact
 
+    # -- several heads ----------------------------------------------------------
 
-def id_col(id: str) -> str:
-    return {"X": "d", "context": "d", "Q": "q", "K": "k", "V": "v", "W_Q": "q", "W_K": "k", "W_V": "v"}[id]
+    def concat(self, outputs: list[Matrix]) -> Matrix:
+        p = self.p
+        concat = Matrix.hstack(*outputs)
+        widths = " + ".join(str(o.cols) for o in outputs)
+        parts = tuple(f"head{h}.O" for h in range(1, len(outputs) + 1))
+        formula = "\\operatorname{concat} = \\begin{bmatrix} " + " & ".join(
+            f"O^{{({h})}}" for h in range(1, len(outputs) + 1)) + " \\end{bmatrix}"
+        return self.step(
+            _ConcatStep, "concat", "Concatenate the heads", _WHY["concat"], formula,
+            "concat = [" + " | ".join(parts) + "]",
+            f"{p.n_q}×({widths}) = {concat.rows}×{concat.cols} (n_q × h·d_v)",
+            self.q_labels, _dims("c", concat.cols), matrix=concat, parts=parts,
+        ).exact
+
+    def output_projection(self, concat: Matrix, W_O: Matrix) -> Matrix:
+        result = _exact.matmul(concat, W_O)
+        return self.step(
+            _ProductStep, "O", "Output projection", _WHY["O_proj"],
+            "O = \\operatorname{concat}\\,W_O", "O = concat·W_O",
+            f"({concat.rows}×{concat.cols})·({W_O.rows}×{W_O.cols}) → {result.rows}×{result.cols} (n_q × d_out)",
+            self.q_labels, _dims("o", result.cols), matrix=result, left="concat", right=W_O,
+        ).exact
 
 
 def _dims(prefix: str, n: int) -> tuple[str, ...]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import difflib
 import io
+import keyword
 import os
 import re
 from dataclasses import dataclass
@@ -48,17 +49,12 @@ FIELDS = (
     "values",
     "digits",
 )
-# Fields of the format that this version does not derive yet: an error, never ignored.
-NOT_YET = {
-    "heads": "multi-head attention",
-    "W_O": "an output projection (it goes with heads)",
-    "symbols": "symbolic entries",
-    "values": "symbol values (they go with symbols)",
-}
 MASK_WORDS = ("none", "causal", "causal-bottom-right")
 
 Matrix = sympy.ImmutableMatrix
 _WHOLE = re.compile(r"[0-9]+")  # ASCII digits only: str.isdigit() also accepts '²'
+_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
+_RESERVED = {"sqrt", "exp", "log", "e", "inf", "nan", "oo"}
 
 
 @dataclass(frozen=True)
@@ -86,8 +82,29 @@ class Mask:
 
 
 @dataclass(frozen=True)
+class Head:
+    """One attention head's weights."""
+
+    W_Q: Matrix
+    W_K: Matrix
+    W_V: Matrix
+
+    @property
+    def d_k(self) -> int:
+        return self.W_Q.cols
+
+    @property
+    def d_v(self) -> int:
+        return self.W_V.cols
+
+
+@dataclass(frozen=True)
 class Problem:
-    """A validated attention problem; every matrix entry is an exact SymPy number."""
+    """A validated attention problem; every matrix entry is an exact SymPy number.
+
+    Either ``X`` with ``heads`` (one head from the top-level weights, or the
+    ``heads`` field with ``W_O``), or ``Q``, ``K``, ``V`` given directly.
+    """
 
     source: str
     title: str
@@ -98,18 +115,38 @@ class Problem:
     digits: int
     X: Matrix | None = None
     context: Matrix | None = None
-    W_Q: Matrix | None = None
-    W_K: Matrix | None = None
-    W_V: Matrix | None = None
+    heads: tuple[Head, ...] = ()
+    multi_head: bool = False  # the heads field was used (stage ids get head1. ...)
+    W_O: Matrix | None = None
     Q: Matrix | None = None
     K: Matrix | None = None
     V: Matrix | None = None
     bias: Matrix | None = None
+    symbols: tuple[sympy.Symbol, ...] = ()
+    values: tuple[tuple[sympy.Symbol, sympy.Expr], ...] = ()
 
     @property
     def projected(self) -> bool:
         """True when Q, K, V are computed from X and weights (not given)."""
         return self.X is not None
+
+    def _single(self, name: str) -> Matrix | None:
+        if not self.projected or self.multi_head:
+            return None
+        return getattr(self.heads[0], name)
+
+    @property
+    def W_Q(self) -> Matrix | None:
+        """The query weights of a single-head problem (None with ``heads`` or Q, K, V given)."""
+        return self._single("W_Q")
+
+    @property
+    def W_K(self) -> Matrix | None:
+        return self._single("W_K")
+
+    @property
+    def W_V(self) -> Matrix | None:
+        return self._single("W_V")
 
     @property
     def n_q(self) -> int:
@@ -127,20 +164,34 @@ class Problem:
 
     @property
     def d_k(self) -> int:
-        return (self.W_Q if self.projected else self.Q).cols
+        """d_k of the (first) head."""
+        return self.heads[0].d_k if self.projected else self.Q.cols
 
     @property
     def d_v(self) -> int:
-        return (self.W_V if self.projected else self.V).cols
+        """d_v of the (first) head."""
+        return self.heads[0].d_v if self.projected else self.V.cols
 
-    @property
-    def scale_value(self) -> sympy.Expr:
-        """The exact factor the scores are multiplied by."""
+    def scale_for(self, d_k: int) -> sympy.Expr:
+        """The exact factor the scores of a head with this d_k are multiplied by."""
         if self.scale == "auto":
-            return 1 / sympy.sqrt(sympy.Integer(self.d_k))
+            return 1 / sympy.sqrt(sympy.Integer(d_k))
         if self.scale == "none":
             return sympy.Integer(1)
         return self.scale
+
+    @property
+    def scale_value(self) -> sympy.Expr:
+        """The exact scale factor of the (first) head."""
+        return self.scale_for(self.d_k)
+
+    @property
+    def substitutions(self) -> dict[sympy.Symbol, sympy.Expr] | None:
+        """Numbers for every symbol (for the numeric cross-check), or None if some are missing."""
+        given = dict(self.values)
+        if any(s not in given for s in self.symbols):
+            return None
+        return given
 
 
 def load_problem(source: str | os.PathLike) -> Problem:
@@ -185,6 +236,7 @@ class _Reader:
     def __init__(self, file: str, base_dir: Path | None) -> None:
         self.file = file
         self.base_dir = base_dir
+        self.symbols: dict[str, sympy.Symbol] = {}
 
     # -- the document ------------------------------------------------------
 
@@ -216,10 +268,6 @@ class _Reader:
             if name in fields:
                 first = self.at(fields[name][0])
                 raise self.at(key).error(f"the field {name!r} is given twice (first at line {first.line})")
-            if name in NOT_YET:
-                raise self.at(key).error(
-                    f"{NOT_YET[name]} is part of the problem format but not supported by this version of symattn yet"
-                )
             fields[name] = (key, value)
         return fields
 
@@ -230,42 +278,81 @@ class _Reader:
         def key(name: str) -> yaml.Node:
             return fields[name][0]
 
+        self.symbols = self.read_symbols(node("symbols"))
+        values = self.read_values(node("values"))
         direct = [n for n in ("Q", "K", "V") if n in fields]
-        projected = [n for n in ("X", "W_Q", "W_K", "W_V", "context") if n in fields]
+        projected = [n for n in ("X", "W_Q", "W_K", "W_V", "context", "heads", "W_O") if n in fields]
         if direct and projected:
             raise self.at(key(direct[0])).error(
                 f"give either X with W_Q, W_K, W_V or Q, K, V directly, not both ({projected[0]} is also given)"
             )
         matrices: dict[str, Matrix] = {}
+        heads: list[Head] = []
         if direct:
             for name in ("Q", "K", "V"):
                 if name not in fields:
                     raise self.at(root).error(f"Q, K and V go together: {name} is missing")
                 matrices[name] = self.matrix(node(name), name)
-            self.same(matrices, "Q", "cols", "K", "cols", "Q·Kᵀ needs Q and K to have the same number of columns (d_k)", key)
-            self.same(matrices, "K", "rows", "V", "rows", "each key needs one value row: K and V need the same number of rows", key)
-        else:
-            for name in ("X", "W_Q", "W_K", "W_V"):
-                if name not in fields:
-                    raise self.at(root).error(
-                        f"{name} is missing: give X with W_Q, W_K and W_V, or give Q, K and V directly"
-                    )
-            for name in ("X", "context", "W_Q", "W_K", "W_V"):
-                if name in fields:
-                    matrices[name] = self.matrix(node(name), name)
-            self.same(matrices, "X", "cols", "W_Q", "rows", "X·W_Q needs W_Q to have {rows}", key)
-            kv = "context" if "context" in matrices else "X"
-            self.same(matrices, kv, "cols", "W_K", "rows", kv + "·W_K needs W_K to have {rows}", key)
-            self.same(matrices, kv, "cols", "W_V", "rows", kv + "·W_V needs W_V to have {rows}", key)
-            self.same(matrices, "W_Q", "cols", "W_K", "cols", "Q·Kᵀ needs W_Q and W_K to have the same number of columns (d_k)", key)
-
-        if direct:
+            self.same("Q", matrices["Q"], "cols", "K", matrices["K"], "cols", key("K"),
+                      "Q·Kᵀ needs Q and K to have the same number of columns (d_k)")
+            self.same("K", matrices["K"], "rows", "V", matrices["V"], "rows", key("V"),
+                      "each key needs one value row: K and V need the same number of rows")
             n_q, n_k = matrices["Q"].rows, matrices["K"].rows
-            d_k = matrices["Q"].cols
         else:
-            n_q = matrices["X"].rows
-            n_k = matrices["context"].rows if "context" in matrices else n_q
-            d_k = matrices["W_Q"].cols
+            if "X" not in fields:
+                raise self.at(root).error("X is missing: give X with W_Q, W_K and W_V, or give Q, K and V directly")
+            matrices["X"] = X = self.matrix(node("X"), "X")
+            kv_name = "context" if "context" in fields else "X"
+            if "context" in fields:
+                matrices["context"] = self.matrix(node("context"), "context")
+            C = matrices[kv_name]
+            if "heads" in fields:
+                for name in ("W_Q", "W_K", "W_V"):
+                    if name in fields:
+                        raise self.at(key(name)).error(
+                            f"with heads, each head gives its own W_Q, W_K, W_V: move the top-level {name} into heads"
+                        )
+                if "W_O" not in fields:
+                    raise self.at(key("heads")).error(
+                        "heads need W_O, the output projection applied to the concatenated heads", "W_O"
+                    )
+                head_nodes = self.head_nodes(node("heads"))
+            else:
+                if "W_O" in fields:
+                    raise self.at(key("W_O")).error(
+                        "W_O projects concatenated heads: give the weights under heads (a single head is heads: [{W_Q: ..., W_K: ..., W_V: ...}])"
+                    )
+                for name in ("W_Q", "W_K", "W_V"):
+                    if name not in fields:
+                        raise self.at(root).error(
+                            f"{name} is missing: give X with W_Q, W_K and W_V, or give Q, K and V directly"
+                        )
+                head_nodes = [{name: fields[name] for name in ("W_Q", "W_K", "W_V")}]
+            for h, nodes in enumerate(head_nodes):
+                prefix = f"heads[{h}]." if "heads" in fields else ""
+                w = {name: self.matrix(nodes[name][1], prefix + name) for name in ("W_Q", "W_K", "W_V")}
+                rows = lambda n: f"{n} row" if n == 1 else f"{n} rows"  # noqa: E731
+                self.same("X", X, "cols", prefix + "W_Q", w["W_Q"], "rows", nodes["W_Q"][0],
+                          f"X·W_Q needs W_Q to have {rows(X.cols)}")
+                self.same(kv_name, C, "cols", prefix + "W_K", w["W_K"], "rows", nodes["W_K"][0],
+                          f"{kv_name}·W_K needs W_K to have {rows(C.cols)}")
+                self.same(kv_name, C, "cols", prefix + "W_V", w["W_V"], "rows", nodes["W_V"][0],
+                          f"{kv_name}·W_V needs W_V to have {rows(C.cols)}")
+                self.same(prefix + "W_Q", w["W_Q"], "cols", prefix + "W_K", w["W_K"], "cols", nodes["W_K"][0],
+                          "Q·Kᵀ needs W_Q and W_K to have the same number of columns (d_k)")
+                heads.append(Head(w["W_Q"], w["W_K"], w["W_V"]))
+            if "W_O" in fields:
+                W_O = matrices["W_O"] = self.matrix(node("W_O"), "W_O")
+                width = sum(h.d_v for h in heads)
+                if W_O.rows != width:
+                    parts = " + ".join(str(h.d_v) for h in heads)
+                    raise self.at(key("W_O")).error(
+                        f"the concatenated heads are {X.rows}×{width} ({parts} value columns) but W_O is "
+                        f"{_shape(W_O)}: concat·W_O needs W_O to have {width} rows",
+                        "W_O",
+                    )
+            n_q = X.rows
+            n_k = C.rows
 
         if "context_tokens" in fields and "context" not in fields:
             raise self.at(key("context_tokens")).error("context_tokens label the rows of context, which is not given")
@@ -294,21 +381,89 @@ class _Reader:
             tokens=tokens,
             key_tokens=key_tokens,
             mask=mask,
-            scale=self.scale(node("scale"), d_k),
+            scale=self.scale(node("scale")),
             digits=self.digits(node("digits")),
             bias=bias,
+            heads=tuple(heads),
+            multi_head="heads" in fields,
+            symbols=tuple(self.symbols.values()),
+            values=tuple(values.items()),
             **matrices,
         )
 
-    def same(self, m, a, a_dim, b, b_dim, why, key) -> None:
-        if a not in m or b not in m:
-            return
-        a_val = getattr(m[a], a_dim)
-        b_val = getattr(m[b], b_dim)
-        if a_val != b_val:
-            raise self.at(key(b)).error(
-                f"{a} is {_shape(m[a])} but {b} is {_shape(m[b])}: " + why.format(rows=f"{a_val} row" if a_val == 1 else f"{a_val} rows"), b
+    def same(self, a: str, ma: Matrix, a_dim: str, b: str, mb: Matrix, b_dim: str, node_b: yaml.Node, why: str) -> None:
+        """Report, at ``b``, that a dimension of ``b`` does not fit ``a``."""
+        if getattr(ma, a_dim) != getattr(mb, b_dim):
+            raise self.at(node_b).error(f"{a} is {_shape(ma)} but {b} is {_shape(mb)}: {why}", b)
+
+    def head_nodes(self, node: yaml.Node) -> list[dict[str, tuple[yaml.Node, yaml.Node]]]:
+        if not isinstance(node, yaml.SequenceNode) or not node.value:
+            raise self.at(node).error(
+                f"heads is a list of {{W_Q, W_K, W_V}} mappings, one per head, not {_yaml.kind(node)}", "heads"
             )
+        out = []
+        for h, item in enumerate(node.value):
+            if not isinstance(item, yaml.MappingNode):
+                raise self.at(item).error(f"a head is a mapping with W_Q, W_K and W_V, not {_yaml.kind(item)}", f"heads[{h}]")
+            nodes: dict[str, tuple[yaml.Node, yaml.Node]] = {}
+            for k, v in item.value:
+                name = getattr(k, "value", None)
+                if name not in ("W_Q", "W_K", "W_V"):
+                    raise self.at(k).error(
+                        f"unknown field {name!r} in a head{_did_you_mean(str(name), ('W_Q', 'W_K', 'W_V'))}; a head has W_Q, W_K and W_V",
+                        f"heads[{h}]",
+                    )
+                if name in nodes:
+                    raise self.at(k).error(f"{name} is given twice in this head", f"heads[{h}]")
+                nodes[name] = (k, v)
+            for name in ("W_Q", "W_K", "W_V"):
+                if name not in nodes:
+                    raise self.at(item).error(f"{name} is missing from this head", f"heads[{h}]")
+            out.append(nodes)
+        return out
+
+    def read_symbols(self, node) -> dict[str, sympy.Symbol]:
+        if node is None:
+            return {}
+        if not isinstance(node, yaml.SequenceNode):
+            raise self.at(node).error(f"symbols is a list of names such as [a, b], not {_yaml.kind(node)}", "symbols")
+        out: dict[str, sympy.Symbol] = {}
+        for i, item in enumerate(node.value):
+            name = item.value if isinstance(item, yaml.ScalarNode) else None
+            field = f"symbols[{i}]"
+            if not isinstance(name, str) or not _NAME.fullmatch(name) or keyword.iskeyword(name):
+                raise self.at(item).error(
+                    f"a symbol is a name of letters, digits and _ starting with a letter, not {_yaml.kind(item)}", field
+                )
+            if name in _RESERVED or hasattr(sympy, name):
+                raise self.at(item).error(
+                    f"{name!r} is taken (a function, constant or SymPy name); choose another name such as {name}_1", field
+                )
+            if name in out:
+                raise self.at(item).error(f"the symbol {name!r} is declared twice", field)
+            out[name] = sympy.Symbol(name)
+        return out
+
+    def read_values(self, node) -> dict[sympy.Symbol, sympy.Expr]:
+        if node is None:
+            return {}
+        if not isinstance(node, yaml.MappingNode):
+            raise self.at(node).error(f"values is a mapping such as {{a: 1/2}}, not {_yaml.kind(node)}", "values")
+        out: dict[sympy.Symbol, sympy.Expr] = {}
+        for k, v in node.value:
+            name = getattr(k, "value", None)
+            if name not in self.symbols:
+                declared = ", ".join(self.symbols) or "none"
+                raise self.at(k).error(
+                    f"{name!r} is not a declared symbol (declared: {declared}){_did_you_mean(str(name), self.symbols)}",
+                    "values",
+                )
+            symbol = self.symbols[name]
+            if symbol in out:
+                raise self.at(k).error(f"{name!r} is given twice", "values")
+            value = self.number(v, f"values.{name}", use_symbols=False)
+            out[symbol] = value
+        return out
 
     # -- scalars and lists ---------------------------------------------------
 
@@ -345,19 +500,19 @@ class _Reader:
                 return value
         raise self.at(node).error(f"digits must be a whole number from 1 to 50, not {_yaml.kind(node)}", "digits")
 
-    def scale(self, node, d_k: int):
+    def scale(self, node):
         if node is None:
             return "auto"
         if isinstance(node, yaml.ScalarNode) and node.value in ("auto", "none"):
             return node.value
         if not isinstance(node, yaml.ScalarNode):
             raise self.at(node).error(f"scale must be auto, none or a number, not {_yaml.kind(node)}", "scale")
-        value = self.number(node, "scale")
+        value = self.number(node, "scale", use_symbols=False)
         if not is_positive(value):
             raise self.at(node).error(f"scale must be positive, not {value}", "scale")
         return value
 
-    def number(self, node: yaml.Node, field: str, allow_neg_inf: bool = False) -> sympy.Expr:
+    def number(self, node: yaml.Node, field: str, allow_neg_inf: bool = False, use_symbols: bool = True) -> sympy.Expr:
         if not isinstance(node, yaml.ScalarNode):
             raise self.at(node).error(f"expected a number, not {_yaml.kind(node)}", field)
         if _yaml.is_null(node):
@@ -365,7 +520,9 @@ class _Reader:
         if _yaml.is_bool(node):
             raise self.at(node).error(f"{node.value!r} is a boolean, not a number", field)
         try:
-            return parse_number(node.value, allow_neg_inf=allow_neg_inf)
+            return parse_number(
+                node.value, symbols=self.symbols if use_symbols else None, allow_neg_inf=allow_neg_inf
+            )
         except NumberError as exc:
             raise self.at(node).error(str(exc), field) from None
 

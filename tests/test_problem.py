@@ -875,21 +875,6 @@ def test_missing_direct_fields(text, missing):
     assert err.message == f"Q, K and V go together: {missing} is missing"
 
 
-@pytest.mark.parametrize(
-    ("name", "what"),
-    [
-        ("heads", "multi-head attention"),
-        ("W_O", "an output projection (it goes with heads)"),
-        ("symbols", "symbolic entries"),
-        ("values", "symbol values (they go with symbols)"),
-    ],
-)
-def test_not_yet_supported_fields_are_errors_not_ignored(name, what):
-    err = fail(QKV3 + f"{name}: [a]\n")
-    assert_at(err, 4, 1)
-    assert err.message == f"{what} is part of the problem format but not supported by this version of symattn yet"
-
-
 def test_tokens_wrong_length():
     err = fail("tokens: [The, cat]\n" + QKV3)  # "tokens: " is 8 characters -> column 9
     assert_at(err, 1, 9, "tokens")

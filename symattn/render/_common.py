@@ -26,25 +26,48 @@ STAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
 _GIVEN_STAGE = ("The input: queries, keys and values given", ("Q", "K", "V"))
 
 
+_HEADS_STAGES = (
+    ("Concatenate the heads", ("concat",)),
+    ("Output projection", ("W_O", "O")),
+)
+
+
 @dataclass(frozen=True)
 class Stage:
     number: int
     title: str
     steps: tuple[Step, ...]
+    head: int | None = None
 
 
 def stages(d: Derivation) -> tuple[Stage, ...]:
-    """The derivation's steps grouped into numbered stages, in order."""
+    """The derivation's steps grouped into numbered stages, in order.
+
+    With several heads: the input, then stages 2 to 8 for each head, then the
+    concatenation and the output projection.
+    """
     by_id = {s.id: s for s in d.steps}
-    groups = list(STAGES)
-    if not d.problem.projected:
-        groups[0] = _GIVEN_STAGE
-        groups[1] = ("", ())
+    p = d.problem
+    groups: list[tuple[str, tuple[str, ...], int | None]] = []
+    if not p.projected:
+        groups.append((*_GIVEN_STAGE, None))
+        groups += [(title, ids, None) for title, ids in STAGES[2:]]
+    elif not p.multi_head:
+        groups += [(title, ids, None) for title, ids in STAGES]
+    else:
+        groups.append((*STAGES[0], None))
+        for h in range(1, len(p.heads) + 1):
+            groups += [(title, tuple(f"head{h}.{i}" for i in ids), h) for title, ids in STAGES[1:]]
+        groups += [(title, ids, None) for title, ids in _HEADS_STAGES]
     out = []
-    for title, ids in groups:
+    for title, ids, head in groups:
         steps = tuple(by_id[i] for i in ids if i in by_id)
         if steps:
-            out.append(Stage(len(out) + 1, title, steps))
+            # Each head's stages keep the walk-through's numbers 2 to 8.
+            number = [t for t, _ in STAGES].index(title) + 1 if head else len(out) + 1
+            if p.multi_head and not head and out:
+                number = len(STAGES) + (2 if "projection" in title else 1)
+            out.append(Stage(number, title, steps, head))
     return tuple(out)
 
 
@@ -71,12 +94,15 @@ def is_plain_integer(x: sympy.Expr) -> bool:
 
 
 def needs_decimals(step: Step) -> bool:
-    """Whether some entry is neither an integer nor −∞ (so decimals help)."""
-    return any(not (is_plain_integer(x) or x == NEG_INF) for x in _entries(step))
+    """Whether decimals help: some entry is not an integer or −∞, and none holds a symbol."""
+    entries = list(_entries(step))
+    if any(x.free_symbols for x in entries):
+        return False
+    return any(not (is_plain_integer(x) or x == NEG_INF) for x in entries)
 
 
 def _entries(step: Step):
-    if step.softmax and step.id == "A":
+    if step.softmax and step.kind == "A":
         for row in step.softmax:
             for j in range(len(row.exponents)):
                 yield row.weight(j)
@@ -164,7 +190,7 @@ def over_normaliser(step: Step, i: int, j: int) -> sympy.Expr | None:
     if not step.softmax or normaliser_is_number(step.softmax[i]):
         return None
     row = step.softmax[i]
-    if step.id == "A":
+    if step.kind == "A":
         return row.terms[j]
     return row.weighted_numerator(list(step.values.col(j)))
 
@@ -189,9 +215,51 @@ def entry_tex(step: Step, i: int, j: int) -> str:
     return f"\\dfrac{{{exp_sum_tex(numerator)}}}{{Z_{{{i + 1}}}}}"
 
 
-def exact_tex_matrix(step: Step) -> str:
+def exact_tex_matrix(d: Derivation, step: Step) -> str:
     rows, cols = step.shape
-    return tex_matrix([[entry_tex(step, i, j) for j in range(cols)] for i in range(rows)])
+    if step.kind in ("concat", "O") and d.problem.multi_head and step.head is None:
+        entry = lambda i, j: _heads_entry_tex(d, step, i, j)  # noqa: E731
+    else:
+        entry = lambda i, j: entry_tex(step, i, j)  # noqa: E731
+    return tex_matrix([[entry(i, j) for j in range(cols)] for i in range(rows)])
+
+
+def head_parts(d: Derivation, step: Step, i: int, j: int) -> list[tuple[int, sympy.Expr, bool]]:
+    """Entry (i, j) of the concatenation or of the projected output, head by head.
+
+    Each part is ``(h, x, over_z)``: head h contributes ``x / Z^{(h)}_i`` when
+    ``over_z``, else the exact number ``x``.
+    """
+    p = d.problem
+    outputs = [d.step(f"head{h}.O") for h in range(1, len(p.heads) + 1)]
+    offsets = [0]
+    for o in outputs:
+        offsets.append(offsets[-1] + o.shape[1])
+    if step.kind == "concat":
+        weights = sympy.eye(offsets[-1])
+    else:
+        weights = p.W_O
+    parts = []
+    for h, o in enumerate(outputs, 1):
+        over_z = over_normaliser(o, i, 0) is not None
+        total = sympy.Integer(0)
+        for c in range(o.shape[1]):
+            w = weights[offsets[h - 1] + c, j]
+            if w != 0:
+                total += (over_normaliser(o, i, c) if over_z else o.exact[i, c]) * w
+        total = sympy.expand(total, power_exp=False, power_base=False, log=False)
+        if total != 0:
+            parts.append((h, total, over_z))
+    return parts
+
+
+def _heads_entry_tex(d: Derivation, step: Step, i: int, j: int) -> str:
+    parts = head_parts(d, step, i, j)
+    plain = sympy.Add(*[x for _, x, over_z in parts if not over_z])
+    terms = [f"\\dfrac{{{exp_sum_tex(x)}}}{{Z^{{({h})}}_{{{i + 1}}}}}" for h, x, over_z in parts if over_z]
+    if plain != 0 or not terms:
+        terms.insert(0, tex(plain))
+    return " + ".join(terms).replace("+ -", "- ")
 
 
 def approx_tex_matrix(d: Derivation, step: Step, digits: int) -> str:
@@ -216,10 +284,14 @@ def normaliser_lines(d: Derivation, step: Step, digits: int) -> list[str]:
     for i, row in enumerate(step.softmax):
         if normaliser_is_number(row):
             continue
-        lines.append(
+        line = (
             f"m_{{{i + 1}}} = {tex(row.maximum)},\\quad Z_{{{i + 1}}} = \\sum_k e^{{\\hat{{S}}_{{{i + 1}k}} - m_{{{i + 1}}}}} = "
-            f"{exp_sum_tex(row.normaliser)} \\approx {_tex_decimal(row.evaluate_normaliser(digits + 5), digits)}"
+            f"{exp_sum_tex(row.normaliser)}"
         )
+        subs = d.problem.substitutions
+        if subs is not None:
+            line += f" \\approx {_tex_decimal(row.evaluate_normaliser(digits + 5, subs), digits)}"
+        lines.append(line)
     return lines
 
 
@@ -274,24 +346,26 @@ def blocks(d: Derivation, digits: int | None = None, check=None) -> list[Block]:
     p = d.problem
     digits = digits or p.digits
     out: list[Block] = [Block("para", _intro(d)), Block("math", _FORMULA)]
+    evaluable = d.can_evaluate
     for stage in stages(d):
-        out.append(Block("section", f"Step {stage.number}: {stage.title}"))
+        head = f"Head {stage.head} · " if stage.head else ""
+        out.append(Block("section", f"{head}Step {stage.number}: {stage.title}"))
         for step in stage.steps:
             out.append(Block("step", step.title, step.why))
-            if step.id == "A":
+            if step.kind == "A":
                 out.append(Block("math", _SOFTMAX_DEF))
-            out.append(Block("math", f"{step.formula} = {exact_tex_matrix(step)}"))
+            out.append(Block("math", f"{step.formula} = {_parts_tex(p, step)}{exact_tex_matrix(d, step)}"))
             out.append(Block("para", f"Shape: {step.shape_note}."))
             for dot in step.worked:
                 out.append(Block("math", worked_dot_tex(dot)))
-            if step.softmax and step.id == "A":
+            if step.softmax and step.kind == "A":
                 for line in normaliser_lines(d, step, digits):
                     out.append(Block("math", line))
-            if step.id == "O" and step.softmax:
+            if step.kind == "O" and step.softmax and evaluable:
                 line = weighted_sum_tex(d, step, digits)
                 if line:
                     out.append(Block("math", line))
-            if needs_decimals(step):
+            if needs_decimals(step) and evaluable:
                 out.append(Block("math", f"{_short_name(step)} \\approx {approx_tex_matrix(d, step, digits)}"))
     if check is not None:
         out.append(Block("section", "Cross-check"))
@@ -307,12 +381,42 @@ _FORMULA = "\\operatorname{Attention}(Q, K, V) = \\operatorname{softmax}\\!\\lef
 
 
 def _short_name(step: Step) -> str:
-    return {"S_scaled": "\\frac{S}{\\sqrt{d_k}}", "S_masked": "\\hat{S}", "K_T": "K^{\\top}"}.get(step.id, step.id)
+    return {
+        "S_scaled": "\\frac{S}{\\sqrt{d_k}}",
+        "S_masked": "\\hat{S}",
+        "K_T": "K^{\\top}",
+        "concat": "\\operatorname{concat}",
+    }.get(step.kind, _tex_id(step.kind))
+
+
+def _tex_id(name: str) -> str:
+    head, _, tail = name.partition("_")
+    return f"{head}_{{{tail}}}" if tail else head
+
+
+def _parts_tex(p, step: Step) -> str:
+    """For M with a bias: the mask and the bias shown before their sum."""
+    if step.kind != "M" or p.bias is None:
+        return ""
+    mask = [["0" if ok else "-\\infty" for ok in row] for row in p.mask.allowed]
+    bias = [[tex(p.bias[i, j]) for j in range(p.bias.cols)] for i in range(p.bias.rows)]
+    return f"{tex_matrix(mask)} + {tex_matrix(bias)} = "
 
 
 def _intro(d: Derivation) -> str:
     p = d.problem
-    if p.projected:
+    if p.multi_head:
+        widths = ", ".join(f"d_k = {h.d_k}, d_v = {h.d_v}" for h in p.heads)
+        side = (
+            f"{p.n_q} query tokens ({', '.join(p.tokens)}) attending to {p.n_k} context tokens ({', '.join(p.key_tokens)})"
+            if p.context is not None
+            else f"{p.n_q} tokens ({', '.join(p.tokens)})"
+        )
+        what = (
+            f"{side} with d_model = {p.d_model}, {len(p.heads)} heads ({widths}) "
+            f"and an output projection to d_out = {p.W_O.cols}"
+        )
+    elif p.projected:
         what = (
             f"{p.n_q} tokens ({', '.join(p.tokens)}) with d_model = {p.d_model}, "
             f"projected to queries and keys of width d_k = {p.d_k} and values of width d_v = {p.d_v}"
@@ -327,10 +431,23 @@ def _intro(d: Derivation) -> str:
     scale = {"auto": f"scores scaled by 1/√d_k = 1/√{p.d_k}", "none": "no scaling"}.get(
         p.scale if isinstance(p.scale, str) else "", f"scores scaled by {p.scale}"
     )
-    return f"The problem: {what}; mask: {p.mask.rule()}; {scale}. Every number below is exact."
+    if p.scale == "auto" and p.multi_head:
+        scale = "each head's scores scaled by 1/√d_k"
+    bias = "; a bias is added to the mask" if p.bias is not None else ""
+    symbols = ""
+    if p.symbols:
+        names = ", ".join(s.name for s in p.symbols)
+        symbols = f" Entries hold the symbols {names}, so the results are general formulas"
+        if p.substitutions is not None:
+            at = ", ".join(f"{s.name} = {v}" for s, v in p.values)
+            symbols += f"; decimals and the cross-check use {at}"
+        symbols += "."
+    return f"The problem: {what}; mask: {p.mask.rule()}{bias}; {scale}. Every number below is exact.{symbols}"
 
 
 def check_sentence(check) -> str:
+    if check.passed is None:
+        return f"No numeric cross-check: {check.skipped}."
     if check.passed:
         return (
             f"Every stage agrees with an independent NumPy float64 evaluation of the same problem: "
@@ -342,7 +459,7 @@ def check_sentence(check) -> str:
 
 def weighted_sum_tex(d: Derivation, step: Step, digits: int) -> str | None:
     """The last output row worked as a weighted average of value rows, in decimals."""
-    weights = d.evaluate("A", max(digits + 5, 20))
+    weights = [row.evaluate(max(digits + 5, 20), d.problem.substitutions) for row in step.softmax]
     i = len(weights) - 1
     values = step.values
     if values is None or values.rows > 6:

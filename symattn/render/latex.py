@@ -77,6 +77,8 @@ _MATH_NAMES = {
         "W_Q": "W_Q",
         "W_K": "W_K",
         "W_V": "W_V",
+        "W_O": "W_O",
+        "d_out": "d_{\\mathrm{out}}",
     }.items()
 }
 _MATH_NAME_RE = re.compile(r"(?<![A-Za-z0-9_])(" + "|".join(_MATH_NAMES) + r")(?![A-Za-z0-9_])")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sympy
+
 from ..derivation import Derivation, Step
 from ._common import decimal, exp_sum_text, needs_decimals, normaliser_is_number, over_normaliser, stages, text_entry
 
@@ -24,7 +26,7 @@ def _cell(step: Step, i: int, j: int) -> str:
     if numerator == 0:
         return "0"
     top = exp_sum_text(numerator)
-    return f"({top})/Z_{i + 1}" if " " in top else f"{top}/Z_{i + 1}"
+    return f"({top})/Z_{i + 1}" if len(sympy.Add.make_args(numerator)) > 1 else f"{top}/Z_{i + 1}"
 
 
 def _exact_cells(step: Step) -> list[list[str]]:
@@ -32,14 +34,14 @@ def _exact_cells(step: Step) -> list[list[str]]:
     return [[_cell(step, i, j) for j in range(cols)] for i in range(rows)]
 
 
-def _normalisers(step: Step, digits: int) -> list[str]:
+def _normalisers(step: Step, digits: int, subs) -> list[str]:
     lines = []
     for i, row in enumerate(step.softmax):
         if not normaliser_is_number(row):
-            value = decimal(row.evaluate_normaliser(digits + 5), digits)
-            lines.append(
-                f"    m_{i + 1} = {text_entry(row.maximum)},  Z_{i + 1} = {exp_sum_text(row.normaliser)} ≈ {value}"
-            )
+            line = f"    m_{i + 1} = {text_entry(row.maximum)},  Z_{i + 1} = {exp_sum_text(row.normaliser)}"
+            if subs is not None:
+                line += f" ≈ {decimal(row.evaluate_normaliser(digits + 5, subs), digits)}"
+            lines.append(line)
     return lines
 
 
@@ -58,13 +60,16 @@ def render_text(derivation: Derivation, *, digits: int | None = None, check=None
             out.append(f"  {step.why}")
             out.extend(_grid(list(step.rows), list(step.cols), _exact_cells(step)))
             if step.id == "A":
-                out.extend(_normalisers(step, digits))
-            if needs_decimals(step):
+                out.extend(_normalisers(step, digits, d.problem.substitutions))
+            if needs_decimals(step) and d.can_evaluate:
                 values = d.evaluate(step.id, max(digits + 5, 20))
                 out.append("    ≈")
                 out.extend(_grid(list(step.rows), list(step.cols), [[decimal(v, digits) for v in row] for row in values]))
             out.append("")
     if check is not None:
-        out.append(f"Cross-check against NumPy float64: {'passed' if check.passed else 'FAILED'}, "
-                   f"largest difference {check.max_abs_error:.1e}")
+        if check.passed is None:
+            out.append(f"No numeric cross-check: {check.skipped}.")
+        else:
+            out.append(f"Cross-check against NumPy float64: {'passed' if check.passed else 'FAILED'}, "
+                       f"largest difference {check.max_abs_error:.1e}")
     return "\n".join(out).rstrip() + "\n"
