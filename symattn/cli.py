@@ -41,8 +41,12 @@ def cli(ctx: click.Context, debug: bool) -> None:
 @click.option("--standalone/--fragment", default=True, show_default=True,
               help="A complete compilable LaTeX document, or only the steps (for \\input).")
 @click.option("--digits", type=click.IntRange(1, 50), help="Significant digits of the decimal approximations (default: the problem's, else 4).")
-@click.option("--no-check", is_flag=True, help="Skip the numeric cross-check against NumPy.")
-def derive(problem: Path | None, output: Path | None, fmt: str | None, standalone: bool, digits: int | None, no_check: bool) -> None:
+@click.option("--check", "check_with", type=click.Choice(["numpy", "torch"]), default="numpy", show_default=True,
+              help="Cross-check against NumPy float64; 'torch' also compares every head's weights and output "
+                   "with PyTorch's scaled_dot_product_attention (needs pip install 'symattn[torch]').")
+@click.option("--no-check", is_flag=True, help="Skip the numeric cross-check.")
+def derive(problem: Path | None, output: Path | None, fmt: str | None, standalone: bool, digits: int | None,
+           check_with: str, no_check: bool) -> None:
     """Derive every stage of attention for PROBLEM exactly.
 
     PROBLEM is a YAML problem file; without it, symattn derives its built-in
@@ -60,7 +64,7 @@ def derive(problem: Path | None, output: Path | None, fmt: str | None, standalon
         kind = _output_kind(output, fmt)
         if output is not None and problem is not None and _same_file(output, problem):
             raise click.ClickException(f"-o {output} is the problem file itself; choose another output path")
-        text = _derive_text(problem, kind, standalone, digits, not no_check)
+        text = _derive_text(problem, kind, standalone, digits, None if no_check else check_with)
         if output is None:
             click.echo(text, nl=False)
         elif kind == "pdf":
@@ -73,7 +77,7 @@ def derive(problem: Path | None, output: Path | None, fmt: str | None, standalon
         raise click.ClickException(str(exc)) from None
 
 
-def _derive_text(problem: Path | None, kind: str, standalone: bool, digits: int | None, check: bool) -> str:
+def _derive_text(problem: Path | None, kind: str, standalone: bool, digits: int | None, check: str | None) -> str:
     from . import crosscheck as _cc
     from . import derive as _derive
     from . import load_problem, render
@@ -89,13 +93,15 @@ def _derive_text(problem: Path | None, kind: str, standalone: bool, digits: int 
     d = _derive(p)
     result = None
     if check:
-        result = _cc(d)
+        result = _cc(d, torch=check == "torch")
         if result.passed is False:
-            first = result.mismatches[0]
+            first = result.all_mismatches[0]
             raise SymattnError(
-                f"cross-check failed at {first} ({len(result.mismatches)} entries differ); "
+                f"cross-check failed at {first} ({len(result.all_mismatches)} entries differ); "
                 "this is a bug in symattn, please report it with the problem file"
             )
+        if result.passed is None:
+            click.echo(f"Note: no numeric cross-check: {result.skipped}.", err=True)
     fmt = "latex" if kind == "pdf" else kind
     return render(d, fmt, standalone=standalone or kind == "pdf", digits=digits, check=result)
 

@@ -6,6 +6,7 @@ difference of each stage reported. A −∞ must meet a −∞ in the same place
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -28,12 +29,11 @@ class Mismatch:
     col: int
     exact: float
     numeric: float
+    reference: str = "numpy float64"
 
     def __str__(self) -> str:
-        return (
-            f"{self.stage}[{self.row}][{self.col}]: exact value {self.exact!r} "
-            f"but NumPy gives {self.numeric!r}"
-        )
+        who = "NumPy" if self.reference.startswith("numpy") else "PyTorch"
+        return f"{self.stage}[{self.row}][{self.col}]: exact value {self.exact!r} but {who} gives {self.numeric!r}"
 
 
 @dataclass(frozen=True)
@@ -45,13 +45,18 @@ class CrossCheck:
     mismatches: tuple[Mismatch, ...]
     reference: str = "numpy float64"
     skipped: str | None = None  # why no comparison was made (symbols without values)
+    torch: "CrossCheck | None" = None  # the PyTorch comparison, when asked for
 
     @property
     def passed(self) -> bool | None:
-        """True or False; None when the check was skipped."""
+        """True or False (False if the PyTorch comparison failed too); None when skipped."""
         if self.skipped is not None:
             return None
-        return not self.mismatches
+        return not self.all_mismatches
+
+    @property
+    def all_mismatches(self) -> tuple[Mismatch, ...]:
+        return self.mismatches + (self.torch.mismatches if self.torch is not None else ())
 
     @property
     def max_abs_error(self) -> float:
@@ -67,24 +72,45 @@ class CrossCheck:
         }
         if self.skipped:
             out["skipped"] = self.skipped
+        if self.torch is not None:
+            out["torch"] = self.torch.as_dict()
         return out
 
 
-def crosscheck(derivation: Derivation, tolerance: float = TOLERANCE) -> CrossCheck:
+def crosscheck(derivation: Derivation, tolerance: float = TOLERANCE, *, torch: bool = False) -> CrossCheck:
     """Compare each exact stage (evaluated at 30 digits) with NumPy float64.
 
-    A problem with symbols is compared at its ``values``; without values the
+    With ``torch=True`` the weights and outputs are also compared with PyTorch's
+    ``scaled_dot_product_attention`` in float64 (``CrossCheck.torch``). A
+    problem with symbols is compared at its ``values``; without values the
     check is skipped (``passed`` is None and ``skipped`` says why).
     """
     if not derivation.can_evaluate:
         return CrossCheck({}, tolerance, (), skipped=SKIPPED_NO_VALUES)
-    reference = numeric_stages(derivation.problem)
+    numpy_check = compare(derivation, numeric_stages(derivation.problem), tolerance, "numpy float64", every=True)
+    if not torch:
+        return numpy_check
+    from .torch_check import torch_stages
+
+    torch_check = compare(derivation, torch_stages(derivation.problem), tolerance,
+                          "torch scaled_dot_product_attention float64")
+    return dataclasses.replace(numpy_check, torch=torch_check)
+
+
+def compare(derivation: Derivation, reference: dict, tolerance: float, name: str, every: bool = False) -> CrossCheck:
+    """Compare the exact stages with ``reference`` (stage id → float64 array).
+
+    With ``every``, the reference must have every stage; otherwise the stages
+    it has are compared.
+    """
     per_stage: dict[str, float] = {}
     mismatches: list[Mismatch] = []
     for step in derivation.steps:
         numeric = reference.get(step.id)
         if numeric is None:
-            raise AssertionError(f"the NumPy reference has no stage {step.id!r}")
+            if every:
+                raise AssertionError(f"the {name} reference has no stage {step.id!r}")
+            continue
         exact = derivation.evaluate(step.id, PRECISION)
         if numeric.shape != (len(exact), len(exact[0])):
             raise AssertionError(f"stage {step.id}: shapes differ {numeric.shape}")
@@ -95,12 +121,12 @@ def crosscheck(derivation: Derivation, tolerance: float = TOLERANCE) -> CrossChe
                 if mpmath.isinf(value) or math.isinf(got):
                     same = mpmath.isinf(value) and math.isinf(got) and (value < 0) == (got < 0)
                     if not same:
-                        mismatches.append(Mismatch(step.id, i, j, float(value), got))
+                        mismatches.append(Mismatch(step.id, i, j, float(value), got, name))
                         worst = math.inf
                     continue
                 error = math.inf if math.isnan(got) else float(abs(value - got))
                 worst = max(worst, error)
                 if error > tolerance * max(1.0, abs(float(value))):
-                    mismatches.append(Mismatch(step.id, i, j, float(value), got))
+                    mismatches.append(Mismatch(step.id, i, j, float(value), got, name))
         per_stage[step.id] = worst
-    return CrossCheck(per_stage, tolerance, tuple(mismatches))
+    return CrossCheck(per_stage, tolerance, tuple(mismatches), reference=name)

@@ -448,13 +448,18 @@ def _intro(d: Derivation) -> str:
 def check_sentence(check) -> str:
     if check.passed is None:
         return f"No numeric cross-check: {check.skipped}."
-    if check.passed:
-        return (
-            f"Every stage agrees with an independent NumPy float64 evaluation of the same problem: "
-            f"the largest difference is {check.max_abs_error:.1e} (tolerance {check.tolerance:.0e})."
+    if not check.passed:
+        return f"The cross-check FAILED: {check.all_mismatches[0]}."
+    sentence = (
+        f"Every stage agrees with an independent NumPy float64 evaluation of the same problem: "
+        f"the largest difference is {check.max_abs_error:.1e} (tolerance {check.tolerance:.0e})."
+    )
+    if check.torch is not None:
+        sentence += (
+            f" The weights and outputs also agree with PyTorch's scaled_dot_product_attention in float64: "
+            f"the largest difference is {check.torch.max_abs_error:.1e}."
         )
-    first = check.mismatches[0]
-    return f"The cross-check FAILED: {first}."
+    return sentence
 
 
 def weighted_sum_tex(d: Derivation, step: Step, digits: int) -> str | None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sympy
 
 from ..derivation import Derivation, Step
-from ._common import decimal, exp_sum_text, needs_decimals, normaliser_is_number, over_normaliser, stages, text_entry
+from ._common import check_sentence, decimal, exp_sum_text, needs_decimals, normaliser_is_number, over_normaliser, stages, text_entry
 
 
 
@@ -67,9 +67,5 @@ def render_text(derivation: Derivation, *, digits: int | None = None, check=None
                 out.extend(_grid(list(step.rows), list(step.cols), [[decimal(v, digits) for v in row] for row in values]))
             out.append("")
     if check is not None:
-        if check.passed is None:
-            out.append(f"No numeric cross-check: {check.skipped}.")
-        else:
-            out.append(f"Cross-check against NumPy float64: {'passed' if check.passed else 'FAILED'}, "
-                       f"largest difference {check.max_abs_error:.1e}")
+        out.append(check_sentence(check))
     return "\n".join(out).rstrip() + "\n"

@@ -1,0 +1,65 @@
+"""The reference practitioners trust: PyTorch's ``scaled_dot_product_attention``.
+
+Independent of the exact code path: it starts from the problem's inputs in
+float64 and asks PyTorch for each head's weights and output (the weights by
+attending to the identity matrix as values), then concatenates and projects
+with ``W_O``. PyTorch is an optional extra: ``pip install 'symattn[torch]'``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ._errors import SymattnError
+from .numeric import _f64
+from .problem import Problem
+
+INSTALL_HINT = "pip install 'symattn[torch]' (on a machine without a GPU: pip install torch --index-url https://download.pytorch.org/whl/cpu)"
+
+
+def _torch():
+    try:
+        import torch
+    except ImportError:
+        raise SymattnError(f"the PyTorch cross-check needs PyTorch, which is not installed; {INSTALL_HINT}") from None
+    return torch
+
+
+def torch_stages(p: Problem) -> dict[str, np.ndarray]:
+    """Each head's ``A`` and ``O`` (and with heads, the projected ``O``) from PyTorch in float64."""
+    torch = _torch()
+    F = torch.nn.functional
+    subs = p.substitutions or None
+
+    def t(m):
+        return torch.from_numpy(_f64(m, subs))
+
+    allowed = torch.tensor(p.mask.allowed, dtype=torch.bool)
+    attn_mask = torch.zeros(allowed.shape, dtype=torch.float64).masked_fill(~allowed, float("-inf"))
+    if p.bias is not None:
+        attn_mask = attn_mask + t(p.bias)
+    out: dict[str, np.ndarray] = {}
+
+    def head(prefix: str, Q, K, V):
+        d_k = Q.shape[1]
+        scale = {"auto": d_k**-0.5, "none": 1.0}.get(p.scale) if isinstance(p.scale, str) else float(p.scale)
+        eye = torch.eye(K.shape[0], dtype=torch.float64)
+        A = F.scaled_dot_product_attention(Q[None], K[None], eye[None], attn_mask=attn_mask, scale=scale)[0]
+        O = F.scaled_dot_product_attention(Q[None], K[None], V[None], attn_mask=attn_mask, scale=scale)[0]
+        out[prefix + "A"] = A.numpy()
+        out[prefix + "O"] = O.numpy()
+        return O
+
+    with torch.no_grad():
+        if not p.projected:
+            head("", t(p.Q), t(p.K), t(p.V))
+            return out
+        X = t(p.X)
+        C = t(p.context) if p.context is not None else X
+        outputs = []
+        for h, weights in enumerate(p.heads, 1):
+            prefix = f"head{h}." if p.multi_head else ""
+            outputs.append(head(prefix, X @ t(weights.W_Q), C @ t(weights.W_K), C @ t(weights.W_V)))
+        if p.multi_head:
+            out["O"] = (torch.cat(outputs, dim=1) @ t(p.W_O)).numpy()
+    return out
