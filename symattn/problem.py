@@ -310,7 +310,8 @@ class _Reader:
                 for name in ("W_Q", "W_K", "W_V"):
                     if name in fields:
                         raise self.at(key(name)).error(
-                            f"with heads, each head gives its own W_Q, W_K, W_V: move the top-level {name} into heads"
+                            f"with heads, each head gives its own W_Q, W_K, W_V: move the top-level {name} into heads",
+                            name,
                         )
                 if "W_O" not in fields:
                     raise self.at(key("heads")).error(
@@ -320,7 +321,9 @@ class _Reader:
             else:
                 if "W_O" in fields:
                     raise self.at(key("W_O")).error(
-                        "W_O projects concatenated heads: give the weights under heads (a single head is heads: [{W_Q: ..., W_K: ..., W_V: ...}])"
+                        "W_O projects concatenated heads: give the weights under heads "
+                        "(a single head is heads: [{W_Q: ..., W_K: ..., W_V: ...}])",
+                        "W_O",
                     )
                 for name in ("W_Q", "W_K", "W_V"):
                     if name not in fields:
@@ -331,7 +334,7 @@ class _Reader:
             for h, nodes in enumerate(head_nodes):
                 prefix = f"heads[{h}]." if "heads" in fields else ""
                 w = {name: self.matrix(nodes[name][1], prefix + name) for name in ("W_Q", "W_K", "W_V")}
-                rows = lambda n: f"{n} row" if n == 1 else f"{n} rows"  # noqa: E731
+                rows = lambda n: f"{n} {_plural(n, 'row')}"  # noqa: E731
                 self.same("X", X, "cols", prefix + "W_Q", w["W_Q"], "rows", nodes["W_Q"][0],
                           f"X·W_Q needs W_Q to have {rows(X.cols)}")
                 self.same(kv_name, C, "cols", prefix + "W_K", w["W_K"], "rows", nodes["W_K"][0],
@@ -347,8 +350,8 @@ class _Reader:
                 if W_O.rows != width:
                     parts = " + ".join(str(h.d_v) for h in heads)
                     raise self.at(key("W_O")).error(
-                        f"the concatenated heads are {X.rows}×{width} ({parts} value columns) but W_O is "
-                        f"{_shape(W_O)}: concat·W_O needs W_O to have {width} rows",
+                        f"the concatenated heads are {X.rows}×{width} ({parts} value {_plural(width, 'column')}) "
+                        f"but W_O is {_shape(W_O)}: concat·W_O needs W_O to have {width} {_plural(width, 'row')}",
                         "W_O",
                     )
             n_q = X.rows
@@ -398,8 +401,9 @@ class _Reader:
 
     def head_nodes(self, node: yaml.Node) -> list[dict[str, tuple[yaml.Node, yaml.Node]]]:
         if not isinstance(node, yaml.SequenceNode) or not node.value:
+            what = "an empty list" if isinstance(node, yaml.SequenceNode) else _yaml.kind(node)
             raise self.at(node).error(
-                f"heads is a list of {{W_Q, W_K, W_V}} mappings, one per head, not {_yaml.kind(node)}", "heads"
+                f"heads is a list of {{W_Q, W_K, W_V}} mappings, one per head, not {what}", "heads"
             )
         out = []
         for h, item in enumerate(node.value):
@@ -483,7 +487,10 @@ class _Reader:
         if not isinstance(node, yaml.SequenceNode):
             raise self.at(node).error(f"{name} must be a list of labels such as [The, cat, sat], not {_yaml.kind(node)}", name)
         if len(node.value) != n:
-            raise self.at(node).error(f"{name} has {len(node.value)} labels but {of} has {n} rows", name)
+            raise self.at(node).error(
+                f"{name} has {len(node.value)} {_plural(len(node.value), 'label')} but {of} has {n} {_plural(n, 'row')}",
+                name,
+            )
         out = []
         for i, item in enumerate(node.value):
             if not isinstance(item, yaml.ScalarNode) or _yaml.is_null(item) or not item.value.strip():
@@ -520,11 +527,13 @@ class _Reader:
         if _yaml.is_bool(node):
             raise self.at(node).error(f"{node.value!r} is a boolean, not a number", field)
         try:
-            return parse_number(
-                node.value, symbols=self.symbols if use_symbols else None, allow_neg_inf=allow_neg_inf
-            )
+            value = parse_number(node.value, symbols=self.symbols, allow_neg_inf=allow_neg_inf)
         except NumberError as exc:
             raise self.at(node).error(str(exc), field) from None
+        if value.free_symbols and not use_symbols:
+            names = ", ".join(sorted(s.name for s in value.free_symbols))
+            raise self.at(node).error(f"{node.value!r} holds the symbol(s) {names}; this must be a plain number", field)
+        return value
 
     # -- matrices ------------------------------------------------------------
 
@@ -705,6 +714,10 @@ class _Reader:
 
 def _grid(n_q: int, n_k: int, rule) -> tuple[tuple[bool, ...], ...]:
     return tuple(tuple(bool(rule(i, j)) for j in range(n_k)) for i in range(n_q))
+
+
+def _plural(n: int, word: str) -> str:
+    return word if n == 1 else word + "s"
 
 
 def _shape(m: Matrix) -> str:

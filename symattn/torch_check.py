@@ -14,7 +14,7 @@ from ._errors import SymattnError
 from .numeric import _f64
 from .problem import Problem
 
-INSTALL_HINT = "pip install 'symattn[torch]' (on a machine without a GPU: pip install torch --index-url https://download.pytorch.org/whl/cpu)"
+INSTALL_HINT = "pip install 'symattn[torch]'"
 
 
 def _torch():

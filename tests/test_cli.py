@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import yaml
 import sympy
 from click.testing import CliRunner
 
@@ -39,6 +40,20 @@ GIVEN_IDS = ["Q", "K", "V", "K_T", "S", "S_scaled", "M", "S_masked", "A", "O"]
 SPEC_STAGE_KEYS = {"id", "title", "shape", "exact", "approx"}
 SPEC_CROSSCHECK_KEYS = {"reference", "max_abs_error", "tolerance", "passed", "per_stage"}
 SPEC_DIMS_KEYS = {"n_q", "n_k", "d_model", "d_k", "d_v", "heads"}
+HEAD_IDS = ["W_Q", "W_K", "W_V", "Q", "K", "V", "K_T", "S", "S_scaled", "M", "S_masked", "A", "O"]
+
+
+def contract_ids(example: Path) -> list[str]:
+    """The contract's stage ids for a problem file, in order, worked out from its fields."""
+    raw = yaml.safe_load(example.read_text("utf-8"))
+    if "Q" in raw:
+        return GIVEN_IDS
+    ids = ["X"] + (["context"] if "context" in raw else [])
+    if "heads" not in raw:
+        return ids + HEAD_IDS
+    for h in range(1, len(raw["heads"]) + 1):
+        ids += [f"head{h}.{i}" for i in HEAD_IDS]
+    return ids + ["concat", "W_O", "O"]
 
 # A small valid problem (queries, keys and values given) used by the file tests.
 SMALL_PROBLEM = "title: Small\nQ: [[1, 0]]\nK: [[1, 0], [0, 1]]\nV: [[1], [2]]\n"
@@ -169,7 +184,11 @@ def test_fragment_has_no_document_wrapper(run):
     assert "\\end{document}" not in r.stdout
     assert "\\maketitle" not in r.stdout
     assert "\\section*{Step 1: The input}" in r.stdout
-    assert r.stdout.startswith("The problem: 4 tokens (The, cat, sat, down)")
+    # a comment and two fallbacks so it compiles without colortbl, then the solution
+    head, _, rest = r.stdout.partition("\nThe problem: ")
+    assert head.startswith("% symattn worked solution")
+    assert head.count("\n") == 2 and "\\providecommand{\\cellcolor}" in head
+    assert rest.startswith("4 tokens (The, cat, sat, down)")
 
 
 def test_standalone_flag_gives_a_document(run_inproc):
@@ -304,8 +323,10 @@ def test_json_exact_entries_read_back_to_the_derivation(run_inproc, example):
     data = json.loads(r.stdout)
     derivation = symattn.derive(symattn.load_problem(example))
 
-    assert set(data["dims"]) == SPEC_DIMS_KEYS
-    expected_ids = PROJECTED_IDS if data["dims"]["d_model"] is not None else GIVEN_IDS
+    # the contract's keys; an output projection adds its width d_out
+    assert set(data["dims"]) - {"d_out"} == SPEC_DIMS_KEYS
+    assert ("d_out" in data["dims"]) == (derivation.problem.W_O is not None)
+    expected_ids = contract_ids(example)
     assert [s["id"] for s in data["stages"]] == expected_ids
     assert data["crosscheck"]["passed"] is True
     assert set(data["crosscheck"]["per_stage"]) == set(expected_ids)
@@ -330,7 +351,9 @@ def test_json_exact_entries_read_back_to_the_derivation(run_inproc, example):
                 assert text != "-oo" and approx is not None, where
                 assert got == want or sympy.simplify(got - want) == 0, f"{where} but the derivation has {want}"
                 assert isinstance(approx, float), where
-                assert _close(approx, float(sympy.N(want, 30))), f"{where}: approx {approx}"
+                # decimals of a symbolic entry are at the problem's values
+                at_values = want.xreplace(dict(derivation.problem.values))
+                assert _close(approx, float(sympy.N(at_values, 30))), f"{where}: approx {approx}"
 
 
 def test_json_masked_entries_in_a_padding_mask(run_inproc):

@@ -903,7 +903,7 @@ def test_context_tokens_wrong_length():
     text = "X: [[1]]\ncontext: [[1], [2]]\ncontext_tokens: [a]\nW_Q: [[1]]\nW_K: [[1]]\nW_V: [[1]]\n"
     err = fail(text)
     assert_at(err, 3, 17, "context_tokens")  # "context_tokens: " is 16 characters
-    assert err.message == "context_tokens has 1 labels but context has 2 rows"
+    assert err.message == "context_tokens has 1 label but context has 2 rows"
 
 
 def test_title_must_be_text():

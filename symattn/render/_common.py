@@ -9,6 +9,7 @@ import mpmath
 import sympy
 
 from ..derivation import Derivation, Step
+from ._grid import escape_tex, grid, shown
 
 NEG_INF = sympy.S.NegativeInfinity
 
@@ -138,7 +139,7 @@ def exp_sum_tex(expr: sympy.Expr) -> str:
     >>> exp_sum_tex(2*sympy.exp(-2) + 1 + sympy.exp(-1))
     '1 + e^{-1} + 2 e^{-2}'
     """
-    return _exp_sum(expr, tex, lambda x: f"e^{{{tex(x)}}}", "\\left({}\\right)", " ")
+    return _exp_sum(expr, tex, lambda x: f"e^{{{tex(x)}}}", "\\left({}\\right)", " ", "\\cdots")
 
 
 def exp_sum_text(expr: sympy.Expr) -> str:
@@ -147,7 +148,7 @@ def exp_sum_text(expr: sympy.Expr) -> str:
     >>> exp_sum_text(2*sympy.exp(-2) + 1 + sympy.exp(-1))
     '1 + exp(-1) + 2*exp(-2)'
     """
-    return _exp_sum(expr, text_entry, lambda x: f"exp({text_entry(x)})", "({})", "*")
+    return _exp_sum(expr, text_entry, lambda x: f"exp({text_entry(x)})", "({})", "*", "...")
 
 
 def text_entry(x: sympy.Expr) -> str:
@@ -155,7 +156,10 @@ def text_entry(x: sympy.Expr) -> str:
     return "-inf" if x == NEG_INF else sympy.sstr(x, order="none")
 
 
-def _exp_sum(expr, show, power_of, paren: str, times: str) -> str:
+MAX_TERMS = 6
+
+
+def _exp_sum(expr, show, power_of, paren: str, times: str, ellipsis: str) -> str:
     parts = []
     for term in sympy.Add.make_args(expr):
         split = _exp_split(term)
@@ -163,8 +167,15 @@ def _exp_sum(expr, show, power_of, paren: str, times: str) -> str:
             return show(expr)
         parts.append(split)
     parts.sort(key=lambda cx: -float(cx[1]) if cx[1].is_number else 0.0)
+    elided = len(parts) > MAX_TERMS
+    if elided:  # a long sum: its first terms and its last (the JSON has every term)
+        parts = parts[:3] + [None] + parts[-1:]
     out = ""
-    for k, (c, x) in enumerate(parts):
+    for k, part in enumerate(parts):
+        if part is None:
+            out += f" + {ellipsis}"
+            continue
+        c, x = part
         power = "" if x == 0 else power_of(x)
         if not power:
             body = show(c)
@@ -215,13 +226,30 @@ def entry_tex(step: Step, i: int, j: int) -> str:
     return f"\\dfrac{{{exp_sum_tex(numerator)}}}{{Z_{{{i + 1}}}}}"
 
 
-def exact_tex_matrix(d: Derivation, step: Step) -> str:
+_UNLABELLED = {"W_Q", "W_K", "W_V", "W_O"}
+_KEY_COLUMNS = {"K_T", "S", "S_scaled", "M", "S_masked", "A"}
+MAX_SHOWN = 8
+
+
+def _labels(step: Step) -> tuple[list[str] | None, list[str] | None]:
+    """Row and column labels for a matrix: tokens as text, dimensions as math."""
+    if step.kind in _UNLABELLED:
+        return None, None
+    tokens = lambda names: [f"\\text{{{escape_tex(n)}}}" for n in names]  # noqa: E731
+    dims = lambda names: [re.sub(r"([a-z])([0-9]+)", r"\1_{\2}", n) for n in names]  # noqa: E731
+    rows = dims(step.rows) if step.kind == "K_T" else tokens(step.rows)
+    cols = tokens(step.cols) if step.kind in _KEY_COLUMNS else dims(step.cols)
+    return rows, cols
+
+
+def exact_tex_matrix(d: Derivation, step: Step, max_shown: int = MAX_SHOWN) -> str:
     rows, cols = step.shape
     if step.kind in ("concat", "O") and d.problem.multi_head and step.head is None:
         entry = lambda i, j: _heads_entry_tex(d, step, i, j)  # noqa: E731
     else:
         entry = lambda i, j: entry_tex(step, i, j)  # noqa: E731
-    return tex_matrix([[entry(i, j) for j in range(cols)] for i in range(rows)])
+    row_labels, col_labels = _labels(step)
+    return grid(rows, cols, entry, max_shown=max_shown, row_labels=row_labels, col_labels=col_labels)
 
 
 def head_parts(d: Derivation, step: Step, i: int, j: int) -> list[tuple[int, sympy.Expr, bool]]:
@@ -262,9 +290,26 @@ def _heads_entry_tex(d: Derivation, step: Step, i: int, j: int) -> str:
     return " + ".join(terms).replace("+ -", "- ")
 
 
-def approx_tex_matrix(d: Derivation, step: Step, digits: int) -> str:
+def approx_tex_matrix(d: Derivation, step: Step, digits: int, max_shown: int = MAX_SHOWN, shade: bool = False) -> str:
+    """Decimals of a step; with ``shade``, the weights' cells are shaded by size (LaTeX's colortbl)."""
     values = d.evaluate(step.id, max(digits + 5, 20))
-    return tex_matrix([[_tex_decimal(v, digits) for v in row] for row in values])
+    rows, cols = step.shape
+    row_labels, col_labels = _labels(step)
+    shading = None
+    if shade and step.kind == "A":
+        shading = lambda i, j: _shade(step.softmax[i].exponents[j] is None, values[i][j])  # noqa: E731
+    return grid(
+        rows, cols, lambda i, j: _tex_decimal(values[i][j], digits), max_shown=max_shown,
+        row_labels=row_labels, col_labels=col_labels, shade=shading,
+    )
+
+
+def _shade(masked: bool, weight) -> str:
+    """A grey proportional to the weight (readable printed in black and white); masked cells greyed out."""
+    if masked:
+        return "\\color[gray]{0.6}"
+    level = 1 - 0.5 * float(weight)
+    return f"\\cellcolor[gray]{{{level:.2f}}}"
 
 
 def _tex_decimal(v, digits: int) -> str:
@@ -278,10 +323,14 @@ def _tex_decimal(v, digits: int) -> str:
     return text
 
 
-def normaliser_lines(d: Derivation, step: Step, digits: int) -> list[str]:
-    """``m_i`` and ``Z_i`` of every row whose normaliser is not a plain number."""
+def normaliser_lines(d: Derivation, step: Step, digits: int, max_shown: int = MAX_SHOWN) -> list[str]:
+    """``m_i`` and ``Z_i`` of every drawn row whose normaliser is not a plain number."""
     lines = []
-    for i, row in enumerate(step.softmax):
+    for i in shown(len(step.softmax), max_shown):
+        if i is None:
+            lines.append("\\vdots")
+            continue
+        row = step.softmax[i]
         if normaliser_is_number(row):
             continue
         line = (
@@ -304,7 +353,10 @@ def factor_tex(x: sympy.Expr) -> str:
 
 
 def worked_dot_tex(dot) -> str:
-    products = " + ".join(f"{factor_tex(a)} \\cdot {factor_tex(b)}" for a, b in dot.terms)
+    products = [f"{factor_tex(a)} \\cdot {factor_tex(b)}" for a, b in dot.terms]
+    if len(products) > MAX_TERMS:
+        products = products[:3] + ["\\cdots"] + products[-1:]
+    products = " + ".join(products)
     left = _vec_name(dot.left)
     right = _vec_name(dot.right)
     return (
@@ -341,8 +393,10 @@ class Block:
     extra: str = ""
 
 
-def blocks(d: Derivation, digits: int | None = None, check=None) -> list[Block]:
-    """The worked solution of ``d``, renderer-neutral."""
+def blocks(
+    d: Derivation, digits: int | None = None, check=None, *, max_shown: int = MAX_SHOWN, shade: bool = False
+) -> list[Block]:
+    """The worked solution of ``d``, renderer-neutral (``shade`` needs LaTeX's colortbl)."""
     p = d.problem
     digits = digits or p.digits
     out: list[Block] = [Block("para", _intro(d)), Block("math", _FORMULA)]
@@ -354,19 +408,20 @@ def blocks(d: Derivation, digits: int | None = None, check=None) -> list[Block]:
             out.append(Block("step", step.title, step.why))
             if step.kind == "A":
                 out.append(Block("math", _SOFTMAX_DEF))
-            out.append(Block("math", f"{step.formula} = {_parts_tex(p, step)}{exact_tex_matrix(d, step)}"))
+            out.append(Block("math", f"{step.formula} = {_parts_tex(p, step, max_shown)}{exact_tex_matrix(d, step, max_shown)}"))
             out.append(Block("para", f"Shape: {step.shape_note}."))
             for dot in step.worked:
                 out.append(Block("math", worked_dot_tex(dot)))
             if step.softmax and step.kind == "A":
-                for line in normaliser_lines(d, step, digits):
+                for line in normaliser_lines(d, step, digits, max_shown):
                     out.append(Block("math", line))
             if step.kind == "O" and step.softmax and evaluable:
                 line = weighted_sum_tex(d, step, digits)
                 if line:
                     out.append(Block("math", line))
             if needs_decimals(step) and evaluable:
-                out.append(Block("math", f"{_short_name(step)} \\approx {approx_tex_matrix(d, step, digits)}"))
+                approx = approx_tex_matrix(d, step, digits, max_shown, shade)
+                out.append(Block("math", f"{_short_name(step)} \\approx {approx}"))
     if check is not None:
         out.append(Block("section", "Cross-check"))
         out.append(Block("para", check_sentence(check)))
@@ -394,13 +449,14 @@ def _tex_id(name: str) -> str:
     return f"{head}_{{{tail}}}" if tail else head
 
 
-def _parts_tex(p, step: Step) -> str:
+def _parts_tex(p, step: Step, max_shown: int = MAX_SHOWN) -> str:
     """For M with a bias: the mask and the bias shown before their sum."""
     if step.kind != "M" or p.bias is None:
         return ""
-    mask = [["0" if ok else "-\\infty" for ok in row] for row in p.mask.allowed]
-    bias = [[tex(p.bias[i, j]) for j in range(p.bias.cols)] for i in range(p.bias.rows)]
-    return f"{tex_matrix(mask)} + {tex_matrix(bias)} = "
+    n_q, n_k = p.bias.shape
+    mask = grid(n_q, n_k, lambda i, j: "0" if p.mask.allowed[i][j] else "-\\infty", max_shown=max_shown)
+    bias = grid(n_q, n_k, lambda i, j: tex(p.bias[i, j]), max_shown=max_shown)
+    return f"{mask} + {bias} = "
 
 
 def _intro(d: Derivation) -> str:

@@ -12,7 +12,7 @@ from ._common import NEG_INF
 
 
 def _approx(v) -> float | None:
-    return None if mpmath.isinf(v) else float(v)
+    return None if v is None or mpmath.isinf(v) else float(v)
 
 
 def _exact(x: sympy.Expr) -> str:
@@ -20,12 +20,19 @@ def _exact(x: sympy.Expr) -> str:
     return "-oo" if x == NEG_INF else sympy.sstr(x, order="none")
 
 
+def _numbers_only(m: sympy.Matrix) -> list[list]:
+    """Decimals where an entry holds no symbol (None where it does): symbols without values."""
+    from .._exact import to_mpf
+
+    return [[None if m[i, j].free_symbols else to_mpf(m[i, j], 30) for j in range(m.cols)] for i in range(m.rows)]
+
+
 def as_dict(derivation: Derivation, *, check=None) -> dict:
     d = derivation
     stages = []
     for step in d.steps:
         m = step.exact
-        values = d.evaluate(step.id, 30)
+        values = d.evaluate(step.id, 30) if d.can_evaluate else _numbers_only(m)
         stages.append(
             {
                 "id": step.id,

@@ -5,62 +5,8 @@ from __future__ import annotations
 import re
 
 from ..derivation import Derivation
-from ._common import blocks
-
-_SPECIALS = {
-    "\\": "\\textbackslash{}",
-    "&": "\\&",
-    "%": "\\%",
-    "$": "\\$",
-    "#": "\\#",
-    "_": "\\_",
-    "{": "\\{",
-    "}": "\\}",
-    "~": "\\textasciitilde{}",
-    "^": "\\textasciicircum{}",
-    "<": "\\textless{}",
-    ">": "\\textgreater{}",
-    "|": "\\textbar{}",
-}
-# Symbols of symattn's own prose, written as LaTeX math.
-_SYMBOLS = {
-    "√": "\\ensuremath{\\surd}",
-    "−": "\\ensuremath{-}",
-    "≤": "\\ensuremath{\\le}",
-    "≥": "\\ensuremath{\\ge}",
-    "×": "\\ensuremath{\\times}",
-    "·": "\\ensuremath{\\cdot}",
-    "→": "\\ensuremath{\\to}",
-    "ᵀ": "\\ensuremath{^{\\top}}",
-    "∞": "\\ensuremath{\\infty}",
-    "Σ": "\\ensuremath{\\Sigma}",
-    "≈": "\\ensuremath{\\approx}",
-    "…": "\\ldots{}",
-    "–": "--",
-    "—": "---",
-}
-
-
-def escape(text: str) -> str:
-    """User text made safe for LaTeX: printed as written, never executed.
-
-    >>> escape(r"\\input{/etc/passwd} 50% & $x_1$")
-    '\\\\textbackslash{}input\\\\{/etc/passwd\\\\} 50\\\\% \\\\& \\\\$x\\\\_1\\\\$'
-    """
-    out = []
-    for ch in text:
-        if ch in _SPECIALS:
-            out.append(_SPECIALS[ch])
-        elif ch in _SYMBOLS:
-            out.append(_SYMBOLS[ch])
-        elif ord(ch) < 32 or 127 <= ord(ch) < 160:  # control characters
-            out.append(" ")
-        elif ord(ch) > 255:
-            out.append(f"[U+{ord(ch):04X}]")  # outside what pdflatex's inputenc knows
-        else:
-            out.append(ch)
-    return "".join(out)
-
+from ._common import MAX_SHOWN, blocks
+from ._grid import escape_tex as escape
 
 # The subscripted names symattn's own sentences use, written as math. Only
 # these: a token such as a_b in the same sentence stays text as written.
@@ -90,12 +36,19 @@ def _prose(text: str) -> str:
     return "".join(_MATH_NAMES[p] if k % 2 else escape(p) for k, p in enumerate(parts))
 
 
+# Lets a fragment compile in a document that does not load colortbl (then unshaded).
+_FRAGMENT_HEADER = r"""% symattn worked solution, for \input in a document that loads amsmath and amssymb (and colortbl for shading)
+\providecommand{\cellcolor}[2][]{}
+\providecommand{\color}[2][]{}
+"""
+
 _PREAMBLE = r"""\documentclass[11pt]{article}
 \usepackage[T1]{fontenc}
 \usepackage[utf8]{inputenc}
 \IfFileExists{lmodern.sty}{\usepackage{lmodern}}{}
 \usepackage{amsmath,amssymb}
 \usepackage[margin=2cm]{geometry}
+\usepackage{colortbl}
 \setcounter{MaxMatrixCols}{64}
 \allowdisplaybreaks
 \renewcommand{\arraystretch}{1.3}
@@ -103,11 +56,20 @@ _PREAMBLE = r"""\documentclass[11pt]{article}
 
 
 def render_latex(
-    derivation: Derivation, *, standalone: bool = True, digits: int | None = None, check=None
+    derivation: Derivation,
+    *,
+    standalone: bool = True,
+    digits: int | None = None,
+    check=None,
+    max_shown: int = MAX_SHOWN,
 ) -> str:
-    """The worked solution as LaTeX (a full document unless ``standalone=False``)."""
+    """The worked solution as LaTeX (a full document unless ``standalone=False``).
+
+    The weights are shaded by size with colortbl; a fragment \\input into a
+    document without colortbl still compiles, unshaded.
+    """
     lines: list[str] = []
-    for block in blocks(derivation, digits, check):
+    for block in blocks(derivation, digits, check, max_shown=max_shown, shade=True):
         if block.kind == "section":
             lines.append(f"\\section*{{{_prose(block.text)}}}")
         elif block.kind == "step":
@@ -118,6 +80,7 @@ def render_latex(
             lines.append(f"\\[\n{block.text}\n\\]")
         lines.append("")
     body = "\n".join(lines).rstrip() + "\n"
+    body = _FRAGMENT_HEADER + body  # the standalone document holds the fragment as it is
     if not standalone:
         return body
     title = escape(derivation.problem.title)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 from ..derivation import Derivation
-from ._common import blocks
+from ._common import MAX_SHOWN, blocks
 
 _MD_SPECIAL = re.compile(r"([\\`*_\[\]<>#|~$&])")
 
@@ -19,10 +19,12 @@ def escape(text: str) -> str:
     return _MD_SPECIAL.sub(r"\\\1", text.replace("\n", " "))
 
 
-def render_markdown(derivation: Derivation, *, digits: int | None = None, check=None) -> str:
+def render_markdown(
+    derivation: Derivation, *, digits: int | None = None, check=None, max_shown: int = MAX_SHOWN
+) -> str:
     """The worked solution as Markdown."""
     lines = [f"# {escape(derivation.problem.title)}", ""]
-    for block in blocks(derivation, digits, check):
+    for block in blocks(derivation, digits, check, max_shown=max_shown):
         if block.kind == "section":
             lines.append(f"## {escape(block.text)}")
         elif block.kind == "step":
