@@ -32,6 +32,22 @@ def cli(ctx: click.Context, debug: bool) -> None:
     ctx.obj = {"debug": debug}
 
 
+_KINDS = (
+    "X", "context", "W_Q", "Q", "W_K", "K", "W_V", "V", "K_T", "S", "S_scaled", "M", "S_masked", "A", "O",
+    "concat", "W_O",
+)  # the stage ids --from, --to and --ask take (with heads they apply to every head)
+
+
+def _stage_list(ctx, param, value: str | None) -> frozenset[str] | None:
+    if value is None:
+        return None
+    names = [v.strip() for v in value.split(",") if v.strip()]
+    unknown = [n for n in names if n not in _KINDS]
+    if unknown or not names:
+        raise click.BadParameter(f"{', '.join(unknown) or 'nothing'}: choose from {', '.join(_KINDS)}")
+    return frozenset(names)
+
+
 @cli.command()
 @click.argument("problem", required=False, type=click.Path(dir_okay=False, path_type=Path))
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
@@ -45,8 +61,20 @@ def cli(ctx: click.Context, debug: bool) -> None:
               help="Cross-check against NumPy float64; 'torch' also compares every head's weights and output "
                    "with PyTorch's scaled_dot_product_attention (needs pip install 'symattn[torch]').")
 @click.option("--no-check", is_flag=True, help="Skip the numeric cross-check.")
+@click.option("--max-shown", type=click.IntRange(3, 1000), default=8, show_default=True,
+              help="Above this many rows or columns a matrix is shown elided: first rows and columns, dots, the last.")
+@click.option("--from", "first", type=click.Choice(_KINDS), help="Start the worked solution at this stage (its inputs are stated as given).")
+@click.option("--to", "last", type=click.Choice(_KINDS), help="End the worked solution at this stage.")
+@click.option("--exercise", is_flag=True,
+              help="Write the exercise sheet instead: the problem with empty boxes for each asked stage "
+                   "(LaTeX, Markdown or PDF); the normal derivation is its solution, with the same numbering.")
+@click.option("--ask", callback=_stage_list, metavar="IDS",
+              help="With --exercise: the stages to ask for, e.g. Q,S_scaled,A,O (default: every computed stage).")
+@click.option("--plot", type=click.Path(dir_okay=False, path_type=Path),
+              help="Also draw the attention weights as a labelled heat map (.png, .svg or .pdf; needs pip install 'symattn[plot]').")
 def derive(problem: Path | None, output: Path | None, fmt: str | None, standalone: bool, digits: int | None,
-           check_with: str, no_check: bool) -> None:
+           check_with: str, no_check: bool, max_shown: int, first: str | None, last: str | None,
+           exercise: bool, ask: frozenset[str] | None, plot: Path | None) -> None:
     """Derive every stage of attention for PROBLEM exactly.
 
     PROBLEM is a YAML problem file; without it, symattn derives its built-in
@@ -55,16 +83,34 @@ def derive(problem: Path | None, output: Path | None, fmt: str | None, standalon
     \b
     Examples:
       symattn derive
-      symattn derive problem.yaml -o solution.tex
+      symattn derive problem.yaml -o solution.pdf
       symattn derive problem.yaml --format json
+      symattn derive problem.yaml --from S --to A --format markdown
+      symattn derive problem.yaml --exercise --ask Q,S_scaled,A,O -o sheet.pdf
+      symattn derive problem.yaml --plot weights.png -o solution.tex
     """
     from . import _errors
 
     try:
         kind = _output_kind(output, fmt)
-        if output is not None and problem is not None and _same_file(output, problem):
-            raise click.ClickException(f"-o {output} is the problem file itself; choose another output path")
-        text = _derive_text(problem, kind, standalone, digits, None if no_check else check_with)
+        if ask is not None and not exercise:
+            raise click.UsageError("--ask goes with --exercise")
+        if exercise and kind in ("text", "json"):
+            raise click.UsageError("an exercise sheet is LaTeX, Markdown or PDF")
+        if first and last and _KINDS.index(first) > _KINDS.index(last):
+            raise click.UsageError(f"--from {first} comes after --to {last} in the formula")
+        for path in (output, plot):
+            if path is not None and problem is not None and _same_file(path, problem):
+                raise click.ClickException(f"{path} is the problem file itself; choose another output path")
+        layout = {"max_shown": max_shown, "first": first, "last": last}
+        if exercise:
+            layout.update(exercise=True, ask=ask)
+        d, text = _derive_text(problem, kind, standalone, digits, None if no_check else check_with, layout)
+        image = None
+        if plot is not None:
+            from .plot import plot_weights
+
+            image = plot_weights(d, plot.suffix.lower())
         if output is None:
             click.echo(text, nl=False)
         elif kind == "pdf":
@@ -73,11 +119,13 @@ def derive(problem: Path | None, output: Path | None, fmt: str | None, standalon
             _write_atomic(output, latex_to_pdf(text))
         else:
             _write_atomic(output, text.encode("utf-8"))
+        if image is not None:
+            _write_atomic(plot, image)
     except _errors.SymattnError as exc:
         raise click.ClickException(str(exc)) from None
 
 
-def _derive_text(problem: Path | None, kind: str, standalone: bool, digits: int | None, check: str | None) -> str:
+def _derive_text(problem: Path | None, kind: str, standalone: bool, digits: int | None, check: str | None, layout):
     from . import crosscheck as _cc
     from . import derive as _derive
     from . import load_problem, render
@@ -103,7 +151,9 @@ def _derive_text(problem: Path | None, kind: str, standalone: bool, digits: int 
         if result.passed is None:
             click.echo(f"Note: no numeric cross-check: {result.skipped}.", err=True)
     fmt = "latex" if kind == "pdf" else kind
-    return render(d, fmt, standalone=standalone or kind == "pdf", digits=digits, check=result)
+    if fmt == "json":
+        layout = {}
+    return d, render(d, fmt, standalone=standalone or kind == "pdf", digits=digits, check=result, **layout)
 
 
 def _builtin(source: str):

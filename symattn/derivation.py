@@ -86,6 +86,15 @@ class Step:
         """The values at ``dps`` digits (``subs`` gives numbers for symbols)."""
         return _exact.evaluate(self.exact, dps, subs)
 
+    def _repr_latex_(self) -> str:
+        """In a notebook: the step's relation and exact matrix, as display math."""
+        from .render._common import exact_tex_matrix_of_step
+
+        return f"$$ {self.formula} = {exact_tex_matrix_of_step(self)} $$"
+
+    def _repr_markdown_(self) -> str:
+        return f"**{self.title}** ({self.id}). {self.why}\n\n{self._repr_latex_()}\n\nShape: {self.shape_note}."
+
 
 @dataclass(frozen=True)
 class _SoftmaxStep(Step):
@@ -158,6 +167,12 @@ class Derivation:
     @property
     def ids(self) -> tuple[str, ...]:
         return tuple(s.id for s in self.steps)
+
+    def _repr_markdown_(self) -> str:
+        """In a notebook, a derivation shows its whole worked solution."""
+        from .render import render_markdown
+
+        return render_markdown(self)
 
     def __iter__(self) -> Iterator[Step]:
         return iter(self.steps)

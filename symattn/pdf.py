@@ -15,6 +15,7 @@ TEX_PACKAGES = "texlive-latex-base texlive-latex-recommended"
 def latex_to_pdf(source: str, timeout: float = 120) -> bytes:
     """The PDF of ``source``, compiled in a temporary folder without shell escape."""
     pdflatex = shutil.which("pdflatex")
+    latexmk = shutil.which("latexmk")
     if pdflatex is None:
         raise SymattnError(
             f"writing a PDF needs pdflatex, which is not installed; on Debian or Ubuntu: apt-get install {TEX_PACKAGES}"
@@ -23,8 +24,13 @@ def latex_to_pdf(source: str, timeout: float = 120) -> bytes:
         tex = Path(tmp) / "solution.tex"
         tex.write_text(source, encoding="utf-8")
         try:
+            flags = ["-no-shell-escape", "-halt-on-error", "-interaction=nonstopmode"]
+            if latexmk is not None:  # reruns pdflatex as often as the document needs
+                command = [latexmk, "-pdf", "-quiet", f"-pdflatex={pdflatex} {' '.join(flags)} %O %S", "solution.tex"]
+            else:
+                command = [pdflatex, *flags, "solution.tex"]
             run = subprocess.run(
-                [pdflatex, "-no-shell-escape", "-halt-on-error", "-interaction=nonstopmode", "solution.tex"],
+                command,
                 cwd=tmp,
                 capture_output=True,
                 timeout=timeout,
@@ -34,7 +40,9 @@ def latex_to_pdf(source: str, timeout: float = 120) -> bytes:
             raise SymattnError(f"pdflatex did not finish within {timeout:.0f} s") from None
         pdf = Path(tmp) / "solution.pdf"
         if run.returncode != 0 or not pdf.exists():
-            raise SymattnError("pdflatex failed: " + _log_excerpt(run.stdout.decode("utf-8", "replace")))
+            log = Path(tmp) / "solution.log"
+            text = log.read_text("utf-8", "replace") if log.exists() else run.stdout.decode("utf-8", "replace")
+            raise SymattnError("pdflatex failed: " + _log_excerpt(text))
         return pdf.read_bytes()
 
 

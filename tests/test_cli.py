@@ -187,7 +187,7 @@ def test_fragment_has_no_document_wrapper(run):
     # a comment and two fallbacks so it compiles without colortbl, then the solution
     head, _, rest = r.stdout.partition("\nThe problem: ")
     assert head.startswith("% symattn worked solution")
-    assert head.count("\n") == 2 and "\\providecommand{\\cellcolor}" in head
+    assert head.count("\n") == 3 and "\\providecommand{\\cellcolor}" in head
     assert rest.startswith("4 tokens (The, cat, sat, down)")
 
 

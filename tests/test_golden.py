@@ -15,7 +15,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "worked_examples"
-EXAMPLE_FILES = sorted(EXAMPLES.glob("*.yaml"))
+EXAMPLE_FILES = sorted(EXAMPLES.glob("**/*.yaml"))  # large/ too: rendering is cheap
 HOW_TO_FIX = "run `python tests/update_golden.py` and review the diff of worked_examples/ before committing"
 
 

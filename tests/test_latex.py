@@ -20,7 +20,7 @@ import symattn
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "worked_examples"
-EXAMPLE_FILES = sorted(EXAMPLES.glob("*.yaml"))
+EXAMPLE_FILES = sorted(EXAMPLES.glob("**/*.yaml"))  # large/ too: every example must compile
 
 PDFLATEX = shutil.which("pdflatex")
 PDFTOTEXT = shutil.which("pdftotext")

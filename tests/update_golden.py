@@ -1,6 +1,6 @@
 """Regenerate the golden files of worked_examples/: ``python tests/update_golden.py``.
 
-Each ``worked_examples/NAME.yaml`` gets ``NAME.tex`` (standalone LaTeX) and
+Each ``worked_examples/NAME.yaml`` (and ``worked_examples/large/NAME.yaml``) gets ``NAME.tex`` (standalone LaTeX) and
 ``NAME.md`` (Markdown) beside it, rendered without the cross-check paragraph
 (whose float figures may differ between NumPy builds). ``tests/test_golden.py``
 checks that the committed files equal a fresh rendering; review their diff
@@ -27,7 +27,7 @@ def golden_outputs(path: Path) -> dict[Path, str]:
 
 
 def main() -> int:
-    for example in sorted(EXAMPLES.glob("*.yaml")):
+    for example in sorted(EXAMPLES.glob("**/*.yaml")):
         for target, text in golden_outputs(example).items():
             old = target.read_text("utf-8") if target.exists() else None
             if old != text:

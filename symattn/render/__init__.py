@@ -10,14 +10,18 @@ from .text import render_text
 FORMATS = ("latex", "markdown", "text", "json")
 
 
-def render(derivation, format: str = "latex", *, standalone: bool = True, digits=None, check=None) -> str:
-    """The derivation in ``format`` (one of ``latex``, ``markdown``, ``text``, ``json``)."""
+def render(derivation, format: str = "latex", *, standalone: bool = True, digits=None, check=None, **layout) -> str:
+    """The derivation in ``format`` (one of ``latex``, ``markdown``, ``text``, ``json``).
+
+    ``layout`` takes ``max_shown``, ``first``, ``last`` (all but JSON) and
+    ``exercise``, ``ask`` (LaTeX and Markdown).
+    """
     if format == "latex":
-        return render_latex(derivation, standalone=standalone, digits=digits, check=check)
+        return render_latex(derivation, standalone=standalone, digits=digits, check=check, **layout)
     if format == "markdown":
-        return render_markdown(derivation, digits=digits, check=check)
+        return render_markdown(derivation, digits=digits, check=check, **layout)
     if format == "text":
-        return render_text(derivation, digits=digits, check=check)
+        return render_text(derivation, digits=digits, check=check, **layout)
     if format == "json":
         return render_json(derivation, check=check)
     raise ValueError(f"unknown format {format!r}; choose one of {', '.join(FORMATS)}")

@@ -133,13 +133,13 @@ def _exp_split(term: sympy.Expr) -> tuple[sympy.Expr, sympy.Expr] | None:
     return sympy.Mul(*coeff), sympy.Add(*exponent)
 
 
-def exp_sum_tex(expr: sympy.Expr) -> str:
+def exp_sum_tex(expr: sympy.Expr, max_terms: int = 6) -> str:
     """A sum of terms ``c·e^x`` in LaTeX, the largest exponent first.
 
     >>> exp_sum_tex(2*sympy.exp(-2) + 1 + sympy.exp(-1))
     '1 + e^{-1} + 2 e^{-2}'
     """
-    return _exp_sum(expr, tex, lambda x: f"e^{{{tex(x)}}}", "\\left({}\\right)", " ", "\\cdots")
+    return _exp_sum(expr, tex, lambda x: f"e^{{{tex(x)}}}", "\\left({}\\right)", " ", "\\cdots", max_terms)
 
 
 def exp_sum_text(expr: sympy.Expr) -> str:
@@ -156,10 +156,11 @@ def text_entry(x: sympy.Expr) -> str:
     return "-inf" if x == NEG_INF else sympy.sstr(x, order="none")
 
 
-MAX_TERMS = 6
+MAX_TERMS = 6  # terms of a sum written before it is elided
+MAX_CELL_TERMS = 3  # the same inside a matrix of more than four columns
 
 
-def _exp_sum(expr, show, power_of, paren: str, times: str, ellipsis: str) -> str:
+def _exp_sum(expr, show, power_of, paren: str, times: str, ellipsis: str, max_terms: int = 6) -> str:
     parts = []
     for term in sympy.Add.make_args(expr):
         split = _exp_split(term)
@@ -167,9 +168,8 @@ def _exp_sum(expr, show, power_of, paren: str, times: str, ellipsis: str) -> str
             return show(expr)
         parts.append(split)
     parts.sort(key=lambda cx: -float(cx[1]) if cx[1].is_number else 0.0)
-    elided = len(parts) > MAX_TERMS
-    if elided:  # a long sum: its first terms and its last (the JSON has every term)
-        parts = parts[:3] + [None] + parts[-1:]
+    if len(parts) > max_terms:  # a long sum: its first terms and its last (the JSON has every term)
+        parts = parts[: max_terms // 2] + [None] + parts[-1:]
     out = ""
     for k, part in enumerate(parts):
         if part is None:
@@ -223,7 +223,9 @@ def entry_tex(step: Step, i: int, j: int) -> str:
         return tex(step.exact[i, j])
     if numerator == 0:
         return "0"
-    return f"\\dfrac{{{exp_sum_tex(numerator)}}}{{Z_{{{i + 1}}}}}"
+    # Inside a wide matrix a numerator keeps fewer terms (MAX_CELL_TERMS).
+    terms = MAX_CELL_TERMS if step.shape[1] > 4 else MAX_TERMS
+    return f"\\dfrac{{{exp_sum_tex(numerator, terms)}}}{{Z_{{{i + 1}}}}}"
 
 
 _UNLABELLED = {"W_Q", "W_K", "W_V", "W_O"}
@@ -288,6 +290,14 @@ def _heads_entry_tex(d: Derivation, step: Step, i: int, j: int) -> str:
     if plain != 0 or not terms:
         terms.insert(0, tex(plain))
     return " + ".join(terms).replace("+ -", "- ")
+
+
+def exact_tex_matrix_of_step(step: Step, max_shown: int = MAX_SHOWN) -> str:
+    """A step's exact matrix on its own, every entry written out in full (no Z_i to refer to)."""
+    rows, cols = step.shape
+    row_labels, col_labels = _labels(step)
+    return grid(rows, cols, lambda i, j: tex(step.exact[i, j]), max_shown=max_shown,
+                row_labels=row_labels, col_labels=col_labels)
 
 
 def approx_tex_matrix(d: Derivation, step: Step, digits: int, max_shown: int = MAX_SHOWN, shade: bool = False) -> str:
@@ -393,19 +403,106 @@ class Block:
     extra: str = ""
 
 
+# The stage kinds in the order of the formula, for --from/--to and --ask.
+KIND_ORDER = (
+    "X", "context", "W_Q", "Q", "W_K", "K", "W_V", "V", "K_T", "S", "S_scaled", "M", "S_masked", "A", "O",
+    "concat", "W_O", "O_final",
+)
+# What each computed stage is made from, stated as given when a selection starts there.
+_INPUTS = {
+    "Q": ("X", "W_Q"), "K": ("kv", "W_K"), "V": ("kv", "W_V"), "K_T": ("K",), "S": ("Q", "K_T"),
+    "S_scaled": ("S",), "S_masked": ("S_scaled", "M"), "A": ("S_masked",), "O": ("A", "V"),
+    "concat": ("heads",), "O_final": ("concat", "W_O"),
+}
+
+
+def kind_key(d: Derivation, step: Step) -> str:
+    """The stage kind of a step, telling the projected output of several heads (O_final) from a head's O."""
+    if step.kind == "O" and d.problem.multi_head and step.head is None:
+        return "O_final"
+    return step.kind
+
+
+def select(d: Derivation, first: str | None = None, last: str | None = None) -> list[Step]:
+    """The steps from stage kind ``first`` to ``last`` (inclusive, in the formula's order)."""
+    if last == "O" and d.problem.multi_head:
+        last = "O_final"  # the output of the whole layer, after W_O
+    lo = KIND_ORDER.index(first) if first else 0
+    hi = KIND_ORDER.index(last) if last else len(KIND_ORDER) - 1
+    if hi < lo:
+        raise ValueError(f"--from {first} comes after --to {last}")
+    return [s for s in d.steps if lo <= KIND_ORDER.index(kind_key(d, s)) <= hi]
+
+
+def _given_inputs(d: Derivation, chosen: list[Step]) -> list[Step]:
+    """The steps the first chosen computed step is made from, when they are not shown."""
+    ids = {s.id for s in chosen}
+    first = next((s for s in chosen if not s.given), None)
+    if first is None:
+        return []
+    prefix = first.id[: -len(first.kind)]
+    names: list[str] = []
+    for name in _INPUTS.get(kind_key(d, first), ()):
+        if name == "kv":
+            names.append("context" if d.problem.context is not None else "X")
+        elif name == "heads":
+            names += [f"head{h}.O" for h in range(1, len(d.problem.heads) + 1)]
+        elif name in ("X", "context", "concat", "W_O"):
+            names.append(name)
+        else:
+            names.append(prefix + name)
+    return [d.step(n) for n in names if n not in ids]
+
+
 def blocks(
-    d: Derivation, digits: int | None = None, check=None, *, max_shown: int = MAX_SHOWN, shade: bool = False
+    d: Derivation,
+    digits: int | None = None,
+    check=None,
+    *,
+    max_shown: int = MAX_SHOWN,
+    shade: bool = False,
+    first: str | None = None,
+    last: str | None = None,
+    exercise: bool = False,
+    ask: frozenset[str] | None = None,
 ) -> list[Block]:
-    """The worked solution of ``d``, renderer-neutral (``shade`` needs LaTeX's colortbl)."""
+    """The worked solution of ``d``, renderer-neutral (``shade`` needs LaTeX's colortbl).
+
+    ``first``/``last`` limit it to part of the pipeline (the inputs of the
+    first shown step are stated as given). ``exercise`` writes the problem
+    with empty boxes for the asked stage kinds instead of their values.
+    """
     p = d.problem
     digits = digits or p.digits
+    chosen = select(d, first, last)
     out: list[Block] = [Block("para", _intro(d)), Block("math", _FORMULA)]
+    givens = _given_inputs(d, chosen)
+    if exercise:
+        givens = [s for s in d.steps if s.given] + [s for s in givens if not s.given]
+        chosen = [s for s in chosen if not s.given and (ask is None or kind_key(d, s) in ask or s.kind in ask)]
+    if givens:
+        out.append(Block("section", "Given"))
+        for step in givens:
+            out.append(Block("para", f"{step.title} ({step.id}), {step.shape_note}:"))
+            out.append(Block("math", f"{_short_name(step)} = {exact_tex_matrix(d, step, max_shown)}"))
+        if exercise and p.bias is not None:
+            n_q, n_k = p.bias.shape
+            out.append(Block("para", f"The bias B, {n_q}×{n_k}, added to the mask:"))
+            out.append(Block("math", "B = " + grid(n_q, n_k, lambda i, j: tex(p.bias[i, j]), max_shown=max_shown)))
+    chosen_ids = {s.id for s in chosen}
     evaluable = d.can_evaluate
     for stage in stages(d):
+        steps = [s for s in stage.steps if s.id in chosen_ids]
+        if not steps:
+            continue
         head = f"Head {stage.head} · " if stage.head else ""
         out.append(Block("section", f"{head}Step {stage.number}: {stage.title}"))
-        for step in stage.steps:
+        for step in steps:
             out.append(Block("step", step.title, step.why))
+            if exercise:
+                out.append(Block("math", f"{step.formula} = {_boxes(step, max_shown)}"))
+                out.append(Block("para", f"Shape: {step.shape_note}."))
+                continue
             if step.kind == "A":
                 out.append(Block("math", _SOFTMAX_DEF))
             out.append(Block("math", f"{step.formula} = {_parts_tex(p, step, max_shown)}{exact_tex_matrix(d, step, max_shown)}"))
@@ -422,10 +519,18 @@ def blocks(
             if needs_decimals(step) and evaluable:
                 approx = approx_tex_matrix(d, step, digits, max_shown, shade)
                 out.append(Block("math", f"{_short_name(step)} \\approx {approx}"))
-    if check is not None:
+    if check is not None and not exercise:
         out.append(Block("section", "Cross-check"))
         out.append(Block("para", check_sentence(check)))
     return out
+
+
+def _boxes(step: Step, max_shown: int) -> str:
+    """An empty answer box per entry, laid out like the step's matrix."""
+    rows, cols = step.shape
+    row_labels, col_labels = _labels(step)
+    return grid(rows, cols, lambda i, j: "\\boxed{\\phantom{0.000}}", max_shown=max_shown,
+                row_labels=row_labels, col_labels=col_labels)
 
 
 _SOFTMAX_DEF = (

@@ -40,6 +40,7 @@ def _prose(text: str) -> str:
 _FRAGMENT_HEADER = r"""% symattn worked solution, for \input in a document that loads amsmath and amssymb (and colortbl for shading)
 \providecommand{\cellcolor}[2][]{}
 \providecommand{\color}[2][]{}
+\providecommand{\symattnfit}[1]{\ifdefined\resizebox\resizebox{\ifdim\width>\linewidth\linewidth\else\width\fi}{!}{#1}\else\mbox{#1}\fi}
 """
 
 _PREAMBLE = r"""\documentclass[11pt]{article}
@@ -49,6 +50,7 @@ _PREAMBLE = r"""\documentclass[11pt]{article}
 \usepackage{amsmath,amssymb}
 \usepackage[margin=2cm]{geometry}
 \usepackage{colortbl}
+\usepackage{graphicx}
 \setcounter{MaxMatrixCols}{64}
 \allowdisplaybreaks
 \renewcommand{\arraystretch}{1.3}
@@ -62,6 +64,10 @@ def render_latex(
     digits: int | None = None,
     check=None,
     max_shown: int = MAX_SHOWN,
+    first: str | None = None,
+    last: str | None = None,
+    exercise: bool = False,
+    ask: frozenset[str] | None = None,
 ) -> str:
     """The worked solution as LaTeX (a full document unless ``standalone=False``).
 
@@ -69,7 +75,10 @@ def render_latex(
     document without colortbl still compiles, unshaded.
     """
     lines: list[str] = []
-    for block in blocks(derivation, digits, check, max_shown=max_shown, shade=True):
+    parts = blocks(
+        derivation, digits, check, max_shown=max_shown, shade=True, first=first, last=last, exercise=exercise, ask=ask
+    )
+    for block in parts:
         if block.kind == "section":
             lines.append(f"\\section*{{{_prose(block.text)}}}")
         elif block.kind == "step":
@@ -77,13 +86,14 @@ def render_latex(
         elif block.kind == "para":
             lines.append(_prose(block.text))
         else:
-            lines.append(f"\\[\n{block.text}\n\\]")
+            # A display wider than the page is scaled down to fit (never up).
+            lines.append(f"\\[\n\\symattnfit{{$\\displaystyle {block.text}$}}\n\\]")
         lines.append("")
     body = "\n".join(lines).rstrip() + "\n"
     body = _FRAGMENT_HEADER + body  # the standalone document holds the fragment as it is
     if not standalone:
         return body
-    title = escape(derivation.problem.title)
+    title = escape(("Exercise: " if exercise else "") + derivation.problem.title)
     return (
         _PREAMBLE
         + f"\\title{{{title}}}\n\\date{{}}\n\\begin{{document}}\n\\maketitle\n\n"

@@ -20,11 +20,21 @@ def escape(text: str) -> str:
 
 
 def render_markdown(
-    derivation: Derivation, *, digits: int | None = None, check=None, max_shown: int = MAX_SHOWN
+    derivation: Derivation,
+    *,
+    digits: int | None = None,
+    check=None,
+    max_shown: int = MAX_SHOWN,
+    first: str | None = None,
+    last: str | None = None,
+    exercise: bool = False,
+    ask: frozenset[str] | None = None,
 ) -> str:
-    """The worked solution as Markdown."""
-    lines = [f"# {escape(derivation.problem.title)}", ""]
-    for block in blocks(derivation, digits, check, max_shown=max_shown):
+    """The worked solution as Markdown (or, with ``exercise``, the exercise sheet)."""
+    title = ("Exercise: " if exercise else "") + derivation.problem.title
+    lines = [f"# {escape(title)}", ""]
+    parts = blocks(derivation, digits, check, max_shown=max_shown, first=first, last=last, exercise=exercise, ask=ask)
+    for block in parts:
         if block.kind == "section":
             lines.append(f"## {escape(block.text)}")
         elif block.kind == "step":

@@ -2,41 +2,70 @@
 
 from __future__ import annotations
 
+from typing import Callable
+
 import sympy
 
 from ..derivation import Derivation, Step
-from ._common import check_sentence, decimal, exp_sum_text, needs_decimals, normaliser_is_number, over_normaliser, stages, text_entry
+from ._common import (
+    MAX_SHOWN,
+    check_sentence,
+    decimal,
+    exp_sum_text,
+    head_parts,
+    needs_decimals,
+    normaliser_is_number,
+    over_normaliser,
+    select,
+    stages,
+    text_entry,
+)
+from ._grid import shown
 
 
-
-
-def _grid(rows: list[str], cols: list[str], cells: list[list[str]], indent: str = "    ") -> list[str]:
-    label_w = max(len(r) for r in rows)
-    widths = [max(len(c), *(len(row[j]) for row in cells)) for j, c in enumerate(cols)]
-    lines = [indent + " " * (label_w + 2) + "  ".join(c.rjust(w) for c, w in zip(cols, widths))]
-    for label, row in zip(rows, cells):
+def _grid(step: Step, cell: Callable[[int, int], str], max_shown: int, indent: str = "    ") -> list[str]:
+    """The matrix as aligned text: row labels, column labels, elided above ``max_shown``."""
+    n_rows, n_cols = step.shape
+    rows, cols = shown(n_rows, max_shown), shown(n_cols, max_shown)
+    labels = ["⋮" if i is None else step.rows[i] for i in rows]
+    heads = ["…" if j is None else step.cols[j] for j in cols]
+    cells = [["⋮" if i is None else "…" if j is None else cell(i, j) for j in cols] for i in rows]
+    label_w = max(len(r) for r in labels)
+    widths = [max(len(h), *(len(row[k]) for row in cells)) for k, h in enumerate(heads)]
+    lines = [indent + " " * (label_w + 2) + "  ".join(h.rjust(w) for h, w in zip(heads, widths))]
+    for label, row in zip(labels, cells):
         lines.append(indent + label.ljust(label_w) + " [" + "  ".join(v.rjust(w) for v, w in zip(row, widths)) + "]")
     return lines
 
 
-def _cell(step: Step, i: int, j: int) -> str:
+def _over_z(numerator: sympy.Expr, z: str) -> str:
+    top = exp_sum_text(numerator)
+    return f"({top})/{z}" if len(sympy.Add.make_args(numerator)) > 1 else f"{top}/{z}"
+
+
+def _cell(d: Derivation, step: Step, i: int, j: int) -> str:
+    if step.kind in ("concat", "O") and d.problem.multi_head and step.head is None:
+        parts = head_parts(d, step, i, j)
+        plain = sympy.Add(*[x for _, x, over_z in parts if not over_z])
+        terms = [_over_z(x, f"Z{h}_{i + 1}") for h, x, over_z in parts if over_z]
+        if plain != 0 or not terms:
+            terms.insert(0, text_entry(plain))
+        return " + ".join(terms)
     numerator = over_normaliser(step, i, j)
     if numerator is None:
         return text_entry(step.exact[i, j])
     if numerator == 0:
         return "0"
-    top = exp_sum_text(numerator)
-    return f"({top})/Z_{i + 1}" if len(sympy.Add.make_args(numerator)) > 1 else f"{top}/Z_{i + 1}"
+    return _over_z(numerator, f"Z_{i + 1}")
 
 
-def _exact_cells(step: Step) -> list[list[str]]:
-    rows, cols = step.shape
-    return [[_cell(step, i, j) for j in range(cols)] for i in range(rows)]
-
-
-def _normalisers(step: Step, digits: int, subs) -> list[str]:
+def _normalisers(step: Step, digits: int, subs, max_shown: int) -> list[str]:
     lines = []
-    for i, row in enumerate(step.softmax):
+    for i in shown(len(step.softmax), max_shown):
+        if i is None:
+            lines.append("    ⋮")
+            continue
+        row = step.softmax[i]
         if not normaliser_is_number(row):
             line = f"    m_{i + 1} = {text_entry(row.maximum)},  Z_{i + 1} = {exp_sum_text(row.normaliser)}"
             if subs is not None:
@@ -45,26 +74,39 @@ def _normalisers(step: Step, digits: int, subs) -> list[str]:
     return lines
 
 
-def render_text(derivation: Derivation, *, digits: int | None = None, check=None) -> str:
+def render_text(
+    derivation: Derivation,
+    *,
+    digits: int | None = None,
+    check=None,
+    max_shown: int = MAX_SHOWN,
+    first: str | None = None,
+    last: str | None = None,
+) -> str:
     """The worked solution as plain text."""
     d = derivation
     digits = digits or d.problem.digits
+    chosen = {s.id for s in select(d, first, last)}
     out = [d.problem.title, "=" * len(d.problem.title), ""]
     out.append("Attention(Q, K, V) = softmax(Q·Kᵀ / √d_k + M)·V")
     out.append("")
     for stage in stages(d):
-        out.append(f"Step {stage.number}: {stage.title}")
+        steps = [s for s in stage.steps if s.id in chosen]
+        if not steps:
+            continue
+        head = f"Head {stage.head} · " if stage.head else ""
+        out.append(f"{head}Step {stage.number}: {stage.title}")
         out.append("-" * len(out[-1]))
-        for step in stage.steps:
-            out.append(f"  {step.title}: {step.formula_text}   [{step.shape_note}]")
+        for step in steps:
+            out.append(f"  {step.title} ({step.id}): {step.formula_text}   [{step.shape_note}]")
             out.append(f"  {step.why}")
-            out.extend(_grid(list(step.rows), list(step.cols), _exact_cells(step)))
-            if step.id == "A":
-                out.extend(_normalisers(step, digits, d.problem.substitutions))
+            out.extend(_grid(step, lambda i, j: _cell(d, step, i, j), max_shown))
+            if step.kind == "A":
+                out.extend(_normalisers(step, digits, d.problem.substitutions, max_shown))
             if needs_decimals(step) and d.can_evaluate:
                 values = d.evaluate(step.id, max(digits + 5, 20))
                 out.append("    ≈")
-                out.extend(_grid(list(step.rows), list(step.cols), [[decimal(v, digits) for v in row] for row in values]))
+                out.extend(_grid(step, lambda i, j: decimal(values[i][j], digits), max_shown))
             out.append("")
     if check is not None:
         out.append(check_sentence(check))
