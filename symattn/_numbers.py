@@ -261,6 +261,8 @@ class _Builder:
         return self.power(node, left, right)
 
     def power(self, node: ast.AST, base: sympy.Expr, exponent: sympy.Expr) -> sympy.Expr:
+        if base is sympy.E:  # e^x, where e is allowed (answers files): the exponential
+            return sympy.exp(exponent)
         if exponent.free_symbols:
             raise self.fail(node, "an exponent must be a number (use exp(...) for e to a symbolic power)")
         if not exponent.is_Rational:

@@ -156,6 +156,109 @@ def _derive_text(problem: Path | None, kind: str, standalone: bool, digits: int 
     return d, render(d, fmt, standalone=standalone or kind == "pdf", digits=digits, check=result, **layout)
 
 
+_ANSWERS_HELP = """Mark hand calculations in ANSWERS files against PROBLEM, stage by stage.
+
+An answers file maps stage ids to matrices, for any subset of the stages
+(Q, K, V, K_T, S, S_scaled, M, S_masked, A, O; head1.A ... with heads):
+
+\b
+    S: [[2, 12], [12, 8]]
+    A:
+      - [1, 0]
+      - [0.8808, 0.1192]          # rounded decimals
+    O: [["1/2", "e^(1/2)/(1 + e^(1/2))"], ["-inf", 3]]   # exact
+
+An exact entry must be equal; a decimal is right when it is the exact value
+rounded to the places written (half a unit in the last place). Each stage is
+also checked against the same stage computed from your own earlier answers,
+allowing the rounding carried in from them (follow-through marking: one
+early slip is marked once). A wrong stage is tested against the common
+mistakes (no scaling, scaling by d_k, mask missing or applied after the
+softmax, softmax over columns, Q·K or K·Qᵀ, a transposed product, a single
+wrong entry, an arithmetic slip) and the one that reproduces it is named.
+
+Exit code 0 when everything is right, 1 otherwise. With several answers
+files: one line per file and a summary (--format csv for a spreadsheet).
+"""
+
+
+@cli.command(help=_ANSWERS_HELP)
+@click.argument("problem", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("answers", nargs=-1, required=True, type=click.Path(dir_okay=False, path_type=Path))
+@click.option("-f", "--format", "fmt", type=click.Choice(["text", "markdown", "latex", "json", "csv"]), default="text",
+              show_default=True, help="Report format (csv: one line per answers file).")
+@click.option("--tolerance", type=click.FloatRange(min=0), help="Accept any entry within this absolute difference instead of the rounding rules.")
+def check(problem: Path, answers: tuple[Path, ...], fmt: str, tolerance: float | None) -> None:
+    import json as _json
+
+    from . import derive as _derive
+    from . import load_problem
+    from ._errors import SymattnError
+    from .check import load_answers, mark, report_latex, report_markdown, report_text
+
+    try:
+        d = _derive(load_problem(problem))
+    except SymattnError as exc:
+        raise click.ClickException(str(exc)) from None
+    results = []
+    for path in answers:
+        try:
+            results.append((path, mark(d, load_answers(path, d), tolerance, str(path)), None))
+        except SymattnError as exc:
+            results.append((path, None, str(exc)))
+    if len(answers) == 1 and fmt != "csv":
+        path, marking, error = results[0]
+        if error:
+            raise click.ClickException(error)
+        if fmt == "json":
+            click.echo(_json.dumps(marking.as_dict(), indent=2, ensure_ascii=False))
+        else:
+            click.echo({"text": report_text, "markdown": report_markdown, "latex": report_latex}[fmt](marking), nl=False)
+        raise SystemExit(0 if marking.passed else 1)
+    _batch(results, fmt, d)
+    raise SystemExit(0 if all(m is not None and m.passed for _, m, _ in results) else 1)
+
+
+def _batch(results, fmt: str, derivation) -> None:
+    """One line per answers file, then a summary; failures to read a file are reported and the rest still marked."""
+    import csv
+    import io
+    import json as _json
+
+    def verdicts(m):
+        return {s.id: s.status for s in m.stages} if m is not None else {}
+
+    seen = {stage_id for _, m, _ in results for stage_id in verdicts(m)}
+    ids = [step.id for step in derivation.steps if step.id in seen]  # in the formula's order
+    if fmt == "json":
+        out = [{"file": str(p), **(m.as_dict() if m else {"error": e})} for p, m, e in results]
+        click.echo(_json.dumps(out, indent=2, ensure_ascii=False))
+        return
+    if fmt == "csv":
+        buf = io.StringIO()
+        writer = csv.writer(buf, lineterminator="\n")
+        writer.writerow(["file", "passed", *ids, "error"])
+        for p, m, e in results:
+            v = verdicts(m)
+            writer.writerow([str(p), "" if m is None else str(m.passed).lower(), *(v.get(i, "") for i in ids), e or ""])
+        click.echo(buf.getvalue(), nl=False)
+        return
+    for p, m, e in results:
+        if m is None:
+            click.echo(f"{p}: ERROR {e}")
+            continue
+        wrong = [s.id for s in m.stages if s.status == "wrong"]
+        follows = [s.id for s in m.stages if s.status == "follows"]
+        line = f"{p}: {'all right' if m.passed else 'wrong: ' + ', '.join(wrong) if wrong else 'right with follow-through'}"
+        if follows:
+            line += f" (follows: {', '.join(follows)})"
+        click.echo(line)
+    right = {i: sum(verdicts(m).get(i) == "right" for _, m, _ in results) for i in ids}
+    answered = {i: sum(i in verdicts(m) for _, m, _ in results) for i in ids}
+    click.echo(f"\n{sum(m is not None and m.passed for _, m, _ in results)} of {len(results)} files all right")
+    click.echo("right per stage: " + ", ".join(f"{i} {right[i]}/{answered[i]}" for i in ids))
+
+
 def _builtin(source: str):
     from .problem import parse_problem
 
