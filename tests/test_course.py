@@ -1,0 +1,863 @@
+"""The course features end to end: PDFs, large matrices, shading, labels, exercise sheets,
+step selection, plots, the PDF compile path, Jupyter and text elision.
+
+Expected values (stage headings, matrices, weights) are worked out here from the
+problem files themselves with NumPy/SymPy, not read back from symattn.
+
+LaTeX is compiled with the real ``pdflatex``. Without it these tests are
+skipped, except on CI (the environment variable ``CI`` set), where a missing
+pdflatex is a failure. matplotlib is optional: the plot tests skip without it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import unicodedata
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+import sympy
+import yaml
+from click.testing import CliRunner
+
+import symattn
+import symattn.pdf
+from symattn.cli import cli
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "worked_examples"
+EXAMPLE_FILES = sorted(EXAMPLES.glob("**/*.yaml"))  # large/ too
+FOUR = EXAMPLES / "causal_4_tokens.yaml"
+TWO_HEADS = EXAMPLES / "two_heads.yaml"
+QKV_GIVEN = EXAMPLES / "qkv_given.yaml"
+BIG = EXAMPLES / "large" / "causal_64_tokens.yaml"
+
+PDFLATEX = shutil.which("pdflatex")
+PDFTOTEXT = shutil.which("pdftotext")
+LATEXMK = shutil.which("latexmk")
+PDFLATEX_FLAGS = ["-no-shell-escape", "-halt-on-error", "-interaction=nonstopmode"]
+
+# The walk-through's stage titles, in order (the contract of the worked solution).
+STAGE_TITLES = (
+    "The input",
+    "Project to queries, keys and values",
+    "Transpose the keys",
+    "Score every query against every key",
+    "Scale the scores",
+    "Apply the mask",
+    "Softmax on each row",
+    "Weighted sum of the values",
+)
+GIVEN_INPUT_TITLE = "The input: queries, keys and values given"
+# Which stage ids each stage title shows (for pairing an exercise sheet with its solution).
+STAGE_KINDS = {
+    "The input": {"X", "context"},
+    GIVEN_INPUT_TITLE: {"Q", "K", "V"},
+    "Project to queries, keys and values": {"Q", "K", "V"},
+    "Transpose the keys": {"K_T"},
+    "Score every query against every key": {"S"},
+    "Scale the scores": {"S_scaled"},
+    "Apply the mask": {"M", "S_masked"},
+    "Softmax on each row": {"A"},
+    "Weighted sum of the values": {"O"},
+    "Concatenate the heads": {"concat"},
+    "Output projection": {"O"},
+}
+HEADING_RE = re.compile(r"(?:Head \d+ · )?Step \d+: .+")
+
+
+# -- helpers ------------------------------------------------------------------------------
+
+
+def need_pdflatex() -> str:
+    if PDFLATEX is None:
+        if os.environ.get("CI"):
+            pytest.fail("pdflatex is not installed, and CI must have it (apt-get install texlive-latex-base texlive-latex-recommended)")
+        pytest.skip("pdflatex is not installed")
+    return PDFLATEX
+
+
+def need_pdftotext() -> str:
+    if PDFTOTEXT is None:
+        pytest.skip("pdftotext is not installed")
+    return PDFTOTEXT
+
+
+@dataclass
+class Run:
+    code: int
+    stdout: str
+    stderr: str
+
+
+def run_cli(*args) -> Run:
+    """``symattn ARGS`` in-process through click's CliRunner."""
+    try:
+        runner = CliRunner(mix_stderr=False)  # click < 8.2
+    except TypeError:
+        runner = CliRunner()  # click >= 8.2: stderr is always separate
+    result = runner.invoke(cli, [str(a) for a in args], prog_name="symattn")
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return Run(result.exit_code, result.stdout, result.stderr)
+
+
+def raw(path: Path) -> dict:
+    return yaml.safe_load(path.read_text("utf-8"))
+
+
+def derivation_of(path: Path):
+    return symattn.derive(symattn.load_problem(path))
+
+
+def norm(text: str) -> str:
+    """pdftotext's output made comparable: ligatures split (NFKC), dots unified, whitespace runs one space."""
+    text = unicodedata.normalize("NFKC", text)
+    text = text.replace("\u22c5", "·").replace("\u2219", "·").replace("\u2019", "'")
+    return " ".join(text.split())
+
+
+def pdf_lines(pdf: Path) -> list[str]:
+    """The PDF's text (pdftotext -layout), line by line, each normalised."""
+    done = subprocess.run(
+        [need_pdftotext(), "-layout", "-enc", "UTF-8", str(pdf), "-"], capture_output=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    return [norm(line) for line in done.stdout.decode("utf-8").splitlines()]
+
+
+def headings_in(lines: list[str]) -> list[str]:
+    return [line for line in lines if HEADING_RE.fullmatch(line)]
+
+
+def section(lines: list[str], title_part: str) -> list[str]:
+    """The lines from the first heading holding ``title_part`` up to the next heading."""
+    start = next(k for k, line in enumerate(lines) if HEADING_RE.fullmatch(line) and title_part in line)
+    end = next((k for k in range(start + 1, len(lines)) if HEADING_RE.fullmatch(lines[k])), len(lines))
+    return lines[start:end]
+
+
+def expected_headings(problem: dict) -> list[str]:
+    """The stage headings of a worked solution, from the problem's fields alone."""
+    if "Q" in problem:  # queries, keys and values given: no projection stage
+        titles = [GIVEN_INPUT_TITLE, *STAGE_TITLES[2:]]
+        return [f"Step {n}: {t}" for n, t in enumerate(titles, 1)]
+    if "heads" not in problem:
+        return [f"Step {n}: {t}" for n, t in enumerate(STAGE_TITLES, 1)]
+    out = ["Step 1: The input"]
+    for h in range(1, len(problem["heads"]) + 1):
+        out += [f"Head {h} · Step {n}: {t}" for n, t in enumerate(STAGE_TITLES[1:], 2)]
+    return out + ["Step 9: Concatenate the heads", "Step 10: Output projection"]
+
+
+def shown_labels(labels: list[str], max_shown: int = 8) -> list[str]:
+    """The labels drawn of a list: all, or the first max_shown - 2 and the last."""
+    return list(labels) if len(labels) <= max_shown else [*labels[: max_shown - 2], labels[-1]]
+
+
+MD_MATH = re.compile(r"^\$\$\n(.*?)\n\$\$$", re.M | re.S)
+TEX_MATH = re.compile(r"\\symattnfit\{\$\\displaystyle (.*?)\$\}\n\\\]", re.S)
+
+
+def math_blocks(text: str) -> list[str]:
+    return MD_MATH.findall(text) + TEX_MATH.findall(text)
+
+
+def block(text: str, prefix: str) -> str:
+    """The one display-math block that starts with ``prefix``."""
+    found = [b for b in math_blocks(text) if b.startswith(prefix)]
+    assert len(found) == 1, f"{len(found)} math blocks start with {prefix!r}"
+    return found[0]
+
+
+def parse_array(math: str) -> tuple[list[str] | None, list[tuple[str, list[str]]]]:
+    """A labelled matrix (an ``array`` with row labels) as (column labels, [(row label, cells)])."""
+    m = re.search(r"\\begin\{array\}\{r\|c+\}(.*?)\\end\{array\}", math, re.S)
+    assert m, f"no labelled array in {math[:200]!r}"
+    body = m.group(1)
+    header = None
+    if "\\hline" in body:
+        head, body = body.split("\\hline", 1)
+        header = [c.strip() for c in head.strip().removesuffix("\\\\").split("&")][1:]
+    rows = []
+    for row in re.split(r"\\\\(?:\[6pt\])?", body):
+        cells = [c.strip() for c in row.split("&")]
+        rows.append((cells[0], cells[1:]))
+    return header, rows
+
+
+def tex_rows(matrix) -> list[list[str]]:
+    return [[str(int(v)) for v in row] for row in np.asarray(matrix)]
+
+
+def text_labels(tokens) -> list[str]:
+    return [f"\\text{{{t}}}" for t in tokens]
+
+
+def bmatrix(rows) -> str:
+    return "\\begin{bmatrix} " + " \\\\ ".join(" & ".join(str(v) for v in row) for row in rows) + " \\end{bmatrix}"
+
+
+def softmax_rows(scores: np.ndarray, allowed: np.ndarray) -> np.ndarray:
+    masked = np.where(allowed, scores, -np.inf)
+    e = np.exp(masked - masked.max(axis=1, keepdims=True))
+    return e / e.sum(axis=1, keepdims=True)
+
+
+def causal(n_q: int, n_k: int) -> np.ndarray:
+    return np.tril(np.ones((n_q, n_k), dtype=bool))
+
+
+def four_token_numbers() -> dict[str, np.ndarray]:
+    """Every stage of the four-token example, worked out with NumPy from its YAML."""
+    p = raw(FOUR)
+    X, WQ, WK, WV = (np.array(p[k], dtype=float) for k in ("X", "W_Q", "W_K", "W_V"))
+    Q, K, V = X @ WQ, X @ WK, X @ WV
+    S = Q @ K.T
+    S_scaled = S / np.sqrt(WQ.shape[1])
+    A = softmax_rows(S_scaled, causal(len(X), len(X)))
+    return {"X": X, "Q": Q, "K": K, "V": V, "S": S, "S_scaled": S_scaled, "A": A, "O": A @ V, "tokens": p["tokens"]}
+
+
+def two_heads_output() -> np.ndarray:
+    p = raw(TWO_HEADS)
+    X = np.array(p["X"], dtype=float)
+    outs = []
+    for head in p["heads"]:
+        WQ, WK, WV = (np.array(head[k], dtype=float) for k in ("W_Q", "W_K", "W_V"))
+        S = (X @ WQ) @ (X @ WK).T / np.sqrt(WQ.shape[1])
+        outs.append(softmax_rows(S, causal(len(X), len(X))) @ (X @ WV))
+    return np.hstack(outs) @ np.array(p["W_O"], dtype=float)
+
+
+def four_sig(x: float) -> str:
+    return f"{x:.4g}"
+
+
+# -- fixtures: the expensive things are made once ------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def big():
+    """The 64-token derivation (derived once: it is the slow one)."""
+    return derivation_of(BIG)
+
+
+@pytest.fixture(scope="module")
+def big_latex(big) -> str:
+    return symattn.render_latex(big)
+
+
+@pytest.fixture(scope="module")
+def sheet(tmp_path_factory):
+    """The exercise sheet of the four-token example, asking Q, S_scaled, A, O: as .tex, .md and .pdf."""
+    folder = tmp_path_factory.mktemp("sheet")
+    ask = "Q,S_scaled,A,O"
+    out = {}
+    for suffix in (".tex", ".md"):
+        r = run_cli("derive", FOUR, "--exercise", "--ask", ask, "-o", folder / f"sheet{suffix}")
+        assert r.code == 0, r.stderr
+        out[suffix] = (folder / f"sheet{suffix}").read_text("utf-8")
+    out[".pdf"] = folder / "sheet.pdf"
+    return out
+
+
+def sheet_pdf(sheet) -> Path:
+    need_pdflatex()
+    pdf = sheet[".pdf"]
+    if not pdf.exists():
+        r = run_cli("derive", FOUR, "--exercise", "--ask", "Q,S_scaled,A,O", "-o", pdf)
+        assert r.code == 0, r.stderr
+    assert pdf.read_bytes().startswith(b"%PDF")
+    return pdf
+
+
+# -- 1. every worked example as a PDF ------------------------------------------------------
+
+
+@pytest.mark.parametrize("example", EXAMPLE_FILES, ids=lambda p: p.stem)
+def test_worked_example_pdf_has_title_headings_and_token_labels(tmp_path, example):
+    need_pdflatex()
+    need_pdftotext()
+    out = tmp_path / "out.pdf"
+    r = run_cli("derive", example, "-o", out)
+    assert r.code == 0, r.stderr
+    assert out.read_bytes().startswith(b"%PDF")
+    problem = raw(example)
+    lines = pdf_lines(out)
+    text = " ".join(lines)
+
+    assert norm(problem["title"]) in text
+    # every stage heading, in order, and no other
+    assert headings_in(lines) == expected_headings(problem)
+
+    # the score table S carries the key tokens as column labels and the query tokens as row labels
+    query_tokens = problem["tokens"]
+    key_tokens = problem.get("context_tokens", query_tokens)
+    scores = section(lines, "Score every query against every key")
+    ellipses = {"·", "···", "…", "...", ".."}
+    header = shown_labels(key_tokens)
+    rows_of_words = [[w for w in line.split() if w not in ellipses] for line in scores]
+    assert any(
+        words[k : k + len(header)] == header for words in rows_of_words for k in range(len(words))
+    ), f"no line of the score table lists {header}:\n" + "\n".join(scores)
+    words = {w for line in rows_of_words for w in line}
+    for token in shown_labels(query_tokens):
+        assert token in words, f"row label {token!r} missing from the score table"
+    assert query_tokens[0] in words and query_tokens[-1] in words
+    if len(key_tokens) > 8:
+        assert key_tokens[29] not in words, "an elided middle token is drawn in the score table"
+
+
+# -- 2. the 64-token example: fits the page, elided -----------------------------------------
+
+
+def test_large_example_has_no_badly_overfull_boxes(tmp_path, big_latex):
+    pdflatex = need_pdflatex()
+    (tmp_path / "big.tex").write_text(big_latex, encoding="utf-8")
+    done = subprocess.run(
+        [pdflatex, *PDFLATEX_FLAGS, "big.tex"], cwd=tmp_path, capture_output=True, stdin=subprocess.DEVNULL, timeout=300
+    )
+    assert done.returncode == 0, done.stdout.decode("utf-8", "replace")[-2000:]
+    assert (tmp_path / "big.pdf").read_bytes().startswith(b"%PDF")
+    log = (tmp_path / "big.log").read_text("latin-1")
+    assert "Output written on big.pdf" in log
+    widths = [float(w) for w in re.findall(r"Overfull \\hbox \(([0-9.]+)pt too wide\)", log)]
+    too_wide = [w for w in widths if w > 10]
+    assert not too_wide, f"overfull boxes wider than 10pt: {too_wide}"
+
+
+def test_large_example_score_table_is_elided(big_latex):
+    tokens = raw(BIG)["tokens"]
+    assert len(tokens) == 64
+    S = block(big_latex, "S = Q\\,K^{\\top} = ")
+    assert "\\cdots" in S and "\\vdots" in S and "\\ddots" in S
+    header, rows = parse_array(S)
+    assert header == [*text_labels(tokens[:6]), "\\cdots", f"\\text{{{tokens[-1]}}}"]
+    assert [label for label, _ in rows] == [*text_labels(tokens[:6]), "\\vdots", f"\\text{{{tokens[-1]}}}"]
+    assert all(len(cells) == 8 for _, cells in rows)
+    vdots_row = rows[6][1]
+    assert vdots_row == ["\\vdots"] * 6 + ["\\ddots", "\\vdots"]
+    middle = tokens[29]  # the 30th token
+    assert middle not in tokens[:6] + tokens[-1:]
+    assert f"\\text{{{middle}}}" not in S
+
+
+def test_large_example_max_shown_70_shows_every_token(tmp_path):
+    tokens = raw(BIG)["tokens"]
+    out = tmp_path / "all.md"
+    r = run_cli("derive", BIG, "--max-shown", "70", "--no-check", "-o", out)
+    assert r.code == 0, r.stderr
+    S = block(out.read_text("utf-8"), "S = Q\\,K^{\\top} = ")
+    header, rows = parse_array(S)
+    assert header == text_labels(tokens)
+    assert [label for label, _ in rows] == text_labels(tokens)
+    assert all(len(cells) == 64 for _, cells in rows)
+    assert "\\cdots" not in S and "\\vdots" not in S and "\\ddots" not in S
+
+
+# -- 3. shading of the weights -------------------------------------------------------------
+
+
+def test_weights_are_shaded_by_size_in_latex():
+    numbers = four_token_numbers()
+    A, tokens = numbers["A"], numbers["tokens"]
+    allowed = causal(4, 4)
+    latex = symattn.render_latex(derivation_of(FOUR))
+    header, rows = parse_array(block(latex, "A \\approx "))
+    assert header == text_labels(tokens)
+    assert [label for label, _ in rows] == text_labels(tokens)
+    shaded = masked = 0
+    for i, (_, cells) in enumerate(rows):
+        assert len(cells) == 4
+        for j, cell in enumerate(cells):
+            if not allowed[i, j]:
+                assert cell == "\\color[gray]{0.6}0", cell
+                masked += 1
+                continue
+            m = re.fullmatch(r"\\cellcolor\[gray\]\{([0-9.]+)\}(.+)", cell)
+            assert m, f"cell ({i}, {j}) is not shaded: {cell!r}"
+            level, value = m.group(1), m.group(2)
+            assert re.fullmatch(r"[01]\.[0-9]{2}", level), level  # two decimals
+            assert abs(float(level) - (1 - 0.5 * A[i, j])) <= 0.005 + 1e-9, (i, j, level, A[i, j])
+            assert float(value) == pytest.approx(A[i, j], rel=1e-3)
+            shaded += 1
+    assert (shaded, masked) == (10, 6)
+    # the weight 1 of the first row is the darkest grey, 0.50
+    assert rows[0][1][0] == "\\cellcolor[gray]{0.50}1"
+
+
+def test_markdown_has_no_shading():
+    markdown = symattn.render_markdown(derivation_of(FOUR))
+    assert "\\cellcolor" not in markdown
+    assert "\\color[gray]" not in markdown
+    _, rows = parse_array(block(markdown, "A \\approx "))
+    assert rows[1][1][:2] == [four_sig(v) for v in four_token_numbers()["A"][1][:2]]
+
+
+# -- 4. labelled matrices ------------------------------------------------------------------
+
+
+def test_markdown_matrices_carry_token_labels():
+    numbers = four_token_numbers()
+    tokens = numbers["tokens"]
+    assert tokens[0] == "The" and tokens[-1] == "down"
+    markdown = symattn.render_markdown(derivation_of(FOUR))
+    for prefix, columns in [
+        ("S = Q\\,K^{\\top} = ", text_labels(tokens)),
+        ("A = \\operatorname{softmax}(\\hat{S}) = ", text_labels(tokens)),
+        ("O = A\\,V = ", ["v_{1}", "v_{2}"]),
+    ]:
+        header, rows = parse_array(block(markdown, prefix))
+        assert [label for label, _ in rows] == text_labels(tokens), prefix
+        assert header == columns, prefix
+    # the scores are right, row by row, under their labels
+    _, rows = parse_array(block(markdown, "S = Q\\,K^{\\top} = "))
+    assert [cells for _, cells in rows] == tex_rows(numbers["S"])
+    # the weight matrices are plain bracketed matrices, without labels
+    p = raw(FOUR)
+    for name, key in [("W_{Q}", "W_Q"), ("W_{K}", "W_K"), ("W_{V}", "W_V")]:
+        math = block(markdown, f"{name} = ")
+        assert math == f"{name} = {bmatrix(p[key])}"
+        assert "\\text{" not in math and "\\begin{array}" not in math
+
+
+# -- 5. exercise sheets --------------------------------------------------------------------
+
+ASKED_SECTIONS = {  # the four-token sheet asking Q,S_scaled,A,O: heading -> boxes (rows × columns)
+    "Step 2: Project to queries, keys and values": 4 * 4,  # Q: n × d_k
+    "Step 5: Scale the scores": 4 * 4,  # S_scaled: n × n
+    "Step 7: Softmax on each row": 4 * 4,  # A: n × n
+    "Step 8: Weighted sum of the values": 4 * 2,  # O: n × d_v
+}
+
+
+def tex_sections(latex: str) -> dict[str, str]:
+    parts = re.split(r"\\section\*\{(.*?)\}\n", latex)
+    return dict(zip(parts[1::2], parts[2::2]))
+
+
+def test_exercise_sheet_has_one_box_per_asked_entry(sheet):
+    latex = sheet[".tex"]
+    p = raw(FOUR)
+    n, d_k, d_v = len(p["X"]), len(p["W_Q"][0]), len(p["W_V"][0])
+    assert sum(ASKED_SECTIONS.values()) == n * d_k + n * n + n * n + n * d_v == 56
+    assert latex.count("\\boxed") == 56
+    sections = tex_sections(latex)
+    assert list(sections) == ["Given", *ASKED_SECTIONS]
+    for heading, boxes in ASKED_SECTIONS.items():
+        assert sections[heading].count("\\boxed") == boxes, heading
+    assert sections["Given"].count("\\boxed") == 0
+    assert sheet[".md"].count("\\boxed") == 56
+    assert "\\title{Exercise: Causal self-attention on four tokens}" in latex
+    assert sheet[".md"].startswith("# Exercise: Causal self-attention on four tokens\n")
+
+
+def test_exercise_sheet_states_the_inputs(sheet):
+    p = raw(FOUR)
+    for text in (sheet[".tex"], sheet[".md"]):
+        header, rows = parse_array(block(text, "X = "))
+        assert [label for label, _ in rows] == text_labels(p["tokens"])
+        assert [cells for _, cells in rows] == tex_rows(p["X"])
+        for name, key in [("W_{Q}", "W_Q"), ("W_{K}", "W_K"), ("W_{V}", "W_V")]:
+            assert block(text, f"{name} = ") == f"{name} = {bmatrix(p[key])}"
+
+
+def test_exercise_sheet_gives_away_no_solution(sheet):
+    numbers = four_token_numbers()
+    for text in (sheet[".tex"], sheet[".md"]):
+        # no exact weights, no normalisers, no decimals
+        for leak in ("e^{-1}", "e^{-2}", "e^{-3}", "e^{-4}", "Z_{", "\\dfrac", "\\approx", "\\cellcolor[gray]", "\\infty"):
+            assert leak not in text, leak
+        for name in ("A", "O"):
+            for v in numbers[name].ravel():
+                if v not in (0, 1, 2):
+                    assert four_sig(v) not in text, (name, v)
+        # nor the integer rows of Q and S_scaled
+        labels = text_labels(numbers["tokens"])
+        for name in ("Q", "S_scaled"):
+            for label, row in zip(labels, tex_rows(numbers[name])):
+                assert f"{label} & {' & '.join(row)} \\\\" not in text + " \\\\", (name, label)
+
+
+def test_exercise_sheet_pdf(sheet):
+    lines = pdf_lines(sheet_pdf(sheet))
+    text = " ".join(lines)
+    numbers = four_token_numbers()
+    assert "Exercise: Causal self-attention on four tokens" in text
+    assert headings_in(lines) == list(ASKED_SECTIONS)
+    assert "Given" in lines
+    for given in ("Input tokens (X)", "Query weights", "Key weights", "Value weights"):
+        assert given in text, given
+    for name in ("A", "O"):
+        for v in numbers[name].ravel():
+            if v not in (0, 1, 2):
+                assert four_sig(v) not in text, (name, v)
+    assert "Cross-check" not in text
+
+
+@pytest.mark.parametrize(
+    "example, ask",
+    [(FOUR, "Q,S_scaled,A,O"), (FOUR, None), (TWO_HEADS, None), (TWO_HEADS, "S,A"), (QKV_GIVEN, "A,O")],
+    ids=["four-asked", "four-all", "two-heads-all", "two-heads-S-A", "qkv-A-O"],
+)
+def test_exercise_sections_pair_with_the_solution(tmp_path, example, ask):
+    extra = ["--ask", ask] if ask else []
+    r = run_cli("derive", example, "--exercise", *extra, "-o", tmp_path / "sheet.tex")
+    assert r.code == 0, r.stderr
+    r = run_cli("derive", example, "--no-check", "-o", tmp_path / "solution.tex")
+    assert r.code == 0, r.stderr
+    ensure = lambda s: s.replace("\\ensuremath{\\cdot}", "·")  # noqa: E731
+    sheet = [ensure(h) for h in tex_sections((tmp_path / "sheet.tex").read_text("utf-8")) if h != "Given"]
+    solution = [ensure(h) for h in tex_sections((tmp_path / "solution.tex").read_text("utf-8"))]
+    expected = expected_headings(raw(example))
+    assert solution == expected
+    asked = set(ask.split(",")) if ask else None
+    want = [
+        h for h in expected
+        if not h.endswith(("Step 1: The input", GIVEN_INPUT_TITLE))  # the inputs are given, not asked
+        and (asked is None or STAGE_KINDS[h.split(": ", 1)[1]] & asked)
+    ]
+    assert sheet == want
+
+
+def test_ask_with_an_unknown_id_names_the_valid_ids():
+    r = run_cli("derive", FOUR, "--exercise", "--ask", "Q,bogus")
+    assert r.code == 2
+    assert "bogus" in r.stderr
+    valid = re.search(r"choose from (.*)", r.stderr)
+    assert valid, r.stderr
+    named = {v.strip() for v in valid.group(1).replace("\n", " ").split(",")}
+    assert {"X", "W_Q", "Q", "K", "V", "K_T", "S", "S_scaled", "M", "S_masked", "A", "O", "concat", "W_O"} <= named
+    assert r.stdout == ""
+
+
+def test_ask_without_exercise_is_a_usage_error():
+    r = run_cli("derive", FOUR, "--ask", "A")
+    assert r.code == 2
+    assert "--ask" in r.stderr and "--exercise" in r.stderr
+    assert r.stdout == ""
+
+
+def test_exercise_as_json_is_a_usage_error():
+    r = run_cli("derive", FOUR, "--exercise", "--format", "json")
+    assert r.code == 2
+    assert "exercise" in r.stderr
+    assert r.stdout == ""
+
+
+# -- 6. step selection ---------------------------------------------------------------------
+
+
+def md_sections(markdown: str) -> list[tuple[str, str]]:
+    parts = re.split(r"^## (.*)$", markdown, flags=re.M)
+    return list(zip(parts[1::2], parts[2::2]))
+
+
+def test_from_S_to_A_shows_only_those_steps_with_their_inputs_given():
+    numbers = four_token_numbers()
+    tokens = numbers["tokens"]
+    r = run_cli("derive", FOUR, "--from", "S", "--to", "A", "--format", "markdown")
+    assert r.code == 0, r.stderr
+    markdown = r.stdout
+    sections = md_sections(markdown)
+    assert [h for h, _ in sections] == [
+        "Given",
+        "Step 4: Score every query against every key",
+        "Step 5: Scale the scores",
+        "Step 6: Apply the mask",
+        "Step 7: Softmax on each row",
+        "Cross-check",
+    ]
+    steps = re.findall(r"^\*\*(.*?)\.\*\*", markdown, flags=re.M)
+    assert steps == ["Scores", "Scale the scores", "The mask", "Add the mask", "Softmax on each row"]
+    assert "**Query projection.**" not in markdown
+    assert "Weighted sum of the values" not in markdown
+    assert "O = A\\,V" not in markdown
+    # the inputs of S, Q and Kᵀ, are stated under Given, with their values
+    given = sections[0][1]
+    header, rows = parse_array(block(given, "Q = "))
+    assert [label for label, _ in rows] == text_labels(tokens)
+    assert [cells for _, cells in rows] == tex_rows(numbers["Q"])
+    header, rows = parse_array(block(given, "K^{\\top} = "))
+    assert header == text_labels(tokens)
+    assert [cells for _, cells in rows] == tex_rows(numbers["K"].T)
+    assert "(Q)" in given and "(K\\_T)" in given
+    assert "X = " not in given and "W_{Q} = " not in given
+
+
+def test_from_after_to_is_a_usage_error():
+    r = run_cli("derive", FOUR, "--from", "A", "--to", "S")
+    assert r.code == 2
+    assert "--from A" in r.stderr
+    assert r.stdout == ""
+
+
+def test_two_heads_to_O_ends_with_the_output_projection():
+    r = run_cli("derive", TWO_HEADS, "--to", "O", "--format", "markdown")
+    assert r.code == 0, r.stderr
+    markdown = r.stdout
+    headings = [h for h, _ in md_sections(markdown) if h != "Cross-check"]
+    assert headings == expected_headings(raw(TWO_HEADS))
+    assert headings[-1] == "Step 10: Output projection"
+    steps = re.findall(r"^\*\*(.*?)\.\*\*", markdown, flags=re.M)
+    assert steps[-1] == "Output projection"
+    last = dict(md_sections(markdown))["Step 10: Output projection"]
+    assert "O = \\operatorname{concat}\\,W_O = " in last
+    _, rows = parse_array(block(last, "O \\approx "))
+    expected = two_heads_output()
+    for (_, cells), row in zip(rows, expected, strict=True):
+        assert [float(c) for c in cells] == pytest.approx(list(row), rel=1e-3)
+
+
+def test_two_heads_from_S_to_A_shows_both_heads():
+    r = run_cli("derive", TWO_HEADS, "--from", "S", "--to", "A", "--format", "markdown")
+    assert r.code == 0, r.stderr
+    headings = [h for h, _ in md_sections(r.stdout)]
+    middle = STAGE_TITLES[3:7]
+    assert headings == [
+        "Given",
+        *[f"Head 1 · Step {n}: {t}" for n, t in enumerate(middle, 4)],
+        *[f"Head 2 · Step {n}: {t}" for n, t in enumerate(middle, 4)],
+        "Cross-check",
+    ]
+    steps = re.findall(r"^\*\*(.*?)\.\*\*", r.stdout, flags=re.M)
+    assert steps == ["Scores", "Scale the scores", "The mask", "Add the mask", "Softmax on each row"] * 2
+
+
+@pytest.mark.xfail(
+    reason="BUG: with several heads --from states only head 1's inputs as given (_given_inputs looks at the "
+    "first chosen step only), so head 2's S = Q Kᵀ is shown without its Q and Kᵀ",
+    strict=True,
+)
+def test_two_heads_from_S_states_every_heads_inputs():
+    r = run_cli("derive", TWO_HEADS, "--from", "S", "--to", "A", "--format", "markdown")
+    assert r.code == 0, r.stderr
+    given = dict(md_sections(r.stdout))["Given"]
+    for h in (1, 2):
+        assert f"(head{h}.Q)" in given, h
+        assert f"(head{h}.K\\_T)" in given, h
+
+
+# -- 7. --plot -----------------------------------------------------------------------------
+
+
+def test_plot_png_of_one_and_two_heads(tmp_path):
+    pytest.importorskip("matplotlib")
+    import matplotlib.image
+
+    sizes = {}
+    for example in (FOUR, TWO_HEADS):
+        png = tmp_path / f"{example.stem}.png"
+        r = run_cli("derive", example, "--plot", png, "-o", tmp_path / f"{example.stem}.md")
+        assert r.code == 0, r.stderr
+        data = png.read_bytes()
+        assert data.startswith(b"\x89PNG\r\n\x1a\n")
+        assert (tmp_path / f"{example.stem}.md").read_text("utf-8").startswith("# ")
+        image = matplotlib.image.imread(png)
+        height, width = image.shape[:2]
+        assert 200 <= height <= 3000 and 200 <= width <= 6000, image.shape
+        assert float(image[..., :3].std()) > 0.05, "the heat map is blank"
+        assert len(np.unique(image[..., :3].reshape(-1, 3), axis=0)) > 20
+        sizes[example.stem] = (height, width)
+    # two heads: two panels side by side
+    assert sizes["two_heads"][1] > sizes["two_heads"][0]
+    assert sizes["two_heads"][1] > sizes["causal_4_tokens"][1]
+
+
+@pytest.mark.parametrize("suffix, magic", [(".svg", b"<svg"), (".pdf", b"%PDF")])
+def test_plot_format_follows_the_suffix(tmp_path, suffix, magic):
+    pytest.importorskip("matplotlib")
+    out = tmp_path / f"weights{suffix}"
+    r = run_cli("derive", FOUR, "--plot", out, "-o", tmp_path / "solution.md")
+    assert r.code == 0, r.stderr
+    data = out.read_bytes()
+    if suffix == ".svg":
+        assert data.lstrip().startswith(b"<?xml") and magic in data[:2000]
+        assert b"Attention weights A" in data
+    else:
+        assert data.startswith(magic)
+
+
+def test_plot_with_an_unknown_suffix_is_one_error_line(tmp_path):
+    pytest.importorskip("matplotlib")
+    r = run_cli("derive", FOUR, "--plot", tmp_path / "weights.gif", "-o", tmp_path / "solution.md")
+    assert r.code == 1
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr
+    assert lines[0].startswith("Error: ") and ".gif" in lines[0] and ".png" in lines[0]
+    assert "Traceback" not in r.stderr
+    assert not (tmp_path / "weights.gif").exists()
+
+
+def test_plot_is_deterministic(tmp_path):
+    pytest.importorskip("matplotlib")
+    for name in ("a.png", "b.png"):
+        r = run_cli("derive", FOUR, "--no-check", "--plot", tmp_path / name, "-o", tmp_path / "solution.md")
+        assert r.code == 0, r.stderr
+    assert (tmp_path / "a.png").read_bytes() == (tmp_path / "b.png").read_bytes()
+
+
+def test_plot_without_matplotlib_says_how_to_install_it(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    monkeypatch.setitem(sys.modules, "matplotlib.pyplot", None)
+    r = run_cli("derive", FOUR, "--plot", tmp_path / "weights.png", "-o", tmp_path / "solution.md")
+    assert r.code == 1
+    assert "pip install 'symattn[plot]'" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert not (tmp_path / "weights.png").exists()
+
+
+# -- 8. the PDF compile path ---------------------------------------------------------------
+
+BROKEN = "\\documentclass{article}\n\\begin{document}\nHello \\undefinedcommandxyz\n\\end{document}\n"
+
+
+def which_without(*missing):
+    real = shutil.which
+
+    def which(name, *args, **kwargs):
+        return None if name in missing else real(name, *args, **kwargs)
+
+    return which
+
+
+@pytest.fixture
+def commands(monkeypatch):
+    """Records the commands symattn.pdf runs (and still runs them)."""
+    seen: list[list[str]] = []
+    real = subprocess.run
+
+    def spy(command, *args, **kwargs):
+        seen.append([str(c) for c in command])
+        return real(command, *args, **kwargs)
+
+    monkeypatch.setattr(symattn.pdf.subprocess, "run", spy)
+    return seen
+
+
+def test_pdf_without_latexmk_is_made_with_pdflatex(tmp_path, monkeypatch, commands):
+    pdflatex = need_pdflatex()
+    monkeypatch.setattr(symattn.pdf.shutil, "which", which_without("latexmk"))
+    out = tmp_path / "solution.pdf"
+    r = run_cli("derive", FOUR, "-o", out)
+    assert r.code == 0, r.stderr
+    ran = list(commands)
+    assert len(ran) == 1 and ran[0][0] == pdflatex, ran
+    assert not any("latexmk" in part for part in ran[0])
+    assert out.read_bytes().startswith(b"%PDF")
+    if PDFTOTEXT is not None:
+        assert "Causal self-attention on four tokens" in " ".join(pdf_lines(out))
+
+
+@pytest.mark.parametrize("path", ["latexmk", "pdflatex"])
+def test_broken_latex_error_quotes_the_log(monkeypatch, commands, path):
+    pdflatex = need_pdflatex()
+    if path == "latexmk":
+        if LATEXMK is None:
+            pytest.skip("latexmk is not installed")
+    else:
+        monkeypatch.setattr(symattn.pdf.shutil, "which", which_without("latexmk"))
+    with pytest.raises(symattn.SymattnError) as info:
+        symattn.pdf.latex_to_pdf(BROKEN)
+    assert commands and commands[0][0] == (LATEXMK if path == "latexmk" else pdflatex)
+    message = str(info.value)
+    assert "! Undefined control sequence" in message
+    assert "\\undefinedcommandxyz" in message
+    assert "\n" not in message
+
+
+def test_no_pdflatex_names_the_package_to_install(tmp_path, monkeypatch, commands):
+    monkeypatch.setattr(symattn.pdf.shutil, "which", which_without("latexmk", "pdflatex"))
+    with pytest.raises(symattn.SymattnError, match="texlive-latex-base"):
+        symattn.pdf.latex_to_pdf(BROKEN)
+    r = run_cli("derive", FOUR, "-o", tmp_path / "solution.pdf")
+    assert r.code == 1
+    assert "texlive-latex-base" in r.stderr
+    assert not (tmp_path / "solution.pdf").exists()
+    assert commands == []
+
+
+# -- 9. Jupyter ----------------------------------------------------------------------------
+
+
+def exact_four_token_weights() -> sympy.Matrix:
+    """A of the four-token example with SymPy, straight from the YAML."""
+    p = raw(FOUR)
+    X, WQ, WK = (sympy.Matrix(p[k]) for k in ("X", "W_Q", "W_K"))
+    S = (X * WQ) * (X * WK).T / sympy.sqrt(WQ.shape[1])
+    n = S.rows
+    A = sympy.zeros(n, n)
+    for i in range(n):
+        total = sum(sympy.exp(S[i, k]) for k in range(i + 1))
+        for j in range(i + 1):
+            A[i, j] = sympy.exp(S[i, j]) / total
+    return A
+
+
+def test_derivation_repr_markdown_is_the_markdown_rendering():
+    d = derivation_of(FOUR)
+    assert d._repr_markdown_() == symattn.render_markdown(d)
+
+
+def test_step_repr_latex_writes_exact_entries_in_full():
+    d = derivation_of(FOUR)
+    step = d.step("A")
+    latex = step._repr_latex_()
+    assert latex.startswith("$$") and latex.rstrip().endswith("$$")
+    assert "Z_" not in latex and "\\dfrac" not in latex
+    header, rows = parse_array(latex)
+    tokens = raw(FOUR)["tokens"]
+    assert header == text_labels(tokens)
+    assert [label for label, _ in rows] == text_labels(tokens)
+    expected = exact_four_token_weights()
+    for i, (_, cells) in enumerate(rows):
+        for j, cell in enumerate(cells):
+            x = step.exact[i, j]
+            assert abs(sympy.N(x - expected[i, j], 30)) < sympy.Float("1e-25"), (i, j)
+            assert cell == sympy.latex(x), (i, j, cell)
+            if expected[i, j] not in (0, 1):
+                assert "e^{" in cell or "e " in cell or "\\left(" in cell, cell  # exponentials written out
+    assert "e^{-2}" in latex
+
+
+def test_step_repr_markdown_has_title():
+    d = derivation_of(FOUR)
+    for id, title in [("A", "Softmax on each row"), ("S", "Scores"), ("Q", "Query projection")]:
+        step = d.step(id)
+        markdown = step._repr_markdown_()
+        assert title in markdown
+        assert markdown.startswith(f"**{title}**")
+        assert step._repr_latex_() in markdown
+
+
+# -- 10. text output elides big matrices ---------------------------------------------------
+
+
+def test_large_text_output_is_elided(big):
+    text = symattn.render_text(big)
+    tokens = raw(BIG)["tokens"]
+    assert "…" in text and "⋮" in text
+    # the S grid: first six key tokens, …, the last
+    lines = text.splitlines()
+    s = lines.index(next(line for line in lines if line.strip().startswith("Scores (S)")))
+    header = lines[s + 2].split()
+    assert header == [*tokens[:6], "…", tokens[-1]]
+    assert tokens[29] not in header
+
+
+@pytest.mark.xfail(
+    reason="BUG: render/text.py writes each A·V numerator with up to 6 exp terms (exp_sum_text's default) "
+    "even in a wide matrix, unlike LaTeX (MAX_CELL_TERMS = 3), so the 64-token O grid has ~600-character lines",
+    strict=True,
+)
+def test_large_text_output_has_no_very_long_lines(big):
+    text = symattn.render_text(big)
+    longest = max(len(line) for line in text.splitlines())
+    assert longest <= 400, f"a line of {longest} characters"
