@@ -259,6 +259,149 @@ def _batch(results, fmt: str, derivation) -> None:
     click.echo("right per stage: " + ", ".join(f"{i} {right[i]}/{answered[i]}" for i in ids))
 
 
+def _range(ctx, param, value: str | None) -> tuple[int, int] | None:
+    if value is None:
+        return None
+    parts = value.replace("..", " ").split()
+    try:
+        lo, hi = (int(x) for x in parts)
+    except ValueError:
+        raise click.BadParameter(f"{value!r}: write the range as LOW..HIGH, e.g. -2..2") from None
+    return lo, hi
+
+
+@cli.command()
+@click.option("--tokens", type=int, default=4, show_default=True, help="Number of query tokens n.")
+@click.option("--d-model", type=int, default=4, show_default=True)
+@click.option("--d-k", type=int, default=4, show_default=True, help="Query/key width (a perfect square keeps the scale rational).")
+@click.option("--d-v", type=int, default=4, show_default=True)
+@click.option("--mask", default="causal", show_default=True,
+              help="none, causal, causal-bottom-right, sliding-window:W or padding:P (the last P keys hidden).")
+@click.option("--heads", type=int, default=1, show_default=True, help="Several heads get W_O.")
+@click.option("--cross", "cross", type=int, metavar="N_K", help="Cross-attention with N_K context tokens.")
+@click.option("--no-scale", is_flag=True, help="Write scale: none (no division by √d_k).")
+@click.option("--level", type=click.Choice(["easy", "medium", "hard"]), default="easy", show_default=True,
+              help="Difficulty: the guarantees of each level are in symattn.generate's documentation.")
+@click.option("--range", "range_", callback=_range, metavar="LOW..HIGH", help="Entry range (default by level: 0..1, -1..1, -2..2).")
+@click.option("--words", help='Token labels, e.g. "the cat sat down".')
+@click.option("--seed", type=int, default=0, show_default=True, help="The same seed always gives the same file.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), help="Where to write one problem (default: standard output).")
+@click.option("--count", type=click.IntRange(1, 500), help="Write this many variants into --out-dir.")
+@click.option("--out-dir", type=click.Path(file_okay=False, path_type=Path), help="Folder for --count variants and their index.csv.")
+@click.option("--sheets", is_flag=True, help="With --count: each variant's exercise and solution as PDF (LaTeX without pdflatex).")
+@click.option("--from", "base", type=click.Path(dir_okay=False, path_type=Path), help="Keep the structure of this problem and draw new numbers.")
+@click.option("--vary", type=click.Choice(["weights", "inputs"]), default="weights", show_default=True, help="With --from: what gets new numbers.")
+def generate(tokens, d_model, d_k, d_v, mask, heads, cross, no_scale, level, range_, words, seed, output, count,
+             out_dir, sheets, base, vary) -> None:
+    """Write new problems with small, hand-friendly numbers.
+
+    Every problem is checked against its level's guarantees before it is
+    written (integer projections and scores within a bound, integer scaled
+    scores at easy, halves or thirds at medium, at most two distinct exponents
+    per softmax row at easy, no fully masked row, no two variants alike).
+
+    \b
+    Examples:
+      symattn generate --tokens 4 --d-model 4 --d-k 4 --d-v 4 --mask causal --seed 7 -o p.yaml
+      symattn generate --count 30 --out-dir variants/ --sheets
+      symattn generate --from problem.yaml --vary weights --seed 3
+    """
+    from . import _errors
+
+    try:
+        _generate(locals())
+    except _errors.SymattnError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+def _generate(o: dict) -> None:
+    import shlex
+
+    from . import crosscheck, derive, load_problem
+    from .generate import Spec, generate as draw_problem, from_problem, to_yaml
+    from .problem import parse_problem
+
+    base = None
+    if o["base"] is not None:
+        spec, base = from_problem(load_problem(o["base"]))
+        # new numbers come from the range of the part that varies (and the level's)
+        if o["vary"] == "weights":
+            entries = [w for h in base.heads for w in h] + ([base.W_O] if base.W_O is not None else [])
+        else:
+            entries = [base.X] + ([base.context] if base.context is not None else [])
+        lo, hi = o["range_"] or {"easy": (0, 1), "medium": (-1, 1), "hard": (-2, 2)}[o["level"]]
+        lo, hi = min([lo] + [int(e.min()) for e in entries]), max([hi] + [int(e.max()) for e in entries])
+        levels = {"easy": (4, 8), "medium": (6, 16), "hard": (12, 48)}
+        bounds = tuple(max(a, b) for a, b in zip(spec.bounds, levels[o["level"]]))
+        spec = Spec(**{**spec.__dict__, "level": o["level"], "range": (lo, hi), "vary": o["vary"], "bounds": bounds})
+    else:
+        spec = Spec(
+            tokens=o["tokens"], d_model=o["d_model"], d_k=o["d_k"], d_v=o["d_v"], mask=o["mask"], heads=o["heads"],
+            cross=o["cross"], scale=not o["no_scale"], level=o["level"], range=o["range_"],
+            words=tuple(o["words"].split()) if o["words"] else None,
+        )
+    command = "symattn generate " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if len(sys.argv) > 2 else "symattn generate"
+    count = o["count"]
+    if count is None:
+        if o["sheets"] or o["out_dir"]:
+            raise click.UsageError("--out-dir and --sheets go with --count")
+        drawn = draw_problem(spec, o["seed"], base)
+        text = to_yaml(spec, drawn, command, f"Attention exercise (seed {o['seed']})")
+        _verify(parse_problem(text, "<generated>"), derive, crosscheck)
+        if o["output"] is None:
+            click.echo(text, nl=False)
+        else:
+            _write_atomic(o["output"], text.encode("utf-8"))
+        return
+    if o["out_dir"] is None:
+        raise click.UsageError("--count needs --out-dir")
+    if o["output"] is not None:
+        raise click.UsageError("with --count the files go into --out-dir, not -o")
+    folder = o["out_dir"]
+    folder.mkdir(parents=True, exist_ok=True)
+    seen: set = set()
+    index = ["variant,seed,file"]
+    for k in range(1, count + 1):
+        seed = o["seed"] + k - 1
+        drawn = draw_problem(spec, seed, base, avoid=seen)
+        seen.add(drawn.key())
+        name = f"variant-{k:02d}"
+        text = to_yaml(spec, drawn, f"{command}  (variant {k} of {count}, seed {seed})", f"Attention exercise, variant {k}")
+        problem = parse_problem(text, f"{name}.yaml")
+        d = _verify(problem, derive, crosscheck)
+        _write_atomic(folder / f"{name}.yaml", text.encode("utf-8"))
+        if o["sheets"]:
+            _sheets(d, folder / name)
+        index.append(f"{k},{seed},{name}.yaml")
+    _write_atomic(folder / "index.csv", ("\n".join(index) + "\n").encode("utf-8"))
+    click.echo(f"wrote {count} variants to {folder}" + (" with their exercise and solution sheets" if o["sheets"] else ""), err=True)
+
+
+def _verify(problem, derive, crosscheck):
+    """A generated problem must derive and pass the cross-check before it is written."""
+    d = derive(problem)
+    result = crosscheck(d)
+    assert result.passed, result.all_mismatches[:1]
+    return d
+
+
+def _sheets(d, stem: Path) -> None:
+    import shutil as _shutil
+
+    from .render import render_latex
+
+    exercise = render_latex(d, exercise=True)
+    solution = render_latex(d)
+    if _shutil.which("pdflatex"):
+        from .pdf import latex_to_pdf
+
+        _write_atomic(stem.with_name(stem.name + "-exercise.pdf"), latex_to_pdf(exercise))
+        _write_atomic(stem.with_name(stem.name + "-solution.pdf"), latex_to_pdf(solution))
+    else:
+        _write_atomic(stem.with_name(stem.name + "-exercise.tex"), exercise.encode("utf-8"))
+        _write_atomic(stem.with_name(stem.name + "-solution.tex"), solution.encode("utf-8"))
+
+
 def _builtin(source: str):
     from .problem import parse_problem
 
