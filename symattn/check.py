@@ -255,11 +255,18 @@ class _Marker:
         self.answers = answers
         self.tolerance = None if tolerance is None else mpmath.mpf(tolerance)
 
-    # the value a stage has: the student's where answered, else the exact one
-    def value(self, id: str) -> Grid:
-        if id in self.answers:
-            return self.answers[id].values
-        return self.exact(id)
+    def carried(self, id: str) -> tuple[Grid | None, frozenset[str]]:
+        """A stage as the student's answers make it: their answer where given, else computed
+        from their own answers further back (through stages they skipped), else exact; with
+        the answered stages it rests on."""
+        cache = self.__dict__.setdefault("_carried", {})
+        if id not in cache:
+            if id in self.answers:
+                cache[id] = (self.answers[id].values, frozenset([id]))
+            else:
+                grid, used = self.follow_through(id)
+                cache[id] = (grid, used) if used and grid is not None else (self.exact(id), frozenset())
+        return cache[id]
 
     def exact(self, id: str) -> Grid:
         return self.d.evaluate(id, DPS)
@@ -299,11 +306,12 @@ class _Marker:
         if not wrong:
             return StageMark(id, "right")
         follow, used = self.follow_through(id)
-        if follow is not None and used:
+        # only an earlier answer that is itself not right can carry an error forward
+        carriers = sorted(u for u in used if self.matches(self.answers[u], self.exact(u)))
+        if follow is not None and carriers:
             slack = 4 * max(self.answers[u].coarsest for u in used)
             if not self.matches(answer, follow, slack):
-                names = ", ".join(used)
-                return StageMark(id, "follows", note=f"right when computed from your {names}")
+                return StageMark(id, "follows", note=f"right when computed from your {', '.join(carriers)}")
         step = self.d.step(id)
         shown = []
         for i, j in wrong[:MAX_WRONG_SHOWN]:
@@ -317,32 +325,35 @@ class _Marker:
             )
         return StageMark(id, "wrong", tuple(shown), len(wrong), self.diagnose(id, answer, exact, wrong))
 
-    def follow_through(self, id: str) -> tuple[Grid | None, list[str]]:
-        """The stage computed from the student's own earlier answers, and which answers it used."""
+    def follow_through(self, id: str) -> tuple[Grid | None, frozenset[str]]:
+        """The stage computed from the student's own earlier answers, and which answers it rests on."""
         step = self.d.step(id)
         prefix = id[: -len(step.kind)]
         kind = step.kind
         p = self.d.problem
         multi_final = p.multi_head and step.head is None
         deps = {
-            "K_T": ["K"], "S": ["Q", "K_T" if prefix + "K_T" in self.answers else "K"], "S_scaled": ["S"],
-            "S_masked": ["S_scaled", "M"], "A": ["S_masked"], "O": ["A", "V"],
+            "K_T": ["K"], "S": ["Q", "K_T"], "S_scaled": ["S"], "S_masked": ["S_scaled", "M"],
+            "A": ["S_masked"], "O": ["A", "V"],
         }.get(kind, [])
-        if multi_final and kind == "O":
-            deps = ["concat"]
         if kind == "concat":
-            deps = [f"head{h}.O" for h in range(1, len(p.heads) + 1)]
-            used = [d for d in deps if d in self.answers]
-            return [sum((self.value(d)[i] for d in deps), []) for i in range(p.n_q)], used
-        ids = [d if multi_final or kind == "concat" else prefix + d for d in deps]
-        used = [d for d in ids if d in self.answers]
-        v = {d.rsplit(".", 1)[-1]: self.value(d) for d in ids}
+            ids = [f"head{h}.O" for h in range(1, len(p.heads) + 1)]
+        elif multi_final and kind == "O":
+            ids = ["concat"]
+        else:
+            ids = [prefix + d for d in deps]
+        carried = {d: self.carried(d) for d in ids}
+        used = frozenset().union(*(u for _, u in carried.values())) if carried else frozenset()
+        v = {d.rsplit(".", 1)[-1] if not d.startswith("head") or kind != "concat" else d: g for d, (g, _) in carried.items()}
+        if any(g is None for g in v.values()):
+            return None, used
         try:
+            if kind == "concat":
+                return [sum((v[d][i] for d in ids), []) for i in range(p.n_q)], used
             if kind == "K_T":
                 return _t(v["K"]), used
             if kind == "S":
-                k_t = v["K_T"] if "K_T" in v else _t(v["K"])
-                return _matmul(v["Q"], k_t), used
+                return _matmul(v["Q"], v["K_T"]), used
             if kind == "S_scaled":
                 factor = _mp(p.scale_for(len(self.exact(prefix + "Q")[0])))
                 return [[x * factor for x in row] for row in v["S"]], used
@@ -356,7 +367,7 @@ class _Marker:
                 return _matmul(v["A"], v["V"]), used
         except (ValueError, IndexError, TypeError, ZeroDivisionError):
             return None, used
-        return None, []
+        return None, frozenset()
 
     # -- diagnosis --------------------------------------------------------------------
 
@@ -390,6 +401,9 @@ class _Marker:
         """(name, matrix) for each common mistake that can be computed for this stage."""
         p = self.d.problem
         ex = lambda k: self.exact(prefix + k)  # noqa: E731
+        if p.multi_head and not prefix and kind in ("O", "concat"):
+            yield "the product's rows and columns are swapped (the answer is the transpose)", _t(self.exact(kind))
+            return
         try:
             if kind in ("Q", "K", "V"):
                 yield "the product's rows and columns are swapped (the answer is the transpose)", _t(ex(kind))
@@ -433,7 +447,7 @@ class _Marker:
                     if len(A) == len(A[0]):
                         yield "Aᵀ·V instead of A·V (the weights were transposed)", _matmul(_t(A), V)
                     yield "the product's rows and columns are swapped (the answer is the transpose)", _t(ex("O"))
-        except (ValueError, IndexError, TypeError, ZeroDivisionError):
+        except (ValueError, IndexError, TypeError, ZeroDivisionError, KeyError):
             return
 
     def _out(self, prefix: str, A: Grid | None) -> Grid | None:

@@ -142,13 +142,13 @@ def exp_sum_tex(expr: sympy.Expr, max_terms: int = 6) -> str:
     return _exp_sum(expr, tex, lambda x: f"e^{{{tex(x)}}}", "\\left({}\\right)", " ", "\\cdots", max_terms)
 
 
-def exp_sum_text(expr: sympy.Expr) -> str:
+def exp_sum_text(expr: sympy.Expr, max_terms: int = 6) -> str:
     """The same in plain text.
 
     >>> exp_sum_text(2*sympy.exp(-2) + 1 + sympy.exp(-1))
     '1 + exp(-1) + 2*exp(-2)'
     """
-    return _exp_sum(expr, text_entry, lambda x: f"exp({text_entry(x)})", "({})", "*", "...")
+    return _exp_sum(expr, text_entry, lambda x: f"exp({text_entry(x)})", "({})", "*", "...", max_terms)
 
 
 def text_entry(x: sympy.Expr) -> str:
@@ -435,23 +435,25 @@ def select(d: Derivation, first: str | None = None, last: str | None = None) -> 
 
 
 def _given_inputs(d: Derivation, chosen: list[Step]) -> list[Step]:
-    """The steps the first chosen computed step is made from, when they are not shown."""
+    """What the first shown computed step of each head is made from, when that is not shown."""
     ids = {s.id for s in chosen}
-    first = next((s for s in chosen if not s.given), None)
-    if first is None:
-        return []
-    prefix = first.id[: -len(first.kind)]
+    firsts: dict[str, Step] = {}
+    for s in chosen:
+        if not s.given:
+            firsts.setdefault(s.id[: -len(s.kind)], s)  # keyed by the head prefix
     names: list[str] = []
-    for name in _INPUTS.get(kind_key(d, first), ()):
-        if name == "kv":
-            names.append("context" if d.problem.context is not None else "X")
-        elif name == "heads":
-            names += [f"head{h}.O" for h in range(1, len(d.problem.heads) + 1)]
-        elif name in ("X", "context", "concat", "W_O"):
-            names.append(name)
-        else:
-            names.append(prefix + name)
-    return [d.step(n) for n in names if n not in ids]
+    for prefix, first in firsts.items():
+        for name in _INPUTS.get(kind_key(d, first), ()):
+            if name == "kv":
+                names.append("context" if d.problem.context is not None else "X")
+            elif name == "heads":
+                names += [f"head{h}.O" for h in range(1, len(d.problem.heads) + 1)]
+            elif name in ("X", "context", "concat", "W_O"):
+                names.append(name)
+            else:
+                names.append(prefix + name)
+    unique = list(dict.fromkeys(n for n in names if n not in ids))
+    return [d.step(n) for n in unique]
 
 
 def blocks(

@@ -8,7 +8,9 @@ import sympy
 
 from ..derivation import Derivation, Step
 from ._common import (
+    MAX_CELL_TERMS,
     MAX_SHOWN,
+    MAX_TERMS,
     check_sentence,
     decimal,
     exp_sum_text,
@@ -29,7 +31,8 @@ def _grid(step: Step, cell: Callable[[int, int], str], max_shown: int, indent: s
     rows, cols = shown(n_rows, max_shown), shown(n_cols, max_shown)
     labels = ["⋮" if i is None else step.rows[i] for i in rows]
     heads = ["…" if j is None else step.cols[j] for j in cols]
-    cells = [["⋮" if i is None else "…" if j is None else cell(i, j) for j in cols] for i in rows]
+    cells = [["⋱" if i is None and j is None else "⋮" if i is None else "…" if j is None else cell(i, j)
+              for j in cols] for i in rows]
     label_w = max(len(r) for r in labels)
     widths = [max(len(h), *(len(row[k]) for row in cells)) for k, h in enumerate(heads)]
     lines = [indent + " " * (label_w + 2) + "  ".join(h.rjust(w) for h, w in zip(heads, widths))]
@@ -38,8 +41,8 @@ def _grid(step: Step, cell: Callable[[int, int], str], max_shown: int, indent: s
     return lines
 
 
-def _over_z(numerator: sympy.Expr, z: str) -> str:
-    top = exp_sum_text(numerator)
+def _over_z(numerator: sympy.Expr, z: str, wide: bool = False) -> str:
+    top = exp_sum_text(numerator, MAX_CELL_TERMS if wide else MAX_TERMS)
     return f"({top})/{z}" if len(sympy.Add.make_args(numerator)) > 1 else f"{top}/{z}"
 
 
@@ -47,7 +50,7 @@ def _cell(d: Derivation, step: Step, i: int, j: int) -> str:
     if step.kind in ("concat", "O") and d.problem.multi_head and step.head is None:
         parts = head_parts(d, step, i, j)
         plain = sympy.Add(*[x for _, x, over_z in parts if not over_z])
-        terms = [_over_z(x, f"Z{h}_{i + 1}") for h, x, over_z in parts if over_z]
+        terms = [_over_z(x, f"Z{h}_{i + 1}", wide=step.shape[1] > 4) for h, x, over_z in parts if over_z]
         if plain != 0 or not terms:
             terms.insert(0, text_entry(plain))
         return " + ".join(terms)
@@ -56,7 +59,7 @@ def _cell(d: Derivation, step: Step, i: int, j: int) -> str:
         return text_entry(step.exact[i, j])
     if numerator == 0:
         return "0"
-    return _over_z(numerator, f"Z_{i + 1}")
+    return _over_z(numerator, f"Z_{i + 1}", wide=step.shape[1] > 4)
 
 
 def _normalisers(step: Step, digits: int, subs, max_shown: int) -> list[str]:
