@@ -6,11 +6,37 @@
 (Matrix([[1/2, 1/2]]), Matrix([[3]]))
 """
 
-from ._errors import SymattnError
-from .crosscheck import CrossCheck, crosscheck
-from .derivation import Derivation, Step, derive
-from .problem import Problem, load_problem
-from .render import render, render_json, render_latex, render_markdown, render_text
+from importlib import import_module as _import_module
+
+# The public names, imported on first use: `symattn --help` need not load SymPy.
+_EXPORTS = {
+    "SymattnError": "._errors",
+    "CrossCheck": ".crosscheck",
+    "crosscheck": ".crosscheck",
+    "Derivation": ".derivation",
+    "Step": ".derivation",
+    "derive": ".derivation",
+    "Problem": ".problem",
+    "load_problem": ".problem",
+    "render": ".render",
+    "render_json": ".render",
+    "render_latex": ".render",
+    "render_markdown": ".render",
+    "render_text": ".render",
+}
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        value = getattr(_import_module(_EXPORTS[name], __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'symattn' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))
+
 
 __version__ = "0.1.0"
 
