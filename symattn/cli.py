@@ -126,9 +126,10 @@ def derive(problem: Path | None, output: Path | None, fmt: str | None, standalon
 
 
 def _derive_text(problem: Path | None, kind: str, standalone: bool, digits: int | None, check: str | None, layout):
-    from . import crosscheck as _cc
+    from ._crosscheck import crosscheck as _cc
     from . import derive as _derive
-    from . import load_problem, render
+    from . import load_problem
+    from .render import render
     from ._errors import SymattnError
 
     if problem is None:
@@ -317,7 +318,8 @@ def generate(tokens, d_model, d_k, d_v, mask, heads, cross, no_scale, level, ran
 def _generate(o: dict) -> None:
     import shlex
 
-    from . import crosscheck, derive, load_problem
+    from . import derive, load_problem
+    from ._crosscheck import crosscheck
     from .generate import Spec, generate as draw_problem, from_problem, to_yaml
     from .problem import parse_problem
 

@@ -13,7 +13,7 @@ import sympy
 
 import symattn
 import symattn.numeric
-from symattn.crosscheck import TOLERANCE
+from symattn._crosscheck import TOLERANCE
 
 ROOT = Path(__file__).resolve().parent.parent
 # Single-head examples: the corruption tests name stages without a head prefix
