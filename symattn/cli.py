@@ -271,7 +271,15 @@ def _range(ctx, param, value: str | None) -> tuple[int, int] | None:
     return lo, hi
 
 
-@cli.command()
+class _RecordingCommand(click.Command):
+    """Keeps the command's own arguments as typed, for the header of the files it writes."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        ctx.meta["symattn.argv"] = list(args)
+        return super().parse_args(ctx, args)
+
+
+@cli.command(cls=_RecordingCommand)
 @click.option("--tokens", type=int, default=4, show_default=True, help="Number of query tokens n.")
 @click.option("--d-model", type=int, default=4, show_default=True)
 @click.option("--d-k", type=int, default=4, show_default=True, help="Query/key width (a perfect square keeps the scale rational).")
@@ -285,7 +293,7 @@ def _range(ctx, param, value: str | None) -> tuple[int, int] | None:
               help="Difficulty: the guarantees of each level are in symattn.generate's documentation.")
 @click.option("--range", "range_", callback=_range, metavar="LOW..HIGH", help="Entry range (default by level: 0..1, -1..1, -2..2).")
 @click.option("--words", help='Token labels, e.g. "the cat sat down".')
-@click.option("--seed", type=int, default=0, show_default=True, help="The same seed always gives the same file.")
+@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True, help="The same seed always gives the same file.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), help="Where to write one problem (default: standard output).")
 @click.option("--count", type=click.IntRange(1, 500), help="Write this many variants into --out-dir.")
 @click.option("--out-dir", type=click.Path(file_okay=False, path_type=Path), help="Folder for --count variants and their index.csv.")
@@ -320,6 +328,7 @@ def _generate(o: dict) -> None:
 
     from . import derive, load_problem
     from ._crosscheck import crosscheck
+    from ._errors import SymattnError
     from .generate import Spec, generate as draw_problem, from_problem, to_yaml
     from .problem import parse_problem
 
@@ -342,7 +351,8 @@ def _generate(o: dict) -> None:
             cross=o["cross"], scale=not o["no_scale"], level=o["level"], range=o["range_"],
             words=tuple(o["words"].split()) if o["words"] else None,
         )
-    command = "symattn generate " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if len(sys.argv) > 2 else "symattn generate"
+    argv = click.get_current_context().meta.get("symattn.argv", [])
+    command = " ".join(["symattn generate", *(shlex.quote(a) for a in argv)])
     count = o["count"]
     if count is None:
         if o["sheets"] or o["out_dir"]:
@@ -363,9 +373,19 @@ def _generate(o: dict) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     seen: set = set()
     index = ["variant,seed,file"]
+    spare = o["seed"] + count  # seeds after the batch's own, for variants that come out alike
     for k in range(1, count + 1):
+        # Each variant is exactly what its seed gives alone, so index.csv reproduces it; one equal
+        # to an earlier variant takes the next spare seed instead.
         seed = o["seed"] + k - 1
-        drawn = draw_problem(spec, seed, base, avoid=seen)
+        drawn = draw_problem(spec, seed, base)
+        tries = 0
+        while drawn.key() in seen:
+            tries += 1
+            if tries > 1000:
+                raise SymattnError(f"only {k - 1} different problems were found for these options; ask for fewer")
+            seed, spare = spare, spare + 1
+            drawn = draw_problem(spec, seed, base)
         seen.add(drawn.key())
         name = f"variant-{k:02d}"
         text = to_yaml(spec, drawn, f"{command}  (variant {k} of {count}, seed {seed})", f"Attention exercise, variant {k}")

@@ -23,6 +23,7 @@ bounds PROJ and SCORE are 4 and 8 (easy), 6 and 16 (medium), 12 and 48 (hard).
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, replace
 from fractions import Fraction
 
@@ -56,6 +57,7 @@ class Spec:
     range: tuple[int, int] | None = None
     words: tuple[str, ...] | None = None
     vary: str | None = None  # with a base problem: "weights" or "inputs"
+    extra: tuple[str, ...] = ()  # YAML lines kept from a base problem (an exact scale, a bias)
     bounds: tuple[int, int] | None = None  # |projection| and |score| bounds instead of the level's
 
     @property
@@ -98,7 +100,9 @@ def validate(spec: Spec) -> None:
     if spec.cross is not None and not 1 <= spec.cross <= 16:
         raise SymattnError(f"--cross must be from 1 to 16, not {spec.cross}")
     lo, hi = spec.lo_hi
-    if lo > hi or max(abs(lo), abs(hi)) > 9:
+    if lo > hi:
+        raise SymattnError(f"--range {lo}..{hi}: the low end is above the high end; write LOW..HIGH")
+    if max(abs(lo), abs(hi)) > 9:
         raise SymattnError(f"--range {lo}..{hi} must be a range of small integers (at most 9 in size)")
     if spec.scale and spec.level != "hard" and math.isqrt(spec.d_k) ** 2 != spec.d_k:
         raise SymattnError(
@@ -111,7 +115,11 @@ def validate(spec: Spec) -> None:
 def allowed(spec: Spec) -> list[list[bool]]:
     """The mask of the spec as a boolean matrix (query i, key j)."""
     n_q, n_k = spec.tokens, spec.n_k
-    kind, _, arg = spec.mask.partition(":")
+    kind, colon, arg = spec.mask.partition(":")
+    if colon and kind in ("none", "causal", "causal-bottom-right"):
+        raise SymattnError(f"the mask {kind} takes no argument; write --mask {kind}")
+    if kind in ("sliding-window", "padding") and not re.fullmatch(r"[0-9]+", arg):
+        raise SymattnError(f"--mask {kind}:N needs a whole number N, not {arg!r}")
     if kind == "none":
         grid = [[True] * n_k for _ in range(n_q)]
     elif kind == "causal":
@@ -121,7 +129,9 @@ def allowed(spec: Spec) -> list[list[bool]]:
     elif kind == "sliding-window" and arg.isdigit() and int(arg) >= 1:
         w = int(arg)
         grid = [[j <= i and i - j < w for j in range(n_k)] for i in range(n_q)]
-    elif kind == "padding" and arg.isdigit() and 1 <= int(arg) < n_k:
+    elif kind == "padding":
+        if not 1 <= int(arg) < n_k:
+            raise SymattnError(f"--mask padding:{arg} must hide from 1 to {n_k - 1} of the {n_k} keys")
         grid = [[j < n_k - int(arg) for j in range(n_k)] for i in range(n_q)]
     else:
         import difflib
@@ -187,7 +197,8 @@ def draw(spec: Spec, rng: np.random.Generator, base: Drawn | None = None) -> Dra
         context = ints(spec.cross, spec.d_model) if spec.cross else None
     if base is not None and spec.vary == "inputs":
         return replace(base, X=X, context=context)
-    shapes = [(w.shape[1], h[2].shape[1]) for h in base.heads for w in h[:1]] if base is not None else None
+    # (d_k, d_v) of each head: the base problem's when varying one
+    shapes = [(W_Q.shape[1], W_V.shape[1]) for W_Q, _, W_V in base.heads] if base is not None else None
     heads = []
     for h in range(spec.heads):
         d_k, d_v = shapes[h] if shapes else (spec.d_k, spec.d_v)
@@ -195,13 +206,22 @@ def draw(spec: Spec, rng: np.random.Generator, base: Drawn | None = None) -> Dra
     W_O = None
     if spec.heads > 1:
         width = sum(h[2].shape[1] for h in heads)
-        W_O = base.W_O if base is not None and base.W_O is not None and spec.vary == "inputs" else ints(width, heads[0][2].shape[1])
+        d_out = base.W_O.shape[1] if base is not None and base.W_O is not None else heads[0][2].shape[1]
+        W_O = ints(width, d_out)
     return Drawn(X, context, tuple(heads), W_O)
 
 
 def generate(spec: Spec, seed: int, base: Drawn | None = None, avoid: set | None = None) -> Drawn:
-    """The first candidate from ``seed`` that meets every guarantee (and is not in ``avoid``)."""
+    """The first candidate from ``seed`` that meets every guarantee (and is not in ``avoid``).
+
+    A variant of ``base`` is never the base itself.
+    """
     validate(spec)
+    if seed < 0:
+        raise SymattnError(f"the seed must be 0 or more, not {seed}")
+    avoid = set(avoid or ())
+    if base is not None:
+        avoid.add(base.key())
     rng = np.random.default_rng(seed)
     reason = None
     for _ in range(MAX_TRIES):
@@ -248,6 +268,7 @@ def to_yaml(spec: Spec, drawn: Drawn, command: str, title: str) -> str:
         out.append(f"mask: {kind}")
     if not spec.scale:
         out.append("scale: none")
+    out.extend(spec.extra)
     return "\n".join(out) + "\n"
 
 
@@ -279,7 +300,19 @@ def from_problem(problem) -> tuple[Spec, Drawn]:
     C = drawn.context if drawn.context is not None else drawn.X
     proj = max(int(abs(m).max()) for W_Q, W_K, W_V in heads for m in (drawn.X @ W_Q, C @ W_K, C @ W_V))
     score = max(int(abs((drawn.X @ W_Q) @ (C @ W_K).T).max()) for W_Q, W_K, _ in heads)
+    extra = []
+    if not isinstance(problem.scale, str):
+        extra.append(f"scale: {_quote(sympy.sstr(problem.scale))}")
+    if problem.bias is not None:
+        def entry(x):
+            if x == sympy.S.NegativeInfinity:
+                return "-inf"
+            return str(x) if isinstance(x, sympy.Integer) else _quote(sympy.sstr(x))
+
+        rows = ["  - [" + ", ".join(entry(x) for x in row) + "]" for row in problem.bias.tolist()]
+        extra.append("bias:\n" + "\n".join(rows))
     spec = Spec(
+        extra=tuple(extra),
         bounds=(proj, score),
         tokens=problem.n_q, d_model=problem.d_model, d_k=problem.d_k, d_v=problem.d_v, mask=kind,
         heads=len(heads), cross=problem.n_k if problem.context is not None else None,
