@@ -70,11 +70,13 @@ def _stage_list(ctx, param, value: str | None) -> frozenset[str] | None:
                    "(LaTeX, Markdown or PDF); the normal derivation is its solution, with the same numbering.")
 @click.option("--ask", callback=_stage_list, metavar="IDS",
               help="With --exercise: the stages to ask for, e.g. Q,S_scaled,A,O (default: every computed stage).")
+@click.option("--max-size", type=click.IntRange(min=1), default=1_000_000, show_default=True,
+              help="The most numbers a problem file may hold in all its matrices together.")
 @click.option("--plot", type=click.Path(dir_okay=False, path_type=Path),
               help="Also draw the attention weights as a labelled heat map (.png, .svg or .pdf; needs pip install 'symattn[plot]').")
 def derive(problem: Path | None, output: Path | None, fmt: str | None, standalone: bool, digits: int | None,
            check_with: str, no_check: bool, max_shown: int, first: str | None, last: str | None,
-           exercise: bool, ask: frozenset[str] | None, plot: Path | None) -> None:
+           exercise: bool, ask: frozenset[str] | None, max_size: int, plot: Path | None) -> None:
     """Derive every stage of attention for PROBLEM exactly.
 
     PROBLEM is a YAML problem file; without it, symattn derives its built-in
@@ -105,7 +107,7 @@ def derive(problem: Path | None, output: Path | None, fmt: str | None, standalon
         layout = {"max_shown": max_shown, "first": first, "last": last}
         if exercise:
             layout.update(exercise=True, ask=ask)
-        d, text = _derive_text(problem, kind, standalone, digits, None if no_check else check_with, layout)
+        d, text = _derive_text(problem, kind, standalone, digits, None if no_check else check_with, layout, max_size)
         image = None
         if plot is not None:
             from .plot import plot_weights
@@ -125,7 +127,8 @@ def derive(problem: Path | None, output: Path | None, fmt: str | None, standalon
         raise click.ClickException(str(exc)) from None
 
 
-def _derive_text(problem: Path | None, kind: str, standalone: bool, digits: int | None, check: str | None, layout):
+def _derive_text(problem: Path | None, kind: str, standalone: bool, digits: int | None, check: str | None, layout,
+                 max_size: int = 1_000_000):
     from ._crosscheck import crosscheck as _cc
     from . import derive as _derive
     from . import load_problem
@@ -138,7 +141,7 @@ def _derive_text(problem: Path | None, kind: str, standalone: bool, digits: int 
         source = resources.files("symattn").joinpath("data/causal_4_tokens.yaml").read_text("utf-8")
         p = _builtin(source)
     else:
-        p = load_problem(problem)
+        p = load_problem(problem, max_size=max_size)
     d = _derive(p)
     result = None
     if check:

@@ -27,6 +27,7 @@ from ._yaml import Where, where
 
 MAX_FILE_BYTES = 64 * 1024 * 1024
 MAX_DIM = 4096
+MAX_SIZE = 1_000_000  # numbers in one problem (all its matrices); --max-size raises it
 
 FIELDS = (
     "title",
@@ -194,7 +195,7 @@ class Problem:
         return given
 
 
-def load_problem(source: str | os.PathLike) -> Problem:
+def load_problem(source: str | os.PathLike, max_size: int = MAX_SIZE) -> Problem:
     """Read a problem from a file path, or from YAML text (a string with a newline).
 
     >>> p = load_problem("Q: [[1, 0]]\\nK: [[1, 0], [0, 1]]\\nV: [[1], [2]]\\nmask: causal\\n")
@@ -202,7 +203,7 @@ def load_problem(source: str | os.PathLike) -> Problem:
     (1, 2, 2, ((True, False),))
     """
     if isinstance(source, str) and ("\n" in source or source.lstrip().startswith("{")):
-        return parse_problem(source, "<problem>", base_dir=None)
+        return parse_problem(source, "<problem>", base_dir=None, max_size=max_size)
     path = Path(source)
     name = str(source)
     try:
@@ -224,18 +225,24 @@ def load_problem(source: str | os.PathLike) -> Problem:
         raise SymattnError(
             f"the file is not UTF-8 text (bad byte at offset {exc.start})", file=name
         ) from None
-    return parse_problem(text, name, base_dir=path.resolve().parent)
+    return parse_problem(text, name, base_dir=path.resolve().parent, max_size=max_size)
 
 
-def parse_problem(text: str, file: str, base_dir: Path | None = None) -> Problem:
-    """Validate the YAML ``text`` of a problem; ``file`` names it in messages."""
-    return _Reader(file, base_dir).read(text)
+def parse_problem(text: str, file: str, base_dir: Path | None = None, max_size: int = MAX_SIZE) -> Problem:
+    """Validate the YAML ``text`` of a problem; ``file`` names it in messages.
+
+    ``max_size`` bounds the count of numbers in all its matrices together, so a
+    small file that repeats a row through YAML aliases cannot demand millions.
+    """
+    return _Reader(file, base_dir, max_size).read(text)
 
 
 class _Reader:
-    def __init__(self, file: str, base_dir: Path | None) -> None:
+    def __init__(self, file: str, base_dir: Path | None, max_size: int = MAX_SIZE) -> None:
         self.file = file
         self.base_dir = base_dir
+        self.max_size = max_size
+        self.size = 0  # numbers read so far
         self.symbols: dict[str, sympy.Symbol] = {}
 
     # -- the document ------------------------------------------------------
@@ -565,6 +572,13 @@ class _Reader:
                     f"{name}[{i}]",
                 )
             rows.append(row.value)
+        self.size += len(rows) * width
+        if self.size > self.max_size:
+            raise self.at(node).error(
+                f"the problem holds more than {self.max_size:,} numbers (the size limit); "
+                "if it is meant to be this large, raise the limit with --max-size",
+                name,
+            )
         return rows
 
     def matrix(self, node: yaml.Node, name: str, allow_neg_inf: bool = False) -> Matrix:

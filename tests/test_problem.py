@@ -1146,3 +1146,21 @@ def test_fully_masked_row_with_bias_points_at_the_mask():
     err = fail(text)
     assert_at(err, 4, 7, "mask")
     assert "row 1 (query 2) with no key to attend to" in err.message
+
+
+def test_aliases_cannot_blow_a_small_file_up_into_millions_of_numbers():
+    """A 40 kB file repeating one 4000-entry row 4000 times through an alias is refused before parsing."""
+    row = "&r [" + ", ".join(["1"] * 4000) + "]"
+    text = "X: [" + row + ", " + ", ".join(["*r"] * 3999) + "]\nW_Q: [[1]]\nW_K: [[1]]\nW_V: [[1]]\n"
+    start = time.perf_counter()
+    err = fail(text)
+    assert time.perf_counter() - start < 5
+    assert_at(err, 1, 4, "X")
+    assert "more than 1,000,000 numbers" in err.message and "--max-size" in err.message
+
+
+def test_max_size_can_be_raised_and_lowered():
+    text = "X: [[1, 2], [3, 4]]\nW_Q: [[1], [0]]\nW_K: [[0], [1]]\nW_V: [[1], [1]]\n"
+    with pytest.raises(SymattnError, match="more than 5 numbers"):
+        parse_problem(text, "p.yaml", max_size=5)
+    assert parse_problem(text, "p.yaml", max_size=10).X.shape == (2, 2)
