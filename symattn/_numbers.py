@@ -165,9 +165,22 @@ def _short(text: str) -> str:
     return repr(text if len(text) <= 40 else text[:37] + "...")
 
 
+MAX_MAGNITUDE = sympy.Integer(10) ** 300  # float64 ends near 1.8e308; the numeric check must follow
+
+
 def _check_value(text: str, value: sympy.Expr) -> sympy.Expr:
     if value.has(sympy.nan, sympy.zoo) or value.has(sympy.oo) or value.has(-sympy.oo):
         raise NumberError(f"{_short(text)} is not a finite number")
+    if not value.free_symbols and not value.is_Rational:
+        try:
+            approx = sympy.N(value, 15, maxn=60)
+            huge = not approx.is_finite or abs(approx) > MAX_MAGNITUDE
+        except (OverflowError, ValueError, RecursionError, MemoryError):
+            huge = True
+        if huge:
+            raise NumberError(f"{_short(text)} is larger than 10^300 in size; use smaller numbers")
+    elif value.is_Rational and abs(value) > MAX_MAGNITUDE:
+        raise NumberError(f"{_short(text)} is larger than 10^300 in size; use smaller numbers")
     if not value.free_symbols:
         if value.is_extended_real is False:
             raise NumberError(f"{_short(text)} is not a real number")

@@ -56,8 +56,15 @@ def compose(text: str, file: str) -> yaml.Node | None:
         raise SymattnError(
             f"invalid YAML: {what}", file=file, line=mark.line + 1, col=mark.column + 1
         ) from None
+    except yaml.reader.ReaderError as exc:  # a character YAML does not allow: name its place
+        before = text[: exc.position]
+        line, col = before.count("\n") + 1, len(before) - (before.rfind("\n") + 1) + 1
+        char = exc.character if isinstance(exc.character, int) else ord(exc.character) if exc.character else None
+        what = f"the character U+{char:04X} is not allowed in YAML" if char is not None else exc.reason
+        raise SymattnError(f"invalid YAML: {what}; remove it", file=file, line=line, col=col) from None
     except yaml.YAMLError as exc:
-        raise SymattnError(f"invalid YAML: {exc}", file=file) from None
+        first = str(exc).splitlines()[0] if str(exc) else "invalid YAML"
+        raise SymattnError(f"invalid YAML: {first}", file=file) from None
 
 
 def check_tags(root: yaml.Node, file: str) -> None:

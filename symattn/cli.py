@@ -218,9 +218,9 @@ def check(problem: Path, answers: tuple[Path, ...], fmt: str, tolerance: float |
             click.echo(_json.dumps(marking.as_dict(), indent=2, ensure_ascii=False))
         else:
             click.echo({"text": report_text, "markdown": report_markdown, "latex": report_latex}[fmt](marking), nl=False)
-        raise SystemExit(0 if marking.passed else 1)
+        click.get_current_context().exit(0 if marking.passed else 1)
     _batch(results, fmt, d)
-    raise SystemExit(0 if all(m is not None and m.passed for _, m, _ in results) else 1)
+    click.get_current_context().exit(0 if all(m is not None and m.passed for _, m, _ in results) else 1)
 
 
 def _batch(results, fmt: str, derivation) -> None:
