@@ -25,9 +25,8 @@ from ._errors import SymattnError
 from ._numbers import NumberError, is_positive, parse_decimal, parse_number
 from ._yaml import Where, where
 
-MAX_FILE_BYTES = 64 * 1024 * 1024
-MAX_DIM = 4096
 MAX_SIZE = 1_000_000  # numbers in one problem (all its matrices); --max-size raises it
+BYTES_PER_NUMBER = 64  # the file-size limit is this many bytes per allowed number
 
 FIELDS = (
     "title",
@@ -208,9 +207,12 @@ def load_problem(source: str | os.PathLike, max_size: int = MAX_SIZE) -> Problem
     name = str(source)
     try:
         size = path.stat().st_size
-        if size > MAX_FILE_BYTES:
+        limit = BYTES_PER_NUMBER * max_size
+        if size > limit:
             raise SymattnError(
-                f"the file is {size:,} bytes, more than the limit of {MAX_FILE_BYTES:,}", file=name
+                f"the file is {size:,} bytes, more than the limit of {limit:,} for {max_size:,} numbers; "
+                "if it is meant to be this large, raise the limit with --max-size",
+                file=name,
             )
         data = path.read_bytes()
     except FileNotFoundError:
@@ -552,8 +554,8 @@ class _Reader:
             )
         if not node.value:
             raise self.at(node).error("the matrix is empty; it needs at least one row", name)
-        if len(node.value) > MAX_DIM:
-            raise self.at(node).error(f"the matrix has more than {MAX_DIM} rows", name)
+        if len(node.value) > self.max_size:
+            raise self.at(node).error(f"the matrix has more than {self.max_size:,} rows (the size limit; raise it with --max-size)", name)
         rows = []
         width = None
         for i, row in enumerate(node.value):
@@ -562,8 +564,11 @@ class _Reader:
                 raise self.at(row).error(f"row {i} must be a list of numbers, not {_yaml.kind(row)}{hint}", f"{name}[{i}]")
             if not row.value:
                 raise self.at(row).error("the row is empty", f"{name}[{i}]")
-            if len(row.value) > MAX_DIM:
-                raise self.at(row).error(f"the row has more than {MAX_DIM} entries", f"{name}[{i}]")
+            if len(row.value) > self.max_size:
+                raise self.at(row).error(
+                    f"the row has more than {self.max_size:,} entries (the size limit; raise it with --max-size)",
+                    f"{name}[{i}]",
+                )
             if width is None:
                 width = len(row.value)
             elif len(row.value) != width:
@@ -572,14 +577,18 @@ class _Reader:
                     f"{name}[{i}]",
                 )
             rows.append(row.value)
-        self.size += len(rows) * width
+        self.count(len(rows) * width, self.at(node), name)
+        return rows
+
+    def count(self, numbers: int, where_: Where, name: str) -> None:
+        """Add a matrix's numbers to the problem's total and enforce the size limit."""
+        self.size += numbers
         if self.size > self.max_size:
-            raise self.at(node).error(
+            raise where_.error(
                 f"the problem holds more than {self.max_size:,} numbers (the size limit); "
                 "if it is meant to be this large, raise the limit with --max-size",
                 name,
             )
-        return rows
 
     def matrix(self, node: yaml.Node, name: str, allow_neg_inf: bool = False) -> Matrix:
         if isinstance(node, yaml.MappingNode):
@@ -607,10 +616,17 @@ class _Reader:
         path = (self.base_dir / rel).resolve()
         if self.base_dir not in path.parents:
             raise where_.error(f"{rel!r} leaves the problem's folder", name)
-        if path.suffix.lower() == ".csv":
-            return self._read_csv(path, rel, where_, name)
-        if path.suffix.lower() == ".npy":
-            return self._read_npy(path, rel, where_, name)
+        try:
+            size = path.stat().st_size
+        except OSError:
+            size = 0  # the reader below says what is wrong with it
+        if size > BYTES_PER_NUMBER * self.max_size:
+            raise where_.error(f"{rel!r} is {size:,} bytes, beyond the size limit; raise it with --max-size", name)
+        if path.suffix.lower() in (".csv", ".npy"):
+            read = self._read_csv if path.suffix.lower() == ".csv" else self._read_npy
+            m = read(path, rel, where_, name)
+            self.count(m.rows * m.cols, where_, name)
+            return m
         raise where_.error(f"{rel!r}: a matrix file must end in .npy or .csv", name)
 
     def _read_csv(self, path: Path, rel: str, where_: Where, name: str) -> Matrix:

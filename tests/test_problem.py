@@ -1164,3 +1164,13 @@ def test_max_size_can_be_raised_and_lowered():
     with pytest.raises(SymattnError, match="more than 5 numbers"):
         parse_problem(text, "p.yaml", max_size=5)
     assert parse_problem(text, "p.yaml", max_size=10).X.shape == (2, 2)
+
+
+def test_matrices_from_files_count_towards_the_size_limit(tmp_path):
+    import numpy as np
+
+    np.save(tmp_path / "x.npy", np.ones((3, 4)))
+    (tmp_path / "p.yaml").write_text("X: {file: x.npy}\nW_Q: [[1], [0], [0], [0]]\nW_K: [[1], [0], [0], [0]]\nW_V: [[1], [0], [0], [0]]\n")
+    assert load_problem(tmp_path / "p.yaml", max_size=24).X.shape == (3, 4)
+    with pytest.raises(SymattnError, match="more than 12 numbers.*--max-size"):
+        load_problem(tmp_path / "p.yaml", max_size=12)
