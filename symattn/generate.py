@@ -30,6 +30,7 @@ from fractions import Fraction
 import numpy as np
 
 from ._errors import SymattnError
+from .problem import mask_rule
 
 LEVELS = {
     # range, |projection| bound, |score| bound, allowed denominators of scaled scores
@@ -120,15 +121,10 @@ def allowed(spec: Spec) -> list[list[bool]]:
         raise SymattnError(f"the mask {kind} takes no argument; write --mask {kind}")
     if kind in ("sliding-window", "padding") and not re.fullmatch(r"[0-9]+", arg):
         raise SymattnError(f"--mask {kind}:N needs a whole number N, not {arg!r}")
-    if kind == "none":
-        grid = [[True] * n_k for _ in range(n_q)]
-    elif kind == "causal":
-        grid = [[j <= i for j in range(n_k)] for i in range(n_q)]
-    elif kind == "causal-bottom-right":
-        grid = [[j <= i + n_k - n_q for j in range(n_k)] for i in range(n_q)]
-    elif kind == "sliding-window" and arg.isdigit() and int(arg) >= 1:
-        w = int(arg)
-        grid = [[j <= i and i - j < w for j in range(n_k)] for i in range(n_q)]
+    if kind in ("none", "causal", "causal-bottom-right"):
+        grid = mask_rule(kind, n_q, n_k)
+    elif kind == "sliding-window" and int(arg) >= 1:
+        grid = mask_rule(kind, n_q, n_k, int(arg))
     elif kind == "padding":
         if not 1 <= int(arg) < n_k:
             raise SymattnError(f"--mask padding:{arg} must hide from 1 to {n_k - 1} of the {n_k} keys")

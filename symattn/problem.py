@@ -670,15 +670,11 @@ class _Reader:
 
     def mask(self, node, n_q: int, n_k: int) -> Mask:
         if node is None:
-            return Mask("none", _grid(n_q, n_k, lambda i, j: True))
+            return Mask("none", mask_rule("none", n_q, n_k))
         if isinstance(node, yaml.ScalarNode) and not _yaml.is_null(node):
             word = node.value
-            if word == "none":
-                return Mask("none", _grid(n_q, n_k, lambda i, j: True))
-            if word == "causal":
-                return Mask("causal", _grid(n_q, n_k, lambda i, j: j <= i))
-            if word == "causal-bottom-right":
-                return Mask("causal-bottom-right", _grid(n_q, n_k, lambda i, j: j <= i + n_k - n_q))
+            if word in MASK_WORDS:
+                return Mask(word, mask_rule(word, n_q, n_k))
             if word == "sliding-window":
                 raise self.at(node).error("a sliding window needs its width: write {sliding-window: 2}", "mask")
             raise self.at(node).error(
@@ -691,7 +687,7 @@ class _Reader:
                 w_node = node.value[0][1]
                 if isinstance(w_node, yaml.ScalarNode) and w_node.style is None and _WHOLE.fullmatch(w_node.value) and int(w_node.value) >= 1:
                     w = int(w_node.value)
-                    return Mask("sliding-window", _grid(n_q, n_k, lambda i, j: j <= i and i - j < w), window=w)
+                    return Mask("sliding-window", mask_rule("sliding-window", n_q, n_k, w), window=w)
                 raise self.at(w_node).error(f"the window must be a whole number ≥ 1, not {_yaml.kind(w_node)}", "mask")
             if len(node.value) == 1 and node.value[0][0].value == "file":
                 raise self.at(node).error("a mask is a word or a 0/1 matrix written in the file", "mask")
@@ -742,7 +738,14 @@ class _Reader:
                 )
 
 
-def _grid(n_q: int, n_k: int, rule) -> tuple[tuple[bool, ...], ...]:
+def mask_rule(kind: str, n_q: int, n_k: int, window: int | None = None) -> tuple[tuple[bool, ...], ...]:
+    """Which keys each query may attend to under a named mask (query i, key j, 0-based)."""
+    rule = {
+        "none": lambda i, j: True,
+        "causal": lambda i, j: j <= i,  # top-left aligned, as PyTorch's is_causal
+        "causal-bottom-right": lambda i, j: j <= i + n_k - n_q,  # as FlashAttention
+        "sliding-window": lambda i, j: j <= i and i - j < window,
+    }[kind]
     return tuple(tuple(bool(rule(i, j)) for j in range(n_k)) for i in range(n_q))
 
 
