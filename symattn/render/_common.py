@@ -206,12 +206,6 @@ def over_normaliser(step: Step, i: int, j: int) -> sympy.Expr | None:
     return row.weighted_numerator(list(step.values.col(j)))
 
 
-def tex_matrix(rows: list[list[str]]) -> str:
-    tall = any("\\dfrac" in cell for row in rows for cell in row)
-    body = (" \\\\[6pt] " if tall else " \\\\ ").join(" & ".join(row) for row in rows)
-    return f"\\begin{{bmatrix}} {body} \\end{{bmatrix}}"
-
-
 def normaliser_is_number(row) -> bool:
     return row.normaliser.is_Rational
 
@@ -636,6 +630,6 @@ def weighted_sum_tex(d: Derivation, step: Step, digits: int) -> str | None:
     for j, a in enumerate(weights[i]):
         if a == 0:
             continue
-        v = tex_matrix([[tex(values[j, c]) for c in range(values.cols)]])
+        v = grid(1, values.cols, lambda _, c: tex(values[j, c]), max_shown=MAX_SHOWN)
         terms.append(f"{_tex_decimal(a, digits)}\\,{v}")
     return f"o_{{{i + 1}}} = \\sum_j A_{{{i + 1}j}}\\, v_j \\approx " + " + ".join(terms)
