@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 import mpmath
@@ -51,7 +52,7 @@ class Entry:
     value: sympy.Expr
     half_unit: mpmath.mpf | None
 
-    @property
+    @cached_property
     def approx(self) -> mpmath.mpf:
         return _mp(self.value)
 
@@ -64,8 +65,8 @@ class Answer:
     entries: tuple[tuple[Entry, ...], ...]
     line: int
 
-    @property
-    def values(self) -> Grid:
+    @cached_property
+    def values(self) -> Grid:  # computed once: marking compares it with many candidates
         return [[e.approx for e in row] for row in self.entries]
 
     @property
