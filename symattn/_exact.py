@@ -15,13 +15,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
+from typing import Callable, Iterator
 
 import mpmath
 import sympy
+from sympy import QQ
 
-try:  # python-flint: fast exact rational matrices
+try:  # python-flint: fast exact rational matrices and ball arithmetic
     import flint as _flint
-except ImportError:  # pragma: no cover - the fallback is SymPy
+except ImportError:  # pragma: no cover - the fallback is SymPy and mpmath
     _flint = None
 
 NEG_INF = sympy.S.NegativeInfinity
@@ -36,40 +38,198 @@ def tidy(x: sympy.Expr) -> sympy.Expr:
     return sympy.expand(x, power_exp=False, power_base=False, log=False)
 
 
-def _all_rational(m: Matrix) -> bool:
-    return all(isinstance(x, sympy.Rational) for x in m)
+# -- rational matrices ------------------------------------------------------------------
+#
+# A matrix of rationals is a SymPy ImmutableMatrix whose internal representation is a
+# DomainMatrix over QQ (python-flint's fmpq_mat when SymPy uses flint as its ground
+# types). Products, transposes and rational scalings stay in that representation, so
+# no per-entry SymPy arithmetic happens; entries become SymPy numbers only when shown.
 
 
-def matmul(a: Matrix, b: Matrix) -> Matrix:
+def rational_matrix(rows: int, cols: int, flat: list) -> Matrix:
+    """The exact matrix with these ``QQ`` entries (row by row)."""
+    from sympy.polys.matrices import DomainMatrix
+
+    dm = DomainMatrix([flat[i * cols:(i + 1) * cols] for i in range(rows)], (rows, cols), QQ)
+    return _from_domain(dm)
+
+
+def _from_domain(dm) -> Matrix:
+    # Kept in SymPy's own (sparse) format so that == with other SymPy matrices works;
+    # products convert to the dense format (fmpq_mat under flint) and back.
+    return Matrix._fromrep(dm.to_sparse())
+
+
+def is_rational(m) -> bool:
+    """Whether ``m`` is a matrix of rationals held as a DomainMatrix (cheap: no entry is read)."""
+    rep = getattr(m, "_rep", None)
+    return rep is not None and (rep.domain == QQ or rep.domain == sympy.ZZ)
+
+
+def _dm(m: Matrix):
+    """The QQ DomainMatrix of a rational matrix (dense; fmpq_mat under flint)."""
+    rep = m._rep
+    if rep.domain != QQ:
+        rep = rep.convert_to(QQ)
+    return rep.to_dense()
+
+
+def rational_rows(m: Matrix) -> list[list]:
+    """The entries of a rational matrix as ``QQ`` numbers (no SymPy objects)."""
+    return _dm(m).to_list()
+
+
+class LazyMatrix:
+    """An exact matrix whose entries are built from structure on first access.
+
+    Big matrices (the masked scores, the weights, the outputs) are never built
+    whole: a renderer that shows a corner builds a corner. ``qq_rows`` holds the
+    entries as ``QQ`` numbers (``None`` for −∞) when they are all rational.
+    Anything else a SymPy matrix offers is reached through :meth:`as_matrix`.
+    """
+
+    def __init__(self, rows: int, cols: int, entry: Callable[[int, int], sympy.Expr], qq_rows=None) -> None:
+        self.rows, self.cols = rows, cols
+        self._entry = entry
+        self._cache: dict[tuple[int, int], sympy.Expr] = {}
+        self.qq_rows = qq_rows
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.rows, self.cols)
+
+    def __getitem__(self, key):
+        if isinstance(key, tuple) and all(isinstance(k, int) for k in key):
+            i, j = key
+            i, j = i % self.rows if i < 0 else i, j % self.cols if j < 0 else j
+            if not (0 <= i < self.rows and 0 <= j < self.cols):
+                raise IndexError(f"index {key} out of range for a {self.rows}×{self.cols} matrix")
+            if (i, j) not in self._cache:
+                self._cache[(i, j)] = self._entry(i, j)
+            return self._cache[(i, j)]
+        if isinstance(key, int):
+            return self[divmod(key, self.cols)]
+        return self.as_matrix()[key]
+
+    def __iter__(self) -> Iterator[sympy.Expr]:
+        for i in range(self.rows):
+            for j in range(self.cols):
+                yield self[i, j]
+
+    def __len__(self) -> int:
+        return self.rows * self.cols
+
+    def tolist(self) -> list[list[sympy.Expr]]:
+        return [[self[i, j] for j in range(self.cols)] for i in range(self.rows)]
+
+    @property
+    def T(self) -> "LazyMatrix":
+        qq = None if self.qq_rows is None else [list(c) for c in zip(*self.qq_rows)]
+        return LazyMatrix(self.cols, self.rows, lambda i, j: self[j, i], qq)
+
+    def row(self, i: int) -> Matrix:
+        return Matrix(1, self.cols, [self[i, j] for j in range(self.cols)])
+
+    def col(self, j: int) -> Matrix:
+        return Matrix(self.rows, 1, [self[i, j] for i in range(self.rows)])
+
+    def as_matrix(self) -> Matrix:
+        """The whole matrix as a SymPy ImmutableMatrix (builds every entry)."""
+        return Matrix(self.rows, self.cols, [self[i, j] for i in range(self.rows) for j in range(self.cols)])
+
+    def _sympy_(self) -> Matrix:
+        return self.as_matrix()
+
+    def __eq__(self, other) -> bool:
+        if isinstance(other, LazyMatrix):
+            other = other.as_matrix()
+        return self.as_matrix() == other
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __getattr__(self, name: str):
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self.as_matrix(), name)
+
+    def __repr__(self) -> str:
+        return repr(self.as_matrix())
+
+
+def hstack(*parts) -> "LazyMatrix | Matrix":
+    """Matrices side by side (lazy when any part is lazy)."""
+    if not any(isinstance(p, LazyMatrix) for p in parts):
+        return Matrix.hstack(*parts)
+    starts, col = [], 0
+    for part in parts:
+        starts.append(col)
+        col += part.cols
+
+    def entry(i: int, j: int) -> sympy.Expr:
+        h = max(k for k, s in enumerate(starts) if s <= j)
+        return parts[h][i, j - starts[h]]
+
+    return LazyMatrix(parts[0].rows, col, entry)
+
+
+def matmul(a, b) -> "Matrix | LazyMatrix":
     """The exact product ``a·b``."""
     assert a.cols == b.rows, (a.shape, b.shape)
-    if _flint is not None and _all_rational(a) and _all_rational(b):
-        fa = _flint.fmpq_mat(a.rows, a.cols, [_flint.fmpq(int(x.p), int(x.q)) for x in a])
-        fb = _flint.fmpq_mat(b.rows, b.cols, [_flint.fmpq(int(x.p), int(x.q)) for x in b])
-        fc = fa * fb
-        return Matrix(
-            a.rows,
-            b.cols,
-            [sympy.Rational(int(fc[i, j].p), int(fc[i, j].q)) for i in range(a.rows) for j in range(b.cols)],
-        )
-    return Matrix(
-        a.rows,
-        b.cols,
-        lambda i, j: tidy(sympy.Add(*[a[i, k] * b[k, j] for k in range(a.cols)])),
-    )
+    if is_rational(a) and is_rational(b):
+        return _from_domain(_dm(a) * _dm(b))
+
+    def entry(i: int, j: int) -> sympy.Expr:
+        return tidy(sympy.Add(*[a[i, k] * b[k, j] for k in range(a.cols)]))
+
+    if isinstance(a, LazyMatrix) or isinstance(b, LazyMatrix):
+        return LazyMatrix(a.rows, b.cols, entry)
+    return Matrix(a.rows, b.cols, entry)
 
 
 def scale(m: Matrix, factor: sympy.Expr) -> Matrix:
+    if is_rational(m) and factor.is_Rational:
+        return _from_domain(_dm(m) * QQ(int(factor.p), int(factor.q)))
     return m.applyfunc(lambda x: tidy(x * factor))
 
 
-def add_mask(scores: Matrix, mask: Matrix) -> Matrix:
+def _qq(x: sympy.Expr):
+    """``x`` as a QQ number, or None when it is not rational."""
+    return QQ(int(x.p), int(x.q)) if isinstance(x, sympy.Rational) else None
+
+
+def mask_matrix(allowed, bias) -> LazyMatrix:
+    """``M``: 0 where a query may attend, −∞ where it may not, plus the bias if any."""
+    n_q, n_k = len(allowed), len(allowed[0])
+
+    def entry(i: int, j: int) -> sympy.Expr:
+        if not allowed[i][j]:
+            return NEG_INF
+        return bias[i, j] if bias is not None else sympy.Integer(0)
+
+    if bias is None:
+        qq = [[QQ(0) if ok else None for ok in row] for row in allowed]
+    else:
+        b = [[bias[i, j] for j in range(n_k)] for i in range(n_q)]
+        qq = [[None if (not ok or x == NEG_INF) else _qq(x) for ok, x in zip(row, brow)]
+              for row, brow in zip(allowed, b)]
+        if any(x is None and ok and brow_x != NEG_INF
+               for row, qrow, brow in zip(allowed, qq, b) for ok, x, brow_x in zip(row, qrow, brow)):
+            qq = None  # an irrational or symbolic bias
+    return LazyMatrix(n_q, n_k, entry, qq)
+
+
+def add_mask(scores: Matrix, mask: LazyMatrix) -> LazyMatrix:
     """``scores + mask`` where a −∞ in the mask stays −∞ (never 0·∞ or ∞ − ∞)."""
-    return Matrix(
-        scores.rows,
-        scores.cols,
-        lambda i, j: NEG_INF if mask[i, j] == NEG_INF else tidy(scores[i, j] + mask[i, j]),
-    )
+
+    def entry(i: int, j: int) -> sympy.Expr:
+        m = mask[i, j]
+        return NEG_INF if m == NEG_INF else tidy(scores[i, j] + m)
+
+    qq = None
+    if mask.qq_rows is not None and is_rational(scores):
+        qq = [[None if b is None else s + b for s, b in zip(srow, brow)]
+              for srow, brow in zip(rational_rows(scores), mask.qq_rows)]
+    return LazyMatrix(scores.rows, scores.cols, entry, qq)
 
 
 def to_mpf(x: sympy.Expr, dps: int, subs=None) -> mpmath.mpf:
@@ -86,13 +246,59 @@ def to_mpf(x: sympy.Expr, dps: int, subs=None) -> mpmath.mpf:
     return mpmath.mpf(value._to_mpmath(mpmath.mp.prec + 40))
 
 
-def evaluate(m: Matrix, dps: int, subs=None) -> list[list[mpmath.mpf]]:
+def mpf_of_qq(x) -> mpmath.mpf:
+    return mpmath.mpf(int(x.numerator)) / int(x.denominator)
+
+
+def evaluate(m, dps: int, subs=None) -> list[list[mpmath.mpf]]:
+    """The entries of ``m`` at ``dps`` digits (from the rationals directly when it has them)."""
     with mpmath.workdps(dps + 10):
+        qq = rational_rows(m) if is_rational(m) else getattr(m, "qq_rows", None)
+        if qq is not None:
+            return [[mpmath.ninf if x is None else mpf_of_qq(x) for x in row] for row in qq]
         return [[to_mpf(m[i, j], dps, subs) for j in range(m.cols)] for i in range(m.rows)]
 
 
+def approx(m) -> "list[list[float]] | None":
+    """The entries of a rational matrix as correctly rounded floats (−∞ kept), or None when
+    ``m`` is not rational. Entries beyond float64's range become NaN."""
+    qq = rational_rows(m) if is_rational(m) else getattr(m, "qq_rows", None)
+    if qq is None:
+        return None
+    return [[float("-inf") if x is None else _float(x) for x in row] for row in qq]
+
+
+def _float(x) -> float:
+    try:
+        return int(x.numerator) / int(x.denominator)
+    except OverflowError:
+        return float("nan")  # beyond float64: the cross-check is skipped for such problems
+
+
+# -- high-precision evaluation ------------------------------------------------------------
+
+
+def _prec(dps: int) -> int:
+    return int((dps + 10) * 3.33) + 10
+
+
+def _arb_to_mpf(x) -> mpmath.mpf:
+    """The midpoint of an arb ball, exactly (it has at most the working precision's bits)."""
+    man, exp = x.mid().man_exp()
+    with mpmath.workprec(max(int(man).bit_length(), 1) + 1):
+        return mpmath.mpf((int(man), int(exp)))
+
+
 def mp_matmul(a: list[list[mpmath.mpf]], b: list[list[mpmath.mpf]], dps: int) -> list[list[mpmath.mpf]]:
-    """The product of two matrices of mpmath numbers, at ``dps`` digits."""
+    """The product of two matrices of mpmath numbers, at ``dps`` digits (with arb when present)."""
+    if _flint is not None and not any(mpmath.isinf(x) for row in b for x in row):
+        old = _flint.ctx.prec
+        _flint.ctx.prec = _prec(dps)
+        try:
+            product = _flint.arb_mat(a) * _flint.arb_mat(b)
+            return [[_arb_to_mpf(product[i, j]) for j in range(product.ncols())] for i in range(product.nrows())]
+        finally:
+            _flint.ctx.prec = old
     with mpmath.workdps(dps + 10):
         return [[mpmath.fsum(x * row_b[j] for x, row_b in zip(row, b)) for j in range(len(b[0]))] for row in a]
 
@@ -118,12 +324,24 @@ class SoftmaxRow:
     """One row of the softmax, kept as structure.
 
     ``exponents[j]`` is ``z_ij - m_i`` (exact, ≤ 0), or ``None`` where the
-    position is masked (its weight is exactly 0).
+    position is masked (its weight is exactly 0). ``raw`` holds the exponents
+    as built: ``QQ`` numbers when the row is rational (converted to SymPy only
+    when shown), SymPy expressions otherwise.
     """
 
     maximum: sympy.Expr
-    exponents: tuple[sympy.Expr | None, ...]
+    raw: tuple
     is_max: bool = True  # False for a symbolic row, normalised by its first allowed score
+
+    @cached_property
+    def rational(self) -> bool:
+        return all(e is None or not isinstance(e, sympy.Basic) for e in self.raw)
+
+    @cached_property
+    def exponents(self) -> tuple[sympy.Expr | None, ...]:
+        if not self.rational:
+            return self.raw
+        return tuple(None if e is None else sympy.Rational(int(e.numerator), int(e.denominator)) for e in self.raw)
 
     @cached_property
     def terms(self) -> tuple[sympy.Expr, ...]:
@@ -136,7 +354,7 @@ class SoftmaxRow:
         return sympy.Add(*self.terms)
 
     def weight(self, j: int) -> sympy.Expr:
-        if self.exponents[j] is None:
+        if self.raw[j] is None:
             return sympy.Integer(0)
         return self.terms[j] / self.normaliser
 
@@ -150,20 +368,52 @@ class SoftmaxRow:
         """``Σ_j a_ij v_j`` as one fraction over ``Z_i``."""
         return self.weighted_numerator(column) / self.normaliser
 
+    def _exps(self, dps: int, subs) -> list:
+        """``e^{z_ij - m_i}`` at ``dps`` digits (0 where masked): arb balls or mpmath numbers."""
+        if self.rational and _flint is not None:
+            return [_flint.arb(0) if e is None else _flint.arb(e).exp() for e in self.raw]
+        return [mpmath.mpf(0) if e is None else mpmath.exp(to_mpf(e, dps, subs)) for e in self.exponents]
+
     def evaluate_normaliser(self, dps: int, subs=None) -> mpmath.mpf:
         """``Z_i`` at ``dps`` digits."""
-        with mpmath.workdps(dps + 10):
-            return mpmath.fsum(mpmath.exp(to_mpf(e, dps, subs)) for e in self.exponents if e is not None)
+        return self.evaluate_with_normaliser(dps, subs)[1]
 
     def evaluate(self, dps: int, subs=None) -> list[mpmath.mpf]:
         """The weights at ``dps`` digits, straight from the exponents."""
+        return self.evaluate_with_normaliser(dps, subs)[0]
+
+    def evaluate_with_normaliser(self, dps: int, subs=None) -> tuple[list[mpmath.mpf], mpmath.mpf]:
+        cache = self.__dict__.setdefault("_values", {})
+        key = (dps, tuple(sorted(subs.items(), key=str)) if subs else None)
+        if key not in cache:
+            cache[key] = self._evaluate(dps, subs)
+        return cache[key]
+
+    def _evaluate(self, dps: int, subs) -> tuple[list[mpmath.mpf], mpmath.mpf]:
+        if self.rational and _flint is not None:
+            old = _flint.ctx.prec
+            _flint.ctx.prec = _prec(dps)
+            try:
+                exps = self._exps(dps, subs)
+                total = sum(exps, _flint.arb(0))
+                return [_arb_to_mpf(e / total) for e in exps], _arb_to_mpf(total)
+            finally:
+                _flint.ctx.prec = old
         with mpmath.workdps(dps + 10):
-            exps = [mpmath.mpf(0) if e is None else mpmath.exp(to_mpf(e, dps, subs)) for e in self.exponents]
-            total = mpmath.fsum(e for e, x in zip(exps, self.exponents) if x is not None)
-            return [mpmath.mpf(0) if x is None else e / total for e, x in zip(exps, self.exponents)]
+            exps = self._exps(dps, subs)
+            total = mpmath.fsum(e for e, x in zip(exps, self.raw) if x is not None)
+            return [mpmath.mpf(0) if x is None else e / total for e, x in zip(exps, self.raw)], total
 
 
-def softmax_rows(masked: Matrix) -> tuple[SoftmaxRow, ...]:
+def softmax_rows(masked) -> tuple[SoftmaxRow, ...]:
+    qq = getattr(masked, "qq_rows", None)
+    if qq is not None:  # rational scores: the maximum and the exponents in exact QQ arithmetic
+        rows = []
+        for values in qq:
+            m = max(v for v in values if v is not None)
+            rows.append(SoftmaxRow(sympy.Rational(int(m.numerator), int(m.denominator)),
+                                   tuple(None if v is None else v - m for v in values)))
+        return tuple(rows)
     rows = []
     for i in range(masked.rows):
         values = [masked[i, j] for j in range(masked.cols)]

@@ -316,7 +316,7 @@ class _Marker:
         step = self.d.step(id)
         shown = []
         for i, j in wrong[:MAX_WRONG_SHOWN]:
-            value = step.exact[i, j]
+            value = step.lazy[i, j]
             shown.append(
                 WrongEntry(
                     i, j, answer.entries[i][j].text,

@@ -107,34 +107,54 @@ def derive(problem: Path | None, output: Path | None, fmt: str | None, standalon
         layout = {"max_shown": max_shown, "first": first, "last": last}
         if exercise:
             layout.update(exercise=True, ask=ask)
-        d, text = _derive_text(problem, kind, standalone, digits, None if no_check else check_with, layout, max_size)
-        image = None
-        if plot is not None:
-            from .plot import plot_weights
+        from ._progress import Progress
 
-            image = plot_weights(d, plot.suffix.lower())
+        phases = ["reading the problem", "exact stages", "cross-check", _writing(kind)]
+        phases += ["compiling the PDF"] if kind == "pdf" else []
+        phases += ["drawing the weights"] if plot is not None else []
+        with Progress(phases) as progress:
+            d, text = _derive_text(problem, kind, standalone, digits, None if no_check else check_with, layout,
+                                   max_size, progress)
+            image = None
+            if plot is not None:
+                from .plot import plot_weights
+
+                progress.advance("drawing the weights")
+                image = plot_weights(d, plot.suffix.lower())
+            if kind == "pdf":
+                from .pdf import latex_to_pdf
+
+                progress.advance("compiling the PDF")
+                data = latex_to_pdf(text)
         if output is None:
             click.echo(text, nl=False)
-        elif kind == "pdf":
-            from .pdf import latex_to_pdf
-
-            _write_atomic(output, latex_to_pdf(text))
         else:
-            _write_atomic(output, text.encode("utf-8"))
+            _write_atomic(output, data if kind == "pdf" else text.encode("utf-8"))
         if image is not None:
             _write_atomic(plot, image)
     except _errors.SymattnError as exc:
         raise click.ClickException(str(exc)) from None
 
 
+def _writing(kind: str) -> str:
+    """The progress display's name for the rendering phase."""
+    return "writing " + {"latex": "LaTeX", "pdf": "LaTeX", "markdown": "Markdown", "json": "JSON"}.get(kind, kind)
+
+
 def _derive_text(problem: Path | None, kind: str, standalone: bool, digits: int | None, check: str | None, layout,
-                 max_size: int = 1_000_000):
+                 max_size: int = 1_000_000, progress=None):
     from ._crosscheck import crosscheck as _cc
     from . import derive as _derive
     from . import load_problem
     from .render import render
     from ._errors import SymattnError
 
+    if progress is None:
+        from ._progress import Progress
+
+        progress = Progress([], enabled=False)
+    advance = progress.advance if progress.enabled else (lambda phase: None)
+    advance("reading the problem")
     if problem is None:
         from importlib import resources
 
@@ -142,9 +162,11 @@ def _derive_text(problem: Path | None, kind: str, standalone: bool, digits: int 
         p = _builtin(source)
     else:
         p = load_problem(problem, max_size=max_size)
-    d = _derive(p)
+    advance("exact stages")
+    d = _derive(p, on_step=progress.note if progress.enabled else None)
     result = None
     if check:
+        advance("cross-check")
         result = _cc(d, torch=check == "torch")
         if result.passed is False:
             first = result.all_mismatches[0]
@@ -155,6 +177,7 @@ def _derive_text(problem: Path | None, kind: str, standalone: bool, digits: int 
         if result.passed is None:
             click.echo(f"Note: no numeric cross-check: {result.skipped}.", err=True)
     fmt = "latex" if kind == "pdf" else kind
+    advance(_writing(kind))
     if fmt == "json":
         layout = {}
     return d, render(d, fmt, standalone=standalone or kind == "pdf", digits=digits, check=result, **layout)

@@ -16,6 +16,11 @@ from .problem import Problem
 
 def _f64(m, subs=None) -> np.ndarray:
     """An exact SymPy matrix as float64 (the only place exact meets binary floats); −∞ stays −∞."""
+    rep = getattr(m, "_rep", None)
+    if rep is not None and (rep.domain.is_QQ or rep.domain.is_ZZ):
+        # Rationals held by SymPy's domain matrices: p/q is correctly rounded by Python.
+        rows = rep.convert_to(sympy.QQ).to_list()
+        return np.array([[int(x.numerator) / int(x.denominator) for x in row] for row in rows], dtype=np.float64)
     if subs:
         m = m.xreplace(subs)
     return np.array(

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import mpmath
 import sympy
 
+from .. import _exact
 from ..derivation import Derivation, Step
 from ._grid import escape_tex, grid, shown
 
@@ -96,10 +97,24 @@ def is_plain_integer(x: sympy.Expr) -> bool:
 
 def needs_decimals(step: Step) -> bool:
     """Whether decimals help: some entry is not an integer or −∞, and none holds a symbol."""
+    m = step.lazy
+    qq = _exact.rational_rows(m) if _exact.is_rational(m) else getattr(m, "qq_rows", None)
+    if qq is not None:  # rationals: read the denominators, build no SymPy number
+        return any(x is not None and x.denominator != 1 for row in qq for x in row)
+    values = getattr(step, "values", None)  # V, for the output step
+    if (step.softmax and len(step.rows) * len(step.cols) > _BIG and all(r.rational for r in step.softmax)
+            and (values is None or _exact.is_rational(values))):
+        # A weight is 0 or 1 only in a row with a single allowed key; with more, weights are fractions.
+        if any(sum(e is not None for e in r.raw) > 1 for r in step.softmax):
+            return True
+        return values is not None and any(x.denominator != 1 for row in _exact.rational_rows(values) for x in row)
     entries = list(_entries(step))
     if any(x.free_symbols for x in entries):
         return False
     return any(not (is_plain_integer(x) or x == NEG_INF) for x in entries)
+
+
+_BIG = 1024  # above this many entries, decide from structure rather than building every entry
 
 
 def _entries(step: Step):
@@ -108,7 +123,7 @@ def _entries(step: Step):
             for j in range(len(row.exponents)):
                 yield row.weight(j)
     else:
-        yield from step.exact
+        yield from step.lazy
 
 
 def tex(x: sympy.Expr) -> str:
@@ -214,7 +229,7 @@ def entry_tex(step: Step, i: int, j: int) -> str:
     """LaTeX of entry (i, j), writing softmax rows over their normaliser Z_i."""
     numerator = over_normaliser(step, i, j)
     if numerator is None:
-        return tex(step.exact[i, j])
+        return tex(step.lazy[i, j])
     if numerator == 0:
         return "0"
     # Inside a wide matrix a numerator keeps fewer terms (MAX_CELL_TERMS).
@@ -270,7 +285,7 @@ def head_parts(d: Derivation, step: Step, i: int, j: int) -> list[tuple[int, sym
         for c in range(o.shape[1]):
             w = weights[offsets[h - 1] + c, j]
             if w != 0:
-                total += (over_normaliser(o, i, c) if over_z else o.exact[i, c]) * w
+                total += (over_normaliser(o, i, c) if over_z else o.lazy[i, c]) * w
         total = sympy.expand(total, power_exp=False, power_base=False, log=False)
         if total != 0:
             parts.append((h, total, over_z))
@@ -290,20 +305,20 @@ def exact_tex_matrix_of_step(step: Step, max_shown: int = MAX_SHOWN) -> str:
     """A step's exact matrix on its own, every entry written out in full (no Z_i to refer to)."""
     rows, cols = step.shape
     row_labels, col_labels = _labels(step)
-    return grid(rows, cols, lambda i, j: tex(step.exact[i, j]), max_shown=max_shown,
+    return grid(rows, cols, lambda i, j: tex(step.lazy[i, j]), max_shown=max_shown,
                 row_labels=row_labels, col_labels=col_labels)
 
 
 def approx_tex_matrix(d: Derivation, step: Step, digits: int, max_shown: int = MAX_SHOWN, shade: bool = False) -> str:
     """Decimals of a step; with ``shade``, the weights' cells are shaded by size (LaTeX's colortbl)."""
-    values = d.evaluate(step.id, max(digits + 5, 20))
+    value = d.entry_values(step.id, max(digits + 5, 20))
     rows, cols = step.shape
     row_labels, col_labels = _labels(step)
     shading = None
     if shade and step.kind == "A":
-        shading = lambda i, j: _shade(step.softmax[i].exponents[j] is None, values[i][j])  # noqa: E731
+        shading = lambda i, j: _shade(step.softmax[i].raw[j] is None, value(i, j))  # noqa: E731
     return grid(
-        rows, cols, lambda i, j: _tex_decimal(values[i][j], digits), max_shown=max_shown,
+        rows, cols, lambda i, j: _tex_decimal(value(i, j), digits), max_shown=max_shown,
         row_labels=row_labels, col_labels=col_labels, shade=shading,
     )
 

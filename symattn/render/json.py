@@ -31,7 +31,7 @@ def as_dict(derivation: Derivation, *, check=None) -> dict:
     d = derivation
     stages = []
     for step in d.steps:
-        m = step.exact
+        m = step.lazy
         values = d.evaluate(step.id, 30) if d.can_evaluate else _numbers_only(m)
         stages.append(
             {

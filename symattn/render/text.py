@@ -56,7 +56,7 @@ def _cell(d: Derivation, step: Step, i: int, j: int) -> str:
         return " + ".join(terms)
     numerator = over_normaliser(step, i, j)
     if numerator is None:
-        return text_entry(step.exact[i, j])
+        return text_entry(step.lazy[i, j])
     if numerator == 0:
         return "0"
     return _over_z(numerator, f"Z_{i + 1}", wide=step.shape[1] > 4)
@@ -107,9 +107,9 @@ def render_text(
             if step.kind == "A":
                 out.extend(_normalisers(step, digits, d.problem.substitutions, max_shown))
             if needs_decimals(step) and d.can_evaluate:
-                values = d.evaluate(step.id, max(digits + 5, 20))
+                value = d.entry_values(step.id, max(digits + 5, 20))
                 out.append("    ≈")
-                out.extend(_grid(step, lambda i, j: decimal(values[i][j], digits), max_shown))
+                out.extend(_grid(step, lambda i, j: decimal(value(i, j), digits), max_shown))
             out.append("")
     if check is not None:
         out.append(check_sentence(check))
