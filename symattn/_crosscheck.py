@@ -17,6 +17,8 @@ from .numeric import numeric_stages
 
 TOLERANCE = 1e-9  # relative to max(1, |value|): float64 at these sizes is far better
 PRECISION = 30  # digits of the exact values' evaluation
+FD_TOLERANCE = 1e-6  # central differences carry float64 rounding / step: about 1e-9 in practice
+FD_MAX_ENTRIES = 20_000  # beyond this the finite differences would take longer than the derivation
 SKIPPED_TOO_LARGE = "some exact values exceed float64's range (about 1.8e308), so NumPy cannot follow them"
 SKIPPED_NO_VALUES = (
     "the problem has symbols without values; give values: {name: number} to check it numerically"
@@ -47,6 +49,7 @@ class CrossCheck:
     reference: str = "numpy float64"
     skipped: str | None = None  # why no comparison was made (symbols without values)
     torch: "CrossCheck | None" = None  # the PyTorch comparison, when asked for
+    finite_differences: "CrossCheck | None" = None  # the gradients against finite differences
 
     @property
     def passed(self) -> bool | None:
@@ -57,7 +60,8 @@ class CrossCheck:
 
     @property
     def all_mismatches(self) -> tuple[Mismatch, ...]:
-        return self.mismatches + (self.torch.mismatches if self.torch is not None else ())
+        others = (self.torch, self.finite_differences)
+        return self.mismatches + tuple(m for other in others if other is not None for m in other.mismatches)
 
     @property
     def max_abs_error(self) -> float:
@@ -75,6 +79,10 @@ class CrossCheck:
             out["skipped"] = self.skipped
         if self.torch is not None:
             out["torch"] = self.torch.as_dict()
+        if self.finite_differences is not None:
+            out["finite_differences"] = self.finite_differences.as_dict()
+            if self.finite_differences.skipped:
+                out["finite_differences"]["skipped"] = self.finite_differences.skipped
         return out
 
 
@@ -90,14 +98,48 @@ def crosscheck(derivation: Derivation, tolerance: float = TOLERANCE, *, torch: b
         return CrossCheck({}, tolerance, (), skipped=SKIPPED_NO_VALUES)
     if _beyond_float64(derivation):
         return CrossCheck({}, tolerance, (), skipped=SKIPPED_TOO_LARGE)
-    numpy_check = compare(derivation, numeric_stages(derivation.problem), tolerance, "numpy float64", every=True)
+    p = derivation.problem
+    reference = numeric_stages(p)
+    fd_check = None
+    if p.backward is not None:
+        from .numeric_backward import finite_difference_gradients, numeric_gradients
+
+        reference.update(numeric_gradients(p))
+        if _fd_size(p) <= FD_MAX_ENTRIES:
+            fd_check = compare(derivation, finite_difference_gradients(p), FD_TOLERANCE,
+                               "central finite differences of the numpy forward pass")
+        else:
+            fd_check = CrossCheck({}, FD_TOLERANCE, (), reference="central finite differences",
+                                  skipped=f"more than {FD_MAX_ENTRIES:,} entries to perturb one by one")
+    numpy_check = compare(derivation, reference, tolerance, "numpy float64", every=True)
+    numpy_check = dataclasses.replace(numpy_check, finite_differences=fd_check)
     if not torch:
         return numpy_check
     from .torch_check import torch_stages
 
-    torch_check = compare(derivation, torch_stages(derivation.problem), tolerance,
+    torch_reference = torch_stages(p)
+    if p.backward is not None:
+        from .numeric_backward import torch_gradients
+
+        torch_reference.update(torch_gradients(p))
+    torch_check = compare(derivation, torch_reference, tolerance,
                           "torch scaled_dot_product_attention float64")
     return dataclasses.replace(numpy_check, torch=torch_check)
+
+
+def _fd_size(p) -> int:
+    """How many entries the finite differences perturb (each costs two forward passes)."""
+    n_q, n_k = p.n_q, p.n_k
+    total = n_q * p.d_out + 2 * n_q * n_k  # dO, dA, dS_masked, dS
+    for head in (p.heads or [None]):
+        d_k = head.d_k if head else p.d_k
+        d_v = head.d_v if head else p.d_v
+        total += n_q * d_k + n_k * (d_k + d_v) + 2 * n_q * n_k
+        if head:
+            total += (p.d_model) * (2 * d_k + d_v)
+    if p.projected:
+        total += (n_q + (n_k if p.context is not None else 0)) * p.d_model
+    return total
 
 
 def _beyond_float64(derivation: Derivation) -> bool:

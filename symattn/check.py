@@ -153,6 +153,11 @@ def parse_answers(text: str, name: str, derivation: Derivation) -> dict[str, Ans
     for key, node in root.value:
         where = _yaml.where(name, key)
         stage = getattr(key, "value", None)
+        if stage not in ids and derivation.problem.backward is None and str(stage).rsplit(".", 1)[-1] in _GRADIENTS:
+            raise where.error(
+                f"{stage} is a gradient of the backward pass, which this problem does not derive; "
+                "add a backward: section to the problem or mark with --backward"
+            )
         if stage not in ids:
             import difflib
 
@@ -235,11 +240,29 @@ def _softmax_rows(z: Grid) -> Grid:
         return out
 
 
+def _softmax_backward(A: Grid, dA: Grid) -> Grid:
+    """Row by row, a ∘ (dA − dA·a): the gradient through the softmax."""
+    with mpmath.workdps(DPS + 10):
+        out = []
+        for a, g in zip(A, dA):
+            dot = mpmath.fsum(x * y for x, y in zip(a, g))
+            out.append([x * (y - dot) for x, y in zip(a, g)])
+        return out
+
+
+def _exact_grid(m) -> Grid:
+    from ._exact import evaluate
+
+    return evaluate(m, DPS)
+
+
 def _same_shape(a: Grid | None, b: Grid) -> bool:
     return a is not None and len(a) == len(b) and len(a[0]) == len(b[0])
 
 
 # -- marking ------------------------------------------------------------------------------
+
+_GRADIENTS = {"dO", "dW_O", "dconcat", "dV", "dA", "dS_masked", "dS", "dQ", "dK", "dW_Q", "dW_K", "dW_V", "dX", "dcontext"}
 
 
 def mark(derivation: Derivation, answers: dict[str, Answer], tolerance: float | None = None, source: str = "") -> Marking:
@@ -336,11 +359,19 @@ class _Marker:
         deps = {
             "K_T": ["K"], "S": ["Q", "K_T"], "S_scaled": ["S"], "S_masked": ["S_scaled", "M"],
             "A": ["S_masked"], "O": ["A", "V"],
+            "dV": ["A", "dO"], "dA": ["dO", "V"], "dS_masked": ["A", "dA"], "dS": ["dS_masked"],
+            "dQ": ["dS", "K"], "dK": ["dS", "Q"], "dW_Q": ["dQ"], "dW_K": ["dK"], "dW_V": ["dV"],
         }.get(kind, [])
         if kind == "concat":
             ids = [f"head{h}.O" for h in range(1, len(p.heads) + 1)]
         elif multi_final and kind == "O":
             ids = ["concat"]
+        elif kind == "dO":
+            ids = ["dconcat"] if step.head else ["O"] if p.backward.kind == "target" else []
+        elif kind in ("dW_O", "dconcat"):
+            ids = ["concat", "dO"] if kind == "dW_O" else ["dO"]
+        elif kind in ("dX", "dcontext"):
+            return self._input_gradient(kind)
         else:
             ids = [prefix + d for d in deps]
         carried = {d: self.carried(d) for d in ids}
@@ -366,9 +397,65 @@ class _Marker:
                 if multi_final:
                     return _matmul(v["concat"], self.exact("W_O")), used
                 return _matmul(v["A"], v["V"]), used
+            if kind in _GRADIENTS:
+                return self._gradient(kind, prefix, v, step), used
         except (ValueError, IndexError, TypeError, ZeroDivisionError):
             return None, used
         return None, frozenset()
+
+    def _gradient(self, kind: str, prefix: str, v: dict, step) -> Grid | None:
+        """A gradient stage from the student's own earlier stages ``v``, by its relation."""
+        p = self.d.problem
+        if kind == "dO":
+            if step.head:  # this head's block of columns of d(concat)
+                start = sum(len(self.exact(f"head{h}.V")[0]) for h in range(1, step.head))
+                width = len(self.exact(prefix + "V")[0])
+                return [row[start:start + width] for row in v["dconcat"]]
+            if p.backward.kind != "target":
+                return None  # given, or fixed by the loss: nothing earlier to carry
+            target = _exact_grid(p.backward.matrix)
+            with mpmath.workdps(DPS + 10):
+                return [[o - t for o, t in zip(ro, rt)] for ro, rt in zip(v["O"], target)]
+        if kind == "dW_O":
+            return _matmul(_t(v["concat"]), v["dO"])
+        if kind == "dconcat":
+            return _matmul(v["dO"], _t(self.exact("W_O")))
+        if kind == "dV":
+            return _matmul(_t(v["A"]), v["dO"])
+        if kind == "dA":
+            return _matmul(v["dO"], _t(v["V"]))
+        if kind == "dS_masked":
+            return _softmax_backward(v["A"], v["dA"])
+        if kind == "dS":
+            factor = _mp(p.scale_for(len(self.exact(prefix + "Q")[0])))
+            with mpmath.workdps(DPS + 10):
+                return [[x * factor for x in row] for row in v["dS_masked"]]
+        if kind == "dQ":
+            return _matmul(v["dS"], v["K"])
+        if kind == "dK":
+            return _matmul(_t(v["dS"]), v["Q"])
+        inputs = {"dW_Q": "X", "dW_K": "kv", "dW_V": "kv"}
+        if kind in inputs:
+            source = "context" if inputs[kind] == "kv" and p.context is not None else "X"
+            return _matmul(_t(self.exact(source)), v["d" + kind[-1]])
+        return None
+
+    def _input_gradient(self, kind: str) -> tuple[Grid | None, frozenset[str]]:
+        """dX or dcontext: the sum over heads of each path's gradient times its weights, transposed."""
+        p = self.d.problem
+        prefixes = [f"head{h}." for h in range(1, len(p.heads) + 1)] if p.multi_head else [""]
+        paths = ["dK", "dV"] if kind == "dcontext" else ["dQ"] if p.context is not None else ["dQ", "dK", "dV"]
+        total, used = None, frozenset()
+        for pre in prefixes:
+            for g in paths:
+                grid, u = self.carried(pre + g)
+                if grid is None:
+                    return None, used
+                used |= u
+                part = _matmul(grid, _t(self.exact(pre + "W_" + g[-1])))
+                with mpmath.workdps(DPS + 10):
+                    total = part if total is None else [[x + y for x, y in zip(r, s)] for r, s in zip(total, part)]
+        return total, used
 
     # -- diagnosis --------------------------------------------------------------------
 
@@ -404,6 +491,12 @@ class _Marker:
         ex = lambda k: self.exact(prefix + k)  # noqa: E731
         if p.multi_head and not prefix and kind in ("O", "concat"):
             yield "the product's rows and columns are swapped (the answer is the transpose)", _t(self.exact(kind))
+            return
+        if kind in _GRADIENTS:
+            try:
+                yield from self._gradient_mistakes(kind, ex)
+            except (ValueError, IndexError, TypeError, ZeroDivisionError, KeyError):
+                pass
             return
         try:
             if kind in ("Q", "K", "V"):
@@ -450,6 +543,37 @@ class _Marker:
                     yield "the product's rows and columns are swapped (the answer is the transpose)", _t(ex("O"))
         except (ValueError, IndexError, TypeError, ZeroDivisionError, KeyError):
             return
+
+    def _gradient_mistakes(self, kind: str, ex):
+        """The classic slips of backpropagation through attention."""
+        square = lambda m: len(m) == len(m[0])  # noqa: E731
+        if kind == "dS_masked":
+            A, dA = ex("A"), ex("dA")
+            with mpmath.workdps(DPS + 10):
+                diagonal = [[a * (1 - a) * g for a, g in zip(ra, rg)] for ra, rg in zip(A, dA)]
+            yield ("Jacobian diagonal only: a_ij(1 − a_ij)·dA_ij drops the off-diagonal terms −a_ij·a_ik "
+                   "(each weight also depends on the other scores of its row)"), diagonal
+        if kind == "dS":
+            yield "the scale factor is missing: dS = dŜ, but the scores were scaled before the softmax", ex("dS_masked")
+        if kind in ("dQ", "dK"):
+            unscaled = ex("dS_masked")
+            other = ex("K") if kind == "dQ" else ex("Q")
+            product = _matmul(unscaled, other) if kind == "dQ" else _matmul(_t(unscaled), other)
+            yield "the scale factor is missing: dŜ was used instead of dS = scale·dŜ", product
+        if kind == "dV" and square(ex("A")):
+            yield "A·dO instead of Aᵀ·dO (the weights were not transposed)", _matmul(ex("A"), ex("dO"))
+        if kind == "dK" and square(ex("dS")):
+            yield "dS·Q instead of dSᵀ·Q (dS was not transposed)", _matmul(ex("dS"), ex("Q"))
+        if kind == "dQ" and square(ex("dS")):
+            yield "dSᵀ·K instead of dS·K (dS was transposed)", _matmul(_t(ex("dS")), ex("K"))
+        if kind == "dA":
+            V, dO = ex("V"), ex("dO")
+            if len(V) == len(dO[0]) and len(V[0]) == len(dO):
+                yield "dO·V instead of dO·Vᵀ (V was not transposed)", _matmul(dO, V)
+        if kind in ("dW_Q", "dW_K", "dW_V", "dA", "dQ", "dK", "dV", "dS_masked", "dS", "dX", "dW_O", "dconcat"):
+            exact = ex(kind)
+            if square(exact):
+                yield "the product's rows and columns are swapped (the answer is the transpose)", _t(exact)
 
     def _out(self, prefix: str, A: Grid | None) -> Grid | None:
         if A is None:

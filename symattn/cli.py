@@ -35,6 +35,7 @@ def cli(ctx: click.Context, debug: bool) -> None:
 _KINDS = (
     "X", "context", "W_Q", "Q", "W_K", "K", "W_V", "V", "K_T", "S", "S_scaled", "M", "S_masked", "A", "O",
     "concat", "W_O",
+    "dO", "dW_O", "dconcat", "dV", "dA", "dS_masked", "dS", "dQ", "dK", "dW_Q", "dW_K", "dW_V", "dX", "dcontext",
 )  # the stage ids --from, --to and --ask take (with heads they apply to every head)
 
 
@@ -74,9 +75,11 @@ def _stage_list(ctx, param, value: str | None) -> frozenset[str] | None:
               help="The most numbers a problem file may hold in all its matrices together.")
 @click.option("--plot", type=click.Path(dir_okay=False, path_type=Path),
               help="Also draw the attention weights as a labelled heat map (.png, .svg or .pdf; needs pip install 'symattn[plot]').")
+@click.option("--backward", is_flag=True,
+              help="Also derive the gradients (dO back to dX): the file's backward: section, else the loss L = Σ O.")
 def derive(problem: Path | None, output: Path | None, fmt: str | None, standalone: bool, digits: int | None,
            check_with: str, no_check: bool, max_shown: int, first: str | None, last: str | None,
-           exercise: bool, ask: frozenset[str] | None, max_size: int, plot: Path | None) -> None:
+           exercise: bool, ask: frozenset[str] | None, max_size: int, plot: Path | None, backward: bool) -> None:
     """Derive every stage of attention for PROBLEM exactly.
 
     PROBLEM is a YAML problem file; without it, symattn derives its built-in
@@ -114,7 +117,7 @@ def derive(problem: Path | None, output: Path | None, fmt: str | None, standalon
         phases += ["drawing the weights"] if plot is not None else []
         with Progress(phases) as progress:
             d, text = _derive_text(problem, kind, standalone, digits, None if no_check else check_with, layout,
-                                   max_size, progress)
+                                   max_size, progress, backward)
             image = None
             if plot is not None:
                 from .plot import plot_weights
@@ -142,7 +145,7 @@ def _writing(kind: str) -> str:
 
 
 def _derive_text(problem: Path | None, kind: str, standalone: bool, digits: int | None, check: str | None, layout,
-                 max_size: int = 1_000_000, progress=None):
+                 max_size: int = 1_000_000, progress=None, backward: bool = False):
     from ._crosscheck import crosscheck as _cc
     from . import derive as _derive
     from . import load_problem
@@ -162,6 +165,8 @@ def _derive_text(problem: Path | None, kind: str, standalone: bool, digits: int 
         p = _builtin(source)
     else:
         p = load_problem(problem, max_size=max_size)
+    if backward:
+        p = with_backward(p)
     advance("exact stages")
     d = _derive(p, on_step=progress.note if progress.enabled else None)
     result = None
@@ -215,7 +220,9 @@ files: one line per file and a summary (--format csv for a spreadsheet).
 @click.option("-f", "--format", "fmt", type=click.Choice(["text", "markdown", "latex", "json", "csv"]), default="text",
               show_default=True, help="Report format (csv: one line per answers file).")
 @click.option("--tolerance", type=click.FloatRange(min=0), help="Accept any entry within this absolute difference instead of the rounding rules.")
-def check(problem: Path, answers: tuple[Path, ...], fmt: str, tolerance: float | None) -> None:
+@click.option("--backward", is_flag=True,
+              help="Mark gradient stages too (dV, dA, ...): the file's backward: section, else the loss L = Σ O.")
+def check(problem: Path, answers: tuple[Path, ...], fmt: str, tolerance: float | None, backward: bool) -> None:
     import json as _json
 
     from . import derive as _derive
@@ -224,7 +231,8 @@ def check(problem: Path, answers: tuple[Path, ...], fmt: str, tolerance: float |
     from .check import load_answers, mark, report_latex, report_markdown, report_text
 
     try:
-        d = _derive(load_problem(problem))
+        p = load_problem(problem)
+        d = _derive(with_backward(p) if backward else p)
     except SymattnError as exc:
         raise click.ClickException(str(exc)) from None
     results = []
@@ -448,6 +456,15 @@ def _sheets(d, stem: Path) -> None:
     else:
         _write_atomic(stem.with_name(stem.name + "-exercise.tex"), exercise.encode("utf-8"))
         _write_atomic(stem.with_name(stem.name + "-solution.tex"), solution.encode("utf-8"))
+
+
+def with_backward(p):
+    """``p`` with a backward pass: its own ``backward:`` section, else the loss L = Σ O."""
+    import dataclasses
+
+    from .problem import SUM_LOSS
+
+    return p if p.backward is not None else dataclasses.replace(p, backward=SUM_LOSS)
 
 
 def _builtin(source: str):

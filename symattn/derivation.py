@@ -18,7 +18,7 @@ import sympy
 
 from . import _exact
 from ._errors import SymattnError
-from ._exact import NEG_INF, Matrix, SoftmaxRow
+from ._exact import NEG_INF, LazyMatrix, Matrix, SoftmaxRow
 from .problem import Head, Problem
 
 Values = list[list[mpmath.mpf]]
@@ -61,10 +61,16 @@ class Step:
     given: bool = False
 
     @cached_property
-    def exact(self) -> Matrix:
-        """The exact matrix (built from the softmax structure for ``A`` and ``O``)."""
+    def lazy(self) -> "Matrix | LazyMatrix":
+        """The exact matrix, with entries built only when read (renderers show corners of big ones)."""
         assert self.matrix is not None
         return self.matrix
+
+    @cached_property
+    def exact(self) -> Matrix:
+        """The exact matrix as a SymPy ImmutableMatrix (built from the softmax structure for ``A`` and ``O``)."""
+        m = self.lazy
+        return m.as_matrix() if isinstance(m, LazyMatrix) else m
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -84,7 +90,7 @@ class Step:
 
     def evaluate(self, derivation: "Derivation", dps: int, subs) -> Values:
         """The values at ``dps`` digits (``subs`` gives numbers for symbols)."""
-        return _exact.evaluate(self.exact, dps, subs)
+        return _exact.evaluate(self.lazy, dps, subs)
 
     def _repr_latex_(self) -> str:
         """In a notebook: the step's relation and exact matrix, as display math."""
@@ -101,8 +107,8 @@ class _SoftmaxStep(Step):
     """The weights ``A``: entries come from the structured rows on demand."""
 
     @cached_property
-    def exact(self) -> Matrix:
-        return Matrix(len(self.softmax), len(self.cols), lambda i, j: self.softmax[i].weight(j))
+    def lazy(self) -> LazyMatrix:
+        return LazyMatrix(len(self.softmax), len(self.cols), lambda i, j: self.softmax[i].weight(j))
 
     def evaluate(self, derivation, dps, subs) -> Values:
         return [row.evaluate(dps, subs) for row in self.softmax]
@@ -115,13 +121,16 @@ class _OutputStep(Step):
     values: Matrix | None = field(default=None, repr=False)
 
     @cached_property
-    def exact(self) -> Matrix:
+    def lazy(self) -> LazyMatrix:
         v = self.values
-        return Matrix(
-            len(self.softmax),
-            v.cols,
-            lambda i, j: self.softmax[i].weighted_sum([v[k, j] for k in range(v.rows)]),
-        )
+        columns: dict[int, list[sympy.Expr]] = {}
+
+        def entry(i: int, j: int) -> sympy.Expr:
+            if j not in columns:
+                columns[j] = [v[k, j] for k in range(v.rows)]
+            return self.softmax[i].weighted_sum(columns[j])
+
+        return LazyMatrix(len(self.softmax), v.cols, entry)
 
     def evaluate(self, derivation, dps, subs) -> Values:
         weights = [row.evaluate(dps, subs) for row in self.softmax]
@@ -222,8 +231,47 @@ class Derivation:
             cache[key] = self.step(id).evaluate(self, dps, subs)
         return cache[key]
 
+    def entry_values(self, id: str, dps: int = 30):
+        """A function ``(i, j) → value at dps digits`` that evaluates only the entries asked for
+        when the stage is rational (a renderer showing the corner of a big matrix), and
+        reads :meth:`evaluate` otherwise."""
+        m = self.step(id).lazy
+        qq = _exact.rational_rows(m) if _exact.is_rational(m) else getattr(m, "qq_rows", None)
+        if qq is None or self.problem.symbols:
+            values = self.evaluate(id, dps)
+            return lambda i, j: values[i][j]
 
-def derive(problem: Problem) -> Derivation:
+        def value(i: int, j: int) -> mpmath.mpf:
+            with mpmath.workdps(dps + 10):
+                return mpmath.ninf if qq[i][j] is None else _exact.mpf_of_qq(qq[i][j])
+
+        return value
+
+    def approx(self, id: str) -> "numpy.ndarray":
+        """The values of step ``id`` as float64 (−∞ kept; NaN beyond float64's range).
+
+        Rational stages are rounded straight from their exact fractions; the others
+        from their 30-digit values.
+        """
+        import numpy
+
+        cache = self.__dict__.setdefault("_approx", {})
+        if id not in cache:
+            values = _exact.approx(self.step(id).lazy) if not self.problem.symbols else None
+            if values is None:
+                values = [[_float(v) for v in row] for row in self.evaluate(id, 30)]
+            cache[id] = numpy.array(values, dtype=numpy.float64)
+        return cache[id]
+
+
+def _float(x: mpmath.mpf) -> float:
+    try:
+        return float(x)
+    except OverflowError:  # pragma: no cover - mpmath gives inf rather than raising
+        return float("nan")
+
+
+def derive(problem: Problem, *, on_step=None) -> Derivation:
     """Derive every stage of ``softmax(Q Kᵀ·scale + M) V`` exactly.
 
     >>> from symattn import load_problem
@@ -232,23 +280,32 @@ def derive(problem: Problem) -> Derivation:
     Matrix([[1/(exp(-1) + 1), exp(-1)/(exp(-1) + 1)]])
     """
     p = problem
-    b = _Builder(p)
+    b = _Builder(p, on_step)
+    from .backward import HeadInfo, add_backward
+
+    infos = []
     if not p.projected:
         Q, K, V = b.given("Q", p.Q), b.given("K", p.K), b.given("V", p.V)
         b.attention(Q, K, V, p.d_k)
-        return Derivation(p, tuple(b.steps))
-    X = b.given("X", p.X)                                   # (n_q, d_model)
-    C = b.given("context", p.context) if p.context is not None else X  # (n_k, d_model)
-    outputs = []
-    for h, head in enumerate(p.heads, 1):
-        b.prefix = f"head{h}." if p.multi_head else ""
-        Q, K, V = b.projections(X, C, head)                 # (n_q, d_k), (n_k, d_k), (n_k, d_v)
-        outputs.append(b.attention(Q, K, V, head.d_k))      # (n_q, d_v)
-    if p.multi_head:
-        b.prefix = ""
-        concat = b.concat(outputs)                          # (n_q, h·d_v)
-        W_O = b.given("W_O", p.W_O)                         # (h·d_v, d_out)
-        b.output_projection(concat, W_O)                    # (n_q, d_out)
+        infos.append(HeadInfo("", b.by_id("A").softmax, Q, K, V, p.scale_for(p.d_k)))
+        X = C = None
+    else:
+        X = b.given("X", p.X)                                   # (n_q, d_model)
+        C = b.given("context", p.context) if p.context is not None else X  # (n_k, d_model)
+        outputs = []
+        for h, head in enumerate(p.heads, 1):
+            b.prefix = f"head{h}." if p.multi_head else ""
+            Q, K, V = b.projections(X, C, head)                 # (n_q, d_k), (n_k, d_k), (n_k, d_v)
+            outputs.append(b.attention(Q, K, V, head.d_k))      # (n_q, d_v)
+            infos.append(HeadInfo(b.prefix, b.by_id(b.prefix + "A").softmax, Q, K, V, p.scale_for(head.d_k),
+                                  head.W_Q, head.W_K, head.W_V))
+        if p.multi_head:
+            b.prefix = ""
+            concat = b.concat(outputs)                          # (n_q, h·d_v)
+            W_O = b.given("W_O", p.W_O)                         # (h·d_v, d_out)
+            b.output_projection(concat, W_O)                    # (n_q, d_out)
+    if p.backward is not None:
+        add_backward(b, infos, X, C, "O")                       # dL/dO back to every input
     return Derivation(p, tuple(b.steps))
 
 
@@ -296,8 +353,9 @@ _WHY = {
 class _Builder:
     """Collects the steps of one derivation, in order; ``prefix`` names the current head."""
 
-    def __init__(self, p: Problem) -> None:
+    def __init__(self, p: Problem, on_step=None) -> None:
         self.p = p
+        self.on_step = on_step  # called with each stage id as it is derived (the progress display)
         self.steps: list[Step] = []
         self.prefix = ""
         self.q_labels = p.tokens
@@ -306,7 +364,13 @@ class _Builder:
 
     def add(self, step: Step) -> Step:
         self.steps.append(step)
+        if self.on_step is not None:
+            self.on_step(step.id)
         return step
+
+    def by_id(self, id: str) -> Step:
+        """A step added earlier."""
+        return next(s for s in reversed(self.steps) if s.id == id)
 
     def step(self, cls, id: str, title: str, why: str, formula: str, text: str, shape: str, rows, cols, **kw) -> Step:
         """Add a step of class ``cls`` under the current head's prefix."""
@@ -379,7 +443,7 @@ class _Builder:
             f"{id} = {name}·W_{id}",
             f"({inp.rows}×{inp.cols})·({weights.rows}×{weights.cols}) → {result.rows}×{result.cols} ({n} × {width})",
             rows, _dims(id.lower(), result.cols), worked=worked, matrix=result,
-        ).exact
+        ).lazy
 
     # -- one head: scores to output ------------------------------------------------
 
@@ -408,7 +472,7 @@ class _Builder:
             Step, "S", "Scores", _WHY["S"], "S = Q\\,K^{\\top}", "S = Q·Kᵀ",
             f"({Q.rows}×{Q.cols})·({K_T.rows}×{K_T.cols}) → {S.rows}×{S.cols} (n_q × n_k)",
             self.q_labels, self.k_labels, worked=worked, matrix=S,
-        ).exact
+        ).lazy
 
     def scaled(self, S: Matrix, d_k: int) -> Matrix:
         p = self.p
@@ -424,19 +488,11 @@ class _Builder:
         return self.step(
             Step, "S_scaled", "Scale the scores", why, formula, text, f"{S.rows}×{S.cols} (n_q × n_k)",
             self.q_labels, self.k_labels, matrix=_exact.scale(S, factor),
-        ).exact
+        ).lazy
 
     def mask(self) -> Matrix:
         p = self.p
-        M = Matrix(
-            p.n_q,
-            p.n_k,
-            lambda i, j: (
-                NEG_INF
-                if not p.mask.allowed[i][j]
-                else (p.bias[i, j] if p.bias is not None else sympy.Integer(0))
-            ),
-        )
+        M = _exact.mask_matrix(p.mask.allowed, p.bias)
         why = _WHY["M"] + f" Here the rule is {p.mask.rule()}."
         if p.mask.kind in ("causal", "causal-bottom-right", "sliding-window") and p.n_q != p.n_k:
             shift = p.n_k - p.n_q
@@ -452,7 +508,7 @@ class _Builder:
             "M = M_{\\text{mask}} + B" if p.bias is not None else "M",
             "M = mask + bias" if p.bias is not None else "M",
             f"{p.n_q}×{p.n_k} (n_q × n_k)", self.q_labels, self.k_labels, matrix=M,
-        ).exact
+        ).lazy
 
     def masked(self, S_scaled: Matrix, M: Matrix) -> Matrix:
         p = self.p
@@ -462,7 +518,7 @@ class _Builder:
             Step, "S_masked", "Add the mask", _WHY["S_masked"],
             f"\\hat{{S}} = {scaled} + M", "Ŝ = S_scaled + M", f"{p.n_q}×{p.n_k} (n_q × n_k)",
             self.q_labels, self.k_labels, matrix=_exact.add_mask(S_scaled, M),
-        ).exact
+        ).lazy
 
     # -- weights and output -----------------------------------------------------
 
@@ -486,13 +542,13 @@ class _Builder:
             _OutputStep, "O", "Weighted sum of the values", _WHY["O"], "O = A\\,V", "O = A·V",
             f"({p.n_q}×{p.n_k})·({V.rows}×{V.cols}) → {p.n_q}×{V.cols} (n_q × d_v)",
             self.q_labels, _dims("v", V.cols), softmax=rows, values=V,
-        ).exact
+        ).lazy
 
     # -- several heads ----------------------------------------------------------
 
     def concat(self, outputs: list[Matrix]) -> Matrix:
         p = self.p
-        concat = Matrix.hstack(*outputs)
+        concat = _exact.hstack(*outputs)
         widths = " + ".join(str(o.cols) for o in outputs)
         parts = tuple(f"head{h}.O" for h in range(1, len(outputs) + 1))
         formula = "\\operatorname{concat} = \\begin{bmatrix} " + " & ".join(
@@ -502,7 +558,7 @@ class _Builder:
             "concat = [" + " | ".join(parts) + "]",
             f"{p.n_q}×({widths}) = {concat.rows}×{concat.cols} (n_q × h·d_v)",
             self.q_labels, _dims("c", concat.cols), matrix=concat, parts=parts,
-        ).exact
+        ).lazy
 
     def output_projection(self, concat: Matrix, W_O: Matrix) -> Matrix:
         result = _exact.matmul(concat, W_O)
@@ -511,7 +567,7 @@ class _Builder:
             "O = \\operatorname{concat}\\,W_O", "O = concat·W_O",
             f"({concat.rows}×{concat.cols})·({W_O.rows}×{W_O.cols}) → {result.rows}×{result.cols} (n_q × d_out)",
             self.q_labels, _dims("o", result.cols), matrix=result, left="concat", right=W_O,
-        ).exact
+        ).lazy
 
 
 def _dims(prefix: str, n: int) -> tuple[str, ...]:

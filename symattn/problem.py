@@ -19,10 +19,12 @@ from typing import Iterable
 
 import sympy
 import yaml
+from sympy import QQ
 
 from . import _yaml
 from ._errors import SymattnError
 from ._numbers import NumberError, is_positive, parse_decimal, parse_number
+from ._exact import rational_matrix
 from ._yaml import Where, where
 
 MAX_SIZE = 1_000_000  # numbers in one problem (all its matrices); --max-size raises it
@@ -48,6 +50,7 @@ FIELDS = (
     "symbols",
     "values",
     "digits",
+    "backward",
 )
 MASK_WORDS = ("none", "causal", "causal-bottom-right")
 
@@ -99,6 +102,31 @@ class Head:
 
 
 @dataclass(frozen=True)
+class Backward:
+    """Where the backward pass starts: the upstream gradient dL/dO.
+
+    ``kind`` is ``"dO"`` (the matrix is dL/dO itself), ``"sum"`` (L = Σ O,
+    so dL/dO is all ones; no matrix), ``"weights"`` (L = Σ W ∘ O, the matrix
+    is W) or ``"target"`` (L = ½‖O − T‖², the matrix is T).
+    """
+
+    kind: str
+    matrix: Matrix | None = None
+
+    def describe(self) -> str:
+        """The loss in words, for the worked solution."""
+        return {
+            "dO": "the upstream gradient dL/dO is given",
+            "sum": "the loss is L = Σ O (the sum of every output entry), so dL/dO is all ones",
+            "weights": "the loss is L = Σ W ∘ O (each output entry times its weight), so dL/dO = W",
+            "target": "the loss is L = ½‖O − T‖² (squared distance to the target T), so dL/dO = O − T",
+        }[self.kind]
+
+
+SUM_LOSS = Backward("sum")
+
+
+@dataclass(frozen=True)
 class Problem:
     """A validated attention problem; every matrix entry is an exact SymPy number.
 
@@ -124,6 +152,7 @@ class Problem:
     bias: Matrix | None = None
     symbols: tuple[sympy.Symbol, ...] = ()
     values: tuple[tuple[sympy.Symbol, sympy.Expr], ...] = ()
+    backward: Backward | None = None  # the upstream gradient; None: forward pass only
 
     @property
     def projected(self) -> bool:
@@ -184,6 +213,13 @@ class Problem:
     def scale_value(self) -> sympy.Expr:
         """The exact scale factor of the (first) head."""
         return self.scale_for(self.d_k)
+
+    @property
+    def d_out(self) -> int:
+        """The width of the final output O."""
+        if self.W_O is not None:
+            return self.W_O.cols
+        return self.d_v
 
     @property
     def substitutions(self) -> dict[sympy.Symbol, sympy.Expr] | None:
@@ -386,6 +422,8 @@ class _Reader:
                     "bias",
                 )
         self.check_rows_attend(mask, bias, node("mask") or root, node("bias"))
+        d_out = matrices["W_O"].cols if "W_O" in matrices else (heads[0].d_v if heads else matrices["V"].cols)
+        backward = self.backward(node("backward"), n_q, d_out) if "backward" in fields else None
 
         return Problem(
             source=self.file,
@@ -400,8 +438,50 @@ class _Reader:
             multi_head="heads" in fields,
             symbols=tuple(self.symbols.values()),
             values=tuple(values.items()),
+            backward=backward,
             **matrices,
         )
+
+    def backward(self, node: yaml.Node, n_q: int, d_out: int) -> Backward:
+        """The ``backward:`` section: ``dO: [[...]]`` or ``loss: sum | {weights: ...} | {target: ...}``."""
+        usage = "backward: needs dO: [[...]] (dL/dO) or loss: sum, loss: {weights: [[...]]} or loss: {target: [[...]]}"
+        if not isinstance(node, yaml.MappingNode) or len(node.value) != 1:
+            raise self.at(node).error(usage, "backward")
+        key, value = node.value[0]
+        name = key.value if isinstance(key, yaml.ScalarNode) else None
+        if name == "dO":
+            return Backward("dO", self.sized(self.matrix(value, "backward.dO"), value, "backward.dO", n_q, d_out))
+        if name != "loss":
+            hint = _did_you_mean(str(name), ("dO", "loss"))
+            raise self.at(key).error(f"unknown entry {name!r} in backward{hint}; {usage}", "backward")
+        if isinstance(value, yaml.ScalarNode) and value.value == "sum":
+            return Backward("sum")
+        if isinstance(value, yaml.MappingNode) and len(value.value) == 1:
+            kind_node, matrix_node = value.value[0]
+            kind = kind_node.value if isinstance(kind_node, yaml.ScalarNode) else None
+            if kind in ("weights", "target"):
+                field = f"backward.loss.{kind}"
+                return Backward(kind, self.sized(self.matrix(matrix_node, field), matrix_node, field, n_q, d_out))
+            hint = _did_you_mean(str(kind), ("weights", "target"))
+            raise self.at(kind_node).error(
+                f"unknown loss {kind!r}{hint}; write loss: sum, loss: {{weights: [[...]]}} or loss: {{target: [[...]]}}",
+                "backward.loss",
+            )
+        hint = _did_you_mean(str(value.value), ("sum",)) if isinstance(value, yaml.ScalarNode) else ""
+        raise self.at(value).error(
+            f"loss must be sum, {{weights: [[...]]}} or {{target: [[...]]}}, not {_yaml.kind(value)}{hint}",
+            "backward.loss",
+        )
+
+    def sized(self, m: Matrix, node: yaml.Node, field: str, n_q: int, d_out: int) -> Matrix:
+        """``m``, checked to have the output's shape."""
+        if m.shape != (n_q, d_out):
+            raise self.at(node).error(
+                f"{field.rsplit('.', 1)[-1]} is {_shape(m)} but the output O is {n_q}×{d_out}: "
+                "it needs one entry per output entry",
+                field,
+            )
+        return m
 
     def same(self, a: str, ma: Matrix, a_dim: str, b: str, mb: Matrix, b_dim: str, node_b: yaml.Node, why: str) -> None:
         """Report, at ``b``, that a dimension of ``b`` does not fit ``a``."""
@@ -510,7 +590,7 @@ class _Reader:
     def digits(self, node) -> int:
         if node is None:
             return 4
-        if isinstance(node, yaml.ScalarNode) and node.style is None and _WHOLE.fullmatch(node.value):
+        if isinstance(node, yaml.ScalarNode) and not node.style and _WHOLE.fullmatch(node.value):
             value = int(node.value)
             if 1 <= value <= 50:
                 return value
@@ -594,6 +674,9 @@ class _Reader:
         if isinstance(node, yaml.MappingNode):
             return self.matrix_file(node, name)
         rows = self.rows_of(node, name)
+        fast = _plain_rational_matrix(rows)
+        if fast is not None:
+            return fast
         return Matrix(
             [
                 [self.number(entry, f"{name}[{i}][{j}]", allow_neg_inf) for j, entry in enumerate(row)]
@@ -685,7 +768,7 @@ class _Reader:
         if isinstance(node, yaml.MappingNode):
             if len(node.value) == 1 and node.value[0][0].value == "sliding-window":
                 w_node = node.value[0][1]
-                if isinstance(w_node, yaml.ScalarNode) and w_node.style is None and _WHOLE.fullmatch(w_node.value) and int(w_node.value) >= 1:
+                if isinstance(w_node, yaml.ScalarNode) and not w_node.style and _WHOLE.fullmatch(w_node.value) and int(w_node.value) >= 1:
                     w = int(w_node.value)
                     return Mask("sliding-window", mask_rule("sliding-window", n_q, n_k, w), window=w)
                 raise self.at(w_node).error(f"the window must be a whole number ≥ 1, not {_yaml.kind(w_node)}", "mask")
@@ -747,6 +830,35 @@ def mask_rule(kind: str, n_q: int, n_k: int, window: int | None = None) -> tuple
         "sliding-window": lambda i, j: j <= i and i - j < window,
     }[kind]
     return tuple(tuple(bool(rule(i, j)) for j in range(n_k)) for i in range(n_q))
+
+
+# Entries such as 12, -0.125 or 3/4, short enough that no limit of the full parser can apply.
+_PLAIN = re.compile(r"(-?)([0-9]{1,30})(?:\.([0-9]{1,30}))?(?:/([1-9][0-9]{0,29}))?")
+
+
+def _plain_rational_matrix(rows: list[list[yaml.Node]]) -> Matrix | None:
+    """The matrix, when every entry is a plain integer, decimal or fraction; else None.
+
+    This is the fast path for big matrices: the entries go straight from their text to
+    exact rationals, never through SymPy's expression parser. Anything else (symbols,
+    roots, errors to report) is left to the full parser.
+    """
+    flat = []
+    match = _PLAIN.fullmatch
+    for row in rows:
+        for entry in row:
+            if type(entry) is not yaml.ScalarNode or entry.style:
+                return None
+            m = match(entry.value)
+            if m is None:
+                return None
+            sign, whole, frac, den = m.groups()
+            if den is not None and (frac is not None or (whole[0] == "0" and len(whole) > 1)):
+                return None  # 1.5/2 or 007/3: the full parser says what it thinks
+            num = int(whole + frac) if frac else int(whole)
+            q = 10 ** len(frac) if frac else int(den) if den else 1
+            flat.append(QQ(-num if sign else num, q))
+    return rational_matrix(len(rows), len(rows[0]), flat)
 
 
 def _plural(n: int, word: str) -> str:

@@ -46,6 +46,10 @@ HEAD_IDS = ["W_Q", "W_K", "W_V", "Q", "K", "V", "K_T", "S", "S_scaled", "M", "S_
 def contract_ids(example: Path) -> list[str]:
     """The contract's stage ids for a problem file, in order, worked out from its fields."""
     raw = yaml.safe_load(example.read_text("utf-8"))
+    return _forward_ids(raw) + (_gradient_ids(raw) if "backward" in raw else [])
+
+
+def _forward_ids(raw: dict) -> list[str]:
     if "Q" in raw:
         return GIVEN_IDS
     ids = ["X"] + (["context"] if "context" in raw else [])
@@ -54,6 +58,21 @@ def contract_ids(example: Path) -> list[str]:
     for h in range(1, len(raw["heads"]) + 1):
         ids += [f"head{h}.{i}" for i in HEAD_IDS]
     return ids + ["concat", "W_O", "O"]
+
+
+def _gradient_ids(raw: dict) -> list[str]:
+    """The backward pass's stage ids (issue 9), in the order backpropagation visits them."""
+    head = ["dV", "dA", "dS_masked", "dS", "dQ", "dK"]
+    if "Q" in raw:
+        return ["dO"] + head
+    head += ["dW_Q", "dW_K", "dW_V"]
+    tail = ["dX"] + (["dcontext"] if "context" in raw else [])
+    if "heads" not in raw:
+        return ["dO"] + head + tail
+    ids = ["dO", "dW_O", "dconcat"]
+    for h in range(1, len(raw["heads"]) + 1):
+        ids += [f"head{h}.{i}" for i in ["dO"] + head]
+    return ids + tail
 
 # A small valid problem (queries, keys and values given) used by the file tests.
 SMALL_PROBLEM = "title: Small\nQ: [[1, 0]]\nK: [[1, 0], [0, 1]]\nV: [[1], [2]]\n"

@@ -157,8 +157,28 @@ def section(lines: list[str], title_part: str) -> list[str]:
     return lines[start:end]
 
 
+BACKWARD_TITLES = (  # the backward pass (issue 9), after the forward stages
+    "Back through the weighted sum",
+    "Back through the softmax",
+    "Back through the scaling",
+    "Back to the queries and keys",
+)
+
+
 def expected_headings(problem: dict) -> list[str]:
     """The stage headings of a worked solution, from the problem's fields alone."""
+    forward = _forward_headings(problem)
+    if "backward" not in problem:
+        return forward
+    assert "heads" not in problem, "extend expected_headings for a backward pass with several heads"
+    n = len(forward) + 1
+    titles = ["Backward: the upstream gradient", *BACKWARD_TITLES]
+    if "Q" not in problem:
+        titles += ["Back to the projection weights", "Back to the input"]
+    return forward + [f"Step {k}: {t}" for k, t in enumerate(titles, n)]
+
+
+def _forward_headings(problem: dict) -> list[str]:
     if "Q" in problem:  # queries, keys and values given: no projection stage
         titles = [GIVEN_INPUT_TITLE, *STAGE_TITLES[2:]]
         return [f"Step {n}: {t}" for n, t in enumerate(titles, 1)]

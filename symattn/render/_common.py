@@ -70,7 +70,41 @@ def stages(d: Derivation) -> tuple[Stage, ...]:
             if p.multi_head and not head and out:
                 number = len(STAGES) + (2 if "projection" in title else 1)
             out.append(Stage(number, title, steps, head))
+    if p.backward is not None:
+        out += _backward_stages(p, by_id, max((s.number for s in out), default=0))
     return tuple(out)
+
+
+# The backward pass, stage by stage (per head where the forward pass was per head).
+_BACKWARD_HEAD = (
+    ("Back through the weighted sum", ("dV", "dA")),
+    ("Back through the softmax", ("dS_masked",)),
+    ("Back through the scaling", ("dS",)),
+    ("Back to the queries and keys", ("dQ", "dK")),
+    ("Back to the projection weights", ("dW_Q", "dW_K", "dW_V")),
+)
+
+
+def _backward_stages(p, by_id: dict, last: int) -> list[Stage]:
+    """The gradient stages, numbered on from the forward pass's ``last``."""
+    groups: list[tuple[str, tuple[str, ...], int | None, int]] = [("Backward: the upstream gradient", ("dO",), None, 1)]
+    per_head = _BACKWARD_HEAD
+    if p.multi_head:
+        groups.append(("Back through the output projection", ("dW_O", "dconcat"), None, 2))
+        per_head = (("This head's upstream gradient", ("dO",)),) + _BACKWARD_HEAD
+        for h in range(1, len(p.heads) + 1):
+            groups += [(title, tuple(f"head{h}.{i}" for i in ids), h, 3 + k) for k, (title, ids) in enumerate(per_head)]
+        after = 3 + len(per_head)
+    else:
+        groups += [(title, ids, None, 2 + k) for k, (title, ids) in enumerate(per_head)]
+        after = 2 + len(per_head)
+    groups.append(("Back to the input", ("dX", "dcontext"), None, after))
+    out = []
+    for title, ids, head, number in groups:
+        steps = tuple(by_id[i] for i in ids if i in by_id)
+        if steps:
+            out.append(Stage(last + number, title, steps, head))
+    return out
 
 
 def decimal(x: mpmath.mpf, digits: int) -> str:
@@ -225,8 +259,20 @@ def normaliser_is_number(row) -> bool:
     return row.normaliser.is_Rational
 
 
+def over_normaliser_squared(step: Step, i: int, j: int) -> sympy.Expr | None:
+    """The numerator of a gradient entry (i, j) written over Z_i², else None."""
+    numerator_of = getattr(step, "over_z_squared", None)
+    if numerator_of is None or normaliser_is_number(step.jacobian[i]):
+        return None
+    return numerator_of(i, j)
+
+
 def entry_tex(step: Step, i: int, j: int) -> str:
-    """LaTeX of entry (i, j), writing softmax rows over their normaliser Z_i."""
+    """LaTeX of entry (i, j), writing softmax rows over their normaliser Z_i (gradients over Z_i²)."""
+    squared = over_normaliser_squared(step, i, j)
+    if squared is not None:
+        terms = MAX_CELL_TERMS if step.shape[1] > 4 else MAX_TERMS
+        return "0" if squared == 0 else rf"\dfrac{{{exp_sum_tex(squared, terms)}}}{{Z_{{{i + 1}}}^{{2}}}}"
     numerator = over_normaliser(step, i, j)
     if numerator is None:
         return tex(step.lazy[i, j])
@@ -237,8 +283,8 @@ def entry_tex(step: Step, i: int, j: int) -> str:
     return f"\\dfrac{{{exp_sum_tex(numerator, terms)}}}{{Z_{{{i + 1}}}}}"
 
 
-_UNLABELLED = {"W_Q", "W_K", "W_V", "W_O"}
-_KEY_COLUMNS = {"K_T", "S", "S_scaled", "M", "S_masked", "A"}
+_UNLABELLED = {"W_Q", "W_K", "W_V", "W_O", "dW_Q", "dW_K", "dW_V", "dW_O"}
+_KEY_COLUMNS = {"K_T", "S", "S_scaled", "M", "S_masked", "A", "dA", "dS_masked", "dS"}
 MAX_SHOWN = 8
 
 
@@ -416,6 +462,7 @@ class Block:
 KIND_ORDER = (
     "X", "context", "W_Q", "Q", "W_K", "K", "W_V", "V", "K_T", "S", "S_scaled", "M", "S_masked", "A", "O",
     "concat", "W_O", "O_final",
+    "dO", "dW_O", "dconcat", "dV", "dA", "dS_masked", "dS", "dQ", "dK", "dW_Q", "dW_K", "dW_V", "dX", "dcontext",
 )
 # What each computed stage is made from, stated as given when a selection starts there.
 _INPUTS = {
@@ -436,6 +483,8 @@ def select(d: Derivation, first: str | None = None, last: str | None = None) -> 
     """The steps from stage kind ``first`` to ``last`` (inclusive, in the formula's order)."""
     if last == "O" and d.problem.multi_head:
         last = "O_final"  # the output of the whole layer, after W_O
+    if first == "O" and d.problem.multi_head:
+        first = "O_final"
     lo = KIND_ORDER.index(first) if first else 0
     hi = KIND_ORDER.index(last) if last else len(KIND_ORDER) - 1
     if hi < lo:
@@ -523,6 +572,9 @@ def blocks(
             if step.softmax and step.kind == "A":
                 for line in normaliser_lines(d, step, digits, max_shown):
                     out.append(Block("math", line))
+            if step.kind == "dS_masked":
+                out += [Block("para", text) if kind == "para" else Block("math", text)
+                        for kind, text in jacobian_blocks(d, step, max_shown)]
             if step.kind == "O" and step.softmax and evaluable:
                 line = weighted_sum_tex(d, step, digits)
                 if line:
@@ -557,6 +609,9 @@ def _short_name(step: Step) -> str:
         "S_masked": "\\hat{S}",
         "K_T": "K^{\\top}",
         "concat": "\\operatorname{concat}",
+        "dS_masked": "d\\hat{S}",
+        "dconcat": "d\\operatorname{concat}",
+        "dcontext": "dC",
     }.get(step.kind, _tex_id(step.kind))
 
 
@@ -617,6 +672,38 @@ def _intro(d: Derivation) -> str:
     return f"The problem: {what}; mask: {p.mask.rule()}{bias}; {scale}. Every number below is exact.{symbols}"
 
 
+def jacobian_row(step: Step) -> int:
+    """The row whose softmax Jacobian is shown: the first with two or more allowed keys."""
+    return next((i for i, r in enumerate(step.jacobian) if sum(e is not None for e in r.raw) > 1), 0)
+
+
+def jacobian_entry(row, j: int, k: int) -> sympy.Expr:
+    """Entry (j, k) of the softmax Jacobian diag(a) − a aᵀ of one row: a_j(δ_jk − a_k), exactly."""
+    if row.raw[j] is None or row.raw[k] is None:
+        return sympy.Integer(0)
+    t, z = row.terms, row.normaliser
+    top = sympy.expand(t[j] * (z - t[j])) if j == k else -t[j] * t[k]
+    return top / z**2
+
+
+def jacobian_blocks(d: Derivation, step: Step, max_shown: int = MAX_SHOWN) -> list[tuple[str, str]]:
+    """("para" | "math", text) blocks showing one row's softmax Jacobian in full."""
+    i = jacobian_row(step)
+    row = step.jacobian[i]
+    n = len(row.raw)
+    token = step.rows[i]
+    cols = [rf"\text{{{escape_tex(c)}}}" for c in step.cols]
+    jac = grid(n, n, lambda j, k: tex(jacobian_entry(row, j, k)), max_shown=max_shown,
+               row_labels=cols, col_labels=cols)
+    return [
+        ("para", f"The softmax Jacobian of row {i + 1} ({token}), entry by entry "
+                 "∂a_j/∂ŝ_k = a_j(δ_jk − a_k); masked keys have a zero row and column:"),
+        ("math", rf"J^{{({i + 1})}} = \operatorname{{diag}}(a_{{{i + 1}}}) - a_{{{i + 1}}}\,a_{{{i + 1}}}^{{\top}} = {jac}"),
+        ("math", rf"d\hat{{S}}_{{{i + 1}}} = J^{{({i + 1})}}\,dA_{{{i + 1}}}^{{\top}}"
+                 r"\quad\text{(each row of } J \text{ sums to 0, so each row of } d\hat{S} \text{ does too)}"),
+    ]
+
+
 def check_sentence(check) -> str:
     if check.passed is None:
         return f"No numeric cross-check: {check.skipped}."
@@ -627,10 +714,20 @@ def check_sentence(check) -> str:
         f"the largest difference is {check.max_abs_error:.1e} (tolerance {check.tolerance:.0e})."
     )
     if check.torch is not None:
+        what = "weights, outputs and gradients" if check.finite_differences is not None else "weights and outputs"
         sentence += (
-            f" The weights and outputs also agree with PyTorch's scaled_dot_product_attention in float64: "
+            f" The {what} also agree with PyTorch's scaled_dot_product_attention in float64: "
             f"the largest difference is {check.torch.max_abs_error:.1e}."
         )
+    fd = check.finite_differences
+    if fd is not None:
+        if fd.skipped:
+            sentence += f" The gradients were not compared with finite differences: {fd.skipped}."
+        else:
+            sentence += (
+                f" The gradients agree with central finite differences of the NumPy forward pass: "
+                f"the largest difference is {fd.max_abs_error:.1e} (tolerance {fd.tolerance:.0e})."
+            )
     return sentence
 
 

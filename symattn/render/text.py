@@ -15,9 +15,12 @@ from ._common import (
     decimal,
     exp_sum_text,
     head_parts,
+    jacobian_entry,
+    jacobian_row,
     needs_decimals,
     normaliser_is_number,
     over_normaliser,
+    over_normaliser_squared,
     select,
     stages,
     text_entry,
@@ -54,6 +57,9 @@ def _cell(d: Derivation, step: Step, i: int, j: int) -> str:
         if plain != 0 or not terms:
             terms.insert(0, text_entry(plain))
         return " + ".join(terms)
+    squared = over_normaliser_squared(step, i, j)
+    if squared is not None:
+        return "0" if squared == 0 else _over_z(squared, f"Z_{i + 1}²", wide=step.shape[1] > 4)
     numerator = over_normaliser(step, i, j)
     if numerator is None:
         return text_entry(step.lazy[i, j])
@@ -75,6 +81,15 @@ def _normalisers(step: Step, digits: int, subs, max_shown: int) -> list[str]:
                 line += f" ≈ {decimal(row.evaluate_normaliser(digits + 5, subs), digits)}"
             lines.append(line)
     return lines
+
+
+def _jacobian(step: Step, max_shown: int) -> list[str]:
+    i = jacobian_row(step)
+    row = step.jacobian[i]
+    head = (f"    Softmax Jacobian of row {i + 1} ({step.rows[i]}): J = diag(a) − a·aᵀ, "
+            f"J[j,k] = a_j·(δ_jk − a_k); dŜ_{i + 1} = J·dA_{i + 1}")
+    square = Step("J", "", "", "", "", "", step.cols, step.cols)
+    return [head] + _grid(square, lambda j, k: text_entry(jacobian_entry(row, j, k)), max_shown)
 
 
 def render_text(
@@ -106,6 +121,8 @@ def render_text(
             out.extend(_grid(step, lambda i, j: _cell(d, step, i, j), max_shown))
             if step.kind == "A":
                 out.extend(_normalisers(step, digits, d.problem.substitutions, max_shown))
+            if step.kind == "dS_masked":
+                out.extend(_jacobian(step, max_shown))
             if needs_decimals(step) and d.can_evaluate:
                 value = d.entry_values(step.id, max(digits + 5, 20))
                 out.append("    ≈")
