@@ -32,6 +32,9 @@ from ._exact import LazyMatrix, Matrix, SoftmaxRow
 from .derivation import Step
 
 Values = list[list[mpmath.mpf]]
+# Gradient entries are sums of fractions over the rows' normalisers, and their size grows
+# quickly with n: above this many scores (n_q·n_k) a worked solution shows them in decimals.
+EXACT_LIMIT = 64
 
 
 @dataclass(frozen=True)
@@ -44,6 +47,9 @@ class _GradStep(Step):
     # numerator; ``jacobian`` holds the softmax rows, shown as diag(a) − a aᵀ for one row.
     over_z_squared: Callable | None = field(default=None, repr=False, compare=False)
     jacobian: tuple[SoftmaxRow, ...] = field(default=(), repr=False, compare=False)
+    # False when the exact entries are too long to write out (see EXACT_LIMIT): renderers then
+    # show the values in decimals only; ``exact`` still builds them on request.
+    written_exactly: bool = True
 
     def evaluate(self, derivation, dps, subs) -> Values:
         return self.values_of(derivation, dps)
@@ -117,10 +123,13 @@ def add_backward(b, infos: list[HeadInfo], X, C, O_id: str) -> None:
     ev = lambda d, id, dps: d.evaluate(id, dps)  # noqa: E731
     b.prefix = ""
 
+    written = p.n_q * p.n_k <= EXACT_LIMIT
+
     def step(id: str, title: str, why: str, formula: str, text: str, shape: str, rows, cols, matrix, values_of,
              **kw) -> Step:
+        always = kw.pop("always", False)  # entries short at any size (ones, rationals)
         return b.step(_GradStep, id, title, why, formula, text, shape, rows, cols, matrix=matrix,
-                      values_of=values_of, **kw)
+                      values_of=values_of, written_exactly=written or always, **kw)
 
     # -- the upstream gradient ---------------------------------------------------------
     loss = p.backward
@@ -147,7 +156,7 @@ def add_backward(b, infos: list[HeadInfo], X, C, O_id: str) -> None:
 
     out_cols = b.by_id(O_id).cols
     step("dO", "The upstream gradient", _WHY["dO"] + " Here " + loss.describe() + ".", formula, text,
-         f"{n_q}×{d_out} (like O)", q_labels, out_cols, dO, dO_values)
+         f"{n_q}×{d_out} (like O)", q_labels, out_cols, dO, dO_values, always=loss.kind != "target")
 
     # -- several heads: back through the output projection ------------------------------
     if p.multi_head:
@@ -235,7 +244,8 @@ def _head(b, step, info: HeadInfo, dO, X, C, q_labels, k_labels) -> None:
     dA = product(dO, V.T)
     step("dA", "Gradient of the weights", _WHY["dA"], "dA = dO\\,V^{\\top}", "dA = dO·Vᵀ",
          f"({n_q}×{V.cols})·({V.cols}×{n_k}) → {n_q}×{n_k} (like A)", q_labels, k_labels, dA,
-         lambda d, dps: _exact.mp_matmul(ev(d, "dO", dps), _t(_exact.evaluate(V, dps, subs)), dps))
+         lambda d, dps: _exact.mp_matmul(ev(d, "dO", dps), _t(_exact.evaluate(V, dps, subs)), dps),
+         always=_exact.is_rational(dA))
 
     # dŜ_ij = e_ij (dA_ij Z_i − D_i) / Z_i², numerators kept for dQ.
     numerators: dict[tuple[int, int], sympy.Expr] = {}

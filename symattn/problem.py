@@ -740,14 +740,15 @@ class _Reader:
             raise where_.error(f"cannot read {rel!r} as a .npy file: {exc}", name) from None
         if array.ndim != 2 or 0 in array.shape:
             raise where_.error(f"{rel!r} holds a {array.ndim}-dimensional array of shape {array.shape}; a matrix is 2-dimensional", name)
+        rows, cols = array.shape
         if array.dtype.kind in "iu":
-            return Matrix([[sympy.Integer(int(v)) for v in row] for row in array.tolist()])
+            return rational_matrix(rows, cols, [QQ(int(v)) for v in array.ravel().tolist()])
         if array.dtype.kind != "f":
             raise where_.error(f"{rel!r} holds {array.dtype} values; expected integers or floats", name)
         if not np.isfinite(array).all():
             raise where_.error(f"{rel!r} holds NaN or infinite values", name)
         # A binary float is exactly a dyadic rational: take that, not its decimal print.
-        return Matrix([[sympy.Rational(*float(v).as_integer_ratio()) for v in row] for row in array.tolist()])
+        return rational_matrix(rows, cols, [QQ(*v.as_integer_ratio()) for v in array.astype(float).ravel().tolist()])
 
     # -- the mask --------------------------------------------------------------
 

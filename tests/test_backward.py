@@ -1591,3 +1591,38 @@ def test_bad_backward_section_with_the_flag_is_the_same_error(tmp_path):
     r = invoke("derive", "bad.yaml", "--backward", "-f", "json", cwd=tmp_path)
     assert r.exit_code == 1, (r.exit_code, r.stderr)
     assert r.stderr.splitlines() == [r.stderr.strip()] and r.stderr.startswith("Error: " + place)
+
+
+# ===========================================================================
+# 9. Beyond teaching sizes: gradients in decimals, exact on request
+# ===========================================================================
+
+
+def _nine_tokens(tmp_path) -> Path:
+    rng = random.Random(9)
+    rows = lambda r, c: [[rng.randint(-2, 2) for _ in range(c)] for _ in range(r)]  # noqa: E731
+    text = yaml.safe_dump({"X": rows(9, 3), "W_Q": rows(3, 2), "W_K": rows(3, 2), "W_V": rows(3, 2),
+                           "mask": "causal", "backward": {"loss": "sum"}})
+    path = tmp_path / "nine.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_big_gradients_are_shown_in_decimals_and_stay_exact_on_request(tmp_path):
+    path = _nine_tokens(tmp_path)
+    r = CliRunner().invoke(cli, ["derive", str(path), "-f", "json"])
+    assert r.exit_code == 0, r.output
+    stages = {s["id"]: s for s in json.loads(r.output)["stages"]}
+    # 81 scores > EXACT_LIMIT: the long gradients are null in JSON, their decimals are not
+    for id in ("dV", "dS_masked", "dS", "dQ", "dK", "dW_Q", "dX"):
+        assert stages[id]["exact"] is None, id
+        assert all(v is not None for row in stages[id]["approx"] for v in row), id
+    # dO (all ones) and dA (rational) are still written exactly
+    assert stages["dO"]["exact"] == [["1", "1"]] * 9
+    assert stages["dA"]["exact"] is not None
+    tex = CliRunner().invoke(cli, ["derive", str(path), "-f", "latex"])
+    assert tex.exit_code == 0 and "decimals only" in tex.output
+    # the Python API still builds an exact entry, and it agrees with the decimals
+    d = symattn.derive(symattn.load_problem(path))
+    exact = d.step("dQ").exact[4, 1]
+    assert abs(float(sympy.N(exact, 30)) - stages["dQ"]["approx"][4][1]) < 1e-12

@@ -129,8 +129,21 @@ def is_plain_integer(x: sympy.Expr) -> bool:
     return isinstance(x, sympy.Integer)
 
 
+TOO_LONG = (
+    "At this size the exact entries are long sums of fractions over the rows' normalisers, so they are "
+    "shown in decimals only (symattn.derive(...).step(id).exact builds them)."
+)
+
+
+def written_exactly(step: Step) -> bool:
+    """Whether a worked solution writes the step's exact entries (big gradients: decimals only)."""
+    return getattr(step, "written_exactly", True)
+
+
 def needs_decimals(step: Step) -> bool:
     """Whether decimals help: some entry is not an integer or −∞, and none holds a symbol."""
+    if not written_exactly(step):
+        return True
     m = step.lazy
     qq = _exact.rational_rows(m) if _exact.is_rational(m) else getattr(m, "qq_rows", None)
     if qq is not None:  # rationals: read the denominators, build no SymPy number
@@ -148,7 +161,7 @@ def needs_decimals(step: Step) -> bool:
     return any(not (is_plain_integer(x) or x == NEG_INF) for x in entries)
 
 
-_BIG = 1024  # above this many entries, decide from structure rather than building every entry
+_BIG = 64  # above this many entries, decide from structure rather than building every entry
 
 
 def _entries(step: Step):
@@ -565,7 +578,11 @@ def blocks(
                 continue
             if step.kind == "A":
                 out.append(Block("math", _SOFTMAX_DEF))
-            out.append(Block("math", f"{step.formula} = {_parts_tex(p, step, max_shown)}{exact_tex_matrix(d, step, max_shown)}"))
+            if not written_exactly(step):
+                out.append(Block("math", step.formula))
+                out.append(Block("para", TOO_LONG))
+            else:
+                out.append(Block("math", f"{step.formula} = {_parts_tex(p, step, max_shown)}{exact_tex_matrix(d, step, max_shown)}"))
             out.append(Block("para", f"Shape: {step.shape_note}."))
             for dot in step.worked:
                 out.append(Block("math", worked_dot_tex(dot)))

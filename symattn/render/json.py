@@ -38,7 +38,9 @@ def as_dict(derivation: Derivation, *, check=None) -> dict:
                 "id": step.id,
                 "title": step.title,
                 "shape": list(step.shape),
-                "exact": [[_exact(m[i, j]) for j in range(m.cols)] for i in range(m.rows)],
+                # null where a big gradient's entries are too long to write (see backward.EXACT_LIMIT)
+                "exact": ([[_exact(m[i, j]) for j in range(m.cols)] for i in range(m.rows)]
+                          if getattr(step, "written_exactly", True) else None),
                 "approx": [[_approx(v) for v in row] for row in values],
             }
         )

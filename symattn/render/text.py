@@ -11,6 +11,7 @@ from ._common import (
     MAX_CELL_TERMS,
     MAX_SHOWN,
     MAX_TERMS,
+    TOO_LONG,
     check_sentence,
     decimal,
     exp_sum_text,
@@ -24,6 +25,7 @@ from ._common import (
     select,
     stages,
     text_entry,
+    written_exactly,
 )
 from ._grid import shown
 
@@ -118,7 +120,10 @@ def render_text(
         for step in steps:
             out.append(f"  {step.title} ({step.id}): {step.formula_text}   [{step.shape_note}]")
             out.append(f"  {step.why}")
-            out.extend(_grid(step, lambda i, j: _cell(d, step, i, j), max_shown))
+            if written_exactly(step):
+                out.extend(_grid(step, lambda i, j: _cell(d, step, i, j), max_shown))
+            else:
+                out.append("  " + TOO_LONG)
             if step.kind == "A":
                 out.extend(_normalisers(step, digits, d.problem.substitutions, max_shown))
             if step.kind == "dS_masked":

@@ -1,0 +1,226 @@
+"""Problem files and the peer pipelines for benchmarks/bench_derive.py.
+
+Not a benchmark by itself. It writes the random benchmark problems (YAML of
+3-decimal entries, and the same matrices as .npy files) and holds the three
+peers symattn is measured against:
+
+* ``naive``: the newcomer's plain ``sympy.Matrix`` pipeline (exact, slow);
+* ``numpy``: NumPy float64, the same stages with a max-subtracted softmax;
+* ``bare``: a bare script: PyYAML's libyaml loader keeping numbers as text,
+  ``fractions.Fraction`` of that text, python-flint ``fmpq_mat`` products and
+  a 30-digit ``arb`` softmax and output.
+
+Each peer is a plain function of the problem file's path that returns the
+seconds it took (timed from reading the file to its last result, with its
+imports already done). Run as a script it times one peer in a fresh process
+and prints one line of JSON, which is how bench_derive.py runs the naive
+pipeline under a time cap:
+
+    python benchmarks/_problems.py naive PROBLEM.yaml
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+# -- problem files -------------------------------------------------------------
+
+
+def random_matrices(n: int, d_model: int, d_k: int, seed: int = 0) -> dict:
+    """X ~ N(0, 1) (n × d_model) and W_Q, W_K, W_V ~ N(0, 0.1) (d_model × d_k), rounded to 3 decimals."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    out = {"X": rng.normal(0.0, 1.0, size=(n, d_model))}
+    for name in ("W_Q", "W_K", "W_V"):
+        out[name] = rng.normal(0.0, 0.1, size=(d_model, d_k))
+    # The YAML holds these rounded to 3 decimals; the .npy files hold the same rounded numbers
+    # (+ 0.0 turns a -0.0 into 0.0, so no entry is written as -0.000).
+    return {name: np.round(m, 3) + 0.0 for name, m in out.items()}
+
+
+def _yaml_matrix(m) -> str:
+    rows = ("[" + ", ".join(f"{x:.3f}" for x in row) + "]" for row in m.tolist())
+    return "[" + ", ".join(rows) + "]"
+
+
+def write_problem(folder: Path, n: int, d_model: int, d_k: int, seed: int = 0) -> tuple[Path, Path]:
+    """Write ``problem.yaml`` (decimals inline) and ``problem_npy.yaml`` (``{file: x.npy}`` etc.) in ``folder``.
+
+    Returns the two paths. The .npy files hold the same numbers as float64.
+    """
+    import numpy as np
+
+    folder.mkdir(parents=True, exist_ok=True)
+    mats = random_matrices(n, d_model, d_k, seed)
+    title = f"bench {n} {d_model} {d_k}"
+    lines = [f"title: {title}", "mask: causal"]
+    lines += [f"{name}: {_yaml_matrix(m)}" for name, m in mats.items()]
+    yaml_path = folder / "problem.yaml"
+    yaml_path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    files = {"X": "x.npy", "W_Q": "wq.npy", "W_K": "wk.npy", "W_V": "wv.npy"}
+    for name, file in files.items():
+        np.save(folder / file, mats[name].astype(np.float64))
+    npy_lines = [f"title: {title} (npy)", "mask: causal"] + [f"{name}: {{file: {file}}}" for name, file in files.items()]
+    npy_path = folder / "problem_npy.yaml"
+    npy_path.write_text("\n".join(npy_lines) + "\n", encoding="utf-8")
+    return yaml_path, npy_path
+
+
+# -- the naive sympy.Matrix pipeline -----------------------------------------------
+
+
+def naive(path: Path, ready=None) -> float:
+    """The newcomer's version: yaml.safe_load, sympy.Rational entries, sympy.Matrix stages, evalf(30), latex.
+
+    ``ready()``, when given, is called once the imports are done, just before the clock starts.
+    """
+    import sympy
+    import yaml
+
+    if ready is not None:
+        ready()
+    start = time.perf_counter()
+    data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    X, W_Q, W_K, W_V = (
+        sympy.Matrix([[sympy.Rational(str(x)) for x in row] for row in data[name]])
+        for name in ("X", "W_Q", "W_K", "W_V")
+    )
+    Q, K, V = X * W_Q, X * W_K, X * W_V
+    n, d_k = Q.shape
+    S = Q * K.T
+    S_scaled = S / sympy.sqrt(d_k)
+    M = sympy.Matrix(n, n, lambda i, j: 0 if j <= i else -sympy.oo)
+    S_masked = S_scaled + M
+    rows = []
+    for i in range(n):
+        exps = [sympy.exp(S_masked[i, j]) for j in range(n)]
+        Z = sum(exps)
+        rows.append([e / Z for e in exps])
+    A = sympy.Matrix(rows)
+    O = A * V
+    O_num = O.applyfunc(lambda e: e.evalf(30))
+    for m in (X, W_Q, W_K, W_V, Q, K, V, K.T, S, S_scaled, M, S_masked, A, O, O_num):
+        sympy.latex(m)
+    return time.perf_counter() - start
+
+
+# -- NumPy float64 ---------------------------------------------------------------
+
+
+def numpy_peer(path: Path) -> tuple[float, float]:
+    """YAML (libyaml) to float64 arrays, then every stage in NumPy. Returns (end to end s, compute-only s)."""
+    import numpy as np
+    import yaml
+
+    start = time.perf_counter()
+    data = yaml.load(Path(path).read_text(encoding="utf-8"), Loader=yaml.CSafeLoader)
+    X, W_Q, W_K, W_V = (np.array(data[name], dtype=np.float64) for name in ("X", "W_Q", "W_K", "W_V"))
+    compute = time.perf_counter()
+    Q, K, V = X @ W_Q, X @ W_K, X @ W_V
+    S = Q @ K.T
+    S_scaled = S / math.sqrt(Q.shape[1])
+    n = S.shape[0]
+    M = np.where(np.tril(np.ones((n, n), dtype=bool)), 0.0, -np.inf)
+    S_masked = S_scaled + M
+    E = np.exp(S_masked - S_masked.max(axis=1, keepdims=True))
+    A = E / E.sum(axis=1, keepdims=True)
+    O = A @ V
+    end = time.perf_counter()
+    assert np.isfinite(O).all()
+    return end - start, end - compute
+
+
+# -- the bare script: libyaml + Fraction + fmpq_mat + arb ---------------------------
+
+
+def bare_available() -> str | None:
+    """None when the bare script can run, else why not."""
+    try:
+        import yaml
+        from flint import arb, arb_mat, ctx, fmpq, fmpq_mat  # noqa: F401
+    except ImportError as exc:
+        return f"python-flint's arb is not available ({exc})"
+    if not getattr(yaml, "__with_libyaml__", False):
+        return "PyYAML was built without libyaml (no yaml.CSafeLoader)"
+    return None
+
+
+def _text_loader():
+    """yaml.CSafeLoader with the float resolver removed, so 0.123 stays the string '0.123'."""
+    import yaml
+
+    class TextNumbers(yaml.CSafeLoader):
+        pass
+
+    TextNumbers.yaml_implicit_resolvers = {
+        first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:float"]
+        for first, resolvers in yaml.CSafeLoader.yaml_implicit_resolvers.items()
+    }
+    return TextNumbers
+
+
+def bare(path: Path) -> float:
+    """The bare-script peer: exact products with fmpq_mat, softmax and O with arb at 30 digits."""
+    from fractions import Fraction
+
+    import yaml
+    from flint import arb, arb_mat, ctx, fmpq, fmpq_mat
+
+    loader = _text_loader()
+    start = time.perf_counter()
+    data = yaml.load(Path(path).read_text(encoding="utf-8"), Loader=loader)
+
+    def matrix(rows):
+        entries = []
+        for row in rows:
+            for x in row:
+                f = Fraction(str(x))
+                entries.append(fmpq(f.numerator, f.denominator))
+        return fmpq_mat(len(rows), len(rows[0]), entries)
+
+    X, W_Q, W_K, W_V = (matrix(data[name]) for name in ("X", "W_Q", "W_K", "W_V"))
+    Q, K, V = X * W_Q, X * W_K, X * W_V
+    n, d_k = Q.nrows(), Q.ncols()
+    root = math.isqrt(d_k)
+    assert root * root == d_k, "the bare script scales by a rational 1/√d_k"
+    S = Q * K.transpose()
+    S_scaled = S * fmpq(1, root)
+    saved, ctx.dps = ctx.dps, 30
+    weights = []
+    for i in range(n):  # causal: row i sees keys 0..i
+        row = [S_scaled[i, j] for j in range(i + 1)]
+        m = max(row)
+        exps = [arb(s - m).exp() for s in row]
+        Z = sum(exps[1:], exps[0])
+        weights.extend([e / Z for e in exps] + [arb(0)] * (n - i - 1))
+    A = arb_mat(n, n, weights)
+    O = A * arb_mat(V)
+    end = time.perf_counter()
+    ctx.dps = saved
+    assert O.nrows() == n
+    return end - start
+
+
+PEERS = {"naive": naive, "numpy": numpy_peer, "bare": bare}
+
+
+def _child(argv: list[str]) -> None:
+    name, path = argv
+
+    def ready():  # tells the parent the clock starts now (its time cap counts from here)
+        print("START", flush=True)
+
+    try:
+        result = naive(Path(path), ready) if name == "naive" else PEERS[name](Path(path))
+        print(json.dumps({"ok": True, "result": result}))
+    except Exception as exc:  # noqa: BLE001  (the parent records it and carries on)
+        print(json.dumps({"ok": False, "error": f"{type(exc).__name__}: {exc}"}))
+
+
+if __name__ == "__main__":
+    _child(sys.argv[1:])
