@@ -81,8 +81,6 @@ class CrossCheck:
             out["torch"] = self.torch.as_dict()
         if self.finite_differences is not None:
             out["finite_differences"] = self.finite_differences.as_dict()
-            if self.finite_differences.skipped:
-                out["finite_differences"]["skipped"] = self.finite_differences.skipped
         return out
 
 

@@ -79,6 +79,12 @@ def rational_rows(m: Matrix) -> list[list]:
     return _dm(m).to_list()
 
 
+def qq_entries(m) -> "list[list] | None":
+    """The entries of ``m`` as ``QQ`` numbers (None for −∞) when they are all rational, else None:
+    a rational matrix's own, or a lazy matrix's ``qq_rows``."""
+    return rational_rows(m) if is_rational(m) else getattr(m, "qq_rows", None)
+
+
 class LazyMatrix:
     """An exact matrix whose entries are built from structure on first access.
 
@@ -253,7 +259,7 @@ def mpf_of_qq(x) -> mpmath.mpf:
 def evaluate(m, dps: int, subs=None) -> list[list[mpmath.mpf]]:
     """The entries of ``m`` at ``dps`` digits (from the rationals directly when it has them)."""
     with mpmath.workdps(dps + 10):
-        qq = rational_rows(m) if is_rational(m) else getattr(m, "qq_rows", None)
+        qq = qq_entries(m)
         if qq is not None:
             return [[mpmath.ninf if x is None else mpf_of_qq(x) for x in row] for row in qq]
         return [[to_mpf(m[i, j], dps, subs) for j in range(m.cols)] for i in range(m.rows)]
@@ -262,7 +268,7 @@ def evaluate(m, dps: int, subs=None) -> list[list[mpmath.mpf]]:
 def approx(m) -> "list[list[float]] | None":
     """The entries of a rational matrix as correctly rounded floats (−∞ kept), or None when
     ``m`` is not rational. Entries beyond float64's range become NaN."""
-    qq = rational_rows(m) if is_rational(m) else getattr(m, "qq_rows", None)
+    qq = qq_entries(m)
     if qq is None:
         return None
     return [[float("-inf") if x is None else _float(x) for x in row] for row in qq]
@@ -403,6 +409,16 @@ class SoftmaxRow:
             exps = self._exps(dps, subs)
             total = mpmath.fsum(e for e, x in zip(exps, self.raw) if x is not None)
             return [mpmath.mpf(0) if x is None else e / total for e, x in zip(exps, self.raw)], total
+
+
+def softmax_backward(A: list[list[mpmath.mpf]], dA: list[list[mpmath.mpf]], dps: int) -> list[list[mpmath.mpf]]:
+    """Back through the softmax, row by row: a ∘ (dA − dA·a), at ``dps`` digits."""
+    with mpmath.workdps(dps + 10):
+        out = []
+        for a, g in zip(A, dA):
+            dot = mpmath.fsum(x * y for x, y in zip(a, g))
+            out.append([x * (y - dot) for x, y in zip(a, g)])
+        return out
 
 
 def softmax_rows(masked) -> tuple[SoftmaxRow, ...]:

@@ -32,7 +32,9 @@ class Progress:
         self.drawn = 0  # characters on the line now
 
     def advance(self, phase: str) -> None:
-        """Phase ``phase`` begins."""
+        """Phase ``phase`` begins (nothing happens when the display is off)."""
+        if not self.enabled:
+            return
         self.index = self.phases.index(phase)
         self.detail = ""
         self._draw()

@@ -266,19 +266,13 @@ def _head(b, step, info: HeadInfo, dO, X, C, q_labels, k_labels) -> None:
         top = numerator(i, j)
         return top if top == 0 else top / rows[i].normaliser ** 2
 
-    def dS_masked_values(d, dps):
-        out = []
-        with mpmath.workdps(dps + 10):
-            for a, g in zip(ev(d, "A", dps), ev(d, "dA", dps)):
-                dot = mpmath.fsum(x * y for x, y in zip(a, g))
-                out.append([x * (y - dot) for x, y in zip(a, g)])
-        return out
-
     step("dS_masked", "Back through the softmax", _WHY["dS_masked"],
          "d\\hat{S}_{ij} = a_{ij}\\Big(dA_{ij} - \\sum_k a_{ik}\\,dA_{ik}\\Big)",
          "dŜ[i,j] = a_ij·(dA[i,j] − Σ_k a_ik·dA[i,k])",
          f"{n_q}×{n_k} (like Ŝ); each row sums to 0", q_labels, k_labels,
-         LazyMatrix(n_q, n_k, dS_masked_entry), dS_masked_values, over_z_squared=numerator, jacobian=rows)
+         LazyMatrix(n_q, n_k, dS_masked_entry),
+         lambda d, dps: _exact.softmax_backward(ev(d, "A", dps), ev(d, "dA", dps), dps),
+         over_z_squared=numerator, jacobian=rows)
 
     dS_masked = b.by_id(pre + "dS_masked").lazy
     scale_tex = _scale_tex(p, factor)

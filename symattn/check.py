@@ -32,6 +32,7 @@ import yaml
 
 from . import _yaml
 from ._errors import SymattnError
+from ._exact import softmax_backward
 from ._numbers import NumberError, parse_number
 from .derivation import Derivation
 
@@ -240,16 +241,6 @@ def _softmax_rows(z: Grid) -> Grid:
         return out
 
 
-def _softmax_backward(A: Grid, dA: Grid) -> Grid:
-    """Row by row, a ∘ (dA − dA·a): the gradient through the softmax."""
-    with mpmath.workdps(DPS + 10):
-        out = []
-        for a, g in zip(A, dA):
-            dot = mpmath.fsum(x * y for x, y in zip(a, g))
-            out.append([x * (y - dot) for x, y in zip(a, g)])
-        return out
-
-
 def _exact_grid(m) -> Grid:
     from ._exact import evaluate
 
@@ -425,7 +416,7 @@ class _Marker:
         if kind == "dA":
             return _matmul(v["dO"], _t(v["V"]))
         if kind == "dS_masked":
-            return _softmax_backward(v["A"], v["dA"])
+            return softmax_backward(v["A"], v["dA"], DPS)
         if kind == "dS":
             factor = _mp(p.scale_for(len(self.exact(prefix + "Q")[0])))
             with mpmath.workdps(DPS + 10):

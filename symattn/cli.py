@@ -156,7 +156,7 @@ def _derive_text(problem: Path | None, kind: str, standalone: bool, digits: int 
         from ._progress import Progress
 
         progress = Progress([], enabled=False)
-    advance = progress.advance if progress.enabled else (lambda phase: None)
+    advance = progress.advance
     advance("reading the problem")
     if problem is None:
         from importlib import resources

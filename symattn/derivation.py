@@ -9,6 +9,7 @@ exact matrix. Renderers only read steps.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Iterator
@@ -235,8 +236,7 @@ class Derivation:
         """A function ``(i, j) → value at dps digits`` that evaluates only the entries asked for
         when the stage is rational (a renderer showing the corner of a big matrix), and
         reads :meth:`evaluate` otherwise."""
-        m = self.step(id).lazy
-        qq = _exact.rational_rows(m) if _exact.is_rational(m) else getattr(m, "qq_rows", None)
+        qq = _exact.qq_entries(self.step(id).lazy)
         if qq is None or self.problem.symbols:
             values = self.evaluate(id, dps)
             return lambda i, j: values[i][j]
@@ -265,10 +265,10 @@ class Derivation:
 
 
 def _float(x: mpmath.mpf) -> float:
-    try:
-        return float(x)
-    except OverflowError:  # pragma: no cover - mpmath gives inf rather than raising
-        return float("nan")
+    """``x`` as float64; NaN when it is finite but beyond float64's range (not ±inf, which
+    would pass for a masked position)."""
+    value = float(x)
+    return float("nan") if math.isinf(value) and not mpmath.isinf(x) else value
 
 
 def derive(problem: Problem, *, on_step=None) -> Derivation:

@@ -144,8 +144,7 @@ def needs_decimals(step: Step) -> bool:
     """Whether decimals help: some entry is not an integer or −∞, and none holds a symbol."""
     if not written_exactly(step):
         return True
-    m = step.lazy
-    qq = _exact.rational_rows(m) if _exact.is_rational(m) else getattr(m, "qq_rows", None)
+    qq = _exact.qq_entries(step.lazy)
     if qq is not None:  # rationals: read the denominators, build no SymPy number
         return any(x is not None and x.denominator != 1 for row in qq for x in row)
     values = getattr(step, "values", None)  # V, for the output step
@@ -590,8 +589,7 @@ def blocks(
                 for line in normaliser_lines(d, step, digits, max_shown):
                     out.append(Block("math", line))
             if step.kind == "dS_masked":
-                out += [Block("para", text) if kind == "para" else Block("math", text)
-                        for kind, text in jacobian_blocks(d, step, max_shown)]
+                out += jacobian_blocks(step, max_shown)
             if step.kind == "O" and step.softmax and evaluable:
                 line = weighted_sum_tex(d, step, digits)
                 if line:
@@ -703,8 +701,8 @@ def jacobian_entry(row, j: int, k: int) -> sympy.Expr:
     return top / z**2
 
 
-def jacobian_blocks(d: Derivation, step: Step, max_shown: int = MAX_SHOWN) -> list[tuple[str, str]]:
-    """("para" | "math", text) blocks showing one row's softmax Jacobian in full."""
+def jacobian_blocks(step: Step, max_shown: int = MAX_SHOWN) -> list[Block]:
+    """Blocks showing one row's softmax Jacobian in full."""
     i = jacobian_row(step)
     row = step.jacobian[i]
     n = len(row.raw)
@@ -713,11 +711,11 @@ def jacobian_blocks(d: Derivation, step: Step, max_shown: int = MAX_SHOWN) -> li
     jac = grid(n, n, lambda j, k: tex(jacobian_entry(row, j, k)), max_shown=max_shown,
                row_labels=cols, col_labels=cols)
     return [
-        ("para", f"The softmax Jacobian of row {i + 1} ({token}), entry by entry "
-                 "∂a_j/∂ŝ_k = a_j(δ_jk − a_k); masked keys have a zero row and column:"),
-        ("math", rf"J^{{({i + 1})}} = \operatorname{{diag}}(a_{{{i + 1}}}) - a_{{{i + 1}}}\,a_{{{i + 1}}}^{{\top}} = {jac}"),
-        ("math", rf"d\hat{{S}}_{{{i + 1}}} = J^{{({i + 1})}}\,dA_{{{i + 1}}}^{{\top}}"
-                 r"\quad\text{(each row of } J \text{ sums to 0, so each row of } d\hat{S} \text{ does too)}"),
+        Block("para", f"The softmax Jacobian of row {i + 1} ({token}), entry by entry "
+                      "∂a_j/∂ŝ_k = a_j(δ_jk − a_k); masked keys have a zero row and column:"),
+        Block("math", rf"J^{{({i + 1})}} = \operatorname{{diag}}(a_{{{i + 1}}}) - a_{{{i + 1}}}\,a_{{{i + 1}}}^{{\top}} = {jac}"),
+        Block("math", rf"d\hat{{S}}_{{{i + 1}}} = J^{{({i + 1})}}\,dA_{{{i + 1}}}^{{\top}}"
+                      r"\quad\text{(each row of } J \text{ sums to 0, so each row of } d\hat{S} \text{ does too)}"),
     ]
 
 

@@ -8,7 +8,7 @@ import mpmath
 import sympy
 
 from ..derivation import Derivation
-from ._common import NEG_INF
+from ._common import NEG_INF, written_exactly
 
 
 def _approx(v) -> float | None:
@@ -40,7 +40,7 @@ def as_dict(derivation: Derivation, *, check=None) -> dict:
                 "shape": list(step.shape),
                 # null where a big gradient's entries are too long to write (see backward.EXACT_LIMIT)
                 "exact": ([[_exact(m[i, j]) for j in range(m.cols)] for i in range(m.rows)]
-                          if getattr(step, "written_exactly", True) else None),
+                          if written_exactly(step) else None),
                 "approx": [[_approx(v) for v in row] for row in values],
             }
         )
