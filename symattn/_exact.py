@@ -13,13 +13,17 @@ expression tree.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Callable, Iterator
 
 import mpmath
 import sympy
+from mpmath.libmp import from_man_exp as _from_man_exp, from_rational as _from_rational
 from sympy import QQ
+
+from ._numbers import qq_float, rationals_float64
 
 try:  # python-flint: fast exact rational matrices and ball arithmetic
     import flint as _flint
@@ -27,6 +31,7 @@ except ImportError:  # pragma: no cover - the fallback is SymPy and mpmath
     _flint = None
 
 NEG_INF = sympy.S.NegativeInfinity
+_make_mpf = mpmath.mp.make_mpf
 Matrix = sympy.ImmutableMatrix
 
 
@@ -46,28 +51,168 @@ def tidy(x: sympy.Expr) -> sympy.Expr:
 # no per-entry SymPy arithmetic happens; entries become SymPy numbers only when shown.
 
 
+class QQMatrix(sympy.ImmutableDenseMatrix):
+    """An ImmutableMatrix of rationals that makes SymPy numbers only when asked for.
+
+    SymPy's ImmutableMatrix turns every entry into a SymPy number as it is built (its
+    ``args``): a second for a model-sized head. This one holds a dense QQ DomainMatrix
+    (python-flint's ``fmpq_mat``) and builds its ``args`` and SymPy's sparse internal form
+    on first use, so a matrix that is only multiplied, rounded and shown by its corners
+    never builds them. It is an ImmutableMatrix in every other respect (``==``, hashing,
+    arithmetic, printing).
+    """
+
+    @classmethod
+    def _fromrep(cls, rep):
+        if not (rep.domain.is_QQ or rep.domain.is_ZZ):
+            return sympy.ImmutableDenseMatrix._fromrep(rep)
+        obj = object.__new__(cls)
+        obj._assumptions = cls.default_assumptions
+        obj._mhash = None
+        obj._rows, obj._cols = rep.shape
+        if rep.rep.fmt == "sparse":
+            obj.__dict__["_sparse"] = rep
+        else:
+            obj.__dict__["_dense"] = rep
+        return obj
+
+    @property
+    def _rep(self):
+        """SymPy's internal form (a sparse DomainMatrix), built on first use."""
+        d = self.__dict__
+        if "_sparse" not in d:
+            d["_sparse"] = d["_dense"].to_sparse()
+        return d["_sparse"]
+
+    @_rep.setter
+    def _rep(self, rep) -> None:
+        self.__dict__["_sparse"] = rep
+
+    @property
+    def _args(self):
+        d = self.__dict__
+        if "_built_args" not in d:
+            flat = self._rep.to_sympy().to_list_flat()
+            d["_built_args"] = (sympy.Integer(self._rows), sympy.Integer(self._cols), sympy.Tuple(*flat, sympify=False))
+        return d["_built_args"]
+
+    @_args.setter
+    def _args(self, args) -> None:
+        self.__dict__["_built_args"] = args
+
+    @property
+    def dense(self):
+        """The entries as a dense QQ DomainMatrix (``fmpq_mat`` under flint)."""
+        d = self.__dict__
+        if "_dense" not in d:
+            rep = d["_sparse"]
+            d["_dense"] = (rep if rep.domain.is_QQ else rep.convert_to(QQ)).to_dense()
+        if not d["_dense"].domain.is_QQ:
+            d["_dense"] = d["_dense"].convert_to(QQ)
+        return d["_dense"]
+
+    _qq_dense = dense  # the same, by a name the NumPy reference can look for without importing this module
+
+    @property
+    def _float64(self):
+        """The entries as float64, each correctly rounded (NaN beyond float64's range); read-only
+        and computed once (the cross-check and the NumPy reference both read it)."""
+        d = self.__dict__
+        if "_float64_values" not in d:
+            values = rationals_float64(self.dense)
+            values.flags.writeable = False
+            d["_float64_values"] = values
+        return d["_float64_values"]
+
+    def __hash__(self) -> int:
+        # As an ImmutableDenseMatrix with the same entries hashes (they compare equal).
+        if self._mhash is None:
+            self._mhash = hash(("ImmutableDenseMatrix",) + self._hashable_content())
+        return self._mhash
+
+    def __getitem__(self, key):
+        # An entry, a row or a column straight from the dense form; anything else as SymPy does it.
+        rows, cols = self._rows, self._cols
+        if type(key) is int and -rows * cols <= key < rows * cols:
+            key = divmod(key % (rows * cols), cols)
+        if type(key) is tuple and len(key) == 2:
+            i, j = key
+            if type(i) is int and type(j) is int:
+                if -rows <= i < rows and -cols <= j < cols:
+                    x = self.dense.rep.getitem(i % rows, j % cols)
+                    p, q = int(x.numerator), int(x.denominator)
+                    return sympy.Integer(p) if q == 1 else sympy.Rational(p, q)
+            elif type(i) in (int, slice) and type(j) in (int, slice):
+                i, j = _as_slice(i, rows), _as_slice(j, cols)
+                if i is not None and j is not None:
+                    return _from_domain(self.dense[i, j])
+        return super().__getitem__(key)
+
+
+def _as_slice(k: "int | slice", n: int) -> "slice | None":
+    """``k`` as a non-empty slice of range(n) with step 1, or None (left to SymPy)."""
+    if type(k) is int:
+        return slice(k % n, k % n + 1) if -n <= k < n else None
+    start, stop, step = k.indices(n)
+    return slice(start, stop) if step == 1 and start < stop else None
+
+
 def rational_matrix(rows: int, cols: int, flat: list) -> Matrix:
     """The exact matrix with these ``QQ`` entries (row by row)."""
     from sympy.polys.matrices import DomainMatrix
 
-    dm = DomainMatrix([flat[i * cols:(i + 1) * cols] for i in range(rows)], (rows, cols), QQ)
-    return _from_domain(dm)
+    return _from_domain(DomainMatrix([flat[i * cols:(i + 1) * cols] for i in range(rows)], (rows, cols), QQ))
+
+
+def scaled_integer_matrix(rows: int, cols: int, numerators: list[int], denominator: int) -> Matrix:
+    """The exact matrix with entries ``numerators[k] / denominator`` (row by row)."""
+    if _flint is not None and QQ.of_type(_flint.fmpq(0)):  # SymPy's QQ is flint's fmpq
+        from sympy.polys.matrices import DomainMatrix
+        from sympy.polys.matrices._dfm import DFM
+
+        dense = _flint.fmpq_mat(_flint.fmpz_mat(rows, cols, numerators)) / denominator
+        return _from_domain(DomainMatrix.from_rep(DFM(dense, (rows, cols), QQ)))
+    return rational_matrix(rows, cols, [QQ(x, denominator) for x in numerators])
+
+
+def binary_float_matrix(array) -> Matrix:
+    """The exact matrix of a 2-d NumPy float array: each binary float is the dyadic rational
+    it stands for (never its decimal print)."""
+    import numpy as np
+
+    array = np.array(array, dtype=np.float64)  # float16 and float32 values are exact in float64
+    rows, cols = array.shape
+    if _flint is not None and QQ.of_type(_flint.fmpq(0)):
+        from sympy.polys.matrices import DomainMatrix
+        from sympy.polys.matrices._dfm import DFM
+
+        fmpq = _flint.fmpq
+        dense = _flint.fmpq_mat(rows, cols, [fmpq(*v.as_integer_ratio()) for v in array.ravel().tolist()])
+        m = _from_domain(DomainMatrix.from_rep(DFM(dense, (rows, cols), QQ)))
+    else:
+        m = rational_matrix(rows, cols, [QQ(*v.as_integer_ratio()) for v in array.ravel().tolist()])
+    array.flags.writeable = False
+    m.__dict__["_float64_values"] = array  # each entry is its own correctly rounded float
+    return m
 
 
 def _from_domain(dm) -> Matrix:
-    # Kept in SymPy's own (sparse) format so that == with other SymPy matrices works;
-    # products convert to the dense format (fmpq_mat under flint) and back.
-    return Matrix._fromrep(dm.to_sparse())
+    """A :class:`QQMatrix` holding the DomainMatrix ``dm`` (its SymPy numbers built when read)."""
+    return QQMatrix._fromrep(dm)
 
 
 def is_rational(m) -> bool:
     """Whether ``m`` is a matrix of rationals held as a DomainMatrix (cheap: no entry is read)."""
+    if isinstance(m, QQMatrix):
+        return True
     rep = getattr(m, "_rep", None)
     return rep is not None and (rep.domain == QQ or rep.domain == sympy.ZZ)
 
 
 def _dm(m: Matrix):
     """The QQ DomainMatrix of a rational matrix (dense; fmpq_mat under flint)."""
+    if isinstance(m, QQMatrix):
+        return m.dense
     rep = m._rep
     if rep.domain != QQ:
         rep = rep.convert_to(QQ)
@@ -252,8 +397,9 @@ def to_mpf(x: sympy.Expr, dps: int, subs=None) -> mpmath.mpf:
     return mpmath.mpf(value._to_mpmath(mpmath.mp.prec + 40))
 
 
-def mpf_of_qq(x) -> mpmath.mpf:
-    return mpmath.mpf(int(x.numerator)) / int(x.denominator)
+def mpf_of_qq(x, prec: int | None = None) -> mpmath.mpf:
+    """The rational ``x`` correctly rounded to ``prec`` bits (default: mpmath's working precision)."""
+    return _make_mpf(_from_rational(int(x.numerator), int(x.denominator), prec or mpmath.mp.prec, "n"))
 
 
 def evaluate(m, dps: int, subs=None) -> list[list[mpmath.mpf]]:
@@ -265,20 +411,19 @@ def evaluate(m, dps: int, subs=None) -> list[list[mpmath.mpf]]:
         return [[to_mpf(m[i, j], dps, subs) for j in range(m.cols)] for i in range(m.rows)]
 
 
-def approx(m) -> "list[list[float]] | None":
-    """The entries of a rational matrix as correctly rounded floats (−∞ kept), or None when
+def approx(m) -> "numpy.ndarray | None":
+    """The entries of a rational matrix as correctly rounded float64 (−∞ kept), or None when
     ``m`` is not rational. Entries beyond float64's range become NaN."""
-    qq = qq_entries(m)
+    import numpy
+
+    if isinstance(m, QQMatrix):
+        return m._float64
+    if is_rational(m):
+        return rationals_float64(_dm(m))
+    qq = getattr(m, "qq_rows", None)
     if qq is None:
         return None
-    return [[float("-inf") if x is None else _float(x) for x in row] for row in qq]
-
-
-def _float(x) -> float:
-    try:
-        return int(x.numerator) / int(x.denominator)
-    except OverflowError:
-        return float("nan")  # beyond float64: the cross-check is skipped for such problems
+    return numpy.array([[float("-inf") if x is None else qq_float(x) for x in row] for row in qq], dtype=numpy.float64)
 
 
 # -- high-precision evaluation ------------------------------------------------------------
@@ -291,8 +436,65 @@ def _prec(dps: int) -> int:
 def _arb_to_mpf(x) -> mpmath.mpf:
     """The midpoint of an arb ball, exactly (it has at most the working precision's bits)."""
     man, exp = x.mid().man_exp()
-    with mpmath.workprec(max(int(man).bit_length(), 1) + 1):
-        return mpmath.mpf((int(man), int(exp)))
+    return _make_mpf(_from_man_exp(int(man), int(exp)))  # exact: no rounding to mpmath's precision
+
+
+def arb_float(x) -> float:
+    """The midpoint of an arb ball rounded to the nearest float64 (NaN beyond its range)."""
+    man, exp = x.mid().man_exp()
+    try:
+        return math.ldexp(float(int(man)), int(exp))  # the only rounding: the mantissa to 53 bits
+    except OverflowError:
+        return math.nan
+
+
+def weights_times(rows: "tuple[SoftmaxRow, ...]", values: Matrix, dps: int, convert=None) -> "list[list] | None":
+    """``A·V`` at ``dps`` digits straight from rational softmax rows and a rational ``V`` (one arb
+    matrix product), as mpmath numbers (or ``convert(arb)``), or None when either is not
+    rational or flint is missing."""
+    if _flint is None or not is_rational(values) or not all(row.rational for row in rows):
+        return None
+    convert = convert or _arb_to_mpf
+    old = _flint.ctx.prec
+    _flint.ctx.prec = _prec(dps)
+    try:
+        weights = _flint.arb_mat([row.arb_weights(dps) for row in rows])
+        dense = _dm(values)
+        v = dense.rep.rep if type(dense.rep).__name__ == "DFM" else [[_flint.fmpq(int(x.numerator), int(x.denominator)) for x in row] for row in dense.to_list()]
+        product = weights * _flint.arb_mat(v)
+        return [[convert(product[i, j]) for j in range(product.ncols())] for i in range(product.nrows())]
+    finally:
+        _flint.ctx.prec = old
+
+
+def weighted_value(row: "SoftmaxRow", column: list, dps: int) -> "mpmath.mpf | None":
+    """``Σ_k a_ik v_k`` at ``dps`` digits for a rational row and rational values (QQ), from the
+    row's arb weights; None when the row is not rational or flint is missing."""
+    if _flint is None or not row.rational:
+        return None
+    old = _flint.ctx.prec
+    _flint.ctx.prec = _prec(dps)
+    try:
+        total = _flint.arb(0)
+        for w, v in zip(row.arb_weights(dps), column):
+            if v:
+                total += w * _flint.fmpq(int(v.numerator), int(v.denominator))
+        return _arb_to_mpf(total)
+    finally:
+        _flint.ctx.prec = old
+
+
+def weights_floats(rows: "tuple[SoftmaxRow, ...]", dps: int) -> "list[list[float]] | None":
+    """The weights of rational softmax rows rounded to float64 from their ``dps``-digit values, or
+    None when a row is not rational or flint is missing."""
+    if _flint is None or not all(row.rational for row in rows):
+        return None
+    old = _flint.ctx.prec
+    _flint.ctx.prec = _prec(dps)
+    try:
+        return [[arb_float(w) for w in row.arb_weights(dps)] for row in rows]
+    finally:
+        _flint.ctx.prec = old
 
 
 def mp_matmul(a: list[list[mpmath.mpf]], b: list[list[mpmath.mpf]], dps: int) -> list[list[mpmath.mpf]]:
@@ -359,6 +561,35 @@ class SoftmaxRow:
         """``Z_i = Σ_j e^{z_ij - m_i}`` (like terms collected)."""
         return sympy.Add(*self.terms)
 
+    @cached_property
+    def normaliser_is_number(self) -> bool:
+        """Whether ``Z_i`` is a plain number: every allowed exponent is 0 (a sum of exponentials
+        of distinct rationals, not all 0, is transcendental)."""
+        if self.rational:
+            return all(e is None or e == 0 for e in self.raw)
+        return self.normaliser.is_Rational
+
+    def numerator_parts(self, column=None) -> list:
+        """``Σ_j e^{z_ij - m_i} v_j`` of a rational row and rational values ``column`` (all 1 when
+        None: ``Z_i`` itself) as ``(coefficient, exponent)`` pairs in QQ: like exponents collected,
+        zero terms dropped, the largest exponent first. No SymPy expression is built."""
+        parts = []
+        for e, positions in self._exponent_groups:
+            c = len(positions) if column is None else sum(column[k] for k in positions)
+            if c:
+                parts.append((QQ(c), e))
+        return parts
+
+    @cached_property
+    def _exponent_groups(self) -> list:
+        """The allowed positions grouped by equal exponent, the largest exponent first."""
+        assert self.rational
+        groups: dict = {}
+        for k, e in enumerate(self.raw):
+            if e is not None:
+                groups.setdefault(e, []).append(k)
+        return sorted(groups.items(), key=lambda group: group[0], reverse=True)
+
     def weight(self, j: int) -> sympy.Expr:
         if self.raw[j] is None:
             return sympy.Integer(0)
@@ -395,14 +626,23 @@ class SoftmaxRow:
             cache[key] = self._evaluate(dps, subs)
         return cache[key]
 
+    def arb_weights(self, dps: int) -> list:
+        """The weights as arb balls at ``dps`` digits (a rational row, with flint); the caller sets
+        flint's precision."""
+        cache = self.__dict__.setdefault("_arb", {})
+        if dps not in cache:
+            exps = self._exps(dps, None)
+            total = sum(exps, _flint.arb(0))
+            cache[dps] = ([e / total for e in exps], total)
+        return cache[dps][0]
+
     def _evaluate(self, dps: int, subs) -> tuple[list[mpmath.mpf], mpmath.mpf]:
         if self.rational and _flint is not None:
             old = _flint.ctx.prec
             _flint.ctx.prec = _prec(dps)
             try:
-                exps = self._exps(dps, subs)
-                total = sum(exps, _flint.arb(0))
-                return [_arb_to_mpf(e / total) for e in exps], _arb_to_mpf(total)
+                weights = self.arb_weights(dps)
+                return [_arb_to_mpf(w) for w in weights], _arb_to_mpf(self.__dict__["_arb"][dps][1])
             finally:
                 _flint.ctx.prec = old
         with mpmath.workdps(dps + 10):

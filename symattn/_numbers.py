@@ -337,3 +337,42 @@ def _describe(node: ast.AST) -> str:
     if isinstance(node, ast.BoolOp):
         return "and/or"
     return type(node).__name__
+
+
+_EXACT_FLOAT = 2**53  # integers up to this size are exact float64 values
+
+
+def rationals_float64(dm):
+    """A QQ DomainMatrix as a float64 array, each entry correctly rounded (NaN beyond float64's range).
+
+    With a common denominator ``D`` and numerators that are exact float64 values, one
+    float64 division per entry is correctly rounded (IEEE 754); otherwise each entry is
+    rounded by Python from its own fraction.
+    """
+    import numpy as np
+
+    rows, cols = dm.shape
+    fmpq_mat = getattr(dm.rep, "rep", None) if type(dm.rep).__name__ == "DFM" else None
+    if fmpq_mat is not None:
+        numerators, denominator = fmpq_mat.numer_denom()
+        ints = [int(x) for x in numerators.entries()]
+        d = int(denominator)
+        if d <= _EXACT_FLOAT and (not ints or (max(ints) <= _EXACT_FLOAT and min(ints) >= -_EXACT_FLOAT)):
+            return (np.array(ints, dtype=np.float64) / float(d)).reshape(rows, cols)
+        if d & (d - 1) == 0 and ints:  # binary fractions (from .npy files): one rounding, then exact scaling
+            try:
+                values = np.ldexp(np.fromiter(map(float, ints), dtype=np.float64, count=len(ints)), -(d.bit_length() - 1))
+            except OverflowError:
+                values = None
+            if values is not None and np.isfinite(values).all():
+                tiny = np.abs(values[values != 0])
+                if not tiny.size or tiny.min() >= 2.0**-1022:  # no subnormal result: the scaling was exact
+                    return values.reshape(rows, cols)
+    return np.array([[qq_float(x) for x in row] for row in dm.to_list()], dtype=np.float64).reshape(rows, cols)
+
+
+def qq_float(x) -> float:
+    try:
+        return int(x.numerator) / int(x.denominator)
+    except OverflowError:
+        return float("nan")  # beyond float64: the cross-check is skipped for such problems

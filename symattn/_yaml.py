@@ -7,6 +7,7 @@ objects, so no tag can run code and every scalar keeps the text the user wrote:
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import yaml
@@ -43,6 +44,138 @@ def _fast_loader():
 
 
 _CLoader = _fast_loader()
+
+
+# -- big matrices without a node per number -------------------------------------------------
+#
+# A model-sized matrix written [[0.12, -0.5, ...], ...] costs libyaml a node and two marks
+# per number. A matrix of plain numbers has only one reading, so it is cut out of the text
+# before composing (a placeholder [] of the same extent keeps every other line and column)
+# and kept as its rows of text. Its nodes are composed from its own text only if something
+# asks for them (an entry to report, a mask of booleans), with the same lines and columns.
+
+_NUMBER = r"-?[0-9]{1,30}(?:\.[0-9]{1,30})?(?:/[0-9]{1,30})?"
+_ROW = re.compile(rf"[ \n]*{_NUMBER}(?:[ \n]*,[ \n]*{_NUMBER})*[ \n]*")  # inside its brackets
+_CLOSE = re.compile(r"\][ \n]*\]")
+_BETWEEN_ROWS = re.compile(r"\][ \n]*,[ \n]*\[")
+# A matrix: a key at the start of a line (perhaps after "- "), then [[ ... ]] up to the end of
+# the line or a comment.
+_START = re.compile(r"^(?:[ ]*- )*[ ]*[A-Za-z_][A-Za-z0-9_]*:[ ]+(?=\[[ \n]*\[)", re.MULTILINE)
+_MATRIX_CHARS = re.compile(r"[-0-9./, \n\[\]]*")
+_AFTER = re.compile(r"[ ]*(?:[ ]#[^\n]*)?(?:\n|\Z)")
+
+
+class FlowMatrix(yaml.SequenceNode):
+    """A matrix of plain numbers cut out of the text: ``rows`` holds each row's text between
+    its brackets. ``value`` (the usual row and entry nodes) is composed on first use."""
+
+    def __init__(self, rows: list[str], text: str, start: int, end: int, start_mark, end_mark) -> None:
+        self.tag = "tag:yaml.org,2002:seq"
+        self.rows = rows
+        self.start_mark, self.end_mark = start_mark, end_mark
+        self.flow_style = True
+        self.anchor = None
+        self._text, self._start, self._end = text, start, end
+        self._value = None
+
+    @property
+    def value(self):
+        if self._value is None:
+            # The matrix's own text, at its own place: every mark is what the whole file gives.
+            before = _blank(self._text[: self._start])
+            self._value = yaml.compose(before + self._text[self._start:self._end], Loader=_CLoader).value
+        return self._value
+
+    @value.setter
+    def value(self, value) -> None:
+        self._value = value
+
+
+def _blank(text: str) -> str:
+    """``text`` with every character but the line breaks made a space (lines and columns kept)."""
+    return "\n".join(" " * len(line) for line in text.split("\n"))
+
+
+# Line breaks YAML knows besides "\n" (and a byte-order mark, which shifts libyaml's index):
+# with any of them the places are not worth working out, and the text is composed as usual.
+_ODD_BREAKS = re.compile("[\r\x85\u2028\u2029\ufeff]")
+
+
+def _flow_matrices(text: str) -> list[tuple[int, int, list[str]]]:
+    """``(start, end, rows)`` of each matrix of plain numbers written in flow style."""
+    if _ODD_BREAKS.search(text):
+        return []
+    found = []
+    pos = 0
+    for m in _START.finditer(text):
+        start = m.end()
+        if start < pos:
+            continue
+        # Only brackets, numbers and separators up to the closing "]]": a run that cannot hold
+        # another key, so the runs are disjoint and the scan stays linear in the text.
+        run = _MATRIX_CHARS.match(text, start)
+        close = _CLOSE.search(text, start, run.end())
+        if close is None:
+            continue
+        end = close.end()
+        body = text[start:end]
+        if not _AFTER.match(text, end):
+            continue
+        inner = body[1:-1].strip(" \n")
+        if not (inner.startswith("[") and inner.endswith("]")):
+            continue
+        rows = _BETWEEN_ROWS.split(inner[1:-1])
+        if not all(_ROW.fullmatch(row) for row in rows):
+            continue
+        found.append((start, end, rows))
+        pos = end
+    return found
+
+
+def _compose_cut(text: str, spans) -> yaml.Node | None:
+    """Compose ``text`` with each span replaced by a placeholder, and put a :class:`FlowMatrix`
+    in each placeholder's place. None when any placeholder is not where a matrix would be
+    (inside a block of text, say): the caller then composes the whole text as usual."""
+    pieces, last, places = [], 0, {}
+    for start, end, rows in spans:
+        pieces.append(text[last:start])
+        pieces.append("[" + _blank(text[start + 1:end - 1]) + "]")
+        last = end
+        line = text.count("\n", 0, start)
+        col = start - (text.rfind("\n", 0, start) + 1)
+        places[(line, col)] = (start, end, rows)
+    pieces.append(text[last:])
+    try:
+        root = yaml.compose("".join(pieces), Loader=_CLoader)
+    except (yaml.YAMLError, ValueError):
+        return None
+    placed = 0
+    stack = [root] if root is not None else []
+    seen: set[int] = set()
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue  # an alias of a node already walked
+        seen.add(id(node))
+        if isinstance(node, yaml.MappingNode):
+            children = [value for _, value in node.value]
+            swap = lambda k, new: node.value.__setitem__(k, (node.value[k][0], new))  # noqa: E731
+        elif isinstance(node, yaml.SequenceNode):
+            children = list(node.value)
+            swap = node.value.__setitem__
+        else:
+            continue
+        for k, child in enumerate(children):
+            key = (child.start_mark.line, child.start_mark.column)
+            if isinstance(child, yaml.SequenceNode) and not child.value and key in places and child.flow_style:
+                start, end, rows = places[key]
+                swap(k, FlowMatrix(rows, text, start, end, child.start_mark, child.end_mark))
+                placed += 1
+            else:
+                stack.append(child)
+    return root if placed == len(spans) else None
+
+
 MAX_NODES = 5_000_000  # nodes visited through aliases before we give up
 
 
@@ -66,6 +199,11 @@ def where(file: str, node: yaml.Node) -> Where:
 def compose(text: str, file: str) -> yaml.Node | None:
     """The node tree of ``text`` (one YAML document), or None for an empty file."""
     if _CLoader is not None:
+        spans = _flow_matrices(text)
+        if spans:
+            root = _compose_cut(text, spans)
+            if root is not None:
+                return root
         try:  # libyaml: the same nodes, tags and marks, many times faster on big files
             return yaml.compose(text, Loader=_CLoader)
         except (yaml.YAMLError, ValueError):
@@ -113,6 +251,8 @@ def check_tags(root: yaml.Node, file: str) -> None:
         if id(node) in visited:
             continue  # an alias of a node already checked
         visited.add(id(node))
+        if isinstance(node, FlowMatrix):
+            continue  # plain numbers only: no tag can hide in it
         if isinstance(node, yaml.SequenceNode):
             stack.extend(node.value)
         elif isinstance(node, yaml.MappingNode):

@@ -114,6 +114,12 @@ class _SoftmaxStep(Step):
     def evaluate(self, derivation, dps, subs) -> Values:
         return [row.evaluate(dps, subs) for row in self.softmax]
 
+    def floats(self, dps: int) -> "list[list[float]] | None":
+        return _exact.weights_floats(self.softmax, dps)
+
+    def entry_value(self, i: int, j: int, dps: int, subs) -> mpmath.mpf:
+        return self.softmax[i].evaluate(dps, subs)[j]  # one row's weights, not the whole matrix
+
 
 @dataclass(frozen=True)
 class _OutputStep(Step):
@@ -133,7 +139,26 @@ class _OutputStep(Step):
 
         return LazyMatrix(len(self.softmax), v.cols, entry)
 
+    @cached_property
+    def value_columns(self) -> "list[list] | None":
+        """The columns of ``V`` as QQ numbers when it is rational, else None."""
+        qq = _exact.qq_entries(self.values)
+        return None if qq is None else [list(col) for col in zip(*qq)]
+
+    def floats(self, dps: int) -> "list[list[float]] | None":
+        return _exact.weights_times(self.softmax, self.values, dps, _exact.arb_float)
+
+    def entry_value(self, i: int, j: int, dps: int, subs) -> "mpmath.mpf | None":
+        """Entry (i, j) alone, from row i's weights and column j of V (rational ones), else None."""
+        columns = self.value_columns
+        if columns is None:
+            return None
+        return _exact.weighted_value(self.softmax[i], columns[j], dps)
+
     def evaluate(self, derivation, dps, subs) -> Values:
+        fast = _exact.weights_times(self.softmax, self.values, dps)
+        if fast is not None:
+            return fast
         weights = [row.evaluate(dps, subs) for row in self.softmax]
         return _exact.mp_matmul(weights, _exact.evaluate(self.values, dps, subs), dps)
 
@@ -236,14 +261,25 @@ class Derivation:
         """A function ``(i, j) → value at dps digits`` that evaluates only the entries asked for
         when the stage is rational (a renderer showing the corner of a big matrix), and
         reads :meth:`evaluate` otherwise."""
-        qq = _exact.qq_entries(self.step(id).lazy)
+        step = self.step(id)
+        qq = _exact.qq_entries(step.lazy)
         if qq is None or self.problem.symbols:
+            subs = self.problem.substitutions
+            if hasattr(step, "entry_value") and subs is not None and (id, dps) not in self.__dict__.get("_evaluated", {}):
+                # Weights and outputs entry by entry: a corner of a big matrix costs a corner.
+                def computed(i: int, j: int) -> mpmath.mpf:
+                    value = step.entry_value(i, j, dps, subs)
+                    return self.evaluate(id, dps)[i][j] if value is None else value
+
+                return computed
             values = self.evaluate(id, dps)
             return lambda i, j: values[i][j]
 
+        prec = mpmath.libmp.dps_to_prec(dps + 10)
+
         def value(i: int, j: int) -> mpmath.mpf:
-            with mpmath.workdps(dps + 10):
-                return mpmath.ninf if qq[i][j] is None else _exact.mpf_of_qq(qq[i][j])
+            x = qq[i][j]
+            return mpmath.ninf if x is None else _exact.mpf_of_qq(x, prec)
 
         return value
 
@@ -257,7 +293,12 @@ class Derivation:
 
         cache = self.__dict__.setdefault("_approx", {})
         if id not in cache:
-            values = _exact.approx(self.step(id).lazy) if not self.problem.symbols else None
+            values = None
+            if not self.problem.symbols:  # rationals rounded once; rational softmax rows from arb
+                step = self.step(id)
+                values = _exact.approx(step.lazy)
+                if values is None and hasattr(step, "floats"):
+                    values = step.floats(30)
             if values is None:
                 values = [[_float(v) for v in row] for row in self.evaluate(id, 30)]
             cache[id] = numpy.array(values, dtype=numpy.float64)

@@ -11,16 +11,18 @@ from __future__ import annotations
 import numpy as np
 import sympy
 
+from ._numbers import rationals_float64
 from .problem import Problem
 
 
 def _f64(m, subs=None) -> np.ndarray:
     """An exact SymPy matrix as float64 (the only place exact meets binary floats); −∞ stays −∞."""
+    values = getattr(m, "_float64", None)  # a rational matrix's entries, already rounded once
+    if values is not None:
+        return values.copy()  # the caller's own (the shared one is read-only)
     rep = getattr(m, "_rep", None)
-    if rep is not None and (rep.domain.is_QQ or rep.domain.is_ZZ):
-        # Rationals held by SymPy's domain matrices: p/q is correctly rounded by Python.
-        rows = rep.convert_to(sympy.QQ).to_list()
-        return np.array([[int(x.numerator) / int(x.denominator) for x in row] for row in rows], dtype=np.float64)
+    if rep is not None and (rep.domain.is_QQ or rep.domain.is_ZZ):  # rationals: each entry correctly rounded
+        return rationals_float64(rep.convert_to(sympy.QQ).to_dense())
     if subs:
         m = m.xreplace(subs)
     return np.array(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import difflib
+import functools
 import io
 import keyword
 import os
@@ -24,7 +25,7 @@ from sympy import QQ
 from . import _yaml
 from ._errors import SymattnError
 from ._numbers import NumberError, is_positive, parse_decimal, parse_number
-from ._exact import rational_matrix
+from ._exact import binary_float_matrix, rational_matrix, scaled_integer_matrix
 from ._yaml import Where, where
 
 MAX_SIZE = 1_000_000  # numbers in one problem (all its matrices); --max-size raises it
@@ -673,6 +674,10 @@ class _Reader:
     def matrix(self, node: yaml.Node, name: str, allow_neg_inf: bool = False) -> Matrix:
         if isinstance(node, yaml.MappingNode):
             return self.matrix_file(node, name)
+        if isinstance(node, _yaml.FlowMatrix):
+            fast = self.flow_matrix(node, name)
+            if fast is not None:
+                return fast
         rows = self.rows_of(node, name)
         fast = _plain_rational_matrix(rows)
         if fast is not None:
@@ -683,6 +688,17 @@ class _Reader:
                 for i, row in enumerate(rows)
             ]
         )
+
+    def flow_matrix(self, node: _yaml.FlowMatrix, name: str) -> Matrix | None:
+        """A matrix of plain numbers read straight from its text; None leaves anything
+        to report (a ragged row, the size limit) to the usual path."""
+        numbers = len(node.rows) * (node.rows[0].count(",") + 1)
+        if self.size + numbers > self.max_size:
+            return None
+        m = _flow_rational_matrix(node.rows)
+        if m is not None:
+            self.count(numbers, self.at(node), name)
+        return m
 
     def matrix_file(self, node: yaml.MappingNode, name: str) -> Matrix:
         if len(node.value) != 1 or node.value[0][0].value != "file":
@@ -748,7 +764,7 @@ class _Reader:
         if not np.isfinite(array).all():
             raise where_.error(f"{rel!r} holds NaN or infinite values", name)
         # A binary float is exactly a dyadic rational: take that, not its decimal print.
-        return rational_matrix(rows, cols, [QQ(*v.as_integer_ratio()) for v in array.astype(float).ravel().tolist()])
+        return binary_float_matrix(array)
 
     # -- the mask --------------------------------------------------------------
 
@@ -844,22 +860,59 @@ def _plain_rational_matrix(rows: list[list[yaml.Node]]) -> Matrix | None:
     exact rationals, never through SymPy's expression parser. Anything else (symbols,
     roots, errors to report) is left to the full parser.
     """
-    flat = []
-    match = _PLAIN.fullmatch
+    texts = []
     for row in rows:
         for entry in row:
             if type(entry) is not yaml.ScalarNode or entry.style:
                 return None
-            m = match(entry.value)
-            if m is None:
-                return None
-            sign, whole, frac, den = m.groups()
-            if den is not None and (frac is not None or (whole[0] == "0" and len(whole) > 1)):
-                return None  # 1.5/2 or 007/3: the full parser says what it thinks
-            num = int(whole + frac) if frac else int(whole)
-            q = 10 ** len(frac) if frac else int(den) if den else 1
-            flat.append(QQ(-num if sign else num, q))
-    return rational_matrix(len(rows), len(rows[0]), flat)
+            texts.append(entry.value)
+    flat = _plain_rationals(texts)
+    return None if flat is None else rational_matrix(len(rows), len(rows[0]), flat)
+
+
+def _plain_rationals(texts: Iterable[str]) -> list | None:
+    """Each text as a ``QQ`` number when all are plain integers, decimals or fractions; else None."""
+    flat = []
+    match = _PLAIN.fullmatch
+    for text in texts:
+        m = match(text)
+        if m is None:
+            return None
+        sign, whole, frac, den = m.groups()
+        if den is not None and (frac is not None or (whole[0] == "0" and len(whole) > 1)):
+            return None  # 1.5/2 or 007/3: the full parser says what it thinks
+        num = int(whole + frac) if frac else int(whole)
+        q = 10 ** len(frac) if frac else int(den) if den else 1
+        flat.append(QQ(-num if sign else num, q))
+    return flat
+
+
+def _flow_rational_matrix(rows: list[str]) -> Matrix | None:
+    """A matrix cut out of the YAML text as its rows' text (``_yaml.FlowMatrix``), when its
+    rows are the same length and every entry is a plain number; else None.
+
+    The common case, every entry with the same count of decimals (model weights written
+    out), is read without a Python object per entry beyond its integer numerator.
+    """
+    width = rows[0].count(",") + 1
+    if any(row.count(",") + 1 != width for row in rows):
+        return None  # ragged: the usual path says which row
+    first = rows[0].split(",", 1)[0].strip(" \n")
+    decimals = len(first) - first.index(".") - 1 if "." in first else 0
+    same = _same_decimals(decimals)
+    if all(same.fullmatch(row) for row in rows):
+        text = ",".join(rows)
+        numerators = [int(x) for x in (text.replace(".", "") if decimals else text).split(",")]
+        return scaled_integer_matrix(len(rows), width, numerators, 10 ** decimals)
+    flat = _plain_rationals(x.strip(" \n") for row in rows for x in row.split(","))
+    return None if flat is None else rational_matrix(len(rows), width, flat)
+
+
+@functools.lru_cache(maxsize=None)
+def _same_decimals(decimals: int) -> re.Pattern:
+    """A row of numbers each with exactly ``decimals`` digits after the point (none: integers)."""
+    number = rf"-?[0-9]{{1,30}}\.[0-9]{{{decimals}}}" if decimals else r"-?[0-9]{1,30}"
+    return re.compile(rf"[ \n]*{number}(?:[ \n]*,[ \n]*{number})*[ \n]*")
 
 
 def _plural(n: int, word: str) -> str:

@@ -13,6 +13,9 @@ from ..derivation import Derivation, Step
 from ._grid import escape_tex, grid, shown
 
 NEG_INF = sympy.S.NegativeInfinity
+# Decimals are rounded from values worked to this many digits: the cross-check's own, so each
+# stage is evaluated once.
+DPS = 30
 
 # The eight stages of the walk-through, and which step ids each one shows.
 STAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -174,9 +177,25 @@ def _entries(step: Step):
 
 def tex(x: sympy.Expr) -> str:
     """LaTeX of one exact entry."""
+    if isinstance(x, sympy.Rational):
+        return qq_tex(x)  # what sympy.latex writes, without its printer
     if x == NEG_INF:
         return "-\\infty"
     return sympy.latex(x)
+
+
+def qq_tex(x) -> str:
+    """LaTeX of a rational (a SymPy Rational or a QQ number), exactly as ``sympy.latex`` writes it."""
+    p, q = int(x.numerator), int(x.denominator)
+    if q == 1:
+        return str(p)
+    return f"- \\frac{{{-p}}}{{{q}}}" if p < 0 else f"\\frac{{{p}}}{{{q}}}"
+
+
+def qq_text(x) -> str:
+    """Plain text of a rational, exactly as ``sympy.sstr`` writes it."""
+    p, q = int(x.numerator), int(x.denominator)
+    return str(p) if q == 1 else f"{p}/{q}"
 
 
 def _exp_split(term: sympy.Expr) -> tuple[sympy.Expr, sympy.Expr] | None:
@@ -229,6 +248,23 @@ def _exp_sum(expr, show, power_of, paren: str, times: str, ellipsis: str, max_te
             return show(expr)
         parts.append(split)
     parts.sort(key=lambda cx: -float(cx[1]) if cx[1].is_number else 0.0)
+    return _exp_parts(parts, show, power_of, paren, times, ellipsis, max_terms)
+
+
+def exp_parts_tex(parts: list, max_terms: int = 6) -> str:
+    """LaTeX of ``Σ c·e^x`` from exact ``(c, x)`` pairs in QQ, already in order (see
+    ``SoftmaxRow.numerator_parts``): what :func:`exp_sum_tex` writes for the same sum."""
+    return _exp_parts(parts, qq_tex, lambda x: f"e^{{{qq_tex(x)}}}", "\\left({}\\right)", " ", "\\cdots", max_terms)
+
+
+def exp_parts_text(parts: list, max_terms: int = 6) -> str:
+    """Plain text of the same (what :func:`exp_sum_text` writes)."""
+    return _exp_parts(parts, qq_text, lambda x: f"exp({qq_text(x)})", "({})", "*", "...", max_terms)
+
+
+def _exp_parts(parts: list, show, power_of, paren: str, times: str, ellipsis: str, max_terms: int) -> str:
+    if not parts:
+        return "0"
     if len(parts) > max_terms:  # a long sum: its first terms and its last (the JSON has every term)
         parts = parts[: max_terms // 2] + [None] + parts[-1:]
     out = ""
@@ -267,8 +303,22 @@ def over_normaliser(step: Step, i: int, j: int) -> sympy.Expr | None:
     return row.weighted_numerator(list(step.values.col(j)))
 
 
+def numerator_parts(step: Step, i: int, j: int) -> list | None:
+    """What :func:`over_normaliser` gives, as exact ``(c, x)`` pairs in QQ in writing order, when
+    row i and the values are rational (no SymPy expression is built); else None."""
+    if step.kind not in ("A", "O") or not step.softmax:
+        return None
+    row = step.softmax[i]
+    if not row.rational or normaliser_is_number(row):
+        return None
+    if step.kind == "A":
+        return [] if row.raw[j] is None else [(_exact.QQ(1), row.raw[j])]
+    columns = getattr(step, "value_columns", None)
+    return None if columns is None else row.numerator_parts(columns[j])
+
+
 def normaliser_is_number(row) -> bool:
-    return row.normaliser.is_Rational
+    return row.normaliser_is_number
 
 
 def over_normaliser_squared(step: Step, i: int, j: int) -> sympy.Expr | None:
@@ -285,13 +335,16 @@ def entry_tex(step: Step, i: int, j: int) -> str:
     if squared is not None:
         terms = MAX_CELL_TERMS if step.shape[1] > 4 else MAX_TERMS
         return "0" if squared == 0 else rf"\dfrac{{{exp_sum_tex(squared, terms)}}}{{Z_{{{i + 1}}}^{{2}}}}"
+    # Inside a wide matrix a numerator keeps fewer terms (MAX_CELL_TERMS).
+    terms = MAX_CELL_TERMS if step.shape[1] > 4 else MAX_TERMS
+    parts = numerator_parts(step, i, j)
+    if parts is not None:
+        return f"\\dfrac{{{exp_parts_tex(parts, terms)}}}{{Z_{{{i + 1}}}}}" if parts else "0"
     numerator = over_normaliser(step, i, j)
     if numerator is None:
         return tex(step.lazy[i, j])
     if numerator == 0:
         return "0"
-    # Inside a wide matrix a numerator keeps fewer terms (MAX_CELL_TERMS).
-    terms = MAX_CELL_TERMS if step.shape[1] > 4 else MAX_TERMS
     return f"\\dfrac{{{exp_sum_tex(numerator, terms)}}}{{Z_{{{i + 1}}}}}"
 
 
@@ -369,7 +422,7 @@ def exact_tex_matrix_of_step(step: Step, max_shown: int = MAX_SHOWN) -> str:
 
 def approx_tex_matrix(d: Derivation, step: Step, digits: int, max_shown: int = MAX_SHOWN, shade: bool = False) -> str:
     """Decimals of a step; with ``shade``, the weights' cells are shaded by size (LaTeX's colortbl)."""
-    value = d.entry_values(step.id, max(digits + 5, 20))
+    value = d.entry_values(step.id, max(digits + 5, DPS))
     rows, cols = step.shape
     row_labels, col_labels = _labels(step)
     shading = None
@@ -412,11 +465,11 @@ def normaliser_lines(d: Derivation, step: Step, digits: int, max_shown: int = MA
             continue
         line = (
             f"m_{{{i + 1}}} = {tex(row.maximum)},\\quad Z_{{{i + 1}}} = \\sum_k e^{{\\hat{{S}}_{{{i + 1}k}} - m_{{{i + 1}}}}} = "
-            f"{exp_sum_tex(row.normaliser)}"
+            f"{exp_parts_tex(row.numerator_parts()) if row.rational else exp_sum_tex(row.normaliser)}"
         )
         subs = d.problem.substitutions
         if subs is not None:
-            line += f" \\approx {_tex_decimal(row.evaluate_normaliser(digits + 5, subs), digits)}"
+            line += f" \\approx {_tex_decimal(row.evaluate_normaliser(max(digits + 5, DPS), subs), digits)}"
         lines.append(line)
     return lines
 
@@ -748,7 +801,7 @@ def check_sentence(check) -> str:
 
 def weighted_sum_tex(d: Derivation, step: Step, digits: int) -> str | None:
     """The last output row worked as a weighted average of value rows, in decimals."""
-    weights = [row.evaluate(max(digits + 5, 20), d.problem.substitutions) for row in step.softmax]
+    weights = [row.evaluate(max(digits + 5, DPS), d.problem.substitutions) for row in step.softmax]
     i = len(weights) - 1
     values = step.values
     if values is None or values.rows > 6:

@@ -10,6 +10,8 @@ computed.
 
 from __future__ import annotations
 
+import functools
+
 from typing import Callable, Sequence
 
 Index = int | None  # None marks the elided band
@@ -56,6 +58,7 @@ _SYMBOLS = {
 }
 
 
+@functools.lru_cache(maxsize=4096)  # token labels come back in every matrix
 def escape_tex(text: str) -> str:
     """User text made safe for LaTeX: printed as written, never executed.
 

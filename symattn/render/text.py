@@ -8,6 +8,7 @@ import sympy
 
 from ..derivation import Derivation, Step
 from ._common import (
+    DPS,
     MAX_CELL_TERMS,
     MAX_SHOWN,
     MAX_TERMS,
@@ -80,7 +81,7 @@ def _normalisers(step: Step, digits: int, subs, max_shown: int) -> list[str]:
         if not normaliser_is_number(row):
             line = f"    m_{i + 1} = {text_entry(row.maximum)},  Z_{i + 1} = {exp_sum_text(row.normaliser)}"
             if subs is not None:
-                line += f" ≈ {decimal(row.evaluate_normaliser(digits + 5, subs), digits)}"
+                line += f" ≈ {decimal(row.evaluate_normaliser(max(digits + 5, DPS), subs), digits)}"
             lines.append(line)
     return lines
 
@@ -129,7 +130,7 @@ def render_text(
             if step.kind == "dS_masked":
                 out.extend(_jacobian(step, max_shown))
             if needs_decimals(step) and d.can_evaluate:
-                value = d.entry_values(step.id, max(digits + 5, 20))
+                value = d.entry_values(step.id, max(digits + 5, DPS))
                 out.append("    ≈")
                 out.extend(_grid(step, lambda i, j: decimal(value(i, j), digits), max_shown))
             out.append("")

@@ -1,0 +1,996 @@
+"""The fast paths of symattn give exactly what the slow, general paths give.
+
+Each test computes the same thing twice, once through the fast path and once
+independently (plain SymPy matrices, ``fractions.Fraction``, mpmath at high
+precision, PyYAML without the matrix cut, the problem reader with the cut
+switched off), and compares the two. Random cases come from Hypothesis, run
+derandomized so every run checks the same cases.
+
+Run with:
+    python -m pytest -q tests/test_fast_paths.py
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import pickle
+import random
+from fractions import Fraction
+
+import mpmath
+import pytest
+import sympy
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from sympy import QQ, ImmutableMatrix, Rational
+
+from symattn import _exact, _yaml
+from symattn._errors import SymattnError
+from symattn._exact import QQMatrix, SoftmaxRow
+from symattn._numbers import rationals_float64
+from symattn.problem import parse_problem
+from symattn.render._common import (
+    exp_parts_tex,
+    exp_parts_text,
+    exp_sum_tex,
+    exp_sum_text,
+    qq_tex,
+    qq_text,
+)
+
+CASES = settings(
+    max_examples=150,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+FEW = settings(CASES, max_examples=60)
+RANDOMS = st.randoms(use_true_random=False)  # a seeded random.Random for the text generators
+
+
+# --------------------------------------------------------------------------
+# Helpers
+# --------------------------------------------------------------------------
+
+
+def qq(f: Fraction):
+    return QQ(f.numerator, f.denominator)
+
+
+def rat(f: Fraction) -> sympy.Rational:
+    return Rational(f.numerator, f.denominator)
+
+
+def fractions(max_num: int = 10**6, max_den: int = 10**3) -> st.SearchStrategy[Fraction]:
+    return st.builds(Fraction, st.integers(-max_num, max_num), st.integers(1, max_den))
+
+
+# Small, medium and huge rationals; integers and zero come often.
+ANY_FRACTION = st.one_of(
+    st.integers(-5, 5).map(Fraction),
+    fractions(20, 12),
+    fractions(10**6, 10**4),
+    fractions(10**40, 10**30),
+)
+
+
+@st.composite
+def matrices(draw, max_rows: int = 5, max_cols: int = 5, entries=ANY_FRACTION):
+    """(rows, cols, row-major list of Fractions)."""
+    rows = draw(st.integers(1, max_rows))
+    cols = draw(st.integers(1, max_cols))
+    return rows, cols, draw(st.lists(entries, min_size=rows * cols, max_size=rows * cols))
+
+
+def both(rows: int, cols: int, flat: list[Fraction]) -> tuple[QQMatrix, ImmutableMatrix]:
+    """The fast QQMatrix and SymPy's own ImmutableMatrix with the same entries."""
+    m = _exact.rational_matrix(rows, cols, [qq(f) for f in flat])
+    assert isinstance(m, QQMatrix), type(m)
+    return m, ImmutableMatrix(rows, cols, [rat(f) for f in flat])
+
+
+def outcome(f, *args):
+    """``("ok", value)`` or ``("raises", exception type)``."""
+    try:
+        return "ok", f(*args)
+    except Exception as exc:  # noqa: BLE001 - the type is what is compared
+        return "raises", type(exc)
+
+
+def assert_same_value(fast, slow, what: str) -> None:
+    """Equal matrices (both ways, same shape) or identical SymPy scalars (same srepr)."""
+    if isinstance(slow, sympy.MatrixBase):
+        assert isinstance(fast, sympy.MatrixBase), f"{what}: {fast!r} is not a matrix"
+        assert fast.shape == slow.shape, f"{what}: shape {fast.shape} != {slow.shape}"
+        assert fast == slow and slow == fast, f"{what}: {fast} != {slow}"
+        assert fast.tolist() == slow.tolist(), f"{what}: entries {fast.tolist()} != {slow.tolist()}"
+    else:
+        assert sympy.srepr(fast) == sympy.srepr(slow), f"{what}: {sympy.srepr(fast)} != {sympy.srepr(slow)}"
+
+
+def assert_same_outcome(fast_m, slow_m, key) -> None:
+    fast = outcome(lambda: fast_m[key])
+    slow = outcome(lambda: slow_m[key])
+    assert fast[0] == slow[0], f"m[{key!r}] on a {slow_m.shape} matrix: fast {fast}, SymPy {slow}"
+    if fast[0] == "ok":
+        assert_same_value(fast[1], slow[1], f"m[{key!r}]")
+    else:
+        assert fast[1] is slow[1], f"m[{key!r}]: fast raises {fast[1]}, SymPy raises {slow[1]}"
+
+
+# --------------------------------------------------------------------------
+# 1. QQMatrix behaves as the ImmutableMatrix with the same entries
+# --------------------------------------------------------------------------
+
+
+@CASES
+@given(matrices(), st.data())
+def test_qqmatrix_equality_and_hash(shape, data):
+    rows, cols, flat = shape
+    m, r = both(rows, cols, flat)
+    assert m == r and r == m, f"{m} != {r}"
+    assert not (m != r) and not (r != m)  # noqa: SIM202 - __ne__ itself is under test
+    assert hash(m) == hash(r), f"hash {hash(m)} != {hash(r)} for {r}"
+    assert {r: "slow"}[m] == "slow" and {m: "fast"}[r] == "fast"
+    assert len({m, r}) == 1
+    assert m == sympy.Matrix(r) and sympy.Matrix(r) == m, "a mutable Matrix with the same entries"
+    # A different matrix is different, both ways.
+    k = data.draw(st.integers(0, rows * cols - 1), label="changed entry")
+    changed = list(flat)
+    changed[k] += 1
+    m2, r2 = both(rows, cols, changed)
+    assert m != r2 and r2 != m and m2 != r and r != m2, f"{m} equals the changed {r2}"
+    assert (m2 == r2) and hash(m2) == hash(r2)
+    # The same entries in another shape are another matrix.
+    if rows != cols:
+        mt, rt = both(cols, rows, flat)
+        assert m != rt and rt != m and mt != r
+
+
+@settings(CASES, max_examples=80)
+@given(matrices(max_rows=4, max_cols=4, entries=fractions(30, 8)), st.data())
+def test_qqmatrix_indexing(shape, data):
+    rows, cols, flat = shape
+    m, r = both(rows, cols, flat)
+    for i in range(-rows - 2, rows + 2):
+        for j in range(-cols - 2, cols + 2):
+            assert_same_outcome(m, r, (i, j))
+    for k in range(-rows * cols - 2, rows * cols + 2):
+        assert_same_outcome(m, r, k)
+    for i in range(-rows - 1, rows + 1):
+        assert_same_outcome(m, r, (i, slice(None)))
+    for j in range(-cols - 1, cols + 1):
+        assert_same_outcome(m, r, (slice(None), j))
+    bound = max(rows, cols) + 2
+    ends = st.one_of(st.none(), st.integers(-bound, bound))
+    slices = st.builds(slice, ends, ends, st.sampled_from([None, 1, 2, 3, -1, -2]))
+    keys = st.one_of(
+        st.tuples(slices, slices),
+        st.tuples(slices, st.integers(-cols - 1, cols)),
+        st.tuples(st.integers(-rows - 1, rows), slices),
+    )
+    for key in data.draw(st.lists(keys, min_size=5, max_size=15), label="slice keys"):
+        assert_same_outcome(m, r, key)
+    assert_same_outcome(m, r, (slice(None, None, 2), min(1, cols - 1)))
+    assert_same_outcome(m, r, (slice(None), slice(None)))
+    for i in range(rows):
+        assert_same_value(m.row(i), r.row(i), f"row({i})")
+        assert_same_value(m.row(-1 - i), r.row(-1 - i), f"row({-1 - i})")
+    for j in range(cols):
+        assert_same_value(m.col(j), r.col(j), f"col({j})")
+        assert_same_value(m.col(-1 - j), r.col(-1 - j), f"col({-1 - j})")
+    fast_list, slow_list = list(m), list(r)
+    assert [sympy.srepr(x) for x in fast_list] == [sympy.srepr(x) for x in slow_list]
+    assert m.tolist() == r.tolist()
+    assert len(m) == len(r) and m.shape == r.shape
+
+
+@FEW
+@given(matrices(max_rows=4, max_cols=4))
+def test_qqmatrix_arithmetic_printing_pickling(shape):
+    rows, cols, flat = shape
+    m, r = both(rows, cols, flat)
+    assert_same_value(m.T, r.T, "m.T")
+    product = m * m.T
+    assert_same_value(product, r * r.T, "m * m.T")
+    assert isinstance(product, QQMatrix) and _exact.is_rational(product), type(product)
+    assert isinstance(m.T * m, QQMatrix), type(m.T * m)
+    assert_same_value(m * 2, r * 2, "m * 2")
+    assert_same_value(2 * m, 2 * r, "2 * m")
+    assert_same_value(m * Rational(3, 7), r * Rational(3, 7), "m * 3/7")
+    assert_same_value(m + m, r + r, "m + m")
+    assert_same_value(m - r, sympy.zeros(rows, cols), "m - r")
+    assert_same_value(-m, -r, "-m")
+    root = m * sympy.sqrt(2)
+    assert_same_value(root, r * sympy.sqrt(2), "m * sqrt(2)")
+    assert not isinstance(root, QQMatrix), "a matrix with √2 entries is not rational"
+    if any(flat):
+        assert not _exact.is_rational(root)
+        assert any(x.has(sympy.sqrt(2)) for x in root), root
+    assert sympy.latex(m) == sympy.latex(r)
+    assert str(m) == str(r) and repr(m) == repr(r)
+    assert sympy.sstr(m) == sympy.sstr(r)
+    back = pickle.loads(pickle.dumps(m))
+    assert back == m and back == r and hash(back) == hash(r), f"{back} after pickling {m}"
+    deep = copy.deepcopy(m)
+    assert deep == m and deep == r and hash(deep) == hash(r)
+    assert copy.copy(m) == r
+
+
+@CASES
+@given(st.integers(1, 5), st.integers(1, 5), st.integers(1, 5), st.data())
+def test_matmul_matches_fractions_and_sympy(n, k, p, data):
+    a = data.draw(st.lists(ANY_FRACTION, min_size=n * k, max_size=n * k), label="a")
+    b = data.draw(st.lists(ANY_FRACTION, min_size=k * p, max_size=k * p), label="b")
+    fa, sa = both(n, k, a)
+    fb, sb = both(k, p, b)
+    product = _exact.matmul(fa, fb)
+    by_hand = ImmutableMatrix(
+        n, p, [rat(sum((a[i * k + t] * b[t * p + j] for t in range(k)), Fraction(0))) for i in range(n) for j in range(p)]
+    )
+    assert_same_value(product, by_hand, "matmul(a, b) vs Fractions")
+    assert_same_value(product, sa * sb, "matmul(a, b) vs SymPy")
+    assert _exact.is_rational(product)
+    assert_same_value(fa * fb, sa * sb, "a * b")
+
+
+# --------------------------------------------------------------------------
+# 2. scaled_integer_matrix
+# --------------------------------------------------------------------------
+
+
+@CASES
+@given(
+    st.integers(1, 5),
+    st.integers(1, 5),
+    st.data(),
+    st.one_of(st.integers(0, 30).map(lambda d: 10**d), st.integers(1, 10**25)),
+)
+def test_scaled_integer_matrix(rows, cols, data, denominator):
+    numerators = data.draw(
+        st.lists(st.one_of(st.integers(-1000, 1000), st.integers(-(10**40), 10**40)),
+                 min_size=rows * cols, max_size=rows * cols),
+        label="numerators",
+    )
+    m = _exact.scaled_integer_matrix(rows, cols, numerators, denominator)
+    expected = ImmutableMatrix(rows, cols, [Rational(x, denominator) for x in numerators])
+    assert_same_value(m, expected, f"scaled_integer_matrix(…, {denominator})")
+    assert _exact.is_rational(m)
+    for idx, x in enumerate(numerators):
+        assert_same_value(m[idx // cols, idx % cols], Rational(x, denominator), f"entry {idx}")
+
+
+# --------------------------------------------------------------------------
+# 3. rationals_float64: correctly rounded, NaN beyond float64
+# --------------------------------------------------------------------------
+
+TWO53 = 2**53
+
+
+def reference_float(f: Fraction) -> float:
+    try:
+        return float(f)  # Fraction -> float is correctly rounded
+    except OverflowError:
+        return math.nan
+
+
+def assert_floats(flat: list[Fraction], rows: int, cols: int) -> None:
+    dm = _exact._dm(_exact.rational_matrix(rows, cols, [qq(f) for f in flat]))
+    for form, matrix in (("dense", dm), ("sparse", dm.to_sparse())):
+        got = rationals_float64(matrix)
+        assert got.shape == (rows, cols), f"{form}: shape {got.shape}"
+        for k, f in enumerate(flat):
+            value, want = float(got[k // cols, k % cols]), reference_float(f)
+            if math.isnan(want):
+                assert math.isnan(value), f"{form}: {f} is beyond float64, expected NaN, got {value!r}"
+            else:
+                assert value.hex() == want.hex(), f"{form}: {f} gave {value!r}, correctly rounded is {want!r}"
+
+
+FLOAT_FAMILIES = st.one_of(
+    st.builds(lambda n, d: Fraction(n, 10**d), st.integers(-(10**9), 10**9), st.integers(0, 7)),
+    st.builds(Fraction, st.integers(-TWO53, TWO53), st.integers(1, TWO53)),
+    st.builds(Fraction, st.integers(-(2**80), 2**80), st.integers(1, 2**80)),
+    st.sampled_from([Fraction(TWO53), Fraction(-TWO53), Fraction(TWO53 + 1), Fraction(-TWO53 - 1),
+                     Fraction(TWO53 - 1, 3), Fraction(1, TWO53), Fraction(1, TWO53 + 1), Fraction(0),
+                     Fraction(10**30 + 7, 3**40), Fraction(-(10**30 + 7), 3**40),
+                     Fraction(10**400, 3), Fraction(-(10**400), 7), Fraction(1, 10**400),
+                     Fraction(-1, 10**400), Fraction(2**1024), Fraction(2**1024 - 2**970)]),
+)
+
+
+@CASES
+@given(matrices(max_rows=4, max_cols=4, entries=FLOAT_FAMILIES))
+def test_rationals_float64_random(shape):
+    rows, cols, flat = shape
+    assert_floats(flat, rows, cols)
+
+
+@pytest.mark.parametrize(
+    "flat",
+    [
+        [Fraction(1, 10), Fraction(-2, 10), Fraction(3, 10), Fraction(0)],  # small decimals: one division
+        [Fraction(TWO53 - 1, 7), Fraction(-1, 7), Fraction(5, 7), Fraction(TWO53, 7)],  # at the limit
+        [Fraction(TWO53 + 1, 3), Fraction(1, 3), Fraction(2, 3), Fraction(-1, 3)],  # numerator past 2**53
+        [Fraction(1, 3), Fraction(1, 5), Fraction(1, 7), Fraction(1, TWO53 // 105 + 1)],  # common den. > 2**53
+        [Fraction(10**30 + 7, 3**40), Fraction(-(10**30 + 7), 3**40), Fraction(0), Fraction(1)],
+        [Fraction(10**400, 3), Fraction(-(10**400), 3), Fraction(1, 10**400), Fraction(-7, 2)],
+        [Fraction(0), Fraction(0), Fraction(0), Fraction(0)],
+    ],
+    ids=["decimals", "edge-2**53", "past-2**53", "big-common-denominator", "huge", "out-of-range", "zeros"],
+)
+def test_rationals_float64_cases(flat):
+    assert_floats(flat, 2, 2)
+    assert_floats(flat, 1, 4)
+
+
+# --------------------------------------------------------------------------
+# 4. qq_tex / qq_text write what SymPy's printers write
+# --------------------------------------------------------------------------
+
+
+@CASES
+@given(st.one_of(ANY_FRACTION, st.integers(-(10**60), 10**60).map(Fraction), fractions(10**80, 10**80)))
+def test_qq_tex_and_text_match_sympy(f):
+    x = rat(f)
+    assert qq_tex(x) == sympy.latex(x), f"{x!r}: {qq_tex(x)!r} != {sympy.latex(x)!r}"
+    assert qq_text(x) == sympy.sstr(x, order="none"), f"{x!r}: {qq_text(x)!r} != {sympy.sstr(x, order='none')!r}"
+    assert qq_tex(qq(f)) == sympy.latex(x), f"QQ {f}: {qq_tex(qq(f))!r} != {sympy.latex(x)!r}"
+    assert qq_text(qq(f)) == sympy.sstr(x, order="none")
+    if f.denominator == 1:
+        assert qq_tex(sympy.Integer(f.numerator)) == sympy.latex(sympy.Integer(f.numerator))
+
+
+# --------------------------------------------------------------------------
+# 5. Softmax rows: exp_parts_* (QQ pairs) == exp_sum_* (SymPy expressions)
+# --------------------------------------------------------------------------
+
+# Distinct as rationals means distinct as floats: denominators ≤ 12, numerators ≤ 40.
+EXPONENTS = st.builds(lambda p, q: Fraction(-p, q), st.integers(1, 40), st.integers(1, 12))
+VALUES = st.one_of(
+    st.sampled_from([Fraction(v) for v in (-2, -1, 0, 0, 1, 1, 2)] + [Fraction(1, 2), Fraction(-1, 2), Fraction(3, 4)]),
+    fractions(50, 9),
+)
+
+
+@st.composite
+def softmax_rows(draw):
+    """A rational SoftmaxRow (QQ exponents ≤ 0, one exactly 0, None where masked) and a column."""
+    n = draw(st.integers(1, 9), label="n")
+    pool = [Fraction(0)] + draw(st.lists(EXPONENTS, min_size=0, max_size=4, unique=True), label="pool")
+    raw = draw(st.lists(st.one_of(st.none(), st.sampled_from(pool)), min_size=n, max_size=n), label="raw")
+    zero_at = draw(st.integers(0, n - 1), label="where the maximum is")
+    raw[zero_at] = Fraction(0)
+    column = draw(st.lists(VALUES, min_size=n, max_size=n), label="column")
+    if draw(st.booleans(), label="cancel a group"):  # make one exponent's values sum to 0
+        e = raw[zero_at] if draw(st.booleans()) else draw(st.sampled_from([x for x in raw if x is not None]))
+        group = [k for k, x in enumerate(raw) if x == e]
+        column[group[-1]] -= sum(column[k] for k in group)
+    row = SoftmaxRow(Rational(draw(st.integers(-5, 5))), tuple(None if x is None else qq(x) for x in raw))
+    return row, raw, column
+
+
+def collected(raw, column) -> list[tuple[Fraction, Fraction]]:
+    """Σ e^x·v collected by exponent with Fractions, zero terms dropped, largest exponent first."""
+    sums: dict[Fraction, Fraction] = {}
+    for x, v in zip(raw, column):
+        if x is not None:
+            sums[x] = sums.get(x, Fraction(0)) + v
+    return [(c, x) for x, c in sorted(sums.items(), reverse=True) if c != 0]
+
+
+@CASES
+@given(softmax_rows())
+def test_numerator_parts_render_like_sympy(case):
+    row, raw, column = case
+    assert row.rational
+    parts = row.numerator_parts([qq(v) for v in column])
+    got = [(Fraction(int(c.numerator), int(c.denominator)), Fraction(int(x.numerator), int(x.denominator)))
+           for c, x in parts]
+    assert got == collected(raw, column), f"raw={raw} column={column}: parts {got}"
+    numerator = row.weighted_numerator([rat(v) for v in column])
+    assert (not parts) == (numerator == 0), f"raw={raw} column={column}: parts {parts}, SymPy {numerator}"
+    for max_terms in (3, 6):
+        fast, slow = exp_parts_tex(parts, max_terms), exp_sum_tex(numerator, max_terms)
+        assert fast == slow, f"raw={raw} column={column} max_terms={max_terms}:\n fast {fast!r}\n sympy {slow!r}"
+        fast, slow = exp_parts_text(parts, max_terms), exp_sum_text(numerator, max_terms)
+        assert fast == slow, f"raw={raw} column={column} max_terms={max_terms}:\n fast {fast!r}\n sympy {slow!r}"
+
+
+@CASES
+@given(softmax_rows())
+def test_normaliser_parts_render_like_sympy(case):
+    row, raw, _ = case
+    parts = row.numerator_parts()
+    ones = [Fraction(1)] * len(raw)
+    assert [(Fraction(int(c.numerator), int(c.denominator)), Fraction(int(x.numerator), int(x.denominator)))
+            for c, x in parts] == collected(raw, ones)
+    for max_terms in (3, 6):
+        assert exp_parts_tex(parts, max_terms) == exp_sum_tex(row.normaliser, max_terms), f"raw={raw}"
+        assert exp_parts_text(parts, max_terms) == exp_sum_text(row.normaliser, max_terms), f"raw={raw}"
+    assert exp_parts_tex(parts) == exp_sum_tex(row.normaliser)
+    assert row.normaliser_is_number == row.normaliser.is_Rational, (
+        f"raw={raw}: normaliser_is_number={row.normaliser_is_number}, Z={row.normaliser}"
+    )
+
+
+@pytest.mark.parametrize(
+    ("raw", "column"),
+    [
+        ((0,), (5,)),  # one position
+        ((0, None, None), (Fraction(-3, 4), 9, 9)),  # one allowed position
+        ((0, Fraction(-1, 2), Fraction(-1, 2), Fraction(-1, 3)), (1, 2, -2, 0)),  # a group cancels
+        ((0, 0, Fraction(-1, 2)), (1, -1, 3)),  # the constant term cancels
+        ((0, -1, -2, -3, -4, -5, -6, -7), (1, -1, 2, -2, 3, -3, 4, -4)),  # elided: more than 6 terms
+        ((0, -1, -1, -2, -3), (0, 1, 1, -1, 1)),  # like terms collect to 2
+        ((0, Fraction(-7, 12), None, Fraction(-40, 11)), (-1, -1, 4, Fraction(1, 2))),
+    ],
+)
+def test_numerator_parts_cases(raw, column):
+    raw = [None if x is None else Fraction(x) for x in raw]
+    column = [Fraction(v) for v in column]
+    row = SoftmaxRow(Rational(0), tuple(None if x is None else qq(x) for x in raw))
+    parts = row.numerator_parts([qq(v) for v in column])
+    numerator = row.weighted_numerator([rat(v) for v in column])
+    for max_terms in (3, 6):
+        assert exp_parts_tex(parts, max_terms) == exp_sum_tex(numerator, max_terms)
+        assert exp_parts_text(parts, max_terms) == exp_sum_text(numerator, max_terms)
+        assert exp_parts_tex(row.numerator_parts(), max_terms) == exp_sum_tex(row.normaliser, max_terms)
+    assert row.normaliser_is_number == row.normaliser.is_Rational
+
+
+def test_numerator_parts_all_cancelled_is_empty():
+    """A numerator that is 0: no parts, written "0" as SymPy's 0 is."""
+    row = SoftmaxRow(Rational(0), (QQ(0), QQ(-1, 2), QQ(-1, 2)))
+    parts = row.numerator_parts([QQ(0), QQ(1), QQ(-1)])
+    numerator = row.weighted_numerator([Rational(0), Rational(1), Rational(-1)])
+    assert parts == [] and numerator == 0, (parts, numerator)
+    assert exp_parts_tex(parts) == exp_sum_tex(numerator) == "0"
+    assert exp_parts_text(parts) == exp_sum_text(numerator) == "0"
+
+
+def test_empty_parts_render_like_zero():
+    assert exp_parts_tex([]) == exp_sum_tex(sympy.Integer(0))
+    assert exp_parts_text([]) == exp_sum_text(sympy.Integer(0))
+
+
+# --------------------------------------------------------------------------
+# 6. weights_times: A·V from the structure, against mpmath at 60 digits
+# --------------------------------------------------------------------------
+
+
+@st.composite
+def attention(draw):
+    n_q = draw(st.integers(1, 4))
+    n_k = draw(st.integers(1, 6))
+    d_v = draw(st.integers(1, 4))
+    exps = st.one_of(st.none(), fractions(300, 50).map(lambda f: -abs(f)))
+    raws = []
+    for _ in range(n_q):
+        raw = draw(st.lists(exps, min_size=n_k, max_size=n_k))
+        raw[draw(st.integers(0, n_k - 1))] = Fraction(0)
+        raws.append(raw)
+    values = draw(st.lists(fractions(10**6, 10**4), min_size=n_k * d_v, max_size=n_k * d_v))
+    return raws, n_k, d_v, values
+
+
+TOLERANCE = mpmath.mpf("1e-28")
+
+
+def close(a, b, what: str) -> None:
+    assert abs(a - b) <= TOLERANCE * max(1, abs(b)), f"{what}: {a} vs {b} (difference {abs(a - b)})"
+
+
+@FEW
+@given(attention())
+def test_weights_times_matches_mpmath(case):
+    raws, n_k, d_v, values = case
+    rows = tuple(SoftmaxRow(Rational(0), tuple(None if x is None else qq(x) for x in raw)) for raw in raws)
+    V = _exact.rational_matrix(n_k, d_v, [qq(v) for v in values])
+    fast = _exact.weights_times(rows, V, 30)
+    assert fast is not None, "weights_times gave None for rational rows and values"
+    via_rows = _exact.mp_matmul([row.evaluate(30) for row in rows], _exact.evaluate(V, 30), 30)
+    with mpmath.workdps(60):
+        for i, raw in enumerate(raws):
+            exps = [mpmath.mpf(0) if x is None else mpmath.exp(mpmath.mpf(x.numerator) / x.denominator) for x in raw]
+            total = mpmath.fsum(exps)
+            weights = [e / total for e in exps]
+            for c in range(d_v):
+                want = mpmath.fsum(w * (mpmath.mpf(values[k * d_v + c].numerator) / values[k * d_v + c].denominator)
+                                   for k, w in enumerate(weights))
+                close(fast[i][c], want, f"weights_times[{i}][{c}] raw={raw}")
+                close(via_rows[i][c], want, f"mp_matmul[{i}][{c}] raw={raw}")
+    assert len(fast) == len(raws) and all(len(r) == d_v for r in fast)
+
+
+# --------------------------------------------------------------------------
+# 7. mpf_of_qq: correctly rounded to prec bits
+# --------------------------------------------------------------------------
+
+
+def exact(x: mpmath.mpf) -> Fraction:
+    """The value of a finite mpf, exactly."""
+    sign, man, exp, _ = x._mpf_
+    return (-1) ** sign * Fraction(int(man)) * Fraction(2) ** int(exp)
+
+
+@CASES
+@given(st.sampled_from([24, 53, 64, 113, 200]), st.integers(1, 10**30), st.data())
+def test_mpf_of_qq_small_numerator_is_mpmath_division(prec, q, data):
+    p = data.draw(st.integers(-(2**min(prec, 60)) + 1, 2**min(prec, 60) - 1), label="p")
+    got = _exact.mpf_of_qq(QQ(p, q), prec)
+    with mpmath.workprec(prec):
+        want = mpmath.mpf(p) / q
+    assert got._mpf_ == want._mpf_, f"{p}/{q} at {prec} bits: {got._mpf_} != {want._mpf_}"
+
+
+@CASES
+@given(st.sampled_from([24, 53, 64, 113, 200]), st.integers(-(10**200), 10**200), st.integers(1, 10**60))
+def test_mpf_of_qq_huge_within_half_ulp(prec, p, q):
+    got = _exact.mpf_of_qq(QQ(p, q), prec)
+    x = Fraction(p, q)
+    if x == 0:
+        assert got == 0
+        return
+    _, man, exp, bc = got._mpf_
+    assert bc == int(man).bit_length() <= prec, f"{got} has more than {prec} bits"
+    ulp = Fraction(2) ** (int(exp) + bc - prec)
+    assert abs(exact(got) - x) <= ulp / 2, f"{p}/{q} at {prec} bits: {got} is off by more than half an ulp"
+    with mpmath.workprec(prec + 400):  # and at much higher precision, the same judgement
+        err = abs(mpmath.mpf(exact(got).numerator) / exact(got).denominator - mpmath.mpf(p) / q)
+        assert err <= mpmath.mpf(ulp.numerator) / ulp.denominator / 2 * (1 + mpmath.mpf(2) ** -300)
+
+
+def test_mpf_of_qq_default_precision_is_mpmaths():
+    with mpmath.workprec(53):
+        assert _exact.mpf_of_qq(QQ(1, 3))._mpf_ == (mpmath.mpf(1) / 3)._mpf_
+    with mpmath.workprec(150):
+        assert _exact.mpf_of_qq(QQ(-2, 7))._mpf_ == (mpmath.mpf(-2) / 7)._mpf_
+
+
+# --------------------------------------------------------------------------
+# 8. YAML: the matrix cut composes the same nodes as libyaml on the whole text
+# --------------------------------------------------------------------------
+
+
+def marks(node) -> tuple:
+    s, e = node.start_mark, node.end_mark
+    return (s.name, s.line, s.column, s.index, e.name, e.line, e.column, e.index)
+
+
+def dump(node, seen=None):
+    """A node tree as plain data: kinds, tags, styles, values and every mark; aliases as references."""
+    if node is None:
+        return None
+    seen = {} if seen is None else seen
+    if id(node) in seen:
+        return ("alias of", seen[id(node)])
+    seen[id(node)] = len(seen)
+    if isinstance(node, yaml.SequenceNode):
+        return ("seq", node.tag, node.flow_style, marks(node), [dump(c, seen) for c in node.value])
+    if isinstance(node, yaml.MappingNode):
+        return ("map", node.tag, node.flow_style, marks(node), [(dump(k, seen), dump(v, seen)) for k, v in node.value])
+    return ("scalar", node.value, node.tag, node.style, marks(node))
+
+
+def flow_matrices(node, out=None, seen=None) -> list:
+    """Every FlowMatrix in the tree (its lazy value not touched)."""
+    out = [] if out is None else out
+    seen = set() if seen is None else seen
+    if node is None or id(node) in seen:
+        return out
+    seen.add(id(node))
+    if isinstance(node, _yaml.FlowMatrix):
+        out.append(node)
+    elif isinstance(node, yaml.SequenceNode):
+        for c in node.value:
+            flow_matrices(c, out, seen)
+    elif isinstance(node, yaml.MappingNode):
+        for k, v in node.value:
+            flow_matrices(k, out, seen)
+            flow_matrices(v, out, seen)
+    return out
+
+
+def node_at(node, line: int, column: int, seen=None):
+    seen = set() if seen is None else seen
+    if node is None or id(node) in seen:
+        return None
+    seen.add(id(node))
+    if isinstance(node, yaml.SequenceNode) and (node.start_mark.line, node.start_mark.column) == (line, column):
+        return node
+    children = node.value if isinstance(node, yaml.SequenceNode) else (
+        [x for kv in node.value for x in kv] if isinstance(node, yaml.MappingNode) else [])
+    for c in children:
+        found = node_at(c, line, column, seen)
+        if found is not None:
+            return found
+    return None
+
+
+def compose_without_cut(text: str):
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(_yaml, "_flow_matrices", lambda text: [])
+        return _yaml.compose(text, "f.yaml")
+
+
+def check_cut(text: str, expected_cuts: int | None) -> None:
+    """The cut tree dumps as libyaml's tree of the whole text; ``expected_cuts`` FlowMatrix nodes
+    (None: not checked)."""
+    try:
+        full = yaml.compose(text, Loader=_yaml._CLoader)
+    except yaml.YAMLError:
+        with pytest.raises(SymattnError) as cut_error:
+            _yaml.compose(text, "f.yaml")
+        with pytest.raises(SymattnError) as plain_error:
+            compose_without_cut(text)
+        assert str(cut_error.value) == str(plain_error.value), text
+        return
+    cut = _yaml.compose(text, "f.yaml")
+    found = flow_matrices(cut)
+    if expected_cuts is not None:
+        assert len(found) == expected_cuts, f"{len(found)} FlowMatrix nodes, expected {expected_cuts}, in:\n{text}"
+    # Each FlowMatrix: its rows' text are the entries libyaml reads, and its lazy value dumps the same.
+    for fm in found:
+        twin = node_at(full, fm.start_mark.line, fm.start_mark.column)
+        assert twin is not None, f"no sequence at {fm.start_mark} in libyaml's tree of:\n{text}"
+        assert [[x.strip(" \n") for x in row.split(",")] for row in fm.rows] == [
+            [s.value for s in r.value] for r in twin.value
+        ], f"rows {fm.rows} in:\n{text}"
+        assert marks(fm) == marks(twin)
+        assert dump(fm) == dump(twin), f"FlowMatrix.value differs at {fm.start_mark} in:\n{text}"
+    assert dump(cut) == dump(full), f"the cut tree differs from libyaml's for:\n{text}"
+    assert dump(cut) == dump(compose_without_cut(text))
+
+
+# -- generated problem-like texts ------------------------------------------------------
+#
+# The texts are built by plain functions from a random.Random that Hypothesis supplies
+# (st.randoms): far cheaper than a Hypothesis draw per character, and as reproducible.
+
+
+def number_text(rng: random.Random, style: str) -> str:
+    sign = rng.choice(["", "", "-"])
+    if style == "int":
+        return sign + str(rng.choice([rng.randint(0, 9), rng.randint(0, 10**6)]))
+    if style.startswith("dec"):
+        digits = int(style[3:]) if style[3:] else rng.randint(1, 6)
+        return f"{sign}{rng.randint(0, 999)}.{rng.randint(0, 10**digits - 1):0{digits}d}"
+    return f"{sign}{rng.randint(0, 999)}/{rng.randint(1, 99)}"
+
+
+def matrix_text(rng: random.Random, rows: int | None = None, cols: int | None = None) -> tuple[str, list[list[str]]]:
+    """(text, entries as written) of a flow matrix of plain numbers in some layout."""
+    rows = rows or rng.randint(1, 4)
+    cols = cols or rng.randint(1, 4)
+    same = f"dec{rng.randint(1, 4)}"
+    styles = rng.choice([["int"], ["dec"], [same], ["frac"], ["int", "dec", "frac", same]])
+    entries = [[number_text(rng, rng.choice(styles)) for _ in range(cols)] for _ in range(rows)]
+    layout = rng.choice(["line", "line", "rows", "open", "blank", "spaces", "entry-break"])
+    indent = lambda: " " * rng.randint(0, 9)  # odd indentation, even column 0
+    row_texts = ["[" + ", ".join(r) + "]" for r in entries]
+    if layout == "line":
+        text = "[" + ", ".join(row_texts) + "]"
+    elif layout == "spaces":
+        text = "[ " + " ,  ".join("[ " + " , ".join(r) + " ]" for r in entries) + " ]"
+    elif layout == "rows":  # rows on continuation lines
+        text = "[" + (",\n" + indent()).join(row_texts) + "]"
+    elif layout == "open":  # [ alone, each row on its line, ] alone
+        text = "[\n" + "".join(indent() + rt + ",\n" for rt in row_texts[:-1]) + indent() + row_texts[-1] + "\n" + indent() + "]"
+    elif layout == "blank":  # blank lines inside
+        text = "[" + (",\n\n" + indent()).join(row_texts) + "\n\n" + indent() + "]"
+    else:  # a line break between entries
+        text = "[" + (",\n" + indent()).join("[" + (",\n" + indent()).join(r) + "]" for r in entries) + "]"
+    return text, entries
+
+
+NOT_PLAIN = [  # not a matrix of plain numbers: never cut
+    "[[1e3, 2]]", "[[sqrt(2), 1]]", "[[-inf, 0]]", "[[.5, 1]]", "[[1., 2]]", "[[1, 2,]]", "[[1, 2],]",
+    "[[[1]]]", "[[[1, 2], [3, 4]]]", "[[1, [2, 3]]]", "[[1], 2]", "[[a, 1]]", "[[0x1F]]", "[[1_000]]",
+    "[[+1]]", "[[1 2]]", "[[1, 2]]\t# a tab before the comment", '[["1", 2]]', "[[1, 2], # inside\n  [3, 4]]",
+]
+STRAY_PLAIN = ["[[1, 2], [3]]", "[[1.5/2, 007/3]]", "[[3/0]]", "[[-0, 0.000]]", "[[1, 2]\n]"]  # cut, then refused
+AFTER = ["", "", "  ", "  # a comment", " # ]] [[ 1, 2", "   #"]
+
+
+def document(rng: random.Random) -> tuple[str, int | None]:
+    """(text, FlowMatrix count expected, or None where a matrix-like line sits in a string)."""
+    pieces, cuts, trap = [], 0, False
+    names = iter(f"F{k}" for k in range(100))
+    matrix = lambda: matrix_text(rng)[0]
+    after = lambda: rng.choice(AFTER)
+    for _ in range(rng.randint(1, 6)):
+        piece = rng.choice(
+            ["matrix", "matrix", "heads", "nested", "list-of-lists", "block", "folded", "quoted", "multi-quoted",
+             "anchor", "anchored-map", "not-plain", "stray", "flow-map", "scalars", "comment"])
+        key = next(names)
+        if piece == "matrix":
+            pieces.append(f"{key}: {matrix()}{after()}\n")
+            cuts += 1
+        elif piece == "heads":  # matrices under list items: "  - W_Q: [[...]]"
+            heads = rng.randint(1, 3)
+            text = f"{key}:\n"
+            for _h in range(heads):
+                text += f"  - W_Q: {matrix()}{after()}\n    W_K: {matrix()}\n    W_V: {matrix()}{after()}\n"
+            pieces.append(text)
+            cuts += 3 * heads
+        elif piece == "nested":
+            pieces.append(f"{key}:\n  dO: {matrix()}{after()}\n  loss: sum\n")
+            cuts += 1
+        elif piece == "list-of-lists":
+            pieces.append(f"{key}:\n  - - X: {matrix()}\n  - - Y: 1\n")
+            cuts += 1
+        elif piece == "block":  # a block scalar: its lines stay text
+            inside = rng.random() < 0.7
+            pieces.append(f"{key}: |\n  Notes\n  X: [[1, 2]]\n" if inside else f"{key}: |\n  just text\n")
+            trap |= inside
+        elif piece == "folded":
+            pieces.append(f"{key}: >-\n  folded\n  W_Q: [[1, 2],\n    [3, 4]]\n  end\n")
+            trap = True
+        elif piece == "quoted":
+            pieces.append(f"{key}: \"X: [[1, 2]]\"\n{next(names)}: 'Y: [[3, 4]]'\n")
+        elif piece == "multi-quoted":
+            pieces.append(f"{key}: \"first\n  X: [[1, 2]]\n  last\"\n")
+            trap = True
+        elif piece == "anchor":  # an anchored matrix is not cut; its alias is the same node
+            other = next(names)
+            pieces.append(f"{key}: &a{key} {matrix()}\n{other}: *a{key}\n")
+        elif piece == "anchored-map":  # a matrix cut inside an anchored mapping, reached twice
+            other = next(names)
+            pieces.append(f"{key}: &m{key}\n  X: {matrix()}\n{other}: *m{key}\n")
+            cuts += 1
+        elif piece == "not-plain":
+            pieces.append(f"{key}: {rng.choice(NOT_PLAIN)}{after()}\n")
+        elif piece == "stray":
+            pieces.append(f"{key}: {rng.choice(STRAY_PLAIN)}{after()}\n")
+            cuts += 1
+        elif piece == "flow-map":
+            pieces.append(f"{key}: {{\n  a: 1,\n  X: {matrix()}\n}}\n")
+            cuts += 1
+        elif piece == "scalars":
+            pieces.append(f"{key}: causal\n{next(names)}: 4\n{next(names)}: [a, b]\n{next(names)}:\n")
+        else:
+            pieces.append("# X: [[1, 2]]\n")
+    text = "".join(pieces)
+    if rng.random() < 0.3:
+        text = text.rstrip("\n")  # no final line break
+    if rng.random() < 0.1:  # other line breaks YAML knows: CRLF files, or one odd break in a comment
+        brk = rng.choice(["\r\n", "\r", "\x85", "\u2028", "\u2029"])
+        text = text.replace("\n", "\r\n") if brk == "\r\n" else f"# note{brk}Z: []\n" + text
+        return text, None
+    return text, None if trap else cuts
+
+
+@settings(CASES, max_examples=200)
+@given(RANDOMS.map(document))
+def test_compose_cut_matches_libyaml(doc):
+    text, cuts = doc
+    check_cut(text, cuts)
+
+
+@pytest.mark.parametrize(
+    ("text", "cuts"),
+    [
+        ("X: [[1, 2], [3, 4]]\n", 1),
+        ("X: [[1, 2],\n    [3, 4]]  # rows\nY: [[5]]", 2),
+        ("X: [[1, 2],\n[3, 4]]\n", 1),  # continuation at column 0
+        ("heads:\n  - W_Q: [[1, 2],\n [3, 4]]\n    W_K: [[1]]\n    W_V: [[1]]\n", 3),  # odd indentation
+        ("X: [\n\n  [1, 2],\n\n  [3, 4]\n\n]\n", 1),  # blank lines inside
+        ("X: [[0.10, -0.25], [3/4, -12]] # ]]\n", 1),
+        ("title: |\n  X: [[1, 2]]\nY: [[1]]\n", None),  # stays text
+        ("title: \"X: [[1, 2]]\"\nY: [[1]]\n", 1),
+        ("X: &a [[1, 2]]\nY: *a\n", 0),
+        ("base: &b\n  X: [[1, 2]]\ncopy: *b\n", 1),
+        ("X: [[1, 2,]]\n", 0),
+        ("X: [[1e3, sqrt(2), -inf, .5]]\n", 0),
+        ("X: [[[1]]]\n", 0),
+        ("X: [[1, 2]]]\n", None),  # invalid YAML: the same error either way
+        ("X: [[1, 2],\n", None),
+        ("X: [[1, 2]]\nX: [[3]]\n", 2),
+        ("seq:\n  - - X: [[1]]\n", 1),
+        ("m: {\n  X: [[1, 2]]\n}\n", 1),
+        ("X: [[1, 2]] # c\n\nY: [[3]]", 2),
+    ],
+)
+def test_compose_cut_cases(text, cuts):
+    check_cut(text, cuts)
+
+
+@pytest.mark.parametrize("brk", ["\r", "\r\n", "\x85", "\u2028", "\u2029"])
+def test_compose_cut_with_other_line_breaks(brk):
+    """YAML also breaks lines at CR, NEL, U+2028 and U+2029 (once found moving a matrix into the
+    "Z: []" one line above it). The cut counts "\n" only, so such a text is composed whole."""
+    odd = brk != "\r\n"  # (a CR before a LF is not a line break of its own)
+    check_cut(f"# note{brk}Z: []\nX: [[1, 2]]\n", 0 if odd else None)
+    check_cut(f"Y: [[3]]\n# note{brk}Z: []\nX: [[1, 2],{brk} [3, 4]]\nW: [[5]]\n", 0 if odd else None)
+
+
+def test_compose_cut_after_byte_order_mark():
+    """libyaml leaves a leading BOM out of its indexes (once found making every index inside a
+    FlowMatrix one too large): such a text is composed whole."""
+    check_cut("\ufeffa: 1\nX: [[1, 2]]\n", 0)
+
+
+# --------------------------------------------------------------------------
+# 9. Problems: matrices from the cut equal the numbers written; errors are unchanged
+# --------------------------------------------------------------------------
+
+MATRIX_NAMES = ("X", "context", "Q", "K", "V", "W_O", "bias")
+
+
+def summary(p) -> dict:
+    out = {name: getattr(p, name) for name in MATRIX_NAMES if getattr(p, name) is not None}
+    for h, head in enumerate(p.heads):
+        for name in ("W_Q", "W_K", "W_V"):
+            out[f"heads[{h}].{name}"] = getattr(head, name)
+    return out
+
+
+def parse_outcome(text: str, cut: bool, max_size: int | None = None):
+    kwargs = {} if max_size is None else {"max_size": max_size}
+    with pytest.MonkeyPatch.context() as mp:
+        if not cut:
+            mp.setattr(_yaml, "_flow_matrices", lambda text: [])
+        try:
+            return "ok", summary(parse_problem(text, "f.yaml", **kwargs))
+        except SymattnError as exc:
+            return "error", str(exc)
+
+
+def assert_cut_changes_nothing(text: str, max_size: int | None = None) -> None:
+    fast, slow = parse_outcome(text, True, max_size), parse_outcome(text, False, max_size)
+    assert fast[0] == slow[0], f"with the cut: {fast}\nwithout: {slow}\nfor:\n{text}"
+    if fast[0] == "error":
+        assert fast[1] == slow[1], f"the message changed with the cut:\n {fast[1]}\n {slow[1]}\nfor:\n{text}"
+    else:
+        assert fast[1].keys() == slow[1].keys()
+        for name in fast[1]:
+            assert_same_value(fast[1][name], ImmutableMatrix(slow[1][name]), name)
+
+
+def reference(entries: list[list[str]]) -> ImmutableMatrix:
+    return ImmutableMatrix([[rat(Fraction(x)) for x in row] for row in entries])
+
+
+def qkv_problem(rng: random.Random) -> tuple[str, dict]:
+    """(text, reference matrices) of a problem giving Q, K, V."""
+    n_q, n_k, d_k, d_v = (rng.randint(1, 5) for _ in range(4))
+    text, refs = "", {}
+    for name, (r, c) in {"Q": (n_q, d_k), "K": (n_k, d_k), "V": (n_k, d_v)}.items():
+        m, entries = matrix_text(rng, r, c)
+        text += f"{name}: {m}{rng.choice(['', '  # weights'])}\n"
+        refs[name] = reference(entries)
+    return text, refs
+
+
+def head_problem(rng: random.Random) -> tuple[str, dict]:
+    """(text, reference matrices) of a problem with X and one head, or heads and W_O."""
+    n, d_model = rng.randint(1, 4), rng.randint(1, 4)
+    x, x_entries = matrix_text(rng, n, d_model)
+    text, refs = f"X: {x}\n", {"X": reference(x_entries)}
+    if rng.random() < 0.5:
+        d_k, d_v = rng.randint(1, 3), rng.randint(1, 3)
+        for name, c in (("W_Q", d_k), ("W_K", d_k), ("W_V", d_v)):
+            m, entries = matrix_text(rng, d_model, c)
+            text += f"{name}: {m}\n"
+            refs[f"heads[0].{name}"] = reference(entries)
+        return text, refs
+    text += "heads:\n"
+    width = 0
+    for h in range(rng.randint(1, 3)):
+        d_k, d_v = rng.randint(1, 3), rng.randint(1, 3)
+        width += d_v
+        for k, (name, c) in enumerate((("W_Q", d_k), ("W_K", d_k), ("W_V", d_v))):
+            m, entries = matrix_text(rng, d_model, c)
+            text += ("  - " if k == 0 else "    ") + f"{name}: {m}\n"
+            refs[f"heads[{h}].{name}"] = reference(entries)
+    m, entries = matrix_text(rng, width, rng.randint(1, 3))
+    text += f"W_O: {m}\n"
+    refs["W_O"] = reference(entries)
+    return text, refs
+
+
+
+@settings(CASES, max_examples=100)
+@given(st.one_of(RANDOMS.map(qkv_problem), RANDOMS.map(head_problem)))
+def test_problem_matrices_from_the_cut(case):
+    text, refs = case
+    assert len(flow_matrices(_yaml.compose(text, "f.yaml"))) == len(refs), f"not every matrix was cut:\n{text}"
+    kind, got = parse_outcome(text, True)
+    assert kind == "ok", f"{got}\nfor:\n{text}"
+    assert got.keys() == refs.keys()
+    for name, want in refs.items():
+        assert_same_value(got[name], want, name)
+    assert_cut_changes_nothing(text)
+
+
+def test_big_problem_same_decimals():
+    """A model-sized matrix with every entry at 4 decimals (the scaled-integer path)."""
+    import random
+
+    rng = random.Random(1234)
+    n, d = 48, 32
+    x = [[f"{rng.choice(['', '-'])}{rng.randint(0, 9)}.{rng.randint(0, 9999):04d}" for _ in range(d)] for _ in range(n)]
+    w = [[f"{rng.choice(['', '-'])}0.{rng.randint(0, 9999):04d}" for _ in range(4)] for _ in range(d)]
+    text = "X: [" + ",\n   ".join("[" + ", ".join(r) + "]" for r in x) + "]\n"
+    for name in ("W_Q", "W_K", "W_V"):
+        text += f"{name}: [" + ", ".join("[" + ", ".join(r) + "]" for r in w) + "]\n"
+    assert len(flow_matrices(_yaml.compose(text, "f.yaml"))) == 4
+    kind, got = parse_outcome(text, True)
+    assert kind == "ok", got
+    assert_same_value(got["X"], reference(x), "X")
+    assert_same_value(got["heads[0].W_V"], reference(w), "W_V")
+    assert_cut_changes_nothing(text)
+
+
+QKV_TAIL = "K: [[1, 0], [0, 1]]\nV: [[1], [2]]\n"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Q: [[1, 2], [3]]\n" + QKV_TAIL,  # ragged
+        "Q: [[1, 2],\n    [3, 4, 5]]\n" + QKV_TAIL,  # ragged on a continuation line
+        "Q: [[1, abc]]\n" + QKV_TAIL,
+        "Q: [[1.5/2, 1]]\n" + QKV_TAIL,  # a number after all: 3/4
+        "Q: [[007/3, 1]]\n" + QKV_TAIL,
+        "Q: [[3/0, 1]]\n" + QKV_TAIL,
+        "Q: [[1/05, 1]]\n" + QKV_TAIL,
+        "Q: [[1.25, 0.5]]\nK: [[1, 0], [0, 1], [2, 2]]\nV: [[1], [2]]\n",  # K and V disagree
+        "Q: [[1, 2, 3]]\n" + QKV_TAIL,  # Q and K disagree
+        "Q: [[1, 2]]\nK: [[1, 0],\n  [0, 1]]\nV: [[1], [2], [3]]\n",
+        "X: [[1, 2]]\nheads:\n  - W_Q: [[1], [2]]\n    W_K: [[1], [2, 3]]\n    W_V: [[1], [2]]\nW_O: [[1]]\n",
+        "X: [[1, 2]]\nheads:\n  - W_Q: [[1], [2]]\n    W_K: [[1], [2]]\n    W_V: [[1], [2]]\nW_O: [[1], [2]]\n",
+        "X: [[1, 2]]\nW_Q: [[1], [2]]\nW_K: [[1], [2]]\nW_V: [[1], [x]]\n",
+        "Q: [[1, 2]]\nK: [[1, 0], [0, 1]]\nV: [[1], [2]]\nbias: [[0, 1, 2]]\n",
+        "Q: [[1, 2]]\nK: [[1, 0], [0, 1]]\nV: [[1], [2]]\nmask: [[0, 0]]\n",
+    ],
+)
+def test_problem_errors_unchanged_by_the_cut(text):
+    assert_cut_changes_nothing(text)
+
+
+@pytest.mark.parametrize("max_size", [0, 1, 2, 3, 5, 8, 9, 10, 11, 12, 13, 100])
+def test_size_limit_message_unchanged_by_the_cut(max_size):
+    text = "Q: [[1, 2], [3, 4]]\nK: [[1, 0],\n    [0, 1],\n    [2, 2]]\nV: [[1], [2], [3]]\n"  # 4 + 6 + 3 numbers
+    fast = parse_outcome(text, True, max_size)
+    assert fast[0] == ("ok" if max_size >= 13 else "error"), fast
+    assert_cut_changes_nothing(text, max_size)
+
+
+CORRUPTIONS = ["abc", "1.5/2", "", "1e3", "3/0", "007/3", "sqrt(2)", "-inf", "x", "0.1.2", "1/", "--1", "true"]
+
+
+@settings(CASES, max_examples=80)
+@given(RANDOMS.map(qkv_problem), st.data())
+def test_corrupted_problems_unchanged_by_the_cut(case, data):
+    text, refs = case
+    how = data.draw(st.sampled_from(["entry", "drop", "limit"]), label="corruption")
+    if how == "entry":  # one entry replaced (the first row of one matrix)
+        name = data.draw(st.sampled_from(["Q", "K", "V"]), label="matrix")
+        start = text.index(f"{name}: [") + len(name) + 2
+        first = text.index("[", start + 1) + 1
+        end = min(i for i in (text.index(",", first) if "," in text[first:] else len(text), text.index("]", first)))
+        text = text[:first] + data.draw(st.sampled_from(CORRUPTIONS), label="entry") + text[end:]
+        assert_cut_changes_nothing(text)
+    elif how == "drop":  # one row loses its last entry (ragged unless it had only one)
+        name = data.draw(st.sampled_from(["Q", "K", "V"]), label="matrix")
+        start = text.index(f"{name}: [")
+        close = text.index("]", start)
+        comma = text.rfind(",", start, close)
+        if comma > text.index("[", start + len(name) + 3):
+            text = text[:comma] + text[close:]
+        assert_cut_changes_nothing(text)
+    else:
+        total = sum(m.rows * m.cols for m in refs.values())
+        assert_cut_changes_nothing(text, data.draw(st.integers(0, total + 1), label="max_size"))
+
+
+def test_problem_with_lone_carriage_return():
+    """A lone CR in a comment once moved the last matrix into "symbols: []" one line above."""
+    text = "X: [[1, 2]]\nW_Q: [[1], [0]]\nW_K: [[1], [0]]\nW_V: [[1], [0]]\n# note\rsymbols: []\ncontext: [[1, 0]]\n"
+    assert parse_outcome(text, False)[0] == "ok"
+    assert_cut_changes_nothing(text)
