@@ -13,6 +13,7 @@ expression tree.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from functools import cached_property
@@ -261,6 +262,10 @@ class LazyMatrix:
         if isinstance(key, int):
             return self[divmod(key, self.cols)]
         return self.as_matrix()[key]
+
+    def peek(self, key: tuple[int, int]) -> sympy.Expr:
+        """Entry ``key`` without keeping it (a writer that reads every entry once)."""
+        return self._cache[key] if key in self._cache else self._entry(*key)
 
     def __iter__(self) -> Iterator[sympy.Expr]:
         for i in range(self.rows):
@@ -580,6 +585,19 @@ class SoftmaxRow:
                 parts.append((QQ(c), e))
         return parts
 
+    def _term(self, c, e) -> sympy.Expr:
+        """``c·e^e`` for QQ numbers, as SymPy builds the product (the exponential made once per row)."""
+        c = _rational(int(c.numerator), int(c.denominator))
+        if e == 0:
+            return c
+        power = self._powers[e]
+        # The product SymPy would build (coefficient first), without its flattening pass.
+        return power if c == 1 else sympy.Mul._from_args((c, power))
+
+    @cached_property
+    def _powers(self) -> dict:
+        return {e: self.terms[positions[0]] for e, positions in self._exponent_groups}
+
     @cached_property
     def _exponent_groups(self) -> list:
         """The allowed positions grouped by equal exponent, the largest exponent first."""
@@ -597,6 +615,10 @@ class SoftmaxRow:
 
     def weighted_numerator(self, column: list[sympy.Expr]) -> sympy.Expr:
         """``Z_i · Σ_j a_ij v_j = Σ_j e^{z_ij - m_i} v_j`` (like terms collected)."""
+        if self.rational and all(isinstance(v, sympy.Rational) for v in column):
+            # Like terms collected in QQ first: SymPy only orders the distinct terms.
+            qq = [QQ(int(v.p), int(v.q)) for v in column]
+            return _sum_of_distinct([self._term(c, e) for c, e in self.numerator_parts(qq)])
         numerator = sympy.Add(*[t * v for t, v in zip(self.terms, column) if t != 0])
         # Rational values collect by themselves; sums such as 1 + √2 need expanding.
         return sympy.expand(numerator) if any(v.is_Add for v in column) else numerator
@@ -649,6 +671,27 @@ class SoftmaxRow:
             exps = self._exps(dps, subs)
             total = mpmath.fsum(e for e, x in zip(exps, self.raw) if x is not None)
             return [mpmath.mpf(0) if x is None else e / total for e, x in zip(exps, self.raw)], total
+
+
+@functools.lru_cache(maxsize=65536)  # the values of V come back in every row's sums
+def _rational(p: int, q: int) -> sympy.Rational:
+    return sympy.Rational(p, q)
+
+
+def _sum_of_distinct(terms: list) -> sympy.Expr:
+    """``sympy.Add(*terms)`` for terms that are already collected (no two alike, at most one
+    number): the same canonical sum, without Add's pass that splits and rebuilds every term."""
+    from sympy.core.add import _addsort
+
+    numbers = [t for t in terms if t.is_Number]
+    others = [t for t in terms if not t.is_Number]
+    if len(numbers) > 1 or not all(isinstance(t, (sympy.Mul, sympy.exp)) for t in others):
+        return sympy.Add(*terms)
+    _addsort(others)
+    args = numbers + others
+    if not args:
+        return sympy.Integer(0)
+    return args[0] if len(args) == 1 else sympy.Add._from_args(args)
 
 
 def softmax_backward(A: list[list[mpmath.mpf]], dA: list[list[mpmath.mpf]], dps: int) -> list[list[mpmath.mpf]]:

@@ -442,6 +442,44 @@ def test_numerator_parts_cases(raw, column):
     assert row.normaliser_is_number == row.normaliser.is_Rational
 
 
+@CASES
+@given(softmax_rows())
+def test_weighted_numerator_is_sympys_own_sum(case):
+    """The numerator built from collected QQ parts is the very Add SymPy builds term by term:
+    same args in the same order (so ==, hash and printing agree), also over Z_i."""
+    row, raw, column = case
+    values = [rat(v) for v in column]
+    fast = row.weighted_numerator(values)
+    slow = sympy.Add(*[t * v for t, v in zip(row.terms, values) if t != 0])
+    assert type(fast) is type(slow) and fast.args == slow.args, f"raw={raw} column={column}: {fast} vs {slow}"
+    assert fast == slow and hash(fast) == hash(slow)
+    for a, b in zip(sympy.Add.make_args(fast), sympy.Add.make_args(slow)):
+        assert type(a) is type(b) and a.args == b.args and a.is_commutative == b.is_commutative
+    assert sympy.sstr(fast, order="none") == sympy.sstr(slow, order="none")
+    assert sympy.sstr(fast / row.normaliser, order="none") == sympy.sstr(slow / row.normaliser, order="none")
+
+
+def _random_sum(rng: random.Random) -> sympy.Expr:
+    r = lambda: Rational(rng.randint(-9, 9), rng.randint(1, 6))  # noqa: E731
+    makers = [r, lambda: r() * sympy.exp(r()), lambda: sympy.exp(r()), lambda: -sympy.exp(r()),
+              lambda: r() * sympy.sqrt(rng.randint(2, 7)), lambda: r() * sympy.Symbol("t")]
+    return sympy.Add(*[rng.choice(makers)() for _ in range(rng.randint(1, 6))])
+
+
+def test_json_printer_writes_what_sstr_writes():
+    """The JSON writer's printer (sums remembered, c·e^x written directly) gives sympy.sstr's text."""
+    from symattn.render.json import _exact as json_exact
+
+    rng = random.Random(11)
+    for _ in range(1500):
+        num = _random_sum(rng)
+        z = sympy.Add(1, *[sympy.exp(Rational(-rng.randint(1, 9), rng.randint(1, 4))) for _ in range(rng.randint(1, 4))])
+        c = Rational(rng.randint(-5, 5) or 1, rng.randint(1, 5))
+        for x in (num, num / z, -num / z, c * num / z, sympy.Add.make_args(num)[0] / z, z, c * sympy.exp(c)):
+            assert json_exact(x) == sympy.sstr(x, order="none"), x
+    assert json_exact(sympy.S.NegativeInfinity) == "-oo"
+
+
 def test_numerator_parts_all_cancelled_is_empty():
     """A numerator that is 0: no parts, written "0" as SymPy's 0 is."""
     row = SoftmaxRow(Rational(0), (QQ(0), QQ(-1, 2), QQ(-1, 2)))

@@ -7,17 +7,83 @@ import json
 import mpmath
 import sympy
 
+from sympy.printing.precedence import PRECEDENCE, precedence
+from sympy.printing.str import StrPrinter
+
+from .._exact import LazyMatrix
 from ..derivation import Derivation
-from ._common import NEG_INF, written_exactly
+from ._common import NEG_INF, qq_text, written_exactly
 
 
 def _approx(v) -> float | None:
     return None if v is None or mpmath.isinf(v) else float(v)
 
 
-def _exact(x: sympy.Expr) -> str:
+class _Printer(StrPrinter):
+    """``sympy.sstr(x, order="none")``, remembering each sum it has written: a row's normaliser
+    Z_i comes back in every weight and output of the row, and is written once."""
+
+    def __init__(self) -> None:
+        super().__init__({"order": "none"})
+        self._sums: dict = {}
+
+    def _print_Add(self, expr, order=None):
+        text = self._sums.get(expr)
+        if text is None:
+            text = self._sums[expr] = self._sum(expr, order)
+        return text
+
+    def _sum(self, expr, order) -> str:
+        # StrPrinter._print_Add, with the precedence test skipped for the terms of a softmax sum
+        # (c·e^x, e^x, numbers), which never need brackets in a sum.
+        out = []
+        for term in self._as_ordered_terms(expr, order=order):
+            t = self._print(term)
+            if t.startswith("-") and not term.is_Add:
+                sign, t = "-", t[1:]
+            else:
+                sign = "+"
+            plain = term.is_Number or isinstance(term, sympy.exp) or _coefficient_power(term) is not None
+            if term.is_Add or (not plain and precedence(term) < PRECEDENCE["Add"]):
+                t = f"({t})"
+            out.extend([sign, t])
+        sign = out.pop(0)
+        return ("" if sign == "+" else sign) + " ".join(out)
+
+    def _print_exp(self, expr):
+        text = self._sums.get(expr)  # each row's powers come back in every entry of the row
+        if text is None:
+            text = self._sums[expr] = self._print_Function(expr)
+        return text
+
+    def _print_Mul(self, expr):
+        # c·e^x with rational c and x, written as StrPrinter writes it (3*exp(-1/2)/4) without
+        # its sign and precedence tests.
+        split = _coefficient_power(expr)
+        if split is None:
+            return super()._print_Mul(expr)
+        c, power = split
+        p, q = int(c.p), int(c.q)
+        text = ("" if abs(p) == 1 else f"{abs(p)}*") + self._print(power) + ("" if q == 1 else f"/{q}")
+        return "-" + text if p < 0 else text
+
+
+def _coefficient_power(expr) -> "tuple[sympy.Rational, sympy.exp] | None":
+    """``(c, e^x)`` when ``expr`` is the product of a rational c and e^x with x rational, else None."""
+    if isinstance(expr, sympy.Mul) and len(expr.args) == 2:
+        c, power = expr.args
+        if isinstance(c, sympy.Rational) and isinstance(power, sympy.exp) and isinstance(power.args[0], sympy.Rational):
+            return c, power
+    return None
+
+
+def _exact(x: sympy.Expr, printer: StrPrinter | None = None) -> str:
     """SymPy's str form (``sympify`` reads it back exactly), without the costly term sorting."""
-    return "-oo" if x == NEG_INF else sympy.sstr(x, order="none")
+    if x == NEG_INF:
+        return "-oo"
+    if isinstance(x, sympy.Rational):
+        return qq_text(x)
+    return (printer or _Printer()).doprint(x)
 
 
 def _numbers_only(m: sympy.Matrix) -> list[list]:
@@ -30,16 +96,18 @@ def _numbers_only(m: sympy.Matrix) -> list[list]:
 def as_dict(derivation: Derivation, *, check=None) -> dict:
     d = derivation
     stages = []
+    printer = _Printer()
     for step in d.steps:
         m = step.lazy
         values = d.evaluate(step.id, 30) if d.can_evaluate else _numbers_only(m)
+        entry = m.peek if isinstance(m, LazyMatrix) else m.__getitem__  # each entry is read once
         stages.append(
             {
                 "id": step.id,
                 "title": step.title,
                 "shape": list(step.shape),
                 # null where a big gradient's entries are too long to write (see backward.EXACT_LIMIT)
-                "exact": ([[_exact(m[i, j]) for j in range(m.cols)] for i in range(m.rows)]
+                "exact": ([[_exact(entry((i, j)), printer) for j in range(m.cols)] for i in range(m.rows)]
                           if written_exactly(step) else None),
                 "approx": [[_approx(v) for v in row] for row in values],
             }
