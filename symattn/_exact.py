@@ -502,16 +502,33 @@ def weights_floats(rows: "tuple[SoftmaxRow, ...]", dps: int) -> "list[list[float
         _flint.ctx.prec = old
 
 
-def mp_matmul(a: list[list[mpmath.mpf]], b: list[list[mpmath.mpf]], dps: int) -> list[list[mpmath.mpf]]:
-    """The product of two matrices of mpmath numbers, at ``dps`` digits (with arb when present)."""
-    if _flint is not None and not any(mpmath.isinf(x) for row in b for x in row):
+def operand(m, dps: int, subs=None):
+    """``m`` ready for :func:`mp_matmul`: a rational matrix as it is (read straight into arb),
+    anything else evaluated at ``dps`` digits."""
+    return m if _flint is not None and is_rational(m) else evaluate(m, dps, subs)
+
+
+def _arb_operand(x):
+    if isinstance(x, list):
+        return _flint.arb_mat(x)
+    dense = _dm(x)
+    if type(dense.rep).__name__ == "DFM":
+        return _flint.arb_mat(dense.rep.rep)
+    return _flint.arb_mat([[_flint.fmpq(int(v.numerator), int(v.denominator)) for v in row] for row in dense.to_list()])
+
+
+def mp_matmul(a, b, dps: int) -> list[list[mpmath.mpf]]:
+    """The product of two matrices at ``dps`` digits (with arb when present): each is a list of
+    rows of mpmath numbers, or a rational matrix (see :func:`operand`)."""
+    if _flint is not None and (not isinstance(b, list) or not any(mpmath.isinf(x) for row in b for x in row)):
         old = _flint.ctx.prec
         _flint.ctx.prec = _prec(dps)
         try:
-            product = _flint.arb_mat(a) * _flint.arb_mat(b)
+            product = _arb_operand(a) * _arb_operand(b)
             return [[_arb_to_mpf(product[i, j]) for j in range(product.ncols())] for i in range(product.nrows())]
         finally:
             _flint.ctx.prec = old
+    a, b = (x if isinstance(x, list) else evaluate(x, dps) for x in (a, b))
     with mpmath.workdps(dps + 10):
         return [[mpmath.fsum(x * row_b[j] for x, row_b in zip(row, b)) for j in range(len(b[0]))] for row in a]
 
@@ -695,8 +712,11 @@ def _sum_of_distinct(terms: list) -> sympy.Expr:
 
 
 def softmax_backward(A: list[list[mpmath.mpf]], dA: list[list[mpmath.mpf]], dps: int) -> list[list[mpmath.mpf]]:
-    """Back through the softmax, row by row: a ∘ (dA − dA·a), at ``dps`` digits."""
-    with mpmath.workdps(dps + 10):
+    """Back through the softmax, row by row: a ∘ (dA − dA·a), at ``dps`` digits.
+
+    The working precision covers every bit of the inputs (arb gives them ``_prec(dps)`` bits),
+    so a row with one allowed key, a = (1, 0, …), gives exactly 0, as its exact value is."""
+    with mpmath.workprec(_prec(dps) + 20):
         out = []
         for a, g in zip(A, dA):
             dot = mpmath.fsum(x * y for x, y in zip(a, g))

@@ -172,7 +172,7 @@ def add_backward(b, infos: list[HeadInfo], X, C, O_id: str) -> None:
              "d\\operatorname{concat} = dO\\,W_O^{\\top}", "dconcat = dO·W_Oᵀ",
              f"({n_q}×{d_out})·({W_O.cols}×{W_O.rows}) → {n_q}×{W_O.rows} (like concat)",
              q_labels, _dims("c", W_O.rows), dconcat,
-             lambda d, dps: _exact.mp_matmul(ev(d, "dO", dps), _exact.evaluate(W_O.T, dps, p.substitutions), dps))
+             lambda d, dps: _exact.mp_matmul(ev(d, "dO", dps), _exact.operand(W_O.T, dps, p.substitutions), dps))
         start = 0
         for info in infos:
             width = info.V.cols
@@ -244,7 +244,7 @@ def _head(b, step, info: HeadInfo, dO, X, C, q_labels, k_labels) -> None:
     dA = product(dO, V.T)
     step("dA", "Gradient of the weights", _WHY["dA"], "dA = dO\\,V^{\\top}", "dA = dO·Vᵀ",
          f"({n_q}×{V.cols})·({V.cols}×{n_k}) → {n_q}×{n_k} (like A)", q_labels, k_labels, dA,
-         lambda d, dps: _exact.mp_matmul(ev(d, "dO", dps), _t(_exact.evaluate(V, dps, subs)), dps),
+         lambda d, dps: _exact.mp_matmul(ev(d, "dO", dps), _exact.operand(V.T, dps, subs), dps),
          always=_exact.is_rational(dA))
 
     # dŜ_ij = e_ij (dA_ij Z_i − D_i) / Z_i², numerators kept for dQ.
@@ -294,14 +294,14 @@ def _head(b, step, info: HeadInfo, dO, X, C, q_labels, k_labels) -> None:
     step("dQ", "Gradient of the queries", _WHY["dQ"], "dQ = dS\\,K", "dQ = dS·K",
          f"({n_q}×{n_k})·({n_k}×{K.cols}) → {n_q}×{K.cols} (like Q)", q_labels, _dims("q", K.cols),
          LazyMatrix(n_q, K.cols, dQ_entry),
-         lambda d, dps: _exact.mp_matmul(ev(d, "dS", dps), _exact.evaluate(K, dps, subs), dps),
+         lambda d, dps: _exact.mp_matmul(ev(d, "dS", dps), _exact.operand(K, dps, subs), dps),
          over_z_squared=dQ_numerator, jacobian=rows)
 
     dS = b.by_id(pre + "dS").lazy
     step("dK", "Gradient of the keys", _WHY["dK"], "dK = dS^{\\top} Q", "dK = dSᵀ·Q",
          f"({n_k}×{n_q})·({n_q}×{Q.cols}) → {n_k}×{Q.cols} (like K)", k_labels, _dims("k", Q.cols),
          product(dS.T, Q),
-         lambda d, dps: _exact.mp_matmul(_t(ev(d, "dS", dps)), _exact.evaluate(Q, dps, subs), dps))
+         lambda d, dps: _exact.mp_matmul(_t(ev(d, "dS", dps)), _exact.operand(Q, dps, subs), dps))
 
     if X is None:
         return
@@ -312,7 +312,7 @@ def _head(b, step, info: HeadInfo, dO, X, C, q_labels, k_labels) -> None:
              f"dW_{{{g}}} = {name}^{{\\top}} d{g}", f"dW_{g} = {name}ᵀ·d{g}",
              f"({inp.cols}×{inp.rows})·({grad.rows}×{grad.cols}) → {w.rows}×{w.cols} (like W_{g})",
              _dims("d", w.rows), _dims(g.lower(), w.cols), product(inp.T, grad),
-             lambda d, dps, g=g, inp=inp: _exact.mp_matmul(_t(_exact.evaluate(inp, dps, subs)), ev(d, "d" + g, dps), dps))
+             lambda d, dps, g=g, inp=inp: _exact.mp_matmul(_exact.operand(inp.T, dps, subs), ev(d, "d" + g, dps), dps))
 
 
 _NOUN = {"Q": "query", "K": "key", "V": "value"}
@@ -329,7 +329,7 @@ def _sum_values(paths, p):
     def values(d, dps):
         total = None
         for g, w in paths:
-            part = _exact.mp_matmul(d.evaluate(g, dps), _exact.evaluate(w.T, dps, p.substitutions), dps)
+            part = _exact.mp_matmul(d.evaluate(g, dps), _exact.operand(w.T, dps, p.substitutions), dps)
             with mpmath.workdps(dps + 10):
                 total = part if total is None else [[x + y for x, y in zip(r, s)] for r, s in zip(total, part)]
         return total

@@ -1059,6 +1059,23 @@ def test_padding_example_masked_columns_are_exactly_zero():
     assert all(dK[j, c] == 0 for j in (2, 3) for c in range(dK.cols))
 
 
+@pytest.mark.parametrize("dps", [15, 30, 45])
+def test_single_key_row_has_exactly_zero_gradient_decimals(dps):
+    """A query that may attend to one key only has weights (1, 0, …): its softmax Jacobian is 0,
+    so its rows of dŜ, dS and dQ are exactly 0, in decimals too (no rounding noise such as 1e-41)."""
+    rng = random.Random(dps)
+    rows = lambda r, c: [[f"{rng.uniform(-2, 2):.6f}" for _ in range(c)] for _ in range(r)]  # noqa: E731
+    text = (f"mask: causal\nX: {rows(5, 6)}\nW_Q: {rows(6, 3)}\nW_K: {rows(6, 3)}\nW_V: {rows(6, 2)}\n"
+            "backward:\n  loss: sum\n").replace("'", "")
+    d = symattn.derive(symattn.load_problem(text))
+    for name in ("dS_masked", "dS", "dQ"):
+        exact_row = d.step(name).exact.row(0)
+        assert all(x == 0 for x in exact_row), (name, exact_row)
+        values = d.evaluate(name, dps)[0]
+        assert all(v == 0 for v in values), (name, dps, values)
+    assert d.evaluate("dA", dps)[0][0] != 0  # the gradient reaching the weights is not 0 itself
+
+
 @pytest.mark.parametrize("name", ["causal_4_tokens.yaml", "two_heads.yaml", "qkv_given.yaml"])
 def test_sum_loss_gives_dO_all_ones(name):
     _, d = example_case(name, "sum")
