@@ -35,6 +35,9 @@ Values = list[list[mpmath.mpf]]
 # Gradient entries are sums of fractions over the rows' normalisers, and their size grows
 # quickly with n: above this many scores (n_q·n_k) a worked solution shows them in decimals.
 EXACT_LIMIT = 64
+# Up to this many entries, a written-out gradient's exact entries are read to show its exact zeros
+# as 0 in decimals (they are built for the worked solution anyway).
+ZERO_CHECK_LIMIT = 4096
 
 
 @dataclass(frozen=True)
@@ -52,7 +55,16 @@ class _GradStep(Step):
     written_exactly: bool = True
 
     def evaluate(self, derivation, dps, subs) -> Values:
-        return self.values_of(derivation, dps)
+        exact = self.lazy
+        if _exact.qq_entries(exact) is not None:
+            return _exact.evaluate(exact, dps)  # rationals: their values, not a rounded product's
+        values = self.values_of(derivation, dps)
+        if self.written_exactly and exact.rows * exact.cols <= ZERO_CHECK_LIMIT:
+            # A sum that cancels exactly (its exact entry is 0) is 0 in decimals too, not the
+            # rounding noise of its terms (such as 1e-45).
+            values = [[mpmath.mpf(0) if exact[i, j] == 0 else v for j, v in enumerate(row)]
+                      for i, row in enumerate(values)]
+        return values
 
 
 @dataclass(frozen=True)

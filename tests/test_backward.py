@@ -1059,6 +1059,30 @@ def test_padding_example_masked_columns_are_exactly_zero():
     assert all(dK[j, c] == 0 for j in (2, 3) for c in range(dK.cols))
 
 
+@pytest.mark.parametrize("name, kind", [c for c in EXAMPLE_CASES if c[1] == "sum"])
+def test_exact_zero_gradients_have_zero_decimals(name, kind):
+    """Where a gradient's exact entry is 0 (masked, or a sum that cancels), its 30-digit value is
+    exactly 0 too, not the rounding noise of the terms; elsewhere it is the exact value's."""
+    spec, d = example_case(name, kind)
+    if not d.can_evaluate:
+        pytest.skip("symbols without values")
+    zeros = 0
+    for step_id in gradient_ids(spec):
+        exact = d.step(step_id).exact
+        values = d.evaluate(step_id, 30)
+        for i in range(exact.rows):
+            for j in range(exact.cols):
+                if exact[i, j] == 0:
+                    zeros += 1
+                    assert values[i][j] == 0, (name, step_id, i, j, values[i][j])
+                else:
+                    with mpmath.workdps(40):
+                        reference = mpmath.mpf(sympy.N(exact[i, j].xreplace(d.problem.substitutions or {}), 40))
+                        assert abs(values[i][j] - reference) <= mpmath.mpf("1e-28") * max(1, abs(reference)), (
+                            name, step_id, i, j)
+    assert zeros, f"{name}: no exact zero to check"
+
+
 @pytest.mark.parametrize("dps", [15, 30, 45])
 def test_single_key_row_has_exactly_zero_gradient_decimals(dps):
     """A query that may attend to one key only has weights (1, 0, …): its softmax Jacobian is 0,

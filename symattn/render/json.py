@@ -20,14 +20,17 @@ def _approx(v) -> float | None:
 
 
 class _Printer(StrPrinter):
-    """``sympy.sstr(x, order="none")``, remembering each sum it has written: a row's normaliser
-    Z_i comes back in every weight and output of the row, and is written once."""
+    """``sympy.sstr(x, order="none")``, remembering the sums it is told will come back: a row's
+    normaliser Z_i is in every weight and output of the row, and is written once."""
 
-    def __init__(self) -> None:
+    def __init__(self, recurring=()) -> None:
         super().__init__({"order": "none"})
-        self._sums: dict = {}
+        self._recurring = set(recurring)
+        self._sums: dict = {}  # the texts of recurring sums, and of the powers e^x
 
     def _print_Add(self, expr, order=None):
+        if expr not in self._recurring:
+            return self._sum(expr, order)  # a numerator: written once, not kept
         text = self._sums.get(expr)
         if text is None:
             text = self._sums[expr] = self._sum(expr, order)
@@ -96,7 +99,8 @@ def _numbers_only(m: sympy.Matrix) -> list[list]:
 def as_dict(derivation: Derivation, *, check=None) -> dict:
     d = derivation
     stages = []
-    printer = _Printer()
+    printer = _Printer(row.normaliser for step in d.steps if step.softmax and step.kind in ("A", "O")
+                       for row in step.softmax if not row.normaliser_is_number)
     for step in d.steps:
         m = step.lazy
         values = d.evaluate(step.id, 30) if d.can_evaluate else _numbers_only(m)
