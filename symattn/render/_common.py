@@ -368,10 +368,19 @@ def exact_tex_matrix(d: Derivation, step: Step, max_shown: int = MAX_SHOWN) -> s
     rows, cols = step.shape
     if step.kind in ("concat", "O") and d.problem.multi_head and step.head is None:
         entry = lambda i, j: _heads_entry_tex(d, step, i, j)  # noqa: E731
+    elif (qq := _rational_entries(step)) is not None:  # written from their QQ numbers, no SymPy number made
+        entry = lambda i, j: "-\\infty" if qq[i][j] is None else qq_tex(qq[i][j])  # noqa: E731
     else:
         entry = lambda i, j: entry_tex(step, i, j)  # noqa: E731
     row_labels, col_labels = _labels(step)
     return grid(rows, cols, entry, max_shown=max_shown, row_labels=row_labels, col_labels=col_labels)
+
+
+def _rational_entries(step: Step) -> "list[list] | None":
+    """The QQ entries (None for −∞) of a rational step that is written entry by entry, else None."""
+    if step.softmax or getattr(step, "over_z_squared", None) is not None:
+        return None
+    return _exact.qq_entries(step.lazy)
 
 
 def head_parts(d: Derivation, step: Step, i: int, j: int) -> list[tuple[int, sympy.Expr, bool]]:
