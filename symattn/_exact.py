@@ -444,6 +444,11 @@ def _arb_to_mpf(x) -> mpmath.mpf:
     return _make_mpf(_from_man_exp(int(man), int(exp)))  # exact: no rounding to mpmath's precision
 
 
+def _fmpq(x):
+    """A QQ number as flint's fmpq (it is one already under SymPy's flint ground types)."""
+    return x if type(x) is _flint.fmpq else _flint.fmpq(int(x.numerator), int(x.denominator))
+
+
 def arb_float(x) -> float:
     """The midpoint of an arb ball rounded to the nearest float64 (NaN beyond its range)."""
     man, exp = x.mid().man_exp()
@@ -483,7 +488,7 @@ def weighted_value(row: "SoftmaxRow", column: list, dps: int) -> "mpmath.mpf | N
         total = _flint.arb(0)
         for w, v in zip(row.arb_weights(dps), column):
             if v:
-                total += w * _flint.fmpq(int(v.numerator), int(v.denominator))
+                total += w * _fmpq(v)
         return _arb_to_mpf(total)
     finally:
         _flint.ctx.prec = old
@@ -647,7 +652,7 @@ class SoftmaxRow:
     def _exps(self, dps: int, subs) -> list:
         """``e^{z_ij - m_i}`` at ``dps`` digits (0 where masked): arb balls or mpmath numbers."""
         if self.rational and _flint is not None:
-            return [_flint.arb(0) if e is None else _flint.arb(e).exp() for e in self.raw]
+            return [_flint.arb(0) if e is None else _flint.arb(_fmpq(e)).exp() for e in self.raw]
         return [mpmath.mpf(0) if e is None else mpmath.exp(to_mpf(e, dps, subs)) for e in self.exponents]
 
     def evaluate_normaliser(self, dps: int, subs=None) -> mpmath.mpf:
