@@ -13,6 +13,7 @@ expression tree.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 from dataclasses import dataclass
@@ -165,14 +166,23 @@ def rational_matrix(rows: int, cols: int, flat: list) -> Matrix:
     return _from_domain(DomainMatrix([flat[i * cols:(i + 1) * cols] for i in range(rows)], (rows, cols), QQ))
 
 
+# Whether SymPy's QQ numbers are flint's fmpq (its flint ground types): then an fmpq_mat can be
+# handed to SymPy as it is.
+_FLINT_QQ = _flint is not None and QQ.of_type(_flint.fmpq(0))
+
+
+def _from_fmpq_mat(dense) -> Matrix:
+    """A :class:`QQMatrix` holding flint's ``dense`` (needs ``_FLINT_QQ``)."""
+    from sympy.polys.matrices import DomainMatrix
+    from sympy.polys.matrices._dfm import DFM
+
+    return _from_domain(DomainMatrix.from_rep(DFM(dense, (dense.nrows(), dense.ncols()), QQ)))
+
+
 def scaled_integer_matrix(rows: int, cols: int, numerators: list[int], denominator: int) -> Matrix:
     """The exact matrix with entries ``numerators[k] / denominator`` (row by row)."""
-    if _flint is not None and QQ.of_type(_flint.fmpq(0)):  # SymPy's QQ is flint's fmpq
-        from sympy.polys.matrices import DomainMatrix
-        from sympy.polys.matrices._dfm import DFM
-
-        dense = _flint.fmpq_mat(_flint.fmpz_mat(rows, cols, numerators)) / denominator
-        return _from_domain(DomainMatrix.from_rep(DFM(dense, (rows, cols), QQ)))
+    if _FLINT_QQ:
+        return _from_fmpq_mat(_flint.fmpq_mat(_flint.fmpz_mat(rows, cols, numerators)) / denominator)
     return rational_matrix(rows, cols, [QQ(x, denominator) for x in numerators])
 
 
@@ -183,13 +193,9 @@ def binary_float_matrix(array) -> Matrix:
 
     array = np.array(array, dtype=np.float64)  # float16 and float32 values are exact in float64
     rows, cols = array.shape
-    if _flint is not None and QQ.of_type(_flint.fmpq(0)):
-        from sympy.polys.matrices import DomainMatrix
-        from sympy.polys.matrices._dfm import DFM
-
+    if _FLINT_QQ:
         fmpq = _flint.fmpq
-        dense = _flint.fmpq_mat(rows, cols, [fmpq(*v.as_integer_ratio()) for v in array.ravel().tolist()])
-        m = _from_domain(DomainMatrix.from_rep(DFM(dense, (rows, cols), QQ)))
+        m = _from_fmpq_mat(_flint.fmpq_mat(rows, cols, [fmpq(*v.as_integer_ratio()) for v in array.ravel().tolist()]))
     else:
         m = rational_matrix(rows, cols, [QQ(*v.as_integer_ratio()) for v in array.ravel().tolist()])
     array.flags.writeable = False
@@ -438,6 +444,17 @@ def _prec(dps: int) -> int:
     return int((dps + 10) * 3.33) + 10
 
 
+@contextlib.contextmanager
+def _arb_precision(dps: int):
+    """flint's working precision for ``dps`` digits (with guard bits), restored afterwards."""
+    old = _flint.ctx.prec
+    _flint.ctx.prec = _prec(dps)
+    try:
+        yield
+    finally:
+        _flint.ctx.prec = old
+
+
 def _arb_to_mpf(x) -> mpmath.mpf:
     """The midpoint of an arb ball, exactly (it has at most the working precision's bits)."""
     man, exp = x.mid().man_exp()
@@ -465,16 +482,9 @@ def weights_times(rows: "tuple[SoftmaxRow, ...]", values: Matrix, dps: int, conv
     if _flint is None or not is_rational(values) or not all(row.rational for row in rows):
         return None
     convert = convert or _arb_to_mpf
-    old = _flint.ctx.prec
-    _flint.ctx.prec = _prec(dps)
-    try:
-        weights = _flint.arb_mat([row.arb_weights(dps) for row in rows])
-        dense = _dm(values)
-        v = dense.rep.rep if type(dense.rep).__name__ == "DFM" else [[_flint.fmpq(int(x.numerator), int(x.denominator)) for x in row] for row in dense.to_list()]
-        product = weights * _flint.arb_mat(v)
+    with _arb_precision(dps):
+        product = _flint.arb_mat([row.arb_weights(dps) for row in rows]) * _arb_operand(values)
         return [[convert(product[i, j]) for j in range(product.ncols())] for i in range(product.nrows())]
-    finally:
-        _flint.ctx.prec = old
 
 
 def weighted_value(row: "SoftmaxRow", column: list, dps: int) -> "mpmath.mpf | None":
@@ -482,16 +492,12 @@ def weighted_value(row: "SoftmaxRow", column: list, dps: int) -> "mpmath.mpf | N
     row's arb weights; None when the row is not rational or flint is missing."""
     if _flint is None or not row.rational:
         return None
-    old = _flint.ctx.prec
-    _flint.ctx.prec = _prec(dps)
-    try:
+    with _arb_precision(dps):
         total = _flint.arb(0)
         for w, v in zip(row.arb_weights(dps), column):
             if v:
                 total += w * _fmpq(v)
         return _arb_to_mpf(total)
-    finally:
-        _flint.ctx.prec = old
 
 
 def weights_floats(rows: "tuple[SoftmaxRow, ...]", dps: int) -> "list[list[float]] | None":
@@ -499,12 +505,8 @@ def weights_floats(rows: "tuple[SoftmaxRow, ...]", dps: int) -> "list[list[float
     None when a row is not rational or flint is missing."""
     if _flint is None or not all(row.rational for row in rows):
         return None
-    old = _flint.ctx.prec
-    _flint.ctx.prec = _prec(dps)
-    try:
+    with _arb_precision(dps):
         return [[arb_float(w) for w in row.arb_weights(dps)] for row in rows]
-    finally:
-        _flint.ctx.prec = old
 
 
 def operand(m, dps: int, subs=None):
@@ -514,25 +516,22 @@ def operand(m, dps: int, subs=None):
 
 
 def _arb_operand(x):
+    """An arb matrix of mpmath rows, or of a rational matrix's own fmpq entries."""
     if isinstance(x, list):
         return _flint.arb_mat(x)
     dense = _dm(x)
     if type(dense.rep).__name__ == "DFM":
         return _flint.arb_mat(dense.rep.rep)
-    return _flint.arb_mat([[_flint.fmpq(int(v.numerator), int(v.denominator)) for v in row] for row in dense.to_list()])
+    return _flint.arb_mat([[_fmpq(v) for v in row] for row in dense.to_list()])
 
 
 def mp_matmul(a, b, dps: int) -> list[list[mpmath.mpf]]:
     """The product of two matrices at ``dps`` digits (with arb when present): each is a list of
     rows of mpmath numbers, or a rational matrix (see :func:`operand`)."""
     if _flint is not None and (not isinstance(b, list) or not any(mpmath.isinf(x) for row in b for x in row)):
-        old = _flint.ctx.prec
-        _flint.ctx.prec = _prec(dps)
-        try:
+        with _arb_precision(dps):
             product = _arb_operand(a) * _arb_operand(b)
             return [[_arb_to_mpf(product[i, j]) for j in range(product.ncols())] for i in range(product.nrows())]
-        finally:
-            _flint.ctx.prec = old
     a, b = (x if isinstance(x, list) else evaluate(x, dps) for x in (a, b))
     with mpmath.workdps(dps + 10):
         return [[mpmath.fsum(x * row_b[j] for x, row_b in zip(row, b)) for j in range(len(b[0]))] for row in a]
@@ -671,24 +670,19 @@ class SoftmaxRow:
         return cache[key]
 
     def arb_weights(self, dps: int) -> list:
-        """The weights as arb balls at ``dps`` digits (a rational row, with flint); the caller sets
-        flint's precision."""
+        """The weights as arb balls at ``dps`` digits (a rational row, with flint)."""
         cache = self.__dict__.setdefault("_arb", {})
         if dps not in cache:
-            exps = self._exps(dps, None)
-            total = sum(exps, _flint.arb(0))
-            cache[dps] = ([e / total for e in exps], total)
+            with _arb_precision(dps):
+                exps = self._exps(dps, None)
+                total = sum(exps, _flint.arb(0))
+                cache[dps] = ([e / total for e in exps], total)
         return cache[dps][0]
 
     def _evaluate(self, dps: int, subs) -> tuple[list[mpmath.mpf], mpmath.mpf]:
         if self.rational and _flint is not None:
-            old = _flint.ctx.prec
-            _flint.ctx.prec = _prec(dps)
-            try:
-                weights = self.arb_weights(dps)
-                return [_arb_to_mpf(w) for w in weights], _arb_to_mpf(self.__dict__["_arb"][dps][1])
-            finally:
-                _flint.ctx.prec = old
+            weights = self.arb_weights(dps)
+            return [_arb_to_mpf(w) for w in weights], _arb_to_mpf(self.__dict__["_arb"][dps][1])
         with mpmath.workdps(dps + 10):
             exps = self._exps(dps, subs)
             total = mpmath.fsum(e for e, x in zip(exps, self.raw) if x is not None)

@@ -15,6 +15,7 @@ from ._common import (
     TOO_LONG,
     check_sentence,
     decimal,
+    exp_parts_text,
     exp_sum_text,
     head_parts,
     jacobian_entry,
@@ -79,7 +80,8 @@ def _normalisers(step: Step, digits: int, subs, max_shown: int) -> list[str]:
             continue
         row = step.softmax[i]
         if not normaliser_is_number(row):
-            line = f"    m_{i + 1} = {text_entry(row.maximum)},  Z_{i + 1} = {exp_sum_text(row.normaliser)}"
+            z = exp_parts_text(row.numerator_parts()) if row.rational else exp_sum_text(row.normaliser)
+            line = f"    m_{i + 1} = {text_entry(row.maximum)},  Z_{i + 1} = {z}"
             if subs is not None:
                 line += f" ≈ {decimal(row.evaluate_normaliser(max(digits + 5, DPS), subs), digits)}"
             lines.append(line)
