@@ -56,6 +56,7 @@ import symattn
 from symattn import SymattnError
 from symattn.cli import cli
 from symattn.problem import SUM_LOSS, Backward, parse_problem
+from _reference import allowed_grid, fmatrix, frac
 
 try:
     import torch as _torch
@@ -83,37 +84,6 @@ GRADIENT_WEIGHTS = ["dW_Q", "dW_K", "dW_V"]
 # ---------------------------------------------------------------------------
 # The test's own reading of a problem
 # ---------------------------------------------------------------------------
-
-
-def frac(text: str, values: dict[str, Fraction] | None = None) -> Fraction:
-    """``"3"``, ``"-2/5"``, ``"0.25"``, ``"2e-1"`` exactly; a declared symbol takes its value."""
-    assert isinstance(text, str), f"BaseLoader should give strings, got {text!r}"
-    text = text.strip()
-    if values and text in values:
-        return values[text]
-    if "/" in text:
-        num, den = text.split("/")
-        return Fraction(num.strip()) / Fraction(den.strip())
-    return Fraction(text)
-
-
-def fmatrix(rows, values=None) -> list[list[Fraction]]:
-    return [[frac(x, values) for x in row] for row in rows]
-
-
-def allowed_grid(mask, n_q: int, n_k: int) -> list[list[bool]]:
-    """The mask rules, written again from scratch."""
-    if mask == "none":
-        return [[True] * n_k for _ in range(n_q)]
-    if mask == "causal":
-        return [[j <= i for j in range(n_k)] for i in range(n_q)]
-    if mask == "causal-bottom-right":
-        return [[j <= i + n_k - n_q for j in range(n_k)] for i in range(n_q)]
-    if isinstance(mask, dict):
-        w = int(mask["sliding-window"])
-        return [[j <= i and i - j < w for j in range(n_k)] for i in range(n_q)]
-    truth = {"1": True, "true": True, "0": False, "false": False}
-    return [[truth[x.strip().lower()] for x in row] for row in mask]
 
 
 KEEP = object()  # read_spec: take the loss from the file

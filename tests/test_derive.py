@@ -30,6 +30,7 @@ import yaml
 
 import symattn
 from symattn import SymattnError
+from _reference import fmatmul, fmatrix, frac, ftranspose
 
 ROOT = Path(__file__).resolve().parent.parent
 # The single-head numeric examples; heads and symbols have their own references in test_family.py.
@@ -49,29 +50,6 @@ NEG_INF_TEXT = {"-inf", "-.inf", "-.Inf", "-.INF", "-infinity", "-Infinity", "-o
 # ---------------------------------------------------------------------------
 # An independent reading of a problem file
 # ---------------------------------------------------------------------------
-
-
-def frac(text: str) -> Fraction:
-    """An entry string such as ``"0.1"``, ``"2e-1"``, ``"-1.25"`` or ``"1/3"``, exactly."""
-    assert isinstance(text, str), f"BaseLoader should give strings, got {text!r}"
-    text = text.strip()
-    if "/" in text:
-        num, den = text.split("/")
-        return Fraction(num.strip()) / Fraction(den.strip())
-    return Fraction(text)
-
-
-def fmatrix(rows) -> list[list[Fraction]]:
-    return [[frac(x) for x in row] for row in rows]
-
-
-def fmatmul(a, b):
-    assert len(a[0]) == len(b)
-    return [[sum((a[i][k] * b[k][j] for k in range(len(b))), Fraction(0)) for j in range(len(b[0]))] for i in range(len(a))]
-
-
-def ftranspose(a):
-    return [list(col) for col in zip(*a)]
 
 
 @dataclass

@@ -40,6 +40,7 @@ import symattn
 from symattn import SymattnError
 from symattn.cli import cli
 from symattn.problem import parse_problem
+from _reference import allowed_grid, fmatmul, fmatrix, frac
 
 try:
     import torch as _torch
@@ -76,41 +77,6 @@ def invoke(*args, cwd: Path):
         return runner().invoke(cli, [str(a) for a in args], prog_name="symattn")
     finally:
         os.chdir(old)
-
-
-def frac(text: str) -> Fraction:
-    """``"3"``, ``"-2/5"``, ``"0.25"`` exactly, parsed by the test itself."""
-    assert isinstance(text, str), f"BaseLoader should give strings, got {text!r}"
-    text = text.strip()
-    if "/" in text:
-        num, den = text.split("/")
-        return Fraction(num.strip()) / Fraction(den.strip())
-    return Fraction(text)
-
-
-def fmatrix(rows) -> list[list[Fraction]]:
-    return [[frac(x) for x in row] for row in rows]
-
-
-def fmatmul(a, b):
-    assert len(a[0]) == len(b), (len(a[0]), len(b))
-    return [[sum((a[i][k] * b[k][j] for k in range(len(b))), Fraction(0)) for j in range(len(b[0]))]
-            for i in range(len(a))]
-
-
-def allowed_grid(mask, n_q: int, n_k: int) -> list[list[bool]]:
-    """The mask rules of the spec, written again from scratch."""
-    if mask == "none":
-        return [[True] * n_k for _ in range(n_q)]
-    if mask == "causal":
-        return [[j <= i for j in range(n_k)] for i in range(n_q)]
-    if mask == "causal-bottom-right":
-        return [[j <= i + n_k - n_q for j in range(n_k)] for i in range(n_q)]
-    if isinstance(mask, dict):
-        w = int(mask["sliding-window"])
-        return [[j <= i and i - j < w for j in range(n_k)] for i in range(n_q)]
-    truth = {"1": True, "true": True, "0": False, "false": False}
-    return [[truth[x.strip().lower()] for x in row] for row in mask]
 
 
 @dataclass
