@@ -2,12 +2,16 @@
 
 Entries are read from a problem's YAML text (``yaml.BaseLoader``: every scalar a string)
 with :class:`fractions.Fraction`, and matrices are multiplied by hand: nothing here goes
-through symattn, SymPy or a binary float.
+through symattn, SymPy or a binary float. Problem and answers files are written as text.
 """
 
 from __future__ import annotations
 
+import re
+from decimal import ROUND_HALF_UP, Decimal
 from fractions import Fraction
+
+import mpmath
 
 
 def frac(text: str, values: dict[str, Fraction] | None = None) -> Fraction:
@@ -49,3 +53,44 @@ def allowed_grid(mask, n_q: int, n_k: int) -> list[list[bool]]:
         return [[j <= i and i - j < w for j in range(n_k)] for i in range(n_q)]
     truth = {"1": True, "true": True, "0": False, "false": False}
     return [[truth[x.strip().lower()] for x in row] for row in mask]
+
+
+def quoted(x: Fraction) -> str:
+    """A Fraction as a YAML string, ``"-2/5"``."""
+    return f'"{x}"'
+
+
+def yaml_matrix(rows) -> str:
+    """A matrix in flow style, each Fraction quoted and any other entry as written."""
+    return "[" + ", ".join("[" + ", ".join(quoted(x) if isinstance(x, Fraction) else x for x in row) + "]"
+                           for row in rows) + "]"
+
+
+# -- answers files, as a student would write them -------------------------------------------
+
+
+def rounded(v, places: int) -> str:
+    """``v`` (an mpmath number) rounded half away from zero to ``places`` decimals, as text
+    (−∞ as ``-inf``)."""
+    if mpmath.isinf(v) and v < 0:
+        return "-inf"
+    d = Decimal(mpmath.nstr(v, 45, min_fixed=-mpmath.inf, max_fixed=mpmath.inf))
+    text = format(d.quantize(Decimal(1).scaleb(-places), rounding=ROUND_HALF_UP), "f")
+    return text[1:] if re.fullmatch(r"-0\.0*", text) else text
+
+
+def rounded_grid(values, places: int = 4) -> list[list[str]]:
+    return [[rounded(v, places) for v in row] for row in values]
+
+
+_PLAIN = re.compile(r"-?[0-9]+(\.[0-9]+)?\Z|-inf\Z")
+
+
+def answers_text(stages: dict[str, list[list[str]]]) -> str:
+    """An answers file: each stage a block of rows; expressions quoted, numbers plain."""
+    lines = []
+    for sid, rows in stages.items():
+        lines.append(f"{sid}:")
+        for row in rows:
+            lines.append("  - [" + ", ".join(x if _PLAIN.match(x) else f'"{x}"' for x in row) + "]")
+    return "\n".join(lines) + "\n"

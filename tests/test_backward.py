@@ -42,7 +42,6 @@ import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
-from decimal import ROUND_HALF_UP, Decimal
 from fractions import Fraction
 from pathlib import Path
 
@@ -56,7 +55,8 @@ import symattn
 from symattn import SymattnError
 from symattn.cli import cli
 from symattn.problem import SUM_LOSS, Backward, parse_problem
-from _reference import allowed_grid, fmatrix, frac
+from _reference import allowed_grid, answers_text, fmatrix, frac, quoted, yaml_matrix
+from _reference import rounded_grid as _rounded_grid
 
 try:
     import torch as _torch
@@ -533,15 +533,6 @@ LOSSES = ["dO", "sum", "weights", "target"]
 N_RANDOM = 40
 
 
-def _q(f: Fraction) -> str:
-    return f'"{f}"'
-
-
-def _yaml_matrix(rows) -> str:
-    return "[" + ", ".join("[" + ", ".join(_q(x) if isinstance(x, Fraction) else x for x in row) + "]"
-                           for row in rows) + "]"
-
-
 def _entries(rng: random.Random, r: int, c: int) -> list[list[Fraction]]:
     return [[Fraction(rng.randint(-3, 3), rng.choice([1, 1, 2, 3])) for _ in range(c)] for _ in range(r)]
 
@@ -559,36 +550,36 @@ def random_problem(rng: random.Random, index: int) -> str:
     lines = [f"title: random backward problem {index}"]
     if category == "given":
         d_k, d_v = rng.randint(1, 3), rng.randint(1, 3)
-        lines += [f"Q: {_yaml_matrix(_entries(rng, n_q, d_k))}",
-                  f"K: {_yaml_matrix(_entries(rng, n_k, d_k))}",
-                  f"V: {_yaml_matrix(_entries(rng, n_k, d_v))}"]
+        lines += [f"Q: {yaml_matrix(_entries(rng, n_q, d_k))}",
+                  f"K: {yaml_matrix(_entries(rng, n_k, d_k))}",
+                  f"V: {yaml_matrix(_entries(rng, n_k, d_v))}"]
         d_out = d_v
     else:
         d_model = rng.randint(1, 2 if category.startswith("multi") else 3)
-        lines.append(f"X: {_yaml_matrix(_entries(rng, n_q, d_model))}")
+        lines.append(f"X: {yaml_matrix(_entries(rng, n_q, d_model))}")
         if category.endswith("cross"):
-            lines.append(f"context: {_yaml_matrix(_entries(rng, n_k, d_model))}")
+            lines.append(f"context: {yaml_matrix(_entries(rng, n_k, d_model))}")
         if category.startswith("multi"):
             lines.append("heads:")
             width = 0
             for _ in range(2):
                 d_k, d_v = rng.randint(1, 3), rng.randint(1, 2)
                 width += d_v
-                lines += [f"  - W_Q: {_yaml_matrix(_entries(rng, d_model, d_k))}",
-                          f"    W_K: {_yaml_matrix(_entries(rng, d_model, d_k))}",
-                          f"    W_V: {_yaml_matrix(_entries(rng, d_model, d_v))}"]
+                lines += [f"  - W_Q: {yaml_matrix(_entries(rng, d_model, d_k))}",
+                          f"    W_K: {yaml_matrix(_entries(rng, d_model, d_k))}",
+                          f"    W_V: {yaml_matrix(_entries(rng, d_model, d_v))}"]
             d_out = rng.randint(1, 3)
-            lines.append(f"W_O: {_yaml_matrix(_entries(rng, width, d_out))}")
+            lines.append(f"W_O: {yaml_matrix(_entries(rng, width, d_out))}")
         else:
             d_k, d_v = rng.randint(1, 3), rng.randint(1, 3)
-            lines += [f"W_Q: {_yaml_matrix(_entries(rng, d_model, d_k))}",
-                      f"W_K: {_yaml_matrix(_entries(rng, d_model, d_k))}",
-                      f"W_V: {_yaml_matrix(_entries(rng, d_model, d_v))}"]
+            lines += [f"W_Q: {yaml_matrix(_entries(rng, d_model, d_k))}",
+                      f"W_K: {yaml_matrix(_entries(rng, d_model, d_k))}",
+                      f"W_V: {yaml_matrix(_entries(rng, d_model, d_v))}"]
             d_out = d_v
     if mask_kind == "padding":
         hidden = rng.randint(0, n_k - 1)  # the last `hidden` keys are padding
         row = ["1"] * (n_k - hidden) + ["0"] * hidden
-        lines.append(f"mask: {_yaml_matrix([row] * n_q)}")
+        lines.append(f"mask: {yaml_matrix([row] * n_q)}")
         mask_value: object = [row] * n_q
     else:
         lines.append(f"mask: {mask_kind}")
@@ -600,15 +591,15 @@ def random_problem(rng: random.Random, index: int) -> str:
             keep = rng.choice([j for j in range(n_k) if allowed[i][j]])  # stays allowed and finite
             bias.append([Fraction(rng.randint(-4, 4), rng.choice([1, 2]))
                          if j == keep or rng.random() < 0.8 else "-inf" for j in range(n_k)])
-        lines.append(f"bias: {_yaml_matrix(bias)}")
-    lines.append("scale: " + rng.choice(["auto", "auto", "none", _q(Fraction(rng.randint(1, 3), rng.randint(1, 3)))]))
+        lines.append(f"bias: {yaml_matrix(bias)}")
+    lines.append("scale: " + rng.choice(["auto", "auto", "none", quoted(Fraction(rng.randint(1, 3), rng.randint(1, 3)))]))
     lines.append("backward:")
     if loss == "dO":
-        lines.append(f"  dO: {_yaml_matrix(_entries(rng, n_q, d_out))}")
+        lines.append(f"  dO: {yaml_matrix(_entries(rng, n_q, d_out))}")
     elif loss == "sum":
         lines.append("  loss: sum")
     else:
-        lines.append(f"  loss: {{{loss}: {_yaml_matrix(_entries(rng, n_q, d_out))}}}")
+        lines.append(f"  loss: {{{loss}: {yaml_matrix(_entries(rng, n_q, d_out))}}}")
     return "\n".join(lines) + "\n"
 
 
@@ -1357,29 +1348,7 @@ backward:
   dO: [[1, -1, 2], [0, 2, -1], ["1/2", 1, 0]]
 """
 PLACES = 6
-
-
-def rounded(v, places: int = PLACES) -> str:
-    """``v`` rounded half away from zero to ``places`` decimals, as text."""
-    d = Decimal(mpmath.nstr(v, 45, min_fixed=-mpmath.inf, max_fixed=mpmath.inf))
-    text = format(d.quantize(Decimal(1).scaleb(-places), rounding=ROUND_HALF_UP), "f")
-    return text[1:] if re.fullmatch(r"-0\.0*", text) else text
-
-
-def rounded_grid(values, places: int = PLACES) -> list[list[str]]:
-    return [[rounded(v, places) for v in row] for row in values]
-
-
-_PLAIN = re.compile(r"-?[0-9]+(\.[0-9]+)?\Z")
-
-
-def answers_text(stages: dict[str, list[list[str]]]) -> str:
-    lines = []
-    for sid, rows in stages.items():
-        lines.append(f"{sid}:")
-        for row in rows:
-            lines.append("  - [" + ", ".join(x if _PLAIN.match(x) else f'"{x}"' for x in row) + "]")
-    return "\n".join(lines) + "\n"
+rounded_grid = functools.partial(_rounded_grid, places=PLACES)
 
 
 def run_check(tmp_path: Path, problem: Path, stages: dict, *extra):

@@ -21,7 +21,7 @@ import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
-from decimal import ROUND_HALF_UP, Decimal
+from decimal import Decimal
 from fractions import Fraction
 from pathlib import Path
 
@@ -32,6 +32,7 @@ import yaml
 from click.testing import CliRunner
 
 from symattn.cli import cli
+from _reference import answers_text, rounded, rounded_grid
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "worked_examples"
@@ -219,32 +220,6 @@ def mp_softmax_rows(z):
 
 def mp_add_mask(z, m):
     return [[NINF if b == NINF else a + b for a, b in zip(r1, r2)] for r1, r2 in zip(z, m)]
-
-
-def rounded(v, places: int) -> str:
-    """``v`` rounded half away from zero to ``places`` decimals, as text (−∞ as ``-inf``)."""
-    if v == NINF:
-        return "-inf"
-    d = Decimal(mpmath.nstr(v, 45, min_fixed=-mpmath.inf, max_fixed=mpmath.inf))
-    text = format(d.quantize(Decimal(1).scaleb(-places), rounding=ROUND_HALF_UP), "f")
-    return text[1:] if re.fullmatch(r"-0\.0*", text) else text
-
-
-def rounded_grid(values, places: int = 4) -> list[list[str]]:
-    return [[rounded(v, places) for v in row] for row in values]
-
-
-_PLAIN = re.compile(r"-?[0-9]+(\.[0-9]+)?\Z|-inf\Z")
-
-
-def answers_text(stages: dict[str, list[list[str]]]) -> str:
-    """An answers file: each stage a block of rows; expressions quoted, numbers plain."""
-    lines = []
-    for sid, rows in stages.items():
-        lines.append(f"{sid}:")
-        for row in rows:
-            lines.append("  - [" + ", ".join(x if _PLAIN.match(x) else f'"{x}"' for x in row) + "]")
-    return "\n".join(lines) + "\n"
 
 
 # -- running the command ---------------------------------------------------------------------

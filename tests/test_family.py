@@ -40,7 +40,7 @@ import symattn
 from symattn import SymattnError
 from symattn.cli import cli
 from symattn.problem import parse_problem
-from _reference import allowed_grid, fmatmul, fmatrix, frac
+from _reference import allowed_grid, fmatmul, fmatrix, frac, quoted, yaml_matrix
 
 try:
     import torch as _torch
@@ -228,15 +228,6 @@ N_EMPTY_ROW = 24
 MASK_KINDS = ["none", "causal", "causal-bottom-right", "sliding-window", "matrix-01", "matrix-bool"]
 
 
-def _q(f: Fraction) -> str:
-    return f'"{f}"'
-
-
-def _yaml_matrix(rows) -> str:
-    return "[" + ", ".join("[" + ", ".join(_q(x) if isinstance(x, Fraction) else x for x in row) + "]"
-                           for row in rows) + "]"
-
-
 def _entries(rng: random.Random, r: int, c: int) -> list[list[Fraction]]:
     return [[Fraction(rng.randint(-3, 3), rng.choice([1, 1, 2, 3, 4])) for _ in range(c)] for _ in range(r)]
 
@@ -272,25 +263,25 @@ def random_problem(rng: random.Random, index: int) -> str:
     kind = MASK_KINDS[index % len(MASK_KINDS)]
     n_q, n_k, cross = _shapes(rng, kind)
     d_model = rng.randint(1, 5)
-    lines = [f"title: random problem {index}", f"X: {_yaml_matrix(_entries(rng, n_q, d_model))}"]
+    lines = [f"title: random problem {index}", f"X: {yaml_matrix(_entries(rng, n_q, d_model))}"]
     if cross:
-        lines.append(f"context: {_yaml_matrix(_entries(rng, n_k, d_model))}")
+        lines.append(f"context: {yaml_matrix(_entries(rng, n_k, d_model))}")
     n_heads = rng.choice([0, 1, 1, 2, 2, 3, 3])  # 0: the top-level W_Q, W_K, W_V (one head, no W_O)
     if n_heads == 0:
         d_k, d_v = rng.randint(1, 5), rng.randint(1, 5)
-        lines += [f"W_Q: {_yaml_matrix(_entries(rng, d_model, d_k))}",
-                  f"W_K: {_yaml_matrix(_entries(rng, d_model, d_k))}",
-                  f"W_V: {_yaml_matrix(_entries(rng, d_model, d_v))}"]
+        lines += [f"W_Q: {yaml_matrix(_entries(rng, d_model, d_k))}",
+                  f"W_K: {yaml_matrix(_entries(rng, d_model, d_k))}",
+                  f"W_V: {yaml_matrix(_entries(rng, d_model, d_v))}"]
     else:
         lines.append("heads:")
         width = 0
         for _ in range(n_heads):
             d_k, d_v = rng.randint(1, 5), rng.randint(1, 5)
             width += d_v
-            lines += [f"  - W_Q: {_yaml_matrix(_entries(rng, d_model, d_k))}",
-                      f"    W_K: {_yaml_matrix(_entries(rng, d_model, d_k))}",
-                      f"    W_V: {_yaml_matrix(_entries(rng, d_model, d_v))}"]
-        lines.append(f"W_O: {_yaml_matrix(_entries(rng, width, rng.randint(1, 4)))}")
+            lines += [f"  - W_Q: {yaml_matrix(_entries(rng, d_model, d_k))}",
+                      f"    W_K: {yaml_matrix(_entries(rng, d_model, d_k))}",
+                      f"    W_V: {yaml_matrix(_entries(rng, d_model, d_v))}"]
+        lines.append(f"W_O: {yaml_matrix(_entries(rng, width, rng.randint(1, 4)))}")
     mask_text = _mask(rng, kind, n_q, n_k)
     lines.append(f"mask: {mask_text}")
     if rng.random() < 0.5:
@@ -301,8 +292,8 @@ def random_problem(rng: random.Random, index: int) -> str:
             bias.append([Fraction(rng.randint(-4, 4), rng.choice([1, 2, 3]))
                          if j == keep or rng.random() < 0.75 else rng.choice(["-inf", '"-inf"', "-.inf"])
                          for j in range(n_k)])
-        lines.append(f"bias: {_yaml_matrix(bias)}")
-    lines.append("scale: " + rng.choice(["auto", "auto", "auto", "none", _q(Fraction(rng.randint(1, 4), rng.randint(1, 3)))]))
+        lines.append(f"bias: {yaml_matrix(bias)}")
+    lines.append("scale: " + rng.choice(["auto", "auto", "auto", "none", quoted(Fraction(rng.randint(1, 4), rng.randint(1, 3)))]))
     return "\n".join(lines) + "\n"
 
 
@@ -317,15 +308,15 @@ def empty_row_problem(rng: random.Random, index: int) -> tuple[str, int]:
         w = rng.randint(1, n_q - n_k)  # rows i ≥ n_k + w - 1 see no key
         mask, row = f"{{sliding-window: {w}}}", n_k + w - 1
     text = (
-        f"X: {_yaml_matrix(_entries(rng, n_q, d_model))}\n"
-        f"context: {_yaml_matrix(_entries(rng, n_k, d_model))}\n"
-        f"W_Q: {_yaml_matrix(_entries(rng, d_model, d_k))}\n"
-        f"W_K: {_yaml_matrix(_entries(rng, d_model, d_k))}\n"
-        f"W_V: {_yaml_matrix(_entries(rng, d_model, d_v))}\n"
+        f"X: {yaml_matrix(_entries(rng, n_q, d_model))}\n"
+        f"context: {yaml_matrix(_entries(rng, n_k, d_model))}\n"
+        f"W_Q: {yaml_matrix(_entries(rng, d_model, d_k))}\n"
+        f"W_K: {yaml_matrix(_entries(rng, d_model, d_k))}\n"
+        f"W_V: {yaml_matrix(_entries(rng, d_model, d_v))}\n"
         f"mask: {mask}\n"
     )
     if rng.random() < 0.5:
-        text += f"bias: {_yaml_matrix(_entries(rng, n_q, n_k))}\n"
+        text += f"bias: {yaml_matrix(_entries(rng, n_q, n_k))}\n"
     return text, row
 
 
