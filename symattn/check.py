@@ -30,10 +30,10 @@ import mpmath
 import sympy
 import yaml
 
-from . import _yaml
+from . import _yaml, stages
 from ._errors import SymattnError
-from ._exact import softmax_backward
 from ._numbers import NumberError, parse_number
+from ._ops import NumericOps, Undefined
 from .derivation import Derivation
 
 DPS = 30
@@ -154,17 +154,14 @@ def parse_answers(text: str, name: str, derivation: Derivation) -> dict[str, Ans
     for key, node in root.value:
         where = _yaml.where(name, key)
         stage = getattr(key, "value", None)
-        if stage not in ids and derivation.problem.backward is None and str(stage).rsplit(".", 1)[-1] in _GRADIENTS:
+        if stage not in ids and derivation.problem.backward is None and stages.split_id(str(stage))[1] in stages.GRADIENT_NAMES:
             raise where.error(
                 f"{stage} is a gradient of the backward pass, which this problem does not derive; "
                 "add a backward: section to the problem or mark with --backward"
             )
         if stage not in ids:
-            import difflib
-
-            close = difflib.get_close_matches(str(stage), ids, n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise where.error(f"{stage!r} is not a computed stage of this problem{hint}; the stages are {', '.join(ids)}")
+            raise where.error(f"{stage!r} is not a computed stage of this problem{stages.did_you_mean(stage, ids)}; "
+                              f"the stages are {', '.join(ids)}")
         if stage in out:
             raise where.error(f"{stage} is answered twice")
         out[stage] = _read_matrix(name, stage, node, derivation.step(stage).shape, key.start_mark.line + 1)
@@ -218,42 +215,15 @@ def _mp(x: sympy.Expr) -> mpmath.mpf:
         return to_mpf(x, DPS)
 
 
-def _matmul(a: Grid, b: Grid) -> Grid:
-    with mpmath.workdps(DPS + 10):
-        return [[mpmath.fsum(x * row[j] for x, row in zip(r, b)) for j in range(len(b[0]))] for r in a]
-
-
-def _t(a: Grid) -> Grid:
-    return [list(col) for col in zip(*a)]
-
-
-def _softmax_rows(z: Grid) -> Grid:
-    with mpmath.workdps(DPS + 10):
-        out = []
-        for row in z:
-            finite = [v for v in row if v != NINF]
-            if not finite:
-                return None  # a row with nothing allowed: no softmax
-            m = max(finite)
-            e = [mpmath.mpf(0) if v == NINF else mpmath.exp(v - m) for v in row]
-            total = mpmath.fsum(e)
-            out.append([x / total for x in e])
-        return out
-
-
-def _exact_grid(m) -> Grid:
-    from ._exact import evaluate
-
-    return evaluate(m, DPS)
-
-
 def _same_shape(a: Grid | None, b: Grid) -> bool:
     return a is not None and len(a) == len(b) and len(a[0]) == len(b[0])
 
 
 # -- marking ------------------------------------------------------------------------------
 
-_GRADIENTS = {"dO", "dW_O", "dconcat", "dV", "dA", "dS_masked", "dS", "dQ", "dK", "dW_Q", "dW_K", "dW_V", "dX", "dcontext"}
+# A relation that cannot be computed from the values at hand (a shape that does not fit, a row
+# with nothing allowed) gives no follow-through and no candidate mistake.
+_CANNOT = (Undefined, ValueError, IndexError, TypeError, ZeroDivisionError)
 
 
 def mark(derivation: Derivation, answers: dict[str, Answer], tolerance: float | None = None, source: str = "") -> Marking:
@@ -269,6 +239,7 @@ class _Marker:
         self.d = d
         self.answers = answers
         self.tolerance = None if tolerance is None else mpmath.mpf(tolerance)
+        self.ops = NumericOps(DPS, d.problem.substitutions)
 
     def carried(self, id: str) -> tuple[Grid | None, frozenset[str]]:
         """A stage as the student's answers make it: their answer where given, else computed
@@ -341,122 +312,32 @@ class _Marker:
         return StageMark(id, "wrong", tuple(shown), len(wrong), self.diagnose(id, answer, exact, wrong))
 
     def follow_through(self, id: str) -> tuple[Grid | None, frozenset[str]]:
-        """The stage computed from the student's own earlier answers, and which answers it rests on."""
+        """The stage computed by its relation from the student's own earlier answers, and which
+        answers it rests on."""
         step = self.d.step(id)
-        prefix = id[: -len(step.kind)]
-        kind = step.kind
-        p = self.d.problem
-        multi_final = p.multi_head and step.head is None
-        deps = {
-            "K_T": ["K"], "S": ["Q", "K_T"], "S_scaled": ["S"], "S_masked": ["S_scaled", "M"],
-            "A": ["S_masked"], "O": ["A", "V"],
-            "dV": ["A", "dO"], "dA": ["dO", "V"], "dS_masked": ["A", "dA"], "dS": ["dS_masked"],
-            "dQ": ["dS", "K"], "dK": ["dS", "Q"], "dW_Q": ["dQ"], "dW_K": ["dK"], "dW_V": ["dV"],
-        }.get(kind, [])
-        if kind == "concat":
-            ids = [f"head{h}.O" for h in range(1, len(p.heads) + 1)]
-        elif multi_final and kind == "O":
-            ids = ["concat"]
-        elif kind == "dO":
-            ids = ["dconcat"] if step.head else ["O"] if p.backward.kind == "target" else []
-        elif kind in ("dW_O", "dconcat"):
-            ids = ["concat", "dO"] if kind == "dW_O" else ["dO"]
-        elif kind in ("dX", "dcontext"):
-            return self._input_gradient(kind)
-        else:
-            ids = [prefix + d for d in deps]
-        carried = {d: self.carried(d) for d in ids}
-        used = frozenset().union(*(u for _, u in carried.values())) if carried else frozenset()
-        v = {d.rsplit(".", 1)[-1] if not d.startswith("head") or kind != "concat" else d: g for d, (g, _) in carried.items()}
-        if any(g is None for g in v.values()):
-            return None, used
+        kind = step.kind_of
+        if step.given or kind.relation is None:
+            return None, frozenset()
+        c = stages.Context(self.d.problem, step.head)
+        used: set[str] = set()
+
+        def carried(key: str, head=...) -> Grid:
+            grid, rests_on = self.carried(stages.resolve(key, c, head)[0])
+            used.update(rests_on)
+            return grid
+
         try:
-            if kind == "concat":
-                return [sum((v[d][i] for d in ids), []) for i in range(p.n_q)], used
-            if kind == "K_T":
-                return _t(v["K"]), used
-            if kind == "S":
-                return _matmul(v["Q"], v["K_T"]), used
-            if kind == "S_scaled":
-                factor = _mp(p.scale_for(len(self.exact(prefix + "Q")[0])))
-                return [[x * factor for x in row] for row in v["S"]], used
-            if kind == "S_masked":
-                return [[NINF if b == NINF else a + b for a, b in zip(r1, r2)] for r1, r2 in zip(v["S_scaled"], v["M"])], used
-            if kind == "A":
-                return _softmax_rows(v["S_masked"]), used
-            if kind == "O":
-                if multi_final:
-                    return _matmul(v["concat"], self.exact("W_O")), used
-                return _matmul(v["A"], v["V"]), used
-            if kind in _GRADIENTS:
-                return self._gradient(kind, prefix, v, step), used
-        except (ValueError, IndexError, TypeError, ZeroDivisionError):
-            return None, used
-        return None, frozenset()
-
-    def _gradient(self, kind: str, prefix: str, v: dict, step) -> Grid | None:
-        """A gradient stage from the student's own earlier stages ``v``, by its relation."""
-        p = self.d.problem
-        if kind == "dO":
-            if step.head:  # this head's block of columns of d(concat)
-                start = sum(len(self.exact(f"head{h}.V")[0]) for h in range(1, step.head))
-                width = len(self.exact(prefix + "V")[0])
-                return [row[start:start + width] for row in v["dconcat"]]
-            if p.backward.kind != "target":
-                return None  # given, or fixed by the loss: nothing earlier to carry
-            target = _exact_grid(p.backward.matrix)
-            with mpmath.workdps(DPS + 10):
-                return [[o - t for o, t in zip(ro, rt)] for ro, rt in zip(v["O"], target)]
-        if kind == "dW_O":
-            return _matmul(_t(v["concat"]), v["dO"])
-        if kind == "dconcat":
-            return _matmul(v["dO"], _t(self.exact("W_O")))
-        if kind == "dV":
-            return _matmul(_t(v["A"]), v["dO"])
-        if kind == "dA":
-            return _matmul(v["dO"], _t(v["V"]))
-        if kind == "dS_masked":
-            return softmax_backward(v["A"], v["dA"], DPS)
-        if kind == "dS":
-            factor = _mp(p.scale_for(len(self.exact(prefix + "Q")[0])))
-            with mpmath.workdps(DPS + 10):
-                return [[x * factor for x in row] for row in v["dS_masked"]]
-        if kind == "dQ":
-            return _matmul(v["dS"], v["K"])
-        if kind == "dK":
-            return _matmul(_t(v["dS"]), v["Q"])
-        inputs = {"dW_Q": "X", "dW_K": "kv", "dW_V": "kv"}
-        if kind in inputs:
-            source = "context" if inputs[kind] == "kv" and p.context is not None else "X"
-            return _matmul(_t(self.exact(source)), v["d" + kind[-1]])
-        return None
-
-    def _input_gradient(self, kind: str) -> tuple[Grid | None, frozenset[str]]:
-        """dX or dcontext: the sum over heads of each path's gradient times its weights, transposed."""
-        p = self.d.problem
-        prefixes = [f"head{h}." for h in range(1, len(p.heads) + 1)] if p.multi_head else [""]
-        paths = ["dK", "dV"] if kind == "dcontext" else ["dQ"] if p.context is not None else ["dQ", "dK", "dV"]
-        total, used = None, frozenset()
-        for pre in prefixes:
-            for g in paths:
-                grid, u = self.carried(pre + g)
-                if grid is None:
-                    return None, used
-                used |= u
-                part = _matmul(grid, _t(self.exact(pre + "W_" + g[-1])))
-                with mpmath.workdps(DPS + 10):
-                    total = part if total is None else [[x + y for x, y in zip(r, s)] for r, s in zip(total, part)]
-        return total, used
+            return self.ops.grid(kind.relation(self.ops, carried, c)), frozenset(used)
+        except _CANNOT:
+            return None, frozenset(used)
 
     # -- diagnosis --------------------------------------------------------------------
 
     def diagnose(self, id: str, answer: Answer, exact: Grid, wrong: list[tuple[int, int]]) -> str | None:
         step = self.d.step(id)
-        kind = step.kind
-        prefix = id[: -len(kind)]
         slack = 4 * max([answer.coarsest] + [self.answers[a].coarsest for a in self.answers])
-        for name, candidate in self.mistakes(kind, prefix):
-            if candidate is not None and not self.matches(answer, candidate, slack):
+        for name, candidate in self.mistakes(step):
+            if not self.matches(answer, candidate, slack):
                 return name
         if len(wrong) == 1:
             i, j = wrong[0]
@@ -466,7 +347,7 @@ class _Marker:
             if off is not None and given.half_unit is None and abs(off - round(off)) < 1e-20 and abs(off) <= 2:
                 return f"arithmetic slip: {label} is off by {int(round(off)):+d}; everything else is right"
             return f"a single wrong entry: {label}; everything else is right"
-        if step.kind in ("Q", "K", "V", "S", "K_T") and all(
+        if step.kind_of.slips and all(
             answer.entries[i][j].approx != NINF
             and exact[i][j] != NINF
             and abs(abs(answer.entries[i][j].approx - exact[i][j]) - 1) < 1e-20
@@ -476,104 +357,23 @@ class _Marker:
             return f"arithmetic slips: {places} are each off by 1"
         return None
 
-    def mistakes(self, kind: str, prefix: str):
-        """(name, matrix) for each common mistake that can be computed for this stage."""
-        p = self.d.problem
-        ex = lambda k: self.exact(prefix + k)  # noqa: E731
-        if p.multi_head and not prefix and kind in ("O", "concat"):
-            yield "the product's rows and columns are swapped (the answer is the transpose)", _t(self.exact(kind))
-            return
-        if kind in _GRADIENTS:
+    def mistakes(self, step):
+        """(name, values) for each of the stage's common mistakes (see the registry) that can be
+        computed for this problem, in the registry's order."""
+        c = stages.Context(self.d.problem, step.head)
+
+        def exact(key: str, head=...) -> Grid:
+            return self.exact(stages.resolve(key, c, head)[0])
+
+        for mistake in step.kind_of.mistakes:
             try:
-                yield from self._gradient_mistakes(kind, ex)
-            except (ValueError, IndexError, TypeError, ZeroDivisionError, KeyError):
-                pass
-            return
-        try:
-            if kind in ("Q", "K", "V"):
-                yield "the product's rows and columns are swapped (the answer is the transpose)", _t(ex(kind))
-            if kind == "S":
-                Q, K = ex("Q"), ex("K")
-                yield "K·Qᵀ instead of Q·Kᵀ (the scores are transposed)", _matmul(K, _t(Q))
-                if len(Q[0]) == len(K):
-                    yield "Q·K instead of Q·Kᵀ (K was not transposed)", _matmul(Q, K)
-            d_k = len(ex("Q")[0]) if (prefix + "Q") in self.d.ids else p.d_k
-            S, M = ex("S"), ex("M") if kind in ("S_scaled", "S_masked", "A", "O") else None
-            scaled_dk = [[x / d_k for x in row] for row in S] if kind != "S" else None
-            if kind == "S_scaled":
-                yield "no scaling: the scores were not divided by √d_k", S
-                yield "scaled by d_k instead of √d_k", scaled_dk
-            if kind in ("S_masked", "A", "O"):
-                plus = lambda a, b: [[NINF if y == NINF else x + y for x, y in zip(r, s)] for r, s in zip(a, b)]  # noqa: E731
-                variants = {
-                    "no scaling: the scores were not divided by √d_k": plus(S, M),
-                    "scaled by d_k instead of √d_k": plus(scaled_dk, M),
-                    "mask missing: the masked positions were not set to −∞": ex("S_scaled"),
-                }
-                for name, z in variants.items():
-                    if kind == "S_masked":
-                        if name.startswith("mask missing"):
-                            yield name, z
-                        continue
-                    a = _softmax_rows(z)
-                    yield (name, a) if kind == "A" else (name, self._out(prefix, a))
-                if kind in ("A", "O"):
-                    after = _softmax_rows(ex("S_scaled"))
-                    masked_after = [[mpmath.mpf(0) if m == NINF else x for x, m in zip(r, mr)] for r, mr in zip(after, M)]
-                    name = "mask applied after the softmax (masked weights zeroed, rows not renormalised)"
-                    yield (name, masked_after) if kind == "A" else (name, self._out(prefix, masked_after))
-                    Z = ex("S_masked")
-                    if self._columns_ok(Z):
-                        columns = _t(_softmax_rows(_t(Z)))
-                        name = "softmax taken over columns instead of rows"
-                        yield (name, columns) if kind == "A" else (name, self._out(prefix, columns))
-                if kind == "O":
-                    A, V = ex("A"), ex("V")
-                    if len(A) == len(A[0]):
-                        yield "Aᵀ·V instead of A·V (the weights were transposed)", _matmul(_t(A), V)
-                    yield "the product's rows and columns are swapped (the answer is the transpose)", _t(ex("O"))
-        except (ValueError, IndexError, TypeError, ZeroDivisionError, KeyError):
-            return
-
-    def _gradient_mistakes(self, kind: str, ex):
-        """The classic slips of backpropagation through attention."""
-        square = lambda m: len(m) == len(m[0])  # noqa: E731
-        if kind == "dS_masked":
-            A, dA = ex("A"), ex("dA")
-            with mpmath.workdps(DPS + 10):
-                diagonal = [[a * (1 - a) * g for a, g in zip(ra, rg)] for ra, rg in zip(A, dA)]
-            yield ("Jacobian diagonal only: a_ij(1 − a_ij)·dA_ij drops the off-diagonal terms −a_ij·a_ik "
-                   "(each weight also depends on the other scores of its row)"), diagonal
-        if kind == "dS":
-            yield "the scale factor is missing: dS = dŜ, but the scores were scaled before the softmax", ex("dS_masked")
-        if kind in ("dQ", "dK"):
-            unscaled = ex("dS_masked")
-            other = ex("K") if kind == "dQ" else ex("Q")
-            product = _matmul(unscaled, other) if kind == "dQ" else _matmul(_t(unscaled), other)
-            yield "the scale factor is missing: dŜ was used instead of dS = scale·dŜ", product
-        if kind == "dV" and square(ex("A")):
-            yield "A·dO instead of Aᵀ·dO (the weights were not transposed)", _matmul(ex("A"), ex("dO"))
-        if kind == "dK" and square(ex("dS")):
-            yield "dS·Q instead of dSᵀ·Q (dS was not transposed)", _matmul(ex("dS"), ex("Q"))
-        if kind == "dQ" and square(ex("dS")):
-            yield "dSᵀ·K instead of dS·K (dS was transposed)", _matmul(_t(ex("dS")), ex("K"))
-        if kind == "dA":
-            V, dO = ex("V"), ex("dO")
-            if len(V) == len(dO[0]) and len(V[0]) == len(dO):
-                yield "dO·V instead of dO·Vᵀ (V was not transposed)", _matmul(dO, V)
-        if kind in ("dW_Q", "dW_K", "dW_V", "dA", "dQ", "dK", "dV", "dS_masked", "dS", "dX", "dW_O", "dconcat"):
-            exact = ex(kind)
-            if square(exact):
-                yield "the product's rows and columns are swapped (the answer is the transpose)", _t(exact)
-
-    def _out(self, prefix: str, A: Grid | None) -> Grid | None:
-        if A is None:
-            return None
-        return _matmul(A, self.exact(prefix + "V"))
-
-    @staticmethod
-    def _columns_ok(z: Grid) -> bool:
-        return all(any(v != NINF for v in col) for col in _t(z))
+                candidate = mistake.relation(self.ops, exact, c)
+            except Undefined:
+                continue  # this candidate has no value here; the next may
+            except _CANNOT:
+                return
+            if candidate is not None:
+                yield mistake.name, self.ops.grid(candidate)
 
 
 # -- reports --------------------------------------------------------------------------------

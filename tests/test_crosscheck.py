@@ -31,7 +31,7 @@ def derive(source):
 
 def corrupt(d, stage: str, matrix) -> symattn.Derivation:
     """A copy of ``d`` whose ``stage`` holds ``matrix`` instead of its exact matrix."""
-    steps = tuple(dataclasses.replace(s, matrix=matrix) if s.id == stage else s for s in d.steps)
+    steps = tuple(dataclasses.replace(s, value=matrix) if s.id == stage else s for s in d.steps)
     bad = dataclasses.replace(d, steps=steps)
     assert bad.step(stage).exact == matrix, "the corruption did not take"
     return bad

@@ -1,0 +1,331 @@
+"""The operations the stage relations are written in, twice: exactly and numerically.
+
+A relation in :mod:`symattn.stages` says, for instance, ``ops.matmul(ops.T(v(A)), v(dO))``.
+:class:`ExactOps` runs it on exact values (SymPy and flint matrices, the softmax kept as
+structure), :class:`NumericOps` on values at high precision (lists of mpmath rows, or a
+rational matrix read straight into arb). The exact side keeps three structures that the
+worked solution writes and that evaluate without building large expressions:
+
+- :class:`Softmax`: the weights A, row by row as ``e^{z_ij − m_i} / Z_i``;
+- :class:`Output`: ``O = A·V``, each entry one fraction over the row's ``Z_i``;
+- :class:`OverZ2`: a gradient through the softmax, each entry one fraction over ``Z_i²``
+  (``dŜ``, ``dS`` and ``dQ``), with its numerators kept for the worked solution.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import mpmath
+import sympy
+from sympy import QQ
+
+from . import _exact
+from ._exact import LazyMatrix, Matrix, SoftmaxRow
+
+NINF = mpmath.ninf
+Values = list[list[mpmath.mpf]]
+
+
+class Undefined(ArithmeticError):
+    """A relation has no value here (a row of scores with nothing allowed has no softmax)."""
+
+
+# -- exact structures ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Softmax:
+    """The weights: each row's maximum and exact exponents (see :class:`symattn._exact.SoftmaxRow`)."""
+
+    rows: tuple[SoftmaxRow, ...]
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (len(self.rows), len(self.rows[0].raw) if self.rows else 0)
+
+    @property
+    def lazy(self) -> LazyMatrix:
+        return LazyMatrix(*self.shape, lambda i, j: self.rows[i].weight(j))
+
+
+@dataclass(frozen=True)
+class Output:
+    """``O = A·V`` over the softmax structure: entry (i, j) is one fraction over row i's ``Z_i``."""
+
+    rows: tuple[SoftmaxRow, ...]
+    values: Matrix
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (len(self.rows), self.values.cols)
+
+    @property
+    def lazy(self) -> LazyMatrix:
+        v = self.values
+        columns: dict[int, list[sympy.Expr]] = {}
+
+        def entry(i: int, j: int) -> sympy.Expr:
+            if j not in columns:
+                columns[j] = [v[k, j] for k in range(v.rows)]
+            return self.rows[i].weighted_sum(columns[j])
+
+        return LazyMatrix(len(self.rows), v.cols, entry)
+
+
+@dataclass(frozen=True)
+class OverZ2:
+    """A gradient whose row i is written over ``Z_i²``: ``base(i, j)`` is the numerator before the
+    scale ``factor`` (None: unscaled); ``lazy`` holds the entries."""
+
+    rows: tuple[SoftmaxRow, ...]
+    base: Callable[[int, int], sympy.Expr]
+    lazy: LazyMatrix
+    factor: sympy.Expr | None = None
+    keyed: bool = True  # the columns are the keys of the softmax rows (dŜ, dS), not a product of them
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.lazy.rows, self.lazy.cols)
+
+    def top(self, i: int, j: int) -> sympy.Expr:
+        """The numerator of entry (i, j) over ``Z_i²``."""
+        x = self.base(i, j)
+        return x if self.factor is None else _exact.tidy(self.factor * x)
+
+
+def matrix_of(x) -> "Matrix | LazyMatrix":
+    """An exact value as a matrix (a structure's entries, built when read)."""
+    return x.lazy if isinstance(x, (Softmax, Output, OverZ2)) else x
+
+
+def shape_of(x) -> tuple[int, int]:
+    return x.shape if isinstance(x, (Softmax, Output, OverZ2)) else (x.rows, x.cols)
+
+
+def product(a, b):
+    """``a·b`` exactly, unexpanded: a rational product, or a lazy matrix of sums of products."""
+    if _exact.is_rational(a) and _exact.is_rational(b):
+        return _exact.matmul(a, b)
+
+    def entry(i: int, j: int) -> sympy.Expr:
+        return sympy.Add(*[x * y for x, y in ((a[i, k], b[k, j]) for k in range(a.cols)) if x != 0 and y != 0])
+
+    return LazyMatrix(a.rows, b.cols, entry)
+
+
+class ExactOps:
+    """The relations' operations on exact values. A forward product is expanded (``expand``);
+    a gradient's is kept as a sum of products, as backpropagation forms it."""
+
+    def __init__(self, expand: bool = True) -> None:
+        self.expand = expand
+
+    def matmul(self, a, b):
+        if isinstance(a, Softmax):
+            return Output(a.rows, b)
+        if isinstance(a, OverZ2) and a.keyed:
+            return self._over_z2_times(a, b)
+        a, b = matrix_of(a), matrix_of(b)
+        return _exact.matmul(a, b) if self.expand else product(a, b)
+
+    @staticmethod
+    def _over_z2_times(a: OverZ2, b: Matrix) -> OverZ2:
+        """Row i of ``a`` shares the denominator ``Z_i²``, so each entry of ``a·b`` is one fraction."""
+        rows = a.rows
+
+        def base(i: int, c: int) -> sympy.Expr:
+            return sympy.expand(sympy.Add(*[a.base(i, j) * b[j, c] for j in range(b.rows) if rows[i].raw[j] is not None]))
+
+        def entry(i: int, c: int) -> sympy.Expr:
+            x = base(i, c)
+            top = x if a.factor is None else _exact.tidy(a.factor * x)
+            return top if top == 0 else top / rows[i].normaliser ** 2
+
+        return OverZ2(rows, base, LazyMatrix(len(rows), b.cols, entry), a.factor, keyed=False)
+
+    def T(self, a):
+        return matrix_of(a).T
+
+    def scale(self, a, factor: sympy.Expr):
+        if isinstance(a, OverZ2):
+            parent = a.lazy
+            return OverZ2(a.rows, a.base, LazyMatrix(parent.rows, parent.cols, lambda i, j: factor * parent[i, j]),
+                          factor if a.factor is None else a.factor * factor, a.keyed)
+        return _exact.scale(a, factor)
+
+    def mask(self, allowed, bias):
+        return _exact.mask_matrix(allowed, bias)
+
+    def add_mask(self, scores, mask):
+        return _exact.add_mask(scores, mask)
+
+    def softmax(self, z) -> Softmax:
+        return Softmax(_exact.softmax_rows(z))
+
+    def softmax_backward(self, a: Softmax, dA) -> OverZ2:
+        """dŜ_ij = e_ij (dA_ij Z_i − D_i) / Z_i² with D_i = Σ_k e_ik dA_ik (``e`` the row's terms):
+        masked positions are exactly 0 and each row sums to exactly 0."""
+        rows = a.rows
+        dA = matrix_of(dA)
+        numerators: dict[tuple[int, int], sympy.Expr] = {}
+        D: dict[int, sympy.Expr] = {}
+
+        def numerator(i: int, j: int) -> sympy.Expr:
+            if (i, j) not in numerators:
+                row = rows[i]
+                if row.raw[j] is None:
+                    numerators[(i, j)] = sympy.Integer(0)
+                else:
+                    if i not in D:
+                        D[i] = sympy.expand(sympy.Add(*[t * dA[i, k] for k, t in enumerate(row.terms) if t != 0]))
+                    numerators[(i, j)] = sympy.expand(row.terms[j] * (dA[i, j] * row.normaliser - D[i]))
+            return numerators[(i, j)]
+
+        def entry(i: int, j: int) -> sympy.Expr:
+            top = numerator(i, j)
+            return top if top == 0 else top / rows[i].normaliser ** 2
+
+        return OverZ2(rows, numerator, LazyMatrix(len(rows), dA.cols, entry))
+
+    def hstack(self, parts):
+        return _exact.hstack(*[matrix_of(p) for p in parts])
+
+    def block(self, m, first: int, width: int):
+        m = matrix_of(m)
+        return LazyMatrix(m.rows, width, lambda i, j: m[i, first + j])
+
+    def sum(self, parts):
+        parts = [matrix_of(p) for p in parts]
+        return LazyMatrix(parts[0].rows, parts[0].cols, lambda i, j: sympy.Add(*[m[i, j] for m in parts]))
+
+    def sub(self, a, b):
+        a, b = matrix_of(a), matrix_of(b)
+        return LazyMatrix(a.rows, a.cols, lambda i, j: _exact.tidy(a[i, j] - b[i, j]))
+
+    def ones(self, rows: int, cols: int):
+        return _exact.rational_matrix(rows, cols, [QQ(1)] * (rows * cols))
+
+    def given(self, m):
+        return m
+
+    def is_rational(self, x) -> bool:
+        return _exact.is_rational(matrix_of(x))
+
+    def rational(self, p: int, q: int) -> sympy.Rational:
+        return sympy.Rational(p, q)
+
+
+# -- numeric -----------------------------------------------------------------------------------
+
+
+class NumericOps:
+    """The relations' operations at ``dps`` digits. A value is a list of rows of mpmath numbers
+    (−∞ for masked positions) or a rational matrix, which products read exactly (into arb)."""
+
+    def __init__(self, dps: int, subs=None) -> None:
+        self.dps = dps
+        self.subs = subs
+
+    def grid(self, x) -> Values:
+        return x if isinstance(x, list) else _exact.evaluate(x, self.dps, self.subs)
+
+    def matmul(self, a, b) -> Values:
+        return _exact.mp_matmul(a, b, self.dps)
+
+    def T(self, a):
+        return [list(col) for col in zip(*a)] if isinstance(a, list) else a.T
+
+    def scale(self, a, factor) -> Values:
+        a = self.grid(a)
+        with mpmath.workdps(self.dps + 10):
+            f = _exact.to_mpf(factor, self.dps, self.subs)
+            return [[x * f for x in row] for row in a]
+
+    def mask(self, allowed, bias) -> Values:
+        b = None if bias is None else _exact.evaluate(bias, self.dps, self.subs)
+        return [[(b[i][j] if b is not None else mpmath.mpf(0)) if ok else NINF for j, ok in enumerate(row)]
+                for i, row in enumerate(allowed)]
+
+    def add_mask(self, scores, mask) -> Values:
+        scores, mask = self.grid(scores), self.grid(mask)
+        with mpmath.workdps(self.dps + 10):
+            return [[NINF if b == NINF else a + b for a, b in zip(r1, r2)] for r1, r2 in zip(scores, mask)]
+
+    def softmax(self, z) -> Values:
+        """Row by row, the maximum subtracted; a row with nothing allowed has no softmax."""
+        with mpmath.workdps(self.dps + 10):
+            out = []
+            for row in self.grid(z):
+                finite = [v for v in row if v != NINF]
+                if not finite:
+                    raise Undefined("a row of scores with every key masked has no softmax")
+                m = max(finite)
+                e = [mpmath.mpf(0) if v == NINF else mpmath.exp(v - m) for v in row]
+                total = mpmath.fsum(e)
+                out.append([x / total for x in e])
+            return out
+
+    def softmax_backward(self, a, dA) -> Values:
+        return _exact.softmax_backward(self.grid(a), self.grid(dA), self.dps)
+
+    def hstack(self, parts) -> Values:
+        blocks = [self.grid(p) for p in parts]
+        return [sum((block[i] for block in blocks), []) for i in range(len(blocks[0]))]
+
+    def block(self, m, first: int, width: int) -> Values:
+        return [row[first:first + width] for row in self.grid(m)]
+
+    def sum(self, parts) -> Values:
+        total = None
+        for part in parts:
+            with mpmath.workdps(self.dps + 10):
+                total = part if total is None else [[x + y for x, y in zip(r, s)] for r, s in zip(total, part)]
+        return total
+
+    def sub(self, a, b) -> Values:
+        a, b = self.grid(a), self.grid(b)
+        with mpmath.workdps(self.dps + 10):
+            return [[x - y for x, y in zip(ra, rb)] for ra, rb in zip(a, b)]
+
+    def ones(self, rows: int, cols: int) -> Values:
+        return [[mpmath.mpf(1)] * cols for _ in range(rows)]
+
+    def given(self, m) -> Values:
+        return _exact.evaluate(m, self.dps, self.subs)
+
+    def is_rational(self, x) -> bool:
+        return not isinstance(x, list) and _exact.is_rational(x)
+
+    def rational(self, p: int, q: int) -> sympy.Rational:
+        return sympy.Rational(p, q)
+
+    # -- for the common mistakes -----------------------------------------------------------
+
+    def jacobian_diagonal(self, a, dA) -> Values:
+        """``a_ij (1 − a_ij) dA_ij``: the softmax Jacobian's diagonal alone."""
+        with mpmath.workdps(self.dps + 10):
+            return [[x * (1 - x) * g for x, g in zip(ra, rg)] for ra, rg in zip(self.grid(a), self.grid(dA))]
+
+    def zero_masked(self, a, mask) -> Values:
+        """The weights with the masked positions set to 0 (and the rows not renormalised)."""
+        return [[mpmath.mpf(0) if m == NINF else x for x, m in zip(r, mr)] for r, mr in zip(self.grid(a), self.grid(mask))]
+
+    def columns_attend(self, z) -> bool:
+        """Whether every column has an allowed entry (so a softmax over columns exists)."""
+        return all(any(v != NINF for v in col) for col in zip(*self.grid(z)))
+
+
+def evaluate_structure(value, dps: int, subs) -> "Values | None":
+    """A softmax structure's values at ``dps`` digits, from its rows (never a large expression);
+    None for anything else."""
+    if isinstance(value, Softmax):
+        return [row.evaluate(dps, subs) for row in value.rows]
+    if isinstance(value, Output):
+        fast = _exact.weights_times(value.rows, value.values, dps)
+        if fast is not None:
+            return fast
+        weights = [row.evaluate(dps, subs) for row in value.rows]
+        return _exact.mp_matmul(weights, _exact.evaluate(value.values, dps, subs), dps)
+    return None

@@ -1,0 +1,890 @@
+"""The stage registry: every stage symattn derives, in one table.
+
+Each stage kind is one :class:`Kind` row: its id, its place in the formula, its
+title and one sentence of why, how its rows and columns are labelled, whether it
+is a gradient, and its **relation**: one definition of how its value follows from
+its inputs, written against a small set of operations (``ops``: ``matmul``,
+``T``, ``scale``, ``softmax``, ...). The same relation is run three ways:
+
+- exactly, by :func:`symattn.derive` (SymPy and flint values, softmax kept as structure);
+- at high precision, when a stage is evaluated from its inputs' values (mpmath);
+- on a student's own earlier answers, by ``symattn check``'s follow-through marking.
+
+A relation reads its inputs through ``v(key)`` (``v(key, head)`` for another head's
+stage) and the problem's constants through ``c`` (a :class:`Context`). The common
+mistakes of a stage (``mistakes``) are relations too, run on the exact values.
+
+Stage ids are made and split here only: ``"S_scaled"``, or ``"head2.S_scaled"``
+when the problem has several heads (:func:`stage_id`, :func:`split_id`).
+
+This module imports nothing of the exact engine, so the independent NumPy and
+PyTorch references can take their stage ids from it.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+# -- the stage kinds, by key ------------------------------------------------------------
+# A key names a row of the table; ``name`` (the id without a head prefix) is what users write.
+# Two rows share a name: the output O of a head and the projected output of several heads
+# (key "O_final"), and the upstream gradient dO and each head's share of it (key "dO_head").
+
+X, CONTEXT, W_Q, W_K, W_V, Q, K, V = "X", "context", "W_Q", "W_K", "W_V", "Q", "K", "V"
+K_T, S, S_SCALED, M, S_MASKED, A, O = "K_T", "S", "S_scaled", "M", "S_masked", "A", "O"
+CONCAT, W_O, O_FINAL = "concat", "W_O", "O_final"
+DO, DW_O, DCONCAT, DO_HEAD = "dO", "dW_O", "dconcat", "dO_head"
+DV, DA, DS_MASKED, DS, DQ, DK = "dV", "dA", "dS_masked", "dS", "dQ", "dK"
+DW_Q, DW_K, DW_V, DX, DCONTEXT = "dW_Q", "dW_K", "dW_V", "dX", "dcontext"
+
+_HEAD_PREFIX = "head"
+
+# What a matrix's rows or columns stand for: the query tokens, the key tokens, or numbered
+# dimensions (any other value: its letter, "d" gives d1, d2, ...).
+QUERIES, KEYS = "queries", "keys"
+
+
+def stage_id(name: str, head: int | None = None) -> str:
+    """The id of stage ``name`` in head ``head`` (1-based; None: a single head or the whole layer).
+
+    >>> stage_id("S_scaled"), stage_id("A", 2)
+    ('S_scaled', 'head2.A')
+    """
+    return name if head is None else f"{_HEAD_PREFIX}{head}.{name}"
+
+
+def split_id(id: str) -> tuple[int | None, str]:
+    """``(head, name)`` of a stage id: ``"head2.A"`` → ``(2, "A")``, ``"O"`` → ``(None, "O")``."""
+    prefix, dot, name = id.partition(".")
+    if dot and prefix.startswith(_HEAD_PREFIX) and prefix[len(_HEAD_PREFIX):].isdigit():
+        return int(prefix[len(_HEAD_PREFIX):]), name
+    return None, id
+
+
+def head_prefix(head: int | None) -> str:
+    """What a head's stage ids start with (``"head2."``), or ``""``."""
+    return stage_id("", head)
+
+
+# -- what a relation sees ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Context:
+    """The problem's constants as one stage sees them: the problem, the head (1-based, or None
+    for a single head and for the whole layer) and that head's sizes and scale factor."""
+
+    p: Any  # symattn.problem.Problem
+    head: int | None = None
+
+    @property
+    def multi(self) -> bool:
+        return bool(self.p.multi_head)
+
+    @property
+    def projected(self) -> bool:
+        return self.p.X is not None
+
+    @property
+    def cross(self) -> bool:
+        return self.p.context is not None
+
+    @property
+    def kv(self) -> str:
+        """The key of what the keys and values are made from: the context, or X itself."""
+        return CONTEXT if self.cross else X
+
+    @property
+    def kv_name(self) -> str:
+        return "C" if self.cross else "X"
+
+    @property
+    def heads(self) -> list[int | None]:
+        """The head numbers of the problem: 1..h with several heads, else [None]."""
+        return list(range(1, len(self.p.heads) + 1)) if self.multi else [None]
+
+    @property
+    def weights(self):
+        """This head's weights (a :class:`symattn.problem.Head`), or None when Q, K, V are given."""
+        if not self.projected:
+            return None
+        return self.p.heads[(self.head or 1) - 1]
+
+    @property
+    def d_k(self) -> int:
+        return self.weights.d_k if self.projected else self.p.d_k
+
+    @property
+    def factor(self):
+        """The exact factor this head's scores are multiplied by."""
+        return self.p.scale_for(self.d_k)
+
+    @property
+    def output(self) -> str:
+        """The key of the layer's output: a head's O, or the projected O of several heads."""
+        return O_FINAL if self.multi else O
+
+    @property
+    def loss(self):
+        return self.p.backward
+
+    def at(self, head: int | None) -> "Context":
+        return Context(self.p, head)
+
+
+Relation = Callable[[Any, Callable[..., Any], Context], Any]
+
+
+@dataclass(frozen=True)
+class Mistake:
+    """A common mistake: its name (said to the student) and the stage it would give, computed by
+    ``relation(ops, ex, c)`` from the exact values (``ex(key)``); None where it does not apply."""
+
+    name: str
+    relation: Relation
+
+
+@dataclass(frozen=True)
+class Section:
+    """A step of the worked solution (the walk-through's numbered stages)."""
+
+    key: str
+    title: str
+    backward: bool = False
+    per_head: bool = False
+    applies: Callable[[Context], bool] = lambda c: True
+
+
+@dataclass(frozen=True)
+class Dot:
+    """One entry worked out as a dot product: ``target[i][j] = Σ_k a_k·b_k``."""
+
+    target: str
+    i: int
+    j: int
+    left: str  # how the left vector is named, e.g. "q_1"
+    right: str  # e.g. "k_2"
+    terms: tuple
+    value: Any
+
+
+Text = "str | Callable[[Context], str]"
+
+
+@dataclass(frozen=True)
+class Kind:
+    """One stage kind: a row of the registry.
+
+    ``axes`` names what the rows and columns stand for: ``QUERIES`` (query tokens), ``KEYS`` (key
+    tokens), or a letter for numbered dimensions (``"d"`` gives d1, d2, ...). ``source`` gives
+    the problem's own matrix for a stage that is given, and ``relation`` computes the others.
+    ``shape`` writes the shape note from the inputs' shapes (``sh(key)`` → (rows, cols)).
+    """
+
+    key: str
+    name: str
+    order: int  # place in the formula (what --from/--to and --ask count by)
+    section: "str | Callable[[Context], str]"
+    title: Text
+    why: Text
+    formula: "tuple[str, str] | Callable[[Context], tuple[str, str]]"  # (LaTeX, plain text)
+    axes: "tuple[str, str] | Callable[[Context], tuple[str, str]]"
+    shape: Callable[..., str]
+    inputs: tuple[str, ...] = ()  # the stage keys the relation reads (in this head, unless layer-wide)
+    relation: Relation | None = None
+    source: Callable[[Context], Any] | None = None
+    when: Callable[[Context], bool] = lambda c: True
+    per_head: bool | str = False  # one stage per head; a run of rows with the same value goes head by head
+    gradient: bool = False
+    labelled: bool = True  # weights are shown without token or dimension labels
+    tex: str = ""  # the stage's symbol in LaTeX (default: its name, W_Q → W_{Q})
+    shows: frozenset = frozenset()  # extra pieces a worked solution shows (see the renderers)
+    worked: Callable | None = None  # which entry is worked as a dot product
+    mistakes: tuple[Mistake, ...] = ()
+    slips: bool = False  # integer products: an entry off by one is an arithmetic slip
+    short: Callable[[Any, Any, Context], bool] | None = None  # exact entries short at any size
+    by_relation: bool = False  # evaluated from its inputs' values, not entry by entry
+    note: Callable[[Any], str] | None = None  # added to the why, from the exact value
+
+
+    def text(self, attr: str, c: Context) -> Any:
+        value = getattr(self, attr)
+        return value(c) if callable(value) else value
+
+    def is_given(self, c: Context) -> bool:
+        return self.source is not None and self.source(c) is not None
+
+    @property
+    def symbol(self) -> str:
+        """The stage's symbol in LaTeX."""
+        if self.tex:
+            return self.tex
+        head, _, tail = self.name.partition("_")
+        return f"{head}_{{{tail}}}" if tail else head
+
+
+# -- small helpers for the rows -------------------------------------------------------------
+
+
+def _prod(a: tuple[int, int], b: tuple[int, int], note: str) -> str:
+    return f"({a[0]}×{a[1]})·({b[0]}×{b[1]}) → {a[0]}×{b[1]} ({note})"
+
+
+def _t(shape: tuple[int, int]) -> tuple[int, int]:
+    return (shape[1], shape[0])
+
+
+def _plain(r: tuple[int, int], note: str) -> str:
+    return f"{r[0]}×{r[1]} ({note})"
+
+
+def _sq(m) -> bool:
+    return m is not None and len(m) == len(m[0])
+
+
+# -- why ----------------------------------------------------------------------------------------
+
+_WHY = {
+    X: "Each row of X is one token's vector; attention will mix these rows.",
+    "X_cross": "Each row of X is one query-side token; the queries are computed from it.",
+    CONTEXT: "Each row of the context is one token of the other sequence; keys and values are computed from it (cross-attention).",
+    W_Q: "The query weights, learned in training and given here.",
+    W_K: "The key weights, learned in training and given here.",
+    W_V: "The value weights, learned in training and given here.",
+    W_O: "The output weights, learned in training and given here: they mix the heads' outputs.",
+    Q: "Each token's query says what it is looking for: its row of X times W_Q.",
+    K: "Each token's key says what it offers to be matched against: its row times W_K.",
+    V: "Each token's value is what it hands on when it is attended to: its row times W_V.",
+    "Q_given": "The queries are given directly: one row per query token, what it is looking for.",
+    "K_given": "The keys are given directly: one row per key token, what it offers to be matched against.",
+    "V_given": "The values are given directly: one row per key token, what it hands on when attended to.",
+    "cross": " Keys and values come from the context: this is cross-attention.",
+    K_T: "Transposing K turns each key into a column, so one matrix product compares every query with every key.",
+    S: "Entry (i, j) is the dot product of query i with key j: how well query i matches key j.",
+    S_SCALED: (
+        "A dot product of d_k terms of unit variance has variance d_k; dividing by √d_k brings the scores "
+        "back to unit variance, so the softmax does not saturate into a one-hot row with vanishing gradients."
+    ),
+    "S_scaled_custom": "The scores are multiplied by the scale factor the problem gives.",
+    "S_scaled_none": "This problem uses no scaling (scale 1), so the scaled scores equal the scores.",
+    M: (
+        "The mask says which keys each query may see: 0 where it may attend, −∞ where it may not. "
+        "Decoders (GPT-style) use a causal mask so a token cannot look ahead; encoders (BERT-style) use none."
+    ),
+    S_MASKED: "Adding M leaves allowed scores unchanged and sends forbidden ones to −∞; since exp(−∞) = 0 (as a limit), they get weight exactly 0.",
+    A: (
+        "The softmax turns each row of scores into weights that are positive and sum to 1; subtracting the row "
+        "maximum m_i first changes nothing (it cancels) and keeps every exponent ≤ 0."
+    ),
+    "A_symbolic": (
+        "With symbols the largest score of a row cannot be picked, so each such row is normalised by its first "
+        "allowed score m_i instead; any reference value gives the same weights."
+    ),
+    O: "Each output row is a weighted average of the value rows, weighted by the same row of A.",
+    CONCAT: "Each head attended in its own subspace; their outputs are placed side by side, row by row.",
+    O_FINAL: "The output projection W_O mixes what the heads found into one output row per token.",
+    DO: "Backpropagation starts from the loss: dL/dO says how the loss changes with each output entry.",
+    DW_O: "The output projection is a product, so its weights' gradient is the concatenation (transposed) times dO.",
+    DCONCAT: "The gradient flows back through W_O to every head's output columns.",
+    DO_HEAD: "This head's share of the upstream gradient: its block of columns of d(concat).",
+    DV: "Each value row was handed on with weight a_ij to every query i, so its gradient collects those weights times dO: Aᵀ dO.",
+    DA: "Each weight a_ij scaled value row j in output row i, so its gradient is the dot product of dO_i with v_j: dO Vᵀ.",
+    DS_MASKED: (
+        "The softmax couples a whole row: raising one score raises its weight and lowers every other, "
+        "so the gradient goes through the Jacobian diag(a) − a aᵀ of each row, which gives "
+        "dŜ_ij = a_ij (dA_ij − Σ_k a_ik dA_ik). Masked positions have weight 0, so their gradient is exactly 0, "
+        "and each row of dŜ sums to exactly 0 (adding a constant to a row of scores changes nothing)."
+    ),
+    DS: "The scores were scaled before the mask, so the gradient of the unscaled scores is the scale times dŜ.",
+    DQ: "Score (i, j) is q_i · k_j, so query i's gradient sums the keys weighted by row i of dS: dS K.",
+    DK: "Key j met every query in column j of S, so its gradient sums the queries weighted by column j of dS: dSᵀ Q.",
+    DW_Q: "Q = X W_Q, so the query weights' gradient is Xᵀ dQ.",
+    DW_K: "K = {C} W_K, so the key weights' gradient is {C}ᵀ dK.",
+    DW_V: "V = {C} W_V, so the value weights' gradient is {C}ᵀ dV.",
+    DX: "X reached the loss along three paths (queries, keys and values), so its gradient is their sum.",
+    "dX_cross": "X only made the queries here (cross-attention), so its gradient comes through dQ alone.",
+    "dX_heads": " With several heads, every head's paths add up.",
+    DCONTEXT: "The context made the keys and the values, so its gradient is the sum of those two paths.",
+}
+
+
+def _mask_why(c: Context) -> str:
+    p = c.p
+    why = _WHY[M] + f" Here the rule is {p.mask.rule()}."
+    if p.mask.kind in ("causal", "causal-bottom-right", "sliding-window") and p.n_q != p.n_k:
+        shift = p.n_k - p.n_q
+        why += (
+            f" With {p.n_q} queries and {p.n_k} keys the two causal alignments differ: top-left "
+            f"(PyTorch's is_causal) lets query i see keys j ≤ i, bottom-right (FlashAttention's) "
+            f"keys j ≤ i {'+' if shift >= 0 else '−'} {abs(shift)}."
+        )
+    if p.bias is not None:
+        why += " The bias is added to it, so M is the mask plus the bias."
+    return why
+
+
+def _scale_formula(c: Context) -> tuple[str, str]:
+    import sympy
+
+    p = c.p
+    if p.scale == "auto":
+        return f"\\frac{{S}}{{\\sqrt{{d_k}}}} = \\frac{{S}}{{\\sqrt{{{c.d_k}}}}}", f"S / √d_k = S / √{c.d_k}"
+    if p.scale == "none":
+        return "S", "S (no scaling)"
+    return f"{sympy.latex(c.factor)}\\cdot S", f"{c.factor}·S"
+
+
+def _scale_why(c: Context) -> str:
+    return {"auto": _WHY[S_SCALED], "none": _WHY["S_scaled_none"]}.get(
+        c.p.scale if isinstance(c.p.scale, str) else "", _WHY["S_scaled_custom"])
+
+
+def _masked_formula(c: Context) -> tuple[str, str]:
+    import sympy
+
+    p = c.p
+    scaled = {"auto": "\\frac{S}{\\sqrt{d_k}}", "none": "S"}.get(p.scale) if isinstance(p.scale, str) else None
+    scaled = scaled or f"{sympy.latex(p.scale)}\\,S"
+    return f"\\hat{{S}} = {scaled} + M", "Ŝ = S_scaled + M"
+
+
+def _scale_tex(c: Context) -> str:
+    import sympy
+
+    return "\\frac{1}{\\sqrt{d_k}}" if c.p.scale == "auto" else sympy.latex(c.factor)
+
+
+def _dO_formula(c: Context) -> tuple[str, str]:
+    kind = c.loss.kind
+    if kind == "sum":
+        return "dO = \\frac{\\partial L}{\\partial O} = \\mathbf{1}", "dO = ∂L/∂O = 1 (every entry)"
+    if kind == "weights":
+        return "dO = \\frac{\\partial L}{\\partial O} = W", "dO = ∂L/∂O = W"
+    if kind == "dO":
+        return "dO = \\frac{\\partial L}{\\partial O}", "dO = ∂L/∂O (given)"
+    return "dO = \\frac{\\partial L}{\\partial O} = O - T", "dO = ∂L/∂O = O − T"
+
+
+def _dO_relation(ops, v, c: Context):
+    loss = c.loss
+    if loss.kind == "sum":
+        return ops.ones(c.p.n_q, c.p.d_out)
+    if loss.kind in ("weights", "dO"):
+        return ops.given(loss.matrix)
+    return ops.sub(v(c.output), ops.given(loss.matrix))  # L = ½‖O − T‖²
+
+
+def _head_block(c: Context) -> tuple[int, int]:
+    """Where this head's columns sit in the concatenation: (first, width)."""
+    widths = [h.d_v for h in c.p.heads]
+    k = (c.head or 1) - 1
+    return sum(widths[:k]), widths[k]
+
+
+def _dO_head_formula(c: Context) -> tuple[str, str]:
+    lo, width = _head_block(c)
+    return (f"dO^{{({c.head})}} = d\\operatorname{{concat}}_{{[:,\\,{lo + 1}..{lo + width}]}}",
+            f"dO = dconcat[:, {lo + 1}..{lo + width}]")
+
+
+def _input_paths(c: Context, kind: str) -> list[tuple[str, str, int | None]]:
+    """(gradient, weights, head) of every path to X (``kind`` dX) or to the context (dcontext),
+    heads' query paths first."""
+    heads = c.heads
+    if kind == DCONTEXT:
+        return [(g, w, h) for h in heads for g, w in ((DK, W_K), (DV, W_V))]
+    paths = [(DQ, W_Q, h) for h in heads]
+    if not c.cross:
+        paths += [(g, w, h) for h in heads for g, w in ((DK, W_K), (DV, W_V))]
+    return paths
+
+
+def _input_gradient(kind: str) -> Relation:
+    def relation(ops, v, c: Context):
+        return ops.sum([ops.matmul(v(g, h), ops.T(v(w, h))) for g, w, h in _input_paths(c, kind)])
+
+    return relation
+
+
+def _dX_why(c: Context) -> str:
+    why = _WHY["dX_cross"] if c.cross else _WHY[DX]
+    return why + (_WHY["dX_heads"] if c.multi else "")
+
+
+def _dX_formula(c: Context) -> tuple[str, str]:
+    sum_h, sum_t = ("\\sum_h ", "Σ_h ") if c.multi else ("", "")
+    if c.cross:
+        return f"dX = {sum_h}dQ\\,W_Q^{{\\top}}", f"dX = {sum_t}dQ·W_Qᵀ"
+    return (f"dX = {sum_h}\\left(dQ\\,W_Q^{{\\top}} + dK\\,W_K^{{\\top}} + dV\\,W_V^{{\\top}}\\right)",
+            f"dX = {sum_t}(dQ·W_Qᵀ + dK·W_Kᵀ + dV·W_Vᵀ)")
+
+
+def _dcontext_formula(c: Context) -> tuple[str, str]:
+    sum_h, sum_t = ("\\sum_h ", "Σ_h ") if c.multi else ("", "")
+    return (f"dC = {sum_h}\\left(dK\\,W_K^{{\\top}} + dV\\,W_V^{{\\top}}\\right)",
+            f"dC = {sum_t}(dK·W_Kᵀ + dV·W_Vᵀ)")
+
+
+def _dot(target: str, i: int, j: int, a, b, left: str, right: str, value) -> Dot:
+    return Dot(target, i, j, left, right, tuple(zip(list(a), list(b))), value)
+
+
+def _worked_projection(name: str) -> Callable:
+    def worked(v, result, c: Context) -> tuple[Dot, ...]:
+        inp = v(X) if name == Q else v(c.kv)
+        weights = v("W_" + name)
+        label = "x" if name == Q else c.kv_name.lower()
+        return (_dot(name, 0, 0, inp.row(0), weights.col(0), f"{label}_1", f"W_{name}[:,1]", result[0, 0]),)
+
+    return worked
+
+
+def _worked_score(v, result, c: Context) -> tuple[Dot, ...]:
+    Q_, K_T_ = v(Q), v(K_T)
+    i, j = 0, 1 if result.cols > 1 else 0
+    return (_dot(S, i, j, Q_.row(i), K_T_.col(j), f"q_{i + 1}", f"k_{j + 1}", result[i, j]),)
+
+
+# -- the common mistakes ----------------------------------------------------------------------
+
+_TRANSPOSED = "the product's rows and columns are swapped (the answer is the transpose)"
+_NO_SCALING = "no scaling: the scores were not divided by √d_k"
+_BY_D_K = "scaled by d_k instead of √d_k"
+_MASK_MISSING = "mask missing: the masked positions were not set to −∞"
+_MASK_AFTER = "mask applied after the softmax (masked weights zeroed, rows not renormalised)"
+_COLUMNS = "softmax taken over columns instead of rows"
+
+
+def _transposed(key: str, square_only: bool = False) -> Mistake:
+    def relation(ops, ex, c):
+        exact = ex(key)
+        return None if square_only and not _sq(exact) else ops.T(exact)
+
+    return Mistake(_TRANSPOSED, relation)
+
+
+def _by_d_k(ops, ex, c: Context):
+    return ops.scale(ex(S), ops.rational(1, c.d_k))
+
+
+def _score_variants(kind: str) -> tuple[Mistake, ...]:
+    """Mistakes before the softmax, carried to the weights (``kind`` A) or the output (O)."""
+
+    def carried(weights_of: Callable) -> Relation:
+        def relation(ops, ex, c):
+            a = weights_of(ops, ex, c)
+            return a if kind == A else ops.matmul(a, ex(V))
+
+        return relation
+
+    def columns(ops, ex, c):
+        z = ex(S_MASKED)
+        if not ops.columns_attend(z):
+            return None
+        return ops.T(ops.softmax(ops.T(z)))
+
+    def after(ops, ex, c):
+        return ops.zero_masked(ops.softmax(ex(S_SCALED)), ex(M))
+
+    return (
+        Mistake(_NO_SCALING, carried(lambda ops, ex, c: ops.softmax(ops.add_mask(ex(S), ex(M))))),
+        Mistake(_BY_D_K, carried(lambda ops, ex, c: ops.softmax(ops.add_mask(_by_d_k(ops, ex, c), ex(M))))),
+        Mistake(_MASK_MISSING, carried(lambda ops, ex, c: ops.softmax(ex(S_SCALED)))),
+        Mistake(_MASK_AFTER, carried(after)),
+        Mistake(_COLUMNS, carried(columns)),
+    )
+
+
+def _square_product(name: str, left: Callable, right: Callable, when: Callable = _sq) -> Mistake:
+    def relation(ops, ex, c):
+        a = left(ops, ex)
+        return ops.matmul(a, right(ops, ex)) if when(ex) else None
+
+    return Mistake(name, relation)
+
+
+_SCALE_MISSING_DQDK = "the scale factor is missing: dŜ was used instead of dS = scale·dŜ"
+
+
+# -- the table --------------------------------------------------------------------------------
+
+
+def _given_title(cross_title: str, title: str) -> Callable[[Context], str]:
+    return lambda c: cross_title if c.cross else title
+
+
+def _weights_row(key: str, order: int, title: str) -> Kind:
+    letter = key[-1].lower()
+    return Kind(
+        key, key, order, "project", title, _WHY[key], (key.replace("_", "_{", 1) + "}", key),
+        ("d", letter), lambda sh, r, c, key=key: _plain(r, f"d_model × d_{'v' if key == W_V else 'k'}"),
+        source=lambda c, key=key: getattr(c.weights, key) if c.projected else None,
+        when=lambda c: c.projected, per_head=True, labelled=False,
+    )
+
+
+def _projection_row(key: str, order: int, title: str) -> Kind:
+    def given_note(r, c):
+        return _plain(r, {Q: "n_q × d_k", K: "n_k × d_k", V: "n_k × d_v"}[key])
+
+    def shape(sh, r, c):
+        if not c.projected:
+            return given_note(r, c)
+        inp = sh(X) if key == Q else sh(c.kv)
+        n = "n_q" if key == Q else "n_k"
+        return _prod(inp, sh("W_" + key), f"{n} × {'d_v' if key == V else 'd_k'}")
+
+    def why(c):
+        if not c.projected:
+            return _WHY[f"{key}_given"]
+        return _WHY[key] + (_WHY["cross"] if c.cross and key != Q else "")
+
+    def formula(c):
+        if not c.projected:
+            return key, key
+        name = "X" if key == Q else c.kv_name
+        return f"{key} = {name}\\,W_{{{key}}}", f"{key} = {name}·W_{key}"
+
+    return Kind(
+        key, key, order, lambda c: "project" if c.projected else "given",
+        lambda c: {Q: "Queries (given)", K: "Keys (given)", V: "Values (given)"}[key] if not c.projected else title,
+        why, formula, (QUERIES if key == Q else KEYS, key.lower()), shape,
+        inputs=(X if key == Q else "kv", "W_" + key),
+        relation=lambda ops, v, c: ops.matmul(v(X) if key == Q else v(c.kv), v("W_" + key)),
+        source=lambda c: None if c.projected else getattr(c.p, key),
+        per_head=True, slips=True, worked=_worked_projection(key),
+        mistakes=(_transposed(key),),
+    )
+
+
+def _weight_gradient(key: str, order: int, noun: str) -> Kind:
+    g = key[-1]
+
+    def relation(ops, v, c):
+        inp = v(X) if g == "Q" else v(c.kv)
+        return ops.matmul(ops.T(inp), v("d" + g))
+
+    def formula(c):
+        name = "X" if g == "Q" else c.kv_name
+        return f"dW_{{{g}}} = {name}^{{\\top}} d{g}", f"dW_{g} = {name}ᵀ·d{g}"
+
+    return Kind(
+        key, key, order, "b_weights", f"Gradient of the {noun} weights",
+        lambda c: _WHY[key].format(C=c.kv_name), formula, ("d", g.lower()),
+        lambda sh, r, c: _prod(_t(sh(X) if g == "Q" else sh(c.kv)), sh("d" + g), f"like W_{g}"),
+        inputs=(X if g == "Q" else "kv", "d" + g), relation=relation,
+        when=lambda c: c.projected and c.loss is not None, per_head=True, gradient=True, labelled=False,
+        mistakes=(_transposed(key, square_only=True),),
+    )
+
+
+KINDS: tuple[Kind, ...] = (
+    # 1 the input
+    Kind(X, X, 1, "input", _given_title("Query-side tokens", "Input tokens"),
+         lambda c: _WHY["X_cross"] if c.cross else _WHY[X], ("X", "X"), (QUERIES, "d"),
+         lambda sh, r, c: _plain(r, "n_q × d_model" if c.cross else "n × d_model"),
+         source=lambda c: c.p.X, when=lambda c: c.projected),
+    Kind(CONTEXT, CONTEXT, 2, "input", "Context tokens (the key and value side)", _WHY[CONTEXT], ("C", "C"),
+         (KEYS, "d"), lambda sh, r, c: _plain(r, "n_k × d_model"), source=lambda c: c.p.context,
+         when=lambda c: c.cross),
+    # 2 projections (weights first, as the JSON contract lists them)
+    _weights_row(W_Q, 3, "Query weights"),
+    _weights_row(W_K, 5, "Key weights"),
+    _weights_row(W_V, 7, "Value weights"),
+    _projection_row(Q, 4, "Query projection"),
+    _projection_row(K, 6, "Key projection"),
+    _projection_row(V, 8, "Value projection"),
+    # 3 to 8: one head, scores to output
+    Kind(K_T, K_T, 9, "transpose", "Transpose the keys", _WHY[K_T], ("K^{\\top}", "Kᵀ"), ("k", KEYS),
+         lambda sh, r, c: f"{r[1]}×{r[0]} → {r[0]}×{r[1]} (d_k × n_k)",
+         inputs=(K,), relation=lambda ops, v, c: ops.T(v(K)), per_head=True, tex="K^{\\top}", slips=True),
+    Kind(S, S, 10, "scores", "Scores", _WHY[S], ("S = Q\\,K^{\\top}", "S = Q·Kᵀ"), (QUERIES, KEYS),
+         lambda sh, r, c: _prod(sh(Q), sh(K_T), "n_q × n_k"),
+         inputs=(Q, K_T), relation=lambda ops, v, c: ops.matmul(v(Q), v(K_T)), per_head=True, slips=True,
+         worked=_worked_score,
+         mistakes=(
+             Mistake("K·Qᵀ instead of Q·Kᵀ (the scores are transposed)",
+                     lambda ops, ex, c: ops.matmul(ex(K), ops.T(ex(Q)))),
+             Mistake("Q·K instead of Q·Kᵀ (K was not transposed)",
+                     lambda ops, ex, c: ops.matmul(ex(Q), ex(K)) if len(ex(Q)[0]) == len(ex(K)) else None),
+         )),
+    Kind(S_SCALED, S_SCALED, 11, "scale", "Scale the scores", _scale_why, _scale_formula, (QUERIES, KEYS),
+         lambda sh, r, c: _plain(r, "n_q × n_k"),
+         inputs=(S,), relation=lambda ops, v, c: ops.scale(v(S), c.factor), per_head=True,
+         tex="\\frac{S}{\\sqrt{d_k}}",
+         mistakes=(Mistake(_NO_SCALING, lambda ops, ex, c: ex(S)), Mistake(_BY_D_K, _by_d_k))),
+    Kind(M, M, 12, "mask", "The mask", _mask_why,
+         lambda c: ("M = M_{\\text{mask}} + B", "M = mask + bias") if c.p.bias is not None else ("M", "M"),
+         (QUERIES, KEYS), lambda sh, r, c: _plain(r, "n_q × n_k"),
+         relation=lambda ops, v, c: ops.mask(c.p.mask.allowed, c.p.bias), per_head=True,
+         shows=frozenset({"mask_parts"})),
+    Kind(S_MASKED, S_MASKED, 13, "mask", "Add the mask", _WHY[S_MASKED], _masked_formula, (QUERIES, KEYS),
+         lambda sh, r, c: _plain(r, "n_q × n_k"),
+         inputs=(S_SCALED, M), relation=lambda ops, v, c: ops.add_mask(v(S_SCALED), v(M)), per_head=True,
+         tex="\\hat{S}", mistakes=(Mistake(_MASK_MISSING, lambda ops, ex, c: ex(S_SCALED)),)),
+    Kind(A, A, 14, "softmax", "Softmax on each row", _WHY[A],
+         ("A = \\operatorname{softmax}(\\hat{S})",
+          "A[i,j] = exp(Ŝ[i,j] − m_i) / Z_i,  m_i = max_k Ŝ[i,k],  Z_i = Σ_k exp(Ŝ[i,k] − m_i)"),
+         (QUERIES, KEYS), lambda sh, r, c: f"{r[0]}×{r[1]} (n_q × n_k), each row sums to 1",
+         inputs=(S_MASKED,), relation=lambda ops, v, c: ops.softmax(v(S_MASKED)), per_head=True,
+         shows=frozenset({"softmax"}), mistakes=_score_variants(A),
+         note=lambda value: "" if all(r.is_max for r in value.rows) else " " + _WHY["A_symbolic"]),
+    Kind(O, O, 15, "output", "Weighted sum of the values", _WHY[O], ("O = A\\,V", "O = A·V"), (QUERIES, "v"),
+         lambda sh, r, c: f"({sh(A)[0]}×{sh(A)[1]})·({sh(V)[0]}×{sh(V)[1]}) → {r[0]}×{r[1]} (n_q × d_v)",
+         inputs=(A, V), relation=lambda ops, v, c: ops.matmul(v(A), v(V)), per_head=True,
+         shows=frozenset({"weighted_sum"}),
+         mistakes=_score_variants(O) + (
+             Mistake("Aᵀ·V instead of A·V (the weights were transposed)",
+                     lambda ops, ex, c: ops.matmul(ops.T(ex(A)), ex(V)) if _sq(ex(A)) else None),
+             _transposed(O),
+         )),
+    # several heads: concatenate, then project
+    Kind(CONCAT, CONCAT, 16, "concat", "Concatenate the heads", _WHY[CONCAT],
+         lambda c: ("\\operatorname{concat} = \\begin{bmatrix} "
+                    + " & ".join(f"O^{{({h})}}" for h in c.heads) + " \\end{bmatrix}",
+                    "concat = [" + " | ".join(stage_id(O, h) for h in c.heads) + "]"),
+         (QUERIES, "c"),
+         lambda sh, r, c: f"{c.p.n_q}×({' + '.join(str(sh(O, h)[1]) for h in c.heads)}) = {r[0]}×{r[1]} (n_q × h·d_v)",
+         inputs=("heads",), relation=lambda ops, v, c: ops.hstack([v(O, h) for h in c.heads]),
+         when=lambda c: c.multi, tex="\\operatorname{concat}", by_relation=True,
+         shows=frozenset({"heads_sum"}), mistakes=(_transposed(CONCAT),)),
+    Kind(W_O, W_O, 17, "projection", "Output weights", _WHY[W_O], ("W_{O}", "W_O"), ("c", "o"),
+         lambda sh, r, c: _plain(r, "h·d_v × d_out"), source=lambda c: c.p.W_O, when=lambda c: c.multi,
+         labelled=False),
+    Kind(O_FINAL, O, 18, "projection", "Output projection", _WHY[O_FINAL],
+         ("O = \\operatorname{concat}\\,W_O", "O = concat·W_O"), (QUERIES, "o"),
+         lambda sh, r, c: _prod(sh(CONCAT), sh(W_O), "n_q × d_out"),
+         inputs=(CONCAT, W_O), relation=lambda ops, v, c: ops.matmul(v(CONCAT), v(W_O)),
+         when=lambda c: c.multi, by_relation=True, shows=frozenset({"heads_sum"}), mistakes=(_transposed(O_FINAL),)),
+    # the backward pass: the upstream gradient, then back through the output projection
+    Kind(DO, DO, 19, "b_upstream", "The upstream gradient",
+         lambda c: _WHY[DO] + " Here " + c.loss.describe() + ".", _dO_formula,
+         lambda c: (QUERIES, "o" if c.multi else "v"), lambda sh, r, c: _plain(r, "like O"),
+         inputs=("output",), relation=_dO_relation, when=lambda c: c.loss is not None, gradient=True,
+         short=lambda ops, value, c: c.loss.kind != "target"),
+    Kind(DW_O, DW_O, 20, "b_projection", "Gradient of the output weights", _WHY[DW_O],
+         ("dW_O = \\operatorname{concat}^{\\top} dO", "dW_O = concatᵀ·dO"), ("c", "o"),
+         lambda sh, r, c: _prod(_t(sh(CONCAT)), sh(DO), "like W_O"),
+         inputs=(CONCAT, DO), relation=lambda ops, v, c: ops.matmul(ops.T(v(CONCAT)), v(DO)),
+         when=lambda c: c.multi and c.loss is not None, gradient=True, labelled=False,
+         mistakes=(_transposed(DW_O, square_only=True),)),
+    Kind(DCONCAT, DCONCAT, 21, "b_projection", "Gradient of the concatenation", _WHY[DCONCAT],
+         ("d\\operatorname{concat} = dO\\,W_O^{\\top}", "dconcat = dO·W_Oᵀ"), (QUERIES, "c"),
+         lambda sh, r, c: _prod(sh(DO), _t(sh(W_O)), "like concat"),
+         inputs=(DO, W_O), relation=lambda ops, v, c: ops.matmul(v(DO), ops.T(v(W_O))),
+         when=lambda c: c.multi and c.loss is not None, gradient=True, tex="d\\operatorname{concat}",
+         mistakes=(_transposed(DCONCAT, square_only=True),)),
+    # each head, backwards
+    Kind(DO_HEAD, DO, 19, "b_head", "This head's upstream gradient", _WHY[DO_HEAD], _dO_head_formula,
+         (QUERIES, "v"), lambda sh, r, c: _plain(r, "like this head's O"),
+         inputs=(DCONCAT,), relation=lambda ops, v, c: ops.block(v(DCONCAT), *_head_block(c)),
+         when=lambda c: c.multi and c.loss is not None, per_head="shares", gradient=True),
+    Kind(DV, DV, 22, "b_weighted_sum", "Gradient of the values", _WHY[DV], ("dV = A^{\\top} dO", "dV = Aᵀ·dO"),
+         (KEYS, "v"), lambda sh, r, c: _prod(_t(sh(A)), sh(DO), "like V"),
+         inputs=(A, DO), relation=lambda ops, v, c: ops.matmul(ops.T(v(A)), v(DO)),
+         when=lambda c: c.loss is not None, per_head=True, gradient=True,
+         mistakes=(_square_product("A·dO instead of Aᵀ·dO (the weights were not transposed)",
+                                   lambda ops, ex: ex(A), lambda ops, ex: ex(DO), lambda ex: _sq(ex(A))),
+                   _transposed(DV, square_only=True))),
+    Kind(DA, DA, 23, "b_weighted_sum", "Gradient of the weights", _WHY[DA], ("dA = dO\\,V^{\\top}", "dA = dO·Vᵀ"),
+         (QUERIES, KEYS), lambda sh, r, c: _prod(sh(DO), _t(sh(V)), "like A"),
+         inputs=(DO, V), relation=lambda ops, v, c: ops.matmul(v(DO), ops.T(v(V))),
+         when=lambda c: c.loss is not None, per_head=True, gradient=True,
+         short=lambda ops, value, c: ops.is_rational(value),
+         mistakes=(_square_product("dO·V instead of dO·Vᵀ (V was not transposed)",
+                                   lambda ops, ex: ex(DO), lambda ops, ex: ex(V),
+                                   lambda ex: len(ex(V)) == len(ex(DO)[0]) and len(ex(V)[0]) == len(ex(DO))),
+                   _transposed(DA, square_only=True))),
+    Kind(DS_MASKED, DS_MASKED, 24, "b_softmax", "Back through the softmax", _WHY[DS_MASKED],
+         ("d\\hat{S}_{ij} = a_{ij}\\Big(dA_{ij} - \\sum_k a_{ik}\\,dA_{ik}\\Big)",
+          "dŜ[i,j] = a_ij·(dA[i,j] − Σ_k a_ik·dA[i,k])"),
+         (QUERIES, KEYS), lambda sh, r, c: _plain(r, "like Ŝ") + "; each row sums to 0",
+         inputs=(A, DA), relation=lambda ops, v, c: ops.softmax_backward(v(A), v(DA)),
+         when=lambda c: c.loss is not None, per_head=True, gradient=True, tex="d\\hat{S}",
+         shows=frozenset({"jacobian"}),
+         mistakes=(Mistake("Jacobian diagonal only: a_ij(1 − a_ij)·dA_ij drops the off-diagonal terms −a_ij·a_ik "
+                           "(each weight also depends on the other scores of its row)",
+                           lambda ops, ex, c: ops.jacobian_diagonal(ex(A), ex(DA))),
+                   _transposed(DS_MASKED, square_only=True))),
+    Kind(DS, DS, 25, "b_scaling", "Back through the scaling", _WHY[DS],
+         lambda c: (f"dS = {_scale_tex(c)}\\, d\\hat{{S}}", f"dS = {c.factor}·dŜ"),
+         (QUERIES, KEYS), lambda sh, r, c: _plain(r, "like S"),
+         inputs=(DS_MASKED,), relation=lambda ops, v, c: ops.scale(v(DS_MASKED), c.factor),
+         when=lambda c: c.loss is not None, per_head=True, gradient=True,
+         mistakes=(Mistake("the scale factor is missing: dS = dŜ, but the scores were scaled before the softmax",
+                           lambda ops, ex, c: ex(DS_MASKED)),
+                   _transposed(DS, square_only=True))),
+    Kind(DQ, DQ, 26, "b_qk", "Gradient of the queries", _WHY[DQ], ("dQ = dS\\,K", "dQ = dS·K"), (QUERIES, "q"),
+         lambda sh, r, c: _prod(sh(DS), sh(K), "like Q"),
+         inputs=(DS, K), relation=lambda ops, v, c: ops.matmul(v(DS), v(K)),
+         when=lambda c: c.loss is not None, per_head=True, gradient=True,
+         mistakes=(Mistake(_SCALE_MISSING_DQDK, lambda ops, ex, c: ops.matmul(ex(DS_MASKED), ex(K))),
+                   _square_product("dSᵀ·K instead of dS·K (dS was transposed)",
+                                   lambda ops, ex: ops.T(ex(DS)), lambda ops, ex: ex(K), lambda ex: _sq(ex(DS))),
+                   _transposed(DQ, square_only=True))),
+    Kind(DK, DK, 27, "b_qk", "Gradient of the keys", _WHY[DK], ("dK = dS^{\\top} Q", "dK = dSᵀ·Q"), (KEYS, "k"),
+         lambda sh, r, c: _prod(_t(sh(DS)), sh(Q), "like K"),
+         inputs=(DS, Q), relation=lambda ops, v, c: ops.matmul(ops.T(v(DS)), v(Q)),
+         when=lambda c: c.loss is not None, per_head=True, gradient=True,
+         mistakes=(Mistake(_SCALE_MISSING_DQDK, lambda ops, ex, c: ops.matmul(ops.T(ex(DS_MASKED)), ex(Q))),
+                   _square_product("dS·Q instead of dSᵀ·Q (dS was not transposed)",
+                                   lambda ops, ex: ex(DS), lambda ops, ex: ex(Q), lambda ex: _sq(ex(DS))),
+                   _transposed(DK, square_only=True))),
+    _weight_gradient(DW_Q, 28, "query"),
+    _weight_gradient(DW_K, 29, "key"),
+    _weight_gradient(DW_V, 30, "value"),
+    # back to the input
+    Kind(DX, DX, 31, "b_input", "Gradient of the input", _dX_why, _dX_formula, (QUERIES, "d"),
+         lambda sh, r, c: _plain(r, "like X"), inputs=("paths",), relation=_input_gradient(DX),
+         when=lambda c: c.projected and c.loss is not None, gradient=True,
+         mistakes=(_transposed(DX, square_only=True),)),
+    Kind(DCONTEXT, DCONTEXT, 32, "b_input", "Gradient of the context",
+         lambda c: _WHY[DCONTEXT] + (_WHY["dX_heads"] if c.multi else ""), _dcontext_formula, (KEYS, "d"),
+         lambda sh, r, c: _plain(r, "like the context"), inputs=("paths",), relation=_input_gradient(DCONTEXT),
+         when=lambda c: c.projected and c.cross and c.loss is not None, gradient=True, tex="dC"),
+)
+
+BY_KEY: dict[str, Kind] = {k.key: k for k in KINDS}
+
+# The numbered steps of a worked solution, in order.
+SECTIONS: tuple[Section, ...] = (
+    Section("given", "The input: queries, keys and values given", applies=lambda c: not c.projected),
+    Section("input", "The input", applies=lambda c: c.projected),
+    Section("project", "Project to queries, keys and values", per_head=True, applies=lambda c: c.projected),
+    Section("transpose", "Transpose the keys", per_head=True),
+    Section("scores", "Score every query against every key", per_head=True),
+    Section("scale", "Scale the scores", per_head=True),
+    Section("mask", "Apply the mask", per_head=True),
+    Section("softmax", "Softmax on each row", per_head=True),
+    Section("output", "Weighted sum of the values", per_head=True),
+    Section("concat", "Concatenate the heads", applies=lambda c: c.multi),
+    Section("projection", "Output projection", applies=lambda c: c.multi),
+    Section("b_upstream", "Backward: the upstream gradient", backward=True),
+    Section("b_projection", "Back through the output projection", backward=True, applies=lambda c: c.multi),
+    Section("b_head", "This head's upstream gradient", backward=True, per_head=True, applies=lambda c: c.multi),
+    Section("b_weighted_sum", "Back through the weighted sum", backward=True, per_head=True),
+    Section("b_softmax", "Back through the softmax", backward=True, per_head=True),
+    Section("b_scaling", "Back through the scaling", backward=True, per_head=True),
+    Section("b_qk", "Back to the queries and keys", backward=True, per_head=True),
+    Section("b_weights", "Back to the projection weights", backward=True, per_head=True),
+    Section("b_input", "Back to the input", backward=True),
+)
+SECTION_BY_KEY = {s.key: s for s in SECTIONS}
+
+
+# -- a problem's stages -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Planned:
+    """One stage of a problem: its row, its head and its id."""
+
+    kind: Kind
+    head: int | None
+    id: str
+    c: Context
+
+
+def _per_head_blocks(items: list, per_head: Callable, heads: list) -> Iterator[tuple[Any, int | None]]:
+    """``items`` in order, each run of per-head items (the same truthy ``per_head``) repeated for
+    every head in turn."""
+    k = 0
+    while k < len(items):
+        if not per_head(items[k]):
+            yield items[k], None
+            k += 1
+            continue
+        end = k
+        while end < len(items) and per_head(items[end]) == per_head(items[k]):
+            end += 1
+        for h in heads:
+            for item in items[k:end]:
+                yield item, h
+        k = end
+
+
+def plan(problem) -> list[Planned]:
+    """The stages of ``problem`` in the order they are derived (the JSON contract's order)."""
+    c = Context(problem)
+    out = []
+    for kind, h in _per_head_blocks([k for k in KINDS if k.when(c)], lambda k: k.per_head, c.heads):
+        out.append(Planned(kind, h, stage_id(kind.name, h), c.at(h)))
+    return out
+
+
+def sections(problem) -> list[tuple[Section, int, int | None]]:
+    """The numbered steps of the worked solution: (section, number, head), in order.
+
+    Forward steps are numbered 1, 2, ... over the steps this problem has (with several heads
+    each head repeats its numbers); the backward steps continue after the last forward one.
+    """
+    c = Context(problem)
+    forward = [s for s in SECTIONS if not s.backward and s.applies(c)]
+    backward = [s for s in SECTIONS if s.backward and s.applies(c)]
+    number = {s.key: n for n, s in enumerate(forward, 1)}
+    number.update({s.key: len(forward) + n for n, s in enumerate(backward, 1)})
+    multi = c.heads if c.multi else [None]
+    return [(s, number[s.key], h) for s, h in _per_head_blocks(forward + backward, lambda s: s.per_head and c.multi, multi)]
+
+
+def section_of(kind: Kind, c: Context) -> str:
+    return kind.section(c) if callable(kind.section) else kind.section
+
+
+def resolve(key: str, c: Context, head: "int | None | object" = ...) -> list[str]:
+    """The stage ids an input key stands for in context ``c`` (another head's with ``head``)."""
+    if key == "kv":
+        key = c.kv
+    if key == "output":
+        key = c.output
+    if key == "heads":
+        return [stage_id(O, h) for h in c.heads]
+    h = c.head if head is ... else head
+    if key == DO and c.multi and h is not None:
+        key = DO_HEAD  # inside a head, the upstream gradient is the head's share of it
+    kind = BY_KEY[key]
+    return [stage_id(kind.name, h if kind.per_head and c.multi else None)]
+
+
+def input_ids(kind: Kind, c: Context) -> list[str]:
+    """The ids of the stages ``kind`` is computed from, in context ``c``."""
+    if "paths" in kind.inputs:
+        return [i for g, w, h in _input_paths(c, kind.key) for i in resolve(g, c, h) + resolve(w, c, h)]
+    return [i for key in kind.inputs for i in resolve(key, c)]
+
+
+# -- names users write ----------------------------------------------------------------------
+
+# The stage names --from, --to and --ask take, in the order of the formula (with heads they
+# apply to every head).
+NAMES: tuple[str, ...] = tuple(dict.fromkeys(k.name for k in sorted(KINDS, key=lambda k: k.order)))
+GRADIENT_NAMES = frozenset(k.name for k in KINDS if k.gradient)
+
+
+def order_of(name: str, problem=None) -> int:
+    """The place of stage ``name`` in the formula; with several heads ``O`` is the projected output."""
+    if name == O and problem is not None and problem.multi_head:
+        return BY_KEY[O_FINAL].order
+    return min(k.order for k in KINDS if k.name == name)
+
+
+def did_you_mean(word: str, choices) -> str:
+    """`` (did you mean 'S_scaled'?)`` for a close match, else ``""``."""
+    close = difflib.get_close_matches(str(word), list(choices), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def unknown_stage(word: str, choices) -> str:
+    """The message for a stage name that is not one of ``choices``."""
+    return f"{word!r} is not a stage{did_you_mean(word, choices)}; the stages are {', '.join(choices)}"
+
+
+__all__ = [
+    "A", "BY_KEY", "CONCAT", "CONTEXT", "Context", "DA", "DCONCAT", "DCONTEXT", "DK", "DO", "DO_HEAD", "DQ", "DS",
+    "DS_MASKED", "DV", "DW_K", "DW_O", "DW_Q", "DW_V", "DX", "Dot", "GRADIENT_NAMES", "K", "KINDS", "K_T", "Kind",
+    "M", "Mistake", "NAMES", "O", "O_FINAL", "Planned", "Q", "S", "SECTIONS", "S_MASKED", "S_SCALED", "Section", "V",
+    "W_K", "W_O", "W_Q", "W_V", "X", "did_you_mean", "input_ids", "order_of", "plan", "resolve", "section_of",
+    "sections", "split_id", "stage_id", "unknown_stage",
+]
