@@ -32,20 +32,34 @@ def cli(ctx: click.Context, debug: bool) -> None:
     ctx.obj = {"debug": debug}
 
 
-_KINDS = (
-    "X", "context", "W_Q", "Q", "W_K", "K", "W_V", "V", "K_T", "S", "S_scaled", "M", "S_masked", "A", "O",
-    "concat", "W_O",
-    "dO", "dW_O", "dconcat", "dV", "dA", "dS_masked", "dS", "dQ", "dK", "dW_Q", "dW_K", "dW_V", "dX", "dcontext",
-)  # the stage ids --from, --to and --ask take (with heads they apply to every head)
+def _kinds() -> tuple[str, ...]:
+    """The stage names --from, --to and --ask take (with heads they apply to every head)."""
+    from .stages import NAMES
+
+    return NAMES
+
+
+def _stage_name(value: str | None, option: str) -> str | None:
+    """A stage name for --from or --to, with a did-you-mean when it is not one."""
+    if value is None or value in _kinds():
+        return value
+    from .stages import did_you_mean
+
+    raise click.BadParameter(f"{value!r} is not a stage{did_you_mean(value, _kinds())}; choose from {', '.join(_kinds())}",
+                             param_hint=f"'{option}'")
 
 
 def _stage_list(ctx, param, value: str | None) -> frozenset[str] | None:
     if value is None:
         return None
     names = [v.strip() for v in value.split(",") if v.strip()]
-    unknown = [n for n in names if n not in _KINDS]
+    kinds = _kinds()
+    unknown = [n for n in names if n not in kinds]
     if unknown or not names:
-        raise click.BadParameter(f"{', '.join(unknown) or 'nothing'}: choose from {', '.join(_KINDS)}")
+        from .stages import did_you_mean
+
+        hint = did_you_mean(unknown[0], kinds) if unknown else ""
+        raise click.BadParameter(f"{', '.join(unknown) or 'nothing'}{hint}: choose from {', '.join(kinds)}")
     return frozenset(names)
 
 
@@ -64,8 +78,10 @@ def _stage_list(ctx, param, value: str | None) -> frozenset[str] | None:
 @click.option("--no-check", is_flag=True, help="Skip the numeric cross-check.")
 @click.option("--max-shown", type=click.IntRange(3, 1000), default=8, show_default=True,
               help="Above this many rows or columns a matrix is shown elided: first rows and columns, dots, the last.")
-@click.option("--from", "first", type=click.Choice(_KINDS), help="Start the worked solution at this stage (its inputs are stated as given).")
-@click.option("--to", "last", type=click.Choice(_KINDS), help="End the worked solution at this stage.")
+@click.option("--from", "first", metavar="STAGE", callback=lambda ctx, param, value: _stage_name(value, "--from"),
+              help="Start the worked solution at this stage (its inputs are stated as given).")
+@click.option("--to", "last", metavar="STAGE", callback=lambda ctx, param, value: _stage_name(value, "--to"),
+              help="End the worked solution at this stage.")
 @click.option("--exercise", is_flag=True,
               help="Write the exercise sheet instead: the problem with empty boxes for each asked stage "
                    "(LaTeX, Markdown or PDF); the normal derivation is its solution, with the same numbering.")
@@ -102,7 +118,7 @@ def derive(problem: Path | None, output: Path | None, fmt: str | None, standalon
             raise click.UsageError("--ask goes with --exercise")
         if exercise and kind in ("text", "json"):
             raise click.UsageError("an exercise sheet is LaTeX, Markdown or PDF")
-        if first and last and _KINDS.index(first) > _KINDS.index(last):
+        if first and last and _kinds().index(first) > _kinds().index(last):
             raise click.UsageError(f"--from {first} comes after --to {last} in the formula")
         for path in (output, plot):
             if path is not None and problem is not None and _same_file(path, problem):
@@ -437,7 +453,8 @@ def _verify(problem, derive, crosscheck):
     """A generated problem must derive and pass the cross-check before it is written."""
     d = derive(problem)
     result = crosscheck(d)
-    assert result.passed, result.all_mismatches[:1]
+    if not result.passed:  # a bug in the generator or the derivation, never the user's doing
+        raise RuntimeError(f"a generated problem failed the cross-check: {result.all_mismatches[0]}")
     return d
 
 

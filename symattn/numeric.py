@@ -8,9 +8,12 @@ cross-check compares its stages with the exact ones, stage by stage.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import sympy
 
+from . import stages as st
 from ._numbers import rationals_float64
 from .problem import Problem
 
@@ -43,7 +46,7 @@ def numeric_stages(p: Problem) -> dict[str, np.ndarray]:
     if p.bias is not None:
         M = M + _f64(p.bias, subs)
 
-    def head(prefix: str, Q: np.ndarray, K: np.ndarray, V: np.ndarray) -> np.ndarray:
+    def head(prefix, Q: np.ndarray, K: np.ndarray, V: np.ndarray) -> np.ndarray:
         d_k = Q.shape[1]
         if p.scale == "auto":
             factor = 1.0 / np.sqrt(d_k)
@@ -51,39 +54,39 @@ def numeric_stages(p: Problem) -> dict[str, np.ndarray]:
             factor = 1.0
         else:
             factor = float(p.scale)
-        out[prefix + "K_T"] = K.T
-        S = out[prefix + "S"] = Q @ K.T                         # (n_q, d_k) @ (d_k, n_k)
-        S_scaled = out[prefix + "S_scaled"] = S * factor
-        out[prefix + "M"] = M
-        Z = out[prefix + "S_masked"] = S_scaled + M
+        out[prefix(st.K_T)] = K.T
+        S = out[prefix(st.S)] = Q @ K.T                         # (n_q, d_k) @ (d_k, n_k)
+        S_scaled = out[prefix(st.S_SCALED)] = S * factor
+        out[prefix(st.M)] = M
+        Z = out[prefix(st.S_MASKED)] = S_scaled + M
         m = Z.max(axis=1, keepdims=True)                        # finite: no row is fully masked
         E = np.exp(Z - m)                                       # exp(-inf) = 0 for masked positions
-        A = out[prefix + "A"] = E / E.sum(axis=1, keepdims=True)
-        O = out[prefix + "O"] = A @ V                           # (n_q, n_k) @ (n_k, d_v)
+        A = out[prefix(st.A)] = E / E.sum(axis=1, keepdims=True)
+        O = out[prefix(st.O)] = A @ V                           # (n_q, n_k) @ (n_k, d_v)
         return O
 
     if not p.projected:
-        Q = out["Q"] = _f64(p.Q, subs)
-        K = out["K"] = _f64(p.K, subs)
-        V = out["V"] = _f64(p.V, subs)
-        head("", Q, K, V)
+        Q = out[st.Q] = _f64(p.Q, subs)
+        K = out[st.K] = _f64(p.K, subs)
+        V = out[st.V] = _f64(p.V, subs)
+        head(st.stage_id, Q, K, V)
         return out
-    X = out["X"] = _f64(p.X, subs)
+    X = out[st.X] = _f64(p.X, subs)
     C = X
     if p.context is not None:
-        C = out["context"] = _f64(p.context, subs)
+        C = out[st.CONTEXT] = _f64(p.context, subs)
     outputs = []
     for h, weights in enumerate(p.heads, 1):
-        prefix = f"head{h}." if p.multi_head else ""
-        W_Q = out[prefix + "W_Q"] = _f64(weights.W_Q, subs)
-        W_K = out[prefix + "W_K"] = _f64(weights.W_K, subs)
-        W_V = out[prefix + "W_V"] = _f64(weights.W_V, subs)
-        Q = out[prefix + "Q"] = X @ W_Q                         # (n_q, d_model) @ (d_model, d_k)
-        K = out[prefix + "K"] = C @ W_K                         # (n_k, d_model) @ (d_model, d_k)
-        V = out[prefix + "V"] = C @ W_V                         # (n_k, d_model) @ (d_model, d_v)
+        prefix = functools.partial(st.stage_id, head=h if p.multi_head else None)  # this head's ids
+        W_Q = out[prefix(st.W_Q)] = _f64(weights.W_Q, subs)
+        W_K = out[prefix(st.W_K)] = _f64(weights.W_K, subs)
+        W_V = out[prefix(st.W_V)] = _f64(weights.W_V, subs)
+        Q = out[prefix(st.Q)] = X @ W_Q                         # (n_q, d_model) @ (d_model, d_k)
+        K = out[prefix(st.K)] = C @ W_K                         # (n_k, d_model) @ (d_model, d_k)
+        V = out[prefix(st.V)] = C @ W_V                         # (n_k, d_model) @ (d_model, d_v)
         outputs.append(head(prefix, Q, K, V))
     if p.multi_head:
-        concat = out["concat"] = np.concatenate(outputs, axis=1)  # (n_q, h·d_v)
-        W_O = out["W_O"] = _f64(p.W_O, subs)
-        out["O"] = concat @ W_O                                 # (n_q, h·d_v) @ (h·d_v, d_out)
+        concat = out[st.CONCAT] = np.concatenate(outputs, axis=1)  # (n_q, h·d_v)
+        W_O = out[st.W_O] = _f64(p.W_O, subs)
+        out[st.O] = concat @ W_O                                 # (n_q, h·d_v) @ (h·d_v, d_out)
     return out

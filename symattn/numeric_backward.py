@@ -21,9 +21,12 @@ Masked positions (where M is −∞, from the mask or the bias) have exactly 0 i
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import numpy as np
+
+from . import stages as st
 
 from .numeric import _f64, numeric_stages
 from .problem import Problem
@@ -38,23 +41,20 @@ def _factor(p: Problem, d_k: int) -> float:
     return float(p.scale)
 
 
-def _prefixes(p: Problem) -> list[str]:
-    """The stage-id prefix of each head: ``head1.``, ... with heads, else ``""``."""
+def _prefixes(p: Problem) -> list:
+    """For each head, the function that names its stages (``head1.dQ``, ... with heads, else ``dQ``)."""
     if not p.multi_head:
-        return [""]
-    return [f"head{h}." for h in range(1, len(p.heads) + 1)]
+        return [st.stage_id]
+    return [functools.partial(st.stage_id, head=h) for h in range(1, len(p.heads) + 1)]
 
 
 def _stage_ids(p: Problem) -> list[str]:
-    """The gradient stage ids of a problem, in the order of the backward pass."""
-    ids = ["dO"] + (["dW_O", "dconcat"] if p.multi_head else [])
-    for pre in _prefixes(p):
-        ids += [pre + "dO"] if p.multi_head else []
-        ids += [pre + s for s in ("dV", "dA", "dS_masked", "dS", "dQ", "dK")]
-        ids += [pre + s for s in ("dW_Q", "dW_K", "dW_V")] if p.projected else []
-    if p.projected:
-        ids += ["dX"] + (["dcontext"] if p.context is not None else [])
-    return ids
+    """The gradient stage ids of a problem, in the order of the backward pass, head by head."""
+    planned = [x for x in st.plan(p) if x.kind.gradient]
+    first = next((k for k, x in enumerate(planned) if x.head is not None), len(planned))
+    layer = [x.id for x in planned if x.head is None]
+    heads = [x.id for h in range(1, len(p.heads) + 1) for x in planned if x.head == h]
+    return layer[:first] + heads + layer[first:]
 
 
 def _loss_matrix(p: Problem) -> np.ndarray | None:
@@ -76,7 +76,7 @@ def _loss(kind: str, G, O):
     """
     if kind == "sum":
         return O.sum()
-    if kind in ("dO", "weights"):
+    if kind in ("dO", "weights"):  # the loss kinds (see Backward), not stage ids
         return (G * O).sum()
     return 0.5 * ((O - G) ** 2).sum()  # target: ½‖O − T‖²
 
@@ -99,52 +99,52 @@ def numeric_gradients(p: Problem) -> dict[str, np.ndarray]:
     fwd = numeric_stages(p)
     out: dict[str, np.ndarray] = {}
     if p.backward.kind == "sum":                                # L = Σ O
-        dO = np.ones_like(fwd["O"])
+        dO = np.ones_like(fwd[st.O])
     elif p.backward.kind == "target":                           # L = ½‖O − T‖²
-        dO = fwd["O"] - G
+        dO = fwd[st.O] - G
     else:                                                       # dO given, or L = Σ W ∘ O
         dO = G
-    out["dO"] = dO                                              # (n_q, d_out)
+    out[st.DO] = dO                                              # (n_q, d_out)
 
     prefixes = _prefixes(p)
     if p.multi_head:
-        W_O = fwd["W_O"]
-        out["dW_O"] = fwd["concat"].T @ dO                      # (h·d_v, n_q) @ (n_q, d_out)
-        dconcat = out["dconcat"] = dO @ W_O.T                   # (n_q, d_out) @ (d_out, h·d_v)
-        widths = [fwd[pre + "V"].shape[1] for pre in prefixes]
+        W_O = fwd[st.W_O]
+        out[st.DW_O] = fwd[st.CONCAT].T @ dO                      # (h·d_v, n_q) @ (n_q, d_out)
+        dconcat = out[st.DCONCAT] = dO @ W_O.T                   # (n_q, d_out) @ (d_out, h·d_v)
+        widths = [fwd[pre(st.V)].shape[1] for pre in prefixes]
         blocks = np.split(dconcat, np.cumsum(widths)[:-1], axis=1)
     else:
         blocks = [dO]
 
     if p.projected:
-        X = fwd["X"]
-        C = fwd.get("context", X)
+        X = fwd[st.X]
+        C = fwd.get(st.CONTEXT, X)
         dX = np.zeros_like(X)
         dC = np.zeros_like(C)                                   # the keys' and values' path
     for pre, dO_h in zip(prefixes, blocks):
         if p.multi_head:
-            out[pre + "dO"] = dO_h                              # (n_q, d_v): this head's columns
-        Q, K, V, A = (fwd[pre + name] for name in ("Q", "K", "V", "A"))
-        dV = out[pre + "dV"] = A.T @ dO_h                       # (n_k, n_q) @ (n_q, d_v)
-        dA = out[pre + "dA"] = dO_h @ V.T                       # (n_q, d_v) @ (d_v, n_k)
+            out[pre(st.DO)] = dO_h                              # (n_q, d_v): this head's columns
+        Q, K, V, A = (fwd[pre(name)] for name in (st.Q, st.K, st.V, st.A))
+        dV = out[pre(st.DV)] = A.T @ dO_h                       # (n_k, n_q) @ (n_q, d_v)
+        dA = out[pre(st.DA)] = dO_h @ V.T                       # (n_q, d_v) @ (d_v, n_k)
         # Softmax backward, row by row: a ∘ (da − da·a); A is exactly 0 where masked.
-        dZ = out[pre + "dS_masked"] = A * (dA - (dA * A).sum(axis=1, keepdims=True))
-        dS = out[pre + "dS"] = _factor(p, Q.shape[1]) * dZ      # Ŝ = scale·S + M
-        dQ = out[pre + "dQ"] = dS @ K                           # (n_q, n_k) @ (n_k, d_k)
-        dK = out[pre + "dK"] = dS.T @ Q                         # (n_k, n_q) @ (n_q, d_k)
+        dZ = out[pre(st.DS_MASKED)] = A * (dA - (dA * A).sum(axis=1, keepdims=True))
+        dS = out[pre(st.DS)] = _factor(p, Q.shape[1]) * dZ      # Ŝ = scale·S + M
+        dQ = out[pre(st.DQ)] = dS @ K                           # (n_q, n_k) @ (n_k, d_k)
+        dK = out[pre(st.DK)] = dS.T @ Q                         # (n_k, n_q) @ (n_q, d_k)
         if p.projected:
-            W_Q, W_K, W_V = (fwd[pre + name] for name in ("W_Q", "W_K", "W_V"))
-            out[pre + "dW_Q"] = X.T @ dQ                        # (d_model, n_q) @ (n_q, d_k)
-            out[pre + "dW_K"] = C.T @ dK                        # (d_model, n_k) @ (n_k, d_k)
-            out[pre + "dW_V"] = C.T @ dV                        # (d_model, n_k) @ (n_k, d_v)
+            W_Q, W_K, W_V = (fwd[pre(name)] for name in (st.W_Q, st.W_K, st.W_V))
+            out[pre(st.DW_Q)] = X.T @ dQ                        # (d_model, n_q) @ (n_q, d_k)
+            out[pre(st.DW_K)] = C.T @ dK                        # (d_model, n_k) @ (n_k, d_k)
+            out[pre(st.DW_V)] = C.T @ dV                        # (d_model, n_k) @ (n_k, d_v)
             dX += dQ @ W_Q.T                                    # (n_q, d_k) @ (d_k, d_model)
             dC += dK @ W_K.T + dV @ W_V.T                       # (n_k, d_k) @ (d_k, d_model), ...
     if p.projected:
         if p.context is None:
-            out["dX"] = dX + dC                                 # X gives queries, keys and values
+            out[st.DX] = dX + dC                                 # X gives queries, keys and values
         else:
-            out["dX"] = dX
-            out["dcontext"] = dC
+            out[st.DX] = dX
+            out[st.DCONTEXT] = dC
     return out
 
 
@@ -186,7 +186,7 @@ def finite_difference_gradients(p: Problem, eps: float = 1e-6) -> dict[str, np.n
     G = _loss_matrix(p)
     fwd = numeric_stages(p)
     prefixes = _prefixes(p)
-    M = fwd[prefixes[0] + "M"]                                  # the same for every head
+    M = fwd[prefixes[0](st.M)]                                  # the same for every head
     masked = np.isneginf(M)                                     # from the mask or a −∞ bias
     out: dict[str, np.ndarray] = {}
 
@@ -196,15 +196,15 @@ def finite_difference_gradients(p: Problem, eps: float = 1e-6) -> dict[str, np.n
     def attend(Q: np.ndarray, K: np.ndarray, V: np.ndarray) -> np.ndarray:
         return _softmax(Q @ K.T * _factor(p, Q.shape[1]) + M) @ V
 
-    out["dO"] = _central(loss, fwd["O"], eps)
+    out[st.DO] = _central(loss, fwd[st.O], eps)
     if p.multi_head:
-        W_O, concat = fwd["W_O"], fwd["concat"]
-        out["dW_O"] = _central(lambda W: loss(concat @ W), W_O, eps)
-        out["dconcat"] = _central(lambda c: loss(c @ W_O), concat, eps)
-        ends = np.cumsum([fwd[pre + "V"].shape[1] for pre in prefixes])
+        W_O, concat = fwd[st.W_O], fwd[st.CONCAT]
+        out[st.DW_O] = _central(lambda W: loss(concat @ W), W_O, eps)
+        out[st.DCONCAT] = _central(lambda c: loss(c @ W_O), concat, eps)
+        ends = np.cumsum([fwd[pre(st.V)].shape[1] for pre in prefixes])
 
-    def head(h: int, pre: str) -> None:
-        Q, K, V = fwd[pre + "Q"], fwd[pre + "K"], fwd[pre + "V"]
+    def head(h: int, pre) -> None:
+        Q, K, V = fwd[pre(st.Q)], fwd[pre(st.K)], fwd[pre(st.V)]
         factor = _factor(p, Q.shape[1])
 
         def L_O(O_h):                                           # this head's output in concat
@@ -224,18 +224,18 @@ def finite_difference_gradients(p: Problem, eps: float = 1e-6) -> dict[str, np.n
             return L_Shat(S * factor + M)
 
         if p.multi_head:
-            out[pre + "dO"] = _central(L_O, fwd[pre + "O"], eps)
-        out[pre + "dV"] = _central(lambda V_: L_O(attend(Q, K, V_)), V, eps)
-        out[pre + "dA"] = _central(L_A, fwd[pre + "A"], eps)
-        out[pre + "dS_masked"] = _central(L_Shat, fwd[pre + "S_masked"], eps, skip=masked)
-        out[pre + "dS"] = _central(L_S, fwd[pre + "S"], eps, skip=masked)
-        out[pre + "dQ"] = _central(lambda Q_: L_O(attend(Q_, K, V)), Q, eps)
-        out[pre + "dK"] = _central(lambda K_: L_O(attend(Q, K_, V)), K, eps)
+            out[pre(st.DO)] = _central(L_O, fwd[pre(st.O)], eps)
+        out[pre(st.DV)] = _central(lambda V_: L_O(attend(Q, K, V_)), V, eps)
+        out[pre(st.DA)] = _central(L_A, fwd[pre(st.A)], eps)
+        out[pre(st.DS_MASKED)] = _central(L_Shat, fwd[pre(st.S_MASKED)], eps, skip=masked)
+        out[pre(st.DS)] = _central(L_S, fwd[pre(st.S)], eps, skip=masked)
+        out[pre(st.DQ)] = _central(lambda Q_: L_O(attend(Q_, K, V)), Q, eps)
+        out[pre(st.DK)] = _central(lambda K_: L_O(attend(Q, K_, V)), K, eps)
         if p.projected:
-            X, C = fwd["X"], fwd.get("context", fwd["X"])
-            out[pre + "dW_Q"] = _central(lambda W: L_O(attend(X @ W, K, V)), fwd[pre + "W_Q"], eps)
-            out[pre + "dW_K"] = _central(lambda W: L_O(attend(Q, C @ W, V)), fwd[pre + "W_K"], eps)
-            out[pre + "dW_V"] = _central(lambda W: L_O(attend(Q, K, C @ W)), fwd[pre + "W_V"], eps)
+            X, C = fwd[st.X], fwd.get(st.CONTEXT, fwd[st.X])
+            out[pre(st.DW_Q)] = _central(lambda W: L_O(attend(X @ W, K, V)), fwd[pre(st.W_Q)], eps)
+            out[pre(st.DW_K)] = _central(lambda W: L_O(attend(Q, C @ W, V)), fwd[pre(st.W_K)], eps)
+            out[pre(st.DW_V)] = _central(lambda W: L_O(attend(Q, K, C @ W)), fwd[pre(st.W_V)], eps)
 
     for h, pre in enumerate(prefixes):
         head(h, pre)
@@ -243,19 +243,19 @@ def finite_difference_gradients(p: Problem, eps: float = 1e-6) -> dict[str, np.n
     if p.projected:
         def L_inputs(X: np.ndarray, C: np.ndarray) -> float:    # the whole forward pass
             outputs = [
-                attend(X @ fwd[pre + "W_Q"], C @ fwd[pre + "W_K"], C @ fwd[pre + "W_V"]) for pre in prefixes
+                attend(X @ fwd[pre(st.W_Q)], C @ fwd[pre(st.W_K)], C @ fwd[pre(st.W_V)]) for pre in prefixes
             ]
             if p.multi_head:
-                return loss(np.concatenate(outputs, axis=1) @ fwd["W_O"])
+                return loss(np.concatenate(outputs, axis=1) @ fwd[st.W_O])
             return loss(outputs[0])
 
-        X = fwd["X"]
+        X = fwd[st.X]
         if p.context is None:                                   # X gives queries, keys and values
-            out["dX"] = _central(lambda X_: L_inputs(X_, X_), X, eps)
+            out[st.DX] = _central(lambda X_: L_inputs(X_, X_), X, eps)
         else:
-            C = fwd["context"]
-            out["dX"] = _central(lambda X_: L_inputs(X_, C), X, eps)
-            out["dcontext"] = _central(lambda C_: L_inputs(X, C_), C, eps)
+            C = fwd[st.CONTEXT]
+            out[st.DX] = _central(lambda X_: L_inputs(X_, C), X, eps)
+            out[st.DCONTEXT] = _central(lambda C_: L_inputs(X, C_), C, eps)
     return out
 
 
@@ -305,30 +305,30 @@ def _torch_backward(p: Problem, fused: bool) -> dict[str, np.ndarray]:
     if p.bias is not None:
         M = M + torch.from_numpy(_f64(p.bias, subs))
 
-    def head(pre: str, Q, K, V):
+    def head(pre, Q, K, V):
         """One head's output: (n_q, d_k), (n_k, d_k), (n_k, d_v) -> (n_q, d_v)."""
         factor = _factor(p, Q.shape[1])
         if fused:                                               # a batch of one
             return F.scaled_dot_product_attention(Q[None], K[None], V[None], attn_mask=M, scale=factor)[0]
-        S = keep(pre + "dS", Q @ K.T)
-        Z = keep(pre + "dS_masked", S * factor + M)
-        A = keep(pre + "dA", torch.softmax(Z, dim=1))
+        S = keep(pre(st.DS), Q @ K.T)
+        Z = keep(pre(st.DS_MASKED), S * factor + M)
+        A = keep(pre(st.DA), torch.softmax(Z, dim=1))
         return A @ V
 
     if not p.projected:
-        O = keep("dO", head("", leaf("dQ", p.Q), leaf("dK", p.K), leaf("dV", p.V)))
+        O = keep(st.DO, head(st.stage_id, leaf(st.DQ, p.Q), leaf(st.DK, p.K), leaf(st.DV, p.V)))
     else:
-        X = leaf("dX", p.X)
-        C = X if p.context is None else leaf("dcontext", p.context)
+        X = leaf(st.DX, p.X)
+        C = X if p.context is None else leaf(st.DCONTEXT, p.context)
         outputs = []
         for pre, weights in zip(_prefixes(p), p.heads):
-            Q = keep(pre + "dQ", X @ leaf(pre + "dW_Q", weights.W_Q))
-            K = keep(pre + "dK", C @ leaf(pre + "dW_K", weights.W_K))
-            V = keep(pre + "dV", C @ leaf(pre + "dW_V", weights.W_V))
-            outputs.append(keep(pre + "dO", head(pre, Q, K, V)))
+            Q = keep(pre(st.DQ), X @ leaf(pre(st.DW_Q), weights.W_Q))
+            K = keep(pre(st.DK), C @ leaf(pre(st.DW_K), weights.W_K))
+            V = keep(pre(st.DV), C @ leaf(pre(st.DW_V), weights.W_V))
+            outputs.append(keep(pre(st.DO), head(pre, Q, K, V)))
         if p.multi_head:
-            concat = keep("dconcat", torch.cat(outputs, dim=1))
-            O = keep("dO", concat @ leaf("dW_O", p.W_O))
+            concat = keep(st.DCONCAT, torch.cat(outputs, dim=1))
+            O = keep(st.DO, concat @ leaf(st.DW_O, p.W_O))
         else:
             O = outputs[0]
     G = _loss_matrix(p)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 
+from . import stages
 from ._errors import SymattnError
 from .derivation import Derivation
 
@@ -29,7 +30,7 @@ def plot_weights(d: Derivation, suffix: str = ".png") -> bytes:
         raise SymattnError("plotting needs matplotlib, which is not installed; pip install 'symattn[plot]'") from None
     if not d.can_evaluate:
         raise SymattnError("the weights hold symbols without values, so they cannot be plotted; give values")
-    weights = [s for s in d.steps if s.kind == "A"]
+    weights = [s for s in d.steps if s.key == stages.A]
     n_q, n_k = weights[0].shape
     size = max(3.0, 0.45 * n_k + 1.5), max(2.5, 0.4 * n_q + 1.2)
     fig, axes = plt.subplots(1, len(weights), figsize=(size[0] * len(weights), size[1]), squeeze=False)

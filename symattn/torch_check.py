@@ -8,8 +8,11 @@ with ``W_O``. PyTorch is an optional extra: ``pip install 'symattn[torch]'``.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
+from . import stages as st
 from ._errors import SymattnError
 from .numeric import _f64
 from .problem import Problem
@@ -46,20 +49,20 @@ def torch_stages(p: Problem) -> dict[str, np.ndarray]:
         eye = torch.eye(K.shape[0], dtype=torch.float64)
         A = F.scaled_dot_product_attention(Q[None], K[None], eye[None], attn_mask=attn_mask, scale=scale)[0]
         O = F.scaled_dot_product_attention(Q[None], K[None], V[None], attn_mask=attn_mask, scale=scale)[0]
-        out[prefix + "A"] = A.numpy()
-        out[prefix + "O"] = O.numpy()
+        out[prefix(st.A)] = A.numpy()
+        out[prefix(st.O)] = O.numpy()
         return O
 
     with torch.no_grad():
         if not p.projected:
-            head("", t(p.Q), t(p.K), t(p.V))
+            head(st.stage_id, t(p.Q), t(p.K), t(p.V))
             return out
         X = t(p.X)
         C = t(p.context) if p.context is not None else X
         outputs = []
         for h, weights in enumerate(p.heads, 1):
-            prefix = f"head{h}." if p.multi_head else ""
+            prefix = functools.partial(st.stage_id, head=h if p.multi_head else None)  # this head's ids
             outputs.append(head(prefix, X @ t(weights.W_Q), C @ t(weights.W_K), C @ t(weights.W_V)))
         if p.multi_head:
-            out["O"] = (torch.cat(outputs, dim=1) @ t(p.W_O)).numpy()
+            out[st.O] = (torch.cat(outputs, dim=1) @ t(p.W_O)).numpy()
     return out
