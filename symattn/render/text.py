@@ -7,16 +7,11 @@ from typing import Callable
 import sympy
 
 from ..derivation import Derivation, Step
-from ._common import (
-    DPS,
-    MAX_CELL_TERMS,
-    MAX_SHOWN,
-    MAX_TERMS,
+from ._blocks import check_sentence
+from ._grid import MAX_SHOWN, shown
+from ._print import DPS, MAX_CELL_TERMS, MAX_TERMS, decimal, exp_parts_text, exp_sum_text, text_entry
+from .entries import (
     TOO_LONG,
-    check_sentence,
-    decimal,
-    exp_parts_text,
-    exp_sum_text,
     head_parts,
     jacobian_entry,
     jacobian_row,
@@ -24,12 +19,9 @@ from ._common import (
     normaliser_is_number,
     over_normaliser,
     over_normaliser_squared,
-    select,
-    stages,
-    text_entry,
     written_exactly,
 )
-from ._grid import shown
+from .outline import select, stages
 
 
 def _grid(step: Step, cell: Callable[[int, int], str], max_shown: int, indent: str = "    ") -> list[str]:
