@@ -100,6 +100,16 @@ def text_entry(x: sympy.Expr) -> str:
     return "-inf" if x == NEG_INF else sympy.sstr(x, order="none")
 
 
+def value_tex(x) -> str:
+    """LaTeX of an exact entry given as a SymPy expression or as a QQ number."""
+    return tex(x) if isinstance(x, sympy.Basic) else qq_tex(x)
+
+
+def value_text(x) -> str:
+    """Plain text of the same."""
+    return text_entry(x) if isinstance(x, sympy.Basic) else qq_text(x)
+
+
 MAX_TERMS = 6  # terms of a sum written before it is elided
 MAX_CELL_TERMS = 3  # the same inside a matrix of more than four columns
 

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import re
 
-import sympy
-
 from ..derivation import Derivation, Step
 from ._grid import MAX_SHOWN, escape_tex, grid, shown
 from ._print import (
@@ -16,17 +14,10 @@ from ._print import (
     exp_parts_tex,
     exp_sum_tex,
     factor_tex,
-    qq_tex,
     tex,
+    value_tex,
 )
-from .entries import (
-    _rational_entries,
-    head_parts,
-    normaliser_is_number,
-    numerator_parts,
-    over_normaliser,
-    over_normaliser_squared,
-)
+from .entries import EntryForm, Over, entry_forms, normaliser_is_number
 
 
 _UNLABELLED = {"W_Q", "W_K", "W_V", "W_O", "dW_Q", "dW_K", "dW_V", "dW_O"}
@@ -44,44 +35,37 @@ def _labels(step: Step) -> tuple[list[str] | None, list[str] | None]:
     return rows, cols
 
 
-def entry_tex(step: Step, i: int, j: int) -> str:
-    """LaTeX of entry (i, j), writing softmax rows over their normaliser Z_i (gradients over Z_i²)."""
-    squared = over_normaliser_squared(step, i, j)
-    if squared is not None:
-        terms = MAX_CELL_TERMS if step.shape[1] > 4 else MAX_TERMS
-        return "0" if squared == 0 else rf"\dfrac{{{exp_sum_tex(squared, terms)}}}{{Z_{{{i + 1}}}^{{2}}}}"
-    # Inside a wide matrix a numerator keeps fewer terms (MAX_CELL_TERMS).
-    terms = MAX_CELL_TERMS if step.shape[1] > 4 else MAX_TERMS
-    parts = numerator_parts(step, i, j)
-    if parts is not None:
-        return f"\\dfrac{{{exp_parts_tex(parts, terms)}}}{{Z_{{{i + 1}}}}}" if parts else "0"
-    numerator = over_normaliser(step, i, j)
-    if numerator is None:
-        return tex(step.lazy[i, j])
-    if numerator == 0:
-        return "0"
-    return f"\\dfrac{{{exp_sum_tex(numerator, terms)}}}{{Z_{{{i + 1}}}}}"
-
-
 def exact_tex_matrix(d: Derivation, step: Step, max_shown: int = MAX_SHOWN) -> str:
     rows, cols = step.shape
-    if step.kind in ("concat", "O") and d.problem.multi_head and step.head is None:
-        entry = lambda i, j: _heads_entry_tex(d, step, i, j)  # noqa: E731
-    elif (qq := _rational_entries(step)) is not None:  # written from their QQ numbers, no SymPy number made
-        entry = lambda i, j: "-\\infty" if qq[i][j] is None else qq_tex(qq[i][j])  # noqa: E731
-    else:
-        entry = lambda i, j: entry_tex(step, i, j)  # noqa: E731
+    form = entry_forms(d, step)
     row_labels, col_labels = _labels(step)
-    return grid(rows, cols, entry, max_shown=max_shown, row_labels=row_labels, col_labels=col_labels)
+    return grid(rows, cols, lambda i, j: form_tex(form(i, j)), max_shown=max_shown,
+                row_labels=row_labels, col_labels=col_labels)
 
 
-def _heads_entry_tex(d: Derivation, step: Step, i: int, j: int) -> str:
-    parts = head_parts(d, step, i, j)
-    plain = sympy.Add(*[x for _, x, over_z in parts if not over_z])
-    terms = [f"\\dfrac{{{exp_sum_tex(x)}}}{{Z^{{({h})}}_{{{i + 1}}}}}" for h, x, over_z in parts if over_z]
-    if plain != 0 or not terms:
-        terms.insert(0, tex(plain))
-    return " + ".join(terms).replace("+ -", "- ")
+def form_tex(form: EntryForm) -> str:
+    """LaTeX of an entry written as ``form``: fractions over Z_i (Z_i², a head's Z^{(h)}_i)."""
+    if form.heads:  # a head's numerator keeps all its MAX_TERMS, however wide the matrix
+        terms = [_over_tex(over, MAX_TERMS) for over in form.over]
+        if form.value is not None:
+            terms.insert(0, value_tex(form.value))
+        return " + ".join(terms).replace("+ -", "- ")
+    if not form.over:
+        return value_tex(form.value)
+    # Inside a wide matrix a numerator keeps fewer terms (MAX_CELL_TERMS).
+    return _over_tex(form.over[0], MAX_CELL_TERMS if form.wide else MAX_TERMS)
+
+
+def _over_tex(over: Over, max_terms: int) -> str:
+    if over.parts:
+        top = exp_parts_tex(list(over.numerator), max_terms)
+    else:
+        top = exp_sum_tex(over.numerator, max_terms)
+    if over.head is not None:
+        z = f"Z^{{({over.head})}}_{{{over.row + 1}}}"
+    else:
+        z = f"Z_{{{over.row + 1}}}" + ("^{2}" if over.squared else "")
+    return f"\\dfrac{{{top}}}{{{z}}}"
 
 
 def exact_tex_matrix_of_step(step: Step, max_shown: int = MAX_SHOWN) -> str:

@@ -1,13 +1,109 @@
 """What an exact entry is made of, whatever the format: over which normaliser it is written,
-its numerator, the heads it sums; and whether a step's entries are written at all."""
+its numerator, the heads it sums; and whether a step's entries are written at all.
+
+:func:`entry_form` decides how an entry is written (:class:`EntryForm`); ``_tex.py`` prints the
+form as LaTeX and ``text.py`` as plain text.
+"""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
 
 import sympy
 
 from .. import _exact
 from ..derivation import Derivation, Step
 from ._print import NEG_INF, is_plain_integer
+
+
+@dataclass(frozen=True)
+class Over:
+    """A sum of ``c·e^x`` terms over a normaliser: row ``row``'s Z_i (0-based), Z_i² when
+    ``squared``, or head ``head``'s Z^{(h)}_i.
+
+    ``numerator`` is a SymPy sum, or (for a rational row, no SymPy number built) a tuple of its
+    exact ``(c, x)`` pairs in QQ in writing order. It is never zero: a zero entry is plain.
+    """
+
+    numerator: object
+    row: int
+    squared: bool = False
+    head: int | None = None
+
+    @property
+    def parts(self) -> bool:
+        """Whether the numerator is given as exact ``(c, x)`` pairs."""
+        return isinstance(self.numerator, tuple)
+
+    @property
+    def terms(self) -> int:
+        """How many terms the numerator has."""
+        return len(self.numerator) if self.parts else len(sympy.Add.make_args(self.numerator))
+
+
+@dataclass(frozen=True)
+class EntryForm:
+    """How one exact entry is written, whatever the format.
+
+    Either a plain exact ``value`` (a SymPy expression, or a QQ number of a rational step; ``NEG_INF``
+    for −∞), or a single fraction ``over`` (a softmax entry over Z_i, a gradient's over Z_i²), or,
+    for the concatenation or the projected output of several heads (``heads``), a plain ``value``
+    (None when it is zero) plus one fraction per head over that head's normaliser.
+    ``wide``: the entry is in a matrix of more than four columns (numerators keep fewer terms).
+    """
+
+    value: object = None
+    over: tuple[Over, ...] = ()
+    heads: bool = False
+    wide: bool = False
+
+
+_ZERO = sympy.Integer(0)
+
+
+def entry_form(d: Derivation, step: Step, i: int, j: int) -> EntryForm:
+    """How entry (i, j) of ``step`` is written (for many entries, :func:`entry_forms` shares the work)."""
+    return entry_forms(d, step)(i, j)
+
+
+def entry_forms(d: Derivation, step: Step) -> Callable[[int, int], EntryForm]:
+    """:func:`entry_form` of each entry of ``step``, reading what the step's entries share once.
+
+    Softmax rows are written over their normaliser Z_i, gradients over Z_i², a sum over heads
+    head by head. Only the entries asked for are built, and a rational step's are read from its
+    QQ numbers, without a SymPy number each.
+    """
+    wide = step.shape[1] > 4
+    if step.kind in ("concat", "O") and d.problem.multi_head and step.head is None:
+        return lambda i, j: _heads_form(d, step, i, j, wide)
+    qq = _rational_entries(step)
+    if qq is not None:
+        return lambda i, j: EntryForm(NEG_INF if qq[i][j] is None else qq[i][j])
+    return lambda i, j: _form(step, i, j, wide)
+
+
+def _form(step: Step, i: int, j: int, wide: bool) -> EntryForm:
+    squared = over_normaliser_squared(step, i, j)
+    if squared is not None:
+        return EntryForm(_ZERO) if squared == 0 else EntryForm(over=(Over(squared, i, squared=True),), wide=wide)
+    parts = numerator_parts(step, i, j)  # rational rows: no SymPy number built
+    if parts is not None:
+        return EntryForm(over=(Over(tuple(parts), i),), wide=wide) if parts else EntryForm(_ZERO)
+    numerator = over_normaliser(step, i, j)
+    if numerator is None:
+        return EntryForm(step.lazy[i, j])
+    if numerator == 0:
+        return EntryForm(_ZERO)
+    return EntryForm(over=(Over(numerator, i),), wide=wide)
+
+
+def _heads_form(d: Derivation, step: Step, i: int, j: int, wide: bool) -> EntryForm:
+    parts = head_parts(d, step, i, j)
+    plain = sympy.Add(*[x for _, x, over_z in parts if not over_z])
+    over = tuple(Over(x, i, head=h) for h, x, over_z in parts if over_z)
+    return EntryForm(plain if plain != 0 or not over else None, over, heads=True, wide=wide)
+
 
 TOO_LONG = (
     "At this size the exact entries are long sums of fractions over the rows' normalisers, so they are "
