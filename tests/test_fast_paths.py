@@ -31,7 +31,7 @@ from symattn._errors import SymattnError
 from symattn._exact import QQMatrix, SoftmaxRow
 from symattn._numbers import rationals_float64
 from symattn.problem import parse_problem
-from symattn.render._common import (
+from symattn.render._print import (
     exp_parts_tex,
     exp_parts_text,
     exp_sum_tex,

@@ -15,6 +15,7 @@ import functools
 from typing import Callable, Sequence
 
 Index = int | None  # None marks the elided band
+MAX_SHOWN = 8  # rows or columns drawn before a matrix is elided
 
 _SPECIALS = {
     "\\": "\\textbackslash{}",

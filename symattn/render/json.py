@@ -12,7 +12,8 @@ from sympy.printing.str import StrPrinter
 
 from .._exact import LazyMatrix
 from ..derivation import Derivation
-from ._common import NEG_INF, qq_text, written_exactly
+from ._print import NEG_INF, qq_text
+from .entries import written_exactly
 
 
 def _approx(v) -> float | None:

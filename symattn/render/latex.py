@@ -5,7 +5,8 @@ from __future__ import annotations
 import re
 
 from ..derivation import Derivation
-from ._common import MAX_SHOWN, blocks
+from ._blocks import blocks
+from ._grid import MAX_SHOWN
 from ._grid import escape_tex as escape
 
 # The subscripted names symattn's own sentences use, written as math. Only

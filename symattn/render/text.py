@@ -4,32 +4,22 @@ from __future__ import annotations
 
 from typing import Callable
 
-import sympy
-
 from ..derivation import Derivation, Step
-from ._common import (
-    DPS,
-    MAX_CELL_TERMS,
-    MAX_SHOWN,
-    MAX_TERMS,
+from ._blocks import check_sentence
+from ._grid import MAX_SHOWN, shown
+from ._print import DPS, MAX_CELL_TERMS, MAX_TERMS, decimal, exp_parts_text, exp_sum_text, text_entry, value_text
+from .entries import (
     TOO_LONG,
-    check_sentence,
-    decimal,
-    exp_parts_text,
-    exp_sum_text,
-    head_parts,
+    EntryForm,
+    Over,
+    entry_forms,
     jacobian_entry,
     jacobian_row,
     needs_decimals,
     normaliser_is_number,
-    over_normaliser,
-    over_normaliser_squared,
-    select,
-    stages,
-    text_entry,
     written_exactly,
 )
-from ._grid import shown
+from .outline import select, stages
 
 
 def _grid(step: Step, cell: Callable[[int, int], str], max_shown: int, indent: str = "    ") -> list[str]:
@@ -48,28 +38,26 @@ def _grid(step: Step, cell: Callable[[int, int], str], max_shown: int, indent: s
     return lines
 
 
-def _over_z(numerator: sympy.Expr, z: str, wide: bool = False) -> str:
-    top = exp_sum_text(numerator, MAX_CELL_TERMS if wide else MAX_TERMS)
-    return f"({top})/{z}" if len(sympy.Add.make_args(numerator)) > 1 else f"{top}/{z}"
-
-
-def _cell(d: Derivation, step: Step, i: int, j: int) -> str:
-    if step.kind in ("concat", "O") and d.problem.multi_head and step.head is None:
-        parts = head_parts(d, step, i, j)
-        plain = sympy.Add(*[x for _, x, over_z in parts if not over_z])
-        terms = [_over_z(x, f"Z{h}_{i + 1}", wide=step.shape[1] > 4) for h, x, over_z in parts if over_z]
-        if plain != 0 or not terms:
-            terms.insert(0, text_entry(plain))
+def form_text(form: EntryForm) -> str:
+    """Plain text of an entry written as ``form``: ``x/Z_1``, ``(x + y)/Z_1²``, ``x/Z2_1`` (head 2)."""
+    if form.heads:
+        terms = [_over_text(over, form.wide) for over in form.over]
+        if form.value is not None:
+            terms.insert(0, value_text(form.value))
         return " + ".join(terms)
-    squared = over_normaliser_squared(step, i, j)
-    if squared is not None:
-        return "0" if squared == 0 else _over_z(squared, f"Z_{i + 1}²", wide=step.shape[1] > 4)
-    numerator = over_normaliser(step, i, j)
-    if numerator is None:
-        return text_entry(step.lazy[i, j])
-    if numerator == 0:
-        return "0"
-    return _over_z(numerator, f"Z_{i + 1}", wide=step.shape[1] > 4)
+    if not form.over:
+        return value_text(form.value)
+    return _over_text(form.over[0], form.wide)
+
+
+def _over_text(over: Over, wide: bool) -> str:
+    max_terms = MAX_CELL_TERMS if wide else MAX_TERMS
+    top = exp_parts_text(list(over.numerator), max_terms) if over.parts else exp_sum_text(over.numerator, max_terms)
+    if over.head is not None:
+        z = f"Z{over.head}_{over.row + 1}"
+    else:
+        z = f"Z_{over.row + 1}" + ("²" if over.squared else "")
+    return f"({top})/{z}" if over.terms > 1 else f"{top}/{z}"
 
 
 def _normalisers(step: Step, digits: int, subs, max_shown: int) -> list[str]:
@@ -124,7 +112,8 @@ def render_text(
             out.append(f"  {step.title} ({step.id}): {step.formula_text}   [{step.shape_note}]")
             out.append(f"  {step.why}")
             if written_exactly(step):
-                out.extend(_grid(step, lambda i, j: _cell(d, step, i, j), max_shown))
+                form = entry_forms(d, step)
+                out.extend(_grid(step, lambda i, j: form_text(form(i, j)), max_shown))
             else:
                 out.append("  " + TOO_LONG)
             if step.kind == "A":

@@ -1,0 +1,239 @@
+"""The worked solution as a sequence of blocks, shared by LaTeX and Markdown."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..derivation import Derivation, Step
+from ._grid import MAX_SHOWN, escape_tex, grid
+from ._print import tex
+from ._tex import (
+    _labels,
+    approx_tex_matrix,
+    exact_tex_matrix,
+    normaliser_lines,
+    weighted_sum_tex,
+    worked_dot_tex,
+)
+from .entries import TOO_LONG, jacobian_entry, jacobian_row, needs_decimals, written_exactly
+from .outline import _given_inputs, kind_key, select, stages
+
+
+@dataclass(frozen=True)
+class Block:
+    """One piece of a worked solution.
+
+    ``kind`` is ``section`` (text = heading), ``step`` (text = the step's
+    title, extra = its one sentence of why), ``para`` (text = prose in
+    plain Unicode, never LaTeX) or ``math`` (text = display LaTeX).
+    """
+
+    kind: str
+    text: str
+    extra: str = ""
+
+
+def blocks(
+    d: Derivation,
+    digits: int | None = None,
+    check=None,
+    *,
+    max_shown: int = MAX_SHOWN,
+    shade: bool = False,
+    first: str | None = None,
+    last: str | None = None,
+    exercise: bool = False,
+    ask: frozenset[str] | None = None,
+) -> list[Block]:
+    """The worked solution of ``d``, renderer-neutral (``shade`` needs LaTeX's colortbl).
+
+    ``first``/``last`` limit it to part of the pipeline (the inputs of the
+    first shown step are stated as given). ``exercise`` writes the problem
+    with empty boxes for the asked stage kinds instead of their values.
+    """
+    p = d.problem
+    digits = digits or p.digits
+    chosen = select(d, first, last)
+    out: list[Block] = [Block("para", _intro(d)), Block("math", _FORMULA)]
+    givens = _given_inputs(d, chosen)
+    if exercise:
+        givens = [s for s in d.steps if s.given] + [s for s in givens if not s.given]
+        chosen = [s for s in chosen if not s.given and (ask is None or kind_key(d, s) in ask or s.kind in ask)]
+    if givens:
+        out.append(Block("section", "Given"))
+        for step in givens:
+            out.append(Block("para", f"{step.title} ({step.id}), {step.shape_note}:"))
+            out.append(Block("math", f"{_short_name(step)} = {exact_tex_matrix(d, step, max_shown)}"))
+        if exercise and p.bias is not None:
+            n_q, n_k = p.bias.shape
+            out.append(Block("para", f"The bias B, {n_q}×{n_k}, added to the mask:"))
+            out.append(Block("math", "B = " + grid(n_q, n_k, lambda i, j: tex(p.bias[i, j]), max_shown=max_shown)))
+    chosen_ids = {s.id for s in chosen}
+    evaluable = d.can_evaluate
+    for stage in stages(d):
+        steps = [s for s in stage.steps if s.id in chosen_ids]
+        if not steps:
+            continue
+        head = f"Head {stage.head} · " if stage.head else ""
+        out.append(Block("section", f"{head}Step {stage.number}: {stage.title}"))
+        for step in steps:
+            out.append(Block("step", step.title, step.why))
+            if exercise:
+                out.append(Block("math", f"{step.formula} = {_boxes(step, max_shown)}"))
+                out.append(Block("para", f"Shape: {step.shape_note}."))
+                continue
+            if step.kind == "A":
+                out.append(Block("math", _SOFTMAX_DEF))
+            if not written_exactly(step):
+                out.append(Block("math", step.formula))
+                out.append(Block("para", TOO_LONG))
+            else:
+                out.append(Block("math", f"{step.formula} = {_parts_tex(p, step, max_shown)}{exact_tex_matrix(d, step, max_shown)}"))
+            out.append(Block("para", f"Shape: {step.shape_note}."))
+            for dot in step.worked:
+                out.append(Block("math", worked_dot_tex(dot)))
+            if step.softmax and step.kind == "A":
+                for line in normaliser_lines(d, step, digits, max_shown):
+                    out.append(Block("math", line))
+            if step.kind == "dS_masked":
+                out += jacobian_blocks(step, max_shown)
+            if step.kind == "O" and step.softmax and evaluable:
+                line = weighted_sum_tex(d, step, digits)
+                if line:
+                    out.append(Block("math", line))
+            if needs_decimals(step) and evaluable:
+                approx = approx_tex_matrix(d, step, digits, max_shown, shade)
+                out.append(Block("math", f"{_short_name(step)} \\approx {approx}"))
+    if check is not None and not exercise:
+        out.append(Block("section", "Cross-check"))
+        out.append(Block("para", check_sentence(check)))
+    return out
+
+
+def _boxes(step: Step, max_shown: int) -> str:
+    """An empty answer box per entry, laid out like the step's matrix."""
+    rows, cols = step.shape
+    row_labels, col_labels = _labels(step)
+    return grid(rows, cols, lambda i, j: "\\boxed{\\phantom{0.000}}", max_shown=max_shown,
+                row_labels=row_labels, col_labels=col_labels)
+
+
+_SOFTMAX_DEF = (
+    "A_{ij} = \\frac{e^{\\hat{S}_{ij} - m_i}}{Z_i},\\qquad "
+    "m_i = \\max_k \\hat{S}_{ik},\\qquad Z_i = \\sum_k e^{\\hat{S}_{ik} - m_i}"
+)
+_FORMULA = "\\operatorname{Attention}(Q, K, V) = \\operatorname{softmax}\\!\\left(\\frac{Q K^{\\top}}{\\sqrt{d_k}} + M\\right) V"
+
+
+def _short_name(step: Step) -> str:
+    return {
+        "S_scaled": "\\frac{S}{\\sqrt{d_k}}",
+        "S_masked": "\\hat{S}",
+        "K_T": "K^{\\top}",
+        "concat": "\\operatorname{concat}",
+        "dS_masked": "d\\hat{S}",
+        "dconcat": "d\\operatorname{concat}",
+        "dcontext": "dC",
+    }.get(step.kind, _tex_id(step.kind))
+
+
+def _tex_id(name: str) -> str:
+    head, _, tail = name.partition("_")
+    return f"{head}_{{{tail}}}" if tail else head
+
+
+def _parts_tex(p, step: Step, max_shown: int = MAX_SHOWN) -> str:
+    """For M with a bias: the mask and the bias shown before their sum."""
+    if step.kind != "M" or p.bias is None:
+        return ""
+    n_q, n_k = p.bias.shape
+    mask = grid(n_q, n_k, lambda i, j: "0" if p.mask.allowed[i][j] else "-\\infty", max_shown=max_shown)
+    bias = grid(n_q, n_k, lambda i, j: tex(p.bias[i, j]), max_shown=max_shown)
+    return f"{mask} + {bias} = "
+
+
+def _intro(d: Derivation) -> str:
+    p = d.problem
+    if p.multi_head:
+        widths = ", ".join(f"d_k = {h.d_k}, d_v = {h.d_v}" for h in p.heads)
+        side = (
+            f"{p.n_q} query tokens ({', '.join(p.tokens)}) attending to {p.n_k} context tokens ({', '.join(p.key_tokens)})"
+            if p.context is not None
+            else f"{p.n_q} tokens ({', '.join(p.tokens)})"
+        )
+        what = (
+            f"{side} with d_model = {p.d_model}, {len(p.heads)} heads ({widths}) "
+            f"and an output projection to d_out = {p.W_O.cols}"
+        )
+    elif p.projected:
+        what = (
+            f"{p.n_q} tokens ({', '.join(p.tokens)}) with d_model = {p.d_model}, "
+            f"projected to queries and keys of width d_k = {p.d_k} and values of width d_v = {p.d_v}"
+        )
+        if p.context is not None:
+            what = (
+                f"{p.n_q} query tokens ({', '.join(p.tokens)}) attending to {p.n_k} context tokens "
+                f"({', '.join(p.key_tokens)}), d_model = {p.d_model}, d_k = {p.d_k}, d_v = {p.d_v}"
+            )
+    else:
+        what = f"{p.n_q} queries and {p.n_k} keys given directly, d_k = {p.d_k}, d_v = {p.d_v}"
+    scale = {"auto": f"scores scaled by 1/√d_k = 1/√{p.d_k}", "none": "no scaling"}.get(
+        p.scale if isinstance(p.scale, str) else "", f"scores scaled by {p.scale}"
+    )
+    if p.scale == "auto" and p.multi_head:
+        scale = "each head's scores scaled by 1/√d_k"
+    bias = "; a bias is added to the mask" if p.bias is not None else ""
+    symbols = ""
+    if p.symbols:
+        names = ", ".join(s.name for s in p.symbols)
+        symbols = f" Entries hold the symbols {names}, so the results are general formulas"
+        if p.substitutions is not None:
+            at = ", ".join(f"{s.name} = {v}" for s, v in p.values)
+            symbols += f"; decimals and the cross-check use {at}"
+        symbols += "."
+    return f"The problem: {what}; mask: {p.mask.rule()}{bias}; {scale}. Every number below is exact.{symbols}"
+
+
+def jacobian_blocks(step: Step, max_shown: int = MAX_SHOWN) -> list[Block]:
+    """Blocks showing one row's softmax Jacobian in full."""
+    i = jacobian_row(step)
+    row = step.jacobian[i]
+    n = len(row.raw)
+    token = step.rows[i]
+    cols = [rf"\text{{{escape_tex(c)}}}" for c in step.cols]
+    jac = grid(n, n, lambda j, k: tex(jacobian_entry(row, j, k)), max_shown=max_shown,
+               row_labels=cols, col_labels=cols)
+    return [
+        Block("para", f"The softmax Jacobian of row {i + 1} ({token}), entry by entry "
+                      "∂a_j/∂ŝ_k = a_j(δ_jk − a_k); masked keys have a zero row and column:"),
+        Block("math", rf"J^{{({i + 1})}} = \operatorname{{diag}}(a_{{{i + 1}}}) - a_{{{i + 1}}}\,a_{{{i + 1}}}^{{\top}} = {jac}"),
+        Block("math", rf"d\hat{{S}}_{{{i + 1}}} = J^{{({i + 1})}}\,dA_{{{i + 1}}}^{{\top}}"
+                      r"\quad\text{(each row of } J \text{ sums to 0, so each row of } d\hat{S} \text{ does too)}"),
+    ]
+
+
+def check_sentence(check) -> str:
+    if check.passed is None:
+        return f"No numeric cross-check: {check.skipped}."
+    if not check.passed:
+        return f"The cross-check FAILED: {check.all_mismatches[0]}."
+    sentence = (
+        f"Every stage agrees with an independent NumPy float64 evaluation of the same problem: "
+        f"the largest difference is {check.max_abs_error:.1e} (tolerance {check.tolerance:.0e})."
+    )
+    if check.torch is not None:
+        what = "weights, outputs and gradients" if check.finite_differences is not None else "weights and outputs"
+        sentence += (
+            f" The {what} also agree with PyTorch's scaled_dot_product_attention in float64: "
+            f"the largest difference is {check.torch.max_abs_error:.1e}."
+        )
+    fd = check.finite_differences
+    if fd is not None:
+        if fd.skipped:
+            sentence += f" The gradients were not compared with finite differences: {fd.skipped}."
+        else:
+            sentence += (
+                f" The gradients agree with central finite differences of the NumPy forward pass: "
+                f"the largest difference is {fd.max_abs_error:.1e} (tolerance {fd.tolerance:.0e})."
+            )
+    return sentence

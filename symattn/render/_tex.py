@@ -1,0 +1,159 @@
+"""LaTeX matrices of a step: exact, in decimals (optionally shaded), and the lines worked beside them."""
+
+from __future__ import annotations
+
+import re
+
+from ..derivation import Derivation, Step
+from ._grid import MAX_SHOWN, escape_tex, grid, shown
+from ._print import (
+    DPS,
+    MAX_CELL_TERMS,
+    MAX_TERMS,
+    _tex_decimal,
+    exp_parts_tex,
+    exp_sum_tex,
+    factor_tex,
+    tex,
+    value_tex,
+)
+from .entries import EntryForm, Over, entry_forms, normaliser_is_number
+
+
+_UNLABELLED = {"W_Q", "W_K", "W_V", "W_O", "dW_Q", "dW_K", "dW_V", "dW_O"}
+_KEY_COLUMNS = {"K_T", "S", "S_scaled", "M", "S_masked", "A", "dA", "dS_masked", "dS"}
+
+
+def _labels(step: Step) -> tuple[list[str] | None, list[str] | None]:
+    """Row and column labels for a matrix: tokens as text, dimensions as math."""
+    if step.kind in _UNLABELLED:
+        return None, None
+    tokens = lambda names: [f"\\text{{{escape_tex(n)}}}" for n in names]  # noqa: E731
+    dims = lambda names: [re.sub(r"([a-z])([0-9]+)", r"\1_{\2}", n) for n in names]  # noqa: E731
+    rows = dims(step.rows) if step.kind == "K_T" else tokens(step.rows)
+    cols = tokens(step.cols) if step.kind in _KEY_COLUMNS else dims(step.cols)
+    return rows, cols
+
+
+def exact_tex_matrix(d: Derivation, step: Step, max_shown: int = MAX_SHOWN) -> str:
+    rows, cols = step.shape
+    form = entry_forms(d, step)
+    row_labels, col_labels = _labels(step)
+    return grid(rows, cols, lambda i, j: form_tex(form(i, j)), max_shown=max_shown,
+                row_labels=row_labels, col_labels=col_labels)
+
+
+def form_tex(form: EntryForm) -> str:
+    """LaTeX of an entry written as ``form``: fractions over Z_i (Z_i², a head's Z^{(h)}_i)."""
+    if form.heads:  # a head's numerator keeps all its MAX_TERMS, however wide the matrix
+        terms = [_over_tex(over, MAX_TERMS) for over in form.over]
+        if form.value is not None:
+            terms.insert(0, value_tex(form.value))
+        return " + ".join(terms).replace("+ -", "- ")
+    if not form.over:
+        return value_tex(form.value)
+    # Inside a wide matrix a numerator keeps fewer terms (MAX_CELL_TERMS).
+    return _over_tex(form.over[0], MAX_CELL_TERMS if form.wide else MAX_TERMS)
+
+
+def _over_tex(over: Over, max_terms: int) -> str:
+    if over.parts:
+        top = exp_parts_tex(list(over.numerator), max_terms)
+    else:
+        top = exp_sum_tex(over.numerator, max_terms)
+    if over.head is not None:
+        z = f"Z^{{({over.head})}}_{{{over.row + 1}}}"
+    else:
+        z = f"Z_{{{over.row + 1}}}" + ("^{2}" if over.squared else "")
+    return f"\\dfrac{{{top}}}{{{z}}}"
+
+
+def exact_tex_matrix_of_step(step: Step, max_shown: int = MAX_SHOWN) -> str:
+    """A step's exact matrix on its own, every entry written out in full (no Z_i to refer to)."""
+    rows, cols = step.shape
+    row_labels, col_labels = _labels(step)
+    return grid(rows, cols, lambda i, j: tex(step.lazy[i, j]), max_shown=max_shown,
+                row_labels=row_labels, col_labels=col_labels)
+
+
+def approx_tex_matrix(d: Derivation, step: Step, digits: int, max_shown: int = MAX_SHOWN, shade: bool = False) -> str:
+    """Decimals of a step; with ``shade``, the weights' cells are shaded by size (LaTeX's colortbl)."""
+    value = d.entry_values(step.id, max(digits + 5, DPS))
+    rows, cols = step.shape
+    row_labels, col_labels = _labels(step)
+    shading = None
+    if shade and step.kind == "A":
+        shading = lambda i, j: _shade(step.softmax[i].raw[j] is None, value(i, j))  # noqa: E731
+    return grid(
+        rows, cols, lambda i, j: _tex_decimal(value(i, j), digits), max_shown=max_shown,
+        row_labels=row_labels, col_labels=col_labels, shade=shading,
+    )
+
+
+def _shade(masked: bool, weight) -> str:
+    """A grey proportional to the weight (readable printed in black and white); masked cells greyed out."""
+    if masked:
+        return "\\color[gray]{0.6}"
+    level = 1 - 0.5 * float(weight)
+    return f"\\cellcolor[gray]{{{level:.2f}}}"
+
+
+def normaliser_lines(d: Derivation, step: Step, digits: int, max_shown: int = MAX_SHOWN) -> list[str]:
+    """``m_i`` and ``Z_i`` of every drawn row whose normaliser is not a plain number."""
+    lines = []
+    for i in shown(len(step.softmax), max_shown):
+        if i is None:
+            lines.append("\\vdots")
+            continue
+        row = step.softmax[i]
+        if normaliser_is_number(row):
+            continue
+        line = (
+            f"m_{{{i + 1}}} = {tex(row.maximum)},\\quad Z_{{{i + 1}}} = \\sum_k e^{{\\hat{{S}}_{{{i + 1}k}} - m_{{{i + 1}}}}} = "
+            f"{exp_parts_tex(row.numerator_parts()) if row.rational else exp_sum_tex(row.normaliser)}"
+        )
+        subs = d.problem.substitutions
+        if subs is not None:
+            line += f" \\approx {_tex_decimal(row.evaluate_normaliser(max(digits + 5, DPS), subs), digits)}"
+        lines.append(line)
+    return lines
+
+
+def worked_dot_tex(dot) -> str:
+    products = [f"{factor_tex(a)} \\cdot {factor_tex(b)}" for a, b in dot.terms]
+    if len(products) > MAX_TERMS:
+        products = products[:3] + ["\\cdots"] + products[-1:]
+    products = " + ".join(products)
+    left = _vec_name(dot.left)
+    right = _vec_name(dot.right)
+    return (
+        f"{_sub(dot.target, dot.i, dot.j)} = {left} \\cdot {right} = {products} = {tex(dot.value)}"
+    )
+
+
+def _vec_name(name: str) -> str:
+    # "q_1" -> "q_{1}", "W_Q[:,1]" -> "W_{Q}[:,1]"
+    m = re.fullmatch(r"([A-Za-z])_([A-Za-z0-9]+)(.*)", name)
+    if not m:
+        return name
+    return f"{m.group(1)}_{{{m.group(2)}}}{m.group(3)}"
+
+
+def _sub(name: str, i: int, j: int) -> str:
+    return f"{name}_{{{i + 1}{j + 1}}}" if max(i, j) < 9 else f"{name}_{{{i + 1},{j + 1}}}"
+
+
+def weighted_sum_tex(d: Derivation, step: Step, digits: int) -> str | None:
+    """The last output row worked as a weighted average of value rows, in decimals."""
+    weights = [row.evaluate(max(digits + 5, DPS), d.problem.substitutions) for row in step.softmax]
+    i = len(weights) - 1
+    values = step.values
+    if values is None or values.rows > 6:
+        return None
+    terms = []
+    for j, a in enumerate(weights[i]):
+        if a == 0:
+            continue
+        v = grid(1, values.cols, lambda _, c: tex(values[j, c]), max_shown=MAX_SHOWN)
+        terms.append(f"{_tex_decimal(a, digits)}\\,{v}")
+    return f"o_{{{i + 1}}} = \\sum_j A_{{{i + 1}j}}\\, v_j \\approx " + " + ".join(terms)

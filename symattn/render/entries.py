@@ -1,0 +1,234 @@
+"""What an exact entry is made of, whatever the format: over which normaliser it is written,
+its numerator, the heads it sums; and whether a step's entries are written at all.
+
+:func:`entry_form` decides how an entry is written (:class:`EntryForm`); ``_tex.py`` prints the
+form as LaTeX and ``text.py`` as plain text.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import sympy
+
+from .. import _exact
+from ..derivation import Derivation, Step
+from ._print import NEG_INF, is_plain_integer
+
+
+@dataclass(frozen=True)
+class Over:
+    """A sum of ``c·e^x`` terms over a normaliser: row ``row``'s Z_i (0-based), Z_i² when
+    ``squared``, or head ``head``'s Z^{(h)}_i.
+
+    ``numerator`` is a SymPy sum, or (for a rational row, no SymPy number built) a tuple of its
+    exact ``(c, x)`` pairs in QQ in writing order. It is never zero: a zero entry is plain.
+    """
+
+    numerator: object
+    row: int
+    squared: bool = False
+    head: int | None = None
+
+    @property
+    def parts(self) -> bool:
+        """Whether the numerator is given as exact ``(c, x)`` pairs."""
+        return isinstance(self.numerator, tuple)
+
+    @property
+    def terms(self) -> int:
+        """How many terms the numerator has."""
+        return len(self.numerator) if self.parts else len(sympy.Add.make_args(self.numerator))
+
+
+@dataclass(frozen=True)
+class EntryForm:
+    """How one exact entry is written, whatever the format.
+
+    Either a plain exact ``value`` (a SymPy expression, or a QQ number of a rational step; ``NEG_INF``
+    for −∞), or a single fraction ``over`` (a softmax entry over Z_i, a gradient's over Z_i²), or,
+    for the concatenation or the projected output of several heads (``heads``), a plain ``value``
+    (None when it is zero) plus one fraction per head over that head's normaliser.
+    ``wide``: the entry is in a matrix of more than four columns (numerators keep fewer terms).
+    """
+
+    value: object = None
+    over: tuple[Over, ...] = ()
+    heads: bool = False
+    wide: bool = False
+
+
+_ZERO = sympy.Integer(0)
+
+
+def entry_form(d: Derivation, step: Step, i: int, j: int) -> EntryForm:
+    """How entry (i, j) of ``step`` is written (for many entries, :func:`entry_forms` shares the work)."""
+    return entry_forms(d, step)(i, j)
+
+
+def entry_forms(d: Derivation, step: Step) -> Callable[[int, int], EntryForm]:
+    """:func:`entry_form` of each entry of ``step``, reading what the step's entries share once.
+
+    Softmax rows are written over their normaliser Z_i, gradients over Z_i², a sum over heads
+    head by head. Only the entries asked for are built, and a rational step's are read from its
+    QQ numbers, without a SymPy number each.
+    """
+    wide = step.shape[1] > 4
+    if step.kind in ("concat", "O") and d.problem.multi_head and step.head is None:
+        return lambda i, j: _heads_form(d, step, i, j, wide)
+    qq = _rational_entries(step)
+    if qq is not None:
+        return lambda i, j: EntryForm(NEG_INF if qq[i][j] is None else qq[i][j])
+    return lambda i, j: _form(step, i, j, wide)
+
+
+def _form(step: Step, i: int, j: int, wide: bool) -> EntryForm:
+    squared = over_normaliser_squared(step, i, j)
+    if squared is not None:
+        return EntryForm(_ZERO) if squared == 0 else EntryForm(over=(Over(squared, i, squared=True),), wide=wide)
+    parts = numerator_parts(step, i, j)  # rational rows: no SymPy number built
+    if parts is not None:
+        return EntryForm(over=(Over(tuple(parts), i),), wide=wide) if parts else EntryForm(_ZERO)
+    numerator = over_normaliser(step, i, j)
+    if numerator is None:
+        return EntryForm(step.lazy[i, j])
+    if numerator == 0:
+        return EntryForm(_ZERO)
+    return EntryForm(over=(Over(numerator, i),), wide=wide)
+
+
+def _heads_form(d: Derivation, step: Step, i: int, j: int, wide: bool) -> EntryForm:
+    parts = head_parts(d, step, i, j)
+    plain = sympy.Add(*[x for _, x, over_z in parts if not over_z])
+    over = tuple(Over(x, i, head=h) for h, x, over_z in parts if over_z)
+    return EntryForm(plain if plain != 0 or not over else None, over, heads=True, wide=wide)
+
+
+TOO_LONG = (
+    "At this size the exact entries are long sums of fractions over the rows' normalisers, so they are "
+    "shown in decimals only (symattn.derive(...).step(id).exact builds them)."
+)
+
+
+def written_exactly(step: Step) -> bool:
+    """Whether a worked solution writes the step's exact entries (big gradients: decimals only)."""
+    return getattr(step, "written_exactly", True)
+
+
+def needs_decimals(step: Step) -> bool:
+    """Whether decimals help: some entry is not an integer or −∞, and none holds a symbol."""
+    if not written_exactly(step):
+        return True
+    qq = _exact.qq_entries(step.lazy)
+    if qq is not None:  # rationals: read the denominators, build no SymPy number
+        return any(x is not None and x.denominator != 1 for row in qq for x in row)
+    values = getattr(step, "values", None)  # V, for the output step
+    if (step.softmax and len(step.rows) * len(step.cols) > _BIG and all(r.rational for r in step.softmax)
+            and (values is None or _exact.is_rational(values))):
+        # A weight is 0 or 1 only in a row with a single allowed key; with more, weights are fractions.
+        if any(sum(e is not None for e in r.raw) > 1 for r in step.softmax):
+            return True
+        return values is not None and any(x.denominator != 1 for row in _exact.rational_rows(values) for x in row)
+    entries = list(_entries(step))
+    if any(x.free_symbols for x in entries):
+        return False
+    return any(not (is_plain_integer(x) or x == NEG_INF) for x in entries)
+
+
+_BIG = 64  # above this many entries, decide from structure rather than building every entry
+
+
+def _entries(step: Step):
+    if step.softmax and step.kind == "A":
+        for row in step.softmax:
+            for j in range(len(row.exponents)):
+                yield row.weight(j)
+    else:
+        yield from step.lazy
+
+
+def over_normaliser(step: Step, i: int, j: int) -> sympy.Expr | None:
+    """The numerator of entry (i, j) of A or O when its row is written over Z_i, else None."""
+    if not step.softmax or normaliser_is_number(step.softmax[i]):
+        return None
+    row = step.softmax[i]
+    if step.kind == "A":
+        return row.terms[j]
+    return row.weighted_numerator(list(step.values.col(j)))
+
+
+def numerator_parts(step: Step, i: int, j: int) -> list | None:
+    """What :func:`over_normaliser` gives, as exact ``(c, x)`` pairs in QQ in writing order, when
+    row i and the values are rational (no SymPy expression is built); else None."""
+    if step.kind not in ("A", "O") or not step.softmax:
+        return None
+    row = step.softmax[i]
+    if not row.rational or normaliser_is_number(row):
+        return None
+    if step.kind == "A":
+        return [] if row.raw[j] is None else [(_exact.QQ(1), row.raw[j])]
+    columns = getattr(step, "value_columns", None)
+    return None if columns is None else row.numerator_parts(columns[j])
+
+
+def normaliser_is_number(row) -> bool:
+    return row.normaliser_is_number
+
+
+def over_normaliser_squared(step: Step, i: int, j: int) -> sympy.Expr | None:
+    """The numerator of a gradient entry (i, j) written over Z_i², else None."""
+    numerator_of = getattr(step, "over_z_squared", None)
+    if numerator_of is None or normaliser_is_number(step.jacobian[i]):
+        return None
+    return numerator_of(i, j)
+
+
+def _rational_entries(step: Step) -> "list[list] | None":
+    """The QQ entries (None for −∞) of a rational step that is written entry by entry, else None."""
+    if step.softmax or getattr(step, "over_z_squared", None) is not None:
+        return None
+    return _exact.qq_entries(step.lazy)
+
+
+def head_parts(d: Derivation, step: Step, i: int, j: int) -> list[tuple[int, sympy.Expr, bool]]:
+    """Entry (i, j) of the concatenation or of the projected output, head by head.
+
+    Each part is ``(h, x, over_z)``: head h contributes ``x / Z^{(h)}_i`` when
+    ``over_z``, else the exact number ``x``.
+    """
+    p = d.problem
+    outputs = [d.step(f"head{h}.O") for h in range(1, len(p.heads) + 1)]
+    offsets = [0]
+    for o in outputs:
+        offsets.append(offsets[-1] + o.shape[1])
+    if step.kind == "concat":
+        weights = sympy.eye(offsets[-1])
+    else:
+        weights = p.W_O
+    parts = []
+    for h, o in enumerate(outputs, 1):
+        over_z = over_normaliser(o, i, 0) is not None
+        total = sympy.Integer(0)
+        for c in range(o.shape[1]):
+            w = weights[offsets[h - 1] + c, j]
+            if w != 0:
+                total += (over_normaliser(o, i, c) if over_z else o.lazy[i, c]) * w
+        total = sympy.expand(total, power_exp=False, power_base=False, log=False)
+        if total != 0:
+            parts.append((h, total, over_z))
+    return parts
+
+
+def jacobian_row(step: Step) -> int:
+    """The row whose softmax Jacobian is shown: the first with two or more allowed keys."""
+    return next((i for i, r in enumerate(step.jacobian) if sum(e is not None for e in r.raw) > 1), 0)
+
+
+def jacobian_entry(row, j: int, k: int) -> sympy.Expr:
+    """Entry (j, k) of the softmax Jacobian diag(a) − a aᵀ of one row: a_j(δ_jk − a_k), exactly."""
+    if row.raw[j] is None or row.raw[k] is None:
+        return sympy.Integer(0)
+    t, z = row.terms, row.normaliser
+    top = sympy.expand(t[j] * (z - t[j])) if j == k else -t[j] * t[k]
+    return top / z**2
