@@ -148,7 +148,7 @@ class Step:
 
     def _repr_latex_(self) -> str:
         """In a notebook: the step's relation and exact matrix, as display math."""
-        from .render._common import exact_tex_matrix_of_step
+        from .render._tex import exact_tex_matrix_of_step
 
         return f"$$ {self.formula} = {exact_tex_matrix_of_step(self)} $$"
 
