@@ -14,7 +14,8 @@ worked solution writes and that evaluate without building large expressions:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from functools import cached_property
 from typing import Callable
 
 import mpmath
@@ -45,8 +46,8 @@ class Softmax:
     def shape(self) -> tuple[int, int]:
         return (len(self.rows), len(self.rows[0].raw) if self.rows else 0)
 
-    @property
-    def lazy(self) -> LazyMatrix:
+    @cached_property
+    def lazy(self) -> LazyMatrix:  # one matrix, so each entry is built once whoever reads it
         return LazyMatrix(*self.shape, lambda i, j: self.rows[i].weight(j))
 
 
@@ -61,7 +62,7 @@ class Output:
     def shape(self) -> tuple[int, int]:
         return (len(self.rows), self.values.cols)
 
-    @property
+    @cached_property
     def lazy(self) -> LazyMatrix:
         v = self.values
         columns: dict[int, list[sympy.Expr]] = {}

@@ -60,6 +60,7 @@ class Step:
     given: bool = False
     kind_of: Kind | None = field(default=None, repr=False, compare=False)
     written_exactly: bool = True
+    axes: tuple[str, str] = (stages.QUERIES, stages.KEYS)  # what the rows and columns stand for
 
     @property
     def kind(self) -> str:
@@ -80,6 +81,11 @@ class Step:
     def shows(self) -> frozenset:
         """The extra pieces a worked solution shows with this step (see the registry)."""
         return self.kind_of.shows if self.kind_of is not None else frozenset()
+
+    @property
+    def is_softmax(self) -> bool:
+        """Whether the step is the softmax weights themselves (each entry e^{z_ij − m_i} / Z_i)."""
+        return isinstance(self.value, _ops.Softmax)
 
     @property
     def softmax(self) -> tuple[SoftmaxRow, ...]:
@@ -148,9 +154,9 @@ class Step:
 
     def _repr_latex_(self) -> str:
         """In a notebook: the step's relation and exact matrix, as display math."""
-        from .render._tex import exact_tex_matrix_of_step
+        from .render import step_latex
 
-        return f"$$ {self.formula} = {exact_tex_matrix_of_step(self)} $$"
+        return f"$$ {self.formula} = {step_latex(self)} $$"
 
     def _repr_markdown_(self) -> str:
         return f"**{self.title}** ({self.id}). {self.why}\n\n{self._repr_latex_()}\n\nShape: {self.shape_note}."
@@ -355,12 +361,13 @@ def _step(planned: stages.Planned, values: dict) -> Step:
     if kind.gradient:
         written = p.n_q * p.n_k <= EXACT_LIMIT or (kind.short is not None and kind.short(ops, result, c))
     matrix = _ops.matrix_of(result)
+    axes = kind.text("axes", c)
     return Step(
         planned.id, kind.text("title", c), why, formula, formula_text,
         kind.shape(lambda key, head=...: _ops.shape_of(value(key, head)), shape, c),
-        *(_labels(axis, n, p) for axis, n in zip(kind.text("axes", c), shape)),
+        *(_labels(axis, n, p) for axis, n in zip(axes, shape)),
         worked=kind.worked(value, matrix, c) if kind.worked is not None and not given else (),
-        value=result, given=given, kind_of=kind, written_exactly=written,
+        value=result, given=given, kind_of=kind, written_exactly=written, axes=axes,
     )
 
 

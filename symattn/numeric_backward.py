@@ -76,9 +76,9 @@ def _loss(kind: str, G, O):
     """
     if kind == "sum":
         return O.sum()
-    if kind in ("dO", "weights"):  # the loss kinds (see Backward), not stage ids
-        return (G * O).sum()
-    return 0.5 * ((O - G) ** 2).sum()  # target: ½‖O − T‖²
+    if kind == "target":
+        return 0.5 * ((O - G) ** 2).sum()  # ½‖O − T‖²
+    return (G * O).sum()  # L = Σ W ∘ O, or dO given
 
 
 def _softmax(Z: np.ndarray) -> np.ndarray:

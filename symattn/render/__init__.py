@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from ._tex import exact_tex_matrix_of_step as step_latex
 from .json import render_json
 from .latex import render_latex
 from .markdown import render_markdown
+from .outline import select
 from .text import render_text
 
 FORMATS = ("latex", "markdown", "text", "json")
@@ -27,4 +29,4 @@ def render(derivation, format: str = "latex", *, standalone: bool = True, digits
     raise ValueError(f"unknown format {format!r}; choose one of {', '.join(FORMATS)}")
 
 
-__all__ = ["FORMATS", "render", "render_json", "render_latex", "render_markdown", "render_text"]
+__all__ = ["FORMATS", "render", "render_json", "render_latex", "render_markdown", "render_text", "select", "step_latex"]

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from ..derivation import Derivation, Step
 from ._grid import MAX_SHOWN, escape_tex, grid
 from ._print import tex
 from ._tex import (
@@ -16,7 +16,10 @@ from ._tex import (
     worked_dot_tex,
 )
 from .entries import TOO_LONG, jacobian_entry, jacobian_row, needs_decimals, written_exactly
-from .outline import _given_inputs, kind_key, select, stages
+from .outline import _given_inputs, select, stages
+
+if TYPE_CHECKING:
+    from ..derivation import Derivation, Step
 
 
 @dataclass(frozen=True)
@@ -58,7 +61,7 @@ def blocks(
     givens = _given_inputs(d, chosen)
     if exercise:
         givens = [s for s in d.steps if s.given] + [s for s in givens if not s.given]
-        chosen = [s for s in chosen if not s.given and (ask is None or kind_key(d, s) in ask or s.kind in ask)]
+        chosen = [s for s in chosen if not s.given and (ask is None or s.kind in ask)]
     if givens:
         out.append(Block("section", "Given"))
         for step in givens:
@@ -82,7 +85,7 @@ def blocks(
                 out.append(Block("math", f"{step.formula} = {_boxes(step, max_shown)}"))
                 out.append(Block("para", f"Shape: {step.shape_note}."))
                 continue
-            if step.kind == "A":
+            if "softmax" in step.shows:
                 out.append(Block("math", _SOFTMAX_DEF))
             if not written_exactly(step):
                 out.append(Block("math", step.formula))
@@ -92,12 +95,12 @@ def blocks(
             out.append(Block("para", f"Shape: {step.shape_note}."))
             for dot in step.worked:
                 out.append(Block("math", worked_dot_tex(dot)))
-            if step.softmax and step.kind == "A":
+            if "softmax" in step.shows:
                 for line in normaliser_lines(d, step, digits, max_shown):
                     out.append(Block("math", line))
-            if step.kind == "dS_masked":
+            if "jacobian" in step.shows:
                 out += jacobian_blocks(step, max_shown)
-            if step.kind == "O" and step.softmax and evaluable:
+            if "weighted_sum" in step.shows and step.softmax and evaluable:
                 line = weighted_sum_tex(d, step, digits)
                 if line:
                     out.append(Block("math", line))
@@ -126,25 +129,13 @@ _FORMULA = "\\operatorname{Attention}(Q, K, V) = \\operatorname{softmax}\\!\\lef
 
 
 def _short_name(step: Step) -> str:
-    return {
-        "S_scaled": "\\frac{S}{\\sqrt{d_k}}",
-        "S_masked": "\\hat{S}",
-        "K_T": "K^{\\top}",
-        "concat": "\\operatorname{concat}",
-        "dS_masked": "d\\hat{S}",
-        "dconcat": "d\\operatorname{concat}",
-        "dcontext": "dC",
-    }.get(step.kind, _tex_id(step.kind))
-
-
-def _tex_id(name: str) -> str:
-    head, _, tail = name.partition("_")
-    return f"{head}_{{{tail}}}" if tail else head
+    """The stage's symbol in LaTeX (from the registry)."""
+    return step.kind_of.symbol
 
 
 def _parts_tex(p, step: Step, max_shown: int = MAX_SHOWN) -> str:
     """For M with a bias: the mask and the bias shown before their sum."""
-    if step.kind != "M" or p.bias is None:
+    if "mask_parts" not in step.shows or p.bias is None:
         return ""
     n_q, n_k = p.bias.shape
     mask = grid(n_q, n_k, lambda i, j: "0" if p.mask.allowed[i][j] else "-\\infty", max_shown=max_shown)

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING
 
-from ..derivation import Derivation, Step
 from ._grid import MAX_SHOWN, escape_tex, grid, shown
 from ._print import (
     DPS,
@@ -17,21 +17,20 @@ from ._print import (
     tex,
     value_tex,
 )
+from ..stages import KEYS, QUERIES
 from .entries import EntryForm, Over, entry_forms, normaliser_is_number
 
-
-_UNLABELLED = {"W_Q", "W_K", "W_V", "W_O", "dW_Q", "dW_K", "dW_V", "dW_O"}
-_KEY_COLUMNS = {"K_T", "S", "S_scaled", "M", "S_masked", "A", "dA", "dS_masked", "dS"}
+if TYPE_CHECKING:
+    from ..derivation import Derivation, Step
 
 
 def _labels(step: Step) -> tuple[list[str] | None, list[str] | None]:
     """Row and column labels for a matrix: tokens as text, dimensions as math."""
-    if step.kind in _UNLABELLED:
+    if not step.kind_of.labelled:  # weights
         return None, None
     tokens = lambda names: [f"\\text{{{escape_tex(n)}}}" for n in names]  # noqa: E731
     dims = lambda names: [re.sub(r"([a-z])([0-9]+)", r"\1_{\2}", n) for n in names]  # noqa: E731
-    rows = dims(step.rows) if step.kind == "K_T" else tokens(step.rows)
-    cols = tokens(step.cols) if step.kind in _KEY_COLUMNS else dims(step.cols)
+    rows, cols = ((tokens if axis in (QUERIES, KEYS) else dims)(names) for axis, names in zip(step.axes, (step.rows, step.cols)))
     return rows, cols
 
 
@@ -82,7 +81,7 @@ def approx_tex_matrix(d: Derivation, step: Step, digits: int, max_shown: int = M
     rows, cols = step.shape
     row_labels, col_labels = _labels(step)
     shading = None
-    if shade and step.kind == "A":
+    if shade and step.is_softmax:
         shading = lambda i, j: _shade(step.softmax[i].raw[j] is None, value(i, j))  # noqa: E731
     return grid(
         rows, cols, lambda i, j: _tex_decimal(value(i, j), digits), max_shown=max_shown,

@@ -8,13 +8,16 @@ form as LaTeX and ``text.py`` as plain text.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import sympy
 
 from .. import _exact
-from ..derivation import Derivation, Step
+from .. import stages as registry
 from ._print import NEG_INF, is_plain_integer
+
+if TYPE_CHECKING:
+    from ..derivation import Derivation, Step
 
 
 @dataclass(frozen=True)
@@ -75,7 +78,7 @@ def entry_forms(d: Derivation, step: Step) -> Callable[[int, int], EntryForm]:
     QQ numbers, without a SymPy number each.
     """
     wide = step.shape[1] > 4
-    if step.kind in ("concat", "O") and d.problem.multi_head and step.head is None:
+    if "heads_sum" in step.shows:
         return lambda i, j: _heads_form(d, step, i, j, wide)
     qq = _rational_entries(step)
     if qq is not None:
@@ -113,7 +116,7 @@ TOO_LONG = (
 
 def written_exactly(step: Step) -> bool:
     """Whether a worked solution writes the step's exact entries (big gradients: decimals only)."""
-    return getattr(step, "written_exactly", True)
+    return step.written_exactly
 
 
 def needs_decimals(step: Step) -> bool:
@@ -123,7 +126,7 @@ def needs_decimals(step: Step) -> bool:
     qq = _exact.qq_entries(step.lazy)
     if qq is not None:  # rationals: read the denominators, build no SymPy number
         return any(x is not None and x.denominator != 1 for row in qq for x in row)
-    values = getattr(step, "values", None)  # V, for the output step
+    values = step.values  # V, for the output step
     if (step.softmax and len(step.rows) * len(step.cols) > _BIG and all(r.rational for r in step.softmax)
             and (values is None or _exact.is_rational(values))):
         # A weight is 0 or 1 only in a row with a single allowed key; with more, weights are fractions.
@@ -140,7 +143,7 @@ _BIG = 64  # above this many entries, decide from structure rather than building
 
 
 def _entries(step: Step):
-    if step.softmax and step.kind == "A":
+    if step.is_softmax:
         for row in step.softmax:
             for j in range(len(row.exponents)):
                 yield row.weight(j)
@@ -153,7 +156,7 @@ def over_normaliser(step: Step, i: int, j: int) -> sympy.Expr | None:
     if not step.softmax or normaliser_is_number(step.softmax[i]):
         return None
     row = step.softmax[i]
-    if step.kind == "A":
+    if step.is_softmax:
         return row.terms[j]
     return row.weighted_numerator(list(step.values.col(j)))
 
@@ -161,14 +164,14 @@ def over_normaliser(step: Step, i: int, j: int) -> sympy.Expr | None:
 def numerator_parts(step: Step, i: int, j: int) -> list | None:
     """What :func:`over_normaliser` gives, as exact ``(c, x)`` pairs in QQ in writing order, when
     row i and the values are rational (no SymPy expression is built); else None."""
-    if step.kind not in ("A", "O") or not step.softmax:
+    if not step.softmax:
         return None
     row = step.softmax[i]
     if not row.rational or normaliser_is_number(row):
         return None
-    if step.kind == "A":
+    if step.is_softmax:
         return [] if row.raw[j] is None else [(_exact.QQ(1), row.raw[j])]
-    columns = getattr(step, "value_columns", None)
+    columns = step.value_columns
     return None if columns is None else row.numerator_parts(columns[j])
 
 
@@ -178,7 +181,7 @@ def normaliser_is_number(row) -> bool:
 
 def over_normaliser_squared(step: Step, i: int, j: int) -> sympy.Expr | None:
     """The numerator of a gradient entry (i, j) written over Z_i², else None."""
-    numerator_of = getattr(step, "over_z_squared", None)
+    numerator_of = step.over_z_squared
     if numerator_of is None or normaliser_is_number(step.jacobian[i]):
         return None
     return numerator_of(i, j)
@@ -186,7 +189,7 @@ def over_normaliser_squared(step: Step, i: int, j: int) -> sympy.Expr | None:
 
 def _rational_entries(step: Step) -> "list[list] | None":
     """The QQ entries (None for −∞) of a rational step that is written entry by entry, else None."""
-    if step.softmax or getattr(step, "over_z_squared", None) is not None:
+    if step.softmax or step.over_z_squared is not None:
         return None
     return _exact.qq_entries(step.lazy)
 
@@ -198,11 +201,11 @@ def head_parts(d: Derivation, step: Step, i: int, j: int) -> list[tuple[int, sym
     ``over_z``, else the exact number ``x``.
     """
     p = d.problem
-    outputs = [d.step(f"head{h}.O") for h in range(1, len(p.heads) + 1)]
+    outputs = [d.step(i) for i in registry.resolve("heads", registry.Context(p))]
     offsets = [0]
     for o in outputs:
         offsets.append(offsets[-1] + o.shape[1])
-    if step.kind == "concat":
+    if step.key == registry.CONCAT:
         weights = sympy.eye(offsets[-1])
     else:
         weights = p.W_O

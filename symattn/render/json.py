@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
 import mpmath
 import sympy
@@ -11,9 +12,11 @@ from sympy.printing.precedence import PRECEDENCE, precedence
 from sympy.printing.str import StrPrinter
 
 from .._exact import LazyMatrix
-from ..derivation import Derivation
 from ._print import NEG_INF, qq_text
 from .entries import written_exactly
+
+if TYPE_CHECKING:
+    from ..derivation import Derivation
 
 
 def _approx(v) -> float | None:
@@ -100,7 +103,7 @@ def _numbers_only(m: sympy.Matrix) -> list[list]:
 def as_dict(derivation: Derivation, *, check=None) -> dict:
     d = derivation
     stages = []
-    printer = _Printer(row.normaliser for step in d.steps if step.softmax and step.kind in ("A", "O")
+    printer = _Printer(row.normaliser for step in d.steps if step.softmax
                        for row in step.softmax if not row.normaliser_is_number)
     for step in d.steps:
         m = step.lazy

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING
 
-from ..derivation import Derivation
+from ..stages import KINDS
 from ._blocks import blocks
 from ._grid import MAX_SHOWN
 from ._grid import escape_tex as escape
+
+if TYPE_CHECKING:
+    from ..derivation import Derivation
 
 # The subscripted names symattn's own sentences use, written as math. Only
 # these: a token such as a_b in the same sentence stays text as written.
@@ -21,11 +25,8 @@ _MATH_NAMES = {
         "n_k": "n_k",
         "m_i": "m_i",
         "Z_i": "Z_i",
-        "W_Q": "W_Q",
-        "W_K": "W_K",
-        "W_V": "W_V",
-        "W_O": "W_O",
         "d_out": "d_{\\mathrm{out}}",
+        **{k.name: k.name for k in KINDS if k.source is not None and not k.labelled},  # W_Q, W_K, W_V, W_O
     }.items()
 }
 _MATH_NAME_RE = re.compile(r"(?<![A-Za-z0-9_])(" + "|".join(_MATH_NAMES) + r")(?![A-Za-z0-9_])")

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING
 
-from ..derivation import Derivation
 from ._blocks import blocks
 from ._grid import MAX_SHOWN
+
+if TYPE_CHECKING:
+    from ..derivation import Derivation
 
 _MD_SPECIAL = re.compile(r"([\\`*_\[\]<>#|~$&])")
 

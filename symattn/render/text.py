@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
-from ..derivation import Derivation, Step
 from ._blocks import check_sentence
 from ._grid import MAX_SHOWN, shown
 from ._print import DPS, MAX_CELL_TERMS, MAX_TERMS, decimal, exp_parts_text, exp_sum_text, text_entry, value_text
@@ -21,13 +20,15 @@ from .entries import (
 )
 from .outline import select, stages
 
+if TYPE_CHECKING:
+    from ..derivation import Derivation, Step
 
-def _grid(step: Step, cell: Callable[[int, int], str], max_shown: int, indent: str = "    ") -> list[str]:
+
+def _grid(row_labels, col_labels, cell: Callable[[int, int], str], max_shown: int, indent: str = "    ") -> list[str]:
     """The matrix as aligned text: row labels, column labels, elided above ``max_shown``."""
-    n_rows, n_cols = step.shape
-    rows, cols = shown(n_rows, max_shown), shown(n_cols, max_shown)
-    labels = ["⋮" if i is None else step.rows[i] for i in rows]
-    heads = ["…" if j is None else step.cols[j] for j in cols]
+    rows, cols = shown(len(row_labels), max_shown), shown(len(col_labels), max_shown)
+    labels = ["⋮" if i is None else row_labels[i] for i in rows]
+    heads = ["…" if j is None else col_labels[j] for j in cols]
     cells = [["⋱" if i is None and j is None else "⋮" if i is None else "…" if j is None else cell(i, j)
               for j in cols] for i in rows]
     label_w = max(len(r) for r in labels)
@@ -81,8 +82,7 @@ def _jacobian(step: Step, max_shown: int) -> list[str]:
     row = step.jacobian[i]
     head = (f"    Softmax Jacobian of row {i + 1} ({step.rows[i]}): J = diag(a) − a·aᵀ, "
             f"J[j,k] = a_j·(δ_jk − a_k); dŜ_{i + 1} = J·dA_{i + 1}")
-    square = Step("J", "", "", "", "", "", step.cols, step.cols)
-    return [head] + _grid(square, lambda j, k: text_entry(jacobian_entry(row, j, k)), max_shown)
+    return [head] + _grid(step.cols, step.cols, lambda j, k: text_entry(jacobian_entry(row, j, k)), max_shown)
 
 
 def render_text(
@@ -113,17 +113,17 @@ def render_text(
             out.append(f"  {step.why}")
             if written_exactly(step):
                 form = entry_forms(d, step)
-                out.extend(_grid(step, lambda i, j: form_text(form(i, j)), max_shown))
+                out.extend(_grid(step.rows, step.cols, lambda i, j: form_text(form(i, j)), max_shown))
             else:
                 out.append("  " + TOO_LONG)
-            if step.kind == "A":
+            if "softmax" in step.shows:
                 out.extend(_normalisers(step, digits, d.problem.substitutions, max_shown))
-            if step.kind == "dS_masked":
+            if "jacobian" in step.shows:
                 out.extend(_jacobian(step, max_shown))
             if needs_decimals(step) and d.can_evaluate:
                 value = d.entry_values(step.id, max(digits + 5, DPS))
                 out.append("    ≈")
-                out.extend(_grid(step, lambda i, j: decimal(value(i, j), digits), max_shown))
+                out.extend(_grid(step.rows, step.cols, lambda i, j: decimal(value(i, j), digits), max_shown))
             out.append("")
     if check is not None:
         out.append(check_sentence(check))
