@@ -1,8 +1,9 @@
 """Exact arithmetic for the stages: products, the structured softmax, evaluation.
 
-Rational matrices are multiplied with python-flint's ``fmpq_mat`` when it is
-installed (SymPy's own fastest ground type); anything with square roots or
-exponentials is multiplied entry by entry in SymPy and expanded.
+Rational matrices are multiplied as QQ DomainMatrix objects: python-flint's
+``fmpq_mat`` under SymPy's flint ground types (its fastest); anything with square
+roots or exponentials is multiplied entry by entry in SymPy and expanded. SymPy's
+private internals that this needs are in :mod:`symattn._sympy`.
 
 The softmax is kept *structured*: per row the maximum ``m_i`` and the exact
 exponents ``z_ij - m_i``. Weights and outputs are built from that structure
@@ -20,17 +21,25 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Callable, Iterator
 
+import flint as _flint  # exact rational matrices and ball arithmetic (a required dependency)
 import mpmath
 import sympy
 from mpmath.libmp import from_man_exp as _from_man_exp, from_rational as _from_rational
 from sympy import QQ
 
-from ._numbers import qq_float, rationals_float64
-
-try:  # python-flint: fast exact rational matrices and ball arithmetic
-    import flint as _flint
-except ImportError:  # pragma: no cover - the fallback is SymPy and mpmath
-    _flint = None
+from ._numbers import keep_float64, matrix_float64, qq_float
+from ._sympy import (
+    FLINT_QQ,
+    QQMatrix,  # noqa: F401  (re-exported: symattn._exact.QQMatrix)
+    flint_matrix,
+    is_rational_matrix,
+    matrix_from_domain,
+    matrix_from_fmpq_mat,
+    mul_in_order,
+    qq_dense,
+    sum_of_distinct,
+    to_mpmath,
+)
 
 NEG_INF = sympy.S.NegativeInfinity
 _make_mpf = mpmath.mp.make_mpf
@@ -47,142 +56,24 @@ def tidy(x: sympy.Expr) -> sympy.Expr:
 
 # -- rational matrices ------------------------------------------------------------------
 #
-# A matrix of rationals is a SymPy ImmutableMatrix whose internal representation is a
-# DomainMatrix over QQ (python-flint's fmpq_mat when SymPy uses flint as its ground
-# types). Products, transposes and rational scalings stay in that representation, so
-# no per-entry SymPy arithmetic happens; entries become SymPy numbers only when shown.
+# A matrix of rationals is a :class:`QQMatrix` (see :mod:`symattn._sympy`): an ImmutableMatrix
+# over a dense QQ DomainMatrix, python-flint's fmpq_mat under SymPy's flint ground types.
 
-
-class QQMatrix(sympy.ImmutableDenseMatrix):
-    """An ImmutableMatrix of rationals that makes SymPy numbers only when asked for.
-
-    SymPy's ImmutableMatrix turns every entry into a SymPy number as it is built (its
-    ``args``): a second for a model-sized head. This one holds a dense QQ DomainMatrix
-    (python-flint's ``fmpq_mat``) and builds its ``args`` and SymPy's sparse internal form
-    on first use, so a matrix that is only multiplied, rounded and shown by its corners
-    never builds them. It is an ImmutableMatrix in every other respect (``==``, hashing,
-    arithmetic, printing).
-    """
-
-    @classmethod
-    def _fromrep(cls, rep):
-        if not (rep.domain.is_QQ or rep.domain.is_ZZ):
-            return sympy.ImmutableDenseMatrix._fromrep(rep)
-        obj = object.__new__(cls)
-        obj._assumptions = cls.default_assumptions
-        obj._mhash = None
-        obj._rows, obj._cols = rep.shape
-        if rep.rep.fmt == "sparse":
-            obj.__dict__["_sparse"] = rep
-        else:
-            obj.__dict__["_dense"] = rep
-        return obj
-
-    @property
-    def _rep(self):
-        """SymPy's internal form (a sparse DomainMatrix), built on first use."""
-        d = self.__dict__
-        if "_sparse" not in d:
-            d["_sparse"] = d["_dense"].to_sparse()
-        return d["_sparse"]
-
-    @_rep.setter
-    def _rep(self, rep) -> None:
-        self.__dict__["_sparse"] = rep
-
-    @property
-    def _args(self):
-        d = self.__dict__
-        if "_built_args" not in d:
-            flat = self._rep.to_sympy().to_list_flat()
-            d["_built_args"] = (sympy.Integer(self._rows), sympy.Integer(self._cols), sympy.Tuple(*flat, sympify=False))
-        return d["_built_args"]
-
-    @_args.setter
-    def _args(self, args) -> None:
-        self.__dict__["_built_args"] = args
-
-    @property
-    def dense(self):
-        """The entries as a dense QQ DomainMatrix (``fmpq_mat`` under flint)."""
-        d = self.__dict__
-        if "_dense" not in d:
-            rep = d["_sparse"]
-            d["_dense"] = (rep if rep.domain.is_QQ else rep.convert_to(QQ)).to_dense()
-        if not d["_dense"].domain.is_QQ:
-            d["_dense"] = d["_dense"].convert_to(QQ)
-        return d["_dense"]
-
-    _qq_dense = dense  # the same, by a name the NumPy reference can look for without importing this module
-
-    @property
-    def _float64(self):
-        """The entries as float64, each correctly rounded (NaN beyond float64's range); read-only
-        and computed once (the cross-check and the NumPy reference both read it)."""
-        d = self.__dict__
-        if "_float64_values" not in d:
-            values = rationals_float64(self.dense)
-            values.flags.writeable = False
-            d["_float64_values"] = values
-        return d["_float64_values"]
-
-    def __hash__(self) -> int:
-        # As an ImmutableDenseMatrix with the same entries hashes (they compare equal).
-        if self._mhash is None:
-            self._mhash = hash(("ImmutableDenseMatrix",) + self._hashable_content())
-        return self._mhash
-
-    def __getitem__(self, key):
-        # An entry, a row or a column straight from the dense form; anything else as SymPy does it.
-        rows, cols = self._rows, self._cols
-        if type(key) is int and -rows * cols <= key < rows * cols:
-            key = divmod(key % (rows * cols), cols)
-        if type(key) is tuple and len(key) == 2:
-            i, j = key
-            if type(i) is int and type(j) is int:
-                if -rows <= i < rows and -cols <= j < cols:
-                    x = self.dense.rep.getitem(i % rows, j % cols)
-                    p, q = int(x.numerator), int(x.denominator)
-                    return sympy.Integer(p) if q == 1 else sympy.Rational(p, q)
-            elif type(i) in (int, slice) and type(j) in (int, slice):
-                i, j = _as_slice(i, rows), _as_slice(j, cols)
-                if i is not None and j is not None:
-                    return _from_domain(self.dense[i, j])
-        return super().__getitem__(key)
-
-
-def _as_slice(k: "int | slice", n: int) -> "slice | None":
-    """``k`` as a non-empty slice of range(n) with step 1, or None (left to SymPy)."""
-    if type(k) is int:
-        return slice(k % n, k % n + 1) if -n <= k < n else None
-    start, stop, step = k.indices(n)
-    return slice(start, stop) if step == 1 and start < stop else None
+is_rational = is_rational_matrix  # whether a matrix is rational, held as a DomainMatrix (no entry read)
+_dm = qq_dense  # the QQ DomainMatrix of a rational matrix (dense; fmpq_mat under flint)
 
 
 def rational_matrix(rows: int, cols: int, flat: list) -> Matrix:
     """The exact matrix with these ``QQ`` entries (row by row)."""
     from sympy.polys.matrices import DomainMatrix
 
-    return _from_domain(DomainMatrix([flat[i * cols:(i + 1) * cols] for i in range(rows)], (rows, cols), QQ))
-
-
-# Whether SymPy's QQ numbers are flint's fmpq (its flint ground types): then an fmpq_mat can be
-# handed to SymPy as it is.
-_FLINT_QQ = _flint is not None and QQ.of_type(_flint.fmpq(0))
-
-
-def _from_fmpq_mat(dense) -> Matrix:
-    """A :class:`QQMatrix` holding flint's ``dense`` (needs ``_FLINT_QQ``)."""
-    from sympy.polys.matrices import DomainMatrix
-    from sympy.polys.matrices._dfm import DFM
-
-    return _from_domain(DomainMatrix.from_rep(DFM(dense, (dense.nrows(), dense.ncols()), QQ)))
+    return matrix_from_domain(DomainMatrix([flat[i * cols:(i + 1) * cols] for i in range(rows)], (rows, cols), QQ))
 
 
 def scaled_integer_matrix(rows: int, cols: int, numerators: list[int], denominator: int) -> Matrix:
     """The exact matrix with entries ``numerators[k] / denominator`` (row by row)."""
-    if _FLINT_QQ:
-        return _from_fmpq_mat(_flint.fmpq_mat(_flint.fmpz_mat(rows, cols, numerators)) / denominator)
+    if FLINT_QQ:
+        return matrix_from_fmpq_mat(_flint.fmpq_mat(_flint.fmpz_mat(rows, cols, numerators)) / denominator)
     return rational_matrix(rows, cols, [QQ(x, denominator) for x in numerators])
 
 
@@ -193,37 +84,13 @@ def binary_float_matrix(array) -> Matrix:
 
     array = np.array(array, dtype=np.float64)  # float16 and float32 values are exact in float64
     rows, cols = array.shape
-    if _FLINT_QQ:
+    if FLINT_QQ:
         fmpq = _flint.fmpq
-        m = _from_fmpq_mat(_flint.fmpq_mat(rows, cols, [fmpq(*v.as_integer_ratio()) for v in array.ravel().tolist()]))
+        m = matrix_from_fmpq_mat(_flint.fmpq_mat(rows, cols, [fmpq(*v.as_integer_ratio()) for v in array.ravel().tolist()]))
     else:
         m = rational_matrix(rows, cols, [QQ(*v.as_integer_ratio()) for v in array.ravel().tolist()])
-    array.flags.writeable = False
-    m.__dict__["_float64_values"] = array  # each entry is its own correctly rounded float
+    keep_float64(m, array)  # each entry is its own correctly rounded float
     return m
-
-
-def _from_domain(dm) -> Matrix:
-    """A :class:`QQMatrix` holding the DomainMatrix ``dm`` (its SymPy numbers built when read)."""
-    return QQMatrix._fromrep(dm)
-
-
-def is_rational(m) -> bool:
-    """Whether ``m`` is a matrix of rationals held as a DomainMatrix (cheap: no entry is read)."""
-    if isinstance(m, QQMatrix):
-        return True
-    rep = getattr(m, "_rep", None)
-    return rep is not None and (rep.domain == QQ or rep.domain == sympy.ZZ)
-
-
-def _dm(m: Matrix):
-    """The QQ DomainMatrix of a rational matrix (dense; fmpq_mat under flint)."""
-    if isinstance(m, QQMatrix):
-        return m.dense
-    rep = m._rep
-    if rep.domain != QQ:
-        rep = rep.convert_to(QQ)
-    return rep.to_dense()
 
 
 def rational_rows(m: Matrix) -> list[list]:
@@ -338,7 +205,7 @@ def matmul(a, b) -> "Matrix | LazyMatrix":
     """The exact product ``a·b``."""
     assert a.cols == b.rows, (a.shape, b.shape)
     if is_rational(a) and is_rational(b):
-        return _from_domain(_dm(a) * _dm(b))
+        return matrix_from_domain(_dm(a) * _dm(b))
 
     def entry(i: int, j: int) -> sympy.Expr:
         return tidy(sympy.Add(*[a[i, k] * b[k, j] for k in range(a.cols)]))
@@ -350,7 +217,7 @@ def matmul(a, b) -> "Matrix | LazyMatrix":
 
 def scale(m: Matrix, factor: sympy.Expr) -> Matrix:
     if is_rational(m) and factor.is_Rational:
-        return _from_domain(_dm(m) * QQ(int(factor.p), int(factor.q)))
+        return matrix_from_domain(_dm(m) * QQ(int(factor.p), int(factor.q)))
     return m.applyfunc(lambda x: tidy(x * factor))
 
 
@@ -405,7 +272,7 @@ def to_mpf(x: sympy.Expr, dps: int, subs=None) -> mpmath.mpf:
     if isinstance(x, sympy.Rational):
         return mpmath.mpf(int(x.p)) / int(x.q)
     value = sympy.N(x, dps + 10)
-    return mpmath.mpf(value._to_mpmath(mpmath.mp.prec + 40))
+    return mpmath.mpf(to_mpmath(value, mpmath.mp.prec + 40))
 
 
 def mpf_of_qq(x, prec: int | None = None) -> mpmath.mpf:
@@ -427,10 +294,9 @@ def approx(m) -> "numpy.ndarray | None":
     ``m`` is not rational. Entries beyond float64's range become NaN."""
     import numpy
 
-    if isinstance(m, QQMatrix):
-        return m._float64
-    if is_rational(m):
-        return rationals_float64(_dm(m))
+    values = matrix_float64(m)
+    if values is not None:
+        return values
     qq = getattr(m, "qq_rows", None)
     if qq is None:
         return None
@@ -478,8 +344,8 @@ def arb_float(x) -> float:
 def weights_times(rows: "tuple[SoftmaxRow, ...]", values: Matrix, dps: int, convert=None) -> "list[list] | None":
     """``A·V`` at ``dps`` digits straight from rational softmax rows and a rational ``V`` (one arb
     matrix product), as mpmath numbers (or ``convert(arb)``), or None when either is not
-    rational or flint is missing."""
-    if _flint is None or not is_rational(values) or not all(row.rational for row in rows):
+    rational."""
+    if not is_rational(values) or not all(row.rational for row in rows):
         return None
     convert = convert or _arb_to_mpf
     with _arb_precision(dps):
@@ -489,8 +355,8 @@ def weights_times(rows: "tuple[SoftmaxRow, ...]", values: Matrix, dps: int, conv
 
 def weighted_value(row: "SoftmaxRow", column: list, dps: int) -> "mpmath.mpf | None":
     """``Σ_k a_ik v_k`` at ``dps`` digits for a rational row and rational values (QQ), from the
-    row's arb weights; None when the row is not rational or flint is missing."""
-    if _flint is None or not row.rational:
+    row's arb weights; None when the row is not rational."""
+    if not row.rational:
         return None
     with _arb_precision(dps):
         total = _flint.arb(0)
@@ -502,8 +368,8 @@ def weighted_value(row: "SoftmaxRow", column: list, dps: int) -> "mpmath.mpf | N
 
 def weights_floats(rows: "tuple[SoftmaxRow, ...]", dps: int) -> "list[list[float]] | None":
     """The weights of rational softmax rows rounded to float64 from their ``dps``-digit values, or
-    None when a row is not rational or flint is missing."""
-    if _flint is None or not all(row.rational for row in rows):
+    None when a row is not rational."""
+    if not all(row.rational for row in rows):
         return None
     with _arb_precision(dps):
         return [[arb_float(w) for w in row.arb_weights(dps)] for row in rows]
@@ -512,7 +378,7 @@ def weights_floats(rows: "tuple[SoftmaxRow, ...]", dps: int) -> "list[list[float
 def operand(m, dps: int, subs=None):
     """``m`` ready for :func:`mp_matmul`: a rational matrix as it is (read straight into arb),
     anything else evaluated at ``dps`` digits."""
-    return m if _flint is not None and is_rational(m) else evaluate(m, dps, subs)
+    return m if is_rational(m) else evaluate(m, dps, subs)
 
 
 def _arb_operand(x):
@@ -520,15 +386,16 @@ def _arb_operand(x):
     if isinstance(x, list):
         return _flint.arb_mat(x)
     dense = _dm(x)
-    if type(dense.rep).__name__ == "DFM":
-        return _flint.arb_mat(dense.rep.rep)
+    fmpq_mat = flint_matrix(dense)
+    if fmpq_mat is not None:
+        return _flint.arb_mat(fmpq_mat)
     return _flint.arb_mat([[_fmpq(v) for v in row] for row in dense.to_list()])
 
 
 def mp_matmul(a, b, dps: int) -> list[list[mpmath.mpf]]:
-    """The product of two matrices at ``dps`` digits (with arb when present): each is a list of
-    rows of mpmath numbers, or a rational matrix (see :func:`operand`)."""
-    if _flint is not None and (not isinstance(b, list) or not any(mpmath.isinf(x) for row in b for x in row)):
+    """The product of two matrices at ``dps`` digits (with arb unless ``b`` has an infinite entry):
+    each is a list of rows of mpmath numbers, or a rational matrix (see :func:`operand`)."""
+    if not isinstance(b, list) or not any(mpmath.isinf(x) for row in b for x in row):
         with _arb_precision(dps):
             product = _arb_operand(a) * _arb_operand(b)
             return [[_arb_to_mpf(product[i, j]) for j in range(product.ncols())] for i in range(product.nrows())]
@@ -613,7 +480,7 @@ class SoftmaxRow:
             return c
         power = self._powers[e]
         # The product SymPy would build (coefficient first), without its flattening pass.
-        return power if c == 1 else sympy.Mul._from_args((c, power))
+        return power if c == 1 else mul_in_order(c, power)
 
     @cached_property
     def _powers(self) -> dict:
@@ -639,7 +506,7 @@ class SoftmaxRow:
         if self.rational and all(isinstance(v, sympy.Rational) for v in column):
             # Like terms collected in QQ first: SymPy only orders the distinct terms.
             qq = [QQ(int(v.p), int(v.q)) for v in column]
-            return _sum_of_distinct([self._term(c, e) for c, e in self.numerator_parts(qq)])
+            return sum_of_distinct([self._term(c, e) for c, e in self.numerator_parts(qq)])
         numerator = sympy.Add(*[t * v for t, v in zip(self.terms, column) if t != 0])
         # Rational values collect by themselves; sums such as 1 + √2 need expanding.
         return sympy.expand(numerator) if any(v.is_Add for v in column) else numerator
@@ -650,7 +517,7 @@ class SoftmaxRow:
 
     def _exps(self, dps: int, subs) -> list:
         """``e^{z_ij - m_i}`` at ``dps`` digits (0 where masked): arb balls or mpmath numbers."""
-        if self.rational and _flint is not None:
+        if self.rational:
             return [_flint.arb(0) if e is None else _flint.arb(_fmpq(e)).exp() for e in self.raw]
         return [mpmath.mpf(0) if e is None else mpmath.exp(to_mpf(e, dps, subs)) for e in self.exponents]
 
@@ -670,7 +537,7 @@ class SoftmaxRow:
         return cache[key]
 
     def arb_weights(self, dps: int) -> list:
-        """The weights as arb balls at ``dps`` digits (a rational row, with flint)."""
+        """The weights as arb balls at ``dps`` digits (a rational row)."""
         cache = self.__dict__.setdefault("_arb", {})
         if dps not in cache:
             with _arb_precision(dps):
@@ -680,7 +547,7 @@ class SoftmaxRow:
         return cache[dps][0]
 
     def _evaluate(self, dps: int, subs) -> tuple[list[mpmath.mpf], mpmath.mpf]:
-        if self.rational and _flint is not None:
+        if self.rational:
             weights = self.arb_weights(dps)
             return [_arb_to_mpf(w) for w in weights], _arb_to_mpf(self.__dict__["_arb"][dps][1])
         with mpmath.workdps(dps + 10):
@@ -692,22 +559,6 @@ class SoftmaxRow:
 @functools.lru_cache(maxsize=65536)  # the values of V come back in every row's sums
 def _rational(p: int, q: int) -> sympy.Rational:
     return sympy.Rational(p, q)
-
-
-def _sum_of_distinct(terms: list) -> sympy.Expr:
-    """``sympy.Add(*terms)`` for terms that are already collected (no two alike, at most one
-    number): the same canonical sum, without Add's pass that splits and rebuilds every term."""
-    from sympy.core.add import _addsort
-
-    numbers = [t for t in terms if t.is_Number]
-    others = [t for t in terms if not t.is_Number]
-    if len(numbers) > 1 or not all(isinstance(t, (sympy.Mul, sympy.exp)) for t in others):
-        return sympy.Add(*terms)
-    _addsort(others)
-    args = numbers + others
-    if not args:
-        return sympy.Integer(0)
-    return args[0] if len(args) == 1 else sympy.Add._from_args(args)
 
 
 def softmax_backward(A: list[list[mpmath.mpf]], dA: list[list[mpmath.mpf]], dps: int) -> list[list[mpmath.mpf]]:

@@ -26,6 +26,8 @@ from typing import Mapping
 
 import sympy
 
+from ._sympy import QQMatrix, flint_matrix, is_rational_matrix, qq_dense
+
 # Limits that keep a small hostile entry from costing a large amount of work.
 MAX_TEXT = 2000  # characters in one entry
 MAX_DIGITS = 400  # digits in one literal
@@ -352,7 +354,7 @@ def rationals_float64(dm):
     import numpy as np
 
     rows, cols = dm.shape
-    fmpq_mat = getattr(dm.rep, "rep", None) if type(dm.rep).__name__ == "DFM" else None
+    fmpq_mat = flint_matrix(dm)
     if fmpq_mat is not None:
         numerators, denominator = fmpq_mat.numer_denom()
         ints = [int(x) for x in numerators.entries()]
@@ -369,6 +371,30 @@ def rationals_float64(dm):
                 if not tiny.size or tiny.min() >= 2.0**-1022:  # no subnormal result: the scaling was exact
                     return values.reshape(rows, cols)
     return np.array([[qq_float(x) for x in row] for row in dm.to_list()], dtype=np.float64).reshape(rows, cols)
+
+
+_FLOAT64 = "_float64_values"  # where a QQMatrix keeps its entries as float64
+
+
+def matrix_float64(m):
+    """The entries of a rational matrix (a DomainMatrix-backed one) as float64, each correctly
+    rounded (NaN beyond float64's range), or None when ``m`` is not one. A QQMatrix computes
+    them once and keeps them read-only (the cross-check and the NumPy reference both read them)."""
+    kept = m.__dict__ if isinstance(m, QQMatrix) else None
+    if kept is not None and _FLOAT64 in kept:
+        return kept[_FLOAT64]
+    if not is_rational_matrix(m):
+        return None
+    values = rationals_float64(qq_dense(m))
+    if kept is not None:
+        keep_float64(m, values)
+    return values
+
+
+def keep_float64(m: QQMatrix, values) -> None:
+    """Make ``values`` (read-only from now on) the float64 entries :func:`matrix_float64` gives for ``m``."""
+    values.flags.writeable = False
+    m.__dict__[_FLOAT64] = values
 
 
 def qq_float(x) -> float:

@@ -14,18 +14,15 @@ import numpy as np
 import sympy
 
 from . import stages as st
-from ._numbers import rationals_float64
+from ._numbers import matrix_float64
 from .problem import Problem
 
 
 def _f64(m, subs=None) -> np.ndarray:
     """An exact SymPy matrix as float64 (the only place exact meets binary floats); −∞ stays −∞."""
-    values = getattr(m, "_float64", None)  # a rational matrix's entries, already rounded once
+    values = matrix_float64(m)  # rationals: each entry correctly rounded (once for a QQMatrix)
     if values is not None:
-        return values.copy()  # the caller's own (the shared one is read-only)
-    rep = getattr(m, "_rep", None)
-    if rep is not None and (rep.domain.is_QQ or rep.domain.is_ZZ):  # rationals: each entry correctly rounded
-        return rationals_float64(rep.convert_to(sympy.QQ).to_dense())
+        return values.copy()  # the caller's own (a shared one is read-only)
     if subs:
         m = m.xreplace(subs)
     return np.array(
