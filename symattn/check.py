@@ -1,22 +1,36 @@
 """Marking a hand calculation: stage by stage, entry by entry, with diagnosis.
 
 An answers file is a YAML mapping from stage ids (``Q``, ``S_scaled``, ``A``,
-``head1.A``, ...) to matrices. Each entry is either
+``head1.A``, ...) to matrices. Each entry is right by one of these rules, and the
+marking says which:
 
-* **exact**: an integer, a fraction or an expression (``"1/3"``,
-  ``"e^(1/2)/(1 + e^(1/2))"``, ``"-inf"``), which must equal the exact value; or
-* **a rounded decimal** (``0.4231``), which is right when it is the exact value
-  rounded to the places written: within half a unit in the last written place.
+* ``exact``: an integer, a fraction or an expression (``"1/3"``,
+  ``"e^(1/2)/(1 + e^(1/2))"``, ``"-inf"``) equal to the exact value;
+* ``rounding``: a decimal (``0.4231``) that is the exact value rounded to the places
+  written: within half a unit in the last written place;
+* ``float32`` / ``float64``: a decimal that a computation in that binary format gives
+  (an autograder's ``0.42693272`` for 0.4269327007…): within half a unit in the last
+  written place plus the format's rounding (32 units of its last place, times the size
+  of the stage's largest entry, at least 1). With ``precision="auto"`` (the default) a
+  stage is marked this way only when *every* entry of it fits one format, and the
+  marking says "matches a float32 computation"; ``precision="float32"`` or ``"float64"``
+  accepts any entry that fits; ``precision="exact"`` never does;
+* ``tolerance``: with ``tolerance`` given, any entry within that absolute difference
+  (instead of every rule above).
 
-Each stage is also compared with the same stage computed from the student's
-*own* earlier answers (follow-through marking): one early slip is marked once.
-Those comparisons allow, besides half a unit in the answer's last place, the
-rounding carried in from the earlier answers: two units in the last place of
-the coarsest earlier answer used, times the size of the value (at least 1).
-``tolerance`` replaces both rules with one absolute tolerance.
+Each wrong stage is also compared with the same stage computed from the student's
+*own* earlier answers by the stage's relation (follow-through marking): one early slip
+is marked once. That comparison allows, besides each entry's own rule, the rounding
+carried in from the earlier answers it rests on: two units in the last place of the
+coarsest of them, times the size of the value (at least 1).
 
-A wrong stage is tested against the common mistakes, and the one that
-reproduces the answer is named.
+A stage that is still wrong is compared with the registry's common mistakes. A mistake
+is named only when it reproduces every entry under that entry's own rule and differs
+from the right answer at the precision written (a mistake that changes nothing here,
+such as a missing mask on a problem without one, is never named); when two reproduce
+it equally, both are named. Otherwise one wrong entry is called an arithmetic slip or a
+single wrong entry, and entries off by a unit or two in the last written place are
+called rounding slips.
 """
 
 from __future__ import annotations
@@ -77,38 +91,93 @@ class Answer:
         return max(units, default=mpmath.mpf(0))
 
 
+def entry_name(stage: str, i: int, j: int) -> str:
+    """How a person names entry (i, j) (0-based) of a stage: ``S[2,1]``, counting from 1 as the
+    worked solution's subscripts do."""
+    return f"{stage}[{i + 1},{j + 1}]"
+
+
 @dataclass(frozen=True)
 class WrongEntry:
+    """A wrong entry: ``row`` and ``col`` count from 0 (JSON); :func:`entry_name` names it for people."""
+
     row: int
     col: int
     given: str
     expected: str
     expected_approx: float | None
 
+    def as_dict(self) -> dict:
+        return {"row": self.row, "col": self.col, "given": self.given, "expected": self.expected,
+                "expected_approx": self.expected_approx}
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    """Why a stage is likely wrong: ``kind`` is ``mistake`` (a common mistake reproduces the
+    answer; ``mistakes`` names it, or the several that reproduce it equally), ``arithmetic slip``,
+    ``single entry`` or ``rounding slips`` (``entries``: 0-based positions)."""
+
+    kind: str
+    text: str
+    mistakes: tuple[str, ...] = ()
+    entries: tuple[tuple[int, int], ...] = ()
+
+    def as_dict(self) -> dict:
+        out: dict = {"kind": self.kind, "text": self.text}
+        if self.mistakes:
+            out["mistakes"] = list(self.mistakes)
+        if self.entries:
+            out["entries"] = [{"row": i, "col": j} for i, j in self.entries]
+        return out
+
+
+RULES = ("exact", "rounding", "float64", "float32", "tolerance")
+
 
 @dataclass(frozen=True)
 class StageMark:
-    """The verdict on one stage: ``right``, ``wrong`` or ``follows`` (error carried forward)."""
+    """The verdict on one stage: ``right``, ``wrong`` or ``follows`` (error carried forward).
+
+    ``wrong`` lists every wrong entry (reports may elide, JSON does not); ``rules`` gives, for
+    each entry, the rule that made it right (see :data:`RULES`; None where it is wrong);
+    ``follows_from`` names the earlier answers a ``follows`` verdict rests on; ``precision``
+    is ``float32`` or ``float64`` when the stage was accepted as that format's computation.
+    """
 
     id: str
     status: str
     wrong: tuple[WrongEntry, ...] = ()
     wrong_count: int = 0
-    diagnosis: str | None = None
+    diagnosis: Diagnosis | None = None
     note: str | None = None
+    rules: tuple[tuple[str | None, ...], ...] = ()
+    follows_from: tuple[str, ...] = ()
+    precision: str | None = None
+
+    @property
+    def rule_counts(self) -> dict[str, int]:
+        """How many entries each rule made right."""
+        flat = [r for row in self.rules for r in row if r is not None]
+        return {rule: flat.count(rule) for rule in RULES if rule in flat}
 
     def as_dict(self) -> dict:
         out: dict = {"id": self.id, "status": self.status}
         if self.wrong:
-            out["wrong"] = [
-                {"row": w.row, "col": w.col, "given": w.given, "expected": w.expected, "expected_approx": w.expected_approx}
-                for w in self.wrong
-            ]
+            out["wrong"] = [w.as_dict() for w in self.wrong]
             out["wrong_count"] = self.wrong_count
         if self.diagnosis:
-            out["diagnosis"] = self.diagnosis
+            out["diagnosis"] = self.diagnosis.text
+            out["diagnosis_detail"] = self.diagnosis.as_dict()
         if self.note:
             out["note"] = self.note
+        if self.follows_from:
+            out["follows_from"] = list(self.follows_from)
+        if self.precision:
+            out["precision"] = self.precision
+        if self.rules:
+            out["rules"] = [list(row) for row in self.rules]
+            out["rule_counts"] = self.rule_counts
         return out
 
 
@@ -181,8 +250,9 @@ def _read_matrix(name: str, stage: str, node, shape: tuple[int, int], line: int)
     for i, row in enumerate(node.value):
         if not isinstance(row, yaml.SequenceNode) or len(row.value) != cols:
             n = len(row.value) if isinstance(row, yaml.SequenceNode) else "no"
-            raise _yaml.where(name, row).error(f"{stage} has {cols} columns but this row has {n} entries", f"{stage}[{i}]")
-        entries.append(tuple(_read_entry(name, f"{stage}[{i}][{j}]", e) for j, e in enumerate(row.value)))
+            raise _yaml.where(name, row).error(f"{stage} has {cols} columns but this row has {n} entries",
+                                               f"{stage} row {i + 1}")
+        entries.append(tuple(_read_entry(name, f"{stage} row {i + 1}, column {j + 1}", e) for j, e in enumerate(row.value)))
     return Answer(stage, tuple(entries), line)
 
 
@@ -224,21 +294,45 @@ def _same_shape(a: Grid | None, b: Grid) -> bool:
 # A relation that cannot be computed from the values at hand (a shape that does not fit, a row
 # with nothing allowed) gives no follow-through and no candidate mistake.
 _CANNOT = (Undefined, ValueError, IndexError, TypeError, ZeroDivisionError)
+# The unit roundoff of each binary format, and how many of its units a computation in it may
+# carry (times the size of the stage's largest entry, at least 1): summing a few dozen rounded
+# products, exp and a division.
+FLOAT_UNITS = {"float64": mpmath.mpf(2) ** -53, "float32": mpmath.mpf(2) ** -24}
+FLOAT_ULPS = 32
+PRECISIONS = ("auto", "exact", "float32", "float64")
+_EXACT_DIGITS = mpmath.mpf(10) ** -25  # an exact answer is equal to 25 digits, then exactly where it can be decided
 
 
-def mark(derivation: Derivation, answers: dict[str, Answer], tolerance: float | None = None, source: str = "") -> Marking:
-    """Mark every answered stage, in the derivation's order."""
+def mark(derivation: Derivation, answers: dict[str, Answer], tolerance: float | None = None, source: str = "",
+         precision: str = "auto") -> Marking:
+    """Mark every answered stage, in the derivation's order (see the module's rules)."""
     if not derivation.can_evaluate:
         raise SymattnError("the problem has symbols without values; give values to check answers against it")
-    marker = _Marker(derivation, answers, tolerance)
+    if precision not in PRECISIONS:
+        raise SymattnError(f"precision {precision!r} is not one of {', '.join(PRECISIONS)}")
+    marker = _Marker(derivation, answers, tolerance, precision)
     return Marking(source, tuple(marker.stage(step.id) for step in derivation.steps if step.id in answers))
 
 
+@dataclass(frozen=True)
+class _Fit:
+    """How an answer compares with a target matrix: the rule that matches each entry (None: none),
+    and the float format used for the whole stage, if any."""
+
+    rules: tuple[tuple[str | None, ...], ...]
+    precision: str | None = None
+
+    @property
+    def wrong(self) -> list[tuple[int, int]]:
+        return [(i, j) for i, row in enumerate(self.rules) for j, r in enumerate(row) if r is None]
+
+
 class _Marker:
-    def __init__(self, d: Derivation, answers: dict[str, Answer], tolerance: float | None) -> None:
+    def __init__(self, d: Derivation, answers: dict[str, Answer], tolerance: float | None, precision: str = "auto") -> None:
         self.d = d
         self.answers = answers
         self.tolerance = None if tolerance is None else mpmath.mpf(tolerance)
+        self.precision = precision
         self.ops = NumericOps(DPS, d.problem.substitutions)
 
     def carried(self, id: str) -> tuple[Grid | None, frozenset[str]]:
@@ -257,50 +351,109 @@ class _Marker:
     def exact(self, id: str) -> Grid:
         return self.d.evaluate(id, DPS)
 
-    def matches(self, answer: Answer, target: Grid | None, slack: mpmath.mpf = mpmath.mpf(0)) -> list[tuple[int, int]]:
-        """The entries of ``answer`` that do not match ``target`` (all of them if shapes differ)."""
-        rows, cols = len(answer.entries), len(answer.entries[0])
-        if not _same_shape(target, answer.values):
-            return [(i, j) for i in range(rows) for j in range(cols)]
-        bad = []
-        for i, row in enumerate(answer.entries):
-            for j, entry in enumerate(row):
-                if not self.entry_matches(entry, target[i][j], slack):
-                    bad.append((i, j))
-        return bad
+    def size(self, id: str) -> mpmath.mpf:
+        """The size of a stage's largest finite entry (at least 1): what a float computation's rounding scales with."""
+        finite = [abs(v) for row in self.exact(id) for v in row if v != NINF]
+        return max([mpmath.mpf(1)] + finite)
 
-    def entry_matches(self, entry: Entry, want: mpmath.mpf, slack: mpmath.mpf) -> bool:
+    # -- comparing entries -------------------------------------------------------------
+
+    def rule(self, entry: Entry, want: mpmath.mpf, slack: mpmath.mpf = mpmath.mpf(0),
+             float_allowance: mpmath.mpf | None = None, fmt: str | None = None) -> str | None:
+        """The rule by which ``entry`` matches ``want``, or None. ``slack`` (relative) is rounding
+        carried in from earlier answers; ``float_allowance`` lets a decimal be a ``fmt`` computation."""
         got = entry.approx
         if want == NINF or got == NINF:
-            return want == got
+            return "exact" if want == got else None
         with mpmath.workdps(DPS + 10):
             error = abs(got - want)
             if self.tolerance is not None:
-                return error <= self.tolerance
+                return "tolerance" if error <= self.tolerance else None
             if entry.half_unit is None and slack == 0:
-                # an exact answer must be equal: equal to 25 digits, then exactly where it can be decided
-                return error <= mpmath.mpf(10) ** (-25) * max(1, abs(want))
+                return "exact" if error <= _EXACT_DIGITS * max(1, abs(want)) else None
             limit = (entry.half_unit or 0) + slack * max(1, abs(want))
-            return error <= limit * (1 + mpmath.mpf(10) ** -20)
+            if error <= limit * (1 + mpmath.mpf(10) ** -20):
+                return "exact" if entry.half_unit is None else "rounding"
+            if float_allowance is not None and entry.half_unit is not None and error <= limit + float_allowance:
+                return fmt
+        return None
+
+    def fit(self, answer: Answer, target: Grid | None, slack: mpmath.mpf = mpmath.mpf(0)) -> _Fit:
+        """Each entry of ``answer`` against ``target`` (every entry wrong if the shapes differ), with
+        the float formats as ``precision`` allows."""
+        rows, cols = len(answer.entries), len(answer.entries[0])
+        if not _same_shape(target, answer.values):
+            return _Fit(tuple((None,) * cols for _ in range(rows)))
+        plain = _Fit(tuple(tuple(self.rule(e, target[i][j], slack) for j, e in enumerate(row))
+                           for i, row in enumerate(answer.entries)))
+        if not plain.wrong or self.tolerance is not None or self.precision == "exact":
+            return plain
+        size = max([mpmath.mpf(1)] + [abs(v) for row in target for v in row if v != NINF])
+        formats = ("float64", "float32") if self.precision == "auto" else (self.precision,)
+        for fmt in formats:
+            allowance = FLOAT_ULPS * FLOAT_UNITS[fmt] * size
+            rules = tuple(tuple(r or self.rule(e, target[i][j], slack, allowance, fmt) for j, (r, e) in enumerate(zip(rrow, row)))
+                          for i, (rrow, row) in enumerate(zip(plain.rules, answer.entries)))
+            trial = _Fit(rules, fmt)
+            if not trial.wrong or self.precision != "auto":
+                return trial  # auto: only when every entry fits the format
+        return plain
+
+    def allowance(self, entry: Entry, want: mpmath.mpf) -> mpmath.mpf:
+        """How far an entry may be from a value and still be that value, as written."""
+        if self.tolerance is not None:
+            return self.tolerance
+        if entry.half_unit is None:
+            return _EXACT_DIGITS * max(1, abs(want))
+        return entry.half_unit
+
+    def same_as_written(self, answer: Answer, a: Grid, b: Grid) -> bool:
+        """Whether two matrices agree at every entry to the precision the answer is written in."""
+        with mpmath.workdps(DPS + 10):
+            for i, row in enumerate(answer.entries):
+                for j, entry in enumerate(row):
+                    x, y = a[i][j], b[i][j]
+                    if x == NINF or y == NINF:
+                        if x != y:
+                            return False
+                    elif abs(x - y) > self.allowance(entry, y):
+                        return False
+        return True
+
+    def misfit(self, answer: Answer, target: Grid) -> mpmath.mpf:
+        """The largest distance of an entry from ``target``, in units of what it may be off by."""
+        worst = mpmath.mpf(0)
+        with mpmath.workdps(DPS + 10):
+            for i, row in enumerate(answer.entries):
+                for j, entry in enumerate(row):
+                    got, want = entry.approx, target[i][j]
+                    if got == NINF or want == NINF:
+                        continue
+                    worst = max(worst, abs(got - want) / max(self.allowance(entry, want), mpmath.mpf(10) ** -60))
+        return worst
 
     # -- one stage ---------------------------------------------------------------------
 
     def stage(self, id: str) -> StageMark:
         answer = self.answers[id]
         exact = self.exact(id)
-        wrong = self.matches(answer, exact)
-        if not wrong:
-            return StageMark(id, "right")
+        fit = self.fit(answer, exact)
+        if not fit.wrong:
+            note = f"matches a {fit.precision} computation" if fit.precision and self.precision == "auto" else None
+            return StageMark(id, "right", note=note, rules=fit.rules, precision=fit.precision)
         follow, used = self.follow_through(id)
         # only an earlier answer that is itself not right can carry an error forward
-        carriers = sorted(u for u in used if self.matches(self.answers[u], self.exact(u)))
+        carriers = tuple(sorted(u for u in used if self.fit(self.answers[u], self.exact(u)).wrong))
         if follow is not None and carriers:
             slack = 4 * max(self.answers[u].coarsest for u in used)
-            if not self.matches(answer, follow, slack):
-                return StageMark(id, "follows", note=f"right when computed from your {', '.join(carriers)}")
+            carried = self.fit(answer, follow, slack)
+            if not carried.wrong:
+                return StageMark(id, "follows", note=f"right when computed from your {', '.join(carriers)}",
+                                 rules=carried.rules, follows_from=carriers, precision=carried.precision)
         step = self.d.step(id)
+        wrong = fit.wrong
         shown = []
-        for i, j in wrong[:MAX_WRONG_SHOWN]:
+        for i, j in wrong:
             value = step.lazy[i, j]
             shown.append(
                 WrongEntry(
@@ -309,7 +462,7 @@ class _Marker:
                     None if exact[i][j] == NINF else float(exact[i][j]),
                 )
             )
-        return StageMark(id, "wrong", tuple(shown), len(wrong), self.diagnose(id, answer, exact, wrong))
+        return StageMark(id, "wrong", tuple(shown), len(wrong), self.diagnose(step, answer, exact, wrong), rules=fit.rules)
 
     def follow_through(self, id: str) -> tuple[Grid | None, frozenset[str]]:
         """The stage computed by its relation from the student's own earlier answers, and which
@@ -333,29 +486,60 @@ class _Marker:
 
     # -- diagnosis --------------------------------------------------------------------
 
-    def diagnose(self, id: str, answer: Answer, exact: Grid, wrong: list[tuple[int, int]]) -> str | None:
-        step = self.d.step(id)
-        slack = 4 * max([answer.coarsest] + [self.answers[a].coarsest for a in self.answers])
+    def diagnose(self, step, answer: Answer, exact: Grid, wrong: list[tuple[int, int]]) -> Diagnosis | None:
+        id = step.id
+        fits = []
         for name, candidate in self.mistakes(step):
-            if not self.matches(answer, candidate, slack):
-                return name
+            if self.same_as_written(answer, candidate, exact):
+                continue  # this mistake changes nothing here: it cannot be the cause
+            if not self.fit(answer, candidate).wrong:
+                fits.append((self.misfit(answer, candidate), name, candidate))
+        if fits:
+            fits.sort(key=lambda f: f[0])
+            best = fits[0]
+            equal = [f[1] for f in fits[1:] if self.same_as_written(answer, f[2], best[2])]
+            if equal:
+                names = (best[1], *equal)
+                text = best[1] + "; or, giving the same numbers here, " + "; or ".join(equal)
+                return Diagnosis("mistake", text, names)
+            return Diagnosis("mistake", best[1], (best[1],))
         if len(wrong) == 1:
             i, j = wrong[0]
             given = answer.entries[i][j]
             off = given.approx - exact[i][j] if exact[i][j] != NINF and given.approx != NINF else None
-            label = f"{id}[{i}][{j}]"
+            label = entry_name(id, i, j)
             if off is not None and given.half_unit is None and abs(off - round(off)) < 1e-20 and abs(off) <= 2:
-                return f"arithmetic slip: {label} is off by {int(round(off)):+d}; everything else is right"
-            return f"a single wrong entry: {label}; everything else is right"
+                return Diagnosis("arithmetic slip",
+                                 f"arithmetic slip: {label} is off by {int(round(off)):+d}; everything else is right",
+                                 entries=((i, j),))
+            if not self._rounding_slip(answer, exact, i, j):
+                return Diagnosis("single entry", f"a single wrong entry: {label}; everything else is right",
+                                 entries=((i, j),))
         if step.kind_of.slips and all(
             answer.entries[i][j].approx != NINF
             and exact[i][j] != NINF
             and abs(abs(answer.entries[i][j].approx - exact[i][j]) - 1) < 1e-20
             for i, j in wrong
         ) and len(wrong) <= 3:
-            places = ", ".join(f"{id}[{i}][{j}]" for i, j in wrong)
-            return f"arithmetic slips: {places} are each off by 1"
+            places = ", ".join(entry_name(id, i, j) for i, j in wrong)
+            return Diagnosis("arithmetic slip", f"arithmetic slips: {places} are each off by 1", entries=tuple(wrong))
+        if all(self._rounding_slip(answer, exact, i, j) for i, j in wrong):
+            places = ", ".join(entry_name(id, i, j) for i, j in wrong[:MAX_WRONG_SHOWN])
+            more = f" and {len(wrong) - MAX_WRONG_SHOWN} more" if len(wrong) > MAX_WRONG_SHOWN else ""
+            what = "rounding slip" if len(wrong) == 1 else "rounding slips"
+            verb = "is" if len(wrong) == 1 else "are"
+            return Diagnosis("rounding slips",
+                             f"{what}: {places}{more} {verb} within two units of the last written place of the exact "
+                             "value; round the exact values, not values already rounded", entries=tuple(wrong))
         return None
+
+    def _rounding_slip(self, answer: Answer, exact: Grid, i: int, j: int) -> bool:
+        """Whether a wrong decimal is within two units of its last written place of the exact value."""
+        entry, want = answer.entries[i][j], exact[i][j]
+        if entry.half_unit is None or want == NINF or entry.approx == NINF or self.tolerance is not None:
+            return False
+        with mpmath.workdps(DPS + 10):
+            return abs(entry.approx - want) <= 4 * entry.half_unit
 
     def mistakes(self, step):
         """(name, values) for each of the stage's common mistakes (see the registry) that can be
@@ -377,6 +561,16 @@ class _Marker:
 
 
 # -- reports --------------------------------------------------------------------------------
+# People count from 1: an entry is named S[2,1] as the worked solution's subscripts do (JSON
+# keeps 0-based row and col).
+
+_RULE_WORDS = {
+    "exact": "exact",
+    "rounding": "rounded to the places written",
+    "float64": "to float64's rounding",
+    "float32": "to float32's rounding",
+    "tolerance": "within the tolerance",
+}
 
 
 def _approx(w: WrongEntry) -> str:
@@ -386,22 +580,34 @@ def _approx(w: WrongEntry) -> str:
     return f" ≈ {w.expected_approx:.6g}"
 
 
-def report_text(m: Marking) -> str:
+def rules_sentence(s: StageMark) -> str:
+    """Which rule made the entries right, e.g. ``3 exact, 13 rounded to the places written``."""
+    counts = s.rule_counts
+    if not counts:
+        return ""
+    if len(counts) == 1 and "exact" in counts:
+        return "every entry exact"
+    return ", ".join(f"{n} {_RULE_WORDS[rule]}" for rule, n in counts.items())
+
+
+def _verdict_line(s: StageMark) -> str:
+    line = {"right": "✓", "follows": "✓ (follows)", "wrong": "✗"}[s.status] + f" {s.id}"
+    if s.status == "wrong":
+        return line + f": {s.wrong_count} wrong " + ("entry" if s.wrong_count == 1 else "entries")
+    details = [d for d in (s.note, rules_sentence(s)) if d]
+    return line + (": " + "; ".join(details) if details else "")
+
+
+def report_text(m: Marking, max_wrong: int = MAX_WRONG_SHOWN) -> str:
     lines = []
     for s in m.stages:
-        mark_ = {"right": "✓", "follows": "✓ (follows)", "wrong": "✗"}[s.status]
-        line = f"{mark_} {s.id}"
-        if s.note:
-            line += f": {s.note}"
-        if s.status == "wrong":
-            line += f": {s.wrong_count} wrong " + ("entry" if s.wrong_count == 1 else "entries")
-        lines.append(line)
-        for w in s.wrong:
-            lines.append(f"    [{w.row}][{w.col}]: you wrote {w.given}, expected {w.expected}{_approx(w)}")
-        if s.wrong_count > len(s.wrong):
-            lines.append(f"    ... and {s.wrong_count - len(s.wrong)} more")
+        lines.append(_verdict_line(s))
+        for w in s.wrong[:max_wrong]:
+            lines.append(f"    {entry_name(s.id, w.row, w.col)}: you wrote {w.given}, expected {w.expected}{_approx(w)}")
+        if s.wrong_count > max_wrong:
+            lines.append(f"    ... and {s.wrong_count - max_wrong} more (--format json lists every one)")
         if s.diagnosis:
-            lines.append(f"    likely cause: {s.diagnosis}")
+            lines.append(f"    likely cause: {s.diagnosis.text}")
     count = {k: sum(s.status == k for s in m.stages) for k in ("right", "follows", "wrong")}
     summary = f"{count['right']} of {len(m.stages)} stages right"
     if count["follows"]:
@@ -418,14 +624,12 @@ def report_markdown(m: Marking) -> str:
     lines = ["| stage | verdict | details |", "|---|---|---|"]
     for s in m.stages:
         verdict = {"right": "✓ right", "follows": "✓ follows", "wrong": "✗ wrong"}[s.status]
-        details = []
-        if s.note:
-            details.append(s.note)
+        details = [escape(d) for d in (s.note, rules_sentence(s)) if d]
         for w in s.wrong:
-            details.append(f"[{w.row}][{w.col}]: {escape(w.given)} → {escape(w.expected)}{_approx(w)}")
+            details.append(f"{escape(entry_name(s.id, w.row, w.col))}: {escape(w.given)} → {escape(w.expected)}{_approx(w)}")
         if s.diagnosis:
-            details.append(f"likely cause: {s.diagnosis}")
-        lines.append(f"| {s.id.replace('_', chr(92) + '_')} | {verdict} | {'<br>'.join(details)} |")
+            details.append(f"likely cause: {escape(s.diagnosis.text)}")
+        lines.append(f"| {escape(s.id)} | {verdict} | {'<br>'.join(details)} |")
     return "\n".join(lines) + "\n"
 
 
@@ -434,17 +638,73 @@ def report_latex(m: Marking) -> str:
 
     rows = []
     for s in m.stages:
-        verdict = {"right": "right", "follows": "follows", "wrong": "wrong"}[s.status]
-        details = [escape_tex(s.note)] if s.note else []
+        details = [escape_tex(d) for d in (s.note, rules_sentence(s)) if d]
         for w in s.wrong:
-            details.append(f"[{w.row}][{w.col}]: {escape_tex(w.given)} $\\to$ \\texttt{{{escape_tex(w.expected)}}}")
+            details.append(f"{escape_tex(entry_name(s.id, w.row, w.col))}: {escape_tex(w.given)} $\\to$ "
+                           f"\\texttt{{{escape_tex(w.expected)}}}")
         if s.diagnosis:
-            details.append("likely cause: " + escape_tex(s.diagnosis))
+            details.append("likely cause: " + escape_tex(s.diagnosis.text))
         cell = " \\newline ".join(details) or "--"
-        rows.append(f"{escape_tex(s.id)} & {verdict} & {cell} \\\\")
+        rows.append(f"{escape_tex(s.id)} & {s.status} & {cell} \\\\")
     body = "\n".join(rows)
     return (
         "\\begin{tabular}{l l p{0.6\\linewidth}}\n\\hline\nstage & verdict & details \\\\\n\\hline\n"
         + body
         + "\n\\hline\n\\end{tabular}\n"
     )
+
+
+# -- a class of answers files -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StageSummary:
+    """One stage over a class's answers files: how many right, right by follow-through, wrong,
+    and the most common diagnosis of the wrong ones (with how many it was given to)."""
+
+    id: str
+    answered: int
+    right: int
+    follows: int
+    wrong: int
+    diagnosis: str | None = None
+    diagnosis_count: int = 0
+
+    def as_dict(self) -> dict:
+        out = {"id": self.id, "answered": self.answered, "right": self.right, "follows": self.follows, "wrong": self.wrong}
+        if self.diagnosis:
+            out["most_common_diagnosis"] = {"text": self.diagnosis, "count": self.diagnosis_count}
+        return out
+
+
+def class_summary(markings: list[Marking], order: list[str]) -> list[StageSummary]:
+    """Per stage (in ``order``), what a class's answers files came to."""
+    from collections import Counter
+
+    out = []
+    for id in order:
+        marks = [s for m in markings for s in m.stages if s.id == id]
+        if not marks:
+            continue
+        causes = Counter(_cause(s.diagnosis) for s in marks if s.status == "wrong" and s.diagnosis)
+        top = causes.most_common(1)
+        out.append(StageSummary(id, len(marks), sum(s.status == "right" for s in marks),
+                                sum(s.status == "follows" for s in marks), sum(s.status == "wrong" for s in marks),
+                                top[0][0] if top else None, top[0][1] if top else 0))
+    return out
+
+
+def _cause(d: Diagnosis) -> str:
+    """A diagnosis as a class summary counts it: the mistake's name, or the kind of slip."""
+    return d.text if d.kind == "mistake" else d.kind
+
+
+def summary_text(summary: list[StageSummary]) -> str:
+    """The class summary as an aligned table."""
+    head = ("stage", "right", "follows", "wrong", "most common diagnosis")
+    rows = [(s.id, str(s.right), str(s.follows), str(s.wrong),
+             f"{s.diagnosis} ({s.diagnosis_count})" if s.diagnosis else "") for s in summary]
+    widths = [max(len(r[k]) for r in [head, *rows]) for k in range(4)]
+    lines = ["  ".join([r[0].ljust(widths[0])] + [v.rjust(w) for v, w in zip(r[1:4], widths[1:])] + [r[4]]).rstrip()
+             for r in [head, *rows]]
+    return "\n".join(lines) + "\n"

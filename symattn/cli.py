@@ -217,16 +217,22 @@ An answers file maps stage ids to matrices, for any subset of the stages
     O: [["1/2", "e^(1/2)/(1 + e^(1/2))"], ["-inf", 3]]   # exact
 
 An exact entry must be equal; a decimal is right when it is the exact value
-rounded to the places written (half a unit in the last place). Each stage is
-also checked against the same stage computed from your own earlier answers,
-allowing the rounding carried in from them (follow-through marking: one
-early slip is marked once). A wrong stage is tested against the common
-mistakes (no scaling, scaling by d_k, mask missing or applied after the
-softmax, softmax over columns, Q·K or K·Qᵀ, a transposed product, a single
-wrong entry, an arithmetic slip) and the one that reproduces it is named.
+rounded to the places written (half a unit in the last place), or, when every
+entry of the stage is what a float32 (or float64) computation prints, as that
+computation (--precision). The report says which rule made the entries right.
+Each stage is also checked against the same stage computed from your own
+earlier answers, allowing the rounding carried in from them (follow-through
+marking: one early slip is marked once). A wrong stage is tested against the
+common mistakes (no scaling, scaling by d_k, mask missing or applied after the
+softmax, softmax over columns, Q·K or K·Qᵀ, a transposed product, ...); one is
+named only when it reproduces your answer and changes the result. Entries are
+named as the worked solution names them, counting from 1: S[2,1] is row 2,
+column 1.
 
 Exit code 0 when everything is right, 1 otherwise. With several answers
-files: one line per file and a summary (--format csv for a spreadsheet).
+files: one line per file, then a summary per stage for the whole class (how
+many right, how many by follow-through, the most common diagnosis); --format
+csv gives a spreadsheet, --format json everything.
 """
 
 
@@ -236,9 +242,13 @@ files: one line per file and a summary (--format csv for a spreadsheet).
 @click.option("-f", "--format", "fmt", type=click.Choice(["text", "markdown", "latex", "json", "csv"]), default="text",
               show_default=True, help="Report format (csv: one line per answers file).")
 @click.option("--tolerance", type=click.FloatRange(min=0), help="Accept any entry within this absolute difference instead of the rounding rules.")
+@click.option("--precision", type=click.Choice(["auto", "exact", "float32", "float64"]), default="auto", show_default=True,
+              help="Decimals printed from a binary float computation: float32/float64 accept any entry within that "
+                   "format's rounding; auto accepts a stage when every entry of it fits one format; exact never does.")
 @click.option("--backward", is_flag=True,
               help="Mark gradient stages too (dV, dA, ...): the file's backward: section, else the loss L = Σ O.")
-def check(problem: Path, answers: tuple[Path, ...], fmt: str, tolerance: float | None, backward: bool) -> None:
+def check(problem: Path, answers: tuple[Path, ...], fmt: str, tolerance: float | None, precision: str,
+          backward: bool) -> None:
     import json as _json
 
     from . import derive as _derive
@@ -254,7 +264,7 @@ def check(problem: Path, answers: tuple[Path, ...], fmt: str, tolerance: float |
     results = []
     for path in answers:
         try:
-            results.append((path, mark(d, load_answers(path, d), tolerance, str(path)), None))
+            results.append((path, mark(d, load_answers(path, d), tolerance, str(path), precision), None))
         except SymattnError as exc:
             results.append((path, None, str(exc)))
     if len(answers) == 1 and fmt != "csv":
@@ -276,13 +286,17 @@ def _batch(results, fmt: str, derivation) -> None:
     import io
     import json as _json
 
+    from .check import class_summary, summary_text
+
     def verdicts(m):
         return {s.id: s.status for s in m.stages} if m is not None else {}
 
     seen = {stage_id for _, m, _ in results for stage_id in verdicts(m)}
     ids = [step.id for step in derivation.steps if step.id in seen]  # in the formula's order
+    summary = class_summary([m for _, m, _ in results if m is not None], ids)
     if fmt == "json":
-        out = [{"file": str(p), **(m.as_dict() if m else {"error": e})} for p, m, e in results]
+        out = {"files": [{"file": str(p), **(m.as_dict() if m else {"error": e})} for p, m, e in results],
+               "summary": [s.as_dict() for s in summary]}
         click.echo(_json.dumps(out, indent=2, ensure_ascii=False))
         return
     if fmt == "csv":
@@ -308,6 +322,7 @@ def _batch(results, fmt: str, derivation) -> None:
     answered = {i: sum(i in verdicts(m) for _, m, _ in results) for i in ids}
     click.echo(f"\n{sum(m is not None and m.passed for _, m, _ in results)} of {len(results)} files all right")
     click.echo("right per stage: " + ", ".join(f"{i} {right[i]}/{answered[i]}" for i in ids))
+    click.echo("\nThe class, stage by stage:\n" + summary_text(summary), nl=False)
 
 
 def _range(ctx, param, value: str | None) -> tuple[int, int] | None:

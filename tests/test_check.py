@@ -361,7 +361,7 @@ def test_decimal_just_outside_half_a_unit_is_wrong(tmp_path, problem):
     a = stage_of(report, "A")
     assert a["status"] == "wrong"
     assert [(w["row"], w["col"], w["given"]) for w in a["wrong"]] == [(i, j, neighbour)]
-    assert f"A[{i}][{j}]" in a["diagnosis"]
+    assert f"A[{i + 1},{j + 1}]" in a["diagnosis"]  # named as the solution does, counting from 1
     assert code == 1
     code, report = check_json(problem, answers, "--tolerance", "0.01")
     assert statuses(report) == {"A": "right"} and code == 0
@@ -516,7 +516,7 @@ def test_single_wrong_entry(tmp_path, c4):
     A = rounded_grid(_values(c4, "A"))
     A[2][1] = format(Decimal(A[2][1]) + Decimal("0.0100"), "f")
     d = _diagnosis(tmp_path, CAUSAL4, {"A": A}, "A")
-    assert "a single wrong entry: A[2][1]" in d
+    assert "a single wrong entry: A[3,2]" in d  # row 3, column 2, counting from 1
 
 
 @pytest.mark.parametrize("delta", [1, -1])
@@ -524,7 +524,7 @@ def test_arithmetic_slip(tmp_path, c4, delta):
     S = [[str(x) for x in row] for row in c4.Sf]
     S[1][2] = str(c4.Sf[1][2] + delta)
     d = _diagnosis(tmp_path, CAUSAL4, {"S": S}, "S")
-    assert "arithmetic slip" in d and f"S[1][2] is off by {delta:+d}" in d
+    assert "arithmetic slip" in d and f"S[2,3] is off by {delta:+d}" in d  # counting from 1
 
 
 # -- 3. follow-through -------------------------------------------------------------------------
@@ -614,22 +614,35 @@ def test_json_contract(tmp_path, c4):
     assert set(report) == {"passed", "stages"}
     assert report["passed"] is False and code == 1
     assert [s["id"] for s in report["stages"]] == ["S", *FOLLOWS_FROM]  # the formula's order
-    allowed = {"id", "status", "wrong", "wrong_count", "diagnosis", "note"}
+    allowed = {"id", "status", "wrong", "wrong_count", "diagnosis", "diagnosis_detail", "note", "follows_from",
+               "precision", "rules", "rule_counts"}
     for s in report["stages"]:
         assert {"id", "status"} <= set(s) <= allowed
         assert s["status"] in ("right", "wrong", "follows")
         if s["status"] == "follows":
             assert isinstance(s["note"], str) and "wrong" not in s
+            # machine-readable: the earlier answers (themselves not right) it rests on
+            earlier = [t["id"] for t in report["stages"]][: [t["id"] for t in report["stages"]].index(s["id"])]
+            assert s["follows_from"] and set(s["follows_from"]) <= set(earlier)
+            assert all(r in ("exact", "rounding") for row in s["rules"] for r in row)
     s = stage_of(report, "S")
     assert s["wrong"] == [{"row": 2, "col": 1, "given": "17", "expected": "16", "expected_approx": 16.0}]
     assert isinstance(s["wrong"][0]["expected_approx"], float)
     assert isinstance(s["diagnosis"], str)
+    assert s["diagnosis_detail"] == {"kind": "arithmetic slip", "text": s["diagnosis"], "entries": [{"row": 2, "col": 1}]}
+    assert s["rules"][2][1] is None and s["rules"][0][0] == "exact"
 
 
 def test_json_passed_true(tmp_path, c4):
     answers = write(tmp_path, "a.yaml", answers_text({"S": c4.stage["S"].exact, "A": rounded_grid(_values(c4, "A"))}))
     code, report = check_json(CAUSAL4, answers)
-    assert report == {"passed": True, "stages": [{"id": "S", "status": "right"}, {"id": "A", "status": "right"}]}
+    A = rounded_grid(_values(c4, "A"))
+    rules_A = [["rounding" if "." in x else "exact" for x in row] for row in A]  # 1 and 0 are written exactly
+    assert report == {"passed": True, "stages": [
+        {"id": "S", "status": "right", "rules": [["exact"] * 4] * 4, "rule_counts": {"exact": 16}},
+        {"id": "A", "status": "right", "rules": rules_A,
+         "rule_counts": {k: n for k in ("exact", "rounding") if (n := sum(r == k for row in rules_A for r in row))}},
+    ]}
     assert code == 0
 
 
@@ -693,7 +706,7 @@ def test_text_report(tmp_path, c4):
     assert any(l.startswith("✗ S") for l in lines)
     for sid in FOLLOWS_FROM:
         assert any(l.startswith("✓") and re.search(rf"\b{sid}\b", l) for l in lines), (sid, lines)
-    assert "[2][1]" in r.stdout and "17" in r.stdout
+    assert "S[3,2]: you wrote 17" in r.stdout  # row 3, column 2, counting from 1
     good = write(tmp_path, "good.yaml", answers_text({"S": c4.stage["S"].exact}))
     r = run(CAUSAL4, good)
     assert r.code == 0 and r.stdout.startswith("✓ S") and "✗" not in r.stdout
@@ -784,7 +797,7 @@ def test_error_row_too_short(tmp_path):
 def test_error_not_a_number(tmp_path):
     write(tmp_path, "bad.yaml", "S: [[2, 12, 8, 6], [12, abc, 16, 4], [8, 16, 16, 8], [6, 4, 8, 2]]\n")
     line = _one_error(run(CAUSAL4, "bad.yaml", cwd=tmp_path), "Error: bad.yaml:1:25: ")
-    assert "S[1][1]" in line and "abc" in line
+    assert "S row 2, column 2" in line and "abc" in line
 
 
 def test_error_given_stage(tmp_path):
