@@ -409,6 +409,8 @@ class _Marker:
 
     def same_as_written(self, answer: Answer, a: Grid, b: Grid) -> bool:
         """Whether two matrices agree at every entry to the precision the answer is written in."""
+        if not (_same_shape(a, answer.values) and _same_shape(b, answer.values)):
+            return False
         with mpmath.workdps(DPS + 10):
             for i, row in enumerate(answer.entries):
                 for j, entry in enumerate(row):
@@ -624,7 +626,7 @@ def report_markdown(m: Marking) -> str:
     lines = ["| stage | verdict | details |", "|---|---|---|"]
     for s in m.stages:
         verdict = {"right": "✓ right", "follows": "✓ follows", "wrong": "✗ wrong"}[s.status]
-        details = [escape(d) for d in (s.note, rules_sentence(s)) if d]
+        details = [escape(d) for d in (s.note, s.status != "wrong" and rules_sentence(s)) if d]
         for w in s.wrong:
             details.append(f"{escape(entry_name(s.id, w.row, w.col))}: {escape(w.given)} → {escape(w.expected)}{_approx(w)}")
         if s.diagnosis:
@@ -638,7 +640,7 @@ def report_latex(m: Marking) -> str:
 
     rows = []
     for s in m.stages:
-        details = [escape_tex(d) for d in (s.note, rules_sentence(s)) if d]
+        details = [escape_tex(d) for d in (s.note, s.status != "wrong" and rules_sentence(s)) if d]
         for w in s.wrong:
             details.append(f"{escape_tex(entry_name(s.id, w.row, w.col))}: {escape_tex(w.given)} $\\to$ "
                            f"\\texttt{{{escape_tex(w.expected)}}}")
