@@ -254,7 +254,8 @@ def check(problem: Path, answers: tuple[Path, ...], fmt: str, tolerance: float |
     from . import derive as _derive
     from . import load_problem
     from ._errors import SymattnError
-    from .check import load_answers, mark, report_latex, report_markdown, report_text
+    from .check import load_answers, mark
+    from .check_reports import report_latex, report_markdown, report_text
 
     try:
         p = load_problem(problem)
@@ -286,7 +287,7 @@ def _batch(results, fmt: str, derivation) -> None:
     import io
     import json as _json
 
-    from .check import class_summary, summary_text
+    from .check_reports import class_summary, summary_text
 
     def verdicts(m):
         return {s.id: s.status for s in m.stages} if m is not None else {}

@@ -24,7 +24,7 @@ PyTorch references can take their stage ids from it.
 from __future__ import annotations
 
 import difflib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 # -- the stage kinds, by key ------------------------------------------------------------
@@ -623,7 +623,10 @@ KINDS: tuple[Kind, ...] = (
     Kind(S_MASKED, S_MASKED, 13, "mask", "Add the mask", _WHY[S_MASKED], _masked_formula, (QUERIES, KEYS),
          lambda sh, r, c: _plain(r, "n_q × n_k"),
          inputs=(S_SCALED, M), relation=lambda ops, v, c: ops.add_mask(v(S_SCALED), v(M)), per_head=True,
-         tex="\\hat{S}", mistakes=(Mistake(_MASK_MISSING, lambda ops, ex, c: ex(S_SCALED)),)),
+         tex="\\hat{S}",
+         mistakes=(Mistake(_MASK_MISSING, lambda ops, ex, c: ex(S_SCALED)),
+                   Mistake(_NO_SCALING, lambda ops, ex, c: ops.add_mask(ex(S), ex(M))),
+                   Mistake(_BY_D_K, lambda ops, ex, c: ops.add_mask(_by_d_k(ops, ex, c), ex(M))))),
     Kind(A, A, 14, "softmax", "Softmax on each row", _WHY[A],
          ("A = \\operatorname{softmax}(\\hat{S})",
           "A[i,j] = exp(Ŝ[i,j] − m_i) / Z_i,  m_i = max_k Ŝ[i,k],  Z_i = Σ_k exp(Ŝ[i,k] − m_i)"),
