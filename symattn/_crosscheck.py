@@ -35,8 +35,10 @@ class Mismatch:
     reference: str = "numpy float64"
 
     def __str__(self) -> str:
+        """``S[2,1]: exact value ... but NumPy gives ...``: the entry counted from 1, as the
+        worked solution's subscripts are (``row``/``col`` stay 0-based for JSON and code)."""
         who = "NumPy" if self.reference.startswith("numpy") else "PyTorch"
-        return f"{self.stage}[{self.row}][{self.col}]: exact value {self.exact!r} but {who} gives {self.numeric!r}"
+        return f"{self.stage}[{self.row + 1},{self.col + 1}]: exact value {self.exact!r} but {who} gives {self.numeric!r}"
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,10 @@ class SymattnError(Exception):
     The message reads ``FILE:LINE:COL: FIELD: what is wrong`` when the place is
     known; any part that is unknown is left out.
 
-    >>> str(SymattnError("'abc' is not a number", file="p.yaml", line=7, col=12, field="W_Q[1][0]"))
-    "p.yaml:7:12: W_Q[1][0]: 'abc' is not a number"
+    An entry's field counts from 1, as the worked solution does (``W_Q row 2, column 1``).
+
+    >>> str(SymattnError("'abc' is not a number", file="p.yaml", line=7, col=12, field="W_Q row 2, column 1"))
+    "p.yaml:7:12: W_Q row 2, column 1: 'abc' is not a number"
     """
 
     def __init__(

@@ -378,7 +378,7 @@ class _Reader:
                         )
                 head_nodes = [{name: fields[name] for name in ("W_Q", "W_K", "W_V")}]
             for h, nodes in enumerate(head_nodes):
-                prefix = f"heads[{h}]." if "heads" in fields else ""
+                prefix = f"head{h + 1}." if "heads" in fields else ""  # the head's stage ids: head1.W_Q
                 w = {name: self.matrix(nodes[name][1], prefix + name) for name in ("W_Q", "W_K", "W_V")}
                 rows = lambda n: f"{n} {_plural(n, 'row')}"  # noqa: E731
                 self.same("X", X, "cols", prefix + "W_Q", w["W_Q"], "rows", nodes["W_Q"][0],
@@ -498,21 +498,21 @@ class _Reader:
         out = []
         for h, item in enumerate(node.value):
             if not isinstance(item, yaml.MappingNode):
-                raise self.at(item).error(f"a head is a mapping with W_Q, W_K and W_V, not {_yaml.kind(item)}", f"heads[{h}]")
+                raise self.at(item).error(f"a head is a mapping with W_Q, W_K and W_V, not {_yaml.kind(item)}", _item("heads", h))
             nodes: dict[str, tuple[yaml.Node, yaml.Node]] = {}
             for k, v in item.value:
                 name = getattr(k, "value", None)
                 if name not in ("W_Q", "W_K", "W_V"):
                     raise self.at(k).error(
                         f"unknown field {name!r} in a head{_did_you_mean(str(name), ('W_Q', 'W_K', 'W_V'))}; a head has W_Q, W_K and W_V",
-                        f"heads[{h}]",
+                        _item("heads", h),
                     )
                 if name in nodes:
-                    raise self.at(k).error(f"{name} is given twice in this head", f"heads[{h}]")
+                    raise self.at(k).error(f"{name} is given twice in this head", _item("heads", h))
                 nodes[name] = (k, v)
             for name in ("W_Q", "W_K", "W_V"):
                 if name not in nodes:
-                    raise self.at(item).error(f"{name} is missing from this head", f"heads[{h}]")
+                    raise self.at(item).error(f"{name} is missing from this head", _item("heads", h))
             out.append(nodes)
         return out
 
@@ -524,7 +524,7 @@ class _Reader:
         out: dict[str, sympy.Symbol] = {}
         for i, item in enumerate(node.value):
             name = item.value if isinstance(item, yaml.ScalarNode) else None
-            field = f"symbols[{i}]"
+            field = _item("symbols", i)
             if not isinstance(name, str) or not _NAME.fullmatch(name) or keyword.iskeyword(name):
                 raise self.at(item).error(
                     f"a symbol is a name of letters, digits and _ starting with a letter, not {_yaml.kind(item)}", field
@@ -584,7 +584,7 @@ class _Reader:
         out = []
         for i, item in enumerate(node.value):
             if not isinstance(item, yaml.ScalarNode) or _yaml.is_null(item) or not item.value.strip():
-                raise self.at(item).error(f"a label must be a word, not {_yaml.kind(item)}", f"{name}[{i}]")
+                raise self.at(item).error(f"a label must be a word, not {_yaml.kind(item)}", _item(name, i))
             out.append(item.value.strip())
         return tuple(out)
 
@@ -642,20 +642,20 @@ class _Reader:
         for i, row in enumerate(node.value):
             if not isinstance(row, yaml.SequenceNode):
                 hint = " (a single row is written [[...]])" if isinstance(row, yaml.ScalarNode) else ""
-                raise self.at(row).error(f"row {i} must be a list of numbers, not {_yaml.kind(row)}{hint}", f"{name}[{i}]")
+                raise self.at(row).error(f"row {i + 1} must be a list of numbers, not {_yaml.kind(row)}{hint}", _row(name, i))
             if not row.value:
-                raise self.at(row).error("the row is empty", f"{name}[{i}]")
+                raise self.at(row).error("the row is empty", _row(name, i))
             if len(row.value) > self.max_size:
                 raise self.at(row).error(
                     f"the row has more than {self.max_size:,} entries (the size limit; raise it with --max-size)",
-                    f"{name}[{i}]",
+                    _row(name, i),
                 )
             if width is None:
                 width = len(row.value)
             elif len(row.value) != width:
                 raise self.at(row).error(
-                    f"row {i} has {len(row.value)} entries but row 0 has {width}; every row needs the same length",
-                    f"{name}[{i}]",
+                    f"row {i + 1} has {len(row.value)} entries but row 1 has {width}; every row needs the same length",
+                    _row(name, i),
                 )
             rows.append(row.value)
         self.count(len(rows) * width, self.at(node), name)
@@ -684,7 +684,7 @@ class _Reader:
             return fast
         return Matrix(
             [
-                [self.number(entry, f"{name}[{i}][{j}]", allow_neg_inf) for j, entry in enumerate(row)]
+                [self.number(entry, _entry(name, i, j), allow_neg_inf) for j, entry in enumerate(row)]
                 for i, row in enumerate(rows)
             ]
         )
@@ -800,7 +800,7 @@ class _Reader:
         if isinstance(node, yaml.SequenceNode):
             rows = self.rows_of(node, "mask")
             allowed = tuple(
-                tuple(self.mask_entry(entry, f"mask[{i}][{j}]") for j, entry in enumerate(row))
+                tuple(self.mask_entry(entry, _entry("mask", i, j)) for j, entry in enumerate(row))
                 for i, row in enumerate(rows)
             )
             if (len(allowed), len(allowed[0])) != (n_q, n_k):
@@ -832,7 +832,7 @@ class _Reader:
                 else:
                     by, field, node = "the mask leaves", "mask", mask_node
                 raise self.at(node).error(
-                    f"{by} row {i} (query {i + 1}) with no key to attend to; "
+                    f"{by} row {i + 1} with no key to attend to; "
                     "its softmax would be 0/0. Allow at least one key in every row",
                     field,
                 )
@@ -913,6 +913,23 @@ def _same_decimals(decimals: int) -> re.Pattern:
     """A row of numbers each with exactly ``decimals`` digits after the point (none: integers)."""
     number = rf"-?[0-9]{{1,30}}\.[0-9]{{{decimals}}}" if decimals else r"-?[0-9]{1,30}"
     return re.compile(rf"[ \n]*{number}(?:[ \n]*,[ \n]*{number})*[ \n]*")
+
+
+# Where an entry, a row or a list item is, as a person reads it: counted from 1, as the
+# worked solution's subscripts are (S₂₁ is row 2, column 1). JSON keeps 0-based indices.
+def _entry(name: str, i: int, j: int) -> str:
+    """``X row 3, column 2`` for the 0-based entry ``(i, j)`` of matrix ``name``."""
+    return f"{name} row {i + 1}, column {j + 1}"
+
+
+def _row(name: str, i: int) -> str:
+    """``X row 3`` for the 0-based row ``i`` of matrix ``name``."""
+    return f"{name} row {i + 1}"
+
+
+def _item(name: str, i: int) -> str:
+    """``tokens item 2`` for the 0-based item ``i`` of the list ``name``."""
+    return f"{name} item {i + 1}"
 
 
 def _plural(n: int, word: str) -> str:

@@ -1520,8 +1520,8 @@ BAD_BACKWARD = {
     # `backward: ` is 10 characters: the value starts in column 11
     "not-a-mapping": (BASE + "backward: sum\n", "bad.yaml:4:11: backward: ", ["loss"]),
     # `  dO: [[` is 8 characters: the entry starts in column 9
-    "dO-not-a-number": (BASE + "backward:\n  dO: [[abc], [1]]\n", "bad.yaml:5:9: backward.dO[0][0]: ", ["abc"]),
-    "dO-minus-inf": (BASE + "backward:\n  dO: [[-inf], [1]]\n", "bad.yaml:5:9: backward.dO[0][0]: ", ["-inf"]),
+    "dO-not-a-number": (BASE + "backward:\n  dO: [[abc], [1]]\n", "bad.yaml:5:9: backward.dO row 1, column 1: ", ["abc"]),
+    "dO-minus-inf": (BASE + "backward:\n  dO: [[-inf], [1]]\n", "bad.yaml:5:9: backward.dO row 1, column 1: ", ["-inf"]),
     "two-entries": (BASE + "backward: {loss: sum, dO: [[1], [2]]}\n", "bad.yaml:4:11: backward: ", ["dO", "loss"]),
 }
 

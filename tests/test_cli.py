@@ -496,7 +496,7 @@ BAD_FILES = {
     "ragged-row": (
         "Q: [[1, 0]]\nK:\n  - [1, 0]\n  - [0, 1, 2]\nV: [[1], [2]]\n",
         "bad.yaml:4:5:",  # '  - ' then the row's '[' at column 5 of line 4
-        ["K[1]", "row 1 has 3 entries but row 0 has 2"],
+        ["K row 2", "row 2 has 3 entries but row 1 has 2"],
     ),
     "shape-mismatch": (
         "Q: [[1, 0]]\nK: [[1, 0, 0], [0, 1, 0]]\nV: [[1], [2]]\n",
@@ -607,7 +607,7 @@ def test_python_in_an_entry_is_not_executed(run, tmp_path):
     (tmp_path / "bad.yaml").write_text(f'Q: [[1, 0]]\nK: [[1, 0], [0, 1]]\nV: [[1], ["{entry}"]]\n', "utf-8")
     r = run("derive", "bad.yaml")
     # 'V: [[1], [' is 10 characters: the quoted entry starts at column 11 of line 3
-    assert_one_error_line(r, "bad.yaml:3:11:", "V[1][0]")
+    assert_one_error_line(r, "bad.yaml:3:11:", "V row 2, column 1")
     assert not marker.exists()
 
 

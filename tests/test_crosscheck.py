@@ -100,7 +100,7 @@ def test_one_wrong_entry_is_named_by_stage_and_entry():
     assert (m.stage, m.row, m.col) == ("S", 1, 2)
     assert m.exact == pytest.approx(float(S[1, 2]) + 1)
     assert m.numeric == pytest.approx(float(S[1, 2]))
-    assert str(m).startswith("S[1][2]:"), str(m)
+    assert str(m).startswith("S[2,3]:"), str(m)  # counted from 1, as S₂₃ in the solution
 
 
 def test_a_lost_minus_infinity_is_caught():

@@ -419,7 +419,7 @@ def test_random_problem_with_an_empty_row_is_an_error_naming_the_row(index):
         symattn.derive(parse_problem(text, "p.yaml"))
     message = str(info.value)
     assert message.startswith("p.yaml:6:7: mask: "), message  # `mask: ` is line 6; the value starts in column 7
-    assert f"row {row} (query {row + 1})" in message, message
+    assert f"row {row + 1} with no key to attend to" in message, message
     assert "nan" not in message.lower()
 
 
@@ -606,7 +606,7 @@ def test_mask_and_bias_that_leave_a_row_empty_are_an_error_naming_the_row():
         parse_problem(text, "p.yaml")
     message = str(info.value)
     assert message.startswith("p.yaml:5:7: bias: "), message
-    assert "row 1 (query 2)" in message and "mask and bias" in message, message
+    assert "row 2 with no key" in message and "mask and bias" in message, message
     assert info.value.field == "bias" and info.value.line == 5 and info.value.col == 7
 
 
@@ -708,7 +708,7 @@ ERRORS = {
         "heads:\n"
         "  - {W_Q: [[1], [0], [1]], W_K: [[1], [1]], W_V: [[1], [0]]}\n"
         "W_O: [[1]]\n",
-        "p.yaml:3:6: heads[0].W_Q: X is 1×2 but heads[0].W_Q is 3×1: X·W_Q needs W_Q to have 2 rows",
+        "p.yaml:3:6: head1.W_Q: X is 1×2 but head1.W_Q is 3×1: X·W_Q needs W_Q to have 2 rows",
     ),
     # `  - {W_Q: [[1, 0], [0, 1]], ` is 28 characters: W_K starts in column 29
     "head-d_k-mismatch": (
@@ -717,7 +717,7 @@ ERRORS = {
         "  - {W_Q: [[1], [0]], W_K: [[1], [1]], W_V: [[1], [0]]}\n"
         "  - {W_Q: [[1, 0], [0, 1]], W_K: [[1], [1]], W_V: [[1], [0]]}\n"
         "W_O: [[1], [2]]\n",
-        "p.yaml:4:29: heads[1].W_K: heads[1].W_Q is 2×2 but heads[1].W_K is 2×1: "
+        "p.yaml:4:29: head2.W_K: head2.W_Q is 2×2 but head2.W_K is 2×1: "
         "Q·Kᵀ needs W_Q and W_K to have the same number of columns (d_k)",
     ),
     "heads-without-W_O": (
@@ -746,28 +746,28 @@ ERRORS = {
         "X: [[1, 0]]\n"
         "heads: [{W_Q: [[1], [0]], W_k: [[1], [1]], W_V: [[1], [0]]}]\n"
         "W_O: [[1]]\n",
-        "p.yaml:2:27: heads[0]: unknown field 'W_k' in a head (did you mean 'W_K'?)",
+        "p.yaml:2:27: heads item 1: unknown field 'W_k' in a head (did you mean 'W_K'?)",
     ),
     # `Q: [[` is 5 characters: a starts in column 6
     "undeclared-symbol": (
         "Q: [[a, 1]]\nK: [[1, 0]]\nV: [[1]]\n",
-        "p.yaml:1:6: Q[0][0]: 'a' is not a number or a declared symbol",
+        "p.yaml:1:6: Q row 1, column 1: 'a' is not a number or a declared symbol",
     ),
     # `W_K: [[1, 0], [` is 15 characters: the quoted entry starts in column 16
     "undeclared-symbol-in-expression": (
         "symbols: [a]\nX: [[1, 0]]\nW_Q: [[a], [1]]\n"
         'W_K: [[1, 0], ["2*b + 1", 1]]\n'
         "W_V: [[1], [0]]\n",
-        "p.yaml:4:16: W_K[1][0]: '2*b + 1': 'b' is not a number or a declared symbol",
+        "p.yaml:4:16: W_K row 2, column 1: '2*b + 1': 'b' is not a number or a declared symbol",
     ),
     # `symbols: [` is 10 characters: the name starts in column 11
     "symbol-named-sqrt": (
         "symbols: [sqrt]\nQ: [[1, 1]]\nK: [[1, 0]]\nV: [[1]]\n",
-        "p.yaml:1:11: symbols[0]: 'sqrt' is taken",
+        "p.yaml:1:11: symbols item 1: 'sqrt' is taken",
     ),
     "symbol-named-gamma": (
         "symbols: [b, gamma]\nQ: [[b, 1]]\nK: [[1, 0]]\nV: [[1]]\n",
-        "p.yaml:1:14: symbols[1]: 'gamma' is taken",
+        "p.yaml:1:14: symbols item 2: 'gamma' is taken",
     ),
     # `values: {` is 9 characters: the key starts in column 10
     "values-undeclared": (
@@ -807,7 +807,7 @@ ERRORS = {
     ),
     "bias-plus-inf": (
         "Q: [[1, 0]]\nK: [[1, 0], [0, 1]]\nV: [[1], [2]]\nbias: [[0, inf]]\n",
-        "p.yaml:4:12: bias[0][1]: 'inf'",
+        "p.yaml:4:12: bias row 1, column 2: 'inf'",
     ),
 }
 

@@ -985,6 +985,10 @@ QKV_TAIL = "K: [[1, 0], [0, 1]]\nV: [[1], [2]]\n"
         "X: [[1, 2]]\nW_Q: [[1], [2]]\nW_K: [[1], [2]]\nW_V: [[1], [x]]\n",
         "Q: [[1, 2]]\nK: [[1, 0], [0, 1]]\nV: [[1], [2]]\nbias: [[0, 1, 2]]\n",
         "Q: [[1, 2]]\nK: [[1, 0], [0, 1]]\nV: [[1], [2]]\nmask: [[0, 0]]\n",
+        # an entry error inside a cut matrix: its nodes are composed for the message
+        "Q: [[1, 2]]\nK: [[1, 0], [0, 1]]\nV: [[1], [2]]\nmask: [[1, 0],\n       [1, 7]]\n",
+        "X: [[1, 2]]\nheads:\n  - W_Q: [[1], [2]]\n    W_K: [[1], [2]]\n    W_V: [[1], [2]]\n"
+        "  - W_Q: [[1], [2]]\n    W_K: [[1], [q]]\n    W_V: [[1], [2]]\nW_O: [[1], [2]]\n",
     ],
 )
 def test_problem_errors_unchanged_by_the_cut(text):

@@ -471,7 +471,7 @@ def test_load_problem_from_text():
     assert p.Q == M([[1]])
     with pytest.raises(SymattnError) as info:
         load_problem("Q: [[abc]]\nK: [[1]]\nV: [[1]]\n")
-    assert_at(info.value, 1, 6, "Q[0][0]", file="<problem>")
+    assert_at(info.value, 1, 6, "Q row 1, column 1", file="<problem>")
 
 
 def test_load_problem_missing_file_and_folder(tmp_path):
@@ -529,8 +529,8 @@ def test_spec_example_error_position():
         "W_Q: [[1],[abc]]\n"  # 7: 'abc' starts at column 12
     )
     err = fail(text, "example.yaml")
-    assert_at(err, 7, 12, "W_Q[1][0]", file="example.yaml")
-    assert str(err).startswith("example.yaml:7:12: W_Q[1][0]: ")
+    assert_at(err, 7, 12, "W_Q row 2, column 1", file="example.yaml")
+    assert str(err).startswith("example.yaml:7:12: W_Q row 2, column 1: ")
     assert "'abc' is not a number or a declared symbol" in err.message
 
 
@@ -579,7 +579,7 @@ def test_bad_entries_name_file_line_col_and_field(entry, fragment):
     start = time.perf_counter()
     err = fail(f"Q: [[1, {entry}]]\nK: [[1, 1]]\nV: [[1]]\n")
     assert time.perf_counter() - start < 2.0
-    assert_at(err, 1, 9, "Q[0][1]")
+    assert_at(err, 1, 9, "Q row 1, column 2")
     assert fragment in err.message
 
 
@@ -591,14 +591,14 @@ def test_bad_entry_in_block_matrix_position():
         + W2
     )
     err = fail(text)
-    assert_at(err, 3, 9, "X[1][1]")
+    assert_at(err, 3, 9, "X row 2, column 2")
     assert "'.nan' (not a number) is not allowed" in err.message
 
 
 def test_neg_inf_in_weights_rejected_but_in_bias_allowed():
     err = fail("X: [[1, 0]]\nW_Q: [[1], [-inf]]\nW_K: [[1], [0]]\nW_V: [[1], [0]]\n")
     # "W_Q: [[1], [" is 12 characters -> column 13
-    assert_at(err, 2, 13, "W_Q[1][0]")
+    assert_at(err, 2, 13, "W_Q row 2, column 1")
     assert "-inf is only allowed in a mask or bias matrix" in err.message
     assert ok(QKV3 + "bias: [[0, 0, -inf], [0, 0, 0], [0, 0, 0]]\n").bias[0, 2] == sympy.S.NegativeInfinity
 
@@ -606,10 +606,10 @@ def test_neg_inf_in_weights_rejected_but_in_bias_allowed():
 def test_bias_entries_still_checked():
     err = fail(QKV3 + "bias: [[0, 0, 0], [0, nan, 0], [0, 0, 0]]\n")
     # line 4: "bias: [[0, 0, 0], [0, " is 22 characters -> column 23
-    assert_at(err, 4, 23, "bias[1][1]")
+    assert_at(err, 4, 23, "bias row 2, column 2")
     assert "'nan' (not a number) is not allowed" in err.message
     err = fail(QKV3 + "bias: [[0, 0, 0], [0, .inf, 0], [0, 0, 0]]\n")
-    assert_at(err, 4, 23, "bias[1][1]")
+    assert_at(err, 4, 23, "bias row 2, column 2")
     assert "'.inf' is not a finite number" in err.message
 
 
@@ -622,7 +622,7 @@ def test_injection_entry_is_rejected_and_runs_nothing(tmp_path):
     marker = tmp_path / "symattn_pwned_entry"
     text = f"Q: [[\"__import__('os').system('touch {marker}')\"]]\nK: [[1]]\nV: [[1]]\n"
     err = fail(text)
-    assert_at(err, 1, 6, "Q[0][0]")
+    assert_at(err, 1, 6, "Q row 1, column 1")
     assert "attribute access (.) cannot be called (only sqrt, exp, log)" in err.message
     assert not marker.exists()
 
@@ -634,13 +634,13 @@ def test_injection_entry_from_file_runs_nothing(tmp_path):
     )
     with pytest.raises(SymattnError) as info:
         load_problem(path)
-    assert_at(info.value, 4, 6, "V[0][0]", file=str(path))
+    assert_at(info.value, 4, 6, "V row 1, column 1", file=str(path))
     assert not marker.exists()
 
 
 def test_lambda_call_entry_is_rejected():
     err = fail('Q: [["(lambda: 1)()"]]\nK: [[1]]\nV: [[1]]\n')
-    assert_at(err, 1, 6, "Q[0][0]")
+    assert_at(err, 1, 6, "Q row 1, column 1")
     assert "a lambda cannot be called (only sqrt, exp, log)" in err.message
 
 
@@ -692,21 +692,21 @@ def test_ragged_rows():
         + W2
     )
     err = fail(text)
-    assert_at(err, 3, 5, "X[1]")
-    assert err.message == "row 1 has 1 entries but row 0 has 2; every row needs the same length"
+    assert_at(err, 3, 5, "X row 2")
+    assert err.message == "row 2 has 1 entries but row 1 has 2; every row needs the same length"
 
 
 def test_ragged_rows_flow_style():
     # "Q: [[1, 2], " is 12 characters -> row 1 starts in column 13
     err = fail("Q: [[1, 2], [3, 4, 5]]\nK: [[1, 2]]\nV: [[1]]\n")
-    assert_at(err, 1, 13, "Q[1]")
-    assert "row 1 has 3 entries but row 0 has 2" in err.message
+    assert_at(err, 1, 13, "Q row 2")
+    assert "row 2 has 3 entries but row 1 has 2" in err.message
 
 
 def test_single_row_without_outer_brackets():
     err = fail("Q: [1, 2]\nK: [[1, 2]]\nV: [[1]]\n")
-    assert_at(err, 1, 5, "Q[0]")
-    assert err.message == "row 0 must be a list of numbers, not '1' (a single row is written [[...]])"
+    assert_at(err, 1, 5, "Q row 1")
+    assert err.message == "row 1 must be a list of numbers, not '1' (a single row is written [[...]])"
 
 
 def test_matrix_not_a_list():
@@ -717,7 +717,7 @@ def test_matrix_not_a_list():
     assert_at(err, 1, 4, "Q")
     assert err.message == "the matrix is empty; it needs at least one row"
     err = fail("Q: [[1]]\nK: [[]]\nV: [[1]]\n")
-    assert_at(err, 2, 5, "K[0]")
+    assert_at(err, 2, 5, "K row 1")
     assert err.message == "the row is empty"
 
 
@@ -889,7 +889,7 @@ def test_tokens_must_be_a_list_of_words():
     assert_at(err, 4, 9, "tokens")
     assert "tokens must be a list of labels such as [The, cat, sat], not 'a b c'" in err.message
     err = fail(QKV3 + "tokens: [a, ~, c]\n")  # "tokens: [a, " is 12 characters -> column 13
-    assert_at(err, 4, 13, "tokens[1]")
+    assert_at(err, 4, 13, "tokens item 2")
     assert err.message == "a label must be a word, not empty"
 
 
@@ -1011,10 +1011,10 @@ def test_sliding_window_must_be_positive_whole_number(w):
 
 def test_mask_entry_must_be_0_1_or_bool():
     err = fail(QKV3 + "mask: [[1, 2, 0], [1, 1, 1], [1, 1, 1]]\n")
-    assert_at(err, 4, 12, "mask[0][1]")  # "mask: [[1, " is 11 characters
+    assert_at(err, 4, 12, "mask row 1, column 2")  # "mask: [[1, " is 11 characters
     assert err.message == "a mask entry is 1 (may attend) or 0 (may not), or true/false, not '2'"
     err = fail(QKV3 + "mask: [[1, 0, 0], [1, 1, 0], [1, 1, -inf]]\n")
-    assert_at(err, 4, 37, "mask[2][2]")  # "mask: [[1, 0, 0], [1, 1, 0], [1, 1, " is 36 characters
+    assert_at(err, 4, 37, "mask row 3, column 3")  # "mask: [[1, 0, 0], [1, 1, 0], [1, 1, " is 36 characters
     assert "not '-inf'" in err.message
 
 
@@ -1034,36 +1034,36 @@ def test_fully_masked_row_is_an_error_naming_the_row():
     text = QKV3 + (
         "mask:\n"  # 4
         "  - [1, 0, 0]\n"  # 5: the mask's list starts at "-" in column 3
-        "  - [0, 0, 0]\n"  # 6: row 1 lets query 2 attend to nothing
+        "  - [0, 0, 0]\n"  # 6: row 2 lets query 2 attend to nothing
         "  - [1, 1, 1]\n"  # 7
     )
     err = fail(text)
     assert_at(err, 5, 3, "mask")
-    assert "row 1 (query 2) with no key to attend to" in err.message
+    assert "row 2 with no key to attend to" in err.message
     assert "0/0" in err.message
 
 
 def test_fully_masked_row_flow_style_false_row():
     err = fail(QKV3 + "mask: [[true, false, false], [true, true, true], [false, false, false]]\n")
     assert_at(err, 4, 7, "mask")
-    assert "row 2 (query 3) with no key to attend to" in err.message
+    assert "row 3 with no key to attend to" in err.message
 
 
 def test_causal_bottom_right_with_more_queries_than_keys_leaves_row_0_empty():
     # n_q = 3, n_k = 2: query 0 may attend to j ≤ 0 + (2 − 3) = −1, i.e. to nothing
     err = fail("Q: [[1], [2], [3]]\nK: [[1], [2]]\nV: [[1], [2]]\nmask: causal-bottom-right\n")
     assert_at(err, 4, 7, "mask")
-    assert "row 0 (query 1) with no key to attend to" in err.message
+    assert "row 1 with no key to attend to" in err.message
 
 
 def test_bias_row_all_neg_inf_is_an_error_naming_the_row():
     err = fail(QKV3 + "mask: causal\nbias: [[0, 0, 0], [-inf, -inf, 0], [0, 0, 0]]\n")
     # row 1 under causal allows keys 0 and 1, both -inf in the bias
     assert_at(err, 5, 7, "bias")
-    assert "the mask and bias together leave row 1 (query 2) with no key to attend to" in err.message
+    assert "the mask and bias together leave row 2 with no key to attend to" in err.message
     err = fail(QKV3 + "bias: [[-inf, -inf, -inf], [0, 0, 0], [0, 0, 0]]\n")
     assert_at(err, 4, 7, "bias")
-    assert "row 0 (query 1) with no key to attend to" in err.message
+    assert "row 1 with no key to attend to" in err.message
 
 
 # --------------------------------------------------------------------------
@@ -1145,7 +1145,7 @@ def test_fully_masked_row_with_bias_points_at_the_mask():
     )
     err = fail(text)
     assert_at(err, 4, 7, "mask")
-    assert "row 1 (query 2) with no key to attend to" in err.message
+    assert "row 2 with no key to attend to" in err.message
 
 
 def test_aliases_cannot_blow_a_small_file_up_into_millions_of_numbers():
