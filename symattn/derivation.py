@@ -108,10 +108,6 @@ class Step:
         over ``Z_i²``; None for every other step."""
         return self.value.top if isinstance(self.value, _ops.OverZ2) else None
 
-    @property
-    def matrix(self) -> "Matrix | LazyMatrix":
-        return _ops.matrix_of(self.value)
-
     @cached_property
     def lazy(self) -> "Matrix | LazyMatrix":
         """The exact matrix, with entries built only when read (renderers show corners of big ones)."""
