@@ -159,3 +159,16 @@ def test_a_cross_check_mismatch_counts_from_1():
     # the solutions' sentence about it says the same
     for text in (symattn.render_text(bad, check=check), symattn.render_latex(bad, check=check)):
         assert "The cross-check FAILED: S[3,1]: exact value " in text
+
+
+def test_the_readme_problem_snippet_is_the_worked_example_it_names():
+    """README's "Problem files in short" shows worked_examples/causal_4_tokens.yaml: same
+    numbers, so the S row the README shows elsewhere ([2, 12, 8, 6]) is the snippet's."""
+    readme = (ROOT / "README.md").read_text("utf-8")
+    snippet = re.search(r"```yaml\n(title: Causal self-attention on four tokens.*?)```", readme, re.S).group(1)
+    shown = symattn.derive(symattn.load_problem(snippet))
+    example = symattn.derive(symattn.load_problem(ROOT / "worked_examples" / "causal_4_tokens.yaml"))
+    for sid in ("X", "W_Q", "W_K", "W_V", "S", "A", "O"):
+        assert shown.step(sid).exact == example.step(sid).exact, sid
+    assert [int(x) for x in example.step("S").exact.row(0)] == [2, 12, 8, 6]
+    assert "[2, 12, 8, 6]" in readme
