@@ -171,6 +171,39 @@ def test_hostile_title_is_in_the_pdf_text_verbatim(tmp_path):
     assert HOSTILE_TITLE in pdf_text(pdf)
 
 
+SPECIAL_TOKENS = ["<pad>", "a_b", "50%", "#1", "x&y", "~", "\\input{x}", "$", "{}", "x^y", "<|eot|>", "é"]
+
+
+def test_special_tokens_label_the_matrices_as_written(tmp_path):
+    """Tokens are math in the labels (so MathJax shows them too): the PDF still reads as written."""
+    n = len(SPECIAL_TOKENS)
+    text = yaml.safe_dump({"tokens": SPECIAL_TOKENS, "Q": [[1, 0]] * n, "K": [[0, 1]] * n, "V": [[1]] * n},
+                          allow_unicode=True)
+    d = symattn.derive(symattn.load_problem(text))
+    source = symattn.render_latex(d, max_shown=n)
+    assert "{<}\\text{pad}{>} & " in source
+    pdf = compile_latex(tmp_path, "tokens", source)
+    (tmp_path / "fragment").mkdir()
+    (tmp_path / "fragment" / "fragment.tex").write_text(symattn.render_latex(d, standalone=False), encoding="utf-8")
+    compile_latex(tmp_path / "fragment", "main", MINIMAL_DOCUMENT)  # OT1, where \text{<} would be ¡
+    if PDFTOTEXT is None:
+        return
+    labels = pdf_text(pdf).translate(str.maketrans({"∼": "~", "ˆ": "^"}))  # \sim and \hat in math
+    for token in SPECIAL_TOKENS:
+        assert f" {token} " in labels, token
+
+
+def test_every_character_of_a_token_compiles(tmp_path):
+    """Each character tex_token writes as math, and a few it keeps as text, in T1 and OT1 documents."""
+    from symattn.render._grid import _MATH_SPECIALS, tex_token
+    from symattn.render.latex import _PREAMBLE
+
+    math = " \\; ".join(tex_token(f"a{ch}b") for ch in [*_MATH_SPECIALS, *"–—é猫\x07'\"`-", "--"])
+    body = f"\\begin{{document}}\n\\[ {math} \\]\n\\end{{document}}\n"
+    compile_latex(tmp_path / "t1", "tokens", _PREAMBLE + body)
+    compile_latex(tmp_path / "ot1", "tokens", "\\documentclass{article}\n\\usepackage{amsmath,amssymb}\n" + body)
+
+
 @pytest.mark.parametrize(
     "title",
     [

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ._grid import MAX_SHOWN, escape_tex, grid
+from ._grid import MAX_SHOWN, grid, tex_token
 from ._print import tex
 from ._tex import (
     _labels,
@@ -191,7 +191,7 @@ def jacobian_blocks(step: Step, max_shown: int = MAX_SHOWN) -> list[Block]:
     row = step.jacobian[i]
     n = len(row.raw)
     token = step.rows[i]
-    cols = [rf"\text{{{escape_tex(c)}}}" for c in step.cols]
+    cols = [tex_token(c) for c in step.cols]
     jac = grid(n, n, lambda j, k: tex(jacobian_entry(row, j, k)), max_shown=max_shown,
                row_labels=cols, col_labels=cols)
     return [

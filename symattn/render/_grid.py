@@ -81,6 +81,62 @@ def escape_tex(text: str) -> str:
     return "".join(out)
 
 
+# A token's characters that are written in math mode, outside \text{...}. MathJax 3 prints
+# \text's contents as they are (no \textless, no \_) or, with its textmacros package, reads
+# them as LaTeX text that rejects _ ^ # & and knows no \textless; KaTeX and pdflatex read
+# them as LaTeX text too. So \text keeps only what all of them print as itself, and each of
+# these is an ordinary math symbol that pdflatex, MathJax and KaTeX all know (braced, so that
+# none is spaced as a relation and no two $ meet, which would end a Markdown $$ block).
+# < > | are math too: in a document with the OT1 encoding \text{<} prints an inverted !.
+_MATH_SPECIALS = {
+    "\\": "{\\backslash}",
+    "&": "{\\&}",
+    "%": "{\\%}",
+    "$": "{\\$}",
+    "#": "{\\#}",
+    "_": "{\\_}",
+    "{": "{\\{}",
+    "}": "{\\}}",
+    "~": "{\\sim}",
+    "^": "{\\hat{\\mkern6mu}}",
+    "<": "{<}",
+    ">": "{>}",
+    "|": "{|}",
+    "…": "{\\ldots}",
+    **{ch: "{" + tex[len("\\ensuremath{"):-1] + "}" for ch, tex in _SYMBOLS.items() if tex.startswith("\\ensuremath{")},
+}
+_TEXT_AS_IS = "–—"  # inputenc knows them; escape_tex writes them as LaTeX's -- and --- instead
+
+
+@functools.lru_cache(maxsize=4096)
+def tex_token(token: str) -> str:
+    """A token as LaTeX math that pdflatex, MathJax 3 (with or without textmacros) and KaTeX print as written.
+
+    Runs of plain characters are ``\\text``; the others are math symbols:
+
+    >>> tex_token("<pad>")
+    '{<}\\\\text{pad}{>}'
+    >>> tex_token("a_b")
+    '\\\\text{a}{\\\\_}\\\\text{b}'
+    """
+    out = []
+    run: list[str] = []
+
+    def close_run() -> None:
+        if run:
+            out.append("\\text{" + "".join(run) + "}")
+            run.clear()
+
+    for ch in token:
+        if ch in _MATH_SPECIALS:
+            close_run()
+            out.append(_MATH_SPECIALS[ch])
+            continue
+        if ch == "-" and run and run[-1] == "-":
+            close_run()  # a second \text keeps "--" from becoming an en dash
+        run.append(ch if ch in _TEXT_AS_IS else escape_tex(ch))
+    close_run()
+    return "".join(out) or "{}"
 
 
 def shown(n: int, max_shown: int) -> list[Index]:

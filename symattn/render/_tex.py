@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
-from ._grid import MAX_SHOWN, escape_tex, grid, shown
+from ._grid import MAX_SHOWN, grid, shown, tex_token
 from ._print import (
     DPS,
     MAX_CELL_TERMS,
@@ -25,10 +25,10 @@ if TYPE_CHECKING:
 
 
 def _labels(step: Step) -> tuple[list[str] | None, list[str] | None]:
-    """Row and column labels for a matrix: tokens as text, dimensions as math."""
+    """Row and column labels for a matrix: tokens as written (``tex_token``), dimensions as math."""
     if not step.kind_of.labelled:  # weights
         return None, None
-    tokens = lambda names: [f"\\text{{{escape_tex(n)}}}" for n in names]  # noqa: E731
+    tokens = lambda names: [tex_token(n) for n in names]  # noqa: E731
     dims = lambda names: [re.sub(r"([a-z])([0-9]+)", r"\1_{\2}", n) for n in names]  # noqa: E731
     rows, cols = ((tokens if axis in (QUERIES, KEYS) else dims)(names) for axis, names in zip(step.axes, (step.rows, step.cols)))
     return rows, cols
