@@ -166,3 +166,23 @@ def test_gradient_step_shows_its_normaliser_form():
     assert markdown.startswith("**Back through the softmax** (dS\\_masked).")
     assert "$a_{ij}$" not in markdown or "$$" in markdown  # the why's math is inline math
     assert "≈" not in markdown and "\\approx" in markdown  # its decimals too
+
+
+def test_jacobian_is_written_over_z_squared_and_equals_diag_a_minus_a_a_t():
+    import sympy
+
+    from symattn.render.entries import jacobian_form, jacobian_row
+
+    for d in (derive(BACKWARD), derive(EXAMPLES / "causal_dk2.yaml", "sum")):
+        step = d.step("dS_masked")
+        i = jacobian_row(step)
+        row = step.jacobian[i]
+        weights = [row.weight(j) for j in range(len(row.raw))]
+        for j in range(len(weights)):
+            for k in range(len(weights)):
+                form = jacobian_form(row, i, j, k)
+                value = form.value if not form.over else form.over[0].numerator / row.normaliser ** 2
+                expected = weights[j] * ((1 if j == k else 0) - weights[k])
+                assert sympy.simplify(value - expected) == 0, (j, k)
+                assert (not form.over) == (value == 0)
+    assert "\\dfrac{e^{-1}}{Z_{2}^{2}}" in symattn.render_latex(derive(BACKWARD)).split("J^{(2)}")[1].split("\\]")[0]

@@ -12,11 +12,12 @@ from ._tex import (
     _labels,
     approx_tex_matrix,
     exact_tex_matrix,
+    form_tex,
     normaliser_lines,
     weighted_sum_tex,
     worked_dot_tex,
 )
-from .entries import TOO_LONG, jacobian_entry, jacobian_row, needs_decimals, written_exactly
+from .entries import TOO_LONG, jacobian_form, jacobian_row, needs_decimals, written_exactly
 from .outline import _given_inputs, select, stages
 
 if TYPE_CHECKING:
@@ -200,7 +201,7 @@ def jacobian_blocks(step: Step, max_shown: int = MAX_SHOWN) -> list[Block]:
     n = len(row.raw)
     token = prose.literal(step.rows[i])
     cols = [rf"\text{{{escape_tex(c)}}}" for c in step.cols]
-    jac = grid(n, n, lambda j, k: tex(jacobian_entry(row, j, k)), max_shown=max_shown,
+    jac = grid(n, n, lambda j, k: form_tex(jacobian_form(row, i, j, k)), max_shown=max_shown,
                row_labels=cols, col_labels=cols)
     return [
         Block("para", f"The softmax Jacobian of row {i + 1} ({token}), entry by entry {JACOBIAN_ENTRY}; "

@@ -13,7 +13,7 @@ from .entries import (
     EntryForm,
     Over,
     entry_forms,
-    jacobian_entry,
+    jacobian_form,
     jacobian_row,
     needs_decimals,
     normaliser_is_number,
@@ -84,7 +84,7 @@ def _jacobian(step: Step, max_shown: int) -> list[str]:
     head = (f"    Softmax Jacobian of row {i + 1} ({prose.literal(step.rows[i])}): "
             f"⟦J = \\operatorname{{diag}}(a) - a\\,a^{{\\top}}⟧, {JACOBIAN_ENTRY}; "
             f"⟦d\\hat{{S}}_{{{i + 1}}} = J\\,dA_{{{i + 1}}}⟧")
-    return [prose.plain(head)] + _grid(step.cols, step.cols, lambda j, k: text_entry(jacobian_entry(row, j, k)), max_shown)
+    return [prose.plain(head)] + _grid(step.cols, step.cols, lambda j, k: form_text(jacobian_form(row, i, j, k)), max_shown)
 
 
 def render_text(
