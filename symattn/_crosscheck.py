@@ -92,8 +92,15 @@ def crosscheck(derivation: Derivation, tolerance: float = TOLERANCE, *, torch: b
     With ``torch=True`` the weights and outputs are also compared with PyTorch's
     ``scaled_dot_product_attention`` in float64 (``CrossCheck.torch``). A
     problem with symbols is compared at its ``values``; without values the
-    check is skipped (``passed`` is None and ``skipped`` says why).
+    check is skipped (``passed`` is None and ``skipped`` says why). The derivation remembers
+    the last result, for its summary (``repr(derivation)``).
     """
+    result = _crosscheck(derivation, tolerance, torch)
+    derivation.__dict__["last_check"] = result  # a cache on the frozen derivation, like its values
+    return result
+
+
+def _crosscheck(derivation: Derivation, tolerance: float, torch: bool) -> CrossCheck:
     if not derivation.can_evaluate:
         return CrossCheck({}, tolerance, (), skipped=SKIPPED_NO_VALUES)
     if _beyond_float64(derivation):

@@ -148,14 +148,40 @@ class Step:
             return None
         return _exact.weighted_value(self.softmax[i], columns[j], dps)
 
-    def _repr_latex_(self) -> str:
-        """In a notebook: the step's relation and exact matrix, as display math."""
-        from .render import step_latex
+    @property
+    def derivation(self) -> "Derivation | None":
+        """The derivation this step belongs to (None for a step made on its own)."""
+        return self.__dict__.get("_derivation")
 
-        return f"$$ {self.formula} = {step_latex(self)} $$"
+    @property
+    def why_text(self) -> str:
+        """The why in plain Unicode (``why`` marks its math ``⟦…⟧``, see :mod:`symattn.render.prose`)."""
+        from .render import prose
+
+        return prose.plain(self.why)
+
+    def __repr__(self) -> str:
+        """One line: id, title, relation and shape (``print(step)`` shows its entries)."""
+        from .render import display
+
+        return display.step_repr(self)
+
+    def __str__(self) -> str:
+        """The step as the text worked solution writes it: entries over ``Z_i``, the ``Z_i`` lines."""
+        from .render import display
+
+        return display.step_text(self)
+
+    def _repr_latex_(self) -> str:
+        """In a notebook: the step's relation and matrix in the worked solution's forms, as display math."""
+        from .render import display
+
+        return display.step_latex(self)
 
     def _repr_markdown_(self) -> str:
-        return f"**{self.title}** ({self.id}). {self.why}\n\n{self._repr_latex_()}\n\nShape: {self.shape_note}."
+        from .render import display
+
+        return display.step_markdown(self)
 
 
 @dataclass(frozen=True)
@@ -164,6 +190,23 @@ class Derivation:
 
     problem: Problem
     steps: tuple[Step, ...]
+
+    def __post_init__(self) -> None:
+        for step in self.steps:  # a step shows itself with its derivation's normalisers and decimals
+            step.__dict__.setdefault("_derivation", self)
+
+    def __repr__(self) -> str:
+        """A few short lines: title, sizes, the stage ids, the cross-check's result or how to run it."""
+        from .render import display
+
+        return display.summary(self)
+
+    def _repr_latex_(self) -> str:
+        """Display math for a frontend without Markdown (and nbconvert's LaTeX export): the
+        formula and the output."""
+        from .render import display
+
+        return display.derivation_latex(self)
 
     @cached_property
     def _by_id(self) -> dict[str, Step]:

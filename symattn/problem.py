@@ -75,13 +75,14 @@ class Mask:
     window: int | None = None
 
     def rule(self) -> str:
-        """The mask's rule in words, for the worked solution."""
+        """The mask's rule in words, for the worked solution (math marked ⟦…⟧, see symattn.render.prose)."""
         return {
             "none": "no mask: every query may attend to every key",
-            "causal": "causal: query i may attend to keys j ≤ i (no looking ahead)",
-            "causal-bottom-right": "causal, aligned bottom-right: query i may attend to keys j ≤ i + (n_k − n_q)",
-            "sliding-window": f"sliding window of {self.window}: query i may attend to keys j ≤ i with i − j < {self.window}",
-            "matrix": "given matrix: 1 = may attend, 0 = may not",
+            "causal": "causal: query ⟦i⟧ may attend to keys ⟦j \\le i⟧ (no looking ahead)",
+            "causal-bottom-right": "causal, aligned bottom-right: query ⟦i⟧ may attend to keys ⟦j \\le i + (n_k - n_q)⟧",
+            "sliding-window": (f"sliding window of ⟦{self.window}⟧: query ⟦i⟧ may attend to keys ⟦j \\le i⟧ "
+                               f"with ⟦i - j < {self.window}⟧"),
+            "matrix": "given matrix: ⟦1⟧ = may attend, ⟦0⟧ = may not",
         }[self.kind]
 
 
@@ -115,12 +116,15 @@ class Backward:
     matrix: Matrix | None = None
 
     def describe(self) -> str:
-        """The loss in words, for the worked solution."""
+        """The loss in words, for the worked solution (math marked ⟦…⟧, see symattn.render.prose)."""
+        d = "⟦\\partial L/\\partial O⟧"
         return {
-            "dO": "the upstream gradient dL/dO is given",
-            "sum": "the loss is L = Σ O (the sum of every output entry), so dL/dO is all ones",
-            "weights": "the loss is L = Σ W ∘ O (each output entry times its weight), so dL/dO = W",
-            "target": "the loss is L = ½‖O − T‖² (squared distance to the target T), so dL/dO = O − T",
+            "dO": f"the upstream gradient {d} is given",
+            "sum": f"the loss is ⟦L = \\sum O⟧ (the sum of every output entry), so {d} is all ones",
+            "weights": "the loss is ⟦L = \\sum W \\circ O⟧ (each output entry times its weight), so "
+                       "⟦\\partial L/\\partial O = W⟧",
+            "target": "the loss is ⟦L = \\tfrac{1}{2}\\|O - T\\|^2⟧ (squared distance to the target ⟦T⟧), so "
+                      "⟦\\partial L/\\partial O = O - T⟧",
         }[self.kind]
 
 

@@ -245,66 +245,90 @@ def _sq(m) -> bool:
 
 
 # -- why ----------------------------------------------------------------------------------------
+#
+# The why texts (and every other sentence the worked solution prints from here: the mask's rule,
+# the loss) mark each mathematical symbol as LaTeX between ⟦ and ⟧: "weight ⟦a_{ij}⟧ of query
+# ⟦i⟧". The renderers typeset a marked piece as math (LaTeX \(…\), Markdown $…$) and the text
+# renderer writes it in Unicode (aᵢⱼ); the vocabulary and the conversions are in
+# symattn/render/prose.py. Text outside the brackets is prose, never math.
 
 _WHY = {
-    X: "Each row of X is one token's vector; attention will mix these rows.",
-    "X_cross": "Each row of X is one query-side token; the queries are computed from it.",
+    X: "Each row of ⟦X⟧ is one token's vector; attention will mix these rows.",
+    "X_cross": "Each row of ⟦X⟧ is one query-side token; the queries are computed from it.",
     CONTEXT: "Each row of the context is one token of the other sequence; keys and values are computed from it (cross-attention).",
     W_Q: "The query weights, learned in training and given here.",
     W_K: "The key weights, learned in training and given here.",
     W_V: "The value weights, learned in training and given here.",
     W_O: "The output weights, learned in training and given here: they mix the heads' outputs.",
-    Q: "Each token's query says what it is looking for: its row of X times W_Q.",
-    K: "Each token's key says what it offers to be matched against: its row times W_K.",
-    V: "Each token's value is what it hands on when it is attended to: its row times W_V.",
+    Q: "Each token's query says what it is looking for: its row of ⟦X⟧ times ⟦W_Q⟧.",
+    K: "Each token's key says what it offers to be matched against: its row times ⟦W_K⟧.",
+    V: "Each token's value is what it hands on when it is attended to: its row times ⟦W_V⟧.",
     "Q_given": "The queries are given directly: one row per query token, what it is looking for.",
     "K_given": "The keys are given directly: one row per key token, what it offers to be matched against.",
     "V_given": "The values are given directly: one row per key token, what it hands on when attended to.",
     "cross": " Keys and values come from the context: this is cross-attention.",
-    K_T: "Transposing K turns each key into a column, so one matrix product compares every query with every key.",
-    S: "Entry (i, j) is the dot product of query i with key j: how well query i matches key j.",
+    K_T: "Transposing ⟦K⟧ turns each key into a column, so one matrix product compares every query with every key.",
+    S: "Entry ⟦(i, j)⟧ is the dot product of query ⟦i⟧ with key ⟦j⟧: how well query ⟦i⟧ matches key ⟦j⟧.",
     S_SCALED: (
-        "A dot product of d_k terms of unit variance has variance d_k; dividing by √d_k brings the scores "
+        "A dot product of ⟦d_k⟧ terms of unit variance has variance ⟦d_k⟧; dividing by ⟦\\sqrt{d_k}⟧ brings the scores "
         "back to unit variance, so the softmax does not saturate into a one-hot row with vanishing gradients."
     ),
     "S_scaled_custom": "The scores are multiplied by the scale factor the problem gives.",
-    "S_scaled_none": "This problem uses no scaling (scale 1), so the scaled scores equal the scores.",
+    "S_scaled_none": "This problem uses no scaling (scale ⟦1⟧), so the scaled scores equal the scores.",
     M: (
-        "The mask says which keys each query may see: 0 where it may attend, −∞ where it may not. "
+        "The mask says which keys each query may see: ⟦0⟧ where it may attend, ⟦-\\infty⟧ where it may not. "
         "Decoders (GPT-style) use a causal mask so a token cannot look ahead; encoders (BERT-style) use none."
     ),
-    S_MASKED: "Adding M leaves allowed scores unchanged and sends forbidden ones to −∞; since exp(−∞) = 0 (as a limit), they get weight exactly 0.",
-    A: (
-        "The softmax turns each row of scores into weights that are positive and sum to 1; subtracting the row "
-        "maximum m_i first changes nothing (it cancels) and keeps every exponent ≤ 0."
+    S_MASKED: (
+        "Adding ⟦M⟧ leaves allowed scores unchanged and sends forbidden ones to ⟦-\\infty⟧; since ⟦\\exp(-\\infty) = 0⟧ "
+        "(as a limit), they get weight exactly ⟦0⟧."
     ),
+    # A's why is this sentence and its end, which depends on how the rows were normalised (the note)
+    A: "The softmax turns each row of scores into weights that are positive and sum to ⟦1⟧; ",
+    "A_max": "subtracting the row maximum ⟦m_i⟧ first changes nothing (it cancels) and keeps every exponent ⟦\\le 0⟧.",
     "A_symbolic": (
-        "With symbols the largest score of a row cannot be picked, so each such row is normalised by its first "
-        "allowed score m_i instead; any reference value gives the same weights."
+        "subtracting a reference score ⟦m_i⟧ from a row first changes nothing (it cancels). With symbols the "
+        "largest score of a row cannot always be picked, so such a row is normalised by its first allowed score "
+        "instead and its exponents can be positive; any reference value gives the same weights."
     ),
-    O: "Each output row is a weighted average of the value rows, weighted by the same row of A.",
+    O: "Each output row is a weighted average of the value rows, weighted by the same row of ⟦A⟧.",
     CONCAT: "Each head attended in its own subspace; their outputs are placed side by side, row by row.",
-    O_FINAL: "The output projection W_O mixes what the heads found into one output row per token.",
-    DO: "Backpropagation starts from the loss: dL/dO says how the loss changes with each output entry.",
-    DW_O: "The output projection is a product, so its weights' gradient is the concatenation (transposed) times dO.",
-    DCONCAT: "The gradient flows back through W_O to every head's output columns.",
-    DO_HEAD: "This head's share of the upstream gradient: its block of columns of d(concat).",
-    DV: "Each value row was handed on with weight a_ij to every query i, so its gradient collects those weights times dO: Aᵀ dO.",
-    DA: "Each weight a_ij scaled value row j in output row i, so its gradient is the dot product of dO_i with v_j: dO Vᵀ.",
+    O_FINAL: "The output projection ⟦W_O⟧ mixes what the heads found into one output row per token.",
+    DO: "Backpropagation starts from the loss: ⟦\\partial L/\\partial O⟧ says how the loss changes with each output entry.",
+    DW_O: "The output projection is a product, so its weights' gradient is the concatenation (transposed) times ⟦dO⟧.",
+    DCONCAT: "The gradient flows back through ⟦W_O⟧ to every head's output columns.",
+    DO_HEAD: "This head's share of the upstream gradient: its block of columns of ⟦d\\operatorname{concat}⟧.",
+    DV: (
+        "Each value row was handed on with weight ⟦a_{ij}⟧ to every query ⟦i⟧, so its gradient collects those weights "
+        "times ⟦dO⟧: ⟦A^{\\top} dO⟧."
+    ),
+    DA: (
+        "Each weight ⟦a_{ij}⟧ scaled value row ⟦j⟧ in output row ⟦i⟧, so its gradient is the dot product of ⟦dO_i⟧ "
+        "with ⟦v_j⟧: ⟦dO\\,V^{\\top}⟧."
+    ),
     DS_MASKED: (
         "The softmax couples a whole row: raising one score raises its weight and lowers every other, "
-        "so the gradient goes through the Jacobian diag(a) − a aᵀ of each row, which gives "
-        "dŜ_ij = a_ij (dA_ij − Σ_k a_ik dA_ik). Masked positions have weight 0, so their gradient is exactly 0, "
-        "and each row of dŜ sums to exactly 0 (adding a constant to a row of scores changes nothing)."
+        "so the gradient goes through the Jacobian ⟦\\operatorname{diag}(a) - a\\,a^{\\top}⟧ of each row, which gives "
+        "⟦d\\hat{S}_{ij} = a_{ij}\\bigl(dA_{ij} - \\sum_k a_{ik}\\,dA_{ik}\\bigr)⟧. Masked positions have weight ⟦0⟧, "
+        "so their gradient is exactly ⟦0⟧, and each row of ⟦d\\hat{S}⟧ sums to exactly ⟦0⟧ (adding a constant to a "
+        "row of scores changes nothing)."
     ),
-    DS: "The scores were scaled before the mask, so the gradient of the unscaled scores is the scale times dŜ.",
-    DQ: "Score (i, j) is q_i · k_j, so query i's gradient sums the keys weighted by row i of dS: dS K.",
-    DK: "Key j met every query in column j of S, so its gradient sums the queries weighted by column j of dS: dSᵀ Q.",
-    DW_Q: "Q = X W_Q, so the query weights' gradient is Xᵀ dQ.",
-    DW_K: "K = {C} W_K, so the key weights' gradient is {C}ᵀ dK.",
-    DW_V: "V = {C} W_V, so the value weights' gradient is {C}ᵀ dV.",
-    DX: "X reached the loss along three paths (queries, keys and values), so its gradient is their sum.",
-    "dX_cross": "X only made the queries here (cross-attention), so its gradient comes through dQ alone.",
+    DS: "The scores were scaled before the mask, so the gradient of the unscaled scores is the scale times ⟦d\\hat{S}⟧.",
+    "dS_none": "This problem uses no scaling, so the gradient of the scores is ⟦d\\hat{S}⟧ itself.",
+    DQ: (
+        "Score ⟦(i, j)⟧ is ⟦q_i \\cdot k_j⟧, so query ⟦i⟧'s gradient sums the keys weighted by row ⟦i⟧ of ⟦dS⟧: "
+        "⟦dS\\,K⟧."
+    ),
+    DK: (
+        "Key ⟦j⟧ met every query in column ⟦j⟧ of ⟦S⟧, so its gradient sums the queries weighted by column ⟦j⟧ of "
+        "⟦dS⟧: ⟦dS^{\\top} Q⟧."
+    ),
+    # {C} is the name of what the keys and values are made from (X, or the context C)
+    DW_Q: "⟦Q = X\\,W_Q⟧, so the query weights' gradient is ⟦X^{\\top} dQ⟧.",
+    DW_K: "⟦K = {C}\\,W_K⟧, so the key weights' gradient is ⟦{C}^{\\top} dK⟧.",
+    DW_V: "⟦V = {C}\\,W_V⟧, so the value weights' gradient is ⟦{C}^{\\top} dV⟧.",
+    DX: "⟦X⟧ reached the loss along three paths (queries, keys and values), so its gradient is their sum.",
+    "dX_cross": "⟦X⟧ only made the queries here (cross-attention), so its gradient comes through ⟦dQ⟧ alone.",
     "dX_heads": " With several heads, every head's paths add up.",
     DCONTEXT: "The context made the keys and the values, so its gradient is the sum of those two paths.",
 }
@@ -316,12 +340,12 @@ def _mask_why(c: Context) -> str:
     if p.mask.kind in ("causal", "causal-bottom-right", "sliding-window") and p.n_q != p.n_k:
         shift = p.n_k - p.n_q
         why += (
-            f" With {p.n_q} queries and {p.n_k} keys the two causal alignments differ: top-left "
-            f"(PyTorch's is_causal) lets query i see keys j ≤ i, bottom-right (FlashAttention's) "
-            f"keys j ≤ i {'+' if shift >= 0 else '−'} {abs(shift)}."
+            f" With ⟦{p.n_q}⟧ queries and ⟦{p.n_k}⟧ keys the two causal alignments differ: top-left "
+            f"(PyTorch's is_causal) lets query ⟦i⟧ see keys ⟦j \\le i⟧, bottom-right (FlashAttention's) "
+            f"keys ⟦j \\le i {'+' if shift >= 0 else '-'} {abs(shift)}⟧."
         )
     if p.bias is not None:
-        why += " The bias is added to it, so M is the mask plus the bias."
+        why += " The bias is added to it, so ⟦M⟧ is the mask plus the bias."
     return why
 
 
@@ -354,6 +378,12 @@ def _scale_tex(c: Context) -> str:
     import sympy
 
     return "\\frac{1}{\\sqrt{d_k}}" if c.p.scale == "auto" else sympy.latex(c.factor)
+
+
+def _dS_formula(c: Context) -> tuple[str, str]:
+    if c.factor == 1:  # no scaling (or a scale of 1): no factor written
+        return "dS = d\\hat{S}", "dS = dŜ"
+    return f"dS = {_scale_tex(c)}\\, d\\hat{{S}}", f"dS = {c.factor}·dŜ"
 
 
 def _dO_formula(c: Context) -> tuple[str, str]:
@@ -572,7 +602,7 @@ def _weight_gradient(key: str, order: int, noun: str) -> Kind:
 
     return Kind(
         key, key, order, "b_weights", f"Gradient of the {noun} weights",
-        lambda c: _WHY[key].format(C=c.kv_name), formula, ("d", g.lower()),
+        lambda c: _WHY[key].replace("{C}", c.kv_name), formula, ("d", g.lower()),
         lambda sh, r, c: _prod(_t(sh(X) if g == "Q" else sh(c.kv)), sh("d" + g), f"like W_{g}"),
         inputs=(X if g == "Q" else "kv", "d" + g), relation=relation,
         when=lambda c: c.projected and c.loss is not None, per_head=True, gradient=True, labelled=False,
@@ -633,7 +663,7 @@ KINDS: tuple[Kind, ...] = (
          (QUERIES, KEYS), lambda sh, r, c: f"{r[0]}×{r[1]} (n_q × n_k), each row sums to 1",
          inputs=(S_MASKED,), relation=lambda ops, v, c: ops.softmax(v(S_MASKED)), per_head=True,
          shows=frozenset({"softmax"}), mistakes=_score_variants(A),
-         note=lambda value: "" if all(r.is_max for r in value.rows) else " " + _WHY["A_symbolic"]),
+         note=lambda value: _WHY["A_max"] if all(r.is_max for r in value.rows) else _WHY["A_symbolic"]),
     Kind(O, O, 15, "output", "Weighted sum of the values", _WHY[O], ("O = A\\,V", "O = A·V"), (QUERIES, "v"),
          lambda sh, r, c: f"({sh(A)[0]}×{sh(A)[1]})·({sh(V)[0]}×{sh(V)[1]}) → {r[0]}×{r[1]} (n_q × d_v)",
          inputs=(A, V), relation=lambda ops, v, c: ops.matmul(v(A), v(V)), per_head=True,
@@ -711,8 +741,8 @@ KINDS: tuple[Kind, ...] = (
                            "(each weight also depends on the other scores of its row)",
                            lambda ops, ex, c: ops.jacobian_diagonal(ex(A), ex(DA))),
                    _transposed(DS_MASKED, square_only=True))),
-    Kind(DS, DS, 25, "b_scaling", "Back through the scaling", _WHY[DS],
-         lambda c: (f"dS = {_scale_tex(c)}\\, d\\hat{{S}}", f"dS = {c.factor}·dŜ"),
+    Kind(DS, DS, 25, "b_scaling", "Back through the scaling",
+         lambda c: _WHY["dS_none"] if c.p.scale == "none" else _WHY[DS], _dS_formula,
          (QUERIES, KEYS), lambda sh, r, c: _plain(r, "like S"),
          inputs=(DS_MASKED,), relation=lambda ops, v, c: ops.scale(v(DS_MASKED), c.factor),
          when=lambda c: c.loss is not None, per_head=True, gradient=True,

@@ -839,25 +839,44 @@ def test_derivation_repr_markdown_is_the_markdown_rendering():
     assert d._repr_markdown_() == symattn.render_markdown(d)
 
 
-def test_step_repr_latex_writes_exact_entries_in_full():
+def test_step_repr_latex_writes_the_solutions_forms():
+    """A step in a notebook is written as the worked solution writes it: each weight e^{…}/Z_i
+    (never SymPy's nests such as 1/((e^{-2} + 1) e^{2})), with the rows' m_i and Z_i beneath."""
+    from symattn.render._tex import form_tex
+    from symattn.render.entries import entry_forms
+
     d = derivation_of(FOUR)
     step = d.step("A")
     latex = step._repr_latex_()
     assert latex.startswith("$$") and latex.rstrip().endswith("$$")
-    assert "Z_" not in latex and "\\dfrac" not in latex
+    assert "Z_{2}" in latex and "\\dfrac{e^{-2}}{Z_{2}}" in latex
+    assert "\\frac{1}{\\left(" not in latex and "1/(" not in latex
+    for i in (2, 3, 4):  # the normalisers the fractions refer to
+        assert f"Z_{{{i}}} = \\sum_k" in latex
     header, rows = parse_array(latex)
     tokens = raw(FOUR)["tokens"]
     assert header == text_labels(tokens)
-    assert [label for label, _ in rows] == text_labels(tokens)
+    assert [label for label, _ in rows[:4]] == text_labels(tokens)
+    form = entry_forms(d, step)
     expected = exact_four_token_weights()
-    for i, (_, cells) in enumerate(rows):
-        for j, cell in enumerate(cells):
-            x = step.exact[i, j]
-            assert abs(sympy.N(x - expected[i, j], 30)) < sympy.Float("1e-25"), (i, j)
-            assert cell == sympy.latex(x), (i, j, cell)
-            if expected[i, j] not in (0, 1):
-                assert "e^{" in cell or "e " in cell or "\\left(" in cell, cell  # exponentials written out
-    assert "e^{-2}" in latex
+    for i, (_, cells) in enumerate(rows[:4]):
+        for j, cell in enumerate(cells[:4]):
+            f = form(i, j)
+            assert cell == form_tex(f), (i, j, cell)
+            value = f.value
+            if f.over:
+                q = lambda x: sympy.Rational(int(x.numerator), int(x.denominator))  # noqa: E731
+                top = sum(q(c) * sympy.exp(q(x)) for c, x in f.over[0].numerator)  # exact (c, x) pairs
+                value = top / step.softmax[i].normaliser
+            assert abs(sympy.N(value - expected[i, j], 30)) < sympy.Float("1e-25"), (i, j)
+
+
+def test_step_repr_is_one_line_and_str_shows_the_forms():
+    d = derivation_of(FOUR)
+    step = d.step("A")
+    assert "\n" not in repr(step) and repr(step).startswith("<symattn.Step A: Softmax on each row")
+    text = str(step)
+    assert "exp(-2)/Z_2" in text and "Z_2 = 1 + exp(-2)" in text and "1/(" not in text
 
 
 def test_step_repr_markdown_has_title():

@@ -265,7 +265,13 @@ def check_markdown_math(markdown: str) -> int:
         if inside:
             assert line.strip(), f"line {number}: a blank line inside the $$ block opened at line {opened_at}"
         else:
-            assert not re.search(r"(?<!\\)\$", line), f"line {number}: an unescaped $ outside math: {line!r}"
+            # outside the blocks, an unescaped $ only opens or closes inline math: in pairs on one
+            # line, each holding something and touching it ($x$, never "$ x$")
+            dollars = [m.start() for m in re.finditer(r"(?<!\\)\$", line)]
+            assert len(dollars) % 2 == 0, f"line {number}: an unpaired $ outside math: {line!r}"
+            for start, end in zip(dollars[::2], dollars[1::2]):
+                inner = line[start + 1:end]
+                assert inner and inner == inner.strip(), f"line {number}: malformed inline math {inner!r}"
     assert not inside, f"the $$ block opened at line {opened_at} is never closed"
     return blocks
 

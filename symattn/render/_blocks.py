@@ -5,17 +5,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from . import prose
 from ._grid import MAX_SHOWN, grid, tex_token
 from ._print import tex
 from ._tex import (
     _labels,
     approx_tex_matrix,
     exact_tex_matrix,
+    form_tex,
     normaliser_lines,
     weighted_sum_tex,
     worked_dot_tex,
 )
-from .entries import TOO_LONG, jacobian_entry, jacobian_row, needs_decimals, written_exactly
+from .entries import TOO_LONG, jacobian_form, jacobian_row, needs_decimals, written_exactly
 from .outline import _given_inputs, select, stages
 
 if TYPE_CHECKING:
@@ -28,7 +30,9 @@ class Block:
 
     ``kind`` is ``section`` (text = heading), ``step`` (text = the step's
     title, extra = its one sentence of why), ``para`` (text = prose in
-    plain Unicode, never LaTeX) or ``math`` (text = display LaTeX).
+    plain Unicode with its math marked ⟦…⟧, see :mod:`.prose`) or ``math``
+    (text = display LaTeX). User text in prose has passed through
+    :func:`.prose.literal`.
     """
 
     kind: str
@@ -145,12 +149,13 @@ def _parts_tex(p, step: Step, max_shown: int = MAX_SHOWN) -> str:
 
 def _intro(d: Derivation) -> str:
     p = d.problem
+    tokens, key_tokens = (prose.literal(", ".join(t)) for t in (p.tokens, p.key_tokens))
     if p.multi_head:
         widths = ", ".join(f"d_k = {h.d_k}, d_v = {h.d_v}" for h in p.heads)
         side = (
-            f"{p.n_q} query tokens ({', '.join(p.tokens)}) attending to {p.n_k} context tokens ({', '.join(p.key_tokens)})"
+            f"{p.n_q} query tokens ({tokens}) attending to {p.n_k} context tokens ({key_tokens})"
             if p.context is not None
-            else f"{p.n_q} tokens ({', '.join(p.tokens)})"
+            else f"{p.n_q} tokens ({tokens})"
         )
         what = (
             f"{side} with d_model = {p.d_model}, {len(p.heads)} heads ({widths}) "
@@ -158,13 +163,13 @@ def _intro(d: Derivation) -> str:
         )
     elif p.projected:
         what = (
-            f"{p.n_q} tokens ({', '.join(p.tokens)}) with d_model = {p.d_model}, "
+            f"{p.n_q} tokens ({tokens}) with d_model = {p.d_model}, "
             f"projected to queries and keys of width d_k = {p.d_k} and values of width d_v = {p.d_v}"
         )
         if p.context is not None:
             what = (
-                f"{p.n_q} query tokens ({', '.join(p.tokens)}) attending to {p.n_k} context tokens "
-                f"({', '.join(p.key_tokens)}), d_model = {p.d_model}, d_k = {p.d_k}, d_v = {p.d_v}"
+                f"{p.n_q} query tokens ({tokens}) attending to {p.n_k} context tokens "
+                f"({key_tokens}), d_model = {p.d_model}, d_k = {p.d_k}, d_v = {p.d_v}"
             )
     else:
         what = f"{p.n_q} queries and {p.n_k} keys given directly, d_k = {p.d_k}, d_v = {p.d_v}"
@@ -185,18 +190,22 @@ def _intro(d: Derivation) -> str:
     return f"The problem: {what}; mask: {p.mask.rule()}{bias}; {scale}. Every number below is exact.{symbols}"
 
 
+# One entry of a row's softmax Jacobian, in the prose markup.
+JACOBIAN_ENTRY = "⟦\\partial a_j/\\partial \\hat{s}_k = a_j(\\delta_{jk} - a_k)⟧"
+
+
 def jacobian_blocks(step: Step, max_shown: int = MAX_SHOWN) -> list[Block]:
     """Blocks showing one row's softmax Jacobian in full."""
     i = jacobian_row(step)
     row = step.jacobian[i]
     n = len(row.raw)
-    token = step.rows[i]
+    token = prose.literal(step.rows[i])
     cols = [tex_token(c) for c in step.cols]
-    jac = grid(n, n, lambda j, k: tex(jacobian_entry(row, j, k)), max_shown=max_shown,
+    jac = grid(n, n, lambda j, k: form_tex(jacobian_form(row, i, j, k)), max_shown=max_shown,
                row_labels=cols, col_labels=cols)
     return [
-        Block("para", f"The softmax Jacobian of row {i + 1} ({token}), entry by entry "
-                      "∂a_j/∂ŝ_k = a_j(δ_jk − a_k); masked keys have a zero row and column:"),
+        Block("para", f"The softmax Jacobian of row {i + 1} ({token}), entry by entry {JACOBIAN_ENTRY}; "
+                      "masked keys have a zero row and column:"),
         Block("math", rf"J^{{({i + 1})}} = \operatorname{{diag}}(a_{{{i + 1}}}) - a_{{{i + 1}}}\,a_{{{i + 1}}}^{{\top}} = {jac}"),
         Block("math", rf"d\hat{{S}}_{{{i + 1}}} = J^{{({i + 1})}}\,dA_{{{i + 1}}}^{{\top}}"
                       r"\quad\text{(each row of } J \text{ sums to 0, so each row of } d\hat{S} \text{ does too)}"),
@@ -207,7 +216,7 @@ def check_sentence(check) -> str:
     if check.passed is None:
         return f"No numeric cross-check: {check.skipped}."
     if not check.passed:
-        return f"The cross-check FAILED: {check.all_mismatches[0]}."
+        return f"The cross-check FAILED: {prose.literal(str(check.all_mismatches[0]))}."
     sentence = (
         f"Every stage agrees with an independent NumPy float64 evaluation of the same problem: "
         f"the largest difference is {check.max_abs_error:.1e} (tolerance {check.tolerance:.0e})."

@@ -228,6 +228,18 @@ def jacobian_row(step: Step) -> int:
     return next((i for i, r in enumerate(step.jacobian) if sum(e is not None for e in r.raw) > 1), 0)
 
 
+def jacobian_form(row, i: int, j: int, k: int) -> EntryForm:
+    """Entry (j, k) of row i's softmax Jacobian written as the gradients are: its numerator over
+    ``Z_i²`` (a_j(δ_jk − a_k) = e_j(δ_jk Z_i − e_k) / Z_i², ``e`` the row's terms)."""
+    if row.raw[j] is None or row.raw[k] is None:
+        return EntryForm(_ZERO)
+    if normaliser_is_number(row):
+        return EntryForm(jacobian_entry(row, j, k))
+    t, z = row.terms, row.normaliser
+    top = sympy.expand(t[j] * (z - t[j])) if j == k else -t[j] * t[k]
+    return EntryForm(over=(Over(top, i, squared=True),), wide=len(row.raw) > 4)
+
+
 def jacobian_entry(row, j: int, k: int) -> sympy.Expr:
     """Entry (j, k) of the softmax Jacobian diag(a) − a aᵀ of one row: a_j(δ_jk − a_k), exactly."""
     if row.raw[j] is None or row.raw[k] is None:

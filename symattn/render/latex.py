@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import re
 from typing import TYPE_CHECKING
 
-from ..stages import KINDS
+from . import prose
 from ._blocks import blocks
 from ._grid import MAX_SHOWN
 from ._grid import escape_tex as escape
@@ -13,29 +12,9 @@ from ._grid import escape_tex as escape
 if TYPE_CHECKING:
     from ..derivation import Derivation
 
-# The subscripted names symattn's own sentences use, written as math. Only
-# these: a token such as a_b in the same sentence stays text as written.
-_MATH_NAMES = {
-    name: "\\ensuremath{" + tex + "}"
-    for name, tex in {
-        "d_model": "d_{\\mathrm{model}}",
-        "d_k": "d_k",
-        "d_v": "d_v",
-        "n_q": "n_q",
-        "n_k": "n_k",
-        "m_i": "m_i",
-        "Z_i": "Z_i",
-        "d_out": "d_{\\mathrm{out}}",
-        **{k.name: k.name for k in KINDS if k.source is not None and not k.labelled},  # W_Q, W_K, W_V, W_O
-    }.items()
-}
-_MATH_NAME_RE = re.compile(r"(?<![A-Za-z0-9_])(" + "|".join(_MATH_NAMES) + r")(?![A-Za-z0-9_])")
-
-
 def _prose(text: str) -> str:
-    """symattn's own sentences: escaped, with d_k, n_q, W_Q ... as math."""
-    parts = _MATH_NAME_RE.split(text)
-    return "".join(_MATH_NAMES[p] if k % 2 else escape(p) for k, p in enumerate(parts))
+    """symattn's own sentences: the marked math (⟦…⟧, see :mod:`.prose`) as inline math, the rest escaped."""
+    return prose.render(text, escape, prose.latex)
 
 
 # Lets a fragment compile in a document that does not load colortbl (then unshaded).

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
+from . import prose
 from ._blocks import blocks
 from ._grid import MAX_SHOWN
 
@@ -21,6 +22,11 @@ def escape(text: str) -> str:
     '\\\\*bold\\\\* \\\\<b\\\\>'
     """
     return _MD_SPECIAL.sub(r"\\\1", text.replace("\n", " "))
+
+
+def _prose(text: str) -> str:
+    """symattn's own sentences: the marked math (⟦…⟧, see :mod:`.prose`) as inline ``$…$``, the rest escaped."""
+    return prose.render(text, escape, prose.markdown)
 
 
 def render_markdown(
@@ -42,9 +48,9 @@ def render_markdown(
         if block.kind == "section":
             lines.append(f"## {escape(block.text)}")
         elif block.kind == "step":
-            lines.append(f"**{escape(block.text)}.** {escape(block.extra)}")
+            lines.append(f"**{escape(block.text)}.** {_prose(block.extra)}")
         elif block.kind == "para":
-            lines.append(escape(block.text))
+            lines.append(_prose(block.text))
         else:
             lines.append(f"$$\n{block.text}\n$$")
         lines.append("")

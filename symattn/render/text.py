@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable
 
-from ._blocks import check_sentence
+from . import prose
+from ._blocks import JACOBIAN_ENTRY, check_sentence
 from ._grid import MAX_SHOWN, shown
 from ._print import DPS, MAX_CELL_TERMS, MAX_TERMS, decimal, exp_parts_text, exp_sum_text, text_entry, value_text
 from .entries import (
@@ -12,7 +13,7 @@ from .entries import (
     EntryForm,
     Over,
     entry_forms,
-    jacobian_entry,
+    jacobian_form,
     jacobian_row,
     needs_decimals,
     normaliser_is_number,
@@ -80,9 +81,10 @@ def _normalisers(step: Step, digits: int, subs, max_shown: int) -> list[str]:
 def _jacobian(step: Step, max_shown: int) -> list[str]:
     i = jacobian_row(step)
     row = step.jacobian[i]
-    head = (f"    Softmax Jacobian of row {i + 1} ({step.rows[i]}): J = diag(a) − a·aᵀ, "
-            f"J[j,k] = a_j·(δ_jk − a_k); dŜ_{i + 1} = J·dA_{i + 1}")
-    return [head] + _grid(step.cols, step.cols, lambda j, k: text_entry(jacobian_entry(row, j, k)), max_shown)
+    head = (f"    Softmax Jacobian of row {i + 1} ({prose.literal(step.rows[i])}): "
+            f"⟦J = \\operatorname{{diag}}(a) - a\\,a^{{\\top}}⟧, {JACOBIAN_ENTRY}; "
+            f"⟦d\\hat{{S}}_{{{i + 1}}} = J\\,dA_{{{i + 1}}}⟧")
+    return [prose.plain(head)] + _grid(step.cols, step.cols, lambda j, k: form_text(jacobian_form(row, i, j, k)), max_shown)
 
 
 def render_text(
@@ -110,7 +112,7 @@ def render_text(
         out.append("-" * len(out[-1]))
         for step in steps:
             out.append(f"  {step.title} ({step.id}): {step.formula_text}   [{step.shape_note}]")
-            out.append(f"  {step.why}")
+            out.append(f"  {prose.plain(step.why)}")
             if written_exactly(step):
                 form = entry_forms(d, step)
                 out.extend(_grid(step.rows, step.cols, lambda i, j: form_text(form(i, j)), max_shown))
@@ -126,5 +128,5 @@ def render_text(
                 out.extend(_grid(step.rows, step.cols, lambda i, j: decimal(value(i, j), digits), max_shown))
             out.append("")
     if check is not None:
-        out.append(check_sentence(check))
+        out.append(prose.plain(check_sentence(check)))
     return "\n".join(out).rstrip() + "\n"
