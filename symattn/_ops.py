@@ -96,13 +96,58 @@ class OverZ2:
         return x if self.factor is None else _exact.tidy(self.factor * x)
 
 
+@dataclass(frozen=True)
+class WeightsT:
+    """``Aᵀ``: the weights transposed (entry (k, i) is ``a_ik``), kept as structure for a product."""
+
+    rows: tuple[SoftmaxRow, ...]
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (len(self.rows[0].raw) if self.rows else 0, len(self.rows))
+
+    @cached_property
+    def lazy(self) -> LazyMatrix:
+        return LazyMatrix(*self.shape, lambda k, i: self.rows[i].weight(k))
+
+
+@dataclass(frozen=True)
+class OverRows:
+    """A sum over the softmax rows, each term over its row's normaliser: entry (k, c) is
+    ``Σ_i top(i, k, c) / Z_i`` (``dV = Aᵀ dO``, and what a rational matrix times it makes, such as
+    ``dW_V = Cᵀ dV``). ``tops(k, c)`` lists the ``(i, top)`` that are not 0; ``lazy`` holds the entries."""
+
+    rows: tuple[SoftmaxRow, ...]
+    tops: Callable[[int, int], list[tuple[int, sympy.Expr]]]
+    lazy: LazyMatrix
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.lazy.rows, self.lazy.cols)
+
+    def fractions(self, k: int, c: int) -> tuple[sympy.Expr, list[tuple[int, sympy.Expr]]]:
+        """Entry (k, c) as a plain part (the terms of rows whose ``Z_i`` is a plain number) and
+        the ``(i, top)`` written over ``Z_i``."""
+        plain, over = [], []
+        for i, top in self.tops(k, c):
+            row = self.rows[i]
+            if row.normaliser_is_number:
+                plain.append(top / row.normaliser)
+            else:
+                over.append((i, top))
+        return sympy.Add(*plain), over
+
+
+_STRUCTURES = (Softmax, Output, OverZ2, WeightsT, OverRows)
+
+
 def matrix_of(x) -> "Matrix | LazyMatrix":
     """An exact value as a matrix (a structure's entries, built when read)."""
-    return x.lazy if isinstance(x, (Softmax, Output, OverZ2)) else x
+    return x.lazy if isinstance(x, _STRUCTURES) else x
 
 
 def shape_of(x) -> tuple[int, int]:
-    return x.shape if isinstance(x, (Softmax, Output, OverZ2)) else (x.rows, x.cols)
+    return x.shape if isinstance(x, _STRUCTURES) else (x.rows, x.cols)
 
 
 def product(a, b):
@@ -128,8 +173,38 @@ class ExactOps:
             return Output(a.rows, b)
         if isinstance(a, OverZ2) and a.keyed:
             return self._over_z2_times(a, b)
+        if isinstance(a, WeightsT) and not isinstance(b, _STRUCTURES):
+            return self._weights_t_times(a, b)
+        if isinstance(b, OverRows) and _exact.is_rational(a):
+            return self._times_over_rows(a, b)
         a, b = matrix_of(a), matrix_of(b)
         return _exact.matmul(a, b) if self.expand else product(a, b)
+
+    @staticmethod
+    def _weights_t_times(a: WeightsT, b) -> OverRows:
+        """``Aᵀ·b``: entry (k, c) = Σ_i a_ik b_ic, each term ``e^{z_ik − m_i} b_ic / Z_i``."""
+        rows = a.rows
+
+        def tops(k: int, c: int) -> list[tuple[int, sympy.Expr]]:
+            return [(i, row.terms[k] * b[i, c]) for i, row in enumerate(rows)
+                    if row.raw[k] is not None and b[i, c] != 0]
+
+        return OverRows(rows, tops, product(a.lazy, b))
+
+    @staticmethod
+    def _times_over_rows(a, b: OverRows) -> OverRows:
+        """``a·b`` for rational ``a``: row i's terms gather over the same ``Z_i``."""
+        def tops(d: int, c: int) -> list[tuple[int, sympy.Expr]]:
+            gathered: dict[int, list] = {}
+            for k in range(a.cols):
+                x = a[d, k]
+                if x != 0:
+                    for i, top in b.tops(k, c):
+                        gathered.setdefault(i, []).append(x * top)
+            out = [(i, _exact.tidy(sympy.Add(*terms))) for i, terms in sorted(gathered.items())]
+            return [(i, top) for i, top in out if top != 0]
+
+        return OverRows(b.rows, tops, product(a, b.lazy))
 
     @staticmethod
     def _over_z2_times(a: OverZ2, b: Matrix) -> OverZ2:
@@ -147,6 +222,8 @@ class ExactOps:
         return OverZ2(rows, base, LazyMatrix(len(rows), b.cols, entry), a.factor, keyed=False)
 
     def T(self, a):
+        if isinstance(a, Softmax):
+            return WeightsT(a.rows)
         return matrix_of(a).T
 
     def scale(self, a, factor: sympy.Expr):

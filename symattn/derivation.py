@@ -103,6 +103,12 @@ class Step:
         return self.value.rows if isinstance(self.value, _ops.OverZ2) else ()
 
     @property
+    def over_rows(self):
+        """For a sum over the softmax rows (``dV = Aᵀ dO`` and what follows from it), ``(i, j) →``
+        ``(plain, [(r, numerator over Z_r), ...])``; None for every other step."""
+        return self.value.fractions if isinstance(self.value, _ops.OverRows) else None
+
+    @property
     def over_z_squared(self):
         """For a gradient through the softmax, ``(i, j) →`` the numerator of entry (i, j) written
         over ``Z_i²``; None for every other step."""

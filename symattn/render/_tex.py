@@ -45,7 +45,7 @@ def exact_tex_matrix(d: Derivation, step: Step, max_shown: int = MAX_SHOWN) -> s
 def form_tex(form: EntryForm) -> str:
     """LaTeX of an entry written as ``form``: fractions over Z_i (Z_i², a head's Z^{(h)}_i)."""
     if form.heads:  # a head's numerator keeps all its MAX_TERMS, however wide the matrix
-        terms = [_over_tex(over, MAX_TERMS) for over in form.over]
+        terms = [("-" if over.negative else "") + _over_tex(over, MAX_TERMS) for over in form.over]
         if form.value is not None:
             terms.insert(0, value_tex(form.value))
         return " + ".join(terms).replace("+ -", "- ")

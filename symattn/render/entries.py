@@ -33,6 +33,7 @@ class Over:
     row: int
     squared: bool = False
     head: int | None = None
+    negative: bool = False  # in a sum of fractions: written − numerator/Z (the numerator is then positive)
 
     @property
     def parts(self) -> bool:
@@ -51,8 +52,9 @@ class EntryForm:
 
     Either a plain exact ``value`` (a SymPy expression, or a QQ number of a rational step; ``NEG_INF``
     for −∞), or a single fraction ``over`` (a softmax entry over Z_i, a gradient's over Z_i²), or,
-    for the concatenation or the projected output of several heads (``heads``), a plain ``value``
-    (None when it is zero) plus one fraction per head over that head's normaliser.
+    for a sum of fractions (``heads``: the concatenation or the projected output of several heads,
+    one fraction per head over that head's normaliser; or a gradient such as dV = Aᵀ dO, one
+    fraction per softmax row over its Z_r), a plain ``value`` (None when it is zero) plus those fractions.
     ``wide``: the entry is in a matrix of more than four columns (numerators keep fewer terms).
     """
 
@@ -87,6 +89,10 @@ def entry_forms(d: Derivation, step: Step) -> Callable[[int, int], EntryForm]:
 
 
 def _form(step: Step, i: int, j: int, wide: bool) -> EntryForm:
+    if step.over_rows is not None:  # a sum of fractions, each over its own row's Z_r
+        plain, fractions = step.over_rows(i, j)
+        over = tuple(Over(-top, r, negative=True) if _single_negative(top) else Over(top, r) for r, top in fractions)
+        return EntryForm(plain if plain != 0 or not over else None, over, heads=True, wide=wide)
     squared = over_normaliser_squared(step, i, j)
     if squared is not None:
         return EntryForm(_ZERO) if squared == 0 else EntryForm(over=(Over(squared, i, squared=True),), wide=wide)
@@ -99,6 +105,11 @@ def _form(step: Step, i: int, j: int, wide: bool) -> EntryForm:
     if numerator == 0:
         return EntryForm(_ZERO)
     return EntryForm(over=(Over(numerator, i),), wide=wide)
+
+
+def _single_negative(x: sympy.Expr) -> bool:
+    """Whether ``x`` is one term with a minus sign (written as ``− x/Z`` in a sum)."""
+    return len(sympy.Add.make_args(x)) == 1 and x.could_extract_minus_sign()
 
 
 def _heads_form(d: Derivation, step: Step, i: int, j: int, wide: bool) -> EntryForm:
@@ -189,7 +200,7 @@ def over_normaliser_squared(step: Step, i: int, j: int) -> sympy.Expr | None:
 
 def _rational_entries(step: Step) -> "list[list] | None":
     """The QQ entries (None for −∞) of a rational step that is written entry by entry, else None."""
-    if step.softmax or step.over_z_squared is not None:
+    if step.softmax or step.over_z_squared is not None or step.over_rows is not None:
         return None
     return _exact.qq_entries(step.lazy)
 

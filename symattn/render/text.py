@@ -43,10 +43,10 @@ def _grid(row_labels, col_labels, cell: Callable[[int, int], str], max_shown: in
 def form_text(form: EntryForm) -> str:
     """Plain text of an entry written as ``form``: ``x/Z_1``, ``(x + y)/Z_1²``, ``x/Z2_1`` (head 2)."""
     if form.heads:
-        terms = [_over_text(over, form.wide) for over in form.over]
+        terms = [("-" if over.negative else "") + _over_text(over, form.wide) for over in form.over]
         if form.value is not None:
             terms.insert(0, value_text(form.value))
-        return " + ".join(terms)
+        return " + ".join(terms).replace("+ -", "- ")
     if not form.over:
         return value_text(form.value)
     return _over_text(form.over[0], form.wide)

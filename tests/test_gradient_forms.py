@@ -1,0 +1,62 @@
+"""Gradients through the weights are written as the forward pass writes the weights: over Z_i.
+
+dV = Aᵀ dO sums the weights of a column, one row's a_ik = e^{z_ik − m_i} / Z_i each, so each of its
+entries (and those of dW_V = Cᵀ dV) is written as a sum of fractions, each over its row's Z_i. The
+value written must be the exact entry: checked here exactly with SymPy on every example with a
+backward pass, and the worked solution must show no nested fraction such as 1/(e(2/e + 1)).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+import sympy
+
+import symattn
+from symattn.problem import SUM_LOSS
+from symattn.render.entries import entry_form
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "worked_examples"
+SMALL = [p for p in sorted(EXAMPLES.glob("*.yaml")) if "symbolic" not in p.stem]
+
+
+def with_backward(path):
+    p = symattn.load_problem(path)
+    return p if p.backward is not None else dataclasses.replace(p, backward=SUM_LOSS)
+
+
+def written_value(form, rows) -> sympy.Expr:
+    """The value an entry form writes, with each Z_r put back as the row's normaliser."""
+    total = form.value if form.value is not None else sympy.Integer(0)
+    for over in form.over:
+        top = over.numerator if not over.parts else sympy.Add(*[sympy.Rational(int(c.numerator), int(c.denominator))
+                                                              * sympy.exp(sympy.Rational(int(x.numerator), int(x.denominator)))
+                                                              for c, x in over.numerator])
+        total += (-1 if over.negative else 1) * top / rows[over.row].normaliser
+    return total
+
+
+@pytest.mark.parametrize("path", SMALL, ids=[p.stem for p in SMALL])
+def test_dV_and_dW_V_are_written_over_each_rows_Z(path):
+    d = symattn.derive(with_backward(path))
+    steps = [s for s in d.steps if s.kind in ("dV", "dW_V") and s.written_exactly]
+    assert steps or not d.problem.n_q * d.problem.n_k <= 64
+    for step in steps:
+        assert step.over_rows is not None, step.id
+        rows = step.value.rows
+        for i in range(step.shape[0]):
+            for j in range(step.shape[1]):
+                form = entry_form(d, step, i, j)
+                assert sympy.simplify(written_value(form, rows) - step.lazy[i, j]) == 0, (step.id, i, j)
+
+
+def test_the_worked_solution_shows_dV_over_Z_i():
+    d = symattn.derive(symattn.load_problem(EXAMPLES / "backward_causal.yaml"))
+    md = symattn.render_markdown(d)
+    dV = next(line for line in md.splitlines() if line.startswith("dV = A^{\\top} dO ="))
+    assert "Z_{2}" in dV and "Z_{3}" in dV
+    assert "e \\left(" not in dV and "+ -" not in dV  # no nested 1/(e(2/e + 1)), no "+ −"
+    text = symattn.render_text(d)
+    assert "1/Z_2 - exp(-1)/Z_3" in text
