@@ -194,14 +194,34 @@ def _pack(cols, rows, body, row_labels, col_labels, budget) -> list[list[Index]]
             units[-1].append(j)
         else:
             units.append([j])
-    blocks: list[list[Index]] = []
-    used = budget  # forces a first block
-    for unit in units:
-        w = sum(col_w[j] for j in unit)
-        if blocks and used + w <= budget:
-            blocks[-1].extend(unit)
+    widths = [sum(col_w[j] for j in unit) for unit in units]
+    # the fewest blocks, greedily ...
+    count, used = 0, budget
+    for w in widths:
+        if count and used + w <= budget:
             used += w
         else:
-            blocks.append(list(unit))
-            used = label_w + w
-    return blocks
+            count, used = count + 1, label_w + w
+    # ... then balanced: the cut into that many blocks whose widest block is narrowest
+    cuts = _balanced_cuts(widths, count)
+    return [[j for unit in units[a:b] for j in unit] for a, b in zip([0, *cuts], [*cuts, len(units)])]
+
+
+def _balanced_cuts(widths: list[float], parts: int) -> list[int]:
+    """Where to cut ``widths`` into ``parts`` consecutive runs so the largest run sum is smallest."""
+    n = len(widths)
+    prefix = [0.0]
+    for w in widths:
+        prefix.append(prefix[-1] + w)
+    # best[k][i]: (largest run, cuts) for the first i widths in k runs
+    best: list[list[tuple[float, list[int]]]] = [[(0.0, [])] + [(float("inf"), [])] * n]
+    for k in range(1, parts + 1):
+        row = [(float("inf"), [])] * (n + 1)
+        for i in range(1, n + 1):
+            for j in range(k - 1, i):
+                prev, cuts = best[k - 1][j]
+                worst = max(prev, prefix[i] - prefix[j])
+                if worst < row[i][0]:
+                    row[i] = (worst, cuts + ([j] if j else []))
+        best.append(row)
+    return best[parts][n][1]

@@ -346,7 +346,7 @@ def _environment_width(env: str, body: str) -> float:
 
 # --- heights, for the struts that keep rows of fractions apart ----------------------------------
 
-GAP = 2.5  # pt kept above and below the tallest entry of a row: at least 2 · GAP between rows
+GAP = 3.0  # pt kept above and below the tallest entry of a row: at least 2 · GAP between rows
 
 
 def _script_height(t: str) -> float:
