@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import tempfile
@@ -14,6 +15,25 @@ TEX_PACKAGES = "texlive-latex-base texlive-latex-recommended"
 
 def latex_to_pdf(source: str, timeout: float = 120) -> bytes:
     """The PDF of ``source``, compiled in a temporary folder without shell escape."""
+    return compile_latex(source, timeout)[0]
+
+
+_DISPLAY = re.compile(r"^symattn: display ([0-9.]+)pt of ([0-9.]+)pt$", re.MULTILINE)
+
+
+def display_scales(log: str) -> list[float]:
+    """The factor each display of a compiled solution needed to fit the line (1 when it fits),
+    in order, from the widths symattn's ``\\symattnfit`` writes to the LaTeX log. A factor
+    below 0.85 means the display was drawn at 0.85 and sticks into the margin.
+
+    >>> display_scales("symattn: display 250.0pt of 500.0pt\\nsymattn: display 625.0pt of 500.0pt")
+    [1.0, 0.8]
+    """
+    return [min(1.0, float(line) / float(w)) for w, line in _DISPLAY.findall(log)]
+
+
+def compile_latex(source: str, timeout: float = 120) -> tuple[bytes, str]:
+    """The PDF of ``source`` and the log of its last pdflatex run (see :func:`display_scales`)."""
     pdflatex = shutil.which("pdflatex")
     latexmk = shutil.which("latexmk")
     if pdflatex is None:
@@ -43,7 +63,8 @@ def latex_to_pdf(source: str, timeout: float = 120) -> bytes:
             log = Path(tmp) / "solution.log"
             text = log.read_text("utf-8", "replace") if log.exists() else run.stdout.decode("utf-8", "replace")
             raise SymattnError("pdflatex failed: " + _log_excerpt(text))
-        return pdf.read_bytes()
+        log = Path(tmp) / "solution.log"
+        return pdf.read_bytes(), (log.read_text("utf-8", "replace") if log.exists() else "")
 
 
 def _log_excerpt(log: str) -> str:

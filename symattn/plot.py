@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import io
+import math
 
 from . import stages
 from ._errors import SymattnError
 from .derivation import Derivation
 
+_MAX_LABELS = 32  # tick labels on an axis before they are thinned out
 FORMATS = {".png": "png", ".svg": "svg", ".pdf": "pdf"}
 
 
@@ -32,7 +34,12 @@ def plot_weights(d: Derivation, suffix: str = ".png") -> bytes:
         raise SymattnError("the weights hold symbols without values, so they cannot be plotted; give values")
     weights = [s for s in d.steps if s.key == stages.A]
     n_q, n_k = weights[0].shape
-    size = max(3.0, 0.45 * n_k + 1.5), max(2.5, 0.4 * n_q + 1.2)
+    # Cells shrink as n grows so that a panel stays slide-sized (at most about 11 × 10 inches,
+    # 1650 × 1500 px at 150 dpi); tick labels keep a readable size and are thinned out instead.
+    cell = min(0.45, 9.0 / max(n_q, n_k))
+    size = max(3.0, cell * n_k + 1.5), max(2.5, cell * 0.4 / 0.45 * n_q + 1.2)
+    font = None if max(n_q, n_k) <= 16 else 8  # None: matplotlib's own size
+    step_q, step_k = (max(1, math.ceil(n / _MAX_LABELS)) for n in (n_q, n_k))
     fig, axes = plt.subplots(1, len(weights), figsize=(size[0] * len(weights), size[1]), squeeze=False)
     for ax, step in zip(axes[0], weights):
         values = np.array([[float(v) for v in row] for row in d.evaluate(step.id, 20)])
@@ -46,10 +53,12 @@ def plot_weights(d: Derivation, suffix: str = ".png") -> bytes:
                 elif n_q <= 16 and n_k <= 16:
                     ax.text(j, i, f"{values[i, j]:.2f}", ha="center", va="center", fontsize=8,
                             color="white" if values[i, j] > 0.6 else "black")
-        ax.set_xticks(range(n_k), labels=step.cols, rotation=45 if n_k > 6 else 0, ha="right" if n_k > 6 else "center")
-        ax.set_yticks(range(n_q), labels=step.rows)
-        ax.set_xlabel("key")
-        ax.set_ylabel("query")
+        xs, ys = range(0, n_k, step_k), range(0, n_q, step_q)
+        ax.set_xticks(xs, labels=[step.cols[j] for j in xs], rotation=45 if n_k > 6 else 0,
+                      ha="right" if n_k > 6 else "center", fontsize=font)
+        ax.set_yticks(ys, labels=[step.rows[i] for i in ys], fontsize=font)
+        ax.set_xlabel("key" + (f" (one token in {step_k} labelled)" if step_k > 1 else ""))
+        ax.set_ylabel("query" + (f" (one token in {step_q} labelled)" if step_q > 1 else ""))
         ax.set_title(f"Head {step.head}: weights A" if step.head else "Attention weights A")
         fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
     fig.tight_layout()

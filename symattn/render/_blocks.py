@@ -6,18 +6,19 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from . import prose
-from ._grid import MAX_SHOWN, grid, tex_token
+from ._grid import MAX_SHOWN, grid, grid_blocks, tex_token
+from ._layout import LINE_WIDTH, SPLIT_WIDTH, answer_box, width
 from ._print import tex
 from ._tex import (
     _labels,
-    approx_tex_matrix,
-    exact_tex_matrix,
+    approx_tex_blocks,
+    exact_tex_blocks,
     form_tex,
     normaliser_lines,
     weighted_sum_tex,
     worked_dot_tex,
 )
-from .entries import TOO_LONG, jacobian_form, jacobian_row, needs_decimals, written_exactly
+from .entries import TOO_LONG, entry_forms, jacobian_form, jacobian_row, needs_decimals, written_exactly
 from .outline import _given_inputs, select, stages
 
 if TYPE_CHECKING:
@@ -68,9 +69,17 @@ def blocks(
         chosen = [s for s in chosen if not s.given and (ask is None or s.kind in ask)]
     if givens:
         out.append(Block("section", "Given"))
-        for step in givens:
+        for group in _side_by_side(d, givens, max_shown):
+            if len(group) > 1:  # small weight matrices share a line, so the page is not mostly white
+                notes = "; ".join(f"{step.title} ({step.id}), {step.shape_note}" for step in group)
+                out.append(Block("para", notes + ":"))
+                out.append(Block("math", ",\\qquad ".join(
+                    f"{_short_name(step)} = {exact_tex_blocks(d, step, max_shown)[0][1]}" for step in group)))
+                continue
+            step = group[0]
             out.append(Block("para", f"{step.title} ({step.id}), {step.shape_note}:"))
-            out.append(Block("math", f"{_short_name(step)} = {exact_tex_matrix(d, step, max_shown)}"))
+            lhs = f"{_short_name(step)} = "
+            out += _displays(lhs, step, lambda b: exact_tex_blocks(d, step, max_shown, b))
         if exercise and p.bias is not None:
             n_q, n_k = p.bias.shape
             out.append(Block("para", f"The bias B, {n_q}×{n_k}, added to the mask:"))
@@ -86,8 +95,10 @@ def blocks(
         for step in steps:
             out.append(Block("step", step.title, step.why))
             if exercise:
-                out.append(Block("math", f"{step.formula} = {_boxes(step, max_shown)}"))
+                # the shape first: it says what to fill in, and a display is never split from
+                # the line before it, so no page ends up holding only that line
                 out.append(Block("para", f"Shape: {step.shape_note}."))
+                out += _displays(f"{step.formula} = ", step, lambda b: _boxes(d, step, max_shown, digits, b))
                 continue
             if "softmax" in step.shows:
                 out.append(Block("math", _SOFTMAX_DEF))
@@ -95,7 +106,8 @@ def blocks(
                 out.append(Block("math", step.formula))
                 out.append(Block("para", TOO_LONG))
             else:
-                out.append(Block("math", f"{step.formula} = {_parts_tex(p, step, max_shown)}{exact_tex_matrix(d, step, max_shown)}"))
+                lhs = f"{step.formula} = {_parts_tex(p, step, max_shown)}"
+                out += _displays(lhs, step, lambda b: exact_tex_blocks(d, step, max_shown, b))
             out.append(Block("para", f"Shape: {step.shape_note}."))
             for dot in step.worked:
                 out.append(Block("math", worked_dot_tex(dot)))
@@ -109,20 +121,60 @@ def blocks(
                 if line:
                     out.append(Block("math", line))
             if needs_decimals(step) and evaluable:
-                approx = approx_tex_matrix(d, step, digits, max_shown, shade)
-                out.append(Block("math", f"{_short_name(step)} \\approx {approx}"))
+                out += _displays(f"{_short_name(step)} \\approx ", step,
+                                 lambda b: approx_tex_blocks(d, step, digits, max_shown, shade, b))
     if check is not None and not exercise:
         out.append(Block("section", "Cross-check"))
         out.append(Block("para", check_sentence(check)))
     return out
 
 
-def _boxes(step: Step, max_shown: int) -> str:
-    """An empty answer box per entry, laid out like the step's matrix."""
+def _displays(lhs: str, step: Step, draw) -> list[Block]:
+    """``lhs`` and the step's matrix as one display, or, when the matrix is too wide to show at
+    85 % or more, as several: column blocks drawn by ``draw(budget)``, each introduced by a line
+    naming its columns."""
+    parts = draw(SPLIT_WIDTH - width(lhs))
+    if len(parts) == 1:
+        return [Block("math", lhs + parts[0][1])]
+    out = []
+    for (a, b), matrix in parts:
+        which = f"Column {a + 1}" if a == b else f"Columns {a + 1} to {b + 1}"
+        out.append(Block("para", f"{which} of {step.shape[1]}:"))
+        out.append(Block("math", lhs + matrix))
+    return out
+
+
+def _side_by_side(d: Derivation, givens: list[Step], max_shown: int) -> list[list[Step]]:
+    """The given steps in groups drawn on one line: consecutive unlabelled matrices (weights)
+    whose displays fit the line together at full size; every other step alone."""
+    groups: list[list[Step]] = []
+    used = 0.0
+    for step in givens:
+        w = None
+        if not step.kind_of.labelled:
+            w = width(f"{_short_name(step)} = {exact_tex_blocks(d, step, max_shown)[0][1]},\\qquad ")
+        if w is not None and groups and groups[-1][-1].kind_of.labelled is False and used + w <= LINE_WIDTH:
+            groups[-1].append(step)
+            used += w
+        else:
+            groups.append([step])
+            used = w or 0.0
+    return groups
+
+
+def _boxes(d: Derivation, step: Step, max_shown: int, digits: int, budget: float | None = None):
+    """An empty answer box per entry, laid out like the step's matrix, each as wide and tall
+    as the entry's exact form (or a decimal of ``digits`` places, if wider); the sheet's
+    source holds only the sizes, never the answers."""
     rows, cols = step.shape
     row_labels, col_labels = _labels(step)
-    return grid(rows, cols, lambda i, j: "\\boxed{\\phantom{0.000}}", max_shown=max_shown,
-                row_labels=row_labels, col_labels=col_labels)
+    if written_exactly(step):
+        form = entry_forms(d, step)
+        cell = lambda i, j: answer_box(form_tex(form(i, j)), digits)  # noqa: E731
+    else:
+        cell = lambda i, j: answer_box("", digits)  # noqa: E731
+    return grid_blocks(rows, cols, cell, max_shown=max_shown, row_labels=row_labels, col_labels=col_labels,
+                       budget=budget)
 
 
 _SOFTMAX_DEF = (

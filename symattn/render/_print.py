@@ -11,6 +11,8 @@ import re
 import mpmath
 import sympy
 
+from ._layout import inline_script_fractions, script_tex
+
 NEG_INF = sympy.S.NegativeInfinity
 # Decimals are rounded from values worked to this many digits: the cross-check's own, so each
 # stage is evaluated once.
@@ -45,7 +47,8 @@ def tex(x: sympy.Expr) -> str:
         return qq_tex(x)  # what sympy.latex writes, without its printer
     if x == NEG_INF:
         return "-\\infty"
-    return sympy.latex(x)
+    # fractions in exponents inline (e^{-3 \\sqrt{2}/2}): a \\frac there is too small to read
+    return inline_script_fractions(sympy.latex(x))
 
 
 def qq_tex(x) -> str:
@@ -83,7 +86,7 @@ def exp_sum_tex(expr: sympy.Expr, max_terms: int = 6) -> str:
     >>> exp_sum_tex(2*sympy.exp(-2) + 1 + sympy.exp(-1))
     '1 + e^{-1} + 2 e^{-2}'
     """
-    return _exp_sum(expr, tex, lambda x: f"e^{{{tex(x)}}}", "\\left({}\\right)", " ", "\\cdots", max_terms)
+    return _exp_sum(expr, tex, lambda x: f"e^{{{script_tex(tex(x))}}}", "\\left({}\\right)", " ", "\\cdots", max_terms)
 
 
 def exp_sum_text(expr: sympy.Expr, max_terms: int = 6) -> str:
@@ -128,7 +131,7 @@ def _exp_sum(expr, show, power_of, paren: str, times: str, ellipsis: str, max_te
 def exp_parts_tex(parts: list, max_terms: int = 6) -> str:
     """LaTeX of ``Σ c·e^x`` from exact ``(c, x)`` pairs in QQ, already in order (see
     ``SoftmaxRow.numerator_parts``): what :func:`exp_sum_tex` writes for the same sum."""
-    return _exp_parts(parts, qq_tex, lambda x: f"e^{{{qq_tex(x)}}}", "\\left({}\\right)", " ", "\\cdots", max_terms)
+    return _exp_parts(parts, qq_tex, lambda x: f"e^{{{script_tex(qq_tex(x))}}}", "\\left({}\\right)", " ", "\\cdots", max_terms)
 
 
 def exp_parts_text(parts: list, max_terms: int = 6) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
-from ._grid import MAX_SHOWN, grid, shown, tex_token
+from ._grid import MAX_SHOWN, grid, grid_blocks, shown, tex_token
 from ._print import (
     DPS,
     MAX_CELL_TERMS,
@@ -35,11 +35,16 @@ def _labels(step: Step) -> tuple[list[str] | None, list[str] | None]:
 
 
 def exact_tex_matrix(d: Derivation, step: Step, max_shown: int = MAX_SHOWN) -> str:
+    return exact_tex_blocks(d, step, max_shown)[0][1]
+
+
+def exact_tex_blocks(d: Derivation, step: Step, max_shown: int = MAX_SHOWN, budget: float | None = None):
+    """The exact matrix in column blocks of estimated width at most ``budget`` (see ``grid_blocks``)."""
     rows, cols = step.shape
     form = entry_forms(d, step)
     row_labels, col_labels = _labels(step)
-    return grid(rows, cols, lambda i, j: form_tex(form(i, j)), max_shown=max_shown,
-                row_labels=row_labels, col_labels=col_labels)
+    return grid_blocks(rows, cols, lambda i, j: form_tex(form(i, j)), max_shown=max_shown,
+                       row_labels=row_labels, col_labels=col_labels, budget=budget)
 
 
 def form_tex(form: EntryForm) -> str:
@@ -77,15 +82,21 @@ def exact_tex_matrix_of_step(step: Step, max_shown: int = MAX_SHOWN) -> str:
 
 def approx_tex_matrix(d: Derivation, step: Step, digits: int, max_shown: int = MAX_SHOWN, shade: bool = False) -> str:
     """Decimals of a step; with ``shade``, the weights' cells are shaded by size (LaTeX's colortbl)."""
+    return approx_tex_blocks(d, step, digits, max_shown, shade)[0][1]
+
+
+def approx_tex_blocks(d: Derivation, step: Step, digits: int, max_shown: int = MAX_SHOWN, shade: bool = False,
+                      budget: float | None = None):
+    """The same in column blocks of estimated width at most ``budget`` (see ``grid_blocks``)."""
     value = d.entry_values(step.id, max(digits + 5, DPS))
     rows, cols = step.shape
     row_labels, col_labels = _labels(step)
     shading = None
     if shade and step.is_softmax:
         shading = lambda i, j: _shade(step.softmax[i].raw[j] is None, value(i, j))  # noqa: E731
-    return grid(
+    return grid_blocks(
         rows, cols, lambda i, j: _tex_decimal(value(i, j), digits), max_shown=max_shown,
-        row_labels=row_labels, col_labels=col_labels, shade=shading,
+        row_labels=row_labels, col_labels=col_labels, shade=shading, budget=budget,
     )
 
 
@@ -98,24 +109,27 @@ def _shade(masked: bool, weight) -> str:
 
 
 def normaliser_lines(d: Derivation, step: Step, digits: int, max_shown: int = MAX_SHOWN) -> list[str]:
-    """``m_i`` and ``Z_i`` of every drawn row whose normaliser is not a plain number."""
+    """``m_i`` and ``Z_i`` of every drawn row whose normaliser is not a plain number, as one
+    ``aligned`` block (its ``=`` signs in line); no block when every normaliser is a number."""
     lines = []
     for i in shown(len(step.softmax), max_shown):
         if i is None:
-            lines.append("\\vdots")
+            lines.append("\\vdots & & \\vdots &")
             continue
         row = step.softmax[i]
         if normaliser_is_number(row):
             continue
         line = (
-            f"m_{{{i + 1}}} = {tex(row.maximum)},\\quad Z_{{{i + 1}}} = \\sum_k e^{{\\hat{{S}}_{{{i + 1}k}} - m_{{{i + 1}}}}} = "
+            f"m_{{{i + 1}}} &= {tex(row.maximum)}, & Z_{{{i + 1}}} &= \\sum_k e^{{\\hat{{S}}_{{{i + 1}k}} - m_{{{i + 1}}}}} = "
             f"{exp_parts_tex(row.numerator_parts()) if row.rational else exp_sum_tex(row.normaliser)}"
         )
         subs = d.problem.substitutions
         if subs is not None:
             line += f" \\approx {_tex_decimal(row.evaluate_normaliser(max(digits + 5, DPS), subs), digits)}"
         lines.append(line)
-    return lines
+    if not any("&=" in line for line in lines):
+        return []
+    return ["\\begin{aligned} " + " \\\\ ".join(lines) + " \\end{aligned}"]
 
 
 def worked_dot_tex(dot) -> str:

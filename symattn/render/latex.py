@@ -18,10 +18,15 @@ def _prose(text: str) -> str:
 
 
 # Lets a fragment compile in a document that does not load colortbl (then unshaded).
+# \symattnfit scales a display wider than the line down to fit, never below 0.85 (the renderer
+# splits wider matrices into column blocks first), and writes each display's natural width to
+# the log ("symattn: display <width> of <line width>"), from which symattn.pdf.display_scales
+# reads the factors used.
 _FRAGMENT_HEADER = r"""% symattn worked solution, for \input in a document that loads amsmath and amssymb (and colortbl for shading)
 \providecommand{\cellcolor}[2][]{}
 \providecommand{\color}[2][]{}
-\providecommand{\symattnfit}[1]{\ifdefined\resizebox\resizebox{\ifdim\width>\linewidth\linewidth\else\width\fi}{!}{#1}\else\mbox{#1}\fi}
+\ifdefined\symattnbox\else\newsavebox{\symattnbox}\fi
+\providecommand{\symattnfit}[1]{\sbox{\symattnbox}{#1}\typeout{symattn: display \the\wd\symattnbox\space of \the\linewidth}\ifdim\wd\symattnbox>\linewidth\ifdefined\resizebox\ifdim\dimexpr 1pt*\linewidth/\wd\symattnbox\relax<0.85pt\scalebox{0.85}{\usebox{\symattnbox}}\else\resizebox{\linewidth}{!}{\usebox{\symattnbox}}\fi\else\usebox{\symattnbox}\fi\else\usebox{\symattnbox}\fi}
 """
 
 _PREAMBLE = r"""\documentclass[11pt]{article}
@@ -59,7 +64,7 @@ def render_latex(
     parts = blocks(
         derivation, digits, check, max_shown=max_shown, shade=True, first=first, last=last, exercise=exercise, ask=ask
     )
-    for block in parts:
+    for k, block in enumerate(parts):
         if block.kind == "section":
             lines.append(f"\\section*{{{_prose(block.text)}}}")
         elif block.kind == "step":
@@ -69,15 +74,22 @@ def render_latex(
         else:
             # A display wider than the page is scaled down to fit (never up).
             lines.append(f"\\[\n\\symattnfit{{$\\displaystyle {block.text}$}}\n\\]")
+        if block.kind in ("para", "step") and k + 1 < len(parts) and parts[k + 1].kind == "math":
+            continue  # a display is part of the paragraph introducing it: never a page apart
         lines.append("")
     body = "\n".join(lines).rstrip() + "\n"
     body = _FRAGMENT_HEADER + body  # the standalone document holds the fragment as it is
     if not standalone:
         return body
     title = escape(("Exercise: " if exercise else "") + derivation.problem.title)
+    # an exercise sheet has a compact heading: room for its answer boxes, no near-empty last page
+    heading = (f"{{\\centering\\Large\\bfseries {title}\\par}}\n\\medskip\n" if exercise
+               else f"\\title{{{title}}}\n\\date{{}}\n\\begin{{document}}\n\\maketitle\n")
+    if exercise:
+        heading = f"\\title{{{title}}}\n\\begin{{document}}\n" + heading
     return (
         _PREAMBLE
-        + f"\\title{{{title}}}\n\\date{{}}\n\\begin{{document}}\n\\maketitle\n\n"
+        + heading + "\n"
         + body
         + "\n\\end{document}\n"
     )
