@@ -113,32 +113,71 @@ class WeightsT:
 
 @dataclass(frozen=True)
 class OverRows:
-    """A sum over the softmax rows, each term over its row's normaliser: entry (k, c) is
-    ``Σ_i top(i, k, c) / Z_i`` (``dV = Aᵀ dO``, and what a rational matrix times it makes, such as
-    ``dW_V = Cᵀ dV``). ``tops(k, c)`` lists the ``(i, top)`` that are not 0; ``lazy`` holds the entries."""
+    """A sum over the softmax rows, each term over a power of its row's normaliser: entry (k, c)
+    is ``Σ top / Z_i^power`` over the ``(i, power, top)`` of ``tops(k, c)`` (none of them 0).
+
+    ``dV = Aᵀ dO`` sums terms over ``Z_i``; ``dK = dSᵀ Q`` and ``dW_Q = Xᵀ dQ`` over ``Z_i²``; a
+    rational matrix on either side keeps the form (``dW_V = Cᵀ dV``, ``dV W_Vᵀ``), and so does a
+    sum (``dX``). ``lazy`` holds the entries."""
 
     rows: tuple[SoftmaxRow, ...]
-    tops: Callable[[int, int], list[tuple[int, sympy.Expr]]]
+    tops: Callable[[int, int], list[tuple[int, int, sympy.Expr]]]
     lazy: LazyMatrix
 
     @property
     def shape(self) -> tuple[int, int]:
         return (self.lazy.rows, self.lazy.cols)
 
-    def fractions(self, k: int, c: int) -> tuple[sympy.Expr, list[tuple[int, sympy.Expr]]]:
+    def fractions(self, k: int, c: int) -> tuple[sympy.Expr, list[tuple[int, int, sympy.Expr]]]:
         """Entry (k, c) as a plain part (the terms of rows whose ``Z_i`` is a plain number) and
-        the ``(i, top)`` written over ``Z_i``."""
+        the ``(i, power, top)`` written over ``Z_i^power``."""
         plain, over = [], []
-        for i, top in self.tops(k, c):
+        for i, power, top in self.tops(k, c):
             row = self.rows[i]
             if row.normaliser_is_number:
-                plain.append(top / row.normaliser)
+                plain.append(top / row.normaliser ** power)
             else:
-                over.append((i, top))
+                over.append((i, power, top))
         return sympy.Add(*plain), over
 
 
-_STRUCTURES = (Softmax, Output, OverZ2, WeightsT, OverRows)
+@dataclass(frozen=True)
+class ScoresT:
+    """``dSᵀ``: a gradient over ``Z_i²`` whose columns are the keys, transposed, kept for a product."""
+
+    of: "OverZ2"
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.of.lazy.cols, self.of.lazy.rows)
+
+    @cached_property
+    def lazy(self) -> LazyMatrix:
+        return self.of.lazy.T
+
+
+def _over_rows(x) -> "OverRows":
+    """An OverZ2 whose row i is over ``Z_i²`` (``dQ``), as a sum over the rows; an OverRows as it is."""
+    if isinstance(x, OverRows):
+        return x
+
+    def tops(i: int, c: int) -> list[tuple[int, int, sympy.Expr]]:
+        top = x.top(i, c)
+        return [] if top == 0 else [(i, 2, top)]
+
+    return OverRows(x.rows, tops, x.lazy)
+
+
+def _gathered(terms) -> list[tuple[int, int, sympy.Expr]]:
+    """``(i, power, top)`` terms with the same row and power added up (in that order), zeros dropped."""
+    gathered: dict[tuple[int, int], list] = {}
+    for i, power, top in terms:
+        gathered.setdefault((i, power), []).append(top)
+    out = [(i, power, _exact.tidy(sympy.Add(*tops))) for (i, power), tops in sorted(gathered.items())]
+    return [t for t in out if t[2] != 0]
+
+
+_STRUCTURES = (Softmax, Output, OverZ2, WeightsT, OverRows, ScoresT)
 
 
 def matrix_of(x) -> "Matrix | LazyMatrix":
@@ -175,8 +214,12 @@ class ExactOps:
             return self._over_z2_times(a, b)
         if isinstance(a, WeightsT) and not isinstance(b, _STRUCTURES):
             return self._weights_t_times(a, b)
-        if isinstance(b, OverRows) and _exact.is_rational(a):
-            return self._times_over_rows(a, b)
+        if isinstance(a, ScoresT) and not isinstance(b, _STRUCTURES):
+            return self._scores_t_times(a, b)
+        if isinstance(b, (OverRows, OverZ2)) and _exact.is_rational(a):
+            return self._times_over_rows(a, _over_rows(b))
+        if isinstance(a, (OverRows, OverZ2)) and _exact.is_rational(b):
+            return self._over_rows_times(_over_rows(a), b)
         a, b = matrix_of(a), matrix_of(b)
         return _exact.matmul(a, b) if self.expand else product(a, b)
 
@@ -185,24 +228,51 @@ class ExactOps:
         """``Aᵀ·b``: entry (k, c) = Σ_i a_ik b_ic, each term ``e^{z_ik − m_i} b_ic / Z_i``."""
         rows = a.rows
 
-        def tops(k: int, c: int) -> list[tuple[int, sympy.Expr]]:
-            return [(i, row.terms[k] * b[i, c]) for i, row in enumerate(rows)
+        def tops(k: int, c: int) -> list[tuple[int, int, sympy.Expr]]:
+            return [(i, 1, row.terms[k] * b[i, c]) for i, row in enumerate(rows)
                     if row.raw[k] is not None and b[i, c] != 0]
 
         return OverRows(rows, tops, product(a.lazy, b))
 
     @staticmethod
+    def _scores_t_times(a: ScoresT, b) -> OverRows:
+        """``dSᵀ·b``: entry (k, c) = Σ_i dS_ik b_ic, each term over ``Z_i²``."""
+        g = a.of
+
+        def tops(k: int, c: int) -> list[tuple[int, int, sympy.Expr]]:
+            terms = []
+            for i in range(g.lazy.rows):
+                if g.rows[i].raw[k] is not None and b[i, c] != 0:
+                    top = g.top(i, k)
+                    if top != 0:
+                        terms.append((i, 2, top * b[i, c]))
+            return _gathered(terms)
+
+        return OverRows(g.rows, tops, product(a.lazy, b))
+
+    @staticmethod
+    def _over_rows_times(a: OverRows, b) -> OverRows:
+        """``a·b`` for rational ``b``: each row's terms gather over the same power of ``Z_i``."""
+        def tops(k: int, d: int) -> list[tuple[int, int, sympy.Expr]]:
+            terms = []
+            for c in range(b.rows):
+                y = b[c, d]
+                if y != 0:
+                    terms += [(i, power, top * y) for i, power, top in a.tops(k, c)]
+            return _gathered(terms)
+
+        return OverRows(a.rows, tops, product(a.lazy, b))
+
+    @staticmethod
     def _times_over_rows(a, b: OverRows) -> OverRows:
         """``a·b`` for rational ``a``: row i's terms gather over the same ``Z_i``."""
-        def tops(d: int, c: int) -> list[tuple[int, sympy.Expr]]:
-            gathered: dict[int, list] = {}
+        def tops(d: int, c: int) -> list[tuple[int, int, sympy.Expr]]:
+            terms = []
             for k in range(a.cols):
                 x = a[d, k]
                 if x != 0:
-                    for i, top in b.tops(k, c):
-                        gathered.setdefault(i, []).append(x * top)
-            out = [(i, _exact.tidy(sympy.Add(*terms))) for i, terms in sorted(gathered.items())]
-            return [(i, top) for i, top in out if top != 0]
+                    terms += [(i, power, x * top) for i, power, top in b.tops(k, c)]
+            return _gathered(terms)
 
         return OverRows(b.rows, tops, product(a, b.lazy))
 
@@ -224,6 +294,8 @@ class ExactOps:
     def T(self, a):
         if isinstance(a, Softmax):
             return WeightsT(a.rows)
+        if isinstance(a, OverZ2) and a.keyed:
+            return ScoresT(a)
         return matrix_of(a).T
 
     def scale(self, a, factor: sympy.Expr):
@@ -275,8 +347,12 @@ class ExactOps:
         return LazyMatrix(m.rows, width, lambda i, j: m[i, first + j])
 
     def sum(self, parts):
-        parts = [matrix_of(p) for p in parts]
-        return LazyMatrix(parts[0].rows, parts[0].cols, lambda i, j: sympy.Add(*[m[i, j] for m in parts]))
+        lazy = [matrix_of(p) for p in parts]
+        total = LazyMatrix(lazy[0].rows, lazy[0].cols, lambda i, j: sympy.Add(*[m[i, j] for m in lazy]))
+        if all(isinstance(p, (OverRows, OverZ2)) and (not isinstance(p, OverZ2) or not p.keyed) for p in parts):
+            sums = [_over_rows(p) for p in parts]
+            return OverRows(sums[0].rows, lambda i, j: _gathered(t for s in sums for t in s.tops(i, j)), total)
+        return total
 
     def sub(self, a, b):
         a, b = matrix_of(a), matrix_of(b)

@@ -104,8 +104,9 @@ class Step:
 
     @property
     def over_rows(self):
-        """For a sum over the softmax rows (``dV = Aᵀ dO`` and what follows from it), ``(i, j) →``
-        ``(plain, [(r, numerator over Z_r), ...])``; None for every other step."""
+        """For a sum over the softmax rows (``dV = Aᵀ dO``, ``dK = dSᵀ Q`` and what follows from
+        them), ``(i, j) →`` ``(plain, [(r, power, numerator over Z_r^power), ...])``; None for every
+        other step."""
         return self.value.fractions if isinstance(self.value, _ops.OverRows) else None
 
     @property

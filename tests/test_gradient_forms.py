@@ -34,14 +34,14 @@ def written_value(form, rows) -> sympy.Expr:
         top = over.numerator if not over.parts else sympy.Add(*[sympy.Rational(int(c.numerator), int(c.denominator))
                                                               * sympy.exp(sympy.Rational(int(x.numerator), int(x.denominator)))
                                                               for c, x in over.numerator])
-        total += (-1 if over.negative else 1) * top / rows[over.row].normaliser
+        total += (-1 if over.negative else 1) * top / rows[over.row].normaliser ** (2 if over.squared else 1)
     return total
 
 
 @pytest.mark.parametrize("path", SMALL, ids=[p.stem for p in SMALL])
-def test_dV_and_dW_V_are_written_over_each_rows_Z(path):
+def test_gradients_are_written_over_each_rows_Z(path):
     d = symattn.derive(with_backward(path))
-    steps = [s for s in d.steps if s.kind in ("dV", "dW_V") and s.written_exactly]
+    steps = [s for s in d.steps if s.kind in ("dV", "dW_V", "dK", "dW_Q", "dW_K", "dX", "dcontext") and s.written_exactly]
     assert steps or not d.problem.n_q * d.problem.n_k <= 64
     for step in steps:
         assert step.over_rows is not None, step.id

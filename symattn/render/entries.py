@@ -91,7 +91,8 @@ def entry_forms(d: Derivation, step: Step) -> Callable[[int, int], EntryForm]:
 def _form(step: Step, i: int, j: int, wide: bool) -> EntryForm:
     if step.over_rows is not None:  # a sum of fractions, each over its own row's Z_r
         plain, fractions = step.over_rows(i, j)
-        over = tuple(Over(-top, r, negative=True) if _single_negative(top) else Over(top, r) for r, top in fractions)
+        over = tuple(Over(-top, r, squared=power == 2, negative=True) if _single_negative(top)
+                     else Over(top, r, squared=power == 2) for r, power, top in fractions)
         return EntryForm(plain if plain != 0 or not over else None, over, heads=True, wide=wide)
     squared = over_normaliser_squared(step, i, j)
     if squared is not None:
