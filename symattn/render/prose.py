@@ -59,7 +59,7 @@ def render(text: str, prose: Callable[[str], str], math: Callable[[str], str]) -
 # sizes), set as math wherever they stand alone. Only these: a token such as a_b stays text.
 NAMES = {
     "d_model": "d_{\\mathrm{model}}", "d_out": "d_{\\mathrm{out}}",
-    "d_k": "d_k", "d_v": "d_v", "n_q": "n_q", "n_k": "n_k", "m_i": "m_i", "Z_i": "Z_i",
+    "d_k": "d_k", "d_v": "d_v", "n_q": "n_q", "n_k": "n_k", "n": "n", "m_i": "m_i", "Z_i": "Z_i",
     **{k.name: k.name for k in KINDS if k.source is not None and not k.labelled},  # W_Q, W_K, W_V, W_O
 }
 _NAME_RE = re.compile(r"(?<![A-Za-z0-9_])(" + "|".join(NAMES) + r")(?![A-Za-z0-9_])")
