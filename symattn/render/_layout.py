@@ -127,13 +127,19 @@ def _rewrite(s: str, in_script: bool) -> str:
             out.append("{" + _rewrite(body, in_script) + "}")
             continue
         if ch == "\\":
-            m = _CMD.match(s, k)
-            out.append(m.group(0))
-            k = m.end()
+            command, k = _command(s, k)
+            out.append(command)
             continue
         out.append(ch)
         k += 1
     return "".join(out)
+
+
+def _command(s: str, k: int) -> tuple[str, int]:
+    """The control sequence at ``s[k]`` (a backslash) and where it ends; a backslash that ends
+    the text stands alone, so a rewrite never fails."""
+    m = _CMD.match(s, k)
+    return (m.group(0), m.end()) if m else (s[k], k + 1)
 
 
 def display_fractions(tex: str) -> str:
@@ -159,9 +165,8 @@ def display_fractions(tex: str) -> str:
             k = e
             continue
         if ch == "\\":
-            m = _CMD.match(tex, k)
-            out.append(m.group(0))
-            k = m.end()
+            command, k = _command(tex, k)
+            out.append(command)
             continue
         out.append(ch)
         k += 1
