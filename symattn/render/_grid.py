@@ -14,7 +14,8 @@ import functools
 
 from typing import Callable, Sequence
 
-from ._layout import display_fractions, has_fraction, needs_strut, strut, width
+from ._fractions import display_fractions, has_fraction
+from ._layout import needs_strut, strut, width
 
 Index = int | None  # None marks the elided band
 MAX_SHOWN = 8  # rows or columns drawn before a matrix is elided

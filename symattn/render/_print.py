@@ -11,7 +11,7 @@ import re
 import mpmath
 import sympy
 
-from ._layout import inline_script_fractions, script_tex
+from ._fractions import inline_script_fractions, script_tex
 
 NEG_INF = sympy.S.NegativeInfinity
 # Decimals are rounded from values worked to this many digits: the cross-check's own, so each
