@@ -29,7 +29,7 @@ def display_scales(log: str) -> list[float]:
     >>> display_scales("symattn: display 250.0pt of 500.0pt\\nsymattn: display 625.0pt of 500.0pt")
     [1.0, 0.8]
     """
-    return [min(1.0, float(line) / float(w)) for w, line in _DISPLAY.findall(log)]
+    return [min(1.0, float(line) / float(display)) for display, line in _DISPLAY.findall(log)]
 
 
 def compile_latex(source: str, timeout: float = 120) -> tuple[bytes, str]:
