@@ -349,7 +349,7 @@ class ExactOps:
     def sum(self, parts):
         lazy = [matrix_of(p) for p in parts]
         total = LazyMatrix(lazy[0].rows, lazy[0].cols, lambda i, j: sympy.Add(*[m[i, j] for m in lazy]))
-        if all(isinstance(p, (OverRows, OverZ2)) and (not isinstance(p, OverZ2) or not p.keyed) for p in parts):
+        if all(isinstance(p, (OverRows, OverZ2)) for p in parts):
             sums = [_over_rows(p) for p in parts]
             return OverRows(sums[0].rows, lambda i, j: _gathered(t for s in sums for t in s.tops(i, j)), total)
         return total

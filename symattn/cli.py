@@ -43,10 +43,9 @@ def _stage_name(value: str | None, option: str) -> str | None:
     """A stage name for --from or --to, with a did-you-mean when it is not one."""
     if value is None or value in _kinds():
         return value
-    from .stages import did_you_mean
+    from .stages import unknown_stage
 
-    raise click.BadParameter(f"{value!r} is not a stage{did_you_mean(value, _kinds())}; choose from {', '.join(_kinds())}",
-                             param_hint=f"'{option}'")
+    raise click.BadParameter(unknown_stage(value, _kinds()), param_hint=f"'{option}'")
 
 
 def _stage_list(ctx, param, value: str | None) -> frozenset[str] | None:

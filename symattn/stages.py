@@ -63,11 +63,6 @@ def split_id(id: str) -> tuple[int | None, str]:
     return None, id
 
 
-def head_prefix(head: int | None) -> str:
-    """What a head's stage ids start with (``"head2."``), or ``""``."""
-    return stage_id("", head)
-
-
 # -- what a relation sees ---------------------------------------------------------------------
 
 
@@ -804,7 +799,6 @@ SECTIONS: tuple[Section, ...] = (
     Section("b_weights", "Back to the projection weights", backward=True, per_head=True),
     Section("b_input", "Back to the input", backward=True),
 )
-SECTION_BY_KEY = {s.key: s for s in SECTIONS}
 
 
 # -- a problem's stages -------------------------------------------------------------------------
