@@ -15,7 +15,8 @@ import click
 
 VERSION = "0.1.0"  # kept equal to symattn.__version__ by a test
 
-_SUFFIXES = {".tex": "latex", ".md": "markdown", ".markdown": "markdown", ".json": "json", ".txt": "text", ".pdf": "pdf"}
+_SUFFIXES = {".tex": "latex", ".md": "markdown", ".markdown": "markdown", ".json": "json", ".txt": "text", ".pdf": "pdf",
+             ".html": "html", ".htm": "html"}
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -65,8 +66,9 @@ def _stage_list(ctx, param, value: str | None) -> frozenset[str] | None:
 @cli.command()
 @click.argument("problem", required=False, type=click.Path(dir_okay=False, path_type=Path))
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
-              help="Where to write; the format follows the suffix (.tex, .md, .json, .txt, .pdf). Default: standard output.")
-@click.option("-f", "--format", "fmt", type=click.Choice(["latex", "markdown", "text", "json"]),
+              help="Where to write; the format follows the suffix (.tex, .md, .json, .txt, .pdf, .html). "
+                   "Default: standard output.")
+@click.option("-f", "--format", "fmt", type=click.Choice(["latex", "markdown", "text", "json", "html"]),
               help="Output format (default: from the suffix of -o, else latex).")
 @click.option("--standalone/--fragment", default=True, show_default=True,
               help="A complete compilable LaTeX document, or only the steps (for \\input).")
@@ -83,7 +85,7 @@ def _stage_list(ctx, param, value: str | None) -> frozenset[str] | None:
               help="End the worked solution at this stage.")
 @click.option("--exercise", is_flag=True,
               help="Write the exercise sheet instead: the problem with empty boxes for each asked stage "
-                   "(LaTeX, Markdown or PDF); the normal derivation is its solution, with the same numbering.")
+                   "(LaTeX, Markdown, PDF or HTML); the normal derivation is its solution, with the same numbering.")
 @click.option("--ask", callback=_stage_list, metavar="IDS",
               help="With --exercise: the stages to ask for, e.g. Q,S_scaled,A,O (default: every computed stage).")
 @click.option("--max-size", type=click.IntRange(min=1), default=1_000_000, show_default=True,
@@ -104,6 +106,7 @@ def derive(problem: Path | None, output: Path | None, fmt: str | None, standalon
     Examples:
       symattn derive
       symattn derive problem.yaml -o solution.pdf
+      symattn derive problem.yaml -o solution.html
       symattn derive problem.yaml --format json
       symattn derive problem.yaml --from S --to A --format markdown
       symattn derive problem.yaml --exercise --ask Q,S_scaled,A,O -o sheet.pdf
@@ -116,7 +119,7 @@ def derive(problem: Path | None, output: Path | None, fmt: str | None, standalon
         if ask is not None and not exercise:
             raise click.UsageError("--ask goes with --exercise")
         if exercise and kind in ("text", "json"):
-            raise click.UsageError("an exercise sheet is LaTeX, Markdown or PDF")
+            raise click.UsageError("an exercise sheet is LaTeX, Markdown, PDF or HTML")
         if first and last and _kinds().index(first) > _kinds().index(last):
             raise click.UsageError(f"--from {first} comes after --to {last} in the formula")
         for path in (output, plot):
@@ -156,7 +159,8 @@ def derive(problem: Path | None, output: Path | None, fmt: str | None, standalon
 
 def _writing(kind: str) -> str:
     """The progress display's name for the rendering phase."""
-    return "writing " + {"latex": "LaTeX", "pdf": "LaTeX", "markdown": "Markdown", "json": "JSON"}.get(kind, kind)
+    return "writing " + {"latex": "LaTeX", "pdf": "LaTeX", "markdown": "Markdown", "json": "JSON",
+                         "html": "HTML"}.get(kind, kind)
 
 
 def _derive_text(problem: Path | None, kind: str, standalone: bool, digits: int | None, check: str | None, layout,
@@ -362,7 +366,9 @@ class _RecordingCommand(click.Command):
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), help="Where to write one problem (default: standard output).")
 @click.option("--count", type=click.IntRange(1, 500), help="Write this many variants into --out-dir.")
 @click.option("--out-dir", type=click.Path(file_okay=False, path_type=Path), help="Folder for --count variants and their index.csv.")
-@click.option("--sheets", is_flag=True, help="With --count: each variant's exercise and solution as PDF (LaTeX without pdflatex).")
+@click.option("--sheets", type=click.Choice(["pdf", "html"]), is_flag=False, flag_value="pdf",
+              help="With --count: each variant's exercise and solution as PDF (LaTeX without pdflatex); "
+                   "--sheets html writes them as web pages.")
 @click.option("--from", "base", type=click.Path(dir_okay=False, path_type=Path), help="Keep the structure of this problem and draw new numbers.")
 @click.option("--vary", type=click.Choice(["weights", "inputs"]), default="weights", show_default=True, help="With --from: what gets new numbers.")
 def generate(tokens, d_model, d_k, d_v, mask, heads, cross, no_scale, level, range_, words, seed, output, count,
@@ -378,6 +384,7 @@ def generate(tokens, d_model, d_k, d_v, mask, heads, cross, no_scale, level, ran
     Examples:
       symattn generate --tokens 4 --d-model 4 --d-k 4 --d-v 4 --mask causal --seed 7 -o p.yaml
       symattn generate --count 30 --out-dir variants/ --sheets
+      symattn generate --count 30 --out-dir variants/ --sheets html
       symattn generate --from problem.yaml --vary weights --seed 3
     """
     from . import _errors
@@ -458,7 +465,7 @@ def _generate(o: dict) -> None:
         d = _verify(problem, derive, crosscheck)
         _write_atomic(folder / f"{name}.yaml", text.encode("utf-8"))
         if o["sheets"]:
-            _sheets(d, folder / name)
+            _sheets(d, folder / name, o["sheets"])
         index.append(f"{k},{seed},{name}.yaml")
     _write_atomic(folder / "index.csv", ("\n".join(index) + "\n").encode("utf-8"))
     click.echo(f"wrote {count} variants to {folder}" + (" with their exercise and solution sheets" if o["sheets"] else ""), err=True)
@@ -473,11 +480,16 @@ def _verify(problem, derive, crosscheck):
     return d
 
 
-def _sheets(d, stem: Path) -> None:
+def _sheets(d, stem: Path, kind: str = "pdf") -> None:
     import shutil as _shutil
 
-    from .render import render_latex
+    from .render import render_html, render_latex
 
+    if kind == "html":
+        for part, exercise in (("exercise", True), ("solution", False)):
+            page = render_html(d, exercise=exercise)
+            _write_atomic(stem.with_name(f"{stem.name}-{part}.html"), page.encode("utf-8"))
+        return
     exercise = render_latex(d, exercise=True)
     solution = render_latex(d)
     if _shutil.which("pdflatex"):
@@ -515,7 +527,8 @@ def _output_kind(output: Path | None, fmt: str | None) -> str:
     kind = _SUFFIXES.get(output.suffix.lower())
     if kind is None:
         raise click.UsageError(
-            f"cannot tell the format from {output.name!r}; use a .tex, .md, .json, .txt or .pdf name, or give --format"
+            f"cannot tell the format from {output.name!r}; use a .tex, .md, .json, .txt, .pdf or .html name, "
+            "or give --format"
         )
     return kind
 

@@ -237,6 +237,13 @@ class Derivation:
 
         return render_markdown(self)
 
+    def _repr_html_(self) -> str:
+        """The worked solution as the web page draws it (MathML, no MathJax needed): what Jupyter,
+        JupyterLab and VS Code show, with the cross-check's result once it has run."""
+        from .render.html import render_html
+
+        return render_html(self, check=self.__dict__.get("last_check"), fragment=True)
+
     def __iter__(self) -> Iterator[Step]:
         return iter(self.steps)
 

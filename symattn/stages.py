@@ -456,20 +456,28 @@ def _dot(target: str, i: int, j: int, a, b, left: str, right: str, value) -> Dot
     return Dot(target, i, j, left, right, tuple(zip(list(a), list(b))), value)
 
 
+def dot_at(key: str, v, result, c: Context, i: int, j: int) -> Dot | None:
+    """Entry (i, j) of a projection (Q, K, V) or of the scores worked as a dot product; None for
+    any other stage."""
+    if key == S:
+        return _dot(S, i, j, v(Q).row(i), v(K_T).col(j), f"q_{i + 1}", f"k_{j + 1}", result[i, j])
+    if key in (Q, K, V):
+        inp = v(X) if key == Q else v(c.kv)
+        label = "x" if key == Q else c.kv_name.lower()
+        return _dot(key, i, j, inp.row(i), v("W_" + key).col(j), f"{label}_{i + 1}", f"W_{key}[:,{j + 1}]",
+                    result[i, j])
+    return None
+
+
 def _worked_projection(name: str) -> Callable:
     def worked(v, result, c: Context) -> tuple[Dot, ...]:
-        inp = v(X) if name == Q else v(c.kv)
-        weights = v("W_" + name)
-        label = "x" if name == Q else c.kv_name.lower()
-        return (_dot(name, 0, 0, inp.row(0), weights.col(0), f"{label}_1", f"W_{name}[:,1]", result[0, 0]),)
+        return (dot_at(name, v, result, c, 0, 0),)
 
     return worked
 
 
 def _worked_score(v, result, c: Context) -> tuple[Dot, ...]:
-    Q_, K_T_ = v(Q), v(K_T)
-    i, j = 0, 1 if result.cols > 1 else 0
-    return (_dot(S, i, j, Q_.row(i), K_T_.col(j), f"q_{i + 1}", f"k_{j + 1}", result[i, j]),)
+    return (dot_at(S, v, result, c, 0, 1 if result.cols > 1 else 0),)
 
 
 # -- the common mistakes ----------------------------------------------------------------------
@@ -775,6 +783,39 @@ KINDS: tuple[Kind, ...] = (
 )
 
 BY_KEY: dict[str, Kind] = {k.key: k for k in KINDS}
+
+# Which entries of its inputs make an entry (i, j) of a stage: ``row`` (row i of the input),
+# ``col`` (column j), ``entry`` (entry (i, j)) or ``T`` (entry (j, i)). The web page highlights
+# them when a reader points at the entry. Input keys as in ``Kind.inputs``.
+TRACES: dict[str, tuple[tuple[str, str], ...]] = {
+    Q: ((X, "row"), (W_Q, "col")),
+    K: (("kv", "row"), (W_K, "col")),
+    V: (("kv", "row"), (W_V, "col")),
+    K_T: ((K, "T"),),
+    S: ((Q, "row"), (K_T, "col")),
+    S_SCALED: ((S, "entry"),),
+    S_MASKED: ((S_SCALED, "entry"), (M, "entry")),
+    A: ((S_MASKED, "row"),),
+    O: ((A, "row"), (V, "col")),
+    O_FINAL: ((CONCAT, "row"), (W_O, "col")),
+    DV: ((A, "col"), (DO, "col")),
+    DA: ((DO, "row"), (V, "row")),
+    DS_MASKED: ((A, "row"), (DA, "row")),
+    DS: ((DS_MASKED, "entry"),),
+    DQ: ((DS, "row"), (K, "col")),
+    DK: ((DS, "col"), (Q, "col")),
+    DW_Q: ((X, "col"), (DQ, "col")),
+    DW_K: (("kv", "col"), (DK, "col")),
+    DW_V: (("kv", "col"), (DV, "col")),
+}
+
+
+def traces(kind: Kind, c: Context) -> list[tuple[str, str]]:
+    """``(stage id, how)`` for each input entry that makes an entry of ``kind`` (see TRACES);
+    empty when the stage is given."""
+    if kind.is_given(c):
+        return []
+    return [(i, how) for key, how in TRACES.get(kind.key, ()) for i in resolve(key, c)]
 
 # The numbered steps of a worked solution, in order.
 SECTIONS: tuple[Section, ...] = (

@@ -270,13 +270,13 @@ def test_derive_help_lists_every_spec_option(run):
     assert out.startswith("Usage: symattn derive [OPTIONS] [PROBLEM]")
     for option in (
         "-o, --output",
-        "-f, --format [latex|markdown|text|json]",
+        "-f, --format [latex|markdown|text|json|html]",
         "--standalone / --fragment",
         "--digits",
         "--no-check",
     ):
         assert option in out, f"{option!r} missing from derive --help"
-    for suffix in (".tex", ".md", ".json", ".txt", ".pdf"):
+    for suffix in (".tex", ".md", ".json", ".txt", ".pdf", ".html"):
         assert suffix in out
 
 

@@ -39,6 +39,35 @@ class Block:
     kind: str
     text: str
     extra: str = ""
+    # what a ``math`` block draws, for a renderer that builds it from the derivation rather than
+    # from ``text`` (the web page): a tuple of Matrix (side by side), a Normalisers or a Jacobian
+    source: object = None
+
+
+@dataclass(frozen=True)
+class Matrix:
+    """A step's matrix as a display draws it: after ``lhs`` (display LaTeX), its entries in the
+    ``form`` ``exact``, ``decimal`` or ``answer`` (empty boxes), all of its columns."""
+
+    lhs: str
+    step: "Step"
+    form: str
+
+
+@dataclass(frozen=True)
+class Normalisers:
+    """The ``m_i`` and ``Z_i`` lines of a softmax step."""
+
+    step: "Step"
+
+
+@dataclass(frozen=True)
+class Jacobian:
+    """One row's softmax Jacobian, drawn as a matrix after ``lhs``."""
+
+    lhs: str
+    step: "Step"
+    row: int
 
 
 def blocks(
@@ -52,8 +81,11 @@ def blocks(
     last: str | None = None,
     exercise: bool = False,
     ask: frozenset[str] | None = None,
+    split: bool = True,
 ) -> list[Block]:
     """The worked solution of ``d``, renderer-neutral (``shade`` needs LaTeX's colortbl).
+
+    ``split`` cuts a matrix too wide for a page into column blocks (a web page scrolls instead).
 
     ``first``/``last`` limit it to part of the pipeline (the inputs of the
     first shown step are stated as given). ``exercise`` writes the problem
@@ -74,12 +106,13 @@ def blocks(
                 notes = "; ".join(f"{step.title} ({step.id}), {step.shape_note}" for step in group)
                 out.append(Block("para", notes + ":"))
                 out.append(Block("math", ",\\qquad ".join(
-                    f"{_short_name(step)} = {exact_tex_blocks(d, step, max_shown)[0][1]}" for step in group)))
+                    f"{_short_name(step)} = {exact_tex_blocks(d, step, max_shown)[0][1]}" for step in group),
+                    source=tuple(Matrix(f"{_short_name(step)} = ", step, "exact") for step in group)))
                 continue
             step = group[0]
             out.append(Block("para", f"{step.title} ({step.id}), {step.shape_note}:"))
             lhs = f"{_short_name(step)} = "
-            out += _displays(lhs, step, lambda b: exact_tex_blocks(d, step, max_shown, b))
+            out += _displays(lhs, step, lambda b: exact_tex_blocks(d, step, max_shown, b), "exact", split)
         if exercise and p.bias is not None:
             n_q, n_k = p.bias.shape
             out.append(Block("para", f"The bias B, {n_q}×{n_k}, added to the mask:"))
@@ -98,7 +131,8 @@ def blocks(
                 # the shape first: it says what to fill in, and a display is never split from
                 # the line before it, so no page ends up holding only that line
                 out.append(Block("para", f"Shape: {step.shape_note}."))
-                out += _displays(f"{step.formula} = ", step, lambda b: _boxes(d, step, max_shown, digits, b))
+                out += _displays(f"{step.formula} = ", step, lambda b: _boxes(d, step, max_shown, digits, b),
+                                 "answer", split)
                 continue
             if "softmax" in step.shows:
                 out.append(Block("math", _SOFTMAX_DEF))
@@ -107,13 +141,13 @@ def blocks(
                 out.append(Block("para", TOO_LONG))
             else:
                 lhs = f"{step.formula} = {_parts_tex(p, step, max_shown)}"
-                out += _displays(lhs, step, lambda b: exact_tex_blocks(d, step, max_shown, b))
+                out += _displays(lhs, step, lambda b: exact_tex_blocks(d, step, max_shown, b), "exact", split)
             out.append(Block("para", f"Shape: {step.shape_note}."))
             for dot in step.worked:
                 out.append(Block("math", worked_dot_tex(dot)))
             if "softmax" in step.shows:
                 for line in normaliser_lines(d, step, digits, max_shown):
-                    out.append(Block("math", line))
+                    out.append(Block("math", line, source=Normalisers(step)))
             if "jacobian" in step.shows:
                 out += jacobian_blocks(step, max_shown)
             if "weighted_sum" in step.shows and step.softmax and evaluable:
@@ -122,20 +156,20 @@ def blocks(
                     out.append(Block("math", line))
             if needs_decimals(step) and evaluable:
                 out += _displays(f"{_short_name(step)} \\approx ", step,
-                                 lambda b: approx_tex_blocks(d, step, digits, max_shown, shade, b))
+                                 lambda b: approx_tex_blocks(d, step, digits, max_shown, shade, b), "decimal", split)
     if check is not None and not exercise:
         out.append(Block("section", "Cross-check"))
         out.append(Block("para", check_sentence(check)))
     return out
 
 
-def _displays(lhs: str, step: Step, draw) -> list[Block]:
-    """``lhs`` and the step's matrix as one display, or, when the matrix is too wide to show at
-    85 % or more, as several: column blocks drawn by ``draw(budget)``, each introduced by a line
-    naming its columns."""
-    parts = draw(SPLIT_WIDTH - width(lhs))
+def _displays(lhs: str, step: Step, draw, form: str, split: bool = True) -> list[Block]:
+    """``lhs`` and the step's matrix (its entries in ``form``, see :class:`Matrix`) as one display,
+    or, when the matrix is too wide to show at 85 % or more and ``split`` is set, as several:
+    column blocks drawn by ``draw(budget)``, each introduced by a line naming its columns."""
+    parts = draw(SPLIT_WIDTH - width(lhs) if split else None)
     if len(parts) == 1:
-        return [Block("math", lhs + parts[0][1])]
+        return [Block("math", lhs + parts[0][1], source=(Matrix(lhs, step, form),))]
     out = []
     for (a, b), matrix in parts:
         which = f"Column {a + 1}" if a == b else f"Columns {a + 1} to {b + 1}"
@@ -255,10 +289,11 @@ def jacobian_blocks(step: Step, max_shown: int = MAX_SHOWN) -> list[Block]:
     cols = [tex_token(c) for c in step.cols]
     jac = grid(n, n, lambda j, k: form_tex(jacobian_form(row, i, j, k)), max_shown=max_shown,
                row_labels=cols, col_labels=cols)
+    lhs = rf"J^{{({i + 1})}} = \operatorname{{diag}}(a_{{{i + 1}}}) - a_{{{i + 1}}}\,a_{{{i + 1}}}^{{\top}} = "
     return [
         Block("para", f"The softmax Jacobian of row {i + 1} ({token}), entry by entry {JACOBIAN_ENTRY}; "
                       "masked keys have a zero row and column:"),
-        Block("math", rf"J^{{({i + 1})}} = \operatorname{{diag}}(a_{{{i + 1}}}) - a_{{{i + 1}}}\,a_{{{i + 1}}}^{{\top}} = {jac}"),
+        Block("math", lhs + jac, source=Jacobian(lhs, step, i)),
         Block("math", rf"d\hat{{S}}_{{{i + 1}}} = J^{{({i + 1})}}\,dA_{{{i + 1}}}^{{\top}}"
                       r"\quad\text{(each row of } J \text{ sums to 0, so each row of } d\hat{S} \text{ does too)}"),
     ]

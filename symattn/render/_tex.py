@@ -116,20 +116,27 @@ def normaliser_lines(d: Derivation, step: Step, digits: int, max_shown: int = MA
         if i is None:
             lines.append("\\vdots & & \\vdots &")
             continue
-        row = step.softmax[i]
-        if normaliser_is_number(row):
+        if normaliser_is_number(step.softmax[i]):
             continue
-        line = (
-            f"m_{{{i + 1}}} &= {tex(row.maximum)}, & Z_{{{i + 1}}} &= \\sum_k e^{{\\hat{{S}}_{{{i + 1}k}} - m_{{{i + 1}}}}} = "
-            f"{exp_parts_tex(row.numerator_parts()) if row.rational else exp_sum_tex(row.normaliser)}"
-        )
-        subs = d.problem.substitutions
-        if subs is not None:
-            line += f" \\approx {_tex_decimal(row.evaluate_normaliser(max(digits + 5, DPS), subs), digits)}"
-        lines.append(line)
+        m, z = normaliser_tex(d, step, i, digits)
+        lines.append(f"{m.replace(' = ', ' &= ', 1)}, & {z.replace(' = ', ' &= ', 1)}")
     if not any("&=" in line for line in lines):
         return []
     return ["\\begin{aligned} " + " \\\\ ".join(lines) + " \\end{aligned}"]
+
+
+def normaliser_tex(d: Derivation, step: Step, i: int, digits: int) -> tuple[str, str]:
+    """Row ``i``'s ``m_i = …`` and ``Z_i = … ≈ …`` (the decimal when the problem can be evaluated)."""
+    row = step.softmax[i]
+    m = f"m_{{{i + 1}}} = {tex(row.maximum)}"
+    z = (
+        f"Z_{{{i + 1}}} = \\sum_k e^{{\\hat{{S}}_{{{i + 1}k}} - m_{{{i + 1}}}}} = "
+        f"{exp_parts_tex(row.numerator_parts()) if row.rational else exp_sum_tex(row.normaliser)}"
+    )
+    subs = d.problem.substitutions
+    if subs is not None:
+        z += f" \\approx {_tex_decimal(row.evaluate_normaliser(max(digits + 5, DPS), subs), digits)}"
+    return m, z
 
 
 def worked_dot_tex(dot) -> str:

@@ -1,0 +1,442 @@
+"""The worked solution as one self-contained web page: HTML with MathML, no network.
+
+The page holds what the LaTeX solution holds, from the same blocks (:mod:`._blocks`): the
+steps as sections with a table of contents, each step's why, shape and matrices, the worked
+dot product, the softmax rows with ``m_i`` and ``Z_i``, exact values beside decimals and the
+cross-check. Math is MathML (:mod:`._mathml`), which browsers render natively. Matrices are
+HTML tables whose cells carry their stage id, row and column (``data-stage``, ``data-row``,
+``data-col``, 0-based as in the JSON), so a small inline script can show which entries make
+which: pointing at an entry (mouse or keyboard) highlights the rows and columns of its inputs
+that made it (the registry's :data:`~symattn.stages.TRACES`) and explains it (the dot product,
+the row's ``m_i`` and ``Z_i``, the weighted sum). Without the script the page is complete and
+static. The weights are shaded as in the PDF, masked cells hatched, and a heat map of each
+softmax step is drawn as inline SVG.
+
+A Content-Security-Policy allows only the page's own style and script (by their hashes) and
+no loads at all. User text (the title, tokens) is escaped; it never reaches MathML.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import html
+import re
+from typing import TYPE_CHECKING, Callable
+
+from .. import stages as registry
+from . import prose
+from ._blocks import Block, Jacobian, Matrix, Normalisers, blocks
+from ._grid import MAX_SHOWN, shown
+from ._mathml import mathml
+from ._print import DPS, _tex_decimal, tex
+from ._tex import form_tex, normaliser_tex, worked_dot_tex
+from ._page import PAGE_SCRIPT, PAGE_STYLE
+from .entries import entry_forms, jacobian_form, needs_decimals, written_exactly
+
+if TYPE_CHECKING:
+    from ..derivation import Derivation, Step
+
+
+def escape(text: str) -> str:
+    """User text as HTML text (quotes too, so it is safe in an attribute).
+
+    >>> escape('"><img src=x onerror=alert(1)>')
+    '&quot;&gt;&lt;img src=x onerror=alert(1)&gt;'
+    """
+    text = "".join(" " if (ord(ch) < 32 and ch not in "\t\n") or 127 <= ord(ch) < 160 else ch for ch in text)
+    return html.escape(text, quote=True)
+
+
+def _prose(text: str) -> str:
+    """symattn's own sentences: the marked math (⟦…⟧, see :mod:`.prose`) as inline MathML, the rest escaped."""
+    return prose.render(text, escape, mathml)
+
+
+def _hash(text: str) -> str:
+    return "sha256-" + base64.b64encode(hashlib.sha256(text.encode()).digest()).decode()
+
+
+# The page loads nothing: no fonts, images, frames or connections; only its own style and script.
+CSP = (
+    "default-src 'none'; style-src '{style}'; script-src '{script}'; img-src 'none'; font-src 'none'; "
+    "connect-src 'none'; frame-src 'none'; form-action 'none'; base-uri 'none'"
+)
+
+
+def render_html(
+    derivation: Derivation,
+    *,
+    digits: int | None = None,
+    check=None,
+    max_shown: int = MAX_SHOWN,
+    first: str | None = None,
+    last: str | None = None,
+    exercise: bool = False,
+    ask: frozenset[str] | None = None,
+    fragment: bool = False,
+) -> str:
+    """The worked solution as a web page (or, with ``exercise``, the exercise sheet).
+
+    ``fragment`` gives the part inside ``<body>``, style and script included, for a notebook's
+    ``text/html`` display.
+    """
+    d = derivation
+    digits = digits or d.problem.digits
+    parts = blocks(d, digits, check, max_shown=max_shown, first=first, last=last, exercise=exercise, ask=ask,
+                   split=False)
+    page = _Page(d, digits, max_shown, exercise)
+    title = ("Exercise: " if exercise else "") + d.problem.title
+    body = page.body(parts)
+    main = (
+        f'<div class="symattn-page">\n<style>{PAGE_STYLE}</style>\n'
+        f"<header><h1>{escape(title)}</h1>\n{page.toc()}\n{page.toggle()}</header>\n"
+        f"<main>\n{body}\n</main>\n<script>{PAGE_SCRIPT}</script>\n</div>\n"
+    )
+    if fragment:
+        return main
+    csp = CSP.format(style=_hash(PAGE_STYLE), script=_hash(PAGE_SCRIPT))
+    return (
+        "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
+        f'<meta http-equiv="Content-Security-Policy" content="{csp}">\n'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
+        '<meta name="generator" content="symattn">\n'
+        f"<title>{escape(title)}</title>\n</head>\n<body>\n{main}</body>\n</html>\n"
+    )
+
+
+_SLUG = re.compile(r"[^a-z0-9]+")
+
+
+class _Page:
+    """The body of one page: sections, their table of contents, tables and explanations."""
+
+    def __init__(self, d: Derivation, digits: int, max_shown: int, exercise: bool) -> None:
+        self.d, self.digits, self.max_shown, self.exercise = d, digits, max_shown, exercise
+        self.sections: list[tuple[str, str]] = []
+        self.decimals = False  # whether any exact table carries decimals for the toggle
+        self.heatmaps = 0
+
+    # -- the page's parts --------------------------------------------------------------------
+
+    def toc(self) -> str:
+        items = "\n".join(f'<li><a href="#{id}">{escape(text)}</a></li>' for id, text in self.sections)
+        return f'<nav class="toc" aria-label="Contents"><h2>Contents</h2>\n<ol>\n{items}\n</ol></nav>'
+
+    def toggle(self) -> str:
+        if not self.decimals:
+            return ""
+        return ('<p class="controls"><button type="button" class="toggle-decimal" aria-pressed="false" hidden>'
+                "Show decimals</button></p>")
+
+    def body(self, parts: list[Block]) -> str:
+        out: list[str] = []
+        open_section = False
+        for block in parts:
+            if block.kind == "section":
+                if open_section:
+                    out.append("</section>")
+                id = self._section_id(block.text)
+                self.sections.append((id, block.text))
+                out.append(f'<section id="{id}" aria-labelledby="{id}-h">\n<h2 id="{id}-h">{escape(block.text)}</h2>')
+                open_section = True
+            elif block.kind == "step":
+                out.append(f'<h3>{escape(block.text)}</h3>\n<p class="why">{_prose(block.extra)}</p>')
+            elif block.kind == "para":
+                out.append(f"<p>{_prose(block.text)}</p>")
+            else:
+                out.append(self.display(block))
+        if open_section:
+            out.append("</section>")
+        return "\n".join(out)
+
+    def _section_id(self, text: str) -> str:
+        base = _SLUG.sub("-", text.lower()).strip("-")[:48].strip("-") or "section"
+        taken = {id for id, _ in self.sections}
+        id, k = base, 2
+        while id in taken:
+            id, k = f"{base}-{k}", k + 1
+        return id
+
+    # -- displays ----------------------------------------------------------------------------
+
+    def display(self, block: Block) -> str:
+        source = block.source
+        if isinstance(source, tuple):
+            inner = "".join(self.matrix(m) for m in source)
+            extra = "".join(self.heatmap(m.step) for m in source if self._has_heatmap(m))
+            return f'<div class="display">{inner}</div>{extra}'
+        if isinstance(source, Normalisers):
+            return self.normalisers(source.step)
+        if isinstance(source, Jacobian):
+            return f'<div class="display">{self.jacobian(source)}</div>'
+        return f'<div class="display">{mathml(block.text, True)}</div>'
+
+    def _has_heatmap(self, m: Matrix) -> bool:
+        return m.form == "decimal" and m.step.is_softmax and self.d.can_evaluate
+
+    def matrix(self, m: Matrix) -> str:
+        """``lhs`` and the step's matrix as a table, its entries in the form asked for."""
+        d, step = self.d, m.step
+        rows, cols = step.shape
+        cell: Callable[[int, int], str]
+        decimal = None
+        if m.form == "answer":
+            cell = lambda i, j: ""  # noqa: E731
+        elif m.form == "decimal":
+            value = d.entry_values(step.id, max(self.digits + 5, DPS))
+            cell = lambda i, j: mathml(_tex_decimal(value(i, j), self.digits))  # noqa: E731
+        else:
+            form = entry_forms(d, step)
+            cell = lambda i, j: mathml(form_tex(form(i, j)))  # noqa: E731
+            if needs_decimals(step) and d.can_evaluate and written_exactly(step):
+                value = d.entry_values(step.id, max(self.digits + 5, DPS))
+                decimal = lambda i, j: mathml(_tex_decimal(value(i, j), self.digits))  # noqa: E731
+                self.decimals = True
+        c = registry.Context(d.problem, step.head)
+        traces = [] if m.form == "answer" else registry.traces(step.kind_of, c)
+        table = _table(
+            step, m.form, shown(rows, self.max_shown), shown(cols, self.max_shown), cell, decimal,
+            shade=self._shade(step, m.form), traces=traces,
+            explain=None if m.form == "answer" else self._explainer(step),
+        )
+        return f'<div class="lhs">{mathml(m.lhs.rstrip(), True)}</div>{table}'
+
+    def _shade(self, step: Step, form: str):
+        """The grey of each weight, as in the PDF (masked entries: None)."""
+        if form != "decimal" or not step.is_softmax:
+            return None
+        value = self.d.entry_values(step.id, max(self.digits + 5, DPS))
+        return lambda i, j: None if step.softmax[i].raw[j] is None else float(value(i, j))
+
+    def normalisers(self, step: Step) -> str:
+        rows = []
+        for i in shown(len(step.softmax), self.max_shown):
+            if i is None:
+                rows.append('<tr><td class="gap" colspan="3">⋮</td></tr>')
+                continue
+            m, z = normaliser_tex(self.d, step, i, self.digits)
+            label = escape(step.rows[i])
+            rows.append(f'<tr><th scope="row">{label}</th><td>{mathml(m)}</td><td>{mathml(z)}</td></tr>')
+        caption = "Each row's maximum and normaliser"
+        return (f'<div class="display"><table class="normalisers"><caption>{caption}</caption>'
+                f'{"".join(rows)}</table></div>')
+
+    def jacobian(self, source: Jacobian) -> str:
+        step, i = source.step, source.row
+        row = step.jacobian[i]
+        n = len(row.raw)
+        idx = shown(n, self.max_shown)
+        cells = lambda j, k: mathml(form_tex(jacobian_form(row, i, j, k)))  # noqa: E731
+        body = _plain_table(idx, idx, cells, [escape(c) for c in step.cols], [escape(c) for c in step.cols])
+        return f'<div class="lhs">{mathml(source.lhs.rstrip(), True)}</div>{body}'
+
+    def heatmap(self, step: Step) -> str:
+        self.heatmaps += 1
+        value = self.d.entry_values(step.id, max(self.digits + 5, DPS))
+        return _heatmap(step, value, self.digits, self.max_shown, self.heatmaps)
+
+    # -- what an entry is made of --------------------------------------------------------------
+
+    def _explainer(self, step: Step) -> Callable[[int, int], str] | None:
+        """The explanation of entry (i, j) shown when a reader points at it (MathML), or None."""
+        d = self.d
+        key = step.kind_of.key
+        c = registry.Context(d.problem, step.head)
+        if step.kind_of.is_given(c):
+            return None
+        if step.worked:
+            def v(k: str):
+                return d.step(registry.resolve(k, c)[0]).value
+
+            result = step.value
+
+            def dot(i: int, j: int) -> str:
+                worked = registry.dot_at(key, v, result, c, i, j)
+                return mathml(worked_dot_tex(worked)) if worked is not None else ""
+
+            return dot
+        if step.is_softmax and key == registry.A:
+            form = entry_forms(d, step)
+            value = d.entry_values(step.id, max(self.digits + 5, DPS)) if d.can_evaluate else None
+
+            def weight(i: int, j: int) -> str:
+                m, z = normaliser_tex(d, step, i, self.digits)
+                entry = (f"A_{{{i + 1},{j + 1}}} = \\dfrac{{e^{{\\hat{{S}}_{{{i + 1},{j + 1}}} - m_{{{i + 1}}}}}}}"
+                         f"{{Z_{{{i + 1}}}}} = {form_tex(form(i, j))}")
+                if value is not None:
+                    entry += f" \\approx {_tex_decimal(value(i, j), self.digits)}"
+                return "<br>".join(mathml(t) for t in (entry, m, z))
+
+            return weight
+        if key == registry.O and d.can_evaluate:
+            a_step = d.step(registry.resolve(registry.A, c)[0])
+            v_step = d.step(registry.resolve(registry.V, c)[0])
+            weights = d.entry_values(a_step.id, max(self.digits + 5, DPS))
+            own = d.entry_values(step.id, max(self.digits + 5, DPS))
+            values = v_step.value
+
+            def weighted(i: int, j: int) -> str:
+                terms = [f"{_tex_decimal(weights(i, k), self.digits)} \\cdot {tex(values[k, j])}"
+                         for k in range(values.rows) if weights(i, k) != 0]
+                if len(terms) > 6:
+                    terms = terms[:3] + ["\\cdots"] + terms[-1:]
+                return mathml(f"o_{{{i + 1},{j + 1}}} = \\sum_k A_{{{i + 1},k}}\\, V_{{k,{j + 1}}} \\approx "
+                              + " + ".join(terms) + f" \\approx {_tex_decimal(own(i, j), self.digits)}")
+
+            return weighted
+        return None
+
+
+def _names(step: Step) -> tuple[list[str], list[str]]:
+    """Row and column labels as HTML: tokens as text, dimensions as d<sub>1</sub>."""
+    def label(axis: str, names: list[str]) -> list[str]:
+        if axis in (registry.QUERIES, registry.KEYS):
+            return [escape(n) for n in names]
+        return [re.sub(r"^([a-z]+)([0-9]+)$", r"\1<sub>\2</sub>", escape(n)) for n in names]
+
+    return label(step.axes[0], list(step.rows)), label(step.axes[1], list(step.cols))
+
+
+def _table(step: Step, form: str, rows, cols, cell, decimal, *, shade, traces, explain) -> str:
+    """A step's matrix as an HTML table with token labels (weights: bracketed, no labels)."""
+    labelled = step.kind_of.labelled
+    row_names, col_names = _names(step)
+    trace = " ".join(f"{id}:{how}" for id, how in traces)
+    names = ", ".join(f"{how} of {id}" for id, how in traces)
+    attrs = [f'class="matrix {form}{"" if labelled else " bracketed"}"', f'data-stage="{escape(step.id)}"',
+             f'data-form="{form}"']
+    if trace:
+        attrs.append(f'data-traces="{escape(trace)}"')
+    label = f"{step.id}, {step.shape[0]}×{step.shape[1]}, {'decimals' if form == 'decimal' else form}"
+    if trace:
+        label += f"; each entry is made from the {names}"
+    attrs.append(f'aria-label="{escape(label)}"')
+    out = [f"<table {' '.join(attrs)}>"]
+    if labelled:
+        head = "".join('<th scope="col" class="gap">⋯</th>' if j is None else f'<th scope="col">{col_names[j]}</th>'
+                       for j in cols)
+        out.append(f'<thead><tr><td class="corner"></td>{head}</tr></thead>')
+    out.append("<tbody>")
+    first = True
+    templates = []
+    for i in rows:
+        cells = []
+        if labelled:
+            cells.append('<th scope="row" class="gap">⋮</th>' if i is None else f'<th scope="row">{row_names[i]}</th>')
+        for j in cols:
+            if i is None or j is None:
+                gap = "⋱" if i is None and j is None else "⋮" if i is None else "⋯"
+                cells.append(f'<td class="gap">{gap}</td>')
+                continue
+            content = cell(i, j)
+            classes = ["entry"]
+            if "-\\infty" in content or "&#x0221E;" in content and "&#x02212;" in content:
+                classes.append("masked")
+            extra = ""
+            if shade is not None:
+                w = shade(i, j)
+                if w is None:
+                    classes.append("masked")
+                else:
+                    classes.append(f"g{round(100 - 50 * w)}")
+            if decimal is not None:
+                content = f'<span class="x">{content}</span><span class="dec">{decimal(i, j)}</span>'
+            if form == "answer":
+                classes.append("answer")
+                content = '<span class="box"></span>'
+            focus = ""
+            if trace:
+                focus = f' tabindex="{0 if first else -1}"'
+                first = False
+                if explain is not None:
+                    text = explain(i, j)
+                    if text:
+                        templates.append(f'<template data-row="{i}" data-col="{j}">{text}</template>')
+            cells.append(f'<td class="{" ".join(classes)}" data-row="{i}" data-col="{j}"{focus}{extra}>{content}</td>')
+        out.append("<tr>" + "".join(cells) + "</tr>")
+    out.append("</tbody></table>")
+    if trace:
+        out.append(f'<div class="explain" data-for="{escape(step.id)}" aria-live="polite"></div>')
+        out += templates
+    return "".join(out)
+
+
+def _plain_table(rows, cols, cell, row_names, col_names) -> str:
+    """A labelled matrix that is not a stage (the softmax Jacobian)."""
+    head = "".join('<th scope="col" class="gap">⋯</th>' if j is None else f'<th scope="col">{col_names[j]}</th>'
+                   for j in cols)
+    body = []
+    for i in rows:
+        cells = ['<th scope="row" class="gap">⋮</th>' if i is None else f'<th scope="row">{row_names[i]}</th>']
+        for j in cols:
+            if i is None or j is None:
+                cells.append(f'<td class="gap">{"⋱" if i is None and j is None else "⋮" if i is None else "⋯"}</td>')
+            else:
+                cells.append(f"<td>{cell(i, j)}</td>")
+        body.append("<tr>" + "".join(cells) + "</tr>")
+    return (f'<table class="matrix plain"><thead><tr><td class="corner"></td>{head}</tr></thead>'
+            f'<tbody>{"".join(body)}</tbody></table>')
+
+
+_CELL = 46  # px, a heat map cell
+
+
+def _heatmap(step: Step, value, digits: int, max_shown: int, number: int) -> str:
+    """The weights as an inline SVG heat map: the PDF's greys, masked cells hatched, each cell's
+    value written in it and in its title (so colour is never the only signal)."""
+    rows, cols = shown(step.shape[0], max_shown), shown(step.shape[1], max_shown)
+    label_w = 14 + min(8 * max(len(_cut(t)) for t in step.rows), 130)
+    top = 14 + min(6 * max(len(_cut(t)) for t in step.cols), 100)
+    width, height = label_w + _CELL * len(cols) + 2, top + _CELL * len(rows) + 2
+    pattern = f"hatch{number}"
+    out = [
+        f'<figure class="heatmap"><svg xmlns="http://www.w3.org/2000/svg" role="img" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}" aria-labelledby="{pattern}-t">',
+        f'<title id="{pattern}-t">Heat map of {escape(step.id)}: darker is a larger weight; hatched cells are masked</title>',
+        f'<defs><pattern id="{pattern}" width="6" height="6" patternUnits="userSpaceOnUse" patternTransform="rotate(45)">'
+        '<rect width="6" height="6" fill="#fff"/><line x1="0" y1="0" x2="0" y2="6" stroke="#888" stroke-width="2"/>'
+        "</pattern></defs>",
+    ]
+    for k, j in enumerate(cols):
+        x = label_w + _CELL * k + _CELL / 2
+        text = "⋯" if j is None else escape(_cut(step.cols[j]))
+        out.append(f'<text x="{x:g}" y="{top - 6}" transform="rotate(-45 {x:g} {top - 6})" class="col">{text}</text>')
+    for r, i in enumerate(rows):
+        y = top + _CELL * r
+        text = "⋮" if i is None else escape(_cut(step.rows[i]))
+        out.append(f'<text x="{label_w - 6}" y="{y + _CELL / 2 + 4:g}" class="row">{text}</text>')
+        for k, j in enumerate(cols):
+            x = label_w + _CELL * k
+            if i is None or j is None:
+                continue
+            masked = step.softmax[i].raw[j] is None
+            w = 0.0 if masked else float(value(i, j))
+            shown_value = "masked" if masked else _plain_decimal(value(i, j), digits)
+            fill = f"url(#{pattern})" if masked else _grey(w)
+            tip = f"row {i + 1} ({step.rows[i]}), column {j + 1} ({step.cols[j]}): {shown_value}"
+            out.append(f'<g><title>{escape(tip)}</title><rect x="{x}" y="{y}" width="{_CELL}" height="{_CELL}" '
+                       f'fill="{fill}" stroke="#fff"/>')
+            if not masked:
+                out.append(f'<text x="{x + _CELL / 2:g}" y="{y + _CELL / 2 + 4:g}" class="v">'
+                           f"{escape(_plain_decimal(value(i, j), 2))}</text>")
+            out.append("</g>")
+    out.append(f"</svg><figcaption>The weights of {escape(step.id)} as a heat map: darker is larger; "
+               "hatched cells are masked (weight exactly 0).</figcaption></figure>")
+    return "".join(out)
+
+
+def _cut(text: str, n: int = 16) -> str:
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
+def _grey(w: float) -> str:
+    """The PDF's grey for weight ``w`` (1 − w/2 of white)."""
+    level = round(255 * (1 - 0.5 * max(0.0, min(1.0, w))))
+    return f"rgb({level},{level},{level})"
+
+
+def _plain_decimal(x, digits: int) -> str:
+    from ._print import decimal
+
+    return decimal(x, digits)
