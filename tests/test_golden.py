@@ -43,7 +43,8 @@ def _read_committed(path: Path) -> str:
 @pytest.mark.parametrize("example", EXAMPLE_FILES, ids=lambda p: p.stem)
 def test_golden_files_are_up_to_date(example):
     expected = update_golden.golden_outputs(example)
-    assert sorted(p.suffix for p in expected) == [".md", ".tex"]
+    suffixes = [".html", ".md", ".tex"] if example.stem in update_golden.HTML else [".md", ".tex"]
+    assert sorted(p.suffix for p in expected) == suffixes
     for target, text in sorted(expected.items()):
         rel = target.relative_to(ROOT)
         assert target.exists(), f"{rel} is missing: {HOW_TO_FIX}"
@@ -63,10 +64,11 @@ def test_golden_files_are_up_to_date(example):
 
 
 def test_no_orphan_golden_files():
-    """Every .tex/.md in worked_examples/ belongs to a problem (a deleted example takes its files along)."""
+    """Every .tex/.md/.html in worked_examples/ belongs to a problem (a deleted example takes its files along)."""
     stems = {p.stem for p in EXAMPLE_FILES}
     orphans = sorted(
-        p.name for p in EXAMPLES.iterdir() if p.suffix in (".tex", ".md") and p.stem not in stems
+        p.name for p in EXAMPLES.iterdir()
+        if (p.suffix in (".tex", ".md") and p.stem not in stems) or (p.suffix == ".html" and p.stem not in update_golden.HTML)
     )
     assert orphans == [], f"golden files without a problem file: {orphans}"
 

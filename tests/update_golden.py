@@ -1,7 +1,7 @@
 """Regenerate the golden files of worked_examples/: ``python tests/update_golden.py``.
 
 Each ``worked_examples/NAME.yaml`` (and ``worked_examples/large/NAME.yaml``) gets ``NAME.tex`` (standalone LaTeX) and
-``NAME.md`` (Markdown) beside it, rendered without the cross-check paragraph
+``NAME.md`` (Markdown) beside it, and the examples of ``HTML`` their web page ``NAME.html``, rendered without the cross-check paragraph
 (whose float figures may differ between NumPy builds). ``tests/test_golden.py``
 checks that the committed files equal a fresh rendering; review their diff
 like code.
@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "worked_examples"
+HTML = ("causal_4_tokens",)  # the examples whose web page is committed too
 
 
 def golden_outputs(path: Path) -> dict[Path, str]:
@@ -20,10 +21,13 @@ def golden_outputs(path: Path) -> dict[Path, str]:
     import symattn
 
     d = symattn.derive(symattn.load_problem(path))
-    return {
+    out = {
         path.with_suffix(".tex"): symattn.render_latex(d, standalone=True),
         path.with_suffix(".md"): symattn.render_markdown(d),
     }
+    if path.stem in HTML:
+        out[path.with_suffix(".html")] = symattn.render_html(d)
+    return out
 
 
 def main() -> int:

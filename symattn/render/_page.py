@@ -29,10 +29,9 @@ overflow-x:auto;overflow-y:hidden;max-width:100%;padding:.2rem 0}
 vertical-align:middle;white-space:nowrap}
 .symattn-page table.matrix thead th{border-bottom:1px solid #333;font-weight:600}
 .symattn-page table.matrix tbody th{border-right:1px solid #333;text-align:right;font-weight:600}
-.symattn-page table.bracketed{border-left:2px solid #333;border-right:2px solid #333}
-.symattn-page table.bracketed tr:first-child td{border-top:2px solid #333}
-.symattn-page table.bracketed tr:last-child td{border-bottom:2px solid #333}
-.symattn-page table.bracketed td:first-child,.symattn-page table.bracketed td:last-child{border-image:none}
+.symattn-page table.bracketed{border-left:2px solid #333;border-right:2px solid #333;
+background:linear-gradient(#333,#333) left top/.45rem 2px no-repeat,linear-gradient(#333,#333) left bottom/.45rem 2px no-repeat,
+linear-gradient(#333,#333) right top/.45rem 2px no-repeat,linear-gradient(#333,#333) right bottom/.45rem 2px no-repeat}
 .symattn-page td.gap,.symattn-page th.gap{color:#555}
 .symattn-page td.masked{background:repeating-linear-gradient(45deg,#fff 0 4px,#d0d0d0 4px 6px);color:#555}
 .symattn-page td.answer .box{display:inline-block;min-width:3.5em;min-height:1.6em;border:1px solid #666}

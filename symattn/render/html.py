@@ -29,7 +29,7 @@ from . import prose
 from ._blocks import Block, Jacobian, Matrix, Normalisers, blocks
 from ._grid import MAX_SHOWN, shown
 from ._mathml import mathml
-from ._print import DPS, _tex_decimal, tex
+from ._print import DPS, NEG_INF, _tex_decimal, tex
 from ._tex import form_tex, normaliser_tex, worked_dot_tex
 from ._page import PAGE_SCRIPT, PAGE_STYLE
 from .entries import entry_forms, jacobian_form, needs_decimals, written_exactly
@@ -197,17 +197,25 @@ class _Page:
         traces = [] if m.form == "answer" else registry.traces(step.kind_of, c)
         table = _table(
             step, m.form, shown(rows, self.max_shown), shown(cols, self.max_shown), cell, decimal,
-            shade=self._shade(step, m.form), traces=traces,
+            masked=self._masked(step), shade=self._shade(step, m.form), traces=traces,
             explain=None if m.form == "answer" else self._explainer(step),
         )
         return f'<div class="lhs">{mathml(m.lhs.rstrip(), True)}</div>{table}'
 
+    def _masked(self, step: Step) -> Callable[[int, int], bool]:
+        """Whether entry (i, j) is masked: a weight of a masked key, or a −∞ of the mask and the masked scores."""
+        if step.is_softmax:
+            return lambda i, j: step.softmax[i].raw[j] is None
+        if step.kind_of.key in (registry.M, registry.S_MASKED):
+            return lambda i, j: step.lazy[i, j] == NEG_INF
+        return lambda i, j: False
+
     def _shade(self, step: Step, form: str):
-        """The grey of each weight, as in the PDF (masked entries: None)."""
+        """The grey of each weight, as in the PDF (masked entries are hatched instead)."""
         if form != "decimal" or not step.is_softmax:
             return None
         value = self.d.entry_values(step.id, max(self.digits + 5, DPS))
-        return lambda i, j: None if step.softmax[i].raw[j] is None else float(value(i, j))
+        return lambda i, j: float(value(i, j))
 
     def normalisers(self, step: Step) -> str:
         rows = []
@@ -298,7 +306,7 @@ def _names(step: Step) -> tuple[list[str], list[str]]:
     return label(step.axes[0], list(step.rows)), label(step.axes[1], list(step.cols))
 
 
-def _table(step: Step, form: str, rows, cols, cell, decimal, *, shade, traces, explain) -> str:
+def _table(step: Step, form: str, rows, cols, cell, decimal, *, masked, shade, traces, explain) -> str:
     """A step's matrix as an HTML table with token labels (weights: bracketed, no labels)."""
     labelled = step.kind_of.labelled
     row_names, col_names = _names(step)
@@ -331,15 +339,10 @@ def _table(step: Step, form: str, rows, cols, cell, decimal, *, shade, traces, e
                 continue
             content = cell(i, j)
             classes = ["entry"]
-            if "-\\infty" in content or "&#x0221E;" in content and "&#x02212;" in content:
+            if masked(i, j):
                 classes.append("masked")
-            extra = ""
-            if shade is not None:
-                w = shade(i, j)
-                if w is None:
-                    classes.append("masked")
-                else:
-                    classes.append(f"g{round(100 - 50 * w)}")
+            elif shade is not None:
+                classes.append(f"g{round(100 - 50 * shade(i, j))}")
             if decimal is not None:
                 content = f'<span class="x">{content}</span><span class="dec">{decimal(i, j)}</span>'
             if form == "answer":
@@ -353,7 +356,7 @@ def _table(step: Step, form: str, rows, cols, cell, decimal, *, shade, traces, e
                     text = explain(i, j)
                     if text:
                         templates.append(f'<template data-row="{i}" data-col="{j}">{text}</template>')
-            cells.append(f'<td class="{" ".join(classes)}" data-row="{i}" data-col="{j}"{focus}{extra}>{content}</td>')
+            cells.append(f'<td class="{" ".join(classes)}" data-row="{i}" data-col="{j}"{focus}>{content}</td>')
         out.append("<tr>" + "".join(cells) + "</tr>")
     out.append("</tbody></table>")
     if trace:
