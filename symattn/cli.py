@@ -71,7 +71,8 @@ def _stage_list(ctx, param, value: str | None) -> frozenset[str] | None:
 @click.option("-f", "--format", "fmt", type=click.Choice(["latex", "markdown", "text", "json", "html"]),
               help="Output format (default: from the suffix of -o, else latex).")
 @click.option("--standalone/--fragment", default=True, show_default=True,
-              help="A complete compilable LaTeX document, or only the steps (for \\input).")
+              help="A complete compilable LaTeX document, or only the steps (for \\input); for HTML, a whole page "
+                   "or the part to paste into another page (its style and script included).")
 @click.option("--digits", type=click.IntRange(1, 50), help="Significant digits of the decimal approximations (default: the problem's, else 4).")
 @click.option("--check", "check_with", type=click.Choice(["numpy", "torch"]), default="numpy", show_default=True,
               help="Cross-check against NumPy float64; 'torch' also compares every head's weights and output "

@@ -295,3 +295,15 @@ def test_a_64_token_page_stays_small():
     # elided like the other formats: 8 shown rows of 64 (6, a gap, the last)
     rows = {td.attrs["data-row"] for td in _cells(tree, "A", "decimal").values()}
     assert rows == {"0", "1", "2", "3", "4", "5", "63"}
+
+
+def test_fragment_and_part_of_the_pipeline():
+    problem = str(ROOT / "worked_examples" / "causal_4_tokens.yaml")
+    r = CliRunner().invoke(cli, ["derive", problem, "-f", "html", "--fragment", "--from", "S", "--to", "A"])
+    assert r.exit_code == 0, r.output
+    assert r.output.startswith('<div class="symattn-page">') and "<html" not in r.output
+    tree = Tree(r.output)
+    assert not tree.errors
+    stages = {t.attrs["data-stage"] for t in tree.root.find("table") if "data-stage" in t.attrs}
+    # S to A, and what S is made from stated as given
+    assert stages == {"Q", "K_T", "S", "S_scaled", "M", "S_masked", "A"}

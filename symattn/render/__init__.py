@@ -28,7 +28,7 @@ def render(derivation, format: str = "latex", *, standalone: bool = True, digits
     if format == "json":
         return render_json(derivation, check=check)
     if format == "html":
-        return render_html(derivation, digits=digits, check=check, **layout)
+        return render_html(derivation, digits=digits, check=check, fragment=not standalone, **layout)
     raise ValueError(f"unknown format {format!r}; choose one of {', '.join(FORMATS)}")
 
 

@@ -60,8 +60,9 @@ def mathml(tex: str, display: bool = False) -> str:
         out = "<math>" + out[12:-14] + "</math>"
     elif out.startswith('<math display="block"><mrow>') and out.endswith("</mrow></math>") and _balanced(out[28:-14]):
         out = '<math display="block">' + out[28:-14] + "</math>"
-    # ∞ is a number, not an operator (so −∞ is set as one symbol with its sign, unspaced)
-    out = out.replace("<mo>&#x0221E;</mo>", "<mi>&#x0221E;</mi>")
+    # ∞ is a number and ∂ a letter, not operators (so −∞ and ∂L/∂O are set unspaced)
+    out = out.replace("<mo>&#x0221E;</mo>", "<mi>&#x0221E;</mi>").replace("<mo>&#x02202;</mo>", "<mi>&#x02202;</mi>")
+    out = out.replace("<mo>&#x0002F;</mo>", '<mo lspace="0" rspace="0">&#x0002F;</mo>')  # a/b, as LaTeX sets it
     _check(out, tex)
     return out
 
