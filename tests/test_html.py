@@ -307,3 +307,18 @@ def test_fragment_and_part_of_the_pipeline():
     stages = {t.attrs["data-stage"] for t in tree.root.find("table") if "data-stage" in t.attrs}
     # S to A, and what S is made from stated as given
     assert stages == {"Q", "K_T", "S", "S_scaled", "M", "S_masked", "A"}
+
+
+def test_mathml_sets_signs_and_symbols_as_latex_does_and_lets_only_math_through():
+    from symattn.render._mathml import MathMLError, _check, mathml
+
+    sign = '<mo form="prefix">&#x02212;</mo>'
+    assert mathml("-3").count(sign) == 1
+    assert mathml(r"0 \cdot \left(-1\right) = -3").count(sign) == 2
+    assert sign not in mathml(r"\left(x\right) - 1") and sign not in mathml("a - b")
+    assert "<mi>&#x0221E;</mi>" in mathml(r"-\infty")
+    assert "merror" not in mathml(r"\dfrac{e^{-2}}{Z_{2}}") and "rule" not in mathml(r"\rule[-1em]{0pt}{2em}1")
+    for bad in ('<math><script>x</script></math>', '<math><mi onclick="x">a</mi></math>',
+                '<math><mi>\\cellcolor</mi></math>', '<math><mi>a</mi><img src="x"></math>'):
+        with pytest.raises(MathMLError):
+            _check(bad, "test")

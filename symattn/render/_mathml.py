@@ -24,6 +24,10 @@ from latex2mathml.converter import convert
 _RULE = re.compile(r"\\rule(\[[^\]]*\])?\{[^{}]*\}\{[^{}]*\}")
 _OPERATORNAME = re.compile(r"\\operatorname\{([A-Za-z]+)\}")
 _SPACES = re.compile(r"\\!|\\mkern-?[0-9.]+mu")
+_SIGN = re.compile(
+    r"(<mrow>|<math>|<math display=\"block\">|<mtd[^>]*>|<msub>|<msup>|<mfrac>"
+    r"|<mo(?![^>]*postfix)[^>]*>(?!&#x00029;|&#x0005D;|&#x0007D;|&#x0007C;)[^<]*</mo>)<mo>&#x02212;</mo>"
+)
 
 _ELEMENTS = frozenset(
     "math mrow mi mn mo mtext mspace mfrac msqrt mroot msub msup msubsup munder mover munderover "
@@ -63,6 +67,8 @@ def mathml(tex: str, display: bool = False) -> str:
     # ∞ is a number and ∂ a letter, not operators (so −∞ and ∂L/∂O are set unspaced)
     out = out.replace("<mo>&#x0221E;</mo>", "<mi>&#x0221E;</mi>").replace("<mo>&#x02202;</mo>", "<mi>&#x02202;</mi>")
     out = out.replace("<mo>&#x0002F;</mo>", '<mo lspace="0" rspace="0">&#x0002F;</mo>')  # a/b, as LaTeX sets it
+    # a minus that opens a group or follows another operator is a sign, as TeX sets it: (−1), = −3
+    out = _SIGN.sub(r'\1<mo form="prefix">&#x02212;</mo>', out)
     _check(out, tex)
     return out
 
