@@ -95,6 +95,8 @@ PAGE_SCRIPT = """
     var tr = td.getAttribute("data-row"), tc = td.getAttribute("data-col");
     if (how === "row") { return tr === r; }
     if (how === "col") { return tc === c; }
+    if (how === "row_j") { return tr === c; }
+    if (how === "col_i") { return tc === r; }
     if (how === "entry") { return tr === r && tc === c; }
     if (how === "T") { return tr === c && tc === r; }
     return false;
