@@ -33,6 +33,7 @@ vertical-align:middle;white-space:nowrap}
 .symattn-page table.bracketed tr:first-child td{border-top:2px solid #333}
 .symattn-page table.bracketed tr:last-child td{border-bottom:2px solid #333}
 .symattn-page table.bracketed td:first-child,.symattn-page table.bracketed td:last-child{border-image:none}
+.symattn-page td.entry math{math-style:normal}
 .symattn-page td.gap,.symattn-page th.gap{color:#555}
 .symattn-page td.masked{background:repeating-linear-gradient(45deg,#fff 0 4px,#d0d0d0 4px 6px);color:#555}
 .symattn-page td.answer .box{display:inline-block;min-width:3.5em;min-height:1.6em;border:1px solid #666}
