@@ -785,8 +785,10 @@ KINDS: tuple[Kind, ...] = (
 BY_KEY: dict[str, Kind] = {k.key: k for k in KINDS}
 
 # Which entries of its inputs make an entry (i, j) of a stage: ``row`` (row i of the input),
-# ``col`` (column j), ``entry`` (entry (i, j)) or ``T`` (entry (j, i)). The web page highlights
-# them when a reader points at the entry. Input keys as in ``Kind.inputs``.
+# ``col`` (column j), ``row_j`` (row j: the input is transposed in the product, as V in
+# dA = dO Vᵀ), ``col_i`` (column i: as A in dV = Aᵀ dO), ``entry`` (entry (i, j)) or ``T``
+# (entry (j, i)). The web page highlights them when a reader points at the entry. Input keys as
+# in ``Kind.inputs``.
 TRACES: dict[str, tuple[tuple[str, str], ...]] = {
     Q: ((X, "row"), (W_Q, "col")),
     K: (("kv", "row"), (W_K, "col")),
@@ -798,15 +800,15 @@ TRACES: dict[str, tuple[tuple[str, str], ...]] = {
     A: ((S_MASKED, "row"),),
     O: ((A, "row"), (V, "col")),
     O_FINAL: ((CONCAT, "row"), (W_O, "col")),
-    DV: ((A, "col"), (DO, "col")),
-    DA: ((DO, "row"), (V, "row")),
+    DV: ((A, "col_i"), (DO, "col")),
+    DA: ((DO, "row"), (V, "row_j")),
     DS_MASKED: ((A, "row"), (DA, "row")),
     DS: ((DS_MASKED, "entry"),),
     DQ: ((DS, "row"), (K, "col")),
-    DK: ((DS, "col"), (Q, "col")),
-    DW_Q: ((X, "col"), (DQ, "col")),
-    DW_K: (("kv", "col"), (DK, "col")),
-    DW_V: (("kv", "col"), (DV, "col")),
+    DK: ((DS, "col_i"), (Q, "col")),
+    DW_Q: ((X, "col_i"), (DQ, "col")),
+    DW_K: (("kv", "col_i"), (DK, "col")),
+    DW_V: (("kv", "col_i"), (DV, "col")),
 }
 
 

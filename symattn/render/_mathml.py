@@ -8,7 +8,12 @@ part of MathML that Chromium, Firefox and Safari all render, has no use for:
 - ``\\rule`` struts (they space the rows of a LaTeX array; the page's tables space themselves);
 - ``\\!`` and ``\\mkern`` (negative and mu spaces: no MathML Core length);
 - ``\\operatorname{x}`` as upright text, as LaTeX sets it, not an operator;
-- ``\\hat{S}`` with its accent as an accent.
+- ``\\hat{S}`` with its accent as an accent;
+- ``\\left(-3\\right)`` around a plain number as plain brackets: Chromium spaces latex2mathml's
+  stretchy fences apart from what they hold, ``( −3 )``, and a number needs no stretching;
+- a minus sign right after an opening bracket, a relation or another operator, as in ``(-1)``
+  or ``m = -3``, as a sign (``form="prefix"``): MathML Core makes an operator in the middle of
+  a row infix, and spaces it as a subtraction, ``( − 1)``.
 
 Every result is checked against a whitelist of MathML elements and attributes, so nothing but
 math can ever come out (:func:`mathml` raises on anything else, an internal error).
@@ -24,6 +29,7 @@ from latex2mathml.converter import convert
 _RULE = re.compile(r"\\rule(\[[^\]]*\])?\{[^{}]*\}\{[^{}]*\}")
 _OPERATORNAME = re.compile(r"\\operatorname\{([A-Za-z]+)\}")
 _SPACES = re.compile(r"\\!|\\mkern-?[0-9.]+mu")
+_NUMBER_IN_BRACKETS = re.compile(r"\\left\(\s*(-?\s*[0-9.]+)\s*\\right\)")
 _SIGN = re.compile(
     r"(<mrow>|<math>|<math display=\"block\">|<mtd[^>]*>|<msub>|<msup>|<mfrac>"
     r"|<mo(?![^>]*postfix)[^>]*>(?!&#x00029;|&#x0005D;|&#x0007D;|&#x0007C;)[^<]*</mo>)<mo>&#x02212;</mo>"
@@ -53,9 +59,12 @@ def mathml(tex: str, display: bool = False) -> str:
 
     >>> mathml("x_{1}")
     '<math><msub><mi>x</mi><mrow><mn>1</mn></mrow></msub></math>'
+    >>> mathml(r"2 \\cdot \\left(-3\\right)")
+    '<math><mn>2</mn><mo>&#x000B7;</mo><mo stretchy="false">&#x00028;</mo><mo form="prefix">&#x02212;</mo><mn>3</mn><mo stretchy="false">&#x00029;</mo></math>'
     """
     source = _SPACES.sub("", _RULE.sub("", tex))
     source = _OPERATORNAME.sub(r"\\text{\1}", source)
+    source = _NUMBER_IN_BRACKETS.sub(r"(\1)", source)
     out = convert(source, display="block" if display else "inline")
     out = out.replace(' xmlns="http://www.w3.org/1998/Math/MathML"', "")
     out = out.replace('<math display="inline">', "<math>")

@@ -32,6 +32,7 @@ vertical-align:middle;white-space:nowrap}
 .symattn-page table.bracketed{border-left:2px solid #333;border-right:2px solid #333;
 background:linear-gradient(#333,#333) left top/.45rem 2px no-repeat,linear-gradient(#333,#333) left bottom/.45rem 2px no-repeat,
 linear-gradient(#333,#333) right top/.45rem 2px no-repeat,linear-gradient(#333,#333) right bottom/.45rem 2px no-repeat}
+.symattn-page td.entry math{math-style:normal}
 .symattn-page td.gap,.symattn-page th.gap{color:#555}
 .symattn-page td.masked{background:repeating-linear-gradient(45deg,#fff 0 4px,#d0d0d0 4px 6px);color:#555}
 .symattn-page td.answer .box{display:inline-block;min-width:3.5em;min-height:1.6em;border:1px solid #666}
@@ -94,6 +95,8 @@ PAGE_SCRIPT = """
     var tr = td.getAttribute("data-row"), tc = td.getAttribute("data-col");
     if (how === "row") { return tr === r; }
     if (how === "col") { return tc === c; }
+    if (how === "row_j") { return tr === c; }
+    if (how === "col_i") { return tc === r; }
     if (how === "entry") { return tr === r && tc === c; }
     if (how === "T") { return tr === c && tc === r; }
     return false;

@@ -306,19 +306,24 @@ def _names(step: Step) -> tuple[list[str], list[str]]:
     return label(step.axes[0], list(step.rows)), label(step.axes[1], list(step.cols))
 
 
+# How each input entry that makes entry (i, j) is named (the ``how`` of registry.TRACES).
+_TRACED = {"row": "row i", "col": "column j", "row_j": "row j", "col_i": "column i", "entry": "entry (i, j)",
+           "T": "entry (j, i)"}
+
+
 def _table(step: Step, form: str, rows, cols, cell, decimal, *, masked, shade, traces, explain) -> str:
     """A step's matrix as an HTML table with token labels (weights: bracketed, no labels)."""
     labelled = step.kind_of.labelled
     row_names, col_names = _names(step)
     trace = " ".join(f"{id}:{how}" for id, how in traces)
-    names = ", ".join(f"{how} of {id}" for id, how in traces)
+    names = ", ".join(f"{_TRACED[how]} of {id}" for id, how in traces)
     attrs = [f'class="matrix {form}{"" if labelled else " bracketed"}"', f'data-stage="{escape(step.id)}"',
              f'data-form="{form}"']
     if trace:
         attrs.append(f'data-traces="{escape(trace)}"')
     label = f"{step.id}, {step.shape[0]}×{step.shape[1]}, {'decimals' if form == 'decimal' else form}"
     if trace:
-        label += f"; each entry is made from the {names}"
+        label += f"; entry (i, j) is made from {names}"
     attrs.append(f'aria-label="{escape(label)}"')
     out = [f"<table {' '.join(attrs)}>"]
     if labelled:
