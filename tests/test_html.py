@@ -322,3 +322,13 @@ def test_mathml_sets_signs_and_symbols_as_latex_does_and_lets_only_math_through(
                 '<math><mi>\\cellcolor</mi></math>', '<math><mi>a</mi><img src="x"></math>'):
         with pytest.raises(MathMLError):
             _check(bad, "test")
+
+
+def test_from_a_states_everything_the_shown_steps_are_made_of():
+    # O = A·V: with --from A, V is given beside Ŝ (not only what the first shown step reads)
+    problem = str(ROOT / "worked_examples" / "causal_4_tokens.yaml")
+    r = CliRunner().invoke(cli, ["derive", problem, "-f", "html", "--from", "A"])
+    assert r.exit_code == 0, r.output
+    tree = Tree(r.output)
+    stages = {t.attrs["data-stage"] for t in tree.root.find("table") if "data-stage" in t.attrs}
+    assert stages == {"S_masked", "V", "A", "O"}

@@ -60,16 +60,12 @@ def select(d: "Derivation", first: str | None = None, last: str | None = None) -
 
 
 def _given_inputs(d: "Derivation", chosen: list["Step"]) -> list["Step"]:
-    """What the first shown computed step of each head is made from, when that is not shown
-    (the forward pass's inputs; a gradient's are not restated)."""
+    """What the shown computed steps are made from, when that is not shown (the forward pass's
+    inputs: ``--from A`` states Ŝ, and V for O; a gradient's are not restated)."""
     ids = {s.id for s in chosen}
-    firsts: dict[int | None, "Step"] = {}
-    for s in chosen:
-        if not s.given:
-            firsts.setdefault(s.head, s)
     names: list[str] = []
-    for head, first in firsts.items():
-        if not first.kind_of.gradient:
-            names += registry.input_ids(first.kind_of, registry.Context(d.problem, head))
+    for s in chosen:
+        if not s.given and not s.kind_of.gradient:
+            names += registry.input_ids(s.kind_of, registry.Context(d.problem, s.head))
     unique = list(dict.fromkeys(n for n in names if n not in ids))
     return [d.step(n) for n in unique]
