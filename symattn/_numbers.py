@@ -80,9 +80,11 @@ def parse_number(
     *,
     symbols: Mapping[str, sympy.Symbol] | None = None,
     allow_neg_inf: bool = False,
+    allow_pi: bool = False,
 ) -> sympy.Expr:
     """An exact number (or an expression in declared ``symbols``) from ``text``.
 
+    ``allow_pi`` lets ``pi`` stand for π (in angles, such as RoPE's ``"pi/6"``).
     Raises :class:`NumberError` with a sentence saying what is wrong.
     """
     symbols = symbols or {}
@@ -110,6 +112,8 @@ def parse_number(
         raise NumberError(f"{_short(text)} is nested too deeply") from None
     except (SyntaxError, ValueError) as exc:
         raise NumberError(f"{_short(text)} is not a number or an expression ({_syntax_reason(exc)})") from None
+    if allow_pi and "pi" not in symbols:
+        symbols = {**symbols, "pi": sympy.pi}
     value = _Builder(text, source, positions, symbols).build(tree.body, 0)
     return _check_value(text, value)
 
