@@ -69,10 +69,10 @@ def read_rope(reader, key: yaml.Node, node: yaml.Node, d_ks: list[int], n_q: int
     if "base" in given:
         b = given["base"]
         if not isinstance(b, yaml.ScalarNode) or _yaml.is_null(b) or _yaml.is_bool(b):
-            raise at(b).error(f"rope.base must be a number, not {_yaml.kind(b)}", "rope.base")
+            raise at(b).error(f"the base must be a number, not {_yaml.kind(b)}", "rope.base")
         base = _number(reader, b, "rope.base", allow_pi=False)
         if not is_positive(base):
-            raise at(b).error(f"rope.base must be positive, not {b.value}", "rope.base")
+            raise at(b).error(f"the base must be positive, not {b.value}", "rope.base")
     return Rope(pairing, base=base)
 
 
@@ -97,7 +97,7 @@ def _angles(reader, node: yaml.Node, d_ks: list[int]) -> tuple[sympy.Expr, ...]:
         angles.append(_number(reader, item, field, allow_pi=True))
     for d_k in sorted(set(d_ks)):
         if len(angles) != d_k // 2:
-            raise at(node).error(f"rope.angles has {len(angles)} angle{'s' if len(angles) != 1 else ''} but "
+            raise at(node).error(f"{len(angles)} angle{'s' if len(angles) != 1 else ''} given, but "
                                  f"d_k = {d_k} has d_k/2 = {d_k // 2} pairs of components: give one angle per pair",
                                  "rope.angles")
     return tuple(angles)
