@@ -572,6 +572,7 @@ def _rope_why(noun: str, letter: str) -> Text:
             f"token's position, counted from ⟦0⟧ for the first token as the libraries count, and "
             f"{r.rule()}; a turned {letter} keeps its length and only its direction carries the position. "
             f"This problem uses the {r.pairing} pairing. " + _ROPE_PAIRING
+            + (" With ⟦d_k = 2⟧ both pair components ⟦1⟧ and ⟦2⟧." if c.d_k == 2 else "")
         )
 
     return why

@@ -371,3 +371,18 @@ def test_check_diagnoses_positions_counted_from_one(tmp_path):
     answers.write_text(answers_text({"Q_rot": rounded_grid(shifted, 4)}), "utf-8")
     s = stage(run_check(EXACT, answers), "Q_rot")
     assert s["status"] == "wrong" and "positions counted from 1" in s["diagnosis"], s
+
+
+def test_check_follows_a_wrong_q_through_the_rotation(tmp_path):
+    """A slip in Q, rotated correctly: Q_rot is right from the student's own Q."""
+    raw = yaml.safe_load(EXACT.read_text("utf-8"))
+    Q = np.array(raw["X"], dtype=np.float64) @ np.array(raw["W_Q"], dtype=np.float64)
+    Q[1, 1] += 1  # the slip
+    answers = tmp_path / "a.yaml"
+    answers.write_text(answers_text({"Q": rounded_grid(Q, 4),
+                                     "Q_rot": rounded_grid(np_rope(Q, [math.pi / 6, math.pi / 3], "half"), 4)}),
+                       "utf-8")
+    report = run_check(EXACT, answers)
+    assert stage(report, "Q")["status"] == "wrong"
+    s = stage(report, "Q_rot")
+    assert s["status"] == "follows" and s["follows_from"] == ["Q"], s
