@@ -283,7 +283,7 @@ def test_rotary_embedding_torch_interleaved_and_half_by_permutation(case):
 
 
 def test_hugging_face_rotate_half():
-    transformers = pytest.importorskip("transformers")  # noqa: F841
+    pytest.importorskip("transformers")
     torch = pytest.importorskip("torch")
     from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 

@@ -52,10 +52,6 @@ def _rotation(c: str, s: str) -> str:
     return f"\\begin{{pmatrix}} {c} & -{s} \\\\ {s} & {c} \\end{{pmatrix}}"
 
 
-def _neg(s: sympy.Expr) -> sympy.Expr:
-    return -s
-
-
 def _turn_sentence(d: Derivation, step: Step, t: _rope.Turn) -> str:
     token = prose.literal(step.rows[t.token])
     return (f"One token's rotation as a 2×2 block: token {t.token + 1} ({token}, position ⟦p = {t.token}⟧), "
