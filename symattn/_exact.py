@@ -201,6 +201,17 @@ def hstack(*parts) -> "LazyMatrix | Matrix":
     return LazyMatrix(parts[0].rows, col, entry)
 
 
+def tidy_trig(x: sympy.Expr) -> sympy.Expr:
+    """``x`` with its products of sines and cosines written as sums (cos a·cos b = (cos(a − b) +
+    cos(a + b))/2, ...), expanded: RoPE's rotated dot products then collapse exactly to terms in
+    the relative angles. Anything without sin or cos is returned as it is."""
+    if x.is_Atom or not x.has(sympy.sin, sympy.cos):
+        return x
+    from sympy.simplify.fu import TR8
+
+    return tidy(TR8(x))
+
+
 def matmul(a, b) -> "Matrix | LazyMatrix":
     """The exact product ``a·b``."""
     assert a.cols == b.rows, (a.shape, b.shape)
@@ -208,7 +219,7 @@ def matmul(a, b) -> "Matrix | LazyMatrix":
         return matrix_from_domain(_dm(a) * _dm(b))
 
     def entry(i: int, j: int) -> sympy.Expr:
-        return tidy(sympy.Add(*[a[i, k] * b[k, j] for k in range(a.cols)]))
+        return tidy_trig(tidy(sympy.Add(*[a[i, k] * b[k, j] for k in range(a.cols)])))
 
     if isinstance(a, LazyMatrix) or isinstance(b, LazyMatrix):
         return LazyMatrix(a.rows, b.cols, entry)

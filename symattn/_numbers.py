@@ -80,9 +80,11 @@ def parse_number(
     *,
     symbols: Mapping[str, sympy.Symbol] | None = None,
     allow_neg_inf: bool = False,
+    allow_pi: bool = False,
 ) -> sympy.Expr:
     """An exact number (or an expression in declared ``symbols``) from ``text``.
 
+    ``allow_pi`` lets ``pi`` stand for π (in angles, such as RoPE's ``"pi/6"``).
     Raises :class:`NumberError` with a sentence saying what is wrong.
     """
     symbols = symbols or {}
@@ -110,7 +112,8 @@ def parse_number(
         raise NumberError(f"{_short(text)} is nested too deeply") from None
     except (SyntaxError, ValueError) as exc:
         raise NumberError(f"{_short(text)} is not a number or an expression ({_syntax_reason(exc)})") from None
-    value = _Builder(text, source, positions, symbols).build(tree.body, 0)
+    constants = {"pi": sympy.pi} if allow_pi else {}
+    value = _Builder(text, source, positions, symbols, constants).build(tree.body, 0)
     return _check_value(text, value)
 
 
@@ -199,11 +202,13 @@ def _check_value(text: str, value: sympy.Expr) -> sympy.Expr:
 class _Builder:
     """Turns an ``ast`` tree of an allowed shape into a SymPy expression."""
 
-    def __init__(self, text: str, source: str, positions: list[int], symbols: Mapping[str, sympy.Symbol]) -> None:
+    def __init__(self, text: str, source: str, positions: list[int], symbols: Mapping[str, sympy.Symbol],
+                 constants: Mapping[str, sympy.Expr] | None = None) -> None:
         self.text = text  # what the user wrote: quoted in messages
         self.source = source  # what ast parsed (carets written **)
         self.positions = positions
         self.symbols = symbols
+        self.constants = constants or {}  # names such as pi, where the caller allows them
 
     def fail(self, node: ast.AST, what: str) -> NumberError:
         if ast.get_source_segment(self.source, node) == self.source:
@@ -246,8 +251,12 @@ class _Builder:
     def name(self, node: ast.Name) -> sympy.Expr:
         if node.id in self.symbols:
             return self.symbols[node.id]
+        if node.id in self.constants:
+            return self.constants[node.id]
         hint = ""
-        if node.id == "e":
+        if self.constants:
+            hint = "; the names allowed here are " + ", ".join(sorted(self.constants))
+        elif node.id == "e":
             hint = "; write exp(1) for e"
         elif node.id in _FUNCTIONS:
             hint = f"; {node.id} is a function: write {node.id}(...)"

@@ -370,6 +370,13 @@ class ExactOps:
     def rational(self, p: int, q: int) -> sympy.Rational:
         return sympy.Rational(p, q)
 
+    def rotate(self, m, thetas, pairs, sign: int = 1, offset: int = 0):
+        """RoPE: row ``p`` with each pair ``pairs[i]`` turned by ``sign·(p + offset)·θ_i``, exactly."""
+        from .rope import rotate
+
+        m = matrix_of(m)
+        return rotate(m, thetas, pairs, [p + offset for p in range(m.rows)], sign)
+
 
 # -- numeric -----------------------------------------------------------------------------------
 
@@ -454,6 +461,21 @@ class NumericOps:
 
     def rational(self, p: int, q: int) -> sympy.Rational:
         return sympy.Rational(p, q)
+
+    def rotate(self, m, thetas, pairs, sign: int = 1, offset: int = 0) -> Values:
+        """RoPE at ``dps`` digits: row ``p`` with each pair turned by ``sign·(p + offset)·θ_i``."""
+        rows = self.grid(m)
+        with mpmath.workdps(self.dps + 10):
+            angles = [_exact.to_mpf(t, self.dps + 10) for t in thetas]
+            out = []
+            for p, row in enumerate(rows):
+                new = list(row)
+                for (a, b), theta in zip(pairs, angles):
+                    phi = sign * (p + offset) * theta
+                    c, s = mpmath.cos(phi), mpmath.sin(phi)
+                    new[a], new[b] = row[a] * c - row[b] * s, row[a] * s + row[b] * c
+                out.append(new)
+            return out
 
     # -- for the common mistakes -----------------------------------------------------------
 

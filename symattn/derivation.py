@@ -386,6 +386,8 @@ def derive(problem: Problem, *, on_step=None) -> Derivation:
     >>> derive(p).step("A").exact
     Matrix([[1/(exp(-1) + 1), exp(-1)/(exp(-1) + 1)]])
     """
+    if problem.rope is not None and problem.backward is not None:
+        raise SymattnError("the backward pass through RoPE is not derived; derive the forward pass (no backward)")
     values: dict[str, object] = {}
     steps: list[Step] = []
     for planned in stages.plan(problem):

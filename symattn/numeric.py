@@ -31,6 +31,26 @@ def _f64(m, subs=None) -> np.ndarray:
     )
 
 
+def _rope(x: np.ndarray, rope) -> np.ndarray:
+    """Rotary embeddings in float64, as the libraries write them: row p (position p, from 0) with
+    each pair of components turned by p·θ_i; half pairs i with i + d/2 (rotate_half), interleaved
+    2i with 2i + 1."""
+    n, d = x.shape
+    if rope.angles is not None:
+        theta = np.array([float(a) for a in rope.angles])
+    else:
+        theta = float(rope.base) ** (-np.arange(0, d, 2, dtype=np.float64) / d)
+    phi = np.arange(n, dtype=np.float64)[:, None] * theta[None, :]    # (n, d/2)
+    cos, sin = np.cos(phi), np.sin(phi)
+    if rope.pairing == "half":
+        a, b = x[:, : d // 2], x[:, d // 2:]
+        return np.concatenate([a * cos - b * sin, a * sin + b * cos], axis=1)
+    a, b = x[:, 0::2], x[:, 1::2]
+    out = np.empty_like(x)
+    out[:, 0::2], out[:, 1::2] = a * cos - b * sin, a * sin + b * cos
+    return out
+
+
 def numeric_stages(p: Problem) -> dict[str, np.ndarray]:
     """Every stage of ``softmax(Q Kᵀ·scale + M) V`` in float64, by stage id.
 
@@ -51,6 +71,9 @@ def numeric_stages(p: Problem) -> dict[str, np.ndarray]:
             factor = 1.0
         else:
             factor = float(p.scale)
+        if p.rope is not None:  # RoPE: the scores compare the rotated queries and keys
+            Q = out[prefix(st.Q_ROT)] = _rope(Q, p.rope)
+            K = out[prefix(st.K_ROT)] = _rope(K, p.rope)
         out[prefix(st.K_T)] = K.T
         S = out[prefix(st.S)] = Q @ K.T                         # (n_q, d_k) @ (d_k, n_k)
         S_scaled = out[prefix(st.S_SCALED)] = S * factor

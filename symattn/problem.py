@@ -26,6 +26,7 @@ from . import _yaml
 from ._errors import SymattnError
 from ._numbers import NumberError, is_positive, parse_decimal, parse_number
 from ._exact import binary_float_matrix, rational_matrix, scaled_integer_matrix
+from .rope import Rope
 from ._yaml import Where, where
 
 MAX_SIZE = 1_000_000  # numbers in one problem (all its matrices); --max-size raises it
@@ -52,6 +53,7 @@ FIELDS = (
     "values",
     "digits",
     "backward",
+    "rope",
 )
 MASK_WORDS = ("none", "causal", "causal-bottom-right")
 
@@ -158,6 +160,7 @@ class Problem:
     symbols: tuple[sympy.Symbol, ...] = ()
     values: tuple[tuple[sympy.Symbol, sympy.Expr], ...] = ()
     backward: Backward | None = None  # the upstream gradient; None: forward pass only
+    rope: Rope | None = None  # rotary position embeddings of the queries and keys; None: none
 
     @property
     def projected(self) -> bool:
@@ -429,6 +432,13 @@ class _Reader:
         self.check_rows_attend(mask, bias, node("mask") or root, node("bias"))
         d_out = matrices["W_O"].cols if "W_O" in matrices else (heads[0].d_v if heads else matrices["V"].cols)
         backward = self.backward(node("backward"), n_q, d_out) if "backward" in fields else None
+        rope = None
+        if "rope" in fields:
+            from ._rope_problem import read_rope
+
+            d_ks = [h.d_k for h in heads] if heads else [matrices["Q"].cols]
+            rope = read_rope(self, key("rope"), node("rope"), d_ks, n_q, n_k, multi="heads" in fields,
+                             cross="context" in fields, backward="backward" in fields)
 
         return Problem(
             source=self.file,
@@ -444,6 +454,7 @@ class _Reader:
             symbols=tuple(self.symbols.values()),
             values=tuple(values.items()),
             backward=backward,
+            rope=rope,
             **matrices,
         )
 

@@ -38,6 +38,7 @@ CONCAT, W_O, O_FINAL = "concat", "W_O", "O_final"
 DO, DW_O, DCONCAT, DO_HEAD = "dO", "dW_O", "dconcat", "dO_head"
 DV, DA, DS_MASKED, DS, DQ, DK = "dV", "dA", "dS_masked", "dS", "dQ", "dK"
 DW_Q, DW_K, DW_V, DX, DCONTEXT = "dW_Q", "dW_K", "dW_V", "dX", "dcontext"
+Q_ROT, K_ROT = "Q_rot", "K_rot"  # the queries and keys rotated by RoPE
 
 _HEAD_PREFIX = "head"
 
@@ -127,6 +128,17 @@ class Context:
 
     def at(self, head: int | None) -> "Context":
         return Context(self.p, head)
+
+    @property
+    def rope(self):
+        """The problem's rotary embedding (a :class:`symattn.rope.Rope`), or None."""
+        return self.p.rope
+
+    def rotation(self, pairing: str | None = None) -> tuple:
+        """``(θ_i, pairs)`` of this head's rotation (with ``pairing``: that pairing's pairs)."""
+        from .rope import pairs
+
+        return self.rope.thetas(self.d_k), pairs(self.d_k, pairing or self.rope.pairing)
 
 
 Relation = Callable[[Any, Callable[..., Any], Context], Any]
@@ -460,7 +472,8 @@ def dot_at(key: str, v, result, c: Context, i: int, j: int) -> Dot | None:
     """Entry (i, j) of a projection (Q, K, V) or of the scores worked as a dot product; None for
     any other stage."""
     if key == S:
-        return _dot(S, i, j, v(Q).row(i), v(K_T).col(j), f"q_{i + 1}", f"k_{j + 1}", result[i, j])
+        rot = "^{\\mathrm{rot}}" if c.rope is not None else ""
+        return _dot(S, i, j, v("q_in").row(i), v(K_T).col(j), f"q{rot}_{i + 1}", f"k{rot}_{j + 1}", result[i, j])
     if key in (Q, K, V):
         inp = v(X) if key == Q else v(c.kv)
         label = "x" if key == Q else c.kv_name.lower()
@@ -541,6 +554,128 @@ def _square_product(name: str, left: Callable, right: Callable, when: Callable =
 _SCALE_MISSING_DQDK = "the scale factor is missing: dŜ was used instead of dS = scale·dŜ"
 
 
+# -- rotary position embeddings (RoPE) ---------------------------------------------------------
+
+_ROPE_PAIRING = (
+    "The two pairings rotate by the same angles but pair different components: half pairs component ⟦i⟧ "
+    "with ⟦i + d_k/2⟧ (GPT-NeoX, LLaMA in Hugging Face: rotate_half), interleaved pairs ⟦2i - 1⟧ with ⟦2i⟧ "
+    "(the RoFormer paper, Meta's original LLaMA code), so weights trained under one give other scores under "
+    "the other."
+)
+
+
+def _rope_why(noun: str, letter: str) -> Text:
+    def why(c: Context) -> str:
+        r = c.rope
+        return (
+            f"RoPE turns each pair of {noun}'s components by the angle ⟦p\\,\\theta_i⟧, where ⟦p⟧ is the "
+            f"token's position, counted from ⟦0⟧ for the first token as the libraries count, and "
+            f"{r.rule()}; a turned {letter} keeps its length and only its direction carries the position. "
+            f"This problem uses the {r.pairing} pairing. " + _ROPE_PAIRING
+            + (" With ⟦d_k = 2⟧ both pair components ⟦1⟧ and ⟦2⟧." if c.d_k == 2 else "")
+        )
+
+    return why
+
+
+def _rope_formula(letter: str) -> Callable[[Context], tuple[str, str]]:
+    def formula(c: Context) -> tuple[str, str]:
+        first = "(1, 1 + d_k/2)" if c.rope.pairing == "half" else "(1, 2)"
+        return (f"{letter}^{{\\mathrm{{rot}}}}_p = R(p\\,\\theta)\\,{letter.lower()}_p",
+                f"{letter}_rot[p] = R(p·θ)·{letter.lower()}_p, each pair {first}, … turned by p·θ_i")
+
+    return formula
+
+
+def _rope_mistakes(key: str) -> tuple[Mistake, ...]:
+    from_ = Q if key == Q_ROT else K
+
+    def swapped(ops, ex, c):
+        from .rope import other
+
+        return ops.rotate(ex(from_), *c.rotation(other(c.rope.pairing)))
+
+    return (
+        Mistake("the pairing is swapped: the other pairing's components were rotated together "
+                "(half pairs i with i + d_k/2, interleaved 2i − 1 with 2i)", swapped),
+        Mistake("rotated the wrong way (by −p·θ_i): the signs of the sines are swapped",
+                lambda ops, ex, c: ops.rotate(ex(from_), *c.rotation(), sign=-1)),
+        Mistake("positions counted from 1: the first token was rotated by θ_i, but RoPE counts positions from 0",
+                lambda ops, ex, c: ops.rotate(ex(from_), *c.rotation(), offset=1)),
+        Mistake("not rotated: the unrotated " + ("queries" if key == Q_ROT else "keys") + " were copied",
+                lambda ops, ex, c: ex(from_)),
+    )
+
+
+_K_ROT_WHY = (
+    "Each key is turned exactly as the queries are: pair ⟦i⟧ of the key at position ⟦p⟧ by ⟦p\\,\\theta_i⟧, "
+    "in the same pairing. The values are not rotated: the position belongs in the match, not in what is "
+    "handed on."
+)
+
+
+def _rope_rows() -> tuple[Kind, ...]:
+    def row(key: str, base: str, order: float, title: str, noun: str, axis: str) -> Kind:
+        return Kind(
+            key, key, order, "rotate", title, _rope_why(noun, "vector") if base == Q else _K_ROT_WHY, _rope_formula(base),
+            (QUERIES if base == Q else KEYS, axis),
+            lambda sh, r, c, base=base: _plain(r, f"like {base}: {'n_q' if base == Q else 'n_k'} × d_k"),
+            inputs=(base,), relation=lambda ops, v, c, base=base: ops.rotate(v(base), *c.rotation()),
+            when=lambda c: c.rope is not None, per_head=True, tex=f"{base}^{{\\mathrm{{rot}}}}",
+            shows=frozenset({"rotation"}), mistakes=_rope_mistakes(key),
+        )
+
+    return (row(Q_ROT, Q, 8.3, "Rotate the queries", "a query", "q"),
+            row(K_ROT, K, 8.6, "Rotate the keys", "a key", "k"))
+
+
+def _k_t_why(c: Context) -> str:
+    if c.rope is None:
+        return _WHY[K_T]
+    return _WHY[K_T].replace("⟦K⟧", "the rotated keys ⟦K^{\\mathrm{rot}}⟧")
+
+
+def _k_t_formula(c: Context) -> tuple[str, str]:
+    if c.rope is None:
+        return "K^{\\top}", "Kᵀ"
+    return "K^{\\top} = (K^{\\mathrm{rot}})^{\\top}", "Kᵀ = K_rotᵀ"
+
+
+def _s_why(c: Context) -> str:
+    if c.rope is None:
+        return _WHY[S]
+    return (_WHY[S].replace("the dot product of query", "the dot product of rotated query") +
+            " Since ⟦R(a)^{\\top} R(b) = R(b - a)⟧, the score of the query at position ⟦p⟧ and the key at "
+            "position ⟦r⟧ is ⟦q_p \\cdot R((r - p)\\,\\theta)\\,k_r⟧: it depends on the positions only through "
+            "⟦r - p⟧.")
+
+
+def _s_formula(c: Context) -> tuple[str, str]:
+    if c.rope is None:
+        return "S = Q\\,K^{\\top}", "S = Q·Kᵀ"
+    return "S = Q^{\\mathrm{rot}}\\,(K^{\\mathrm{rot}})^{\\top}", "S = Q_rot·K_rotᵀ"
+
+
+def _rope_on_v(ops, ex, c: Context):
+    """V with each row rotated as the keys are (None without RoPE, or when d_v is odd)."""
+    if c.rope is None:
+        return None
+    v = ex(V)
+    if (v.cols if hasattr(v, "cols") else len(v[0])) != c.d_k:
+        return None
+    return ops.rotate(v, *c.rotation())
+
+
+_ROPE_ON_V = "the rotation was applied to V as well: RoPE rotates only the queries and the keys"
+_ROPE_V_MISTAKES = (Mistake(_ROPE_ON_V, _rope_on_v),)
+_ROPE_O_MISTAKES = (Mistake(_ROPE_ON_V, lambda ops, ex, c: None if _rope_on_v(ops, ex, c) is None
+                            else ops.matmul(ex(A), _rope_on_v(ops, ex, c))),)
+_ROPE_SCORE_MISTAKES = (
+    Mistake("the rotation was left out: Q·Kᵀ of the unrotated queries and keys",
+            lambda ops, ex, c: None if c.rope is None else ops.matmul(ex(Q), ops.T(ex(K)))),
+)
+
+
 # -- the table --------------------------------------------------------------------------------
 
 
@@ -588,7 +723,7 @@ def _projection_row(key: str, order: int, title: str) -> Kind:
         relation=lambda ops, v, c: ops.matmul(v(X) if key == Q else v(c.kv), v("W_" + key)),
         source=lambda c: None if c.projected else getattr(c.p, key),
         per_head=True, slips=True, worked=_worked_projection(key),
-        mistakes=(_transposed(key),),
+        mistakes=(_transposed(key),) + (_ROPE_V_MISTAKES if key == V else ()),
     )
 
 
@@ -630,18 +765,20 @@ KINDS: tuple[Kind, ...] = (
     _projection_row(K, 6, "Key projection"),
     _projection_row(V, 8, "Value projection"),
     # 3 to 8: one head, scores to output
-    Kind(K_T, K_T, 9, "transpose", "Transpose the keys", _WHY[K_T], ("K^{\\top}", "Kᵀ"), ("k", KEYS),
+    *_rope_rows(),
+    Kind(K_T, K_T, 9, "transpose", "Transpose the keys", _k_t_why, _k_t_formula, ("k", KEYS),
          lambda sh, r, c: f"{r[1]}×{r[0]} → {r[0]}×{r[1]} (d_k × n_k)",
-         inputs=(K,), relation=lambda ops, v, c: ops.T(v(K)), per_head=True, tex="K^{\\top}", slips=True),
-    Kind(S, S, 10, "scores", "Scores", _WHY[S], ("S = Q\\,K^{\\top}", "S = Q·Kᵀ"), (QUERIES, KEYS),
-         lambda sh, r, c: _prod(sh(Q), sh(K_T), "n_q × n_k"),
-         inputs=(Q, K_T), relation=lambda ops, v, c: ops.matmul(v(Q), v(K_T)), per_head=True, slips=True,
-         worked=_worked_score,
+         inputs=("k_in",), relation=lambda ops, v, c: ops.T(v("k_in")), per_head=True, tex="K^{\\top}", slips=True),
+    Kind(S, S, 10, "scores", "Scores", _s_why, _s_formula, (QUERIES, KEYS),
+         lambda sh, r, c: _prod(sh("q_in"), sh(K_T), "n_q × n_k"),
+         inputs=("q_in", K_T), relation=lambda ops, v, c: ops.matmul(v("q_in"), v(K_T)), per_head=True, slips=True,
+         worked=_worked_score, shows=frozenset({"rope_relative"}),
          mistakes=(
              Mistake("K·Qᵀ instead of Q·Kᵀ (the scores are transposed)",
-                     lambda ops, ex, c: ops.matmul(ex(K), ops.T(ex(Q)))),
+                     lambda ops, ex, c: ops.matmul(ex("k_in"), ops.T(ex("q_in")))),
              Mistake("Q·K instead of Q·Kᵀ (K was not transposed)",
-                     lambda ops, ex, c: ops.matmul(ex(Q), ex(K)) if len(ex(Q)[0]) == len(ex(K)) else None),
+                     lambda ops, ex, c: ops.matmul(ex("q_in"), ex("k_in")) if len(ex("q_in")[0]) == len(ex("k_in")) else None),
+             *_ROPE_SCORE_MISTAKES,
          )),
     Kind(S_SCALED, S_SCALED, 11, "scale", "Scale the scores", _scale_why, _scale_formula, (QUERIES, KEYS),
          lambda sh, r, c: _plain(r, "n_q × n_k"),
@@ -675,6 +812,7 @@ KINDS: tuple[Kind, ...] = (
              Mistake("Aᵀ·V instead of A·V (the weights were transposed)",
                      lambda ops, ex, c: ops.matmul(ops.T(ex(A)), ex(V)) if _sq(ex(A)) else None),
              _transposed(O),
+             *_ROPE_O_MISTAKES,
          )),
     # several heads: concatenate, then project
     Kind(CONCAT, CONCAT, 16, "concat", "Concatenate the heads", _WHY[CONCAT],
@@ -793,8 +931,10 @@ TRACES: dict[str, tuple[tuple[str, str], ...]] = {
     Q: ((X, "row"), (W_Q, "col")),
     K: (("kv", "row"), (W_K, "col")),
     V: (("kv", "row"), (W_V, "col")),
-    K_T: ((K, "T"),),
-    S: ((Q, "row"), (K_T, "col")),
+    Q_ROT: ((Q, "row"),),
+    K_ROT: ((K, "row"),),
+    K_T: (("k_in", "T"),),
+    S: (("q_in", "row"), (K_T, "col")),
     S_SCALED: ((S, "entry"),),
     S_MASKED: ((S_SCALED, "entry"), (M, "entry")),
     A: ((S_MASKED, "row"),),
@@ -824,6 +964,7 @@ SECTIONS: tuple[Section, ...] = (
     Section("given", "The input: queries, keys and values given", applies=lambda c: not c.projected),
     Section("input", "The input", applies=lambda c: c.projected),
     Section("project", "Project to queries, keys and values", per_head=True, applies=lambda c: c.projected),
+    Section("rotate", "Rotate the queries and keys (RoPE)", per_head=True, applies=lambda c: c.rope is not None),
     Section("transpose", "Transpose the keys", per_head=True),
     Section("scores", "Score every query against every key", per_head=True),
     Section("scale", "Scale the scores", per_head=True),
@@ -907,6 +1048,8 @@ def resolve(key: str, c: Context, head: "int | None | object" = ...) -> list[str
     """The stage ids an input key stands for in context ``c`` (another head's with ``head``)."""
     if key == "kv":
         key = c.kv
+    if key in ("q_in", "k_in"):  # what the scores read: the rotated queries and keys under RoPE
+        key = {"q_in": Q_ROT, "k_in": K_ROT}[key] if c.rope is not None else {"q_in": Q, "k_in": K}[key]
     if key == "output":
         key = c.output
     if key == "heads":
@@ -952,7 +1095,7 @@ def unknown_stage(word: str, choices) -> str:
 
 
 __all__ = [
-    "A", "BY_KEY", "CONCAT", "CONTEXT", "Context", "DA", "DCONCAT", "DCONTEXT", "DK", "DO", "DO_HEAD", "DQ", "DS",
+    "A", "BY_KEY", "CONCAT", "K_ROT", "Q_ROT", "CONTEXT", "Context", "DA", "DCONCAT", "DCONTEXT", "DK", "DO", "DO_HEAD", "DQ", "DS",
     "DS_MASKED", "DV", "DW_K", "DW_O", "DW_Q", "DW_V", "DX", "Dot", "GRADIENT_NAMES", "K", "KINDS", "K_T", "Kind",
     "M", "Mistake", "NAMES", "O", "O_FINAL", "Planned", "Q", "S", "SECTIONS", "S_MASKED", "S_SCALED", "Section", "V",
     "W_K", "W_O", "W_Q", "W_V", "X", "did_you_mean", "input_ids", "order_of", "plan", "resolve", "section_of",

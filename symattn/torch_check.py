@@ -28,6 +28,23 @@ def _torch():
     return torch
 
 
+def _rope(torch, x, rope):
+    """Rotary embeddings as the two codebases write them: Hugging Face's ``x·cos + rotate_half(x)·sin``
+    (half) and Meta's LLaMA, pairs as complex numbers times ``e^{i p θ}`` (interleaved)."""
+    n, d = x.shape
+    if rope.angles is not None:
+        theta = torch.tensor([float(a) for a in rope.angles], dtype=torch.float64)
+    else:
+        theta = 1.0 / (float(rope.base) ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+    freqs = torch.outer(torch.arange(n, dtype=torch.float64), theta)
+    if rope.pairing == "half":
+        emb = torch.cat((freqs, freqs), dim=-1)
+        rotated_half = torch.cat((-x[:, d // 2:], x[:, : d // 2]), dim=-1)
+        return x * emb.cos() + rotated_half * emb.sin()
+    pairs = torch.view_as_complex(x.reshape(n, d // 2, 2).contiguous())
+    return torch.view_as_real(pairs * torch.polar(torch.ones_like(freqs), freqs)).reshape(n, d)
+
+
 def torch_stages(p: Problem) -> dict[str, np.ndarray]:
     """Each head's ``A`` and ``O`` (and with heads, the projected ``O``) from PyTorch in float64."""
     torch = _torch()
@@ -44,6 +61,8 @@ def torch_stages(p: Problem) -> dict[str, np.ndarray]:
     out: dict[str, np.ndarray] = {}
 
     def head(prefix: str, Q, K, V):
+        if p.rope is not None:
+            Q, K = _rope(torch, Q, p.rope), _rope(torch, K, p.rope)
         d_k = Q.shape[1]
         scale = {"auto": d_k**-0.5, "none": 1.0}.get(p.scale) if isinstance(p.scale, str) else float(p.scale)
         eye = torch.eye(K.shape[0], dtype=torch.float64)

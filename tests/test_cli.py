@@ -50,13 +50,17 @@ def contract_ids(example: Path) -> list[str]:
 
 
 def _forward_ids(raw: dict) -> list[str]:
+    given, head_ids = GIVEN_IDS, HEAD_IDS
+    if "rope" in raw:  # RoPE rotates Q and K before the keys are transposed
+        given, head_ids = (ids[:ids.index("V") + 1] + ["Q_rot", "K_rot"] + ids[ids.index("V") + 1:]
+                           for ids in (GIVEN_IDS, HEAD_IDS))
     if "Q" in raw:
-        return GIVEN_IDS
+        return given
     ids = ["X"] + (["context"] if "context" in raw else [])
     if "heads" not in raw:
-        return ids + HEAD_IDS
+        return ids + head_ids
     for h in range(1, len(raw["heads"]) + 1):
-        ids += [f"head{h}.{i}" for i in HEAD_IDS]
+        ids += [f"head{h}.{i}" for i in head_ids]
     return ids + ["concat", "W_O", "O"]
 
 

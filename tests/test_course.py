@@ -55,11 +55,13 @@ STAGE_TITLES = (
     "Weighted sum of the values",
 )
 GIVEN_INPUT_TITLE = "The input: queries, keys and values given"
+ROPE_TITLE = "Rotate the queries and keys (RoPE)"
 # Which stage ids each stage title shows (for pairing an exercise sheet with its solution).
 STAGE_KINDS = {
     "The input": {"X", "context"},
     GIVEN_INPUT_TITLE: {"Q", "K", "V"},
     "Project to queries, keys and values": {"Q", "K", "V"},
+    ROPE_TITLE: {"Q_rot", "K_rot"},
     "Transpose the keys": {"K_T"},
     "Score every query against every key": {"S"},
     "Scale the scores": {"S_scaled"},
@@ -179,15 +181,19 @@ def expected_headings(problem: dict) -> list[str]:
 
 
 def _forward_headings(problem: dict) -> list[str]:
+    stage_titles = STAGE_TITLES
+    if "rope" in problem:  # RoPE rotates the queries and keys before the keys are transposed
+        stage_titles = (*STAGE_TITLES[:2], ROPE_TITLE, *STAGE_TITLES[2:])
     if "Q" in problem:  # queries, keys and values given: no projection stage
-        titles = [GIVEN_INPUT_TITLE, *STAGE_TITLES[2:]]
+        titles = [GIVEN_INPUT_TITLE, *stage_titles[2:]]
         return [f"Step {n}: {t}" for n, t in enumerate(titles, 1)]
     if "heads" not in problem:
-        return [f"Step {n}: {t}" for n, t in enumerate(STAGE_TITLES, 1)]
+        return [f"Step {n}: {t}" for n, t in enumerate(stage_titles, 1)]
     out = ["Step 1: The input"]
     for h in range(1, len(problem["heads"]) + 1):
-        out += [f"Head {h} · Step {n}: {t}" for n, t in enumerate(STAGE_TITLES[1:], 2)]
-    return out + ["Step 9: Concatenate the heads", "Step 10: Output projection"]
+        out += [f"Head {h} · Step {n}: {t}" for n, t in enumerate(stage_titles[1:], 2)]
+    n = len(stage_titles) + 1
+    return out + [f"Step {n}: Concatenate the heads", f"Step {n + 1}: Output projection"]
 
 
 def shown_labels(labels: list[str], max_shown: int = 8) -> list[str]:

@@ -33,10 +33,11 @@ from symattn import SymattnError
 from _reference import fmatmul, fmatrix, frac, ftranspose
 
 ROOT = Path(__file__).resolve().parent.parent
-# The single-head numeric examples; heads and symbols have their own references in test_family.py.
+# The single-head numeric examples; heads and symbols have their own references in test_family.py,
+# RoPE in test_rope.py.
 EXAMPLES = sorted(
     p for p in (ROOT / "worked_examples").glob("*.yaml")
-    if not any(line.startswith(("heads:", "symbols:")) for line in p.read_text("utf-8").splitlines())
+    if not any(line.startswith(("heads:", "symbols:", "rope:")) for line in p.read_text("utf-8").splitlines())
 )
 EXAMPLE_IDS = [p.stem for p in EXAMPLES]
 

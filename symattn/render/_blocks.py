@@ -20,6 +20,7 @@ from ._tex import (
 )
 from .entries import TOO_LONG, entry_forms, jacobian_form, jacobian_row, needs_decimals, written_exactly
 from .outline import _given_inputs, select, stages
+from .rope import rope_blocks
 
 if TYPE_CHECKING:
     from ..derivation import Derivation, Step
@@ -145,6 +146,7 @@ def blocks(
             out.append(Block("para", f"Shape: {step.shape_note}."))
             for dot in step.worked:
                 out.append(Block("math", worked_dot_tex(dot)))
+            out += [Block(kind, text) for kind, text in rope_blocks(d, step)]
             if "softmax" in step.shows:
                 for line in normaliser_lines(d, step, digits, max_shown):
                     out.append(Block("math", line, source=Normalisers(step)))

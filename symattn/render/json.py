@@ -14,6 +14,7 @@ from sympy.printing.str import StrPrinter
 from .._exact import LazyMatrix
 from ._print import NEG_INF, qq_text
 from .entries import written_exactly
+from .rope import rope_json
 
 if TYPE_CHECKING:
     from ..derivation import Derivation
@@ -121,6 +122,9 @@ def as_dict(derivation: Derivation, *, check=None) -> dict:
             }
         )
     out = {"title": d.problem.title, "dims": d.dims, "stages": stages}
+    rope = rope_json(d)
+    if rope is not None:  # only with RoPE: every other problem's JSON is as it was
+        out["rope"] = rope
     if check is not None:
         out["crosscheck"] = check.as_dict()
     return out

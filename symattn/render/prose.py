@@ -100,6 +100,7 @@ _COMMANDS = {
     "\\le": "≤", "\\ge": "≥", "\\infty": "∞", "\\circ": "∘", "\\to": "→", "\\approx": "≈",
     "\\exp": "exp", "\\max": "max", "\\|": "‖", "\\,": " ", "\\;": " ", "\\bigl": "", "\\bigr": "",
     "\\left": "", "\\right": "",
+    "\\theta": "θ", "\\pi": "π", "\\varphi": "φ", "\\cos": "cos", "\\sin": "sin", "\\dots": "…",
 }
 _OPERATORS = {"\\cdot", "\\times", "\\le", "\\ge", "\\to", "\\approx", "\\circ"}
 _WRAPPERS = ("\\operatorname", "\\mathrm", "\\text", "\\hat", "\\sqrt")

@@ -20,6 +20,7 @@ from .entries import (
     written_exactly,
 )
 from .outline import select, stages
+from .rope import rope_text
 
 if TYPE_CHECKING:
     from ..derivation import Derivation, Step
@@ -118,6 +119,7 @@ def render_text(
                 out.extend(_grid(step.rows, step.cols, lambda i, j: form_text(form(i, j)), max_shown))
             else:
                 out.append("  " + TOO_LONG)
+            out.extend(rope_text(d, step))
             if "softmax" in step.shows:
                 out.extend(_normalisers(step, digits, d.problem.substitutions, max_shown))
             if "jacobian" in step.shows:
