@@ -120,6 +120,10 @@ def as_dict(derivation: Derivation, *, check=None) -> dict:
                 "approx": [[_approx(v) for v in row] for row in values],
             }
         )
+        if "tiles" in step.shows:  # the online softmax's recurrence, row by row (rows 0-based)
+            from . import tiles
+
+            stages[-1]["recurrence"] = tiles.as_json(d, step)
     out = {"title": d.problem.title, "dims": d.dims, "stages": stages}
     if check is not None:
         out["crosscheck"] = check.as_dict()

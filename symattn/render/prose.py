@@ -99,7 +99,7 @@ _COMMANDS = {
     "\\top": "⊤", "\\sum": "Σ", "\\partial": "∂", "\\delta": "δ", "\\cdot": "·", "\\times": "×",
     "\\le": "≤", "\\ge": "≥", "\\infty": "∞", "\\circ": "∘", "\\to": "→", "\\approx": "≈",
     "\\exp": "exp", "\\max": "max", "\\|": "‖", "\\,": " ", "\\;": " ", "\\bigl": "", "\\bigr": "",
-    "\\left": "", "\\right": "",
+    "\\left": "", "\\right": "", "\\ell": "ℓ",
 }
 _OPERATORS = {"\\cdot", "\\times", "\\le", "\\ge", "\\to", "\\approx", "\\circ"}
 _WRAPPERS = ("\\operatorname", "\\mathrm", "\\text", "\\hat", "\\sqrt")
@@ -134,6 +134,8 @@ def _script(body: str, table: dict, mark: str, unicode: bool) -> str:
         raise _NoScript(body)
     if mark == "^" and body == "⊤":
         return "ᵀ"
+    if body.startswith("(") and body.endswith(")") and "(" not in body[1:-1]:
+        return mark + body  # already bracketed: m^(b−1), not m^((b−1))
     return mark + (body if len(body) == 1 or body.isalnum() else f"({body})")
 
 

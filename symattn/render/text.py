@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable
 
+import sympy
+
 from . import prose
 from ._blocks import JACOBIAN_ENTRY, check_sentence
 from ._grid import MAX_SHOWN, shown
@@ -17,6 +19,7 @@ from .entries import (
     jacobian_row,
     needs_decimals,
     normaliser_is_number,
+    quotient,
     written_exactly,
 )
 from .outline import select, stages
@@ -47,9 +50,19 @@ def form_text(form: EntryForm) -> str:
         if form.value is not None:
             terms.insert(0, value_text(form.value))
         return " + ".join(terms).replace("+ -", "- ")
+    if form.sums:
+        split = quotient(form.value)
+        if split is not None:
+            top, bottom = (_sum_text(x) if not x.is_Add else f"({_sum_text(x)})" for x in split)
+            return f"{top}/{bottom}"
+        return _sum_text(form.value)
     if not form.over:
         return value_text(form.value)
     return _over_text(form.over[0], form.wide)
+
+
+def _sum_text(x) -> str:
+    return exp_sum_text(x) if x.has(sympy.exp) else value_text(x)
 
 
 def _over_text(over: Over, wide: bool) -> str:
@@ -85,6 +98,26 @@ def _jacobian(step: Step, max_shown: int) -> list[str]:
             f"⟦J = \\operatorname{{diag}}(a) - a\\,a^{{\\top}}⟧, {JACOBIAN_ENTRY}; "
             f"⟦d\\hat{{S}}_{{{i + 1}}} = J\\,dA_{{{i + 1}}}⟧")
     return [prose.plain(head)] + _grid(step.cols, step.cols, lambda j, k: form_text(jacobian_form(row, i, j, k)), max_shown)
+
+
+def _tiles(d: Derivation, step: Step, max_shown: int) -> list[str]:
+    """The online softmax row by row: each worked row's recurrence table, output and difference from A·V."""
+    from . import tiles
+
+    out = ["", prose.plain("  Row by row, block by block (from ⟦m^{(0)} = -\\infty⟧, ⟦\\ell^{(0)} = 0⟧, "
+                           "⟦\\mathrm{acc}^{(0)} = 0⟧):")]
+    for i in tiles.shown_rows(d, step, max_shown):
+        if i is None:
+            out.append("    ⋮ (the rows in between are worked the same way)")
+            continue
+        w = tiles.worked_row(d, step, i)
+        out.append("  " + prose.plain(tiles.intro(d, step, w)))
+        cells = tiles.table_cells(w, max_shown, text=True)
+        out.extend(_grid([r[0] for r in cells], list(tiles.HEADINGS_TEXT[1:]), lambda r, k: cells[r][k + 1], max_shown))
+        out.append(f"    o_tiled[{i + 1}] = acc/ℓ = " + "(" + ", ".join(form_text(EntryForm(x, sums=True)) for x in w.tiled.output) + ")")
+        out.append(f"    o_tiled[{i + 1}] − (A·V)[{i + 1}] = (" + ", ".join(value_text(x) for x in w.difference)
+                   + ")   exactly (brought over one denominator and simplified)")
+    return out
 
 
 def render_text(
@@ -126,6 +159,8 @@ def render_text(
                 value = d.entry_values(step.id, max(digits + 5, DPS))
                 out.append("    ≈")
                 out.extend(_grid(step.rows, step.cols, lambda i, j: decimal(value(i, j), digits), max_shown))
+            if "tiles" in step.shows:
+                out.extend(_tiles(d, step, max_shown))
             out.append("")
     if check is not None:
         out.append(prose.plain(check_sentence(check)))
