@@ -121,9 +121,11 @@ def as_dict(derivation: Derivation, *, check=None) -> dict:
             }
         )
         if "tiles" in step.shows:  # the online softmax's recurrence, row by row (rows 0-based)
+            from .._exact import to_mpf
             from . import tiles
 
-            stages[-1]["recurrence"] = tiles.as_json(d, step)
+            stages[-1]["recurrence"] = tiles.as_json(
+                d, step, _exact, lambda x: _approx(to_mpf(x, 30)) if d.can_evaluate else None)
     out = {"title": d.problem.title, "dims": d.dims, "stages": stages}
     if check is not None:
         out["crosscheck"] = check.as_dict()

@@ -156,29 +156,18 @@ DIFFERENCE_SENTENCE = (
 )
 
 
-def as_json(d: Derivation, step: Step) -> list[dict]:
-    """Every worked row's recurrence for JSON: exact strings (SymPy's form) and decimals, 0-based."""
-    from .json import _approx, _exact
-
-    import mpmath
-
-    from .._exact import to_mpf
-
-    def num(x):
-        return _approx(to_mpf(x, 30)) if d.can_evaluate else None
-
+def as_json(d: Derivation, step: Step, exact, approx) -> list[dict]:
+    """Every worked row's recurrence for JSON, 0-based: ``exact(x)`` writes an exact value (SymPy's
+    form), ``approx(x)`` its decimal (None when the problem cannot be evaluated)."""
     out = []
     for i in worked_rows(d, step):
         w = worked_row(d, step, i)
-        blocks = []
-        for b, t in enumerate(w.tiled.steps):
-            blocks.append({
-                "block": b, "keys": list(t.keys),
-                "m": _exact(t.m), "rescale": None if t.factor is None else _exact(t.factor),
-                "l": _exact(t.l), "acc": [_exact(a) for a in t.acc],
-                "approx": {"m": num(t.m), "l": num(t.l), "acc": [num(a) for a in t.acc]},
-            })
-        with mpmath.workdps(40):
-            out.append({"row": i, "blocks": blocks, "output": [_exact(x) for x in w.tiled.output],
-                        "difference": [_exact(x) for x in w.difference]})
+        blocks = [{
+            "block": b, "keys": list(t.keys),
+            "m": exact(t.m), "rescale": None if t.factor is None else exact(t.factor),
+            "l": exact(t.l), "acc": [exact(a) for a in t.acc],
+            "approx": {"m": approx(t.m), "l": approx(t.l), "acc": [approx(a) for a in t.acc]},
+        } for b, t in enumerate(w.tiled.steps)]
+        out.append({"row": i, "blocks": blocks, "output": [exact(x) for x in w.tiled.output],
+                    "difference": [exact(x) for x in w.difference]})
     return out
