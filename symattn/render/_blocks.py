@@ -322,11 +322,15 @@ def tile_blocks(d: Derivation, step: Step, max_shown: int = MAX_SHOWN) -> list[B
             out.append(Block("para", "⋮ (the rows in between are worked the same way)"))
             continue
         w = tiles.worked_row(d, step, i)
-        out.append(Block("para", tiles.intro(d, step, w)))
+        out.append(Block("para", tiles.intro(d, step, w, max_shown)))
         out.append(Block("math", tiles.table_tex(w, max_shown), source=Tiles(step, i)))
         out.append(Block("math", tiles.output_tex(step, w, max_shown)))
         out.append(Block("para", tiles.DIFFERENCE_SENTENCE.format(i=i + 1)))
         out.append(Block("math", tiles.difference_tex(w, max_shown)))
+    if tiles.every_row_exact(d, step):
+        out.append(Block("para", "Every row, worked here or not, comes out the same: the one pass over the keys "
+                                 "gives the output of the whole softmax exactly."))
+        out.append(Block("math", f"{_short_name(step)} - O = 0"))
     return out
 
 

@@ -99,7 +99,7 @@ _COMMANDS = {
     "\\top": "⊤", "\\sum": "Σ", "\\partial": "∂", "\\delta": "δ", "\\cdot": "·", "\\times": "×",
     "\\le": "≤", "\\ge": "≥", "\\infty": "∞", "\\circ": "∘", "\\to": "→", "\\approx": "≈",
     "\\exp": "exp", "\\max": "max", "\\|": "‖", "\\,": " ", "\\;": " ", "\\bigl": "", "\\bigr": "",
-    "\\left": "", "\\right": "", "\\ell": "ℓ",
+    "\\left": "", "\\right": "", "\\ell": "ℓ", "\\ldots": "…",
 }
 _OPERATORS = {"\\cdot", "\\times", "\\le", "\\ge", "\\to", "\\approx", "\\circ"}
 _WRAPPERS = ("\\operatorname", "\\mathrm", "\\text", "\\hat", "\\sqrt")

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Callable
 
 import sympy
 
+from .. import stages as registry
 from . import prose
 from ._blocks import JACOBIAN_ENTRY, check_sentence
 from ._grid import MAX_SHOWN, shown
@@ -111,12 +112,17 @@ def _tiles(d: Derivation, step: Step, max_shown: int) -> list[str]:
             out.append("    ⋮ (the rows in between are worked the same way)")
             continue
         w = tiles.worked_row(d, step, i)
-        out.append("  " + prose.plain(tiles.intro(d, step, w)))
-        cells = tiles.table_cells(w, max_shown, text=True)
-        out.extend(_grid([r[0] for r in cells], list(tiles.HEADINGS_TEXT[1:]), lambda r, k: cells[r][k + 1], max_shown))
+        out.append("  " + prose.plain(tiles.intro(d, step, w, max_shown)))
+        cells = tiles.elided(tiles.table_cells(w, max_shown, text=True), max_shown, "⋮")
+        # the rows (blocks) elided as a matrix's are; the five columns always shown
+        out.extend(_grid([r[0] for r in cells], list(tiles.HEADINGS_TEXT[1:]), lambda r, k: cells[r][k + 1],
+                         max(len(cells), 5)))
         out.append(f"    o_tiled[{i + 1}] = acc/ℓ = " + "(" + ", ".join(form_text(EntryForm(x, sums=True)) for x in w.tiled.output) + ")")
         out.append(f"    o_tiled[{i + 1}] − (A·V)[{i + 1}] = (" + ", ".join(value_text(x) for x in w.difference)
                    + ")   exactly (brought over one denominator and simplified)")
+    if tiles.every_row_exact(d, step):
+        o = registry.resolve(registry.O, registry.Context(d.problem, step.head))[0]
+        out.append(f"  Every row, worked here or not, comes out the same: {step.id} − {o} = 0 exactly.")
     return out
 
 

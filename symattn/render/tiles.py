@@ -64,8 +64,15 @@ def worked_row(d: Derivation, step: Step, i: int) -> WorkedRow:
     return cache[key]
 
 
+def every_row_exact(d: Derivation, step: Step) -> bool:
+    """Whether every row's tiled output equals its row of A·V exactly (each difference simplifies to 0)."""
+    return all(x == 0 for i in range(step.shape[0]) for x in worked_row(d, step, i).difference)
+
+
 def keys_text(keys: range) -> str:
-    """The block's keys counted from 1: ``1, 2``."""
+    """The block's keys counted from 1: ``1, 2``, or ``1 to 4`` for more than two."""
+    if len(keys) > 2:
+        return f"{keys[0] + 1} to {keys[-1] + 1}"
     return ", ".join(str(j + 1) for j in keys)
 
 
@@ -108,23 +115,24 @@ def table_cells(w: WorkedRow, max_shown: int, text: bool = False) -> list[list[s
 def table_tex(w: WorkedRow, max_shown: int) -> str:
     """The recurrence table as a LaTeX ``array``."""
     rows = table_cells(w, max_shown)
-    lines = [" & ".join(HEADINGS_TEX)] + [" & ".join(r) for r in _elided(rows, max_shown, "\\vdots")]
+    lines = [" & ".join(HEADINGS_TEX)] + [" & ".join(r) for r in elided(rows, max_shown, "\\vdots")]
     return ("\\begin{array}{c|c|c|c|c|c} " + lines[0] + " \\\\ \\hline "
             + " \\\\ ".join(lines[1:]) + " \\end{array}")
 
 
-def _elided(rows: list[list[str]], max_shown: int, dots: str) -> list[list[str]]:
+def elided(rows: list[list[str]], max_shown: int, dots: str) -> list[list[str]]:
     return [[dots] * 6 if k is None else rows[k] for k in shown(len(rows), max_shown)]
 
 
-def intro(d: Derivation, step: Step, w: WorkedRow) -> str:
+def intro(d: Derivation, step: Step, w: WorkedRow, max_shown: int) -> str:
     """The sentence before a row's table (math marked ⟦…⟧; the token passed through prose.literal)."""
     from . import prose
 
     i = w.row
     token = prose.literal(step.rows[i])
-    scores = ", ".join(tex(s) for s in w.scores)
-    blocks = "; ".join(f"keys {keys_text(t.keys)}" for t in w.tiled.steps)
+    scores = ", ".join("\\ldots" if k is None else tex(w.scores[k]) for k in shown(len(w.scores), max_shown))
+    blocks = "; ".join("…" if k is None else f"keys {keys_text(w.tiled.steps[k].keys)}"
+                       for k in shown(len(w.tiled.steps), max_shown))
     rescaled = [str(b) for b, t in enumerate(w.tiled.steps, 1) if t.rescaled]
     why = (f" The maximum grows in block{'s' if len(rescaled) > 1 else ''} {', '.join(rescaled)}, so the sum and the "
            "accumulator so far are multiplied by the factor there." if rescaled else
