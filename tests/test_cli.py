@@ -50,13 +50,14 @@ def contract_ids(example: Path) -> list[str]:
 
 
 def _forward_ids(raw: dict) -> list[str]:
+    tiled = ["m_tiled", "l_tiled", "acc_tiled", "O_tiled"] if "tiling" in raw else []  # after each head's O
     if "Q" in raw:
-        return GIVEN_IDS
+        return GIVEN_IDS + tiled
     ids = ["X"] + (["context"] if "context" in raw else [])
     if "heads" not in raw:
-        return ids + HEAD_IDS
+        return ids + HEAD_IDS + tiled
     for h in range(1, len(raw["heads"]) + 1):
-        ids += [f"head{h}.{i}" for i in HEAD_IDS]
+        ids += [f"head{h}.{i}" for i in HEAD_IDS + tiled]
     return ids + ["concat", "W_O", "O"]
 
 

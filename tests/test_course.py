@@ -179,15 +179,21 @@ def expected_headings(problem: dict) -> list[str]:
 
 
 def _forward_headings(problem: dict) -> list[str]:
+    stage_titles = STAGE_TITLES + ((TILED_TITLE,) if "tiling" in problem else ())
     if "Q" in problem:  # queries, keys and values given: no projection stage
-        titles = [GIVEN_INPUT_TITLE, *STAGE_TITLES[2:]]
+        titles = [GIVEN_INPUT_TITLE, *stage_titles[2:]]
         return [f"Step {n}: {t}" for n, t in enumerate(titles, 1)]
     if "heads" not in problem:
-        return [f"Step {n}: {t}" for n, t in enumerate(STAGE_TITLES, 1)]
+        return [f"Step {n}: {t}" for n, t in enumerate(stage_titles, 1)]
     out = ["Step 1: The input"]
     for h in range(1, len(problem["heads"]) + 1):
-        out += [f"Head {h} · Step {n}: {t}" for n, t in enumerate(STAGE_TITLES[1:], 2)]
-    return out + ["Step 9: Concatenate the heads", "Step 10: Output projection"]
+        out += [f"Head {h} · Step {n}: {t}" for n, t in enumerate(stage_titles[1:], 2)]
+    n = len(stage_titles) + 1
+    return out + [f"Step {n}: Concatenate the heads", f"Step {n + 1}: Output projection"]
+
+
+# with a tiling: section, after the weighted sum
+TILED_TITLE = "The same output in one pass: FlashAttention's online softmax"
 
 
 def shown_labels(labels: list[str], max_shown: int = 8) -> list[str]:

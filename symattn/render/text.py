@@ -117,9 +117,10 @@ def _tiles(d: Derivation, step: Step, max_shown: int) -> list[str]:
         # the rows (blocks) elided as a matrix's are; the five columns always shown
         out.extend(_grid([r[0] for r in cells], list(tiles.HEADINGS_TEXT[1:]), lambda r, k: cells[r][k + 1],
                          max(len(cells), 5)))
-        out.append(f"    o_tiled[{i + 1}] = acc/ℓ = " + "(" + ", ".join(form_text(EntryForm(x, sums=True)) for x in w.tiled.output) + ")")
-        out.append(f"    o_tiled[{i + 1}] − (A·V)[{i + 1}] = (" + ", ".join(value_text(x) for x in w.difference)
-                   + ")   exactly (brought over one denominator and simplified)")
+        output = tiles.vector_text(w.tiled.output, max_shown, lambda x: form_text(EntryForm(x, sums=True)))
+        out.append(f"    o_tiled[{i + 1}] = acc/ℓ = {output}")
+        out.append(f"    o_tiled[{i + 1}] − (A·V)[{i + 1}] = {tiles.vector_text(w.difference, max_shown, value_text)}"
+                   "   exactly (brought over one denominator and simplified)")
     if tiles.every_row_exact(d, step):
         o = registry.resolve(registry.O, registry.Context(d.problem, step.head))[0]
         out.append(f"  Every row, worked here or not, comes out the same: {step.id} − {o} = 0 exactly.")

@@ -16,7 +16,7 @@ import sympy
 from .. import _tiled
 from .. import stages as registry
 from ._grid import shown
-from ._print import NEG_INF, exp_sum_tex, exp_sum_text, tex, text_entry
+from ._print import MAX_CELL_TERMS, MAX_TERMS, NEG_INF, exp_sum_tex, exp_sum_text, tex, text_entry
 
 if TYPE_CHECKING:
     from ..derivation import Derivation, Step
@@ -76,22 +76,25 @@ def keys_text(keys: range) -> str:
     return ", ".join(str(j + 1) for j in keys)
 
 
-def sum_tex(x: sympy.Expr) -> str:
+def sum_tex(x: sympy.Expr, max_terms: int = MAX_TERMS) -> str:
     """A sum of c·e^x terms, the largest exponent first (any other value as it is)."""
-    return exp_sum_tex(x) if x.has(sympy.exp) else tex(x)
+    return exp_sum_tex(x, max_terms) if x.has(sympy.exp) else tex(x)
 
 
-def sum_text(x: sympy.Expr) -> str:
-    return exp_sum_text(x) if x.has(sympy.exp) else text_entry(x)
+def sum_text(x: sympy.Expr, max_terms: int = MAX_TERMS) -> str:
+    return exp_sum_text(x, max_terms) if x.has(sympy.exp) else text_entry(x)
 
 
-def _vector_tex(xs, max_shown: int) -> str:
-    parts = ["\\cdots" if k is None else sum_tex(xs[k]) for k in shown(len(xs), max_shown)]
+def _vector_tex(xs, max_shown: int, show=None) -> str:
+    show = show or (lambda x: sum_tex(x, MAX_CELL_TERMS))
+    parts = ["\\cdots" if k is None else show(xs[k]) for k in shown(len(xs), max_shown)]
     return "\\left(" + ",\\ ".join(parts) + "\\right)"
 
 
-def _vector_text(xs, max_shown: int) -> str:
-    return "(" + ", ".join("…" if k is None else sum_text(xs[k]) for k in shown(len(xs), max_shown)) + ")"
+def vector_text(xs, max_shown: int, show=None) -> str:
+    """A row of values as ``(x, y, …, z)``, elided above ``max_shown``."""
+    show = show or (lambda x: sum_text(x, MAX_CELL_TERMS))
+    return "(" + ", ".join("…" if k is None else show(xs[k]) for k in shown(len(xs), max_shown)) + ")"
 
 
 HEADINGS_TEX = ("b", "\\text{keys}", "m^{(b)}", "e^{m^{(b-1)} - m^{(b)}}", "\\ell^{(b)}", "\\mathrm{acc}^{(b)}")
@@ -102,7 +105,7 @@ def table_cells(w: WorkedRow, max_shown: int, text: bool = False) -> list[list[s
     """The recurrence table's rows (block 0, the start, first), each a list of six cells in LaTeX
     (``text``: plain text)."""
     show = sum_text if text else sum_tex
-    vector = _vector_text if text else _vector_tex
+    vector = vector_text if text else _vector_tex
     d_v = len(w.tiled.steps[0].acc)
     zero = sympy.Integer(0)
     out = [["0", "", show(NEG_INF), "", "0", vector((zero,) * d_v, max_shown)]]
@@ -147,14 +150,13 @@ def output_tex(step: Step, w: WorkedRow, max_shown: int) -> str:
     out = w.tiled.output
     from ._tex import sums_tex
 
-    parts = ["\\cdots" if k is None else sums_tex(out[k]) for k in shown(len(out), max_shown)]
     return (f"o^{{\\text{{tiled}}}}_{{{i}}} = \\frac{{\\mathrm{{acc}}^{{({n})}}}}{{\\ell^{{({n})}}}} = "
-            "\\left(" + ",\\ ".join(parts) + "\\right)")
+            + _vector_tex(out, max_shown, sums_tex))
 
 
 def difference_tex(w: WorkedRow, max_shown: int) -> str:
     i = w.row + 1
-    return (f"o^{{\\text{{tiled}}}}_{{{i}}} - (A\\,V)_{{{i}}} = {_vector_tex(w.difference, max_shown)}"
+    return (f"o^{{\\text{{tiled}}}}_{{{i}}} - (A\\,V)_{{{i}}} = {_vector_tex(w.difference, max_shown, tex)}"
             f"\\quad\\text{{(exactly)}}")
 
 
