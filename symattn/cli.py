@@ -216,7 +216,8 @@ def _derive_text(problem: Path | None, kind: str, standalone: bool, digits: int 
 _ANSWERS_HELP = """Mark hand calculations in ANSWERS files against PROBLEM, stage by stage.
 
 An answers file maps stage ids to matrices, for any subset of the stages
-(Q, K, V, K_T, S, S_scaled, M, S_masked, A, O; head1.A ... with heads):
+(Q, K, V, K_T, S, S_scaled, M, S_masked, A, O; head1.A ... with heads;
+m_tiled, l_tiled, acc_tiled, O_tiled with tiling: or --tiled B):
 
 \b
     S: [[2, 12], [12, 8]]
@@ -233,7 +234,8 @@ Each stage is also checked against the same stage computed from your own
 earlier answers, allowing the rounding carried in from them (follow-through
 marking: one early slip is marked once). A wrong stage is tested against the
 common mistakes (no scaling, scaling by d_k, mask missing or applied after the
-softmax, softmax over columns, Q·K or K·Qᵀ, a transposed product, ...); one is
+softmax, softmax over columns, Q·K or K·Qᵀ, a transposed product, a forgotten
+rescale in the online softmax, ...); one is
 named only when it reproduces your answer and changes the result. Entries are
 named as the worked solution names them, counting from 1: S[2,1] is row 2,
 column 1.

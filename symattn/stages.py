@@ -1012,6 +1012,7 @@ def input_ids(kind: Kind, c: Context) -> list[str]:
 # apply to every head).
 NAMES: tuple[str, ...] = tuple(dict.fromkeys(k.name for k in sorted(KINDS, key=lambda k: k.order)))
 GRADIENT_NAMES = frozenset(k.name for k in KINDS if k.gradient)
+TILED_NAMES = frozenset((M_TILED, L_TILED, ACC_TILED, O_TILED))  # the online softmax's, with tiling: only
 
 
 def order_of(name: str, problem=None) -> int:
@@ -1037,5 +1038,5 @@ __all__ = [
     "DS_MASKED", "DV", "DW_K", "DW_O", "DW_Q", "DW_V", "DX", "Dot", "GRADIENT_NAMES", "K", "KINDS", "K_T", "Kind",
     "L_TILED", "M", "M_TILED", "Mistake", "NAMES", "O", "O_FINAL", "O_TILED", "Planned", "Q", "S", "SECTIONS", "S_MASKED", "S_SCALED", "Section", "V",
     "W_K", "W_O", "W_Q", "W_V", "X", "did_you_mean", "input_ids", "order_of", "plan", "resolve", "section_of",
-    "sections", "split_id", "stage_id", "unknown_stage",
+    "sections", "split_id", "stage_id", "TILED_NAMES", "unknown_stage",
 ]

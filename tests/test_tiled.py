@@ -321,3 +321,28 @@ def test_tiling_with_symbols_is_refused(tmp_path, capsys):
     assert main(["derive", str(path)]) == 1
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 1 and f"{path}:5:1: tiling: the tiled softmax needs numbers" in err[0]
+
+
+def test_check_marks_the_tiled_stages_with_the_option(tmp_path, capsys):
+    problem = str(ROOT / "worked_examples" / "bert_unmasked.yaml")
+    d = symattn.derive(symattn.load_problem(problem))
+    Z, V = _f(d.step(stages.S_MASKED).exact), _f(d.step(stages.V).exact)
+    M, L, ACC = online_softmax(Z, V, 2)
+    answers = tmp_path / "a.yaml"
+    answers.write_text(yaml.safe_dump({stages.M_TILED: _rounded(M), stages.L_TILED: _rounded(L)}))
+    assert main(["check", problem, str(answers), "--tiled", "2", "-f", "json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert [s["status"] for s in data["stages"]] == ["right", "right"]
+    # without the option the problem has no tiled stage: one Error line naming the answer
+    assert main(["check", problem, str(answers)]) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and f"{answers}:1:1: l_tiled is a stage of the online (tiled) softmax" in err[0]
+    assert "mark with --tiled B" in err[0]
+
+
+def test_torch_check_runs_beside_the_tiled_stages(capsys):
+    pytest.importorskip("torch")
+    assert main(["derive", str(EXAMPLE), "--check", "torch", "-f", "json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["crosscheck"]["passed"] is True and data["crosscheck"]["torch"]["passed"] is True
+    assert data["crosscheck"]["per_stage"][stages.O_TILED] < 1e-12
