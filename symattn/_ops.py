@@ -22,7 +22,7 @@ import mpmath
 import sympy
 from sympy import QQ
 
-from . import _exact
+from . import _exact, _tiled
 from ._exact import LazyMatrix, Matrix, SoftmaxRow
 
 NINF = mpmath.ninf
@@ -367,6 +367,27 @@ class ExactOps:
     def is_rational(self, x) -> bool:
         return _exact.is_rational(matrix_of(x))
 
+    # -- the online (tiled) softmax (see symattn._tiled) --------------------------------------
+
+    def tiled_max(self, z, block: int) -> Matrix:
+        """The running maximum of each row after each block of keys."""
+        return Matrix(_tiled.exact_maxima(matrix_of(z), block))
+
+    def tiled_sums(self, z, m, block: int) -> Matrix:
+        """The running sum ℓ of each row after each block, rescaled at each new maximum (the exact
+        pass finds the running maxima ``m`` again, the same)."""
+        z = matrix_of(z)
+        return Matrix([r.sums for r in _tiled.exact_rows(z, Matrix.zeros(z.cols, 0), block)])
+
+    def tiled_acc(self, z, m, v, block: int) -> Matrix:
+        """Each row's accumulator Σ e^{s_j − m} v_j after the last block."""
+        return Matrix([list(r.steps[-1].acc) for r in _tiled.exact_rows(matrix_of(z), matrix_of(v), block)])
+
+    def tiled_output(self, acc, sums):
+        """``acc / ℓ``: each accumulator row over its row's last running sum."""
+        acc, sums = matrix_of(acc), matrix_of(sums)
+        return LazyMatrix(acc.rows, acc.cols, lambda i, c: acc[i, c] / sums[i, sums.cols - 1])
+
     def rational(self, p: int, q: int) -> sympy.Rational:
         return sympy.Rational(p, q)
 
@@ -476,6 +497,19 @@ class NumericOps:
                     new[a], new[b] = row[a] * c - row[b] * s, row[a] * s + row[b] * c
                 out.append(new)
             return out
+    def tiled_max(self, z, block: int, running: bool = True) -> Values:
+        return _tiled.numeric_maxima(self.grid(z), block, running)
+
+    def tiled_sums(self, z, m, block: int, rescale: bool = True) -> Values:
+        return _tiled.numeric_rows(self.grid(z), self.grid(m), None, block, self.dps, rescale)[0]
+
+    def tiled_acc(self, z, m, v, block: int, rescale: bool = True) -> Values:
+        return _tiled.numeric_rows(self.grid(z), self.grid(m), self.grid(v), block, self.dps, rescale)[1]
+
+    def tiled_output(self, acc, sums) -> Values:
+        acc, sums = self.grid(acc), self.grid(sums)
+        with mpmath.workdps(self.dps + 10):
+            return [[x / s[-1] for x in row] for row, s in zip(acc, sums)]
 
     # -- for the common mistakes -----------------------------------------------------------
 

@@ -228,6 +228,11 @@ def parse_answers(text: str, name: str, derivation: Derivation) -> dict[str, Ans
                 f"{stage} is a gradient of the backward pass, which this problem does not derive; "
                 "add a backward: section to the problem or mark with --backward"
             )
+        if stage not in ids and derivation.problem.tiling is None and stages.split_id(str(stage))[1] in stages.TILED_NAMES:
+            raise where.error(
+                f"{stage} is a stage of the online (tiled) softmax, which this problem does not derive; "
+                "add tiling: {block: B} to the problem or mark with --tiled B"
+            )
         if stage not in ids:
             raise where.error(f"{stage!r} is not a computed stage of this problem{stages.did_you_mean(stage, ids)}; "
                               f"the stages are {', '.join(ids)}")

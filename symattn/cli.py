@@ -95,9 +95,12 @@ def _stage_list(ctx, param, value: str | None) -> frozenset[str] | None:
               help="Also draw the attention weights as a labelled heat map (.png, .svg or .pdf; needs pip install 'symattn[plot]').")
 @click.option("--backward", is_flag=True,
               help="Also derive the gradients (dO back to dX): the file's backward: section, else the loss L = Σ O.")
+@click.option("--tiled", type=click.IntRange(min=1), metavar="B",
+              help="Also derive FlashAttention's online softmax over blocks of B keys (the file's tiling: rows are kept).")
 def derive(problem: Path | None, output: Path | None, fmt: str | None, standalone: bool, digits: int | None,
            check_with: str, no_check: bool, max_shown: int, first: str | None, last: str | None,
-           exercise: bool, ask: frozenset[str] | None, max_size: int, plot: Path | None, backward: bool) -> None:
+           exercise: bool, ask: frozenset[str] | None, max_size: int, plot: Path | None, backward: bool,
+           tiled: int | None) -> None:
     """Derive every stage of attention for PROBLEM exactly.
 
     PROBLEM is a YAML problem file; without it, symattn derives its built-in
@@ -136,7 +139,7 @@ def derive(problem: Path | None, output: Path | None, fmt: str | None, standalon
         phases += ["drawing the weights"] if plot is not None else []
         with Progress(phases) as progress:
             d, text = _derive_text(problem, kind, standalone, digits, None if no_check else check_with, layout,
-                                   max_size, progress, backward)
+                                   max_size, progress, backward, tiled)
             image = None
             if plot is not None:
                 from .plot import plot_weights
@@ -165,7 +168,7 @@ def _writing(kind: str) -> str:
 
 
 def _derive_text(problem: Path | None, kind: str, standalone: bool, digits: int | None, check: str | None, layout,
-                 max_size: int = 1_000_000, progress=None, backward: bool = False):
+                 max_size: int = 1_000_000, progress=None, backward: bool = False, tiled: int | None = None):
     from ._crosscheck import crosscheck as _cc
     from . import derive as _derive
     from . import load_problem
@@ -187,6 +190,8 @@ def _derive_text(problem: Path | None, kind: str, standalone: bool, digits: int 
         p = load_problem(problem, max_size=max_size)
     if backward:
         p = with_backward(p)
+    if tiled is not None:
+        p = with_tiling(p, tiled)
     advance("exact stages")
     d = _derive(p, on_step=progress.note if progress.enabled else None)
     result = None
@@ -211,7 +216,8 @@ def _derive_text(problem: Path | None, kind: str, standalone: bool, digits: int 
 _ANSWERS_HELP = """Mark hand calculations in ANSWERS files against PROBLEM, stage by stage.
 
 An answers file maps stage ids to matrices, for any subset of the stages
-(Q, K, V, K_T, S, S_scaled, M, S_masked, A, O; head1.A ... with heads):
+(Q, K, V, K_T, S, S_scaled, M, S_masked, A, O; head1.A ... with heads;
+m_tiled, l_tiled, acc_tiled, O_tiled with tiling: or --tiled B):
 
 \b
     S: [[2, 12], [12, 8]]
@@ -228,7 +234,8 @@ Each stage is also checked against the same stage computed from your own
 earlier answers, allowing the rounding carried in from them (follow-through
 marking: one early slip is marked once). A wrong stage is tested against the
 common mistakes (no scaling, scaling by d_k, mask missing or applied after the
-softmax, softmax over columns, Q·K or K·Qᵀ, a transposed product, ...); one is
+softmax, softmax over columns, Q·K or K·Qᵀ, a transposed product, a forgotten
+rescale in the online softmax, ...); one is
 named only when it reproduces your answer and changes the result. Entries are
 named as the worked solution names them, counting from 1: S[2,1] is row 2,
 column 1.
@@ -251,8 +258,10 @@ csv gives a spreadsheet, --format json everything.
                    "format's rounding; auto accepts a stage when every entry of it fits one format; exact never does.")
 @click.option("--backward", is_flag=True,
               help="Mark gradient stages too (dV, dA, ...): the file's backward: section, else the loss L = Σ O.")
+@click.option("--tiled", type=click.IntRange(min=1), metavar="B",
+              help="Mark the online softmax's stages too (m_tiled, l_tiled, acc_tiled, O_tiled) over blocks of B keys.")
 def check(problem: Path, answers: tuple[Path, ...], fmt: str, tolerance: float | None, precision: str,
-          backward: bool) -> None:
+          backward: bool, tiled: int | None) -> None:
     import json as _json
 
     from . import derive as _derive
@@ -263,6 +272,8 @@ def check(problem: Path, answers: tuple[Path, ...], fmt: str, tolerance: float |
 
     try:
         p = load_problem(problem)
+        if tiled is not None:
+            p = with_tiling(p, tiled)
         d = _derive(with_backward(p) if backward else p)
     except SymattnError as exc:
         raise click.ClickException(str(exc)) from None
@@ -510,6 +521,20 @@ def with_backward(p):
     from .problem import SUM_LOSS
 
     return p if p.backward is not None else dataclasses.replace(p, backward=SUM_LOSS)
+
+
+def with_tiling(p, block: int):
+    """``p`` with the online softmax over blocks of ``block`` keys (the file's ``tiling: rows`` kept)."""
+    import dataclasses
+
+    from ._errors import SymattnError
+    from .problem import Tiling
+
+    if p.symbols:
+        raise SymattnError("the tiled softmax needs numbers: the running maximum of scores with symbols cannot be "
+                           "decided; remove symbols or --tiled", file=p.source, field="--tiled")
+    rows = p.tiling.rows if p.tiling is not None else None
+    return dataclasses.replace(p, tiling=Tiling(block, rows))
 
 
 def _builtin(source: str):

@@ -49,6 +49,29 @@ def _rope(x: np.ndarray, rope) -> np.ndarray:
     out = np.empty_like(x)
     out[:, 0::2], out[:, 1::2] = a * cos - b * sin, a * sin + b * cos
     return out
+def _online_softmax(Z: np.ndarray, V: np.ndarray, block: int):
+    """FlashAttention's one pass over the keys in blocks, as its kernels run it: per query a running
+    maximum m, a running sum l and an accumulator acc (rescaled by exp(m_old − m_new) whenever the
+    maximum grows). Returns m and l after each block, and acc after the last."""
+    n_q, n_k = Z.shape
+    starts = range(0, n_k, block)
+    m_all = np.full((n_q, len(starts)), -np.inf)
+    l_all = np.zeros((n_q, len(starts)))
+    m = np.full(n_q, -np.inf)
+    l = np.zeros(n_q)
+    acc = np.zeros((n_q, V.shape[1]))
+    for b, start in enumerate(starts):
+        Zb, Vb = Z[:, start:start + block], V[start:start + block]
+        m_new = np.maximum(m, Zb.max(axis=1))
+        seen = np.isfinite(m_new)                                # rows with an allowed key so far
+        safe = np.where(seen, m_new, 0.0)
+        alpha = np.where(np.isfinite(m), np.exp(m - safe), 0.0)  # exp(-inf - m) = 0 at the start
+        P = np.where(seen[:, None], np.exp(Zb - safe[:, None]), 0.0)  # exp(-inf) = 0: masked keys
+        l = alpha * l + P.sum(axis=1)
+        acc = alpha[:, None] * acc + P @ Vb
+        m = m_new
+        m_all[:, b], l_all[:, b] = m, l
+    return m_all, l_all, acc
 
 
 def numeric_stages(p: Problem) -> dict[str, np.ndarray]:
@@ -83,6 +106,10 @@ def numeric_stages(p: Problem) -> dict[str, np.ndarray]:
         E = np.exp(Z - m)                                       # exp(-inf) = 0 for masked positions
         A = out[prefix(st.A)] = E / E.sum(axis=1, keepdims=True)
         O = out[prefix(st.O)] = A @ V                           # (n_q, n_k) @ (n_k, d_v)
+        if p.tiling is not None:
+            m, l, acc = _online_softmax(Z, V, p.tiling.block)
+            out[prefix(st.M_TILED)], out[prefix(st.L_TILED)], out[prefix(st.ACC_TILED)] = m, l, acc
+            out[prefix(st.O_TILED)] = acc / l[:, -1:]
         return O
 
     if not p.projected:

@@ -54,6 +54,7 @@ FIELDS = (
     "digits",
     "backward",
     "rope",
+    "tiling",
 )
 MASK_WORDS = ("none", "causal", "causal-bottom-right")
 
@@ -134,6 +135,15 @@ SUM_LOSS = Backward("sum")
 
 
 @dataclass(frozen=True)
+class Tiling:
+    """FlashAttention's online softmax: the keys in blocks of ``block``; ``rows`` are the query
+    rows worked block by block in the solution (0-based; None: every row)."""
+
+    block: int
+    rows: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True)
 class Problem:
     """A validated attention problem; every matrix entry is an exact SymPy number.
 
@@ -161,6 +171,7 @@ class Problem:
     values: tuple[tuple[sympy.Symbol, sympy.Expr], ...] = ()
     backward: Backward | None = None  # the upstream gradient; None: forward pass only
     rope: Rope | None = None  # rotary position embeddings of the queries and keys; None: none
+    tiling: Tiling | None = None  # the online (tiled) softmax; None: not derived
 
     @property
     def projected(self) -> bool:
@@ -439,6 +450,11 @@ class _Reader:
             d_ks = [h.d_k for h in heads] if heads else [matrices["Q"].cols]
             rope = read_rope(self, key("rope"), node("rope"), d_ks, n_q, n_k, multi="heads" in fields,
                              cross="context" in fields, backward="backward" in fields)
+        tiling = self.tiling(node("tiling"), n_q) if "tiling" in fields else None
+        if tiling is not None and self.symbols:
+            raise self.at(key("tiling")).error(
+                "the tiled softmax needs numbers: the running maximum of scores with symbols cannot be decided; "
+                "remove symbols or tiling", "tiling")
 
         return Problem(
             source=self.file,
@@ -455,6 +471,7 @@ class _Reader:
             values=tuple(values.items()),
             backward=backward,
             rope=rope,
+            tiling=tiling,
             **matrices,
         )
 
@@ -488,6 +505,50 @@ class _Reader:
             f"loss must be sum, {{weights: [[...]]}} or {{target: [[...]]}}, not {_yaml.kind(value)}{hint}",
             "backward.loss",
         )
+
+    def tiling(self, node: yaml.Node, n_q: int) -> Tiling:
+        """The ``tiling:`` section: ``{block: B}``, optionally ``rows: [...]`` (1-based query rows)."""
+        usage = "tiling: needs block: B (the keys per block, a whole number ≥ 1), optionally rows: [1, 3]"
+        if not isinstance(node, yaml.MappingNode):
+            raise self.at(node).error(f"{usage}, not {_yaml.kind(node)}", "tiling")
+        entries: dict[str, tuple[yaml.Node, yaml.Node]] = {}
+        for key, value in node.value:
+            name = key.value if isinstance(key, yaml.ScalarNode) else None
+            if name not in ("block", "rows"):
+                hint = _did_you_mean(str(name), ("block", "rows"))
+                raise self.at(key).error(f"unknown entry {_yaml.kind(key)} in tiling{hint}; {usage}", "tiling")
+            if name in entries:
+                raise self.at(key).error(f"{name} is given twice", "tiling")
+            entries[name] = (key, value)
+        if "block" not in entries:
+            raise self.at(node).error(usage, "tiling")
+        block = self.whole(entries["block"][1], "tiling.block", "the block size")
+        rows = None
+        if "rows" in entries:
+            rows_node = entries["rows"][1]
+            if not isinstance(rows_node, yaml.SequenceNode) or not rows_node.value:
+                raise self.at(rows_node).error(
+                    f"rows is a list of query rows counted from 1, such as [1, 3], not {_yaml.kind(rows_node)}",
+                    "tiling.rows")
+            picked: list[int] = []
+            for i, item in enumerate(rows_node.value):
+                field = _item("tiling.rows", i)
+                row = self.whole(item, field, "a query row")
+                if row > n_q:
+                    raise self.at(item).error(
+                        f"row {row} is out of range: the problem has {n_q} {'query' if n_q == 1 else 'queries'} "
+                        f"(rows 1 to {n_q})", field)
+                if row - 1 in picked:
+                    raise self.at(item).error(f"row {row} is given twice", field)
+                picked.append(row - 1)
+            rows = tuple(picked)
+        return Tiling(block, rows)
+
+    def whole(self, node: yaml.Node, field: str, what: str) -> int:
+        """A whole number ≥ 1 written plainly (``2``, not ``2.0`` or ``"2"``)."""
+        if isinstance(node, yaml.ScalarNode) and not node.style and _WHOLE.fullmatch(node.value) and int(node.value) >= 1:
+            return int(node.value)
+        raise self.at(node).error(f"{what} must be a whole number ≥ 1, not {_yaml.kind(node)}", field)
 
     def sized(self, m: Matrix, node: yaml.Node, field: str, n_q: int, d_out: int) -> Matrix:
         """``m``, checked to have the output's shape."""

@@ -39,6 +39,8 @@ DO, DW_O, DCONCAT, DO_HEAD = "dO", "dW_O", "dconcat", "dO_head"
 DV, DA, DS_MASKED, DS, DQ, DK = "dV", "dA", "dS_masked", "dS", "dQ", "dK"
 DW_Q, DW_K, DW_V, DX, DCONTEXT = "dW_Q", "dW_K", "dW_V", "dX", "dcontext"
 Q_ROT, K_ROT = "Q_rot", "K_rot"  # the queries and keys rotated by RoPE
+# FlashAttention's online softmax (``tiling:`` / ``--tiled B``)
+M_TILED, L_TILED, ACC_TILED, O_TILED = "m_tiled", "l_tiled", "acc_tiled", "O_tiled"
 
 _HEAD_PREFIX = "head"
 
@@ -338,6 +340,29 @@ _WHY = {
     "dX_cross": "⟦X⟧ only made the queries here (cross-attention), so its gradient comes through ⟦dQ⟧ alone.",
     "dX_heads": " With several heads, every head's paths add up.",
     DCONTEXT: "The context made the keys and the values, so its gradient is the sum of those two paths.",
+    M_TILED: (
+        "FlashAttention never holds a whole row of scores: it reads the keys in blocks and keeps, per query, "
+        "only a running maximum ⟦m⟧, a running sum ⟦\\ell⟧ and an accumulator ⟦\\mathrm{{acc}}⟧, starting from "
+        "⟦m^{{(0)}} = -\\infty⟧, ⟦\\ell^{{(0)}} = 0⟧, ⟦\\mathrm{{acc}}^{{(0)}} = 0⟧. Here the blocks hold ⟦B = {B}⟧ keys. "
+        "Column ⟦b⟧ is the largest score seen after block ⟦b⟧; a masked key (⟦-\\infty⟧) never raises it."
+    ),
+    L_TILED: (
+        "Each block's terms ⟦e^{{s_j - m^{{(b)}}}}⟧ are taken relative to the newest maximum, but the sum so far was "
+        "taken relative to the older one ⟦m^{{(b-1)}}⟧. Multiplying it by ⟦e^{{m^{{(b-1)}} - m^{{(b)}}}}⟧ re-bases it "
+        "(⟦e^{{s_j - m^{{(b-1)}}}} e^{{m^{{(b-1)}} - m^{{(b)}}}} = e^{{s_j - m^{{(b)}}}}⟧), so no earlier key needs to be read "
+        "again: one pass over the keys is enough, and the ⟦n \\times n⟧ weights are never stored. A masked key adds "
+        "exactly ⟦0⟧; before any key is allowed the factor is ⟦0⟧ (⟦e^{{x}} \\to 0⟧ as ⟦x \\to -\\infty⟧). After the last block ⟦\\ell⟧ "
+        "is the softmax normaliser ⟦Z_i⟧."
+    ),
+    ACC_TILED: (
+        "The accumulator collects ⟦e^{{s_j - m}} v_j⟧ and is re-based by the same factor "
+        "⟦e^{{m^{{(b-1)}} - m^{{(b)}}}}⟧ whenever the maximum grows, so after the last block it is the softmax's "
+        "numerator ⟦\\sum_j e^{{s_j - m_i}} v_j⟧ of each output row."
+    ),
+    O_TILED: (
+        "Dividing once at the end gives the output rows: ⟦o_i = \\mathrm{{acc}}_i / \\ell_i⟧. It equals row ⟦i⟧ of "
+        "⟦A\\,V⟧ exactly, not just to rounding: the difference simplifies to ⟦0⟧."
+    ),
 }
 
 
@@ -674,6 +699,21 @@ _ROPE_SCORE_MISTAKES = (
     Mistake("the rotation was left out: Q·Kᵀ of the unrotated queries and keys",
             lambda ops, ex, c: None if c.rope is None else ops.matmul(ex(Q), ops.T(ex(K)))),
 )
+# -- the tiled softmax ------------------------------------------------------------------------
+
+_NO_RESCALE = ("forgotten rescale: the running sum and accumulator were updated without the factor "
+               "e^(m_old − m_new) when the maximum grew")
+_BLOCK_MAX = "each block's own maximum instead of the running maximum over every block so far"
+
+
+def _tiled(c: Context) -> bool:
+    return getattr(c.p, "tiling", None) is not None
+
+
+def _output_without_rescale(ops, ex, c: Context):
+    block = c.p.tiling.block
+    return ops.tiled_output(ops.tiled_acc(ex(S_MASKED), ex(M_TILED), ex(V), block, rescale=False),
+                            ops.tiled_sums(ex(S_MASKED), ex(M_TILED), block, rescale=False))
 
 
 # -- the table --------------------------------------------------------------------------------
@@ -814,6 +854,41 @@ KINDS: tuple[Kind, ...] = (
              _transposed(O),
              *_ROPE_O_MISTAKES,
          )),
+    # FlashAttention's online softmax: the same weighted sum in one pass over blocks of keys
+    Kind(M_TILED, M_TILED, 15.2, "tiled", "Running maximum, block by block",
+         lambda c: _WHY[M_TILED].format(B=c.p.tiling.block),
+         ("m^{(b)} = \\max\\bigl(m^{(b-1)},\\ \\max_{j \\in b} \\hat{S}_{ij}\\bigr)",
+          "m(b) = max(m(b−1), max_{j in block b} Ŝ[i,j]),  m(0) = −∞"),
+         (QUERIES, "b"), lambda sh, r, c: _plain(r, "n_q × blocks"),
+         inputs=(S_MASKED,), relation=lambda ops, v, c: ops.tiled_max(v(S_MASKED), c.p.tiling.block),
+         when=_tiled, per_head=True, tex="m",
+         mistakes=(Mistake(_BLOCK_MAX, lambda ops, ex, c: ops.tiled_max(ex(S_MASKED), c.p.tiling.block, running=False)),)),
+    Kind(L_TILED, L_TILED, 15.4, "tiled", "Running sum, rescaled at each new maximum", _WHY[L_TILED].format(),
+         ("\\ell^{(b)} = e^{m^{(b-1)} - m^{(b)}}\\,\\ell^{(b-1)} + \\sum_{j \\in b} e^{\\hat{S}_{ij} - m^{(b)}}",
+          "ℓ(b) = exp(m(b−1) − m(b))·ℓ(b−1) + Σ_{j in block b} exp(Ŝ[i,j] − m(b)),  ℓ(0) = 0"),
+         (QUERIES, "b"), lambda sh, r, c: _plain(r, "n_q × blocks") + "; the last column is Z_i",
+         inputs=(S_MASKED, M_TILED),
+         relation=lambda ops, v, c: ops.tiled_sums(v(S_MASKED), v(M_TILED), c.p.tiling.block),
+         when=_tiled, per_head=True, tex="\\ell", shows=frozenset({"exp_sums"}),
+         mistakes=(Mistake(_NO_RESCALE, lambda ops, ex, c: ops.tiled_sums(ex(S_MASKED), ex(M_TILED), c.p.tiling.block,
+                                                                      rescale=False)),)),
+    Kind(ACC_TILED, ACC_TILED, 15.6, "tiled", "Accumulator after the last block", _WHY[ACC_TILED].format(),
+         ("\\mathrm{acc}^{(b)} = e^{m^{(b-1)} - m^{(b)}}\\,\\mathrm{acc}^{(b-1)} + \\sum_{j \\in b} e^{\\hat{S}_{ij} - m^{(b)}}\\, v_j",
+          "acc(b) = exp(m(b−1) − m(b))·acc(b−1) + Σ_{j in block b} exp(Ŝ[i,j] − m(b))·v_j,  acc(0) = 0"),
+         (QUERIES, "v"), lambda sh, r, c: _plain(r, "n_q × d_v") + "; the accumulator after the last block",
+         inputs=(S_MASKED, M_TILED, V),
+         relation=lambda ops, v, c: ops.tiled_acc(v(S_MASKED), v(M_TILED), v(V), c.p.tiling.block),
+         when=_tiled, per_head=True, tex="\\mathrm{acc}", shows=frozenset({"exp_sums"}),
+         mistakes=(Mistake(_NO_RESCALE, lambda ops, ex, c: ops.tiled_acc(ex(S_MASKED), ex(M_TILED), ex(V), c.p.tiling.block,
+                                                                      rescale=False)),)),
+    Kind(O_TILED, O_TILED, 15.8, "tiled", "Output of the tiled pass", _WHY[O_TILED].format(),
+         ("O^{\\text{tiled}}_i = \\mathrm{acc}_i^{(N)} / \\ell_i^{(N)}", "O_tiled[i] = acc(N)[i] / ℓ(N)[i]"),
+         (QUERIES, "v"), lambda sh, r, c: _plain(r, "n_q × d_v") + "; equal to O",
+         inputs=(ACC_TILED, L_TILED), relation=lambda ops, v, c: ops.tiled_output(v(ACC_TILED), v(L_TILED)),
+         when=_tiled, per_head=True, tex="O^{\\text{tiled}}", shows=frozenset({"tiles", "exp_sums"}),
+         mistakes=(Mistake(_NO_RESCALE, _output_without_rescale),
+                   Mistake("the accumulator was not divided by the running sum ℓ at the end",
+                           lambda ops, ex, c: ex(ACC_TILED)))),
     # several heads: concatenate, then project
     Kind(CONCAT, CONCAT, 16, "concat", "Concatenate the heads", _WHY[CONCAT],
          lambda c: ("\\operatorname{concat} = \\begin{bmatrix} "
@@ -939,6 +1014,10 @@ TRACES: dict[str, tuple[tuple[str, str], ...]] = {
     S_MASKED: ((S_SCALED, "entry"), (M, "entry")),
     A: ((S_MASKED, "row"),),
     O: ((A, "row"), (V, "col")),
+    M_TILED: ((S_MASKED, "row"),),
+    L_TILED: ((S_MASKED, "row"), (M_TILED, "row")),
+    ACC_TILED: ((S_MASKED, "row"), (M_TILED, "row"), (V, "col")),
+    O_TILED: ((ACC_TILED, "entry"), (L_TILED, "row")),
     O_FINAL: ((CONCAT, "row"), (W_O, "col")),
     DV: ((A, "col_i"), (DO, "col")),
     DA: ((DO, "row"), (V, "row_j")),
@@ -971,6 +1050,8 @@ SECTIONS: tuple[Section, ...] = (
     Section("mask", "Apply the mask", per_head=True),
     Section("softmax", "Softmax on each row", per_head=True),
     Section("output", "Weighted sum of the values", per_head=True),
+    Section("tiled", "The same output in one pass: FlashAttention's online softmax", per_head=True,
+            applies=lambda c: _tiled(c)),
     Section("concat", "Concatenate the heads", applies=lambda c: c.multi),
     Section("projection", "Output projection", applies=lambda c: c.multi),
     Section("b_upstream", "Backward: the upstream gradient", backward=True),
@@ -1074,6 +1155,7 @@ def input_ids(kind: Kind, c: Context) -> list[str]:
 # apply to every head).
 NAMES: tuple[str, ...] = tuple(dict.fromkeys(k.name for k in sorted(KINDS, key=lambda k: k.order)))
 GRADIENT_NAMES = frozenset(k.name for k in KINDS if k.gradient)
+TILED_NAMES = frozenset((M_TILED, L_TILED, ACC_TILED, O_TILED))  # the online softmax's, with tiling: only
 
 
 def order_of(name: str, problem=None) -> int:
@@ -1095,9 +1177,9 @@ def unknown_stage(word: str, choices) -> str:
 
 
 __all__ = [
-    "A", "BY_KEY", "CONCAT", "K_ROT", "Q_ROT", "CONTEXT", "Context", "DA", "DCONCAT", "DCONTEXT", "DK", "DO", "DO_HEAD", "DQ", "DS",
+    "A", "ACC_TILED", "BY_KEY", "CONCAT", "K_ROT", "Q_ROT", "CONTEXT", "Context", "DA", "DCONCAT", "DCONTEXT", "DK", "DO", "DO_HEAD", "DQ", "DS",
     "DS_MASKED", "DV", "DW_K", "DW_O", "DW_Q", "DW_V", "DX", "Dot", "GRADIENT_NAMES", "K", "KINDS", "K_T", "Kind",
-    "M", "Mistake", "NAMES", "O", "O_FINAL", "Planned", "Q", "S", "SECTIONS", "S_MASKED", "S_SCALED", "Section", "V",
+    "L_TILED", "M", "M_TILED", "Mistake", "NAMES", "O", "O_FINAL", "O_TILED", "Planned", "Q", "S", "SECTIONS", "S_MASKED", "S_SCALED", "Section", "V",
     "W_K", "W_O", "W_Q", "W_V", "X", "did_you_mean", "input_ids", "order_of", "plan", "resolve", "section_of",
-    "sections", "split_id", "stage_id", "unknown_stage",
+    "sections", "split_id", "stage_id", "TILED_NAMES", "unknown_stage",
 ]

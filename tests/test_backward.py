@@ -78,6 +78,7 @@ JSON_TOL = 1e-12  # the JSON decimals against the reference
 NEG_INF_TEXT = {"-inf", "-.inf", "-.Inf", "-.INF", "-oo"}
 FORWARD_PER_HEAD = ["W_Q", "W_K", "W_V", "Q", "K", "V", "K_T", "S", "S_scaled", "M", "S_masked", "A", "O"]
 FORWARD_GIVEN = ["Q", "K", "V", "K_T", "S", "S_scaled", "M", "S_masked", "A", "O"]
+FORWARD_TILED = ["m_tiled", "l_tiled", "acc_tiled", "O_tiled"]  # with a tiling: section, after each head's O
 GRADIENT_PER_HEAD = ["dV", "dA", "dS_masked", "dS", "dQ", "dK"]
 GRADIENT_WEIGHTS = ["dW_Q", "dW_K", "dW_V"]
 
@@ -104,6 +105,7 @@ class Spec:
     allowed: list[list[bool]]
     bias: list | None  # Fraction, or None for -inf
     loss: tuple[str, list | None] | None  # ("sum", None), ("weights", W), ("target", T), ("dO", G)
+    tiled: bool = False  # a tiling: section: the online softmax's stages follow each head's O
 
     def prefix(self, h: int) -> str:
         return f"head{h + 1}." if self.multi else ""
@@ -177,7 +179,7 @@ def read_spec(text: str, loss=KEEP) -> Spec:
             else:
                 (kind, rows), = section["loss"].items()
                 loss = (kind, fmatrix(rows, values))
-    return Spec(leaves, projected, cross, multi, n_heads, scale, allowed, bias, loss)
+    return Spec(leaves, projected, cross, multi, n_heads, scale, allowed, bias, loss, "tiling" in raw)
 
 
 # ---------------------------------------------------------------------------
@@ -347,11 +349,12 @@ def reference(key, spec: Spec) -> dict[str, list]:
 
 
 def forward_ids(spec: Spec) -> list[str]:
+    tiled = FORWARD_TILED if spec.tiled else []
     if not spec.projected:
-        return list(FORWARD_GIVEN)
+        return FORWARD_GIVEN + tiled
     ids = ["X"] + (["context"] if spec.cross else [])
     for h in range(spec.n_heads):
-        ids += [spec.prefix(h) + s for s in FORWARD_PER_HEAD]
+        ids += [spec.prefix(h) + s for s in FORWARD_PER_HEAD + tiled]
     if spec.multi:
         ids += ["concat", "W_O", "O"]
     return ids

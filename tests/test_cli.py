@@ -54,13 +54,14 @@ def _forward_ids(raw: dict) -> list[str]:
     if "rope" in raw:  # RoPE rotates Q and K before the keys are transposed
         given, head_ids = (ids[:ids.index("V") + 1] + ["Q_rot", "K_rot"] + ids[ids.index("V") + 1:]
                            for ids in (GIVEN_IDS, HEAD_IDS))
+    tiled = ["m_tiled", "l_tiled", "acc_tiled", "O_tiled"] if "tiling" in raw else []  # after each head's O
     if "Q" in raw:
-        return given
+        return given + tiled
     ids = ["X"] + (["context"] if "context" in raw else [])
     if "heads" not in raw:
-        return ids + head_ids
+        return ids + head_ids + tiled
     for h in range(1, len(raw["heads"]) + 1):
-        ids += [f"head{h}.{i}" for i in head_ids]
+        ids += [f"head{h}.{i}" for i in head_ids + tiled]
     return ids + ["concat", "W_O", "O"]
 
 

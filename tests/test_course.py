@@ -184,6 +184,7 @@ def _forward_headings(problem: dict) -> list[str]:
     stage_titles = STAGE_TITLES
     if "rope" in problem:  # RoPE rotates the queries and keys before the keys are transposed
         stage_titles = (*STAGE_TITLES[:2], ROPE_TITLE, *STAGE_TITLES[2:])
+    stage_titles = stage_titles + ((TILED_TITLE,) if "tiling" in problem else ())
     if "Q" in problem:  # queries, keys and values given: no projection stage
         titles = [GIVEN_INPUT_TITLE, *stage_titles[2:]]
         return [f"Step {n}: {t}" for n, t in enumerate(titles, 1)]
@@ -194,6 +195,10 @@ def _forward_headings(problem: dict) -> list[str]:
         out += [f"Head {h} · Step {n}: {t}" for n, t in enumerate(stage_titles[1:], 2)]
     n = len(stage_titles) + 1
     return out + [f"Step {n}: Concatenate the heads", f"Step {n + 1}: Output projection"]
+
+
+# with a tiling: section, after the weighted sum
+TILED_TITLE = "The same output in one pass: FlashAttention's online softmax"
 
 
 def shown_labels(labels: list[str], max_shown: int = 8) -> list[str]:

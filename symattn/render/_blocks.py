@@ -71,6 +71,14 @@ class Jacobian:
     row: int
 
 
+@dataclass(frozen=True)
+class Tiles:
+    """One query row's online-softmax recurrence table (see :mod:`.tiles`)."""
+
+    step: "Step"
+    row: int
+
+
 def blocks(
     d: Derivation,
     digits: int | None = None,
@@ -159,6 +167,8 @@ def blocks(
             if needs_decimals(step) and evaluable:
                 out += _displays(f"{_short_name(step)} \\approx ", step,
                                  lambda b: approx_tex_blocks(d, step, digits, max_shown, shade, b), "decimal", split)
+            if "tiles" in step.shows:
+                out += tile_blocks(d, step, max_shown)
     if check is not None and not exercise:
         out.append(Block("section", "Cross-check"))
         out.append(Block("para", check_sentence(check)))
@@ -299,6 +309,31 @@ def jacobian_blocks(step: Step, max_shown: int = MAX_SHOWN) -> list[Block]:
         Block("math", rf"d\hat{{S}}_{{{i + 1}}} = J^{{({i + 1})}}\,dA_{{{i + 1}}}^{{\top}}"
                       r"\quad\text{(each row of } J \text{ sums to 0, so each row of } d\hat{S} \text{ does too)}"),
     ]
+
+
+def tile_blocks(d: Derivation, step: Step, max_shown: int = MAX_SHOWN) -> list[Block]:
+    """The online softmax worked row by row: each worked row's recurrence table, its output row
+    and its exact difference from row i of A·V."""
+    from . import tiles
+
+    rows = tiles.shown_rows(d, step, max_shown)
+    out = [Block("para", "Row by row, block by block (each table starts from "
+                         "⟦m^{(0)} = -\\infty⟧, ⟦\\ell^{(0)} = 0⟧, ⟦\\mathrm{acc}^{(0)} = 0⟧):")]
+    for i in rows:
+        if i is None:
+            out.append(Block("para", "⋮ (the rows in between are worked the same way)"))
+            continue
+        w = tiles.worked_row(d, step, i)
+        out.append(Block("para", tiles.intro(d, step, w, max_shown)))
+        out.append(Block("math", tiles.table_tex(w, max_shown), source=Tiles(step, i)))
+        out.append(Block("math", tiles.output_tex(step, w, max_shown)))
+        out.append(Block("para", tiles.DIFFERENCE_SENTENCE.format(i=i + 1)))
+        out.append(Block("math", tiles.difference_tex(w, max_shown)))
+    if tiles.every_row_exact(d, step):
+        out.append(Block("para", "Every row, worked here or not, comes out the same: the one pass over the keys "
+                                 "gives the output of the whole softmax exactly."))
+        out.append(Block("math", f"{_short_name(step)} - O = 0"))
+    return out
 
 
 def check_sentence(check) -> str:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
+import sympy
+
 from ._grid import MAX_SHOWN, grid, grid_blocks, shown, tex_token
 from ._print import (
     DPS,
@@ -18,7 +20,7 @@ from ._print import (
     value_tex,
 )
 from ..stages import KEYS, QUERIES
-from .entries import EntryForm, Over, entry_forms, normaliser_is_number
+from .entries import EntryForm, Over, entry_forms, normaliser_is_number, quotient
 
 if TYPE_CHECKING:
     from ..derivation import Derivation, Step
@@ -54,10 +56,24 @@ def form_tex(form: EntryForm) -> str:
         if form.value is not None:
             terms.insert(0, value_tex(form.value))
         return " + ".join(terms).replace("+ -", "- ")
+    if form.sums:
+        return sums_tex(form.value)
     if not form.over:
         return value_tex(form.value)
     # Inside a wide matrix a numerator keeps fewer terms (MAX_CELL_TERMS).
     return _over_tex(form.over[0], MAX_CELL_TERMS if form.wide else MAX_TERMS)
+
+
+def sums_tex(x) -> str:
+    """A sum of c·e^x terms (the largest exponent first), or a quotient of two such sums."""
+    split = quotient(x)
+    if split is not None:
+        return f"\\dfrac{{{_sum_tex(split[0])}}}{{{_sum_tex(split[1])}}}"
+    return _sum_tex(x)
+
+
+def _sum_tex(x) -> str:
+    return exp_sum_tex(x) if x.has(sympy.exp) else value_tex(x)
 
 
 def _over_tex(over: Over, max_terms: int) -> str:

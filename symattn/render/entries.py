@@ -62,6 +62,7 @@ class EntryForm:
     over: tuple[Over, ...] = ()
     heads: bool = False
     wide: bool = False
+    sums: bool = False  # ``value`` is a sum of c·e^x terms, or one such sum over another (the online softmax)
 
 
 _ZERO = sympy.Integer(0)
@@ -82,6 +83,8 @@ def entry_forms(d: Derivation, step: Step) -> Callable[[int, int], EntryForm]:
     wide = step.shape[1] > 4
     if "heads_sum" in step.shows:
         return lambda i, j: _heads_form(d, step, i, j, wide)
+    if "exp_sums" in step.shows:
+        return lambda i, j: EntryForm(step.lazy[i, j], sums=True)
     qq = _rational_entries(step)
     if qq is not None:
         return lambda i, j: EntryForm(NEG_INF if qq[i][j] is None else qq[i][j])
@@ -106,6 +109,19 @@ def _form(step: Step, i: int, j: int, wide: bool) -> EntryForm:
     if numerator == 0:
         return EntryForm(_ZERO)
     return EntryForm(over=(Over(numerator, i),), wide=wide)
+
+
+def quotient(x: sympy.Expr) -> "tuple[sympy.Expr, sympy.Expr] | None":
+    """``(numerator, denominator)`` of ``x`` built as a numerator times a sum to the power −1
+    (``acc/ℓ``), else None. SymPy's ``fraction`` would move each e^{-1} under the bar."""
+    if isinstance(x, sympy.Pow) and x.exp == -1 and x.base.is_Add:
+        return sympy.Integer(1), x.base
+    if not isinstance(x, sympy.Mul):
+        return None
+    under = [a for a in x.args if a.is_Pow and a.exp == -1 and a.base.is_Add]
+    if len(under) != 1:
+        return None
+    return sympy.Mul(*[a for a in x.args if a is not under[0]]), under[0].base
 
 
 def _single_negative(x: sympy.Expr) -> bool:

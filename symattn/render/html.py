@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Callable
 
 from .. import stages as registry
 from . import prose
-from ._blocks import Block, Jacobian, Matrix, Normalisers, blocks
+from ._blocks import Block, Jacobian, Matrix, Normalisers, Tiles, blocks
 from ._grid import MAX_SHOWN, shown
 from ._mathml import mathml
 from ._print import DPS, NEG_INF, _tex_decimal, tex
@@ -170,6 +170,8 @@ class _Page:
             return self.normalisers(source.step)
         if isinstance(source, Jacobian):
             return f'<div class="display">{self.jacobian(source)}</div>'
+        if isinstance(source, Tiles):
+            return f'<div class="display">{self.tiles(source)}</div>'
         return f'<div class="display">{mathml(block.text, True)}</div>'
 
     def _has_heatmap(self, m: Matrix) -> bool:
@@ -238,6 +240,19 @@ class _Page:
         cells = lambda j, k: mathml(form_tex(jacobian_form(row, i, j, k)))  # noqa: E731
         body = _plain_table(idx, idx, cells, [escape(c) for c in step.cols], [escape(c) for c in step.cols])
         return f'<div class="lhs">{mathml(source.lhs.rstrip(), True)}</div>{body}'
+
+    def tiles(self, source: Tiles) -> str:
+        """One row's online-softmax recurrence as a table: a row per block, from block 0 (the start)."""
+        from . import tiles
+
+        w = tiles.worked_row(self.d, source.step, source.row)
+        cells = tiles.table_cells(w, self.max_shown)
+        idx = shown(len(cells), self.max_shown)
+        body = _plain_table(idx, list(range(5)), lambda r, k: mathml(cells[r][k + 1]) if cells[r][k + 1] else "",
+                            [escape(r[0]) for r in cells], [mathml(h) for h in tiles.HEADINGS_TEX[1:]])
+        caption = f"Row {source.row + 1} ({escape(source.step.rows[source.row])}), block by block"
+        return body.replace('<table class="matrix plain">',
+                            f'<table class="matrix plain tiles"><caption>{caption}</caption>', 1)
 
     def heatmap(self, step: Step) -> str:
         self.heatmaps += 1

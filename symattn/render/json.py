@@ -121,6 +121,12 @@ def as_dict(derivation: Derivation, *, check=None) -> dict:
                 "approx": [[_approx(v) for v in row] for row in values],
             }
         )
+        if "tiles" in step.shows:  # the online softmax's recurrence, row by row (rows 0-based)
+            from .._exact import to_mpf
+            from . import tiles
+
+            stages[-1]["recurrence"] = tiles.as_json(
+                d, step, _exact, lambda x: _approx(to_mpf(x, 30)) if d.can_evaluate else None)
     out = {"title": d.problem.title, "dims": d.dims, "stages": stages}
     rope = rope_json(d)
     if rope is not None:  # only with RoPE: every other problem's JSON is as it was

@@ -99,7 +99,7 @@ _COMMANDS = {
     "\\top": "⊤", "\\sum": "Σ", "\\partial": "∂", "\\delta": "δ", "\\cdot": "·", "\\times": "×",
     "\\le": "≤", "\\ge": "≥", "\\infty": "∞", "\\circ": "∘", "\\to": "→", "\\approx": "≈",
     "\\exp": "exp", "\\max": "max", "\\|": "‖", "\\,": " ", "\\;": " ", "\\bigl": "", "\\bigr": "",
-    "\\left": "", "\\right": "",
+    "\\left": "", "\\right": "", "\\ell": "ℓ", "\\ldots": "…",
     "\\theta": "θ", "\\pi": "π", "\\varphi": "φ", "\\cos": "cos", "\\sin": "sin", "\\dots": "…",
 }
 _OPERATORS = {"\\cdot", "\\times", "\\le", "\\ge", "\\to", "\\approx", "\\circ"}
@@ -135,6 +135,8 @@ def _script(body: str, table: dict, mark: str, unicode: bool) -> str:
         raise _NoScript(body)
     if mark == "^" and body == "⊤":
         return "ᵀ"
+    if body.startswith("(") and body.endswith(")") and "(" not in body[1:-1]:
+        return mark + body  # already bracketed: m^(b−1), not m^((b−1))
     return mark + (body if len(body) == 1 or body.isalnum() else f"({body})")
 
 

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable
 
+import sympy
+
+from .. import stages as registry
 from . import prose
 from ._blocks import JACOBIAN_ENTRY, check_sentence
 from ._grid import MAX_SHOWN, shown
@@ -17,6 +20,7 @@ from .entries import (
     jacobian_row,
     needs_decimals,
     normaliser_is_number,
+    quotient,
     written_exactly,
 )
 from .outline import select, stages
@@ -48,9 +52,19 @@ def form_text(form: EntryForm) -> str:
         if form.value is not None:
             terms.insert(0, value_text(form.value))
         return " + ".join(terms).replace("+ -", "- ")
+    if form.sums:
+        split = quotient(form.value)
+        if split is not None:
+            top, bottom = (_sum_text(x) if not x.is_Add else f"({_sum_text(x)})" for x in split)
+            return f"{top}/{bottom}"
+        return _sum_text(form.value)
     if not form.over:
         return value_text(form.value)
     return _over_text(form.over[0], form.wide)
+
+
+def _sum_text(x) -> str:
+    return exp_sum_text(x) if x.has(sympy.exp) else value_text(x)
 
 
 def _over_text(over: Over, wide: bool) -> str:
@@ -86,6 +100,32 @@ def _jacobian(step: Step, max_shown: int) -> list[str]:
             f"⟦J = \\operatorname{{diag}}(a) - a\\,a^{{\\top}}⟧, {JACOBIAN_ENTRY}; "
             f"⟦d\\hat{{S}}_{{{i + 1}}} = J\\,dA_{{{i + 1}}}⟧")
     return [prose.plain(head)] + _grid(step.cols, step.cols, lambda j, k: form_text(jacobian_form(row, i, j, k)), max_shown)
+
+
+def _tiles(d: Derivation, step: Step, max_shown: int) -> list[str]:
+    """The online softmax row by row: each worked row's recurrence table, output and difference from A·V."""
+    from . import tiles
+
+    out = ["", prose.plain("  Row by row, block by block (from ⟦m^{(0)} = -\\infty⟧, ⟦\\ell^{(0)} = 0⟧, "
+                           "⟦\\mathrm{acc}^{(0)} = 0⟧):")]
+    for i in tiles.shown_rows(d, step, max_shown):
+        if i is None:
+            out.append("    ⋮ (the rows in between are worked the same way)")
+            continue
+        w = tiles.worked_row(d, step, i)
+        out.append("  " + prose.plain(tiles.intro(d, step, w, max_shown)))
+        cells = tiles.elided(tiles.table_cells(w, max_shown, text=True), max_shown, "⋮")
+        # the rows (blocks) elided as a matrix's are; the five columns always shown
+        out.extend(_grid([r[0] for r in cells], list(tiles.HEADINGS_TEXT[1:]), lambda r, k: cells[r][k + 1],
+                         max(len(cells), 5)))
+        output = tiles.vector_text(w.tiled.output, max_shown, lambda x: form_text(EntryForm(x, sums=True)))
+        out.append(f"    o_tiled[{i + 1}] = acc/ℓ = {output}")
+        out.append(f"    o_tiled[{i + 1}] − (A·V)[{i + 1}] = {tiles.vector_text(w.difference, max_shown, value_text)}"
+                   "   exactly (brought over one denominator and simplified)")
+    if tiles.every_row_exact(d, step):
+        o = registry.resolve(registry.O, registry.Context(d.problem, step.head))[0]
+        out.append(f"  Every row, worked here or not, comes out the same: {step.id} − {o} = 0 exactly.")
+    return out
 
 
 def render_text(
@@ -128,6 +168,8 @@ def render_text(
                 value = d.entry_values(step.id, max(digits + 5, DPS))
                 out.append("    ≈")
                 out.extend(_grid(step.rows, step.cols, lambda i, j: decimal(value(i, j), digits), max_shown))
+            if "tiles" in step.shows:
+                out.extend(_tiles(d, step, max_shown))
             out.append("")
     if check is not None:
         out.append(prose.plain(check_sentence(check)))
