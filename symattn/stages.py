@@ -332,7 +332,7 @@ _WHY = {
 def _mask_why(c: Context) -> str:
     p = c.p
     why = _WHY[M] + f" Here the rule is {p.mask.rule()}."
-    if p.mask.kind in ("causal", "causal-bottom-right", "sliding-window") and p.n_q != p.n_k:
+    if p.mask.kinds & {"causal", "causal-bottom-right", "sliding-window"} and p.n_q != p.n_k:
         shift = p.n_k - p.n_q
         why += (
             f" With ⟦{p.n_q}⟧ queries and ⟦{p.n_k}⟧ keys the two causal alignments differ: top-left "
