@@ -31,6 +31,27 @@ def _f64(m, subs=None) -> np.ndarray:
     )
 
 
+def sinusoidal_positions(n: int, d: int, base: float) -> np.ndarray:
+    """The sinusoidal encodings of positions 0..n−1 in float64, as the original transformer's
+    papers and tutorials write them: sin in the even columns, cos in the odd ones."""
+    position = np.arange(n, dtype=np.float64)[:, None]             # p = 0, 1, ..., n − 1
+    two_i = np.arange(0, d, 2, dtype=np.float64)                   # 2i = 0, 2, 4, ...
+    angle = position / np.power(base, two_i / d)                  # (n, ⌈d/2⌉)
+    pe = np.zeros((n, d))
+    pe[:, 0::2] = np.sin(angle)
+    pe[:, 1::2] = np.cos(angle[:, : d // 2])
+    return pe
+
+
+def positions_f64(p: Problem) -> "np.ndarray | None":
+    """The problem's positional encodings PE in float64 (None without positions)."""
+    if p.positions is None:
+        return None
+    if p.positions.kind == "sinusoidal":
+        return sinusoidal_positions(p.X.rows, p.X.cols, float(p.positions.base))
+    return _f64(p.positions.matrix)
+
+
 def numeric_stages(p: Problem) -> dict[str, np.ndarray]:
     """Every stage of ``softmax(Q Kᵀ·scale + M) V`` in float64, by stage id.
 
@@ -69,6 +90,10 @@ def numeric_stages(p: Problem) -> dict[str, np.ndarray]:
         head(st.stage_id, Q, K, V)
         return out
     X = out[st.X] = _f64(p.X, subs)
+    PE = positions_f64(p)
+    if PE is not None:
+        out[st.PE] = PE
+        X = out[st.X_POS] = X + PE                              # the projections read X + PE
     C = X
     if p.context is not None:
         C = out[st.CONTEXT] = _f64(p.context, subs)

@@ -109,6 +109,45 @@ class Mask:
         }[self.kind]
 
 
+SINUSOIDAL_BASE = 10000  # the original transformer's base
+
+
+def sinusoidal_encoding(n: int, d: int, base: sympy.Expr, start: int = 0, swap: bool = False,
+                        pairs: bool = True) -> Matrix:
+    """The exact sinusoidal encodings of positions ``start``, ``start + 1``, ... (one row each):
+    ``PE[p, 2i] = sin(p / base^(2i/d))`` and ``PE[p, 2i+1] = cos(p / base^(2i/d))``.
+
+    ``swap`` puts cos in the even columns and sin in the odd ones, ``pairs=False`` uses the column
+    number k instead of 2i in the exponent: the common slips, for ``symattn check``."""
+    base = sympy.sympify(base)
+
+    def entry(p: int, k: int) -> sympy.Expr:
+        angle = sympy.Integer(p + start) / base ** sympy.Rational(2 * (k // 2) if pairs else k, d)
+        return (sympy.cos if (k % 2 == 1) != swap else sympy.sin)(angle)
+
+    return Matrix(n, d, entry)
+
+
+@dataclass(frozen=True)
+class Positions:
+    """Positional encodings added to X before the projections.
+
+    ``kind`` is ``sinusoidal`` (``matrix`` computed exactly from ``base``) or ``learned`` (``matrix``
+    given, GPT-2 style); ``matrix`` has one row per query token (position p = 0, 1, ...) and
+    d_model columns.
+    """
+
+    kind: str
+    matrix: Matrix
+    base: sympy.Expr | None = None
+
+    def variant(self, **slip) -> Matrix | None:
+        """The sinusoidal encodings with one of :func:`sinusoidal_encoding`'s slips; None when learned."""
+        if self.kind != "sinusoidal":
+            return None
+        return sinusoidal_encoding(self.matrix.rows, self.matrix.cols, self.base, **slip)
+
+
 @dataclass(frozen=True)
 class Head:
     """One attention head's weights."""
@@ -181,6 +220,7 @@ class Problem:
     symbols: tuple[sympy.Symbol, ...] = ()
     values: tuple[tuple[sympy.Symbol, sympy.Expr], ...] = ()
     backward: Backward | None = None  # the upstream gradient; None: forward pass only
+    positions: Positions | None = None  # positional encodings added to X; None: X as given
 
     @property
     def projected(self) -> bool:
@@ -450,6 +490,7 @@ class _Reader:
                     "bias",
                 )
         self.check_rows_attend(mask, bias, node("mask") or root, node("bias"), tokens)
+        positions = self.positions(node("positions"), key("positions"), matrices.get("X")) if "positions" in fields else None
         d_out = matrices["W_O"].cols if "W_O" in matrices else (heads[0].d_v if heads else matrices["V"].cols)
         backward = self.backward(node("backward"), n_q, d_out) if "backward" in fields else None
 
@@ -467,6 +508,7 @@ class _Reader:
             symbols=tuple(self.symbols.values()),
             values=tuple(values.items()),
             backward=backward,
+            positions=positions,
             **matrices,
         )
 
@@ -500,6 +542,51 @@ class _Reader:
             f"loss must be sum, {{weights: [[...]]}} or {{target: [[...]]}}, not {_yaml.kind(value)}{hint}",
             "backward.loss",
         )
+
+    def positions(self, node: yaml.Node, key: yaml.Node, X: Matrix | None) -> Positions:
+        """``positions: sinusoidal``, ``{sinusoidal: {base: b}}`` or a matrix of learned positions."""
+        usage = "use sinusoidal, {sinusoidal: {base: 100}} or a matrix of learned positions [[...], ...]"
+        if X is None:
+            raise self.at(key).error("positions are added to X: give X with the weights, not Q, K and V", "positions")
+        n, d = X.rows, X.cols
+        if isinstance(node, yaml.SequenceNode) or (
+                isinstance(node, yaml.MappingNode) and len(node.value) == 1
+                and getattr(node.value[0][0], "value", None) == "file"):
+            m = self.matrix(node, "positions")
+            if m.shape != (n, d):
+                raise self.at(node).error(
+                    f"the learned positions are {_shape(m)} but X is {_shape(X)}: give one row of d_model = {d} "
+                    f"{'entry' if d == 1 else 'entries'} per token", "positions")
+            if m.free_symbols:
+                raise self.at(node).error("the learned positions must be plain numbers, not symbols", "positions")
+            return Positions("learned", m)
+        base = sympy.Integer(SINUSOIDAL_BASE)
+        if isinstance(node, yaml.ScalarNode) and not _yaml.is_null(node) and node.value == "sinusoidal":
+            return Positions("sinusoidal", sinusoidal_encoding(n, d, base), base)
+        if isinstance(node, yaml.MappingNode) and len(node.value) == 1 and \
+                getattr(node.value[0][0], "value", None) == "sinusoidal":
+            options = node.value[0][1]
+            if isinstance(options, yaml.MappingNode):
+                for k, v in options.value:
+                    if getattr(k, "value", None) != "base":
+                        raise self.at(k).error(
+                            f"unknown option {_yaml.kind(k)} of sinusoidal positions{_did_you_mean(str(getattr(k, 'value', '')), ('base',))}; "
+                            "the option is base", "positions.sinusoidal")
+                    base = self.number(v, "positions.sinusoidal.base", use_symbols=False)
+                    if not is_positive(base):
+                        raise self.at(v).error(f"the base must be positive, not {v.value}", "positions.sinusoidal.base")
+            elif not _yaml.is_null(options):
+                raise self.at(options).error(
+                    f"the options of sinusoidal positions are a mapping such as {{base: 100}}, not {_yaml.kind(options)}",
+                    "positions.sinusoidal")
+            return Positions("sinusoidal", sinusoidal_encoding(n, d, base), base)
+        what = node.value if isinstance(node, yaml.ScalarNode) and not _yaml.is_null(node) else None
+        if what is None and isinstance(node, yaml.MappingNode) and node.value:
+            what = getattr(node.value[0][0], "value", None)
+        hint = _did_you_mean(what, ("sinusoidal",)) if isinstance(what, str) else ""
+        shown = repr(what) if isinstance(what, str) else _yaml.kind(node)
+        raise self.at(node if not isinstance(node, yaml.MappingNode) or not node.value else node.value[0][0]).error(
+            f"unknown positions {shown}{hint}; {usage}", "positions")
 
     def sized(self, m: Matrix, node: yaml.Node, field: str, n_q: int, d_out: int) -> Matrix:
         """``m``, checked to have the output's shape."""

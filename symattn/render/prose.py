@@ -98,7 +98,7 @@ _SUP = dict(zip("0123456789+-=()n", "⁰¹²³⁴⁵⁶⁷⁸⁹⁺⁻⁼⁽⁾�
 _COMMANDS = {
     "\\top": "⊤", "\\sum": "Σ", "\\partial": "∂", "\\delta": "δ", "\\cdot": "·", "\\times": "×",
     "\\le": "≤", "\\ge": "≥", "\\infty": "∞", "\\circ": "∘", "\\to": "→", "\\approx": "≈",
-    "\\exp": "exp", "\\max": "max", "\\|": "‖", "\\,": " ", "\\;": " ", "\\bigl": "", "\\bigr": "",
+    "\\exp": "exp", "\\sin": "sin", "\\cos": "cos", "\\max": "max", "\\|": "‖", "\\,": " ", "\\;": " ", "\\bigl": "", "\\bigr": "",
     "\\left": "", "\\right": "",
 }
 _OPERATORS = {"\\cdot", "\\times", "\\le", "\\ge", "\\to", "\\approx", "\\circ"}
