@@ -433,7 +433,7 @@ class NumericOps:
 
     def sum(self, parts) -> Values:
         total = None
-        for part in parts:
+        for part in map(self.grid, parts):  # gradients, or given exact matrices (X + PE)
             with mpmath.workdps(self.dps + 10):
                 total = part if total is None else [[x + y for x, y in zip(r, s)] for r, s in zip(total, part)]
         return total

@@ -896,6 +896,9 @@ class _Reader:
                 return Mask(word, mask_rule(word, n_q, n_k))
             if word == "sliding-window":
                 raise self.at(node).error("a sliding window needs its width: write {sliding-window: 2}", "mask")
+            if word in ("padding", "valid-length"):
+                example = "{padding: [1, 1, 1, 0]}" if word == "padding" else "{valid-length: 3}"
+                raise self.at(node).error(f"{word} needs its keys: write {example}", "mask")
             raise self.at(node).error(
                 f"unknown mask {word!r}{_did_you_mean(word, MASK_WORDS + ('sliding-window',))}; "
                 "use none, causal, causal-bottom-right, {sliding-window: w}, {padding: [1, 1, 0]}, "
