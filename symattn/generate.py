@@ -279,6 +279,8 @@ def from_problem(problem) -> tuple[Spec, Drawn]:
 
     if not problem.projected:
         raise SymattnError(f"{problem.source}: --from needs a problem with X and weights (not Q, K, V given)")
+    if problem.positions is not None:
+        raise SymattnError(f"{problem.source}: --from does not vary problems with positions (remove positions: first)")
     mask = problem.mask
     if mask.kind == "sliding-window":
         kind = f"sliding-window:{mask.window}"

@@ -376,7 +376,7 @@ _POSITIONS_WHY = {
         "columns ⟦2i, 2i+1⟧ holds the sine and cosine of ⟦p⟧ at one frequency, ⟦1/\\mathrm{{base}}^{{2i/d}}⟧, "
         "from one radian per position (⟦i = 0⟧) to ever slower ones, so nearby positions get similar rows. "
         "Positions are counted from ⟦p = 0⟧ as in the paper: token ⟦1⟧ of this text has ⟦p = 0⟧, so its row is "
-        "⟦\\sin(0) = 0⟧ and ⟦\\cos(0) = 1⟧ alternating. Here ⟦\\mathrm{{base}} = {base}⟧ and ⟦d = d_{{model}} = {d}⟧, and "
+        "⟦\\sin(0) = 0⟧ and ⟦\\cos(0) = 1⟧ alternating. Here ⟦\\mathrm{{base}} = {base}⟧ and ⟦d = d_{{\\mathrm{{model}}}} = {d}⟧, and "
         "every entry is exact."
     ),
     "learned": (
