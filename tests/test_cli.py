@@ -52,7 +52,7 @@ def contract_ids(example: Path) -> list[str]:
 def _forward_ids(raw: dict) -> list[str]:
     if "Q" in raw:
         return GIVEN_IDS
-    ids = ["X"] + (["context"] if "context" in raw else [])
+    ids = ["X"] + (["context"] if "context" in raw else []) + (["PE", "X_pos"] if "positions" in raw else [])
     if "heads" not in raw:
         return ids + HEAD_IDS
     for h in range(1, len(raw["heads"]) + 1):
