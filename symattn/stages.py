@@ -407,12 +407,12 @@ def _pe_formula(c: Context) -> tuple[str, str]:
     pos = c.p.positions
     if pos.kind != "sinusoidal":
         return "PE", "PE (given)"
-    b, d = sympy.latex(pos.base), c.p.d_model
-    if not (pos.base.is_Integer and pos.base > 0):
-        b = f"\\left({b}\\right)"
+    b, d, t = sympy.latex(pos.base), c.p.d_model, str(pos.base)
+    if not pos.base.is_Integer:
+        b, t = f"\\left({b}\\right)", f"({t})"
     angle = f"\\frac{{p}}{{{b}^{{2i/{d}}}}}"
     return (f"PE_{{p,\\,2i}} = \\sin {angle},\\quad PE_{{p,\\,2i+1}} = \\cos {angle}",
-            f"PE[p, 2i] = sin(p / {pos.base}^(2i/{d})), PE[p, 2i+1] = cos(p / {pos.base}^(2i/{d})), p = 0, 1, ...")
+            f"PE[p, 2i] = sin(p / {t}^(2i/{d})), PE[p, 2i+1] = cos(p / {t}^(2i/{d})), p = 0, 1, ...")
 
 
 def _pe_slip(**slip) -> Relation:
