@@ -51,7 +51,18 @@ def tidy(x: sympy.Expr) -> sympy.Expr:
     if x.is_Rational or x.is_Atom:
         return x
     # Never split e^(a+b) into e^a·e^b: the exponents are the softmax's structure.
-    return sympy.expand(x, power_exp=False, power_base=False, log=False)
+    x = sympy.expand(x, power_exp=False, power_base=False, log=False)
+    if x.has(sympy.sin):  # positional encodings: sin²u + cos²u = 1 collected
+        x = sympy.expand(x.replace(_is_sin_squared, _one_minus_cos_squared), power_exp=False, power_base=False, log=False)
+    return x
+
+
+def _is_sin_squared(e) -> bool:
+    return e.is_Pow and e.exp == 2 and isinstance(e.base, sympy.sin)
+
+
+def _one_minus_cos_squared(e) -> sympy.Expr:
+    return 1 - sympy.cos(e.base.args[0]) ** 2
 
 
 # -- rational matrices ------------------------------------------------------------------

@@ -461,7 +461,7 @@ class NumericOps:
 
     def sum(self, parts) -> Values:
         total = None
-        for part in parts:
+        for part in map(self.grid, parts):  # gradients, or given exact matrices (X + PE)
             with mpmath.workdps(self.dps + 10):
                 total = part if total is None else [[x + y for x, y in zip(r, s)] for r, s in zip(total, part)]
         return total
@@ -497,6 +497,7 @@ class NumericOps:
                     new[a], new[b] = row[a] * c - row[b] * s, row[a] * s + row[b] * c
                 out.append(new)
             return out
+
     def tiled_max(self, z, block: int, running: bool = True) -> Values:
         return _tiled.numeric_maxima(self.grid(z), block, running)
 

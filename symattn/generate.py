@@ -279,14 +279,18 @@ def from_problem(problem) -> tuple[Spec, Drawn]:
 
     if not problem.projected:
         raise SymattnError(f"{problem.source}: --from needs a problem with X and weights (not Q, K, V given)")
+    if problem.positions is not None:
+        raise SymattnError(f"{problem.source}: --from does not vary problems with positions (remove positions: first)")
     mask = problem.mask
     if mask.kind == "sliding-window":
         kind = f"sliding-window:{mask.window}"
-    elif mask.kind == "matrix":
+    elif mask.kind in ("matrix", "padding", "valid-length"):
         last = [row.index(False) if False in row else len(row) for row in mask.allowed]
         if len(set(last)) != 1 or any(any(row[last[0]:]) for row in mask.allowed):
             raise SymattnError(f"{problem.source}: --from supports padding masks (the last keys hidden) among mask matrices")
         kind = f"padding:{problem.n_k - last[0]}"
+    elif mask.kind == "combined":
+        raise SymattnError(f"{problem.source}: --from supports one mask, not a list of masks")
     else:
         kind = mask.kind
     heads = tuple((arr(h.W_Q), arr(h.W_K), arr(h.W_V)) for h in problem.heads)

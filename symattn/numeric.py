@@ -49,6 +49,8 @@ def _rope(x: np.ndarray, rope) -> np.ndarray:
     out = np.empty_like(x)
     out[:, 0::2], out[:, 1::2] = a * cos - b * sin, a * sin + b * cos
     return out
+
+
 def _online_softmax(Z: np.ndarray, V: np.ndarray, block: int):
     """FlashAttention's one pass over the keys in blocks, as its kernels run it: per query a running
     maximum m, a running sum l and an accumulator acc (rescaled by exp(m_old − m_new) whenever the
@@ -72,6 +74,27 @@ def _online_softmax(Z: np.ndarray, V: np.ndarray, block: int):
         m = m_new
         m_all[:, b], l_all[:, b] = m, l
     return m_all, l_all, acc
+
+
+def sinusoidal_positions(n: int, d: int, base: float) -> np.ndarray:
+    """The sinusoidal encodings of positions 0..n−1 in float64, as the original transformer's
+    papers and tutorials write them: sin in the even columns, cos in the odd ones."""
+    position = np.arange(n, dtype=np.float64)[:, None]             # p = 0, 1, ..., n − 1
+    two_i = np.arange(0, d, 2, dtype=np.float64)                   # 2i = 0, 2, 4, ...
+    angle = position / np.power(base, two_i / d)                  # (n, ⌈d/2⌉)
+    pe = np.zeros((n, d))
+    pe[:, 0::2] = np.sin(angle)
+    pe[:, 1::2] = np.cos(angle[:, : d // 2])
+    return pe
+
+
+def positions_f64(p: Problem) -> "np.ndarray | None":
+    """The problem's positional encodings PE in float64 (None without positions)."""
+    if p.positions is None:
+        return None
+    if p.positions.kind == "sinusoidal":
+        return sinusoidal_positions(p.X.rows, p.X.cols, float(p.positions.base))
+    return _f64(p.positions.matrix)
 
 
 def numeric_stages(p: Problem) -> dict[str, np.ndarray]:
@@ -119,6 +142,10 @@ def numeric_stages(p: Problem) -> dict[str, np.ndarray]:
         head(st.stage_id, Q, K, V)
         return out
     X = out[st.X] = _f64(p.X, subs)
+    PE = positions_f64(p)
+    if PE is not None:
+        out[st.PE] = PE
+        X = out[st.X_POS] = X + PE                              # the projections read X + PE
     C = X
     if p.context is not None:
         C = out[st.CONTEXT] = _f64(p.context, subs)

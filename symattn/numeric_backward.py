@@ -28,7 +28,7 @@ import numpy as np
 
 from . import stages as st
 
-from .numeric import _f64, numeric_stages
+from .numeric import _f64, numeric_stages, positions_f64
 from .problem import Problem
 
 
@@ -117,7 +117,7 @@ def numeric_gradients(p: Problem) -> dict[str, np.ndarray]:
         blocks = [dO]
 
     if p.projected:
-        X = fwd[st.X]
+        X = fwd.get(st.X_POS, fwd[st.X])                        # X + PE when positions are added
         C = fwd.get(st.CONTEXT, X)
         dX = np.zeros_like(X)
         dC = np.zeros_like(C)                                   # the keys' and values' path
@@ -232,7 +232,8 @@ def finite_difference_gradients(p: Problem, eps: float = 1e-6) -> dict[str, np.n
         out[pre(st.DQ)] = _central(lambda Q_: L_O(attend(Q_, K, V)), Q, eps)
         out[pre(st.DK)] = _central(lambda K_: L_O(attend(Q, K_, V)), K, eps)
         if p.projected:
-            X, C = fwd[st.X], fwd.get(st.CONTEXT, fwd[st.X])
+            X = fwd.get(st.X_POS, fwd[st.X])
+            C = fwd.get(st.CONTEXT, X)
             out[pre(st.DW_Q)] = _central(lambda W: L_O(attend(X @ W, K, V)), fwd[pre(st.W_Q)], eps)
             out[pre(st.DW_K)] = _central(lambda W: L_O(attend(Q, C @ W, V)), fwd[pre(st.W_K)], eps)
             out[pre(st.DW_V)] = _central(lambda W: L_O(attend(Q, K, C @ W)), fwd[pre(st.W_V)], eps)
@@ -250,12 +251,13 @@ def finite_difference_gradients(p: Problem, eps: float = 1e-6) -> dict[str, np.n
             return loss(outputs[0])
 
         X = fwd[st.X]
+        PE = fwd.get(st.PE, 0.0)                                # X_pos = X + PE: perturb X, add PE
         if p.context is None:                                   # X gives queries, keys and values
-            out[st.DX] = _central(lambda X_: L_inputs(X_, X_), X, eps)
+            out[st.DX] = _central(lambda X_: L_inputs(X_ + PE, X_ + PE), X, eps)
         else:
             C = fwd[st.CONTEXT]
-            out[st.DX] = _central(lambda X_: L_inputs(X_, C), X, eps)
-            out[st.DCONTEXT] = _central(lambda C_: L_inputs(X, C_), C, eps)
+            out[st.DX] = _central(lambda X_: L_inputs(X_ + PE, C), X, eps)
+            out[st.DCONTEXT] = _central(lambda C_: L_inputs(X + PE, C_), C, eps)
     return out
 
 
@@ -319,6 +321,9 @@ def _torch_backward(p: Problem, fused: bool) -> dict[str, np.ndarray]:
         O = keep(st.DO, head(st.stage_id, leaf(st.DQ, p.Q), leaf(st.DK, p.K), leaf(st.DV, p.V)))
     else:
         X = leaf(st.DX, p.X)
+        PE = positions_f64(p)
+        if PE is not None:
+            X = X + torch.from_numpy(PE)                        # X_pos = X + PE; dX flows through unchanged
         C = X if p.context is None else leaf(st.DCONTEXT, p.context)
         outputs = []
         for pre, weights in zip(_prefixes(p), p.heads):

@@ -55,6 +55,7 @@ FIELDS = (
     "backward",
     "rope",
     "tiling",
+    "positions",
 )
 MASK_WORDS = ("none", "causal", "causal-bottom-right")
 
@@ -76,9 +77,31 @@ class Mask:
     kind: str
     allowed: tuple[tuple[bool, ...], ...]
     window: int | None = None
+    keys: tuple[bool, ...] | None = None  # padding and valid-length: which keys are real tokens
+    valid_length: int | None = None
+    parts: tuple["Mask", ...] = ()  # combined: the masks whose allowed sets are intersected
+
+    @property
+    def kinds(self) -> frozenset[str]:
+        """The kinds this mask is made of (its parts' for a combined mask)."""
+        return frozenset(p.kind for p in self.parts) if self.parts else frozenset({self.kind})
 
     def rule(self) -> str:
         """The mask's rule in words, for the worked solution (math marked ⟦…⟧, see symattn.render.prose)."""
+        if self.kind == "combined":
+            return (f"the AND of {len(self.parts)} masks (a key is allowed only where every one allows it): "
+                    + "; and ".join(part.rule() for part in self.parts))
+        if self.kind == "padding":
+            vector = ", ".join("1" if k else "0" for k in self.keys)
+            pads = [str(j + 1) for j, k in enumerate(self.keys) if not k]
+            which = (f"key{'s' if len(pads) > 1 else ''} {_and(pads)} {'are' if len(pads) > 1 else 'is'} padding"
+                     if pads else "no key is padding")
+            return (f"key padding ⟦p = ({vector})⟧: every query may attend to key ⟦j⟧ only when ⟦p_j = 1⟧ "
+                    f"(a real token), never to padding (⟦p_j = 0⟧); {which}")
+        if self.kind == "valid-length":
+            n = self.valid_length
+            return (f"valid length ⟦{n}⟧: every query may attend to keys ⟦j \\le {n}⟧ only; "
+                    + (f"the keys after the first ⟦{n}⟧ are padding" if n < len(self.keys) else "no key is padding"))
         return {
             "none": "no mask: every query may attend to every key",
             "causal": "causal: query ⟦i⟧ may attend to keys ⟦j \\le i⟧ (no looking ahead)",
@@ -87,6 +110,45 @@ class Mask:
                                f"with ⟦i - j < {self.window}⟧"),
             "matrix": "given matrix: ⟦1⟧ = may attend, ⟦0⟧ = may not",
         }[self.kind]
+
+
+SINUSOIDAL_BASE = 10000  # the original transformer's base
+
+
+def sinusoidal_encoding(n: int, d: int, base: sympy.Expr, start: int = 0, swap: bool = False,
+                        pairs: bool = True) -> Matrix:
+    """The exact sinusoidal encodings of positions ``start``, ``start + 1``, ... (one row each):
+    ``PE[p, 2i] = sin(p / base^(2i/d))`` and ``PE[p, 2i+1] = cos(p / base^(2i/d))``.
+
+    ``swap`` puts cos in the even columns and sin in the odd ones, ``pairs=False`` uses the column
+    number k instead of 2i in the exponent: the common slips, for ``symattn check``."""
+    base = sympy.sympify(base)
+
+    def entry(p: int, k: int) -> sympy.Expr:
+        angle = sympy.Integer(p + start) / base ** sympy.Rational(2 * (k // 2) if pairs else k, d)
+        return (sympy.cos if (k % 2 == 1) != swap else sympy.sin)(angle)
+
+    return Matrix(n, d, entry)
+
+
+@dataclass(frozen=True)
+class Positions:
+    """Positional encodings added to X before the projections.
+
+    ``kind`` is ``sinusoidal`` (``matrix`` computed exactly from ``base``) or ``learned`` (``matrix``
+    given, GPT-2 style); ``matrix`` has one row per query token (position p = 0, 1, ...) and
+    d_model columns.
+    """
+
+    kind: str
+    matrix: Matrix
+    base: sympy.Expr | None = None
+
+    def variant(self, **slip) -> Matrix | None:
+        """The sinusoidal encodings with one of :func:`sinusoidal_encoding`'s slips; None when learned."""
+        if self.kind != "sinusoidal":
+            return None
+        return sinusoidal_encoding(self.matrix.rows, self.matrix.cols, self.base, **slip)
 
 
 @dataclass(frozen=True)
@@ -172,6 +234,7 @@ class Problem:
     backward: Backward | None = None  # the upstream gradient; None: forward pass only
     rope: Rope | None = None  # rotary position embeddings of the queries and keys; None: none
     tiling: Tiling | None = None  # the online (tiled) softmax; None: not derived
+    positions: Positions | None = None  # positional encodings added to X; None: X as given
 
     @property
     def projected(self) -> bool:
@@ -440,7 +503,8 @@ class _Reader:
                     f"bias is {_shape(bias)} but the scores are {n_q}×{n_k}: bias needs one entry per query and key",
                     "bias",
                 )
-        self.check_rows_attend(mask, bias, node("mask") or root, node("bias"))
+        self.check_rows_attend(mask, bias, node("mask") or root, node("bias"), tokens)
+        positions = self.positions(node("positions"), key("positions"), matrices.get("X")) if "positions" in fields else None
         d_out = matrices["W_O"].cols if "W_O" in matrices else (heads[0].d_v if heads else matrices["V"].cols)
         backward = self.backward(node("backward"), n_q, d_out) if "backward" in fields else None
         rope = None
@@ -472,6 +536,7 @@ class _Reader:
             backward=backward,
             rope=rope,
             tiling=tiling,
+            positions=positions,
             **matrices,
         )
 
@@ -549,6 +614,50 @@ class _Reader:
         if isinstance(node, yaml.ScalarNode) and not node.style and _WHOLE.fullmatch(node.value) and int(node.value) >= 1:
             return int(node.value)
         raise self.at(node).error(f"{what} must be a whole number ≥ 1, not {_yaml.kind(node)}", field)
+    def positions(self, node: yaml.Node, key: yaml.Node, X: Matrix | None) -> Positions:
+        """``positions: sinusoidal``, ``{sinusoidal: {base: b}}`` or a matrix of learned positions."""
+        usage = "use sinusoidal, {sinusoidal: {base: 100}} or a matrix of learned positions [[...], ...]"
+        if X is None:
+            raise self.at(key).error("positions are added to X: give X with the weights, not Q, K and V", "positions")
+        n, d = X.rows, X.cols
+        if isinstance(node, yaml.SequenceNode) or (
+                isinstance(node, yaml.MappingNode) and len(node.value) == 1
+                and getattr(node.value[0][0], "value", None) == "file"):
+            m = self.matrix(node, "positions")
+            if m.shape != (n, d):
+                raise self.at(node).error(
+                    f"the learned positions are {_shape(m)} but X is {_shape(X)}: give one row of d_model = {d} "
+                    f"{'entry' if d == 1 else 'entries'} per token", "positions")
+            if m.free_symbols:
+                raise self.at(node).error("the learned positions must be plain numbers, not symbols", "positions")
+            return Positions("learned", m)
+        base = sympy.Integer(SINUSOIDAL_BASE)
+        if isinstance(node, yaml.ScalarNode) and not _yaml.is_null(node) and node.value == "sinusoidal":
+            return Positions("sinusoidal", sinusoidal_encoding(n, d, base), base)
+        if isinstance(node, yaml.MappingNode) and len(node.value) == 1 and \
+                getattr(node.value[0][0], "value", None) == "sinusoidal":
+            options = node.value[0][1]
+            if isinstance(options, yaml.MappingNode):
+                for k, v in options.value:
+                    if getattr(k, "value", None) != "base":
+                        raise self.at(k).error(
+                            f"unknown option {_yaml.kind(k)} of sinusoidal positions{_did_you_mean(str(getattr(k, 'value', '')), ('base',))}; "
+                            "the option is base", "positions.sinusoidal")
+                    base = self.number(v, "positions.sinusoidal.base", use_symbols=False)
+                    if not is_positive(base):
+                        raise self.at(v).error(f"the base must be positive, not {v.value}", "positions.sinusoidal.base")
+            elif not _yaml.is_null(options):
+                raise self.at(options).error(
+                    f"the options of sinusoidal positions are a mapping such as {{base: 100}}, not {_yaml.kind(options)}",
+                    "positions.sinusoidal")
+            return Positions("sinusoidal", sinusoidal_encoding(n, d, base), base)
+        what = node.value if isinstance(node, yaml.ScalarNode) and not _yaml.is_null(node) else None
+        if what is None and isinstance(node, yaml.MappingNode) and node.value:
+            what = getattr(node.value[0][0], "value", None)
+        hint = _did_you_mean(what, ("sinusoidal",)) if isinstance(what, str) else ""
+        shown = repr(what) if isinstance(what, str) else _yaml.kind(node)
+        raise self.at(node if not isinstance(node, yaml.MappingNode) or not node.value else node.value[0][0]).error(
+            f"unknown positions {shown}{hint}; {usage}", "positions")
 
     def sized(self, m: Matrix, node: yaml.Node, field: str, n_q: int, d_out: int) -> Matrix:
         """``m``, checked to have the output's shape."""
@@ -847,15 +956,24 @@ class _Reader:
     def mask(self, node, n_q: int, n_k: int) -> Mask:
         if node is None:
             return Mask("none", mask_rule("none", n_q, n_k))
+        if isinstance(node, yaml.SequenceNode) and node.value and not isinstance(node.value[0], yaml.SequenceNode):
+            return self.combined_mask(node, n_q, n_k)
+        if isinstance(node, yaml.MappingNode) and len(node.value) == 1 and \
+                getattr(node.value[0][0], "value", None) in ("padding", "valid-length"):
+            return self.key_mask(node.value[0][0], node.value[0][1], n_q, n_k, "mask")
         if isinstance(node, yaml.ScalarNode) and not _yaml.is_null(node):
             word = node.value
             if word in MASK_WORDS:
                 return Mask(word, mask_rule(word, n_q, n_k))
             if word == "sliding-window":
                 raise self.at(node).error("a sliding window needs its width: write {sliding-window: 2}", "mask")
+            if word in ("padding", "valid-length"):
+                example = "{padding: [1, 1, 1, 0]}" if word == "padding" else "{valid-length: 3}"
+                raise self.at(node).error(f"{word} needs its keys: write {example}", "mask")
             raise self.at(node).error(
                 f"unknown mask {word!r}{_did_you_mean(word, MASK_WORDS + ('sliding-window',))}; "
-                "use none, causal, causal-bottom-right, {sliding-window: w} or a 0/1 matrix",
+                "use none, causal, causal-bottom-right, {sliding-window: w}, {padding: [1, 1, 0]}, "
+                "{valid-length: n}, a list of these or a 0/1 matrix",
                 "mask",
             )
         if isinstance(node, yaml.MappingNode):
@@ -869,8 +987,9 @@ class _Reader:
                 raise self.at(node).error("a mask is a word or a 0/1 matrix written in the file", "mask")
             first = node.value[0][0] if node.value else node
             raise self.at(first).error(
-                f"unknown mask {_yaml.kind(first)}{_did_you_mean(getattr(first, 'value', ''), ('sliding-window',))}; "
-                "the mapping form is {sliding-window: w}",
+                f"unknown mask {_yaml.kind(first)}"
+                f"{_did_you_mean(getattr(first, 'value', ''), ('sliding-window', 'padding', 'valid-length'))}; "
+                "the mapping forms are {sliding-window: w}, {padding: [1, 1, 0]} and {valid-length: n}",
                 "mask",
             )
         if isinstance(node, yaml.SequenceNode):
@@ -889,6 +1008,64 @@ class _Reader:
             "mask",
         )
 
+    def key_mask(self, key: yaml.Node, value: yaml.Node, n_q: int, n_k: int, field: str) -> Mask:
+        """``{padding: [1, 1, 0]}`` (1 = a real token, 0 = padding) or ``{valid-length: n}`` (the first
+        n keys are real): which keys every query may attend to."""
+        if key.value == "padding":
+            field += ".padding"
+            if not isinstance(value, yaml.SequenceNode) or not value.value or \
+                    isinstance(value.value[0], yaml.SequenceNode):
+                raise self.at(value).error(
+                    f"padding is one 0/1 entry per key such as [1, 1, 1, 0] (1 = a real token, 0 = padding), "
+                    f"not {_yaml.kind(value)}", field)
+            keys = tuple(self.padding_entry(item, _item(field, j)) for j, item in enumerate(value.value))
+            if len(keys) != n_k:
+                raise self.at(value).error(
+                    f"the padding vector has {len(keys)} {'entry' if len(keys) == 1 else 'entries'} but there "
+                    f"{'is' if n_k == 1 else 'are'} {n_k} {_plural(n_k, 'key')}: give one 0/1 entry per key", field)
+            return Mask("padding", tuple(keys for _ in range(n_q)), keys=keys)
+        field += ".valid-length"
+        if isinstance(value, yaml.ScalarNode) and not value.style and _WHOLE.fullmatch(value.value) and \
+                1 <= int(value.value) <= n_k:
+            n = int(value.value)
+            keys = tuple(j < n for j in range(n_k))
+            return Mask("valid-length", tuple(keys for _ in range(n_q)), keys=keys, valid_length=n)
+        raise self.at(value).error(
+            f"the valid length must be a whole number from 1 to {n_k} (the number of keys), not {_yaml.kind(value)}",
+            field)
+
+    def combined_mask(self, node: yaml.SequenceNode, n_q: int, n_k: int) -> Mask:
+        """``[causal, {padding: [...]}]``: each query may attend where every part allows it."""
+        parts = []
+        for k, item in enumerate(node.value):
+            field = _item("mask", k)
+            if isinstance(item, yaml.ScalarNode) and item.value in MASK_WORDS:
+                parts.append(Mask(item.value, mask_rule(item.value, n_q, n_k)))
+                continue
+            if isinstance(item, yaml.MappingNode) and len(item.value) == 1:
+                name = getattr(item.value[0][0], "value", None)
+                if name in ("padding", "valid-length"):
+                    parts.append(self.key_mask(item.value[0][0], item.value[0][1], n_q, n_k, field))
+                    continue
+                if name == "sliding-window":
+                    parts.append(self.mask(item, n_q, n_k))
+                    continue
+            word = getattr(item, "value", "")
+            hint = _did_you_mean(word, MASK_WORDS + ("padding", "valid-length", "sliding-window")) \
+                if isinstance(word, str) else ""
+            raise self.at(item).error(
+                f"a mask in a list is causal, causal-bottom-right, none, {{sliding-window: w}}, {{padding: [...]}} "
+                f"or {{valid-length: n}}, not {_yaml.kind(item)}{hint}", field)
+        if len(parts) == 1:
+            return parts[0]
+        allowed = tuple(tuple(all(p.allowed[i][j] for p in parts) for j in range(n_k)) for i in range(n_q))
+        return Mask("combined", allowed, parts=tuple(parts))
+
+    def padding_entry(self, node: yaml.Node, field: str) -> bool:
+        if isinstance(node, yaml.ScalarNode) and not node.style and node.value in ("0", "1"):
+            return node.value == "1"
+        raise self.at(node).error(f"a padding entry is 1 (a real token) or 0 (padding), not {_yaml.kind(node)}", field)
+
     def mask_entry(self, node: yaml.Node, field: str) -> bool:
         if _yaml.is_bool(node):
             return _yaml.bool_value(node)
@@ -898,7 +1075,8 @@ class _Reader:
             f"a mask entry is 1 (may attend) or 0 (may not), or true/false, not {_yaml.kind(node)}", field
         )
 
-    def check_rows_attend(self, mask: Mask, bias: Matrix | None, mask_node: yaml.Node, bias_node) -> None:
+    def check_rows_attend(self, mask: Mask, bias: Matrix | None, mask_node: yaml.Node, bias_node,
+                          tokens: tuple[str, ...] = ()) -> None:
         for i, row in enumerate(mask.allowed):
             if not any(
                 ok and (bias is None or bias[i, j] != sympy.S.NegativeInfinity) for j, ok in enumerate(row)
@@ -909,7 +1087,8 @@ class _Reader:
                     by, field, node = "the mask leaves", "mask", mask_node
                 raise self.at(node).error(
                     f"{by} row {i + 1} with no key to attend to; "
-                    "its softmax would be 0/0. Allow at least one key in every row",
+                    "its softmax would be 0/0. Allow at least one key in every row"
+                    + (f" (row {i + 1} is the query {tokens[i]!r})" if i < len(tokens) else ""),
                     field,
                 )
 
@@ -1006,6 +1185,11 @@ def _row(name: str, i: int) -> str:
 def _item(name: str, i: int) -> str:
     """``tokens item 2`` for the 0-based item ``i`` of the list ``name``."""
     return f"{name} item {i + 1}"
+
+
+def _and(items: list[str]) -> str:
+    """``1, 2 and 3``."""
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
 
 def _plural(n: int, word: str) -> str:

@@ -41,6 +41,7 @@ DW_Q, DW_K, DW_V, DX, DCONTEXT = "dW_Q", "dW_K", "dW_V", "dX", "dcontext"
 Q_ROT, K_ROT = "Q_rot", "K_rot"  # the queries and keys rotated by RoPE
 # FlashAttention's online softmax (``tiling:`` / ``--tiled B``)
 M_TILED, L_TILED, ACC_TILED, O_TILED = "m_tiled", "l_tiled", "acc_tiled", "O_tiled"
+PE, X_POS = "PE", "X_pos"
 
 _HEAD_PREFIX = "head"
 
@@ -90,13 +91,33 @@ class Context:
         return self.p.context is not None
 
     @property
+    def positions(self) -> bool:
+        """Positional encodings are added to X before the projections."""
+        return getattr(self.p, "positions", None) is not None
+
+    @property
+    def xq(self) -> str:
+        """The key of what the queries are made from: X, or X with its positions added."""
+        return X_POS if self.positions else X
+
+    @property
     def kv(self) -> str:
-        """The key of what the keys and values are made from: the context, or X itself."""
-        return CONTEXT if self.cross else X
+        """The key of what the keys and values are made from: the context, or X itself (with its
+        positions when it has them)."""
+        return CONTEXT if self.cross else self.xq
 
     @property
     def kv_name(self) -> str:
-        return "C" if self.cross else "X"
+        return "C" if self.cross else self.xq_name
+
+    @property
+    def xq_name(self) -> str:
+        """What the queries are made from, in LaTeX."""
+        return "X_{pos}" if self.positions else "X"
+
+    def plain(self, name: str) -> str:
+        """A name of :attr:`xq_name`/:attr:`kv_name` in plain text."""
+        return name.replace("_{pos}", "_pos")
 
     @property
     def heads(self) -> list[int | None]:
@@ -194,7 +215,7 @@ class Kind:
 
     key: str
     name: str
-    order: int  # place in the formula (what --from/--to and --ask count by)
+    order: float  # place in the formula (what --from/--to and --ask count by)
     section: "str | Callable[[Context], str]"
     title: Text
     why: Text
@@ -339,6 +360,10 @@ _WHY = {
     DX: "⟦X⟧ reached the loss along three paths (queries, keys and values), so its gradient is their sum.",
     "dX_cross": "⟦X⟧ only made the queries here (cross-attention), so its gradient comes through ⟦dQ⟧ alone.",
     "dX_heads": " With several heads, every head's paths add up.",
+    "dX_positions": (" The paths start at ⟦X_{pos} = X + PE⟧ and ⟦PE⟧ does not depend on ⟦X⟧, so the gradient of "
+                     "⟦X⟧ is that of ⟦X_{pos}⟧ (for learned positions it is their gradient too, not derived here)."),
+    "positions_used": (" The rows are those of ⟦X_{pos}⟧, the tokens with their positions added, so it now "
+                       "depends on where each token stands."),
     DCONTEXT: "The context made the keys and the values, so its gradient is the sum of those two paths.",
     M_TILED: (
         "FlashAttention never holds a whole row of scores: it reads the keys in blocks and keeps, per query, "
@@ -369,7 +394,7 @@ _WHY = {
 def _mask_why(c: Context) -> str:
     p = c.p
     why = _WHY[M] + f" Here the rule is {p.mask.rule()}."
-    if p.mask.kind in ("causal", "causal-bottom-right", "sliding-window") and p.n_q != p.n_k:
+    if p.mask.kinds & {"causal", "causal-bottom-right", "sliding-window"} and p.n_q != p.n_k:
         shift = p.n_k - p.n_q
         why += (
             f" With ⟦{p.n_q}⟧ queries and ⟦{p.n_k}⟧ keys the two causal alignments differ: top-left "
@@ -379,6 +404,60 @@ def _mask_why(c: Context) -> str:
     if p.bias is not None:
         why += " The bias is added to it, so ⟦M⟧ is the mask plus the bias."
     return why
+
+
+_POSITIONS_WHY = {
+    "sinusoidal": (
+        "Attention by itself ignores order: shuffling the tokens only shuffles the output rows. The original "
+        "transformer therefore adds to each token a fixed vector that encodes its position ⟦p⟧: each pair of "
+        "columns ⟦2i, 2i+1⟧ holds the sine and cosine of ⟦p⟧ at one frequency, ⟦1/\\mathrm{{base}}^{{2i/d}}⟧, "
+        "from one radian per position (⟦i = 0⟧) to ever slower ones, so nearby positions get similar rows. "
+        "Positions are counted from ⟦p = 0⟧ as in the paper: token ⟦1⟧ of this text has ⟦p = 0⟧, so its row is "
+        "⟦\\sin(0) = 0⟧ and ⟦\\cos(0) = 1⟧ alternating. Here ⟦\\mathrm{{base}} = {base}⟧ and ⟦d = d_{{\\mathrm{{model}}}} = {d}⟧, and "
+        "every entry is exact."
+    ),
+    "learned": (
+        "Attention by itself ignores order: shuffling the tokens only shuffles the output rows. Here the "
+        "positions are learned (GPT-2 style): one trained row per position, given, and row ⟦p⟧ is added to the "
+        "token at position ⟦p⟧."
+    ),
+    "cross": (
+        " Only ⟦X⟧, the query side, gets positions: the context is taken as given (in an encoder-decoder "
+        "transformer it is the encoder's output, whose positions were added before the encoder)."
+    ),
+}
+
+
+def _pe_why(c: Context) -> str:
+    pos = c.p.positions
+    import sympy
+
+    why = _POSITIONS_WHY[pos.kind]
+    if pos.kind == "sinusoidal":
+        why = why.format(base=sympy.latex(pos.base), d=c.p.d_model)
+    return why + (_POSITIONS_WHY["cross"] if c.cross else "")
+
+
+def _pe_formula(c: Context) -> tuple[str, str]:
+    import sympy
+
+    pos = c.p.positions
+    if pos.kind != "sinusoidal":
+        return "PE", "PE (given)"
+    b, d, t = sympy.latex(pos.base), c.p.d_model, str(pos.base)
+    if not pos.base.is_Integer:
+        b, t = f"\\left({b}\\right)", f"({t})"
+    angle = f"\\frac{{p}}{{{b}^{{2i/{d}}}}}"
+    return (f"PE_{{p,\\,2i}} = \\sin {angle},\\quad PE_{{p,\\,2i+1}} = \\cos {angle}",
+            f"PE[p, 2i] = sin(p / {t}^(2i/{d})), PE[p, 2i+1] = cos(p / {t}^(2i/{d})), p = 0, 1, ...")
+
+
+def _pe_slip(**slip) -> Relation:
+    def relation(ops, ex, c):
+        m = c.p.positions.variant(**slip)
+        return None if m is None else ops.given(m)
+
+    return relation
 
 
 def _scale_formula(c: Context) -> tuple[str, str]:
@@ -472,7 +551,7 @@ def _input_gradient(kind: str) -> Relation:
 
 def _dX_why(c: Context) -> str:
     why = _WHY["dX_cross"] if c.cross else _WHY[DX]
-    return why + (_WHY["dX_heads"] if c.multi else "")
+    return why + (_WHY["dX_heads"] if c.multi else "") + (_WHY["dX_positions"] if c.positions else "")
 
 
 def _dX_formula(c: Context) -> tuple[str, str]:
@@ -500,8 +579,8 @@ def dot_at(key: str, v, result, c: Context, i: int, j: int) -> Dot | None:
         rot = "^{\\mathrm{rot}}" if c.rope is not None else ""
         return _dot(S, i, j, v("q_in").row(i), v(K_T).col(j), f"q{rot}_{i + 1}", f"k{rot}_{j + 1}", result[i, j])
     if key in (Q, K, V):
-        inp = v(X) if key == Q else v(c.kv)
-        label = "x" if key == Q else c.kv_name.lower()
+        inp = v(c.xq) if key == Q else v(c.kv)
+        label = "x" if key == Q or not c.cross else "c"
         return _dot(key, i, j, inp.row(i), v("W_" + key).col(j), f"{label}_{i + 1}", f"W_{key}[:,{j + 1}]",
                     result[i, j])
     return None
@@ -740,27 +819,28 @@ def _projection_row(key: str, order: int, title: str) -> Kind:
     def shape(sh, r, c):
         if not c.projected:
             return given_note(r, c)
-        inp = sh(X) if key == Q else sh(c.kv)
+        inp = sh(c.xq) if key == Q else sh(c.kv)
         n = "n_q" if key == Q else "n_k"
         return _prod(inp, sh("W_" + key), f"{n} × {'d_v' if key == V else 'd_k'}")
 
     def why(c):
         if not c.projected:
             return _WHY[f"{key}_given"]
-        return _WHY[key] + (_WHY["cross"] if c.cross and key != Q else "")
+        positions = _WHY["positions_used"] if c.positions and (key == Q or not c.cross) else ""
+        return _WHY[key] + (_WHY["cross"] if c.cross and key != Q else "") + positions
 
     def formula(c):
         if not c.projected:
             return key, key
-        name = "X" if key == Q else c.kv_name
-        return f"{key} = {name}\\,W_{{{key}}}", f"{key} = {name}·W_{key}"
+        name = c.xq_name if key == Q else c.kv_name
+        return f"{key} = {name}\\,W_{{{key}}}", f"{key} = {c.plain(name)}·W_{key}"
 
     return Kind(
         key, key, order, lambda c: "project" if c.projected else "given",
         lambda c: {Q: "Queries (given)", K: "Keys (given)", V: "Values (given)"}[key] if not c.projected else title,
         why, formula, (QUERIES if key == Q else KEYS, key.lower()), shape,
-        inputs=(X if key == Q else "kv", "W_" + key),
-        relation=lambda ops, v, c: ops.matmul(v(X) if key == Q else v(c.kv), v("W_" + key)),
+        inputs=("xq" if key == Q else "kv", "W_" + key),
+        relation=lambda ops, v, c: ops.matmul(v(c.xq) if key == Q else v(c.kv), v("W_" + key)),
         source=lambda c: None if c.projected else getattr(c.p, key),
         per_head=True, slips=True, worked=_worked_projection(key),
         mistakes=(_transposed(key),) + (_ROPE_V_MISTAKES if key == V else ()),
@@ -771,18 +851,22 @@ def _weight_gradient(key: str, order: int, noun: str) -> Kind:
     g = key[-1]
 
     def relation(ops, v, c):
-        inp = v(X) if g == "Q" else v(c.kv)
+        inp = v(c.xq) if g == "Q" else v(c.kv)
         return ops.matmul(ops.T(inp), v("d" + g))
 
     def formula(c):
-        name = "X" if g == "Q" else c.kv_name
-        return f"dW_{{{g}}} = {name}^{{\\top}} d{g}", f"dW_{g} = {name}ᵀ·d{g}"
+        name = c.xq_name if g == "Q" else c.kv_name
+        return f"dW_{{{g}}} = {name}^{{\\top}} d{g}", f"dW_{g} = {c.plain(name)}ᵀ·d{g}"
+
+    def why(c):
+        text = _WHY[key].replace("{C}", c.kv_name)
+        return text.replace("X", c.xq_name) if g == "Q" else text
 
     return Kind(
         key, key, order, "b_weights", f"Gradient of the {noun} weights",
-        lambda c: _WHY[key].replace("{C}", c.kv_name), formula, ("d", g.lower()),
-        lambda sh, r, c: _prod(_t(sh(X) if g == "Q" else sh(c.kv)), sh("d" + g), f"like W_{g}"),
-        inputs=(X if g == "Q" else "kv", "d" + g), relation=relation,
+        why, formula, ("d", g.lower()),
+        lambda sh, r, c: _prod(_t(sh(c.xq) if g == "Q" else sh(c.kv)), sh("d" + g), f"like W_{g}"),
+        inputs=("xq" if g == "Q" else "kv", "d" + g), relation=relation,
         when=lambda c: c.projected and c.loss is not None, per_head=True, gradient=True, labelled=False,
         mistakes=(_transposed(key, square_only=True),),
     )
@@ -797,6 +881,24 @@ KINDS: tuple[Kind, ...] = (
     Kind(CONTEXT, CONTEXT, 2, "input", "Context tokens (the key and value side)", _WHY[CONTEXT], ("C", "C"),
          (KEYS, "d"), lambda sh, r, c: _plain(r, "n_k × d_model"), source=lambda c: c.p.context,
          when=lambda c: c.cross),
+    # positional encodings, added to X before the projections
+    Kind(PE, PE, 2.3, "positions",
+         lambda c: "Sinusoidal positional encodings" if c.p.positions.kind == "sinusoidal" else "Learned positions",
+         _pe_why, _pe_formula, (QUERIES, "d"), lambda sh, r, c: _plain(r, "n_q × d_model, one row per position"),
+         relation=lambda ops, v, c: ops.given(c.p.positions.matrix),
+         source=lambda c: c.p.positions.matrix if c.p.positions.kind == "learned" else None,
+         when=lambda c: c.positions,
+         mistakes=(Mistake("sin and cos swapped: the even columns 2i take the sine, the odd ones the cosine",
+                           _pe_slip(swap=True)),
+                   Mistake("positions counted from 1: the first token is at p = 0", _pe_slip(start=1)),
+                   Mistake("exponent k/d with the column number k instead of 2i/d (the sine and cosine of a "
+                           "pair share one frequency)", _pe_slip(pairs=False)))),
+    Kind(X_POS, X_POS, 2.6, "positions", "Add the positions to the tokens",
+         "Each token's row gets its position's row of ⟦PE⟧ added, entry by entry; the projections read ⟦X_{pos}⟧ "
+         "instead of ⟦X⟧, so the same word at two positions gives two different queries, keys and values.",
+         ("X_{pos} = X + PE", "X_pos = X + PE"), (QUERIES, "d"), lambda sh, r, c: _plain(r, "like X"),
+         inputs=(X, PE), relation=lambda ops, v, c: ops.sum([v(X), v(PE)]), when=lambda c: c.positions,
+         mistakes=(Mistake("the positions were not added: X_pos = X", lambda ops, ex, c: ex(X)),)),
     # 2 projections (weights first, as the JSON contract lists them)
     _weights_row(W_Q, 3, "Query weights"),
     _weights_row(W_K, 5, "Key weights"),
@@ -1003,7 +1105,9 @@ BY_KEY: dict[str, Kind] = {k.key: k for k in KINDS}
 # (entry (j, i)). The web page highlights them when a reader points at the entry. Input keys as
 # in ``Kind.inputs``.
 TRACES: dict[str, tuple[tuple[str, str], ...]] = {
-    Q: ((X, "row"), (W_Q, "col")),
+    PE: (),
+    X_POS: ((X, "entry"), (PE, "entry")),
+    Q: (("xq", "row"), (W_Q, "col")),
     K: (("kv", "row"), (W_K, "col")),
     V: (("kv", "row"), (W_V, "col")),
     Q_ROT: ((Q, "row"),),
@@ -1025,7 +1129,7 @@ TRACES: dict[str, tuple[tuple[str, str], ...]] = {
     DS: ((DS_MASKED, "entry"),),
     DQ: ((DS, "row"), (K, "col")),
     DK: ((DS, "col_i"), (Q, "col")),
-    DW_Q: ((X, "col_i"), (DQ, "col")),
+    DW_Q: (("xq", "col_i"), (DQ, "col")),
     DW_K: (("kv", "col_i"), (DK, "col")),
     DW_V: (("kv", "col_i"), (DV, "col")),
 }
@@ -1042,6 +1146,7 @@ def traces(kind: Kind, c: Context) -> list[tuple[str, str]]:
 SECTIONS: tuple[Section, ...] = (
     Section("given", "The input: queries, keys and values given", applies=lambda c: not c.projected),
     Section("input", "The input", applies=lambda c: c.projected),
+    Section("positions", "Add the positions", applies=lambda c: c.positions),
     Section("project", "Project to queries, keys and values", per_head=True, applies=lambda c: c.projected),
     Section("rotate", "Rotate the queries and keys (RoPE)", per_head=True, applies=lambda c: c.rope is not None),
     Section("transpose", "Transpose the keys", per_head=True),
@@ -1131,6 +1236,8 @@ def resolve(key: str, c: Context, head: "int | None | object" = ...) -> list[str
         key = c.kv
     if key in ("q_in", "k_in"):  # what the scores read: the rotated queries and keys under RoPE
         key = {"q_in": Q_ROT, "k_in": K_ROT}[key] if c.rope is not None else {"q_in": Q, "k_in": K}[key]
+    if key == "xq":
+        key = c.xq
     if key == "output":
         key = c.output
     if key == "heads":
@@ -1177,7 +1284,7 @@ def unknown_stage(word: str, choices) -> str:
 
 
 __all__ = [
-    "A", "ACC_TILED", "BY_KEY", "CONCAT", "K_ROT", "Q_ROT", "CONTEXT", "Context", "DA", "DCONCAT", "DCONTEXT", "DK", "DO", "DO_HEAD", "DQ", "DS",
+    "A", "ACC_TILED", "BY_KEY", "CONCAT", "K_ROT", "PE", "Q_ROT", "X_POS", "CONTEXT", "Context", "DA", "DCONCAT", "DCONTEXT", "DK", "DO", "DO_HEAD", "DQ", "DS",
     "DS_MASKED", "DV", "DW_K", "DW_O", "DW_Q", "DW_V", "DX", "Dot", "GRADIENT_NAMES", "K", "KINDS", "K_T", "Kind",
     "L_TILED", "M", "M_TILED", "Mistake", "NAMES", "O", "O_FINAL", "O_TILED", "Planned", "Q", "S", "SECTIONS", "S_MASKED", "S_SCALED", "Section", "V",
     "W_K", "W_O", "W_Q", "W_V", "X", "did_you_mean", "input_ids", "order_of", "plan", "resolve", "section_of",

@@ -14,7 +14,7 @@ import numpy as np
 
 from . import stages as st
 from ._errors import SymattnError
-from .numeric import _f64
+from .numeric import _f64, positions_f64
 from .problem import Problem
 
 INSTALL_HINT = "pip install 'symattn[torch]'"
@@ -77,6 +77,9 @@ def torch_stages(p: Problem) -> dict[str, np.ndarray]:
             head(st.stage_id, t(p.Q), t(p.K), t(p.V))
             return out
         X = t(p.X)
+        PE = positions_f64(p)
+        if PE is not None:
+            X = X + torch.from_numpy(PE)                        # the projections read X + PE
         C = t(p.context) if p.context is not None else X
         outputs = []
         for h, weights in enumerate(p.heads, 1):

@@ -48,6 +48,13 @@ def allowed_grid(mask, n_q: int, n_k: int) -> list[list[bool]]:
         return [[j <= i for j in range(n_k)] for i in range(n_q)]
     if mask == "causal-bottom-right":
         return [[j <= i + n_k - n_q for j in range(n_k)] for i in range(n_q)]
+    if isinstance(mask, list) and mask and not isinstance(mask[0], list):  # a list of masks: their AND
+        parts = [allowed_grid(m, n_q, n_k) for m in mask]
+        return [[all(p[i][j] for p in parts) for j in range(n_k)] for i in range(n_q)]
+    if isinstance(mask, dict) and "padding" in mask:  # one 0/1 entry per key, for every query
+        return [[str(mask["padding"][j]) == "1" for j in range(n_k)] for _ in range(n_q)]
+    if isinstance(mask, dict) and "valid-length" in mask:  # keys 1..n are real (1-based)
+        return [[j < int(mask["valid-length"]) for j in range(n_k)] for _ in range(n_q)]
     if isinstance(mask, dict):
         w = int(mask["sliding-window"])
         return [[j <= i and i - j < w for j in range(n_k)] for i in range(n_q)]

@@ -64,8 +64,12 @@ except ImportError:  # pragma: no cover - torch is optional
     _torch = None
 
 ROOT = Path(__file__).resolve().parent.parent
-# (the backward pass through RoPE is refused: tests/test_rope.py tests those examples)
-EXAMPLES = sorted(p for p in (ROOT / "worked_examples").glob("*.yaml") if not p.stem.startswith("rope"))
+# (the backward pass through RoPE is refused: tests/test_rope.py tests those examples.) Positional
+# encodings (sines and cosines) are beyond this file's fractions: their gradients are checked in
+# test_positions.py (finite differences and PyTorch autograd).
+EXAMPLES = sorted(p for p in (ROOT / "worked_examples").glob("*.yaml")
+                  if not p.stem.startswith("rope")
+                  and not any(line.startswith("positions:") for line in p.read_text("utf-8").splitlines()))
 CAUSAL4 = ROOT / "worked_examples" / "causal_4_tokens.yaml"
 TWO_HEADS = ROOT / "worked_examples" / "two_heads.yaml"
 

@@ -57,7 +57,7 @@ def _forward_ids(raw: dict) -> list[str]:
     tiled = ["m_tiled", "l_tiled", "acc_tiled", "O_tiled"] if "tiling" in raw else []  # after each head's O
     if "Q" in raw:
         return given + tiled
-    ids = ["X"] + (["context"] if "context" in raw else [])
+    ids = ["X"] + (["context"] if "context" in raw else []) + (["PE", "X_pos"] if "positions" in raw else [])
     if "heads" not in raw:
         return ids + head_ids + tiled
     for h in range(1, len(raw["heads"]) + 1):

@@ -189,7 +189,11 @@ def _forward_headings(problem: dict) -> list[str]:
         titles = [GIVEN_INPUT_TITLE, *stage_titles[2:]]
         return [f"Step {n}: {t}" for n, t in enumerate(titles, 1)]
     if "heads" not in problem:
-        return [f"Step {n}: {t}" for n, t in enumerate(stage_titles, 1)]
+        titles = list(stage_titles)
+        if "positions" in problem:  # PE and X_pos come between the input and the projections
+            titles.insert(1, "Add the positions")
+        return [f"Step {n}: {t}" for n, t in enumerate(titles, 1)]
+    assert "positions" not in problem, "extend expected_headings for positions with several heads"
     out = ["Step 1: The input"]
     for h in range(1, len(problem["heads"]) + 1):
         out += [f"Head {h} · Step {n}: {t}" for n, t in enumerate(stage_titles[1:], 2)]

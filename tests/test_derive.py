@@ -34,10 +34,10 @@ from _reference import fmatmul, fmatrix, frac, ftranspose
 
 ROOT = Path(__file__).resolve().parent.parent
 # The single-head numeric examples; heads and symbols have their own references in test_family.py,
-# RoPE in test_rope.py.
+# RoPE in test_rope.py; positional encodings (sines and cosines, not fractions) in test_positions.py.
 EXAMPLES = sorted(
     p for p in (ROOT / "worked_examples").glob("*.yaml")
-    if not any(line.startswith(("heads:", "symbols:", "rope:")) for line in p.read_text("utf-8").splitlines())
+    if not any(line.startswith(("heads:", "symbols:", "rope:", "positions:")) for line in p.read_text("utf-8").splitlines())
 )
 EXAMPLE_IDS = [p.stem for p in EXAMPLES]
 
@@ -93,6 +93,24 @@ def _mask_entry(text: str) -> bool:
     raise AssertionError(f"unexpected mask entry {text!r}")
 
 
+def _allowed(mask, n_q: int, n_k: int) -> list[list[bool]]:
+    """Which keys each query may see under one mask of the file (BaseLoader: every scalar a string)."""
+    if mask == "none":
+        return [[True] * n_k for _ in range(n_q)]
+    if mask == "causal":
+        return [[j <= i for j in range(n_k)] for i in range(n_q)]
+    if mask == "causal-bottom-right":
+        return [[j <= i + n_k - n_q for j in range(n_k)] for i in range(n_q)]
+    if isinstance(mask, dict) and "padding" in mask:  # a key-padding vector, the same for every query
+        return [[mask["padding"][j] == "1" for j in range(n_k)] for _ in range(n_q)]
+    if isinstance(mask, dict) and "valid-length" in mask:  # keys 1..n (1-based) are real
+        return [[j < int(mask["valid-length"]) for j in range(n_k)] for _ in range(n_q)]
+    if isinstance(mask, dict):
+        w = int(mask["sliding-window"])
+        return [[j <= i and i - j < w for j in range(n_k)] for i in range(n_q)]
+    return [[_mask_entry(x) for x in row] for row in mask]
+
+
 def read_ref(text: str) -> Ref:
     raw = yaml.load(text, Loader=yaml.BaseLoader)
     if "Q" in raw:
@@ -110,17 +128,11 @@ def read_ref(text: str) -> Ref:
     scale = scale_text if scale_text in ("auto", "none") else frac(scale_text)
 
     mask = raw.get("mask", "none")
-    if mask == "none":
-        allowed = [[True] * n_k for _ in range(n_q)]
-    elif mask == "causal":
-        allowed = [[j <= i for j in range(n_k)] for i in range(n_q)]
-    elif mask == "causal-bottom-right":
-        allowed = [[j <= i + n_k - n_q for j in range(n_k)] for i in range(n_q)]
-    elif isinstance(mask, dict):
-        w = int(mask["sliding-window"])
-        allowed = [[j <= i and i - j < w for j in range(n_k)] for i in range(n_q)]
+    if isinstance(mask, list) and mask and not isinstance(mask[0], list):  # [causal, {valid-length: 3}]: AND
+        parts = [_allowed(m, n_q, n_k) for m in mask]
+        allowed = [[all(p[i][j] for p in parts) for j in range(n_k)] for i in range(n_q)]
     else:
-        allowed = [[_mask_entry(x) for x in row] for row in mask]
+        allowed = _allowed(mask, n_q, n_k)
 
     bias = None
     if "bias" in raw:

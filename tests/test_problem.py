@@ -992,14 +992,16 @@ def test_unknown_mask_word_did_you_mean(word, hint):
     err = fail(QKV3 + f"mask: {word}\n")
     assert_at(err, 4, 7, "mask")  # "mask: " is 6 characters
     assert err.message == (
-        f"unknown mask {word!r}{hint}; use none, causal, causal-bottom-right, {{sliding-window: w}} or a 0/1 matrix"
+        f"unknown mask {word!r}{hint}; use none, causal, causal-bottom-right, {{sliding-window: w}}, "
+        "{padding: [1, 1, 0]}, {valid-length: n}, a list of these or a 0/1 matrix"
     )
 
 
 def test_unknown_mask_mapping_did_you_mean():
     err = fail(QKV3 + "mask: {sliding_window: 2}\n")
     assert_at(err, 4, 8, "mask")  # the key inside "{" starts in column 8
-    assert err.message == "unknown mask 'sliding_window' (did you mean 'sliding-window'?); the mapping form is {sliding-window: w}"
+    assert err.message == ("unknown mask 'sliding_window' (did you mean 'sliding-window'?); the mapping forms are "
+                           "{sliding-window: w}, {padding: [1, 1, 0]} and {valid-length: n}")
 
 
 @pytest.mark.parametrize("w", ["0", "-1", "two", "1.5", "'2'", "~"])

@@ -277,6 +277,9 @@ def _intro(d: Derivation) -> str:
     if p.scale == "auto" and p.multi_head:
         scale = "each head's scores scaled by 1/√d_k"
     bias = "; a bias is added to the mask" if p.bias is not None else ""
+    if p.positions is not None:  # said after the sizes: the projections read X + PE
+        what += ("; sinusoidal positions (base " + str(p.positions.base) + ") are added to X"
+                 if p.positions.kind == "sinusoidal" else "; learned positions are added to X")
     symbols = ""
     if p.symbols:
         names = ", ".join(s.name for s in p.symbols)
