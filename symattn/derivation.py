@@ -430,4 +430,10 @@ def _labels(axis: str, n: int, p: Problem) -> tuple[str, ...]:
         return p.tokens
     if axis == stages.KEYS:
         return p.key_tokens
+    if axis == stages.CACHED:  # the keys in the cache when token t is decoded
+        return p.key_tokens[:n]
+    if axis == stages.NEW:  # the decoded token
+        return p.tokens[p.decode - 1:p.decode]
+    if axis == stages.COSTS:
+        return stages.COST_COLUMNS[:n]
     return tuple(f"{axis}{i + 1}" for i in range(n))

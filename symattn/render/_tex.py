@@ -17,7 +17,7 @@ from ._print import (
     tex,
     value_tex,
 )
-from ..stages import KEYS, QUERIES
+from ..stages import TOKEN_AXES
 from .entries import EntryForm, Over, entry_forms, normaliser_is_number
 
 if TYPE_CHECKING:
@@ -30,7 +30,7 @@ def _labels(step: Step) -> tuple[list[str] | None, list[str] | None]:
         return None, None
     tokens = lambda names: [tex_token(n) for n in names]  # noqa: E731
     dims = lambda names: [re.sub(r"([a-z])([0-9]+)", r"\1_{\2}", n) for n in names]  # noqa: E731
-    rows, cols = ((tokens if axis in (QUERIES, KEYS) else dims)(names) for axis, names in zip(step.axes, (step.rows, step.cols)))
+    rows, cols = ((tokens if axis in TOKEN_AXES else dims)(names) for axis, names in zip(step.axes, (step.rows, step.cols)))
     return rows, cols
 
 
