@@ -250,7 +250,9 @@ def _read_matrix(name: str, stage: str, node, shape: tuple[int, int], line: int)
     for i, row in enumerate(node.value):
         if not isinstance(row, yaml.SequenceNode) or len(row.value) != cols:
             n = len(row.value) if isinstance(row, yaml.SequenceNode) else "no"
-            raise _yaml.where(name, row).error(f"{stage} has {cols} columns but this row has {n} entries",
+            future = (" (the cache holds keys 1 to t only: an entry for a key after t used a future key)"
+                      if stages.split_id(stage)[1] in (stages.S_T, stages.A_T) and isinstance(n, int) and n > cols else "")
+            raise _yaml.where(name, row).error(f"{stage} has {cols} columns but this row has {n} entries{future}",
                                                f"{stage} row {i + 1}")
         entries.append(tuple(_read_entry(name, f"{stage} row {i + 1}, column {j + 1}", e) for j, e in enumerate(row.value)))
     return Answer(stage, tuple(entries), line)

@@ -434,6 +434,8 @@ def _labels(axis: str, n: int, p: Problem) -> tuple[str, ...]:
         return p.key_tokens[:n]
     if axis == stages.NEW:  # the decoded token
         return p.tokens[p.decode - 1:p.decode]
+    if axis == stages.STEPS:  # the decoding steps t = 1..n
+        return tuple(f"t = {t}" for t in range(1, n + 1))
     if axis == stages.COSTS:
         return stages.COST_COLUMNS[:n]
     return tuple(f"{axis}{i + 1}" for i in range(n))

@@ -52,9 +52,9 @@ _HEAD_PREFIX = "head"
 QUERIES, KEYS = "queries", "keys"
 # A decoding step's axes: the cached key tokens 1..t, the new query token t alone, and the
 # columns of the cost table.
-CACHED, NEW, COSTS = "cached", "new", "costs"
-TOKEN_AXES = (QUERIES, KEYS, CACHED, NEW, COSTS)  # axes labelled by tokens (or words), not d1, d2, ...
-COST_COLUMNS = ("scores from cache", "output from cache", "scores recomputed", "outputs recomputed")
+CACHED, NEW, STEPS, COSTS = "cached", "new", "steps", "costs"
+TOKEN_AXES = (QUERIES, KEYS, CACHED, NEW, STEPS, COSTS)  # axes labelled by tokens (or words), not d1, d2, ...
+COST_COLUMNS = ("scores (cache)", "output (cache)", "scores (full)", "outputs (full)")
 
 
 def stage_id(name: str, head: int | None = None) -> str:
@@ -182,6 +182,10 @@ class Section:
     backward: bool = False
     per_head: bool = False
     applies: Callable[[Context], bool] = lambda c: True
+    retitle: Callable[[Context], "str | None"] = lambda c: None  # another title for this head, or None
+
+    def title_for(self, c: Context) -> str:
+        return self.retitle(c) or self.title
 
 
 @dataclass(frozen=True)
@@ -808,8 +812,8 @@ _DECODE_KINDS: tuple[Kind, ...] = (
          relation=lambda ops, v, c: ops.sub(v(O_T), _row_t(ops, v(O), c)), when=_decoding, per_head=True,
          tex="o_t - O_{t,:}"),
     Kind(DECODE_COST, DECODE_COST, 15.8, "decode_cost", "The cost of a decoding step", _decode_why(DECODE_COST),
-         ("t\\,d_k,\\quad t\\,d_v,\\quad t^2 d_k,\\quad t^2 d_v", "t·d_k, t·d_v, t²·d_k, t²·d_v"), (QUERIES, COSTS),
-         lambda sh, r, c: _plain(r, "one row per step t = 1..n"),
+         ("\\text{cost}", "cost(t) = (t·d_k, t·d_v, t²·d_k, t²·d_v)"), (STEPS, COSTS),
+         lambda sh, r, c: _plain(r, "one row per decoding step t = 1..n: from the cache, then recomputed in full"),
          relation=lambda ops, v, c: ops.table(_decode_cost_rows(c)), when=_decoding, tex="\\text{cost}"),
 )
 
@@ -1024,7 +1028,9 @@ def traces(kind: Kind, c: Context) -> list[tuple[str, str]]:
 SECTIONS: tuple[Section, ...] = (
     Section("given", "The input: queries, keys and values given", applies=lambda c: not c.projected),
     Section("input", "The input", applies=lambda c: c.projected),
-    Section("project", "Project to queries, keys and values", per_head=True, applies=lambda c: c.projected),
+    Section("project", "Project to queries, keys and values", per_head=True, applies=lambda c: c.projected,
+            retitle=lambda c: (f"Project to queries (keys and values: K/V group {c.p.kv_group(c.head)}'s, above)"
+                               if c.reads(K, c.head) != c.head else None)),
     Section("transpose", "Transpose the keys", per_head=True),
     Section("scores", "Score every query against every key", per_head=True),
     Section("scale", "Scale the scores", per_head=True),
@@ -1157,7 +1163,7 @@ def unknown_stage(word: str, choices) -> str:
 
 
 __all__ = [
-    "A", "A_T", "BY_KEY", "CACHED", "COSTS", "COST_COLUMNS", "DECODE_COST", "K_CACHE", "NEW", "O_T", "O_T_DIFF",
+    "A", "A_T", "BY_KEY", "CACHED", "COSTS", "STEPS", "COST_COLUMNS", "DECODE_COST", "K_CACHE", "NEW", "O_T", "O_T_DIFF",
     "Q_T", "SHARED_KV", "S_T", "TOKEN_AXES", "V_CACHE", "kv_cache_size", "kv_groups", "CONCAT", "CONTEXT", "Context", "DA", "DCONCAT", "DCONTEXT", "DK", "DO", "DO_HEAD", "DQ", "DS",
     "DS_MASKED", "DV", "DW_K", "DW_O", "DW_Q", "DW_V", "DX", "Dot", "GRADIENT_NAMES", "K", "KINDS", "K_T", "Kind",
     "M", "Mistake", "NAMES", "O", "O_FINAL", "Planned", "Q", "S", "SECTIONS", "S_MASKED", "S_SCALED", "Section", "V",
