@@ -551,7 +551,8 @@ class _Reader:
                     hint = ("; with kv_heads, W_K and W_V go under kv, once per group"
                             if field == "heads" and name in ("W_K", "W_V") else "")
                     raise self.at(k).error(
-                        f"unknown field {name!r} in {what_one}{_did_you_mean(str(name), names)}; {what_one} has {listed}{hint}",
+                        f"unknown field {name!r} in {what_one}{'' if hint else _did_you_mean(str(name), names)}; "
+                        f"{what_one} has {listed}{hint}",
                         _item(field, h),
                     )
                 if name in nodes:
