@@ -40,7 +40,7 @@ DV, DA, DS_MASKED, DS, DQ, DK = "dV", "dA", "dS_masked", "dS", "dQ", "dK"
 DW_Q, DW_K, DW_V, DX, DCONTEXT = "dW_Q", "dW_K", "dW_V", "dX", "dcontext"
 # decoding one token from the KV cache (decode: t)
 K_CACHE, V_CACHE, Q_T, S_T, A_T, O_T = "K_cache", "V_cache", "q_t", "s_t", "a_t", "o_t"
-O_T_DIFF, DECODE_COST = "o_t_diff", "decode_cost"
+O_T_DIFF, DECODE_COST = "o_t_diff", "step_cost"
 # With kv_heads (grouped-query attention) these stages exist once per K/V group, under the id of
 # the group's first query head (head1.K for group 1); the group's other heads read them.
 SHARED_KV = frozenset({"W_K", "W_V", "K", "V", "K_T", "K_cache", "V_cache"})
@@ -811,7 +811,7 @@ _DECODE_KINDS: tuple[Kind, ...] = (
          lambda sh, r, c: _plain(r, "1 × d_v") + ", exactly 0", inputs=(O_T, O),
          relation=lambda ops, v, c: ops.sub(v(O_T), _row_t(ops, v(O), c)), when=_decoding, per_head=True,
          tex="o_t - O_{t,:}"),
-    Kind(DECODE_COST, DECODE_COST, 15.8, "decode_cost", "The cost of a decoding step", _decode_why(DECODE_COST),
+    Kind(DECODE_COST, DECODE_COST, 15.8, "step_cost", "The cost of a decoding step", _decode_why(DECODE_COST),
          ("\\text{cost}", "cost(t) = (t·d_k, t·d_v, t²·d_k, t²·d_v)"), (STEPS, COSTS),
          lambda sh, r, c: _plain(r, "one row per decoding step t = 1..n: from the cache, then recomputed in full"),
          relation=lambda ops, v, c: ops.table(_decode_cost_rows(c)), when=_decoding, tex="\\text{cost}"),
@@ -1038,7 +1038,7 @@ SECTIONS: tuple[Section, ...] = (
     Section("softmax", "Softmax on each row", per_head=True),
     Section("output", "Weighted sum of the values", per_head=True),
     Section("decode", "Decode the new token from the KV cache", per_head=True, applies=lambda c: c.t is not None),
-    Section("decode_cost", "The cost of a decoding step", applies=lambda c: c.t is not None),
+    Section("step_cost", "The cost of a decoding step", applies=lambda c: c.t is not None),
     Section("concat", "Concatenate the heads", applies=lambda c: c.multi),
     Section("projection", "Output projection", applies=lambda c: c.multi),
     Section("b_upstream", "Backward: the upstream gradient", backward=True),

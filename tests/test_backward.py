@@ -64,7 +64,8 @@ except ImportError:  # pragma: no cover - torch is optional
     _torch = None
 
 ROOT = Path(__file__).resolve().parent.parent
-EXAMPLES = sorted((ROOT / "worked_examples").glob("*.yaml"))
+# Grouped-query attention (kv_heads) has no backward pass yet: its examples are forward-only.
+EXAMPLES = sorted(p for p in (ROOT / "worked_examples").glob("*.yaml") if "kv_heads" not in p.read_text("utf-8"))
 CAUSAL4 = ROOT / "worked_examples" / "causal_4_tokens.yaml"
 TWO_HEADS = ROOT / "worked_examples" / "two_heads.yaml"
 
@@ -77,6 +78,7 @@ JSON_TOL = 1e-12  # the JSON decimals against the reference
 NEG_INF_TEXT = {"-inf", "-.inf", "-.Inf", "-.INF", "-oo"}
 FORWARD_PER_HEAD = ["W_Q", "W_K", "W_V", "Q", "K", "V", "K_T", "S", "S_scaled", "M", "S_masked", "A", "O"]
 FORWARD_GIVEN = ["Q", "K", "V", "K_T", "S", "S_scaled", "M", "S_masked", "A", "O"]
+DECODE_PER_HEAD = ["K_cache", "V_cache", "q_t", "s_t", "a_t", "o_t", "o_t_diff"]
 GRADIENT_PER_HEAD = ["dV", "dA", "dS_masked", "dS", "dQ", "dK"]
 GRADIENT_WEIGHTS = ["dW_Q", "dW_K", "dW_V"]
 
@@ -103,6 +105,7 @@ class Spec:
     allowed: list[list[bool]]
     bias: list | None  # Fraction, or None for -inf
     loss: tuple[str, list | None] | None  # ("sum", None), ("weights", W), ("target", T), ("dO", G)
+    decode: int | None = None  # decode: t adds token t's row from the KV cache after each head's forward stages
 
     def prefix(self, h: int) -> str:
         return f"head{h + 1}." if self.multi else ""
@@ -176,7 +179,8 @@ def read_spec(text: str, loss=KEEP) -> Spec:
             else:
                 (kind, rows), = section["loss"].items()
                 loss = (kind, fmatrix(rows, values))
-    return Spec(leaves, projected, cross, multi, n_heads, scale, allowed, bias, loss)
+    decode = int(raw["decode"]) if "decode" in raw else None
+    return Spec(leaves, projected, cross, multi, n_heads, scale, allowed, bias, loss, decode)
 
 
 # ---------------------------------------------------------------------------
@@ -351,6 +355,10 @@ def forward_ids(spec: Spec) -> list[str]:
     ids = ["X"] + (["context"] if spec.cross else [])
     for h in range(spec.n_heads):
         ids += [spec.prefix(h) + s for s in FORWARD_PER_HEAD]
+        if spec.decode is not None:
+            ids += [spec.prefix(h) + s for s in DECODE_PER_HEAD]
+    if spec.decode is not None:
+        ids.append("step_cost")
     if spec.multi:
         ids += ["concat", "W_O", "O"]
     return ids

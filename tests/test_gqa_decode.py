@@ -210,14 +210,14 @@ def test_decode_cost_table():
     n = len(data["X"])
     d = symattn.derive(symattn.load_problem(DECODE))
     want = [[t * d_k, t * d_v, t * t * d_k, t * t * d_v] for t in range(1, n + 1)]
-    assert d.step("decode_cost").exact.tolist() == want
-    assert d.step("decode_cost").rows == tuple(f"t = {t}" for t in range(1, n + 1))
+    assert d.step("step_cost").exact.tolist() == want
+    assert d.step("step_cost").rows == tuple(f"t = {t}" for t in range(1, n + 1))
     for out in (symattn.render_text(d), symattn.render_markdown(d), symattn.render_latex(d, standalone=True),
                 symattn.render_html(d)):
         assert "scores (cache)" in out and "scores (full)" in out
     out = json.loads(symattn.render_json(d))
     assert out["decode"] == {"token": 3, "row": 2, "label": "sat", "equals_full_row": True}
-    assert next(s for s in out["stages"] if s["id"] == "decode_cost")["exact"] == [[str(x) for x in r] for r in want]
+    assert next(s for s in out["stages"] if s["id"] == "step_cost")["exact"] == [[str(x) for x in r] for r in want]
 
 
 def _scaled_row(data: dict, t: int) -> list:
@@ -299,5 +299,5 @@ def test_decode_option_matches_the_field():
     by_field = json.loads(symattn.render_json(symattn.derive(symattn.load_problem(DECODE))))
     stages = {s["id"]: s["exact"] for s in json.loads(by_option.output)["stages"]}
     for s in by_field["stages"]:
-        if s["id"] in ("K_cache", "V_cache", "q_t", "s_t", "a_t", "o_t", "o_t_diff", "decode_cost"):
+        if s["id"] in ("K_cache", "V_cache", "q_t", "s_t", "a_t", "o_t", "o_t_diff", "step_cost"):
             assert stages[s["id"]] == s["exact"]
