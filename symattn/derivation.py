@@ -386,6 +386,9 @@ def derive(problem: Problem, *, on_step=None) -> Derivation:
     >>> derive(p).step("A").exact
     Matrix([[1/(exp(-1) + 1), exp(-1)/(exp(-1) + 1)]])
     """
+    if problem.kv_heads and problem.backward is not None:
+        raise SymattnError("the backward pass of grouped-query attention (kv_heads) is not supported yet",
+                           file=problem.source, field="backward")
     values: dict[str, object] = {}
     steps: list[Step] = []
     for planned in stages.plan(problem):

@@ -1029,7 +1029,7 @@ SECTIONS: tuple[Section, ...] = (
     Section("given", "The input: queries, keys and values given", applies=lambda c: not c.projected),
     Section("input", "The input", applies=lambda c: c.projected),
     Section("project", "Project to queries, keys and values", per_head=True, applies=lambda c: c.projected,
-            retitle=lambda c: (f"Project to queries (keys and values: K/V group {c.p.kv_group(c.head)}'s, above)"
+            retitle=lambda c: (f"Project to queries (K/V of group {c.p.kv_group(c.head)} above)"
                                if c.reads(K, c.head) != c.head else None)),
     Section("transpose", "Transpose the keys", per_head=True),
     Section("scores", "Score every query against every key", per_head=True),

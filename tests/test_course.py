@@ -182,12 +182,23 @@ def _forward_headings(problem: dict) -> list[str]:
     if "Q" in problem:  # queries, keys and values given: no projection stage
         titles = [GIVEN_INPUT_TITLE, *STAGE_TITLES[2:]]
         return [f"Step {n}: {t}" for n, t in enumerate(titles, 1)]
+    decode = ("Decode the new token from the KV cache",) if "decode" in problem else ()
+    cost = [f"Step {len(STAGE_TITLES) + 2}: The cost of a decoding step"] if decode else []
     if "heads" not in problem:
-        return [f"Step {n}: {t}" for n, t in enumerate(STAGE_TITLES, 1)]
+        return [f"Step {n}: {t}" for n, t in enumerate(STAGE_TITLES + decode, 1)] + cost
     out = ["Step 1: The input"]
-    for h in range(1, len(problem["heads"]) + 1):
-        out += [f"Head {h} · Step {n}: {t}" for n, t in enumerate(STAGE_TITLES[1:], 2)]
-    return out + ["Step 9: Concatenate the heads", "Step 10: Output projection"]
+    n_heads = len(problem["heads"])
+    size = n_heads // problem.get("kv_heads", n_heads)  # query heads per K/V group
+    for h in range(1, n_heads + 1):
+        for n, t in enumerate(STAGE_TITLES[1:] + decode, 2):
+            if (h - 1) % size:  # a grouped head reads its group's keys and values, shown with its first head
+                if n == 3:
+                    continue
+                if n == 2:
+                    t = f"Project to queries (K/V of group {(h - 1) // size + 1} above)"
+            out.append(f"Head {h} · Step {n}: {t}")
+    last = len(STAGE_TITLES) + len(decode) + len(cost)
+    return out + cost + [f"Step {last + 1}: Concatenate the heads", f"Step {last + 2}: Output projection"]
 
 
 def shown_labels(labels: list[str], max_shown: int = 8) -> list[str]:
