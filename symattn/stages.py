@@ -1014,6 +1014,11 @@ TRACES: dict[str, tuple[tuple[str, str], ...]] = {
     DW_Q: ((X, "col"), (DQ, "col")),
     DW_K: (("kv", "col"), (DK, "col")),
     DW_V: (("kv", "col"), (DV, "col")),
+    K_CACHE: ((K, "entry"),),
+    V_CACHE: ((V, "entry"),),
+    A_T: ((S_T, "row"),),
+    O_T: ((A_T, "row"), (V_CACHE, "col")),
+    O_T_DIFF: ((O_T, "entry"),),
 }
 
 

@@ -128,6 +128,8 @@ def test_the_solution_says_which_heads_read_which_group_and_the_cache_size():
     assert "Head 4 · Step 2: Project to queries (K/V of group 2 above)" in text
     assert f"2 · {g} · {d_k} = {2 * g * d_k}" in text and f"2 · {h} · {d_k} = {2 * h * d_k}" in text
     latex, markdown = symattn.render_latex(d), symattn.render_markdown(d)
+    for out in (latex, markdown, symattn.render_html(d)):  # said once at the top too
+        assert "heads 1 and 2 read K/V group 1; heads 3 and 4 read K/V group 2" in out
     for out in (latex, markdown):
         assert "K/V group 1" in out and f"2 \\cdot {g} \\cdot {d_k} = {2 * g * d_k}" in out
     out = json.loads(symattn.render_json(d))
