@@ -303,3 +303,12 @@ def test_decode_option_matches_the_field():
     for s in by_field["stages"]:
         if s["id"] in ("K_cache", "V_cache", "q_t", "s_t", "a_t", "o_t", "o_t_diff", "step_cost"):
             assert stages[s["id"]] == s["exact"]
+
+
+def test_an_answer_for_a_grouped_heads_keys_points_to_its_group(tmp_path):
+    answers = tmp_path / "a.yaml"
+    answers.write_text("head4.V: [[0], [1], [1]]\n")
+    result = CliRunner().invoke(cli, ["check", str(GQA), str(answers)])
+    assert result.exit_code == 1
+    assert result.output.strip() == (f"Error: {answers}:1:1: head 4 reads K/V group 2, whose V is head3.V "
+                                      "(a group's keys and values are written once, with its first head)")
