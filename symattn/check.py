@@ -228,11 +228,11 @@ def parse_answers(text: str, name: str, derivation: Derivation) -> dict[str, Ans
                 f"{stage} is a gradient of the backward pass, which this problem does not derive; "
                 "add a backward: section to the problem or mark with --backward"
             )
-        head, name = stages.split_id(str(stage))
-        shared = stages.Context(derivation.problem, head).reads(name, head) if head else head
+        head, kind = stages.split_id(str(stage))
+        shared = stages.Context(derivation.problem, head).reads(kind, head) if head else head
         if stage not in ids and head and shared != head and head <= len(derivation.problem.heads):
-            raise where.error(f"head {head} reads K/V group {derivation.problem.kv_group(head)}, whose {name} is "
-                              f"{stages.stage_id(name, shared)} (a group's keys and values are written once, "
+            raise where.error(f"head {head} reads K/V group {derivation.problem.kv_group(head)}, whose {kind} is "
+                              f"{stages.stage_id(kind, shared)} (a group's keys and values are written once, "
                               "with its first head)")
         if stage not in ids:
             raise where.error(f"{stage!r} is not a computed stage of this problem{stages.did_you_mean(stage, ids)}; "
