@@ -17,7 +17,7 @@ from ._print import (
     tex,
     value_tex,
 )
-from ..stages import TOKEN_AXES
+from ..stages import O_T, TOKEN_AXES
 from .entries import EntryForm, Over, entry_forms, normaliser_is_number
 
 if TYPE_CHECKING:
@@ -176,4 +176,6 @@ def weighted_sum_tex(d: Derivation, step: Step, digits: int) -> str | None:
             continue
         v = grid(1, values.cols, lambda _, c: tex(values[j, c]), max_shown=MAX_SHOWN)
         terms.append(f"{_tex_decimal(a, digits)}\\,{v}")
+    if step.key == O_T:  # the decoded row: its weights a_t over the cached values
+        return "o_t = \\sum_j a_{t,j}\\, v_j \\approx " + " + ".join(terms)
     return f"o_{{{i + 1}}} = \\sum_j A_{{{i + 1}j}}\\, v_j \\approx " + " + ".join(terms)
