@@ -354,6 +354,18 @@ class ExactOps:
             return OverRows(sums[0].rows, lambda i, j: _gathered(t for s in sums for t in s.tops(i, j)), total)
         return total
 
+    def rows(self, m, first: int, count: int):
+        """Rows ``first … first + count − 1`` (0-based) of ``m``; a rational matrix stays rational."""
+        m = matrix_of(m)
+        if _exact.is_rational(m):
+            flat = [x for row in _exact.rational_rows(m)[first:first + count] for x in row]
+            return _exact.rational_matrix(count, m.cols, flat)
+        return LazyMatrix(count, m.cols, lambda i, j: m[first + i, j])
+
+    def table(self, rows: list[list[int]]):
+        """A matrix of whole numbers (a table of counts)."""
+        return _exact.rational_matrix(len(rows), len(rows[0]), [QQ(x) for row in rows for x in row])
+
     def sub(self, a, b):
         a, b = matrix_of(a), matrix_of(b)
         return LazyMatrix(a.rows, a.cols, lambda i, j: _exact.tidy(a[i, j] - b[i, j]))
@@ -465,6 +477,12 @@ class NumericOps:
             with mpmath.workdps(self.dps + 10):
                 total = part if total is None else [[x + y for x, y in zip(r, s)] for r, s in zip(total, part)]
         return total
+
+    def rows(self, m, first: int, count: int) -> Values:
+        return self.grid(m)[first:first + count]
+
+    def table(self, rows: list[list[int]]) -> Values:
+        return [[mpmath.mpf(x) for x in row] for row in rows]
 
     def sub(self, a, b) -> Values:
         a, b = self.grid(a), self.grid(b)

@@ -233,6 +233,12 @@ def parse_answers(text: str, name: str, derivation: Derivation) -> dict[str, Ans
                 f"{stage} is a stage of the online (tiled) softmax, which this problem does not derive; "
                 "add tiling: {block: B} to the problem or mark with --tiled B"
             )
+        head, kind = stages.split_id(str(stage))
+        shared = stages.Context(derivation.problem, head).reads(kind, head) if head else head
+        if stage not in ids and head and shared != head and head <= len(derivation.problem.heads):
+            raise where.error(f"head {head} reads K/V group {derivation.problem.kv_group(head)}, whose {kind} is "
+                              f"{stages.stage_id(kind, shared)} (a group's keys and values are written once, "
+                              "with its first head)")
         if stage not in ids:
             raise where.error(f"{stage!r} is not a computed stage of this problem{stages.did_you_mean(stage, ids)}; "
                               f"the stages are {', '.join(ids)}")
@@ -255,7 +261,9 @@ def _read_matrix(name: str, stage: str, node, shape: tuple[int, int], line: int)
     for i, row in enumerate(node.value):
         if not isinstance(row, yaml.SequenceNode) or len(row.value) != cols:
             n = len(row.value) if isinstance(row, yaml.SequenceNode) else "no"
-            raise _yaml.where(name, row).error(f"{stage} has {cols} columns but this row has {n} entries",
+            future = (" (the cache holds keys 1 to t only: an entry for a key after t used a future key)"
+                      if stages.split_id(stage)[1] in (stages.S_T, stages.A_T) and isinstance(n, int) and n > cols else "")
+            raise _yaml.where(name, row).error(f"{stage} has {cols} columns but this row has {n} entries{future}",
                                                f"{stage} row {i + 1}")
         entries.append(tuple(_read_entry(name, f"{stage} row {i + 1}, column {j + 1}", e) for j, e in enumerate(row.value)))
     return Answer(stage, tuple(entries), line)

@@ -97,10 +97,13 @@ def _stage_list(ctx, param, value: str | None) -> frozenset[str] | None:
               help="Also derive the gradients (dO back to dX): the file's backward: section, else the loss L = Σ O.")
 @click.option("--tiled", type=click.IntRange(min=1), metavar="B",
               help="Also derive FlashAttention's online softmax over blocks of B keys (the file's tiling: rows are kept).")
+@click.option("--decode", type=int, metavar="T",
+              help="Also decode token T (from 1) from the KV cache and prove its row equals row T of the full "
+                   "causal computation (causal self-attention only; overrides the file's decode:).")
 def derive(problem: Path | None, output: Path | None, fmt: str | None, standalone: bool, digits: int | None,
            check_with: str, no_check: bool, max_shown: int, first: str | None, last: str | None,
            exercise: bool, ask: frozenset[str] | None, max_size: int, plot: Path | None, backward: bool,
-           tiled: int | None) -> None:
+           tiled: int | None, decode: int | None) -> None:
     """Derive every stage of attention for PROBLEM exactly.
 
     PROBLEM is a YAML problem file; without it, symattn derives its built-in
@@ -139,7 +142,7 @@ def derive(problem: Path | None, output: Path | None, fmt: str | None, standalon
         phases += ["drawing the weights"] if plot is not None else []
         with Progress(phases) as progress:
             d, text = _derive_text(problem, kind, standalone, digits, None if no_check else check_with, layout,
-                                   max_size, progress, backward, tiled)
+                                   max_size, progress, backward, tiled, decode)
             image = None
             if plot is not None:
                 from .plot import plot_weights
@@ -168,7 +171,8 @@ def _writing(kind: str) -> str:
 
 
 def _derive_text(problem: Path | None, kind: str, standalone: bool, digits: int | None, check: str | None, layout,
-                 max_size: int = 1_000_000, progress=None, backward: bool = False, tiled: int | None = None):
+                 max_size: int = 1_000_000, progress=None, backward: bool = False, tiled: int | None = None,
+                 decode: int | None = None):
     from ._crosscheck import crosscheck as _cc
     from . import derive as _derive
     from . import load_problem
@@ -192,6 +196,10 @@ def _derive_text(problem: Path | None, kind: str, standalone: bool, digits: int 
         p = with_backward(p)
     if tiled is not None:
         p = with_tiling(p, tiled)
+    if decode is not None:
+        from .problem import with_decode
+
+        p = with_decode(p, decode)
     advance("exact stages")
     d = _derive(p, on_step=progress.note if progress.enabled else None)
     result = None

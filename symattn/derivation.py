@@ -388,6 +388,9 @@ def derive(problem: Problem, *, on_step=None) -> Derivation:
     """
     if problem.rope is not None and problem.backward is not None:
         raise SymattnError("the backward pass through RoPE is not derived; derive the forward pass (no backward)")
+    if problem.kv_heads and problem.backward is not None:
+        raise SymattnError("the backward pass of grouped-query attention (kv_heads) is not supported yet",
+                           file=problem.source, field="backward")
     values: dict[str, object] = {}
     steps: list[Step] = []
     for planned in stages.plan(problem):
@@ -432,4 +435,12 @@ def _labels(axis: str, n: int, p: Problem) -> tuple[str, ...]:
         return p.tokens
     if axis == stages.KEYS:
         return p.key_tokens
+    if axis == stages.CACHED:  # the keys in the cache when token t is decoded
+        return p.key_tokens[:n]
+    if axis == stages.NEW:  # the decoded token
+        return p.tokens[p.decode - 1:p.decode]
+    if axis == stages.STEPS:  # the decoding steps t = 1..n
+        return tuple(f"t = {t}" for t in range(1, n + 1))
+    if axis == stages.COSTS:
+        return stages.COST_COLUMNS[:n]
     return tuple(f"{axis}{i + 1}" for i in range(n))

@@ -281,6 +281,8 @@ def from_problem(problem) -> tuple[Spec, Drawn]:
         raise SymattnError(f"{problem.source}: --from needs a problem with X and weights (not Q, K, V given)")
     if problem.positions is not None:
         raise SymattnError(f"{problem.source}: --from does not vary problems with positions (remove positions: first)")
+    if problem.kv_heads:
+        raise SymattnError(f"{problem.source}: --from does not vary grouped-query problems (kv_heads) yet")
     mask = problem.mask
     if mask.kind == "sliding-window":
         kind = f"sliding-window:{mask.window}"
@@ -311,6 +313,8 @@ def from_problem(problem) -> tuple[Spec, Drawn]:
 
         rows = ["  - [" + ", ".join(entry(x) for x in row) + "]" for row in problem.bias.tolist()]
         extra.append("bias:\n" + "\n".join(rows))
+    if problem.decode is not None:
+        extra.append(f"decode: {problem.decode}")
     spec = Spec(
         extra=tuple(extra),
         bounds=(proj, score),

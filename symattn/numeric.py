@@ -109,7 +109,7 @@ def numeric_stages(p: Problem) -> dict[str, np.ndarray]:
     if p.bias is not None:
         M = M + _f64(p.bias, subs)
 
-    def head(prefix, Q: np.ndarray, K: np.ndarray, V: np.ndarray) -> np.ndarray:
+    def head(prefix, Q: np.ndarray, K: np.ndarray, V: np.ndarray, kv_prefix=None) -> np.ndarray:
         d_k = Q.shape[1]
         if p.scale == "auto":
             factor = 1.0 / np.sqrt(d_k)
@@ -120,7 +120,7 @@ def numeric_stages(p: Problem) -> dict[str, np.ndarray]:
         if p.rope is not None:  # RoPE: the scores compare the rotated queries and keys
             Q = out[prefix(st.Q_ROT)] = _rope(Q, p.rope)
             K = out[prefix(st.K_ROT)] = _rope(K, p.rope)
-        out[prefix(st.K_T)] = K.T
+        out[(kv_prefix or prefix)(st.K_T)] = K.T
         S = out[prefix(st.S)] = Q @ K.T                         # (n_q, d_k) @ (d_k, n_k)
         S_scaled = out[prefix(st.S_SCALED)] = S * factor
         out[prefix(st.M)] = M
@@ -133,7 +133,24 @@ def numeric_stages(p: Problem) -> dict[str, np.ndarray]:
             m, l, acc = _online_softmax(Z, V, p.tiling.block)
             out[prefix(st.M_TILED)], out[prefix(st.L_TILED)], out[prefix(st.ACC_TILED)] = m, l, acc
             out[prefix(st.O_TILED)] = acc / l[:, -1:]
+        if p.decode is not None:
+            decode(prefix, kv_prefix or prefix, Q, K, V, factor, O)
         return O
+
+    def decode(prefix, kv_prefix, Q, K, V, factor, O) -> None:
+        """Token t's row from the cache of keys and values 1..t (t counted from 1)."""
+        t = p.decode
+        K_cache = out[kv_prefix(st.K_CACHE)] = K[:t]            # (t, d_k)
+        V_cache = out[kv_prefix(st.V_CACHE)] = V[:t]            # (t, d_v)
+        q = out[prefix(st.Q_T)] = Q[t - 1:t]                    # (1, d_k)
+        s = out[prefix(st.S_T)] = (q @ K_cache.T) * factor      # (1, t): no mask, the cache holds keys 1..t
+        e = np.exp(s - s.max())
+        a = out[prefix(st.A_T)] = e / e.sum()
+        o = out[prefix(st.O_T)] = a @ V_cache                   # (1, d_v)
+        out[prefix(st.O_T_DIFF)] = o - O[t - 1:t]
+        d_k, d_v = Q.shape[1], V.shape[1]
+        steps = np.arange(1, p.n_q + 1)
+        out[st.DECODE_COST] = np.stack([steps * d_k, steps * d_v, steps**2 * d_k, steps**2 * d_v], axis=1).astype(float)
 
     if not p.projected:
         Q = out[st.Q] = _f64(p.Q, subs)
@@ -150,15 +167,21 @@ def numeric_stages(p: Problem) -> dict[str, np.ndarray]:
     if p.context is not None:
         C = out[st.CONTEXT] = _f64(p.context, subs)
     outputs = []
+    n_heads = len(p.heads)
+    per_group = n_heads // (p.kv_heads or n_heads)  # query heads sharing one K/V head (1: no sharing)
     for h, weights in enumerate(p.heads, 1):
         prefix = functools.partial(st.stage_id, head=h if p.multi_head else None)  # this head's ids
         W_Q = out[prefix(st.W_Q)] = _f64(weights.W_Q, subs)
-        W_K = out[prefix(st.W_K)] = _f64(weights.W_K, subs)
-        W_V = out[prefix(st.W_V)] = _f64(weights.W_V, subs)
         Q = out[prefix(st.Q)] = X @ W_Q                         # (n_q, d_model) @ (d_model, d_k)
-        K = out[prefix(st.K)] = C @ W_K                         # (n_k, d_model) @ (d_model, d_k)
-        V = out[prefix(st.V)] = C @ W_V                         # (n_k, d_model) @ (d_model, d_v)
-        outputs.append(head(prefix, Q, K, V))
+        first = (h - 1) // per_group * per_group + 1            # query head q (0-based) reads K/V head q // per_group
+        if h == first:  # the group's K and V, under its first head's ids
+            kv_prefix = prefix
+            W_K = out[prefix(st.W_K)] = _f64(weights.W_K, subs)
+            W_V = out[prefix(st.W_V)] = _f64(weights.W_V, subs)
+            K = C @ W_K                                         # (n_k, d_model) @ (d_model, d_k)
+            V = C @ W_V                                         # (n_k, d_model) @ (d_model, d_v)
+            out[prefix(st.K)], out[prefix(st.V)] = K, V
+        outputs.append(head(prefix, Q, K, V, kv_prefix))
     if p.multi_head:
         concat = out[st.CONCAT] = np.concatenate(outputs, axis=1)  # (n_q, h·d_v)
         W_O = out[st.W_O] = _f64(p.W_O, subs)

@@ -8,6 +8,7 @@ column and field.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import difflib
 import functools
 import io
@@ -45,6 +46,8 @@ FIELDS = (
     "K",
     "V",
     "heads",
+    "kv_heads",
+    "kv",
     "W_O",
     "mask",
     "bias",
@@ -56,6 +59,7 @@ FIELDS = (
     "rope",
     "tiling",
     "positions",
+    "decode",
 )
 MASK_WORDS = ("none", "causal", "causal-bottom-right")
 
@@ -235,6 +239,22 @@ class Problem:
     rope: Rope | None = None  # rotary position embeddings of the queries and keys; None: none
     tiling: Tiling | None = None  # the online (tiled) softmax; None: not derived
     positions: Positions | None = None  # positional encodings added to X; None: X as given
+    kv_heads: int | None = None  # grouped-query attention: the heads share K/V in this many groups
+    decode: int | None = None  # decode only this token's row from a KV cache (1-based)
+
+    def kv_group(self, head: int) -> int:
+        """The K/V group (1-based) that query head ``head`` (1-based) reads: heads
+        ``(g−1)·h/g + 1 … g·h/g`` share group g (PyTorch's ``enable_gqa`` and Hugging Face's
+        ``repeat_kv`` order)."""
+        if not self.kv_heads:
+            return head
+        return (head - 1) // (len(self.heads) // self.kv_heads) + 1
+
+    def kv_leader(self, head: int) -> int:
+        """The first query head of ``head``'s K/V group: the head whose ids hold the group's K and V."""
+        if not self.kv_heads:
+            return head
+        return (self.kv_group(head) - 1) * (len(self.heads) // self.kv_heads) + 1
 
     @property
     def projected(self) -> bool:
@@ -415,6 +435,7 @@ class _Reader:
             )
         matrices: dict[str, Matrix] = {}
         heads: list[Head] = []
+        kv_heads = self.kv_fields(fields)
         if direct:
             for name in ("Q", "K", "V"):
                 if name not in fields:
@@ -444,7 +465,9 @@ class _Reader:
                     raise self.at(key("heads")).error(
                         "heads need W_O, the output projection applied to the concatenated heads", "W_O"
                     )
-                head_nodes = self.head_nodes(node("heads"))
+                head_nodes = self.head_nodes(node("heads"), ("W_Q",) if kv_heads else ("W_Q", "W_K", "W_V"))
+                if kv_heads:
+                    head_nodes = self.grouped(head_nodes, kv_heads, fields)
             else:
                 if "W_O" in fields:
                     raise self.at(key("W_O")).error(
@@ -458,19 +481,26 @@ class _Reader:
                             f"{name} is missing: give X with W_Q, W_K and W_V, or give Q, K and V directly"
                         )
                 head_nodes = [{name: fields[name] for name in ("W_Q", "W_K", "W_V")}]
+            shared: dict[int, Matrix] = {}  # a K/V group's weights, read once for its heads
             for h, nodes in enumerate(head_nodes):
                 prefix = f"head{h + 1}." if "heads" in fields else ""  # the head's stage ids: head1.W_Q
-                w = {name: self.matrix(nodes[name][1], prefix + name) for name in ("W_Q", "W_K", "W_V")}
+                kvp = nodes.get("_prefix", prefix)  # where the head's W_K and W_V are written
+                w = {name: self.shared(shared, nodes[name][1], kvp + name)
+                     if name != "W_Q" else self.matrix(nodes[name][1], prefix + name) for name in ("W_Q", "W_K", "W_V")}
                 rows = lambda n: f"{n} {_plural(n, 'row')}"  # noqa: E731
                 self.same("X", X, "cols", prefix + "W_Q", w["W_Q"], "rows", nodes["W_Q"][0],
                           f"X·W_Q needs W_Q to have {rows(X.cols)}")
-                self.same(kv_name, C, "cols", prefix + "W_K", w["W_K"], "rows", nodes["W_K"][0],
+                self.same(kv_name, C, "cols", kvp + "W_K", w["W_K"], "rows", nodes["W_K"][0],
                           f"{kv_name}·W_K needs W_K to have {rows(C.cols)}")
-                self.same(kv_name, C, "cols", prefix + "W_V", w["W_V"], "rows", nodes["W_V"][0],
+                self.same(kv_name, C, "cols", kvp + "W_V", w["W_V"], "rows", nodes["W_V"][0],
                           f"{kv_name}·W_V needs W_V to have {rows(C.cols)}")
-                self.same(prefix + "W_Q", w["W_Q"], "cols", prefix + "W_K", w["W_K"], "cols", nodes["W_K"][0],
+                self.same(prefix + "W_Q", w["W_Q"], "cols", kvp + "W_K", w["W_K"], "cols", nodes["W_Q"][0] if kvp != prefix else nodes["W_K"][0],
                           "Q·Kᵀ needs W_Q and W_K to have the same number of columns (d_k)")
                 heads.append(Head(w["W_Q"], w["W_K"], w["W_V"]))
+            if kv_heads and (len({h.d_k for h in heads}) > 1 or len({h.d_v for h in heads}) > 1):
+                raise self.at(key("kv")).error(
+                    "with kv_heads every query head has the same d_k (W_Q and W_K columns) and every K/V group the "
+                    "same d_v (W_V columns), as the heads are stacked and the groups repeated", "kv")
             if "W_O" in fields:
                 W_O = matrices["W_O"] = self.matrix(node("W_O"), "W_O")
                 width = sum(h.d_v for h in heads)
@@ -519,6 +549,12 @@ class _Reader:
             raise self.at(key("tiling")).error(
                 "the tiled softmax needs numbers: the running maximum of scores with symbols cannot be decided; "
                 "remove symbols or tiling", "tiling")
+        if kv_heads and backward is not None:
+            raise self.at(key("backward")).error(
+                "the backward pass of grouped-query attention (kv_heads) is not supported yet", "backward")
+        decode = None
+        if "decode" in fields:
+            decode = self.decode(node("decode"), n_q, mask, "context" in fields, bias is not None)
 
         return Problem(
             source=self.file,
@@ -537,6 +573,8 @@ class _Reader:
             rope=rope,
             tiling=tiling,
             positions=positions,
+            kv_heads=kv_heads,
+            decode=decode,
             **matrices,
         )
 
@@ -674,32 +712,88 @@ class _Reader:
         if getattr(ma, a_dim) != getattr(mb, b_dim):
             raise self.at(node_b).error(f"{a} is {_shape(ma)} but {b} is {_shape(mb)}: {why}", b)
 
-    def head_nodes(self, node: yaml.Node) -> list[dict[str, tuple[yaml.Node, yaml.Node]]]:
+    def head_nodes(self, node: yaml.Node, names: tuple[str, ...] = ("W_Q", "W_K", "W_V"),
+                   field: str = "heads") -> list[dict[str, tuple[yaml.Node, yaml.Node]]]:
+        listed = ", ".join(names[:-1]) + " and " + names[-1] if len(names) > 1 else names[0]
+        what_one = "a head" if field == "heads" else "a K/V group"
         if not isinstance(node, yaml.SequenceNode) or not node.value:
             what = "an empty list" if isinstance(node, yaml.SequenceNode) else _yaml.kind(node)
             raise self.at(node).error(
-                f"heads is a list of {{W_Q, W_K, W_V}} mappings, one per head, not {what}", "heads"
+                f"{field} is a list of {{{', '.join(names)}}} mappings, one per {what_one[2:]}, not {what}", field
             )
         out = []
         for h, item in enumerate(node.value):
             if not isinstance(item, yaml.MappingNode):
-                raise self.at(item).error(f"a head is a mapping with W_Q, W_K and W_V, not {_yaml.kind(item)}", _item("heads", h))
+                raise self.at(item).error(f"{what_one} is a mapping with {listed}, not {_yaml.kind(item)}", _item(field, h))
             nodes: dict[str, tuple[yaml.Node, yaml.Node]] = {}
             for k, v in item.value:
                 name = getattr(k, "value", None)
-                if name not in ("W_Q", "W_K", "W_V"):
+                if name not in names:
+                    hint = ("; with kv_heads, W_K and W_V go under kv, once per group"
+                            if field == "heads" and name in ("W_K", "W_V") else "")
                     raise self.at(k).error(
-                        f"unknown field {name!r} in a head{_did_you_mean(str(name), ('W_Q', 'W_K', 'W_V'))}; a head has W_Q, W_K and W_V",
-                        _item("heads", h),
+                        f"unknown field {name!r} in {what_one}{'' if hint else _did_you_mean(str(name), names)}; "
+                        f"{what_one} has {listed}{hint}",
+                        _item(field, h),
                     )
                 if name in nodes:
-                    raise self.at(k).error(f"{name} is given twice in this head", _item("heads", h))
+                    raise self.at(k).error(f"{name} is given twice in this {what_one[2:]}", _item(field, h))
                 nodes[name] = (k, v)
-            for name in ("W_Q", "W_K", "W_V"):
+            for name in names:
                 if name not in nodes:
-                    raise self.at(item).error(f"{name} is missing from this head", _item("heads", h))
+                    raise self.at(item).error(f"{name} is missing from this {what_one[2:]}", _item(field, h))
             out.append(nodes)
         return out
+
+    def shared(self, cache: dict, node: yaml.Node, field: str) -> Matrix:
+        if id(node) not in cache:
+            cache[id(node)] = self.matrix(node, field)
+        return cache[id(node)]
+
+    def kv_fields(self, fields) -> int | None:
+        """``kv_heads: g`` (with its ``kv:`` list of g {W_K, W_V}), checked against ``heads``; None without it."""
+        if "kv" in fields and "kv_heads" not in fields:
+            raise self.at(fields["kv"][0]).error(
+                "kv gives the shared W_K and W_V of grouped-query attention: set kv_heads, the number of groups", "kv")
+        if "kv_heads" not in fields:
+            return None
+        key, node = fields["kv_heads"]
+        if "heads" not in fields:
+            raise self.at(key).error(
+                "kv_heads groups the query heads of a multi-head problem: it needs heads (and W_O)", "kv_heads")
+        if not (isinstance(node, yaml.ScalarNode) and not node.style and _WHOLE.fullmatch(node.value)
+                and int(node.value) >= 1):
+            raise self.at(node).error(f"kv_heads must be a whole number of at least 1, not {_yaml.kind(node)}", "kv_heads")
+        g = int(node.value)
+        heads = fields["heads"][1]
+        h = len(heads.value) if isinstance(heads, yaml.SequenceNode) else 0
+        if h and h % g:
+            raise self.at(node).error(
+                f"{h} query heads cannot share keys and values in {g} equal groups: "
+                f"the number of heads must be divisible by kv_heads", "kv_heads")
+        if "kv" not in fields:
+            raise self.at(key).error(
+                f"kv_heads: {g} needs kv, a list of {g} {{W_K, W_V}} mappings (one per K/V group)", "kv")
+        return g
+
+    def grouped(self, head_nodes: list, g: int, fields) -> list[dict]:
+        """Each query head's nodes with its group's W_K and W_V (heads (k−1)·h/g + 1 … k·h/g read group k)."""
+        kv_node = fields["kv"][1]
+        kv = self.head_nodes(kv_node, ("W_K", "W_V"), "kv")
+        if len(kv) != g:
+            raise self.at(kv_node).error(
+                f"kv_heads is {g} but kv lists {len(kv)} {_plural(len(kv), 'group')}: give one {{W_K, W_V}} per group", "kv")
+        size = len(head_nodes) // g
+        return [{**nodes, **kv[h // size], "_prefix": f"kv item {h // size + 1}, "} for h, nodes in enumerate(head_nodes)]
+
+    def decode(self, node: yaml.Node, n: int, mask: "Mask", cross: bool, bias: bool) -> int:
+        """``decode: t``: the token (1-based) whose row is decoded from the KV cache."""
+        if not (isinstance(node, yaml.ScalarNode) and not node.style and _WHOLE.fullmatch(node.value)):
+            raise self.at(node).error(f"decode must be a token number from 1 to {n}, not {_yaml.kind(node)}", "decode")
+        problem = decode_problem(int(node.value), n, mask, cross, bias)
+        if problem:
+            raise self.at(node).error(problem, "decode")
+        return int(node.value)
 
     def read_symbols(self, node) -> dict[str, sympy.Symbol]:
         if node is None:
@@ -1180,6 +1274,29 @@ def _entry(name: str, i: int, j: int) -> str:
 def _row(name: str, i: int) -> str:
     """``X row 3`` for the 0-based row ``i`` of matrix ``name``."""
     return f"{name} row {i + 1}"
+
+
+def decode_problem(t: int, n: int, mask: Mask, cross: bool, bias: bool) -> str | None:
+    """What is wrong with decoding token ``t`` (1-based) of ``n``, or None."""
+    if cross:
+        return ("decoding from a KV cache is for causal self-attention; this problem is cross-attention "
+                "(context), whose keys do not grow one token at a time")
+    if mask.kind != "causal":
+        return (f"decoding from a KV cache needs the causal mask (mask: causal); this problem's mask is "
+                f"{mask.kind}, so token {t}'s row would not be the cache's row")
+    if bias:
+        return "decoding with a bias is not supported; remove bias or decode"
+    if not 1 <= t <= n:
+        return f"token {t} is out of range: there are {n} tokens, so give a token number from 1 to {n}"
+    return None
+
+
+def with_decode(problem: Problem, t: int) -> Problem:
+    """``problem`` decoding token ``t`` (``--decode t``), checked as the ``decode`` field is."""
+    wrong = decode_problem(t, problem.n_q, problem.mask, problem.context is not None, problem.bias is not None)
+    if wrong:
+        raise SymattnError(wrong, file=problem.source, field="--decode")
+    return dataclasses.replace(problem, decode=t)
 
 
 def _item(name: str, i: int) -> str:

@@ -42,12 +42,23 @@ Q_ROT, K_ROT = "Q_rot", "K_rot"  # the queries and keys rotated by RoPE
 # FlashAttention's online softmax (``tiling:`` / ``--tiled B``)
 M_TILED, L_TILED, ACC_TILED, O_TILED = "m_tiled", "l_tiled", "acc_tiled", "O_tiled"
 PE, X_POS = "PE", "X_pos"
+# decoding one token from the KV cache (decode: t)
+K_CACHE, V_CACHE, Q_T, S_T, A_T, O_T = "K_cache", "V_cache", "q_t", "s_t", "a_t", "o_t"
+O_T_DIFF, DECODE_COST = "o_t_diff", "step_cost"
+# With kv_heads (grouped-query attention) these stages exist once per K/V group, under the id of
+# the group's first query head (head1.K for group 1); the group's other heads read them.
+SHARED_KV = frozenset({"W_K", "W_V", "K", "V", "K_rot", "K_T", "K_cache", "V_cache"})
 
 _HEAD_PREFIX = "head"
 
 # What a matrix's rows or columns stand for: the query tokens, the key tokens, or numbered
 # dimensions (any other value: its letter, "d" gives d1, d2, ...).
 QUERIES, KEYS = "queries", "keys"
+# A decoding step's axes: the cached key tokens 1..t, the new query token t alone, and the
+# columns of the cost table.
+CACHED, NEW, STEPS, COSTS = "cached", "new", "steps", "costs"
+TOKEN_AXES = (QUERIES, KEYS, CACHED, NEW, STEPS, COSTS)  # axes labelled by tokens (or words), not d1, d2, ...
+COST_COLUMNS = ("scores (cache)", "output (cache)", "scores (full)", "outputs (full)")
 
 
 def stage_id(name: str, head: int | None = None) -> str:
@@ -163,6 +174,27 @@ class Context:
 
         return self.rope.thetas(self.d_k), pairs(self.d_k, pairing or self.rope.pairing)
 
+    @property
+    def t(self) -> int | None:
+        """The decoded token (1-based), or None."""
+        return self.p.decode
+
+    @property
+    def grouped(self) -> bool:
+        """Grouped-query attention: the query heads share keys and values (kv_heads)."""
+        return bool(self.p.kv_heads) and self.multi
+
+    @property
+    def d_v(self) -> int:
+        return self.weights.d_v if self.projected else self.p.d_v
+
+    def reads(self, key: str, head: int | None) -> int | None:
+        """The head whose stage ``key`` head ``head`` reads: its K/V group's first head for a
+        shared key or value stage, else ``head`` itself."""
+        if head is not None and self.grouped and key in SHARED_KV:
+            return self.p.kv_leader(head)
+        return head
+
 
 Relation = Callable[[Any, Callable[..., Any], Context], Any]
 
@@ -185,6 +217,10 @@ class Section:
     backward: bool = False
     per_head: bool = False
     applies: Callable[[Context], bool] = lambda c: True
+    retitle: Callable[[Context], "str | None"] = lambda c: None  # another title for this head, or None
+
+    def title_for(self, c: Context) -> str:
+        return self.retitle(c) or self.title
 
 
 @dataclass(frozen=True)
@@ -389,6 +425,69 @@ _WHY = {
         "⟦A\\,V⟧ exactly, not just to rounding: the difference simplifies to ⟦0⟧."
     ),
 }
+
+
+def _heads_words(heads: list[int]) -> str:
+    """``heads 1 and 2``, ``heads 1, 2 and 3``, ``head 1``."""
+    if len(heads) == 1:
+        return f"head {heads[0]}"
+    return "heads " + ", ".join(str(h) for h in heads[:-1]) + f" and {heads[-1]}"
+
+
+def kv_groups(p) -> list[tuple[int, list[int]]]:
+    """``(group, query heads)`` of a grouped-query problem (1-based), in order."""
+    size = len(p.heads) // p.kv_heads
+    return [(g, list(range((g - 1) * size + 1, g * size + 1))) for g in range(1, p.kv_heads + 1)]
+
+
+def kv_cache_size(p) -> dict:
+    """Numbers the KV cache holds per token per layer: with the problem's K/V heads and without sharing."""
+    heads = list(p.heads) if p.projected else []
+    g = p.kv_heads or len(heads) or 1
+    h = len(heads) or 1
+    d_k, d_v = p.d_k, p.d_v
+    return {"kv_heads": g, "query_heads": h, "d_k": d_k, "d_v": d_v,
+            "per_token": g * (d_k + d_v), "without_sharing": h * (d_k + d_v)}
+
+
+def _cache_sentence(c: Context) -> str:
+    """The KV cache's size per token, with and without the heads' sharing."""
+    size = kv_cache_size(c.p)
+    g, h, d_k, d_v = size["kv_heads"], size["query_heads"], size["d_k"], size["d_v"]
+    if d_k == d_v:
+        with_, without = f"2 g\\,d_k = 2 \\cdot {g} \\cdot {d_k}", f"2 h\\,d_k = 2 \\cdot {h} \\cdot {d_k}"
+    else:
+        with_, without = f"g(d_k + d_v) = {g}({d_k} + {d_v})", f"h(d_k + d_v) = {h}({d_k} + {d_v})"
+    if not c.grouped:
+        return (f" The KV cache grows by the token's key and value in every head: ⟦{without} = {size['without_sharing']}⟧ "
+                "numbers per token per layer.")
+    return (f" With ⟦g = {g}⟧ K/V heads for ⟦h = {h}⟧ query heads, the KV cache holds ⟦{with_} = {size['per_token']}⟧ "
+            f"numbers per token per layer (keys and values), against ⟦{without} = {size['without_sharing']}⟧ "
+            "without sharing.")
+
+
+def _group_note(c: Context, key: str) -> str:
+    """Which query heads read this K/V group (grouped-query attention), for the group's stages;
+    which group a query head reads, for its queries."""
+    if not c.grouped or c.head is None or key == W_Q:
+        return ""
+    p = c.p
+    group = p.kv_group(c.head)
+    heads = kv_groups(p)[group - 1][1]
+    if key == Q:
+        ids = f"{stage_id(K, heads[0])} and {stage_id(V, heads[0])}"
+        return (f" Head {c.head} reads K/V group {group} ({ids}), which {_heads_words(heads)} share "
+                f"({'multi-query attention: one K/V head for all' if p.kv_heads == 1 else 'grouped-query attention'}).")
+    note = f" {_heads_words(heads).capitalize()} read K/V group {group}: it is computed once, for them all."
+    return note + (_cache_sentence(c) if key == K else "")
+
+
+def _reads_note(c: Context, key: str) -> str:
+    """For a grouped head other than its group's first: whose keys (K_T) or values (V) it reads."""
+    other = c.reads(key, c.head)
+    if other == c.head:
+        return ""
+    return f" The {'keys' if key == K_T else 'values'} are K/V group {c.p.kv_group(c.head)}'s ({stage_id(key, other)})."
 
 
 def _mask_why(c: Context) -> str:
@@ -805,7 +904,8 @@ def _given_title(cross_title: str, title: str) -> Callable[[Context], str]:
 def _weights_row(key: str, order: int, title: str) -> Kind:
     letter = key[-1].lower()
     return Kind(
-        key, key, order, "project", title, _WHY[key], (key.replace("_", "_{", 1) + "}", key),
+        key, key, order, "project", title, lambda c, key=key: _WHY[key] + _group_note(c, key),
+        (key.replace("_", "_{", 1) + "}", key),
         ("d", letter), lambda sh, r, c, key=key: _plain(r, f"d_model × d_{'v' if key == W_V else 'k'}"),
         source=lambda c, key=key: getattr(c.weights, key) if c.projected else None,
         when=lambda c: c.projected, per_head=True, labelled=False,
@@ -827,7 +927,7 @@ def _projection_row(key: str, order: int, title: str) -> Kind:
         if not c.projected:
             return _WHY[f"{key}_given"]
         positions = _WHY["positions_used"] if c.positions and (key == Q or not c.cross) else ""
-        return _WHY[key] + (_WHY["cross"] if c.cross and key != Q else "") + positions
+        return _WHY[key] + (_WHY["cross"] if c.cross and key != Q else "") + positions + _group_note(c, key)
 
     def formula(c):
         if not c.projected:
@@ -872,6 +972,121 @@ def _weight_gradient(key: str, order: int, noun: str) -> Kind:
     )
 
 
+# -- decoding one token from the KV cache (decode: t) -----------------------------------------
+
+_FUTURE_KEY = ("the cache row used a future key: the weights were normalised over every key, "
+               "including keys after t, as if the row were unmasked")
+
+
+def _decoding(c: Context) -> bool:
+    return c.t is not None
+
+
+def _rot_tex(c: Context, letter: str) -> str:
+    """The matrix the cache reads: the rotated queries or keys under RoPE (the cache holds them rotated)."""
+    return f"{letter}^{{\\mathrm{{rot}}}}" if c.rope is not None else letter
+
+
+def _rot_text(c: Context, letter: str) -> str:
+    return f"{letter}_rot" if c.rope is not None else letter
+
+
+def _row_t(ops, m, c: Context):
+    return ops.rows(m, c.t - 1, 1)
+
+
+def _future_weights(ops, ex, c: Context):
+    """The decoded row's weights over all n keys (unmasked), as a student who used future keys gets them."""
+    return ops.softmax(_row_t(ops, ex(S_SCALED), c))
+
+
+def _decode_cost_rows(c: Context) -> list[list[int]]:
+    d_k, d_v = c.d_k, c.d_v
+    return [[t * d_k, t * d_v, t * t * d_k, t * t * d_v] for t in range(1, c.p.n_q + 1)]
+
+
+def _decode_why(key: str) -> Callable[[Context], str]:
+    def why(c: Context) -> str:
+        t = c.t
+        text = {
+            K_CACHE: (f"Decoding token ⟦t = {t}⟧, a model has already computed the keys of tokens ⟦1⟧ to ⟦{t}⟧ "
+                      f"(row ⟦{t}⟧ was just added for the new token) and keeps them: the KV cache holds rows ⟦1⟧ to "
+                      f"⟦{t}⟧ of ⟦K⟧. Causal attention never reads a key after ⟦t⟧, so nothing else is needed."),
+            V_CACHE: f"The values of tokens ⟦1⟧ to ⟦{t}⟧ are cached the same way: rows ⟦1⟧ to ⟦{t}⟧ of ⟦V⟧.",
+            Q_T: f"Only the new token's query is needed: row ⟦{t}⟧ of ⟦Q⟧. The earlier rows were decoded at earlier steps.",
+            S_T: ("The new query against every cached key, scaled as before: one row of ⟦t⟧ scores. No mask is "
+                  "needed, since the cache holds only keys ⟦j \\le t⟧."),
+            A_T: "The softmax of the one row of scores: weights over the cached keys that sum to ⟦1⟧.",
+            O_T: "The new token's output: the cached values weighted by ⟦a_t⟧.",
+            O_T_DIFF: (f"The decoded row is exactly row ⟦{t}⟧ of the full causal computation: the causal mask gave "
+                       f"every key after ⟦{t}⟧ weight exactly ⟦0⟧, so leaving those keys out of the cache changes "
+                       f"nothing. The difference ⟦o_t - O_{{{t},:}}⟧ simplifies to exactly ⟦0⟧."),
+            DECODE_COST: ("Decoding token ⟦t⟧ from the cache costs ⟦t\\,d_k⟧ multiplications for its scores (and "
+                          "⟦t\\,d_v⟧ for its output); recomputing all ⟦t⟧ rows from scratch costs ⟦t^2 d_k⟧ for the "
+                          "scores (the full product ⟦Q K^{\\top}⟧ of ⟦t⟧ tokens) and ⟦t^2 d_v⟧ for the outputs. Row "
+                          f"⟦t⟧ is the step that decodes that token; here ⟦d_k = {c.d_k}⟧ and ⟦d_v = {c.d_v}⟧"
+                          + (", per head." if c.multi else ".")),
+        }[key]
+        if key == K_CACHE:
+            text += _cache_sentence(c)
+            if c.grouped:
+                text += f" {_heads_words(kv_groups(c.p)[c.p.kv_group(c.head) - 1][1]).capitalize()} read this cache."
+        return text
+
+    return why
+
+
+def _s_t_formula(c: Context) -> tuple[str, str]:
+    factor = "" if c.factor == 1 else _scale_tex(c) + "\\,"
+    text = "" if c.factor == 1 else f"{c.factor}·"
+    return f"s_t = {factor}q_t\\,K_{{\\mathrm{{cache}}}}^{{\\top}}", f"s_t = {text}q_t·K_cacheᵀ"
+
+
+_DECODE_KINDS: tuple[Kind, ...] = (
+    Kind(K_CACHE, K_CACHE, 15.1, "decode", "The key cache", _decode_why(K_CACHE),
+         lambda c: (f"K_{{\\mathrm{{cache}}}} = {_rot_tex(c, 'K')}_{{1..{c.t},\\,:}}",
+                    f"K_cache = {_rot_text(c, 'K')}[1..{c.t}, :]"), (CACHED, "k"),
+         lambda sh, r, c: _plain(r, "t × d_k"), inputs=("k_in",), relation=lambda ops, v, c: ops.rows(v("k_in"), 0, c.t),
+         when=_decoding, per_head=True, tex="K_{\\mathrm{cache}}"),
+    Kind(V_CACHE, V_CACHE, 15.2, "decode", "The value cache", _decode_why(V_CACHE),
+         lambda c: (f"V_{{\\mathrm{{cache}}}} = V_{{1..{c.t},\\,:}}", f"V_cache = V[1..{c.t}, :]"), (CACHED, "v"),
+         lambda sh, r, c: _plain(r, "t × d_v"), inputs=(V,), relation=lambda ops, v, c: ops.rows(v(V), 0, c.t),
+         when=_decoding, per_head=True, tex="V_{\\mathrm{cache}}"),
+    Kind(Q_T, Q_T, 15.3, "decode", "The new token's query", _decode_why(Q_T),
+         lambda c: (f"q_t = {_rot_tex(c, 'Q')}_{{{c.t},\\,:}}", f"q_t = {_rot_text(c, 'Q')}[{c.t}, :]"), (NEW, "q"),
+         lambda sh, r, c: _plain(r, "1 × d_k"), inputs=("q_in",), relation=lambda ops, v, c: _row_t(ops, v("q_in"), c),
+         when=_decoding, per_head=True, tex="q_t"),
+    Kind(S_T, S_T, 15.4, "decode", "Its scores against the cache", _decode_why(S_T), _s_t_formula, (NEW, CACHED),
+         lambda sh, r, c: _prod(sh(Q_T), _t(sh(K_CACHE)), "1 × t") + ", scaled",
+         inputs=(Q_T, K_CACHE),
+         relation=lambda ops, v, c: ops.scale(ops.matmul(v(Q_T), ops.T(v(K_CACHE))), c.factor),
+         when=_decoding, per_head=True, tex="s_t",
+         mistakes=(Mistake(_NO_SCALING, lambda ops, ex, c: ops.matmul(ex(Q_T), ops.T(ex(K_CACHE)))),)),
+    Kind(A_T, A_T, 15.5, "decode", "Its weights", _decode_why(A_T),
+         ("a_t = \\operatorname{softmax}(s_t)", "a_t = softmax(s_t)"), (NEW, CACHED),
+         lambda sh, r, c: f"{r[0]}×{r[1]} (1 × t), sums to 1", inputs=(S_T,),
+         relation=lambda ops, v, c: ops.softmax(ops.add_mask(v(S_T), ops.mask(((True,) * c.t,), None))),
+         when=_decoding, per_head=True, tex="a_t", shows=frozenset({"softmax"}),
+         mistakes=(Mistake(_FUTURE_KEY, lambda ops, ex, c: ops.block(_future_weights(ops, ex, c), 0, c.t)
+                           if c.t < c.p.n_k else None),)),
+    Kind(O_T, O_T, 15.6, "decode", "Its output", _decode_why(O_T), ("o_t = a_t\\,V_{\\mathrm{cache}}", "o_t = a_t·V_cache"),
+         (NEW, "v"), lambda sh, r, c: _prod(sh(A_T), sh(V_CACHE), "1 × d_v"), inputs=(A_T, V_CACHE),
+         relation=lambda ops, v, c: ops.matmul(v(A_T), v(V_CACHE)), when=_decoding, per_head=True, tex="o_t",
+         shows=frozenset({"weighted_sum"}),
+         mistakes=(Mistake(_FUTURE_KEY, lambda ops, ex, c: ops.matmul(_future_weights(ops, ex, c), ex(V))
+                           if c.t < c.p.n_k else None),)),
+    Kind(O_T_DIFF, O_T_DIFF, 15.7, "decode", "The same as row t of the full computation", _decode_why(O_T_DIFF),
+         lambda c: (f"o_t - O_{{{c.t},:}}", f"o_t − O[{c.t}, :]"), (NEW, "v"),
+         lambda sh, r, c: _plain(r, "1 × d_v") + ", exactly 0", inputs=(O_T, O),
+         relation=lambda ops, v, c: ops.sub(v(O_T), _row_t(ops, v(O), c)), when=_decoding, per_head=True,
+         tex="o_t - O_{t,:}"),
+    Kind(DECODE_COST, DECODE_COST, 15.8, "step_cost", "The cost of a decoding step", _decode_why(DECODE_COST),
+         ("\\text{cost}", "cost(t) = (t·d_k, t·d_v, t²·d_k, t²·d_v)"), (STEPS, COSTS),
+         lambda sh, r, c: _plain(r, "one row per decoding step t = 1..n: from the cache, then recomputed in full"),
+         relation=lambda ops, v, c: ops.table(_decode_cost_rows(c)), when=_decoding, tex="\\text{cost}"),
+)
+
+
 KINDS: tuple[Kind, ...] = (
     # 1 the input
     Kind(X, X, 1, "input", _given_title("Query-side tokens", "Input tokens"),
@@ -911,7 +1126,7 @@ KINDS: tuple[Kind, ...] = (
     Kind(K_T, K_T, 9, "transpose", "Transpose the keys", _k_t_why, _k_t_formula, ("k", KEYS),
          lambda sh, r, c: f"{r[1]}×{r[0]} → {r[0]}×{r[1]} (d_k × n_k)",
          inputs=("k_in",), relation=lambda ops, v, c: ops.T(v("k_in")), per_head=True, tex="K^{\\top}", slips=True),
-    Kind(S, S, 10, "scores", "Scores", _s_why, _s_formula, (QUERIES, KEYS),
+    Kind(S, S, 10, "scores", "Scores", lambda c: _s_why(c) + _reads_note(c, K_T), _s_formula, (QUERIES, KEYS),
          lambda sh, r, c: _prod(sh("q_in"), sh(K_T), "n_q × n_k"),
          inputs=("q_in", K_T), relation=lambda ops, v, c: ops.matmul(v("q_in"), v(K_T)), per_head=True, slips=True,
          worked=_worked_score, shows=frozenset({"rope_relative"}),
@@ -946,7 +1161,7 @@ KINDS: tuple[Kind, ...] = (
          inputs=(S_MASKED,), relation=lambda ops, v, c: ops.softmax(v(S_MASKED)), per_head=True,
          shows=frozenset({"softmax"}), mistakes=_score_variants(A),
          note=lambda value: _WHY["A_max"] if all(r.is_max for r in value.rows) else _WHY["A_symbolic"]),
-    Kind(O, O, 15, "output", "Weighted sum of the values", _WHY[O], ("O = A\\,V", "O = A·V"), (QUERIES, "v"),
+    Kind(O, O, 15, "output", "Weighted sum of the values", lambda c: _WHY[O] + _reads_note(c, V), ("O = A\\,V", "O = A·V"), (QUERIES, "v"),
          lambda sh, r, c: f"({sh(A)[0]}×{sh(A)[1]})·({sh(V)[0]}×{sh(V)[1]}) → {r[0]}×{r[1]} (n_q × d_v)",
          inputs=(A, V), relation=lambda ops, v, c: ops.matmul(v(A), v(V)), per_head=True,
          shows=frozenset({"weighted_sum"}),
@@ -957,7 +1172,7 @@ KINDS: tuple[Kind, ...] = (
              *_ROPE_O_MISTAKES,
          )),
     # FlashAttention's online softmax: the same weighted sum in one pass over blocks of keys
-    Kind(M_TILED, M_TILED, 15.2, "tiled", "Running maximum, block by block",
+    Kind(M_TILED, M_TILED, 15.02, "tiled", "Running maximum, block by block",
          lambda c: _WHY[M_TILED].format(B=c.p.tiling.block),
          ("m^{(b)} = \\max\\bigl(m^{(b-1)},\\ \\max_{j \\in b} \\hat{S}_{ij}\\bigr)",
           "m(b) = max(m(b−1), max_{j in block b} Ŝ[i,j]),  m(0) = −∞"),
@@ -965,7 +1180,7 @@ KINDS: tuple[Kind, ...] = (
          inputs=(S_MASKED,), relation=lambda ops, v, c: ops.tiled_max(v(S_MASKED), c.p.tiling.block),
          when=_tiled, per_head=True, tex="m",
          mistakes=(Mistake(_BLOCK_MAX, lambda ops, ex, c: ops.tiled_max(ex(S_MASKED), c.p.tiling.block, running=False)),)),
-    Kind(L_TILED, L_TILED, 15.4, "tiled", "Running sum, rescaled at each new maximum", _WHY[L_TILED].format(),
+    Kind(L_TILED, L_TILED, 15.04, "tiled", "Running sum, rescaled at each new maximum", _WHY[L_TILED].format(),
          ("\\ell^{(b)} = e^{m^{(b-1)} - m^{(b)}}\\,\\ell^{(b-1)} + \\sum_{j \\in b} e^{\\hat{S}_{ij} - m^{(b)}}",
           "ℓ(b) = exp(m(b−1) − m(b))·ℓ(b−1) + Σ_{j in block b} exp(Ŝ[i,j] − m(b)),  ℓ(0) = 0"),
          (QUERIES, "b"), lambda sh, r, c: _plain(r, "n_q × blocks") + "; the last column is Z_i",
@@ -974,7 +1189,7 @@ KINDS: tuple[Kind, ...] = (
          when=_tiled, per_head=True, tex="\\ell", shows=frozenset({"exp_sums"}),
          mistakes=(Mistake(_NO_RESCALE, lambda ops, ex, c: ops.tiled_sums(ex(S_MASKED), ex(M_TILED), c.p.tiling.block,
                                                                       rescale=False)),)),
-    Kind(ACC_TILED, ACC_TILED, 15.6, "tiled", "Accumulator after the last block", _WHY[ACC_TILED].format(),
+    Kind(ACC_TILED, ACC_TILED, 15.06, "tiled", "Accumulator after the last block", _WHY[ACC_TILED].format(),
          ("\\mathrm{acc}^{(b)} = e^{m^{(b-1)} - m^{(b)}}\\,\\mathrm{acc}^{(b-1)} + \\sum_{j \\in b} e^{\\hat{S}_{ij} - m^{(b)}}\\, v_j",
           "acc(b) = exp(m(b−1) − m(b))·acc(b−1) + Σ_{j in block b} exp(Ŝ[i,j] − m(b))·v_j,  acc(0) = 0"),
          (QUERIES, "v"), lambda sh, r, c: _plain(r, "n_q × d_v") + "; the accumulator after the last block",
@@ -983,7 +1198,7 @@ KINDS: tuple[Kind, ...] = (
          when=_tiled, per_head=True, tex="\\mathrm{acc}", shows=frozenset({"exp_sums"}),
          mistakes=(Mistake(_NO_RESCALE, lambda ops, ex, c: ops.tiled_acc(ex(S_MASKED), ex(M_TILED), ex(V), c.p.tiling.block,
                                                                       rescale=False)),)),
-    Kind(O_TILED, O_TILED, 15.8, "tiled", "Output of the tiled pass", _WHY[O_TILED].format(),
+    Kind(O_TILED, O_TILED, 15.08, "tiled", "Output of the tiled pass", _WHY[O_TILED].format(),
          ("O^{\\text{tiled}}_i = \\mathrm{acc}_i^{(N)} / \\ell_i^{(N)}", "O_tiled[i] = acc(N)[i] / ℓ(N)[i]"),
          (QUERIES, "v"), lambda sh, r, c: _plain(r, "n_q × d_v") + "; equal to O",
          inputs=(ACC_TILED, L_TILED), relation=lambda ops, v, c: ops.tiled_output(v(ACC_TILED), v(L_TILED)),
@@ -991,6 +1206,8 @@ KINDS: tuple[Kind, ...] = (
          mistakes=(Mistake(_NO_RESCALE, _output_without_rescale),
                    Mistake("the accumulator was not divided by the running sum ℓ at the end",
                            lambda ops, ex, c: ex(ACC_TILED)))),
+    # decoding one token from the KV cache
+    *_DECODE_KINDS,
     # several heads: concatenate, then project
     Kind(CONCAT, CONCAT, 16, "concat", "Concatenate the heads", _WHY[CONCAT],
          lambda c: ("\\operatorname{concat} = \\begin{bmatrix} "
@@ -1132,6 +1349,11 @@ TRACES: dict[str, tuple[tuple[str, str], ...]] = {
     DW_Q: (("xq", "col_i"), (DQ, "col")),
     DW_K: (("kv", "col_i"), (DK, "col")),
     DW_V: (("kv", "col_i"), (DV, "col")),
+    K_CACHE: (("k_in", "entry"),),
+    V_CACHE: ((V, "entry"),),
+    A_T: ((S_T, "row"),),
+    O_T: ((A_T, "row"), (V_CACHE, "col")),
+    O_T_DIFF: ((O_T, "entry"),),
 }
 
 
@@ -1147,7 +1369,9 @@ SECTIONS: tuple[Section, ...] = (
     Section("given", "The input: queries, keys and values given", applies=lambda c: not c.projected),
     Section("input", "The input", applies=lambda c: c.projected),
     Section("positions", "Add the positions", applies=lambda c: c.positions),
-    Section("project", "Project to queries, keys and values", per_head=True, applies=lambda c: c.projected),
+    Section("project", "Project to queries, keys and values", per_head=True, applies=lambda c: c.projected,
+            retitle=lambda c: (f"Project to queries (K/V of group {c.p.kv_group(c.head)} above)"
+                               if c.reads(K, c.head) != c.head else None)),
     Section("rotate", "Rotate the queries and keys (RoPE)", per_head=True, applies=lambda c: c.rope is not None),
     Section("transpose", "Transpose the keys", per_head=True),
     Section("scores", "Score every query against every key", per_head=True),
@@ -1157,6 +1381,8 @@ SECTIONS: tuple[Section, ...] = (
     Section("output", "Weighted sum of the values", per_head=True),
     Section("tiled", "The same output in one pass: FlashAttention's online softmax", per_head=True,
             applies=lambda c: _tiled(c)),
+    Section("decode", "Decode the new token from the KV cache", per_head=True, applies=lambda c: c.t is not None),
+    Section("step_cost", "The cost of a decoding step", applies=lambda c: c.t is not None),
     Section("concat", "Concatenate the heads", applies=lambda c: c.multi),
     Section("projection", "Output projection", applies=lambda c: c.multi),
     Section("b_upstream", "Backward: the upstream gradient", backward=True),
@@ -1207,6 +1433,8 @@ def plan(problem) -> list[Planned]:
     c = Context(problem)
     out = []
     for kind, h in _per_head_blocks([k for k in KINDS if k.when(c)], lambda k: k.per_head, c.heads):
+        if c.reads(kind.key, h) != h:
+            continue  # a grouped head reads its group's keys and values: shown once, with the group's first head
         out.append(Planned(kind, h, stage_id(kind.name, h), c.at(h)))
     return out
 
@@ -1246,7 +1474,7 @@ def resolve(key: str, c: Context, head: "int | None | object" = ...) -> list[str
     if key == DO and c.multi and h is not None:
         key = DO_HEAD  # inside a head, the upstream gradient is the head's share of it
     kind = BY_KEY[key]
-    return [stage_id(kind.name, h if kind.per_head and c.multi else None)]
+    return [stage_id(kind.name, c.reads(key, h) if kind.per_head and c.multi else None)]
 
 
 def input_ids(kind: Kind, c: Context) -> list[str]:
@@ -1284,7 +1512,9 @@ def unknown_stage(word: str, choices) -> str:
 
 
 __all__ = [
-    "A", "ACC_TILED", "BY_KEY", "CONCAT", "K_ROT", "PE", "Q_ROT", "X_POS", "CONTEXT", "Context", "DA", "DCONCAT", "DCONTEXT", "DK", "DO", "DO_HEAD", "DQ", "DS",
+    "A", "ACC_TILED", "A_T", "BY_KEY", "CACHED", "COSTS", "STEPS", "COST_COLUMNS", "DECODE_COST", "K_CACHE", "NEW",
+    "O_T", "O_T_DIFF", "Q_T", "SHARED_KV", "S_T", "TOKEN_AXES", "V_CACHE", "kv_cache_size", "kv_groups",
+    "CONCAT", "K_ROT", "PE", "Q_ROT", "X_POS", "CONTEXT", "Context", "DA", "DCONCAT", "DCONTEXT", "DK", "DO", "DO_HEAD", "DQ", "DS",
     "DS_MASKED", "DV", "DW_K", "DW_O", "DW_Q", "DW_V", "DX", "Dot", "GRADIENT_NAMES", "K", "KINDS", "K_T", "Kind",
     "L_TILED", "M", "M_TILED", "Mistake", "NAMES", "O", "O_FINAL", "O_TILED", "Planned", "Q", "S", "SECTIONS", "S_MASKED", "S_SCALED", "Section", "V",
     "W_K", "W_O", "W_Q", "W_V", "X", "did_you_mean", "input_ids", "order_of", "plan", "resolve", "section_of",

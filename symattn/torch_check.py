@@ -72,6 +72,28 @@ def torch_stages(p: Problem) -> dict[str, np.ndarray]:
         out[prefix(st.O)] = O.numpy()
         return O
 
+    def grouped(X, C):
+        """Grouped-query attention as PyTorch does it: every query head stacked, each K/V group once
+        (its first head's weights), and SDPA's ``enable_gqa=True`` repeating them."""
+        n_heads = len(p.heads)
+        per_group = n_heads // p.kv_heads
+        def rot(x):  # RoPE turns each head's queries and each group's keys (LLaMA's order: rotate, then share)
+            return _rope(torch, x, p.rope) if p.rope is not None else x
+
+        Q = torch.stack([rot(X @ t(w.W_Q)) for w in p.heads])                    # (h, n_q, d_k)
+        firsts = p.heads[::per_group]
+        K = torch.stack([rot(C @ t(w.W_K)) for w in firsts])                     # (g, n_k, d_k)
+        V = torch.stack([C @ t(w.W_V) for w in firsts])                          # (g, n_k, d_v)
+        d_k = Q.shape[-1]
+        scale = {"auto": d_k**-0.5, "none": 1.0}.get(p.scale) if isinstance(p.scale, str) else float(p.scale)
+        eye = torch.eye(K.shape[1], dtype=torch.float64).expand(p.kv_heads, -1, -1)
+        A = F.scaled_dot_product_attention(Q, K, eye, attn_mask=attn_mask, scale=scale, enable_gqa=True)
+        O = F.scaled_dot_product_attention(Q, K, V, attn_mask=attn_mask, scale=scale, enable_gqa=True)
+        for h in range(n_heads):
+            out[st.stage_id(st.A, h + 1)] = A[h].numpy()
+            out[st.stage_id(st.O, h + 1)] = O[h].numpy()
+        return list(O)
+
     with torch.no_grad():
         if not p.projected:
             head(st.stage_id, t(p.Q), t(p.K), t(p.V))
@@ -81,10 +103,13 @@ def torch_stages(p: Problem) -> dict[str, np.ndarray]:
         if PE is not None:
             X = X + torch.from_numpy(PE)                        # the projections read X + PE
         C = t(p.context) if p.context is not None else X
-        outputs = []
-        for h, weights in enumerate(p.heads, 1):
-            prefix = functools.partial(st.stage_id, head=h if p.multi_head else None)  # this head's ids
-            outputs.append(head(prefix, X @ t(weights.W_Q), C @ t(weights.W_K), C @ t(weights.W_V)))
+        if p.kv_heads:
+            outputs = grouped(X, C)
+        else:
+            outputs = []
+            for h, weights in enumerate(p.heads, 1):
+                prefix = functools.partial(st.stage_id, head=h if p.multi_head else None)  # this head's ids
+                outputs.append(head(prefix, X @ t(weights.W_Q), C @ t(weights.W_K), C @ t(weights.W_V)))
         if p.multi_head:
             out[st.O] = (torch.cat(outputs, dim=1) @ t(p.W_O)).numpy()
     return out

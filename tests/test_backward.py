@@ -64,11 +64,12 @@ except ImportError:  # pragma: no cover - torch is optional
     _torch = None
 
 ROOT = Path(__file__).resolve().parent.parent
-# (the backward pass through RoPE is refused: tests/test_rope.py tests those examples.) Positional
-# encodings (sines and cosines) are beyond this file's fractions: their gradients are checked in
+# (the backward pass through RoPE is refused: tests/test_rope.py tests those examples; grouped-query
+# attention (kv_heads) has no backward pass yet: its examples are forward-only.) Positional encodings
+# (sines and cosines) are beyond this file's fractions: their gradients are checked in
 # test_positions.py (finite differences and PyTorch autograd).
 EXAMPLES = sorted(p for p in (ROOT / "worked_examples").glob("*.yaml")
-                  if not p.stem.startswith("rope")
+                  if not p.stem.startswith("rope") and "kv_heads" not in p.read_text("utf-8")
                   and not any(line.startswith("positions:") for line in p.read_text("utf-8").splitlines()))
 CAUSAL4 = ROOT / "worked_examples" / "causal_4_tokens.yaml"
 TWO_HEADS = ROOT / "worked_examples" / "two_heads.yaml"
@@ -83,6 +84,7 @@ NEG_INF_TEXT = {"-inf", "-.inf", "-.Inf", "-.INF", "-oo"}
 FORWARD_PER_HEAD = ["W_Q", "W_K", "W_V", "Q", "K", "V", "K_T", "S", "S_scaled", "M", "S_masked", "A", "O"]
 FORWARD_GIVEN = ["Q", "K", "V", "K_T", "S", "S_scaled", "M", "S_masked", "A", "O"]
 FORWARD_TILED = ["m_tiled", "l_tiled", "acc_tiled", "O_tiled"]  # with a tiling: section, after each head's O
+DECODE_PER_HEAD = ["K_cache", "V_cache", "q_t", "s_t", "a_t", "o_t", "o_t_diff"]
 GRADIENT_PER_HEAD = ["dV", "dA", "dS_masked", "dS", "dQ", "dK"]
 GRADIENT_WEIGHTS = ["dW_Q", "dW_K", "dW_V"]
 
@@ -110,6 +112,7 @@ class Spec:
     bias: list | None  # Fraction, or None for -inf
     loss: tuple[str, list | None] | None  # ("sum", None), ("weights", W), ("target", T), ("dO", G)
     tiled: bool = False  # a tiling: section: the online softmax's stages follow each head's O
+    decode: int | None = None  # decode: t adds token t's row from the KV cache after each head's forward stages
 
     def prefix(self, h: int) -> str:
         return f"head{h + 1}." if self.multi else ""
@@ -183,7 +186,8 @@ def read_spec(text: str, loss=KEEP) -> Spec:
             else:
                 (kind, rows), = section["loss"].items()
                 loss = (kind, fmatrix(rows, values))
-    return Spec(leaves, projected, cross, multi, n_heads, scale, allowed, bias, loss, "tiling" in raw)
+    decode = int(raw["decode"]) if "decode" in raw else None
+    return Spec(leaves, projected, cross, multi, n_heads, scale, allowed, bias, loss, "tiling" in raw, decode)
 
 
 # ---------------------------------------------------------------------------
@@ -359,6 +363,10 @@ def forward_ids(spec: Spec) -> list[str]:
     ids = ["X"] + (["context"] if spec.cross else [])
     for h in range(spec.n_heads):
         ids += [spec.prefix(h) + s for s in FORWARD_PER_HEAD + tiled]
+        if spec.decode is not None:
+            ids += [spec.prefix(h) + s for s in DECODE_PER_HEAD]
+    if spec.decode is not None:
+        ids.append("step_cost")
     if spec.multi:
         ids += ["concat", "W_O", "O"]
     return ids

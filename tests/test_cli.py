@@ -41,6 +41,10 @@ SPEC_STAGE_KEYS = {"id", "title", "shape", "exact", "approx"}
 SPEC_CROSSCHECK_KEYS = {"reference", "max_abs_error", "tolerance", "passed", "per_stage"}
 SPEC_DIMS_KEYS = {"n_q", "n_k", "d_model", "d_k", "d_v", "heads"}
 HEAD_IDS = ["W_Q", "W_K", "W_V", "Q", "K", "V", "K_T", "S", "S_scaled", "M", "S_masked", "A", "O"]
+# decode: t adds token t's row from the KV cache after each head's stages, then the cost table
+DECODE_IDS = ["K_cache", "V_cache", "q_t", "s_t", "a_t", "o_t", "o_t_diff"]
+# with kv_heads, a K/V group's stages are listed once, with the group's first query head
+GROUP_IDS = {"W_K", "W_V", "K", "V", "K_rot", "K_T", "K_cache", "V_cache"}
 
 
 def contract_ids(example: Path) -> list[str]:
@@ -58,11 +62,16 @@ def _forward_ids(raw: dict) -> list[str]:
     if "Q" in raw:
         return given + tiled
     ids = ["X"] + (["context"] if "context" in raw else []) + (["PE", "X_pos"] if "positions" in raw else [])
+    per_head = head_ids + tiled + (DECODE_IDS if "decode" in raw else [])
+    cost = ["step_cost"] if "decode" in raw else []
     if "heads" not in raw:
-        return ids + head_ids + tiled
-    for h in range(1, len(raw["heads"]) + 1):
-        ids += [f"head{h}.{i}" for i in head_ids + tiled]
-    return ids + ["concat", "W_O", "O"]
+        return ids + per_head + cost
+    n = len(raw["heads"])
+    size = n // raw.get("kv_heads", n)  # query heads per K/V group
+    for h in range(1, n + 1):
+        first = (h - 1) % size == 0
+        ids += [f"head{h}.{i}" for i in per_head if first or i not in GROUP_IDS]
+    return ids + cost + ["concat", "W_O", "O"]
 
 
 def _gradient_ids(raw: dict) -> list[str]:

@@ -185,19 +185,32 @@ def _forward_headings(problem: dict) -> list[str]:
     if "rope" in problem:  # RoPE rotates the queries and keys before the keys are transposed
         stage_titles = (*STAGE_TITLES[:2], ROPE_TITLE, *STAGE_TITLES[2:])
     stage_titles = stage_titles + ((TILED_TITLE,) if "tiling" in problem else ())
+    # decode: t adds its step after each head's, and the cost table after the heads
+    stage_titles = stage_titles + (("Decode the new token from the KV cache",) if "decode" in problem else ())
+    cost = ("The cost of a decoding step",) if "decode" in problem else ()
     if "Q" in problem:  # queries, keys and values given: no projection stage
-        titles = [GIVEN_INPUT_TITLE, *stage_titles[2:]]
+        titles = [GIVEN_INPUT_TITLE, *stage_titles[2:], *cost]
         return [f"Step {n}: {t}" for n, t in enumerate(titles, 1)]
     if "heads" not in problem:
-        titles = list(stage_titles)
+        titles = [*stage_titles, *cost]
         if "positions" in problem:  # PE and X_pos come between the input and the projections
             titles.insert(1, "Add the positions")
         return [f"Step {n}: {t}" for n, t in enumerate(titles, 1)]
     assert "positions" not in problem, "extend expected_headings for positions with several heads"
     out = ["Step 1: The input"]
-    for h in range(1, len(problem["heads"]) + 1):
-        out += [f"Head {h} · Step {n}: {t}" for n, t in enumerate(stage_titles[1:], 2)]
+    n_heads = len(problem["heads"])
+    size = n_heads // problem.get("kv_heads", n_heads)  # query heads per K/V group
+    for h in range(1, n_heads + 1):
+        for n, t in enumerate(stage_titles[1:], 2):
+            if (h - 1) % size:  # a grouped head reads its group's keys and values, shown with its first head
+                if t == "Transpose the keys":
+                    continue
+                if t == "Project to queries, keys and values":
+                    t = f"Project to queries (K/V of group {(h - 1) // size + 1} above)"
+            out.append(f"Head {h} · Step {n}: {t}")
     n = len(stage_titles) + 1
+    out += [f"Step {k}: {t}" for k, t in enumerate(cost, n)]
+    n += len(cost)
     return out + [f"Step {n}: Concatenate the heads", f"Step {n + 1}: Output projection"]
 
 

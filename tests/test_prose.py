@@ -34,7 +34,7 @@ def all_derivations():
         if path.parent.name == "large":
             continue
         yield path.stem, derive(path)
-        if not path.stem.startswith("rope"):  # the backward pass through RoPE is refused
+        if not path.stem.startswith("rope") and "kv_heads" not in path.read_text("utf-8"):  # no backward through RoPE or grouped heads
             yield path.stem + "+sum", derive(path, "sum")
     for loss in LOSSES:
         yield f"backward {loss}", derive(BACKWARD, loss)

@@ -27,6 +27,8 @@ def with_backward(path):
 
 @pytest.fixture(scope="module", params=[p for p in EXAMPLES if "symbolic" not in p.stem], ids=lambda p: p.stem)
 def derivation(request):
+    if "kv_heads" in request.param.read_text("utf-8"):  # grouped-query attention: no backward pass yet
+        return symattn.derive(symattn.load_problem(request.param))
     return symattn.derive(with_backward(request.param))
 
 

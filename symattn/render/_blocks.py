@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from .. import stages as registry
 from . import prose
 from ._grid import MAX_SHOWN, grid, grid_blocks, tex_token
 from ._layout import LINE_WIDTH, SPLIT_WIDTH, answer_box, width
@@ -288,7 +289,26 @@ def _intro(d: Derivation) -> str:
             at = ", ".join(f"{s.name} = {v}" for s, v in p.values)
             symbols += f"; decimals and the cross-check use {at}"
         symbols += "."
-    return f"The problem: {what}; mask: {p.mask.rule()}{bias}; {scale}. Every number below is exact.{symbols}"
+    return f"The problem: {what}; mask: {p.mask.rule()}{bias}; {scale}. Every number below is exact.{symbols}{_sharing(p)}"
+
+
+def _sharing(p) -> str:
+    """Grouped-query attention and decoding, said once at the top (nothing for other problems)."""
+    out = ""
+    if p.kv_heads:
+        kind = "multi-query attention" if p.kv_heads == 1 else "grouped-query attention"
+        groups = "; ".join(f"{_heads(heads)} read K/V group {g}" for g, heads in registry.kv_groups(p))
+        out += f" The heads share keys and values in {p.kv_heads} K/V {'group' if p.kv_heads == 1 else 'groups'} ({kind}): {groups}."
+    if p.decode:
+        out += (f" Token {p.decode} ({prose.literal(p.tokens[p.decode - 1])}) is then decoded from the KV cache "
+                "and shown to equal its row of the full computation.")
+    return out
+
+
+def _heads(heads: list[int]) -> str:
+    if len(heads) == 1:
+        return f"head {heads[0]}"
+    return "heads " + ", ".join(str(h) for h in heads[:-1]) + f" and {heads[-1]}"
 
 
 # One entry of a row's softmax Jacobian, in the prose markup.

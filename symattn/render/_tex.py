@@ -19,7 +19,7 @@ from ._print import (
     tex,
     value_tex,
 )
-from ..stages import KEYS, QUERIES
+from ..stages import O_T, TOKEN_AXES
 from .entries import EntryForm, Over, entry_forms, normaliser_is_number, quotient
 
 if TYPE_CHECKING:
@@ -32,7 +32,7 @@ def _labels(step: Step) -> tuple[list[str] | None, list[str] | None]:
         return None, None
     tokens = lambda names: [tex_token(n) for n in names]  # noqa: E731
     dims = lambda names: [re.sub(r"([a-z])([0-9]+)", r"\1_{\2}", n) for n in names]  # noqa: E731
-    rows, cols = ((tokens if axis in (QUERIES, KEYS) else dims)(names) for axis, names in zip(step.axes, (step.rows, step.cols)))
+    rows, cols = ((tokens if axis in TOKEN_AXES else dims)(names) for axis, names in zip(step.axes, (step.rows, step.cols)))
     return rows, cols
 
 
@@ -192,4 +192,6 @@ def weighted_sum_tex(d: Derivation, step: Step, digits: int) -> str | None:
             continue
         v = grid(1, values.cols, lambda _, c: tex(values[j, c]), max_shown=MAX_SHOWN)
         terms.append(f"{_tex_decimal(a, digits)}\\,{v}")
+    if step.key == O_T:  # the decoded row: its weights a_t over the cached values
+        return "o_t = \\sum_j a_{t,j}\\, v_j \\approx " + " + ".join(terms)
     return f"o_{{{i + 1}}} = \\sum_j A_{{{i + 1}j}}\\, v_j \\approx " + " + ".join(terms)

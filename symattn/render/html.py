@@ -314,7 +314,7 @@ class _Page:
 def _names(step: Step) -> tuple[list[str], list[str]]:
     """Row and column labels as HTML: tokens as text, dimensions as d<sub>1</sub>."""
     def label(axis: str, names: list[str]) -> list[str]:
-        if axis in (registry.QUERIES, registry.KEYS):
+        if axis in registry.TOKEN_AXES:
             return [escape(n) for n in names]
         return [re.sub(r"^([a-z]+)([0-9]+)$", r"\1<sub>\2</sub>", escape(n)) for n in names]
 

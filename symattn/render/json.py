@@ -11,6 +11,7 @@ import sympy
 from sympy.printing.precedence import PRECEDENCE, precedence
 from sympy.printing.str import StrPrinter
 
+from .. import stages as registry
 from .._exact import LazyMatrix
 from ._print import NEG_INF, qq_text
 from .entries import written_exactly
@@ -131,8 +132,26 @@ def as_dict(derivation: Derivation, *, check=None) -> dict:
     rope = rope_json(d)
     if rope is not None:  # only with RoPE: every other problem's JSON is as it was
         out["rope"] = rope
+    out.update(_sharing_and_decoding(d))
     if check is not None:
         out["crosscheck"] = check.as_dict()
+    return out
+
+
+def _sharing_and_decoding(d: Derivation) -> dict:
+    """With kv_heads, which query heads read which K/V group; with decode, the decoded token; with
+    either, the KV cache's size per token (numbers per layer). Nothing for other problems."""
+    p = d.problem
+    out: dict = {}
+    if p.kv_heads:
+        out["kv_groups"] = [{"group": g, "heads": heads, "key_id": registry.stage_id(registry.K, heads[0]),
+                             "value_id": registry.stage_id(registry.V, heads[0])} for g, heads in registry.kv_groups(p)]
+    if p.kv_heads or p.decode:
+        out["kv_cache"] = registry.kv_cache_size(p)
+    if p.decode:
+        diffs = [d.step(registry.stage_id(registry.O_T_DIFF, h)).exact for h in registry.Context(p).heads]
+        out["decode"] = {"token": p.decode, "row": p.decode - 1, "label": p.tokens[p.decode - 1],
+                         "equals_full_row": all(x == 0 for m in diffs for x in m)}
     return out
 
 

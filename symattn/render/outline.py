@@ -39,7 +39,7 @@ def stages(d: "Derivation") -> tuple[Stage, ...]:
     for section, number, head in registry.sections(p):
         steps = sorted(groups.get((section.key, head), ()), key=lambda s: s.kind_of.order)
         if steps:
-            out.append(Stage(number, section.title, tuple(steps), head))
+            out.append(Stage(number, section.title_for(registry.Context(p, head)), tuple(steps), head))
     return tuple(out)
 
 

@@ -21,7 +21,8 @@ def _context(d: Derivation, step: Step) -> stages.Context:
 
 
 def _id(d: Derivation, step: Step, name: str) -> str:
-    return stages.stage_id(name, step.head if d.problem.multi_head else None)
+    """The id of stage ``name`` as ``step``'s head reads it (a grouped head reads its group's K)."""
+    return stages.resolve(name, _context(d, step))[0]
 
 
 def turn_of(d: Derivation, step: Step) -> "_rope.Turn | None":
