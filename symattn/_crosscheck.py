@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import stages
 from .derivation import Derivation
 from .numeric import numeric_stages
 
@@ -136,7 +137,7 @@ def _crosscheck(derivation: Derivation, tolerance: float, torch: bool) -> CrossC
 
 
 _EPS = 2.0 ** -52  # float64's spacing at 1
-_SCORES = ("S", "S_scaled", "S_masked")
+_SCORES = (stages.S, stages.S_SCALED, stages.S_MASKED)
 _LINEAR_SLACK = 2.0 ** 8  # rounding accumulated along a product, a generous bound
 
 
@@ -166,10 +167,10 @@ def _precision(derivation: Derivation, check: CrossCheck) -> CrossCheck:
         finite = np.abs(values[np.isfinite(values)]) if values.size else values
         top = float(finite.max()) if finite.size else 0.0
         largest = max(largest, top)
-        name = step.id.partition(".")[2] if step.id.startswith("head") and "." in step.id else step.id
+        name = stages.split_id(step.id)[1]
         if name in _SCORES:
             score = max(score, top)
-        if name == "A":
+        if name == stages.A:
             after_softmax = True
         for m in by_stage.get(step.id, ()):
             error = abs(m.exact - m.numeric) if math.isfinite(m.exact) and math.isfinite(m.numeric) else math.inf
