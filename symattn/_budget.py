@@ -67,6 +67,8 @@ def check_budget(p: Problem, kind: str, backward: bool, max_size: int = MAX_SIZE
     if symbolic:
         d_k = _d_k(p)
         checks.append((cells * d_k, SCORE_WORK_IRRATIONAL, f"{cells * d_k:,} score terms ({cells:,} attention scores × d_k = {d_k:,})"))
+    # the --max-size to suggest admits the problem under every budget, not only the first one it exceeds
+    needed = max(math.ceil(MAX_SIZE * used / (budget // divisor) / 1000) * 1000 for used, budget, _ in checks)
     for used, budget, what in checks:
         budget //= divisor
         limit = budget * max_size // MAX_SIZE
@@ -74,7 +76,6 @@ def check_budget(p: Problem, kind: str, backward: bool, max_size: int = MAX_SIZE
             continue
         why = "symbols" if p.symbols else "an irrational scale" if symbolic else ""
         terms = ", ".join(([f"{why} (the softmax kept in exact expressions)"] if why else []) + dearer)
-        needed = math.ceil(MAX_SIZE * used / budget / 1000) * 1000
         raise SymattnError(
             f"the problem has {what}, more than the {limit:,} the size budget allows"
             + (f" with {terms}" if terms else "")

@@ -9,6 +9,7 @@ is derived, so these tests are fast.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -88,6 +89,15 @@ def test_an_irrational_scale_with_a_wide_d_k_is_budgeted_by_score_terms():
         check_budget(p, "latex", False)
     assert "100,100 score terms (100 attention scores × d_k = 1,001)" in str(info.value)
     check_budget(problem(10, 1000, scale="auto"), "latex", False)
+
+
+def test_the_suggested_max_size_admits_the_problem_under_every_budget():
+    p = problem(201, 3, n_k=200, scale="auto")  # beyond 40,000 scores, and beyond 100,000 score terms more so
+    with pytest.raises(SymattnError, match=r"--max-size (\d+)") as info:
+        check_budget(p, "latex", False)
+    needed = int(re.search(r"--max-size (\d+)", str(info.value)).group(1))
+    assert needed == 1_206_000  # 201 × 200 × 3 = 120,600 score terms against 100,000
+    check_budget(p, "latex", False, max_size=needed)
 
 
 def test_every_head_counts():
