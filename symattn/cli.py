@@ -125,7 +125,7 @@ def derive(problem: Path | None, output: Path | None, fmt: str | None, standalon
                 raise click.ClickException(f"{path} is the problem file itself; choose another output path")
         if output is not None and plot is not None and _same_file(output, plot):
             raise click.ClickException(f"{plot}: --plot and -o name the same file; choose two paths")
-        layout = {"max_shown": max_shown, "first": first, "last": last}
+        layout = {"max_shown": max_shown, "first": first, "last": last, "output": output, "plot": plot}
         if exercise:
             layout.update(exercise=True, ask=ask)
         from ._progress import Progress
@@ -182,7 +182,10 @@ def _derive_text(problem: Path | None, kind: str, standalone: bool, digits: int 
         source = resources.files("symattn").joinpath("data/causal_4_tokens.yaml").read_text("utf-8")
         p = _builtin(source)
     else:
-        p = load_problem(problem, max_size=max_size)
+        with _inputs() as read:
+            p = load_problem(problem, max_size=max_size)
+        for path in (layout.get("output"), layout.get("plot")):
+            _refuse_input(path, read, "one of the problem's input files")
     if backward:
         p = with_backward(p)
     if problem is not None:
@@ -205,6 +208,7 @@ def _derive_text(problem: Path | None, kind: str, standalone: bool, digits: int 
             click.echo(f"Note: no numeric cross-check: {result.skipped}.", err=True)
     fmt = "latex" if kind == "pdf" else kind
     advance(_writing(kind))
+    layout = {k: v for k, v in layout.items() if k not in ("output", "plot")}
     if fmt == "json":
         layout = {}
     return d, render(d, fmt, standalone=standalone or kind == "pdf", digits=digits, check=result, **layout)
@@ -418,7 +422,14 @@ def _generate(o: dict) -> None:
     if o["output"] is not None and o["base"] is not None and _same_file(o["output"], o["base"]):
         raise click.ClickException(f"{o['output']} is the --from problem itself; choose another output path")
     if o["base"] is not None:
-        spec, base = from_problem(load_problem(o["base"]))
+        with _inputs() as read:
+            loaded = load_problem(o["base"])
+        _refuse_input(o["output"], read, "one of the --from problem's input files")
+        if o["out_dir"] is not None and o["count"] is not None:
+            for name in [f"variant-{k:02d}.yaml" for k in range(1, o["count"] + 1)] + ["index.csv"]:
+                _refuse_input(o["out_dir"] / name, read, "one of the --from problem's input files", o["base"],
+                              "the --from problem itself")
+        spec, base = from_problem(loaded)
         # new numbers come from the range of the part that varies (and the level's)
         if o["vary"] == "weights":
             entries = [w for h in base.heads for w in h] + ([base.W_O] if base.W_O is not None else [])
@@ -556,6 +567,43 @@ def _output_kind(output: Path | None, fmt: str | None) -> str:
             f"cannot tell the format from {output.name!r}; use a .tex, .md, .json, .txt or .pdf name, or give --format"
         )
     return kind
+
+
+_READING: list[str] | None = None  # the files opened while a problem is read (see _inputs)
+_HOOKED = False
+
+
+def _audit(event: str, args: tuple) -> None:
+    if _READING is not None and event == "open" and isinstance(args[0], (str, os.PathLike)):
+        _READING.append(os.fspath(args[0]))
+
+
+class _inputs:
+    """Records every file opened while a problem is read (the problem and its .csv and .npy
+    matrices), so that no output is written over one of them."""
+
+    def __enter__(self) -> list[str]:
+        global _READING, _HOOKED
+        if not _HOOKED:
+            sys.addaudithook(_audit)  # audit hooks stay for the process: one, switched by _READING
+            _HOOKED = True
+        _READING = []
+        return _READING
+
+    def __exit__(self, *exc) -> None:
+        global _READING
+        _READING = None
+
+
+def _refuse_input(path: Path | None, read: list[str], what: str, problem: Path | None = None,
+                  itself: str = "the problem file itself") -> None:
+    if path is None:
+        return
+    if problem is not None and _same_file(path, problem):
+        raise click.ClickException(f"{path} is {itself}; choose another output path")
+    for name in dict.fromkeys(read):
+        if os.path.isfile(name) and _same_file(path, Path(name)):
+            raise click.ClickException(f"{path} is {what} ({name}); choose another output path")
 
 
 def _is_stream(path: Path) -> bool:

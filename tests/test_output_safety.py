@@ -163,6 +163,26 @@ def test_generate_batch_refuses_to_overwrite_its_input_even_with_force(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["variant-01.yaml"]
 
 
+MATRIX_FILE_PROBLEM = "X: [[1, 0], [0, 1]]\nW_Q: {file: wq.csv}\nW_K: [[1, 0], [0, 1]]\nW_V: [[1], [0]]\n"
+
+
+@pytest.mark.parametrize("how", ["python-m", "clirunner"])
+@pytest.mark.parametrize("args", [["derive", "p.yaml", "-o", "wq.csv", "-f", "text"],
+                                  ["derive", "p.yaml", "-o", "out.tex", "--plot", "./wq.csv"],
+                                  ["generate", "--from", "p.yaml", "-o", "wq.csv"]])
+def test_a_matrix_file_the_problem_reads_is_never_an_output(tmp_path, how, args):
+    (tmp_path / "p.yaml").write_text(MATRIX_FILE_PROBLEM, "utf-8")
+    (tmp_path / "wq.csv").write_text("1,0\n0,1\n", "utf-8")
+    before = snapshot(tmp_path)
+    if how == "python-m":
+        done = child(args, tmp_path)
+        code, err = done.returncode, done.stderr
+    else:
+        code, err = in_process(args, tmp_path)
+    one_error_line(code, err, "input files", "wq.csv")
+    assert snapshot(tmp_path) == before
+
+
 def test_plot_and_output_on_the_same_file_are_refused(tmp_path):
     done = child(["derive", "-o", "a.pdf", "--plot", "./a.pdf"], tmp_path)
     one_error_line(done.returncode, done.stderr, "--plot and -o name the same file")
