@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import sys
-import tempfile
 from pathlib import Path
 
 import click
@@ -90,7 +89,9 @@ def _stage_list(ctx, param, value: str | None) -> frozenset[str] | None:
 @click.option("--ask", callback=_stage_list, metavar="IDS",
               help="With --exercise: the stages to ask for, e.g. Q,S_scaled,A,O (default: every computed stage).")
 @click.option("--max-size", type=click.IntRange(min=1), default=1_000_000, show_default=True,
-              help="The most numbers a problem file may hold in all its matrices together.")
+              help="The size budget: the most numbers a problem file may hold in all its matrices together; "
+                   "the budget for its attention scores (by default 1,000,000 for LaTeX, Markdown and text, "
+                   "less for JSON, the backward pass or an irrational scale) grows in proportion.")
 @click.option("--plot", type=click.Path(dir_okay=False, path_type=Path),
               help="Also draw the attention weights as a labelled heat map (.png, .svg or .pdf; needs pip install 'symattn[plot]').")
 @click.option("--backward", is_flag=True,
@@ -132,7 +133,9 @@ def derive(problem: Path | None, output: Path | None, fmt: str | None, standalon
         for path in (output, plot):
             if path is not None and problem is not None and _same_file(path, problem):
                 raise click.ClickException(f"{path} is the problem file itself; choose another output path")
-        layout = {"max_shown": max_shown, "first": first, "last": last}
+        if output is not None and plot is not None and _same_file(output, plot):
+            raise click.ClickException(f"{plot}: --plot and -o name the same file; choose two paths")
+        layout = {"max_shown": max_shown, "first": first, "last": last, "output": output, "plot": plot}
         if exercise:
             layout.update(exercise=True, ask=ask)
         from ._progress import Progress
@@ -155,7 +158,7 @@ def derive(problem: Path | None, output: Path | None, fmt: str | None, standalon
                 progress.advance("compiling the PDF")
                 data = latex_to_pdf(text)
         if output is None:
-            click.echo(text, nl=False)
+            _echo(text, nl=False)
         else:
             _write_atomic(output, data if kind == "pdf" else text.encode("utf-8"))
         if image is not None:
@@ -191,7 +194,10 @@ def _derive_text(problem: Path | None, kind: str, standalone: bool, digits: int 
         source = resources.files("symattn").joinpath("data/causal_4_tokens.yaml").read_text("utf-8")
         p = _builtin(source)
     else:
-        p = load_problem(problem, max_size=max_size)
+        with _inputs() as read:
+            p = load_problem(problem, max_size=max_size)
+        for path in (layout.get("output"), layout.get("plot")):
+            _refuse_input(path, read, "one of the problem's input files")
     if backward:
         p = with_backward(p)
     if tiled is not None:
@@ -200,6 +206,10 @@ def _derive_text(problem: Path | None, kind: str, standalone: bool, digits: int 
         from .problem import with_decode
 
         p = with_decode(p, decode)
+    if problem is not None:
+        from ._budget import check_budget
+
+        check_budget(p, kind, p.backward is not None, max_size, file=str(problem))
     advance("exact stages")
     d = _derive(p, on_step=progress.note if progress.enabled else None)
     result = None
@@ -216,6 +226,7 @@ def _derive_text(problem: Path | None, kind: str, standalone: bool, digits: int 
             click.echo(f"Note: no numeric cross-check: {result.skipped}.", err=True)
     fmt = "latex" if kind == "pdf" else kind
     advance(_writing(kind))
+    layout = {k: v for k, v in layout.items() if k not in ("output", "plot")}
     if fmt == "json":
         layout = {}
     return d, render(d, fmt, standalone=standalone or kind == "pdf", digits=digits, check=result, **layout)
@@ -257,7 +268,7 @@ csv gives a spreadsheet, --format json everything.
 
 @cli.command(help=_ANSWERS_HELP)
 @click.argument("problem", type=click.Path(dir_okay=False, path_type=Path))
-@click.argument("answers", nargs=-1, required=True, type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("answers", nargs=-1, required=True, type=click.Path(path_type=Path))  # a folder is reported per file
 @click.option("-f", "--format", "fmt", type=click.Choice(["text", "markdown", "latex", "json", "csv"]), default="text",
               show_default=True, help="Report format (csv: one line per answers file).")
 @click.option("--tolerance", type=click.FloatRange(min=0), help="Accept any entry within this absolute difference instead of the rounding rules.")
@@ -268,8 +279,10 @@ csv gives a spreadsheet, --format json everything.
               help="Mark gradient stages too (dV, dA, ...): the file's backward: section, else the loss L = Σ O.")
 @click.option("--tiled", type=click.IntRange(min=1), metavar="B",
               help="Mark the online softmax's stages too (m_tiled, l_tiled, acc_tiled, O_tiled) over blocks of B keys.")
+@click.option("--max-size", type=click.IntRange(min=1), default=1_000_000, show_default=True,
+              help="The size budget: the most numbers the problem may hold (the budget for its scores grows with it).")
 def check(problem: Path, answers: tuple[Path, ...], fmt: str, tolerance: float | None, precision: str,
-          backward: bool, tiled: int | None) -> None:
+          backward: bool, tiled: int | None, max_size: int) -> None:
     import json as _json
 
     from . import derive as _derive
@@ -279,14 +292,21 @@ def check(problem: Path, answers: tuple[Path, ...], fmt: str, tolerance: float |
     from .check_reports import report_latex, report_markdown, report_text
 
     try:
-        p = load_problem(problem)
+        from ._budget import check_budget
+
+        p = load_problem(problem, max_size=max_size)
         if tiled is not None:
             p = with_tiling(p, tiled)
-        d = _derive(with_backward(p) if backward else p)
+        p = with_backward(p) if backward else p
+        check_budget(p, "text", p.backward is not None, max_size, file=str(problem))
+        d = _derive(p)
     except SymattnError as exc:
         raise click.ClickException(str(exc)) from None
     results = []
     for path in answers:
+        if path.is_dir():
+            results.append((path, None, f"{path}: is a folder, not an answers file"))
+            continue
         try:
             results.append((path, mark(d, load_answers(path, d), tolerance, str(path), precision), None))
         except SymattnError as exc:
@@ -296,9 +316,9 @@ def check(problem: Path, answers: tuple[Path, ...], fmt: str, tolerance: float |
         if error:
             raise click.ClickException(error)
         if fmt == "json":
-            click.echo(_json.dumps(marking.as_dict(), indent=2, ensure_ascii=False))
+            _echo(_json.dumps(marking.as_dict(), indent=2, ensure_ascii=False))
         else:
-            click.echo({"text": report_text, "markdown": report_markdown, "latex": report_latex}[fmt](marking), nl=False)
+            _echo({"text": report_text, "markdown": report_markdown, "latex": report_latex}[fmt](marking), nl=False)
         click.get_current_context().exit(0 if marking.passed else 1)
     _batch(results, fmt, d)
     click.get_current_context().exit(0 if all(m is not None and m.passed for _, m, _ in results) else 1)
@@ -321,7 +341,7 @@ def _batch(results, fmt: str, derivation) -> None:
     if fmt == "json":
         out = {"files": [{"file": str(p), **(m.as_dict() if m else {"error": e})} for p, m, e in results],
                "summary": [s.as_dict() for s in summary]}
-        click.echo(_json.dumps(out, indent=2, ensure_ascii=False))
+        _echo(_json.dumps(out, indent=2, ensure_ascii=False))
         return
     if fmt == "csv":
         buf = io.StringIO()
@@ -330,23 +350,23 @@ def _batch(results, fmt: str, derivation) -> None:
         for p, m, e in results:
             v = verdicts(m)
             writer.writerow([str(p), "" if m is None else str(m.passed).lower(), *(v.get(i, "") for i in ids), e or ""])
-        click.echo(buf.getvalue(), nl=False)
+        _echo(buf.getvalue(), nl=False)
         return
     for p, m, e in results:
         if m is None:
-            click.echo(f"{p}: ERROR {e}")
+            _echo(f"{p}: ERROR {e}")
             continue
         wrong = [s.id for s in m.stages if s.status == "wrong"]
         follows = [s.id for s in m.stages if s.status == "follows"]
         line = f"{p}: {'all right' if m.passed else 'wrong: ' + ', '.join(wrong) if wrong else 'right with follow-through'}"
         if follows:
             line += f" (follows: {', '.join(follows)})"
-        click.echo(line)
+        _echo(line)
     right = {i: sum(verdicts(m).get(i) == "right" for _, m, _ in results) for i in ids}
     answered = {i: sum(i in verdicts(m) for _, m, _ in results) for i in ids}
-    click.echo(f"\n{sum(m is not None and m.passed for _, m, _ in results)} of {len(results)} files all right")
-    click.echo("right per stage: " + ", ".join(f"{i} {right[i]}/{answered[i]}" for i in ids))
-    click.echo("\nThe class, stage by stage:\n" + summary_text(summary), nl=False)
+    _echo(f"\n{sum(m is not None and m.passed for _, m, _ in results)} of {len(results)} files all right")
+    _echo("right per stage: " + ", ".join(f"{i} {right[i]}/{answered[i]}" for i in ids))
+    _echo("\nThe class, stage by stage:\n" + summary_text(summary), nl=False)
 
 
 def _range(ctx, param, value: str | None) -> tuple[int, int] | None:
@@ -389,10 +409,11 @@ class _RecordingCommand(click.Command):
 @click.option("--sheets", type=click.Choice(["pdf", "html"]), is_flag=False, flag_value="pdf",
               help="With --count: each variant's exercise and solution as PDF (LaTeX without pdflatex); "
                    "--sheets html writes them as web pages.")
+@click.option("--force", is_flag=True, help="With --count: replace files of the same names already in --out-dir (without it they are listed and nothing is written).")
 @click.option("--from", "base", type=click.Path(dir_okay=False, path_type=Path), help="Keep the structure of this problem and draw new numbers.")
 @click.option("--vary", type=click.Choice(["weights", "inputs"]), default="weights", show_default=True, help="With --from: what gets new numbers.")
 def generate(tokens, d_model, d_k, d_v, mask, heads, cross, no_scale, level, range_, words, seed, output, count,
-             out_dir, sheets, base, vary) -> None:
+             out_dir, sheets, force, base, vary) -> None:
     """Write new problems with small, hand-friendly numbers.
 
     Every problem is checked against its level's guarantees before it is
@@ -425,8 +446,17 @@ def _generate(o: dict) -> None:
     from .problem import parse_problem
 
     base = None
+    if o["output"] is not None and o["base"] is not None and _same_file(o["output"], o["base"]):
+        raise click.ClickException(f"{o['output']} is the --from problem itself; choose another output path")
     if o["base"] is not None:
-        spec, base = from_problem(load_problem(o["base"]))
+        with _inputs() as read:
+            loaded = load_problem(o["base"])
+        _refuse_input(o["output"], read, "one of the --from problem's input files")
+        if o["out_dir"] is not None and o["count"] is not None:
+            for name in [f"variant-{k:02d}.yaml" for k in range(1, o["count"] + 1)] + ["index.csv"]:
+                _refuse_input(o["out_dir"] / name, read, "one of the --from problem's input files", o["base"],
+                              "the --from problem itself")
+        spec, base = from_problem(loaded)
         # new numbers come from the range of the part that varies (and the level's)
         if o["vary"] == "weights":
             entries = [w for h in base.heads for w in h] + ([base.W_O] if base.W_O is not None else [])
@@ -447,13 +477,13 @@ def _generate(o: dict) -> None:
     command = " ".join(["symattn generate", *(shlex.quote(a) for a in argv)])
     count = o["count"]
     if count is None:
-        if o["sheets"] or o["out_dir"]:
-            raise click.UsageError("--out-dir and --sheets go with --count")
+        if o["sheets"] or o["out_dir"] or o["force"]:
+            raise click.UsageError("--out-dir, --sheets and --force go with --count")
         drawn = draw_problem(spec, o["seed"], base)
         text = to_yaml(spec, drawn, command, f"Attention exercise (seed {o['seed']})")
         _verify(parse_problem(text, "<generated>"), derive, crosscheck)
         if o["output"] is None:
-            click.echo(text, nl=False)
+            _echo(text, nl=False)
         else:
             _write_atomic(o["output"], text.encode("utf-8"))
         return
@@ -462,32 +492,44 @@ def _generate(o: dict) -> None:
     if o["output"] is not None:
         raise click.UsageError("with --count the files go into --out-dir, not -o")
     folder = o["out_dir"]
-    folder.mkdir(parents=True, exist_ok=True)
-    seen: set = set()
-    index = ["variant,seed,file"]
-    spare = o["seed"] + count  # seeds after the batch's own, for variants that come out alike
-    for k in range(1, count + 1):
-        # Each variant is exactly what its seed gives alone, so index.csv reproduces it; one equal
-        # to an earlier variant takes the next spare seed instead.
-        seed = o["seed"] + k - 1
-        drawn = draw_problem(spec, seed, base)
-        tries = 0
-        while drawn.key() in seen:
-            tries += 1
-            if tries > 1000:
-                raise SymattnError(f"only {k - 1} different problems were found for these options; ask for fewer")
-            seed, spare = spare, spare + 1
+    names = [f"variant-{k:02d}.yaml" for k in range(1, count + 1)] + ["index.csv"]
+    if o["sheets"]:
+        suffix = _sheet_suffix(o["sheets"])
+        names += [f"variant-{k:02d}-{part}{suffix}" for k in range(1, count + 1) for part in ("exercise", "solution")]
+    if o["base"] is not None:
+        for name in names:
+            if _same_file(folder / name, o["base"]):
+                raise click.ClickException(f"{folder / name} is the --from problem itself; choose another --out-dir")
+    from ._output import Batch
+
+    with Batch(folder, names, o["force"]) as batch:
+        seen: set = set()
+        index = ["variant,seed,file"]
+        spare = o["seed"] + count  # seeds after the batch's own, for variants that come out alike
+        for k in range(1, count + 1):
+            # Each variant is exactly what its seed gives alone, so index.csv reproduces it; one equal
+            # to an earlier variant takes the next spare seed instead.
+            seed = o["seed"] + k - 1
             drawn = draw_problem(spec, seed, base)
-        seen.add(drawn.key())
-        name = f"variant-{k:02d}"
-        text = to_yaml(spec, drawn, f"{command}  (variant {k} of {count}, seed {seed})", f"Attention exercise, variant {k}")
-        problem = parse_problem(text, f"{name}.yaml")
-        d = _verify(problem, derive, crosscheck)
-        _write_atomic(folder / f"{name}.yaml", text.encode("utf-8"))
-        if o["sheets"]:
-            _sheets(d, folder / name, o["sheets"])
-        index.append(f"{k},{seed},{name}.yaml")
-    _write_atomic(folder / "index.csv", ("\n".join(index) + "\n").encode("utf-8"))
+            tries = 0
+            while drawn.key() in seen:
+                tries += 1
+                if tries > 1000:
+                    raise SymattnError(f"only {k - 1} different problems were found for these options; "
+                                       "ask for fewer (nothing was written)")
+                seed, spare = spare, spare + 1
+                drawn = draw_problem(spec, seed, base)
+            seen.add(drawn.key())
+            name = f"variant-{k:02d}"
+            text = to_yaml(spec, drawn, f"{command}  (variant {k} of {count}, seed {seed})",
+                           f"Attention exercise, variant {k}")
+            problem = parse_problem(text, f"{name}.yaml")
+            d = _verify(problem, derive, crosscheck)
+            batch.write(f"{name}.yaml", text.encode("utf-8"))
+            if o["sheets"]:
+                _sheets(d, name, batch, o["sheets"])
+            index.append(f"{k},{seed},{name}.yaml")
+        batch.write("index.csv", ("\n".join(index) + "\n").encode("utf-8"))
     click.echo(f"wrote {count} variants to {folder}" + (" with their exercise and solution sheets" if o["sheets"] else ""), err=True)
 
 
@@ -500,26 +542,32 @@ def _verify(problem, derive, crosscheck):
     return d
 
 
-def _sheets(d, stem: Path, kind: str = "pdf") -> None:
+def _sheet_suffix(kind: str = "pdf") -> str:
+    """Sheets are web pages with --sheets html; else PDFs when pdflatex is installed, or their LaTeX."""
     import shutil as _shutil
 
+    if kind == "html":
+        return ".html"
+    return ".pdf" if _shutil.which("pdflatex") else ".tex"
+
+
+def _sheets(d, name: str, batch, kind: str = "pdf") -> None:
     from .render import render_html, render_latex
 
     if kind == "html":
         for part, exercise in (("exercise", True), ("solution", False)):
-            page = render_html(d, exercise=exercise)
-            _write_atomic(stem.with_name(f"{stem.name}-{part}.html"), page.encode("utf-8"))
+            batch.write(f"{name}-{part}.html", render_html(d, exercise=exercise).encode("utf-8"))
         return
     exercise = render_latex(d, exercise=True)
     solution = render_latex(d)
-    if _shutil.which("pdflatex"):
-        from .pdf import latex_to_pdf
+    for part, source in (("exercise", exercise), ("solution", solution)):
+        file = f"{name}-{part}{_sheet_suffix()}"
+        if file.endswith(".pdf"):
+            from .pdf import latex_to_pdf
 
-        _write_atomic(stem.with_name(stem.name + "-exercise.pdf"), latex_to_pdf(exercise))
-        _write_atomic(stem.with_name(stem.name + "-solution.pdf"), latex_to_pdf(solution))
-    else:
-        _write_atomic(stem.with_name(stem.name + "-exercise.tex"), exercise.encode("utf-8"))
-        _write_atomic(stem.with_name(stem.name + "-solution.tex"), solution.encode("utf-8"))
+            batch.write(file, latex_to_pdf(source))
+        else:
+            batch.write(file, source.encode("utf-8"))
 
 
 def with_backward(p):
@@ -559,12 +607,62 @@ def _output_kind(output: Path | None, fmt: str | None) -> str:
     if output is None:
         return "latex"
     kind = _SUFFIXES.get(output.suffix.lower())
+    if kind is None and _is_stream(output):
+        return "latex"  # a device or FIFO such as /dev/stdout gets what standard output would
     if kind is None:
         raise click.UsageError(
             f"cannot tell the format from {output.name!r}; use a .tex, .md, .json, .txt, .pdf or .html name, "
             "or give --format"
         )
     return kind
+
+
+_READING: list[str] | None = None  # the files opened while a problem is read (see _inputs)
+_HOOKED = False
+
+
+def _audit(event: str, args: tuple) -> None:
+    if _READING is not None and event == "open" and isinstance(args[0], (str, os.PathLike)):
+        _READING.append(os.fspath(args[0]))
+
+
+class _inputs:
+    """Records every file opened while a problem is read (the problem and its .csv and .npy
+    matrices), so that no output is written over one of them."""
+
+    def __enter__(self) -> list[str]:
+        global _READING, _HOOKED
+        if not _HOOKED:
+            sys.addaudithook(_audit)  # audit hooks stay for the process: one, switched by _READING
+            _HOOKED = True
+        _READING = []
+        return _READING
+
+    def __exit__(self, *exc) -> None:
+        global _READING
+        _READING = None
+
+
+def _refuse_input(path: Path | None, read: list[str], what: str, problem: Path | None = None,
+                  itself: str = "the problem file itself") -> None:
+    if path is None:
+        return
+    if problem is not None and _same_file(path, problem):
+        raise click.ClickException(f"{path} is {itself}; choose another output path")
+    for name in dict.fromkeys(read):
+        if os.path.isfile(name) and _same_file(path, Path(name)):
+            raise click.ClickException(f"{path} is {what} ({name}); choose another output path")
+
+
+def _is_stream(path: Path) -> bool:
+    """Whether ``path`` is a character device or a FIFO (written in place, see symattn._output)."""
+    import stat
+
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return False
+    return stat.S_ISCHR(mode) or stat.S_ISFIFO(mode)
 
 
 def _same_file(a: Path, b: Path) -> bool:
@@ -575,46 +673,83 @@ def _same_file(a: Path, b: Path) -> bool:
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` all at once: a failure leaves the old file untouched."""
-    folder = path.resolve().parent
-    if not folder.is_dir():
-        raise click.ClickException(f"{path}: the folder {folder} does not exist")
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
-    except OSError as exc:
-        raise click.ClickException(f"{path}: cannot write there: {exc.strerror or exc}") from None
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; an output is an ordinary file
-        os.replace(tmp, path)
-    except BaseException as exc:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        if isinstance(exc, OSError):
-            raise click.ClickException(f"{path}: cannot write there: {exc.strerror or exc}") from None
-        raise
+    """Write ``data`` to ``path`` all at once (see symattn._output): a failure leaves the old file untouched."""
+    from ._output import write_file
+
+    write_file(path, data)
+
+
+def _echo(text: str, nl: bool = True) -> None:
+    """Standard output; a full disk is an ``Error:`` line (see symattn._output)."""
+    from ._output import echo
+
+    echo(text, nl)
+
+
+class _Terminated(BaseException):
+    """SIGTERM arrived: unwind as Ctrl-C does, so temporary files are removed."""
+
+
+def _on_sigterm(signum, frame) -> None:
+    raise _Terminated()
 
 
 def main(argv: list[str] | None = None) -> int:
     """The console script: click's exit codes, and no traceback for a bug either."""
+    import signal
+
+    from . import _output
+
     args = sys.argv[1:] if argv is None else argv
+    try:
+        previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    except ValueError:  # not the main thread: leave signals alone
+        previous = None
+    try:
+        code = _main(args)
+        try:
+            sys.stdout.flush()
+        except BrokenPipeError:
+            _output.silence_stdout()
+            return 1
+        except OSError as exc:
+            _output.silence_stdout()
+            click.echo(f"Error: cannot write to standard output: {exc.strerror or exc}", err=True)
+            return 1
+        return code
+    except _Terminated:
+        _output.cleanup()
+        _output.silence_stdout()
+        click.echo("Error: stopped by SIGTERM; no output file was left half-written", err=True)
+        return 1
+    finally:
+        _output.cleanup()
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _main(args: list[str]) -> int:
+    from . import _output
+
     debug = "--debug" in args
     try:
         code = cli.main(args=args, prog_name="symattn", standalone_mode=False)
     except click.exceptions.Abort:
         click.echo("Aborted.", err=True)
         return 1
+    except _output.StdoutError as exc:
+        _output.silence_stdout()
+        exc.show()
+        return exc.exit_code
     except click.ClickException as exc:
         exc.show()
         return exc.exit_code
     except click.exceptions.Exit as exc:
         return exc.exit_code
-    except (BrokenPipeError, KeyboardInterrupt):
+    except BrokenPipeError:
+        _output.silence_stdout()
+        return 1
+    except KeyboardInterrupt:
         return 1
     except Exception as exc:  # an internal error: a short message, never a traceback
         if debug:

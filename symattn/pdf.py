@@ -34,6 +34,7 @@ def display_scales(log: str) -> list[float]:
 
 def compile_latex(source: str, timeout: float = 120) -> tuple[bytes, str]:
     """The PDF of ``source`` and the log of its last pdflatex run (see :func:`display_scales`)."""
+    _check_line_lengths(source)
     pdflatex = shutil.which("pdflatex")
     latexmk = shutil.which("latexmk")
     if pdflatex is None:
@@ -61,16 +62,46 @@ def compile_latex(source: str, timeout: float = 120) -> tuple[bytes, str]:
         pdf = Path(tmp) / "solution.pdf"
         if run.returncode != 0 or not pdf.exists():
             log = Path(tmp) / "solution.log"
-            text = log.read_text("utf-8", "replace") if log.exists() else run.stdout.decode("utf-8", "replace")
+            # pdflatex writes some fatal errors (a line too long to read) only to its terminal
+            text = (log.read_text("utf-8", "replace") if log.exists() else "") + "\n" + run.stdout.decode("utf-8", "replace")
             raise SymattnError("pdflatex failed: " + _log_excerpt(text))
         log = Path(tmp) / "solution.log"
         return pdf.read_bytes(), (log.read_text("utf-8", "replace") if log.exists() else "")
 
 
+TEX_LINE_LIMIT = 200_000  # characters: TeX Live's buf_size, the longest line pdflatex reads
+
+
+def _check_line_lengths(source: str) -> None:
+    """A line longer than pdflatex can read is named before it is tried (a very long title, say)."""
+    for number, line in enumerate(source.split("\n"), start=1):
+        if len(line) >= TEX_LINE_LIMIT:
+            start = line[:40]
+            raise SymattnError(
+                f"cannot make the PDF: line {number} of the LaTeX is {len(line):,} characters long "
+                f"(it starts {start!r}), and pdflatex reads at most {TEX_LINE_LIMIT:,} characters a line; "
+                "shorten the title, tokens or entries, or write .tex or .md instead"
+            )
+
+
+# Causes of pdflatex failures, by the start of TeX's error line, in words a user can act on.
+_CAUSES = {
+    "! Unable to read an entire line": "a line of the LaTeX is longer than pdflatex can read "
+                                       "(a very long title, tokens or entries)",
+    "! TeX capacity exceeded": "the document is too large for pdflatex's memory; write .tex or .md instead",
+    "! Dimension too large": "a number is too large for TeX to typeset",
+}
+
+
 def _log_excerpt(log: str) -> str:
-    """The error lines of a LaTeX log (those starting with '!') and a little context."""
+    """The error lines of a LaTeX log (those starting with '!', also right after a file's
+    closing parenthesis) and a little context, led by the cause in words when it is known."""
     lines = log.splitlines()
     for k, line in enumerate(lines):
-        if line.startswith("!"):
-            return " | ".join(l.strip() for l in lines[k : k + 3] if l.strip())
+        bang = line.find("! ")
+        if bang == 0 or (bang > 0 and set(line[:bang]) <= {")", " "}):
+            first = line[bang:]
+            excerpt = " | ".join(l.strip() for l in [first, *lines[k + 1 : k + 3]] if l.strip())
+            cause = next((why for start, why in _CAUSES.items() if first.startswith(start)), None)
+            return f"{cause} ({excerpt})" if cause else excerpt
     return (lines[-1] if lines else "no output").strip()

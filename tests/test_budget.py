@@ -1,0 +1,131 @@
+"""The size budget (issue 21): problems that would run for minutes are refused before the derivation.
+
+The figures behind the defaults come from benchmarks/stress_limits.py; here only
+the rules: which budget a problem meets, that the refusal is one line naming
+the budget and how to raise it, and that --max-size raises it. Nothing large
+is derived, so these tests are fast.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import symattn
+from symattn import SymattnError
+from symattn._budget import (DEARER, SCORE_CELLS, SCORE_CELLS_IRRATIONAL, SCORE_WORK_IRRATIONAL, check_budget,
+                             score_cells)
+from symattn.problem import MAX_SIZE
+
+ROOT = Path(__file__).resolve().parent.parent
+ENV = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""), PYTHONIOENCODING="utf-8")
+
+
+def qkv(n: int, d: int, n_k: int | None = None, scale: str = "none") -> str:
+    n_k = n_k or n
+    row = "[" + ", ".join(["1"] * d) + "]"
+    rows = lambda k: "[" + ", ".join([row] * k) + "]"  # noqa: E731
+    return f"Q: {rows(n)}\nK: {rows(n_k)}\nV: {rows(n_k)}\nscale: {scale}\n"
+
+
+def problem(n: int, d: int = 1, n_k: int | None = None, scale: str = "none"):
+    return symattn.load_problem(qkv(n, d, n_k, scale))
+
+
+def test_defaults_are_what_the_readme_says():
+    readme = (ROOT / "README.md").read_text("utf-8")
+    assert f"{SCORE_CELLS:,}" in readme and f"{SCORE_CELLS_IRRATIONAL:,}" in readme
+    assert f"{SCORE_WORK_IRRATIONAL:,}" in readme
+
+
+@pytest.mark.parametrize("kind, backward, limit", [
+    ("latex", False, SCORE_CELLS),
+    ("markdown", False, SCORE_CELLS),
+    ("pdf", False, SCORE_CELLS),
+    ("json", False, SCORE_CELLS // DEARER),
+    ("latex", True, SCORE_CELLS // DEARER),
+    ("json", True, SCORE_CELLS // DEARER // DEARER),
+])
+def test_score_cells_up_to_the_limit_pass_and_one_more_row_does_not(kind, backward, limit):
+    rows = limit // 1000
+    check_budget(problem(rows, n_k=1000), kind, backward)  # exactly at the limit
+    with pytest.raises(SymattnError) as info:
+        check_budget(problem(rows + 1, n_k=1000), kind, backward, file="p.yaml")
+    message = str(info.value)
+    assert message.startswith("p.yaml: the problem has")
+    assert f"{(rows + 1) * 1000:,} attention scores ({rows + 1:,} query × 1,000 key tokens)" in message
+    assert f"more than the {limit:,} the size budget allows" in message
+    assert "--max-size" in message
+    if kind == "json":
+        assert "JSON" in message
+    if backward:
+        assert "the backward pass" in message
+
+
+def test_max_size_raises_the_budget_in_proportion():
+    p = problem(1001, n_k=1000)
+    with pytest.raises(SymattnError, match=r"--max-size 1001000\b"):
+        check_budget(p, "latex", False)
+    check_budget(p, "latex", False, max_size=1_001_000)  # the suggested value is enough
+
+
+def test_an_irrational_scale_has_its_own_budget():
+    p = problem(201, 2, n_k=200, scale="auto")  # d_k = 2: scale 1/√2
+    assert score_cells(p) == 40_200
+    with pytest.raises(SymattnError, match="an irrational scale"):
+        check_budget(p, "latex", False)
+    check_budget(problem(201, 4, n_k=200, scale="auto"), "latex", False)  # 1/√4 = 1/2 is rational
+    check_budget(problem(200, 2, scale="auto"), "latex", False)
+
+
+def test_an_irrational_scale_with_a_wide_d_k_is_budgeted_by_score_terms():
+    p = problem(10, 1001, scale="auto")  # 100 scores, but 100,100 score terms
+    with pytest.raises(SymattnError) as info:
+        check_budget(p, "latex", False)
+    assert "100,100 score terms (100 attention scores × d_k = 1,001)" in str(info.value)
+    check_budget(problem(10, 1000, scale="auto"), "latex", False)
+
+
+def test_the_suggested_max_size_admits_the_problem_under_every_budget():
+    p = problem(201, 3, n_k=200, scale="auto")  # beyond 40,000 scores, and beyond 100,000 score terms more so
+    with pytest.raises(SymattnError, match=r"--max-size (\d+)") as info:
+        check_budget(p, "latex", False)
+    needed = int(re.search(r"--max-size (\d+)", str(info.value)).group(1))
+    assert needed == 1_206_000  # 201 × 200 × 3 = 120,600 score terms against 100,000
+    check_budget(p, "latex", False, max_size=needed)
+
+
+def test_every_head_counts():
+    head = "{W_Q: [[1]], W_K: [[1]], W_V: [[1]]}"
+    x = "[" + ", ".join(["[1]"] * 600) + "]"
+    p = symattn.load_problem(f"X: {x}\nheads: [{head}, {head}, {head}]\nW_O: [[1], [1], [1]]\nscale: none\n")
+    assert score_cells(p) == 3 * 600 * 600
+    with pytest.raises(SymattnError, match="× 3 heads"):
+        check_budget(p, "latex", False)
+
+
+@pytest.mark.parametrize("args", [["derive", "p.yaml", "-f", "json"], ["derive", "p.yaml", "--backward"],
+                                  ["check", "p.yaml", "a.yaml"]])
+def test_the_command_line_refuses_before_deriving(tmp_path, args):
+    """501 tokens: within the LaTeX budget, beyond JSON's, the backward pass's and check's
+    (which derives the gradients with --backward; here its text budget suffices, so add it)."""
+    (tmp_path / "p.yaml").write_text(qkv(501, 1), "utf-8")
+    (tmp_path / "a.yaml").write_text("S: [[1]]\n", "utf-8")
+    if args[0] == "check":
+        args = [*args, "--backward"]
+    done = subprocess.run([sys.executable, "-m", "symattn", *args], cwd=tmp_path, capture_output=True, text=True,
+                          env=ENV, timeout=10, stdin=subprocess.DEVNULL)
+    assert done.returncode == 1, done.stderr
+    assert done.stdout == ""
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: p.yaml: the problem has 251,001 attention scores"), lines
+    assert "raise the budget with --max-size" in lines[0]
+
+
+def test_max_size_default_is_unchanged():
+    assert MAX_SIZE == 1_000_000
