@@ -132,21 +132,28 @@ def _flow_matrices(text: str) -> list[tuple[int, int, list[str]]]:
     return found
 
 
-def _compose_cut(text: str, spans) -> yaml.Node | None:
-    """Compose ``text`` with each span replaced by a placeholder, and put a :class:`FlowMatrix`
-    in each placeholder's place. None when any placeholder is not where a matrix would be
-    (inside a block of text, say): the caller then composes the whole text as usual."""
-    pieces, last, places = [], 0, {}
-    for start, end, rows in spans:
+def _cut(text: str, spans) -> str:
+    """``text`` with each span replaced by a placeholder ``[ ]`` of the same extent."""
+    pieces, last = [], 0
+    for start, end, _rows in spans:
         pieces.append(text[last:start])
         pieces.append("[" + _blank(text[start + 1:end - 1]) + "]")
         last = end
+    pieces.append(text[last:])
+    return "".join(pieces)
+
+
+def _compose_cut(text: str, spans, cut: str) -> yaml.Node | None:
+    """Compose ``cut`` (``text`` with each span replaced by a placeholder), and put a :class:`FlowMatrix`
+    in each placeholder's place. None when any placeholder is not where a matrix would be
+    (inside a block of text, say): the caller then composes the whole text as usual."""
+    places = {}
+    for start, end, rows in spans:
         line = text.count("\n", 0, start)
         col = start - (text.rfind("\n", 0, start) + 1)
         places[(line, col)] = (start, end, rows)
-    pieces.append(text[last:])
     try:
-        root = yaml.compose("".join(pieces), Loader=_CLoader)
+        root = yaml.compose(cut, Loader=_CLoader)
     except (yaml.YAMLError, ValueError):
         return None
     placed = 0
@@ -176,6 +183,7 @@ def _compose_cut(text: str, spans) -> yaml.Node | None:
     return root if placed == len(spans) else None
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")  # only a "\ud800" escape can make one: the file was UTF-8
 MAX_NODES = 5_000_000  # nodes visited through aliases before we give up
 
 
@@ -196,30 +204,77 @@ def where(file: str, node: yaml.Node) -> Where:
     return Where(file, mark.line + 1, mark.column + 1)
 
 
-def compose(text: str, file: str) -> yaml.Node | None:
-    """The node tree of ``text`` (one YAML document), or None for an empty file."""
+MAX_NESTING = 100  # lists and mappings inside each other; a problem file needs 6
+_NESTING = {yaml.SequenceStartEvent: 1, yaml.MappingStartEvent: 1, yaml.SequenceEndEvent: -1, yaml.MappingEndEvent: -1}
+_VALUES = (yaml.ScalarEvent, yaml.AliasEvent)
+_PYTHON_WORDING = 1_000_000  # characters up to which a syntax error is worded by the pure-Python parser
+
+
+def _prescan(text: str, file: str, max_values: int | None) -> yaml.MarkedYAMLError | None:
+    """Walk the parser's events (no nodes are built, nothing recurses) and refuse nesting deeper
+    than :data:`MAX_NESTING` and more than ``max_values`` values (scalars and aliases), each at
+    the place it happens, before anything is composed. Returns libyaml's syntax error, if any
+    (None when the text parses)."""
+    loader = (_CLoader or yaml.SafeLoader)(text)
+    depth = values = 0
+    nesting, value_types = _NESTING, _VALUES
+    try:
+        while True:
+            event = loader.get_event()
+            if event is None or isinstance(event, yaml.StreamEndEvent):
+                return None
+            step = nesting.get(type(event))
+            if step is not None:
+                depth += step
+                if depth > MAX_NESTING:
+                    mark = event.start_mark
+                    raise SymattnError(
+                        f"invalid YAML: lists and mappings are nested more than {MAX_NESTING} levels deep",
+                        file=file, line=mark.line + 1, col=mark.column + 1,
+                    )
+            elif max_values is not None and isinstance(event, value_types):
+                values += 1
+                if values > max_values:
+                    mark = event.start_mark
+                    raise SymattnError(
+                        f"the file holds more than {max_values:,} values (numbers, words and aliases), more than "
+                        "its size limit allows; if it is meant to be this large, raise the limit with --max-size",
+                        file=file, line=mark.line + 1, col=mark.column + 1,
+                    )
+    except yaml.MarkedYAMLError as exc:
+        return exc
+    except (yaml.YAMLError, ValueError):
+        return None  # the composing below says what is wrong
+    finally:
+        loader.dispose()
+
+
+def compose(text: str, file: str, max_values: int | None = None) -> yaml.Node | None:
+    """The node tree of ``text`` (one YAML document), or None for an empty file.
+
+    Nesting is limited to :data:`MAX_NESTING` and the count of values to ``max_values``
+    (None: no limit) before anything is composed."""
     if _CLoader is not None:
         spans = _flow_matrices(text)
         if spans:
-            root = _compose_cut(text, spans)
-            if root is not None:
-                return root
-        try:  # libyaml: the same nodes, tags and marks, many times faster on big files
-            return yaml.compose(text, Loader=_CLoader)
-        except (yaml.YAMLError, ValueError):
-            pass  # the pure-Python parser below words the error (with its place) for the user
+            cut = _cut(text, spans)
+            if _prescan(cut, file, max_values) is None:
+                root = _compose_cut(text, spans, cut)
+                if root is not None:
+                    return root
+    syntax = _prescan(text, file, max_values)
+    if _CLoader is not None:
+        if syntax is None:
+            try:  # libyaml: the same nodes, tags and marks, many times faster on big files
+                return yaml.compose(text, Loader=_CLoader)
+            except (yaml.YAMLError, ValueError):
+                pass  # the pure-Python parser below words the error (with its place) for the user
+        elif len(text) > _PYTHON_WORDING:
+            _raise_marked(syntax, file)  # libyaml's own words: the pure-Python parser would take minutes
     try:
         return yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        what = exc.problem or exc.context or "invalid YAML"
-        if what.startswith("but found another document"):
-            what = "the file holds more than one YAML document (a second '---'); a problem is one document"
-        if mark is None:
-            raise SymattnError(f"invalid YAML: {what}", file=file) from None
-        raise SymattnError(
-            f"invalid YAML: {what}", file=file, line=mark.line + 1, col=mark.column + 1
-        ) from None
+        _raise_marked(exc, file)
     except yaml.reader.ReaderError as exc:  # a character YAML does not allow: name its place
         before = text[: exc.position]
         line, col = before.count("\n") + 1, len(before) - (before.rfind("\n") + 1) + 1
@@ -229,6 +284,16 @@ def compose(text: str, file: str) -> yaml.Node | None:
     except yaml.YAMLError as exc:
         first = str(exc).splitlines()[0] if str(exc) else "invalid YAML"
         raise SymattnError(f"invalid YAML: {first}", file=file) from None
+
+
+def _raise_marked(exc: yaml.MarkedYAMLError, file: str):
+    mark = exc.problem_mark or exc.context_mark
+    what = exc.problem or exc.context or "invalid YAML"
+    if what.startswith("but found another document"):
+        what = "the file holds more than one YAML document (a second '---'); a problem is one document"
+    if mark is None:
+        raise SymattnError(f"invalid YAML: {what}", file=file) from None
+    raise SymattnError(f"invalid YAML: {what}", file=file, line=mark.line + 1, col=mark.column + 1) from None
 
 
 def check_tags(root: yaml.Node, file: str) -> None:
@@ -247,6 +312,11 @@ def check_tags(root: yaml.Node, file: str) -> None:
             raise where(file, node).error(
                 f"the YAML tag {node.tag.replace('tag:yaml.org,2002:', '!!')!r} is not allowed;"
                 " problem files hold plain numbers, strings, lists and mappings"
+            )
+        if isinstance(node, yaml.ScalarNode) and node.style == '"' and _SURROGATE.search(node.value):
+            code = ord(_SURROGATE.search(node.value).group())
+            raise where(file, node).error(
+                f"invalid YAML: the escape of U+{code:04X} names half of a UTF-16 pair, not a character; remove it"
             )
         if id(node) in visited:
             continue  # an alias of a node already checked
