@@ -420,6 +420,30 @@ def row_max(values: list[sympy.Expr], dps: int = 50) -> sympy.Expr:
     return best
 
 
+# SymPy writes e^(c·log b) as the exact power b^c: a score such as 10^20·log 2 would become
+# 2^(10^20). A power beyond this many bits (about 1,200 digits) is refused instead.
+MAX_EXP_POWER_BITS = 4000
+
+
+def _exp(e: sympy.Expr) -> sympy.Expr:
+    """``e^e`` as SymPy writes it, refused when SymPy would turn it into a huge exact power."""
+    size = 0
+    for term in sympy.Add.make_args(e):
+        coeff, rest = term.as_coeff_Mul()
+        if isinstance(rest, sympy.log) and rest.args[0].is_Rational and coeff.is_Rational:
+            base = rest.args[0]
+            size += max(int(base.p).bit_length(), int(base.q).bit_length()) * abs(coeff)
+    if size > MAX_EXP_POWER_BITS:
+        from ._errors import SymattnError
+
+        raise SymattnError(
+            f"the softmax needs e^({sympy.sstr(e)[:60]}), which is an exact power of more than "
+            f"{MAX_EXP_POWER_BITS:,} bits; use smaller scores (smaller entries in Q and K, or a logarithm "
+            "with a smaller factor)"
+        )
+    return sympy.exp(e)
+
+
 @dataclass(frozen=True)
 class SoftmaxRow:
     """One row of the softmax, kept as structure.
@@ -447,7 +471,7 @@ class SoftmaxRow:
     @cached_property
     def terms(self) -> tuple[sympy.Expr, ...]:
         """``e^{z_ij - m_i}`` for each position (0 where masked)."""
-        return tuple(sympy.Integer(0) if e is None else sympy.exp(e) for e in self.exponents)
+        return tuple(sympy.Integer(0) if e is None else _exp(e) for e in self.exponents)
 
     @cached_property
     def normaliser(self) -> sympy.Expr:

@@ -90,6 +90,14 @@ class FlowMatrix(yaml.SequenceNode):
     def value(self, value) -> None:
         self._value = value
 
+    def row_where(self, file: str, i: int) -> "Where":
+        """Where row ``i`` (from 0) starts, as its composed node would say, without composing."""
+        pos = self._text.index("[", self._start + 1)  # the first row's bracket
+        for _ in range(i):
+            pos = self._text.index("[", self._text.index("]", pos))
+        line = self._text.count("\n", 0, pos)
+        return Where(file, line + 1, pos - (self._text.rfind("\n", 0, pos) + 1) + 1)
+
 
 def _blank(text: str) -> str:
     """``text`` with every character but the line breaks made a space (lines and columns kept)."""

@@ -698,7 +698,25 @@ class _Reader:
         """A matrix of plain numbers read straight from its text; None leaves anything
         to report (a ragged row, the size limit) to the usual path."""
         numbers = sum(row.count(",") + 1 for row in node.rows)
-        if self.size + numbers > self.max_size:  # counted from the text: refused before anything is composed
+        if self.size + numbers > self.max_size:
+            # Beyond the size limit: refused from the text, with the message composing would give,
+            # before anything is composed (a 30 MB row would take minutes).
+            if len(node.rows) > self.max_size:
+                raise self.at(node).error(
+                    f"the matrix has more than {self.max_size:,} rows (the size limit; raise it with --max-size)", name)
+            width = node.rows[0].count(",") + 1
+            for i, row in enumerate(node.rows):
+                n = row.count(",") + 1
+                if n > self.max_size:
+                    raise node.row_where(self.file, i).error(
+                        f"the row has more than {self.max_size:,} entries (the size limit; raise it with --max-size)",
+                        _row(name, i),
+                    )
+                if n != width:
+                    raise node.row_where(self.file, i).error(
+                        f"row {i + 1} has {n} entries but row 1 has {width}; every row needs the same length",
+                        _row(name, i),
+                    )
             self.count(numbers, self.at(node), name)
         m = _flow_rational_matrix(node.rows)
         if m is not None:
