@@ -142,6 +142,14 @@ def bits(x: sympy.Expr) -> int:
     )
 
 
+def check_size(text: str, value: sympy.Expr) -> sympy.Expr:
+    """``value`` (read from ``text``) if it is below 10^300 in size, as every problem entry must be;
+    a plain decimal such as 1e400 is read exactly by :func:`parse_decimal`, and refused here."""
+    if value.is_Rational and abs(value) > MAX_MAGNITUDE:
+        raise NumberError(f"{_short(text.strip())} is larger than 10^300 in size; use smaller numbers")
+    return value
+
+
 def is_zero(x: sympy.Expr) -> bool:
     """Whether the exact number ``x`` is 0, even when it is not written as 0."""
     if x.is_zero is not None or x.free_symbols:

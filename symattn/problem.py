@@ -24,7 +24,7 @@ from sympy import QQ
 
 from . import _yaml
 from ._errors import SymattnError
-from ._numbers import NumberError, is_positive, parse_decimal, parse_number
+from ._numbers import NumberError, check_size, is_positive, parse_decimal, parse_number
 from ._files import FileError, file_error, read_regular
 from ._exact import binary_float_matrix, rational_matrix, scaled_integer_matrix
 from ._yaml import Where, where
@@ -288,6 +288,7 @@ class _Reader:
         self.max_size = max_size
         self.size = 0  # numbers read so far
         self.symbols: dict[str, sympy.Symbol] = {}
+        self.read_numbers: dict[tuple[str, bool], sympy.Expr] = {}  # entries read so far, by text
 
     # -- the document ------------------------------------------------------
 
@@ -621,10 +622,16 @@ class _Reader:
             raise self.at(node).error("the entry is empty; write a number", field)
         if _yaml.is_bool(node):
             raise self.at(node).error(f"{node.value!r} is a boolean, not a number", field)
-        try:
-            value = parse_number(node.value, symbols=self.symbols, allow_neg_inf=allow_neg_inf)
-        except NumberError as exc:
-            raise self.at(node).error(str(exc), field) from None
+        # An alias is the same node: its entry is read once (60,000 aliases of one expensive
+        # expression cost one reading). The text and what is allowed are part of the key.
+        key = (node.value, allow_neg_inf)
+        value = self.read_numbers.get(key)
+        if value is None:
+            try:
+                value = check_size(node.value, parse_number(node.value, symbols=self.symbols, allow_neg_inf=allow_neg_inf))
+            except NumberError as exc:
+                raise self.at(node).error(str(exc), field) from None
+            self.read_numbers[key] = value
         if value.free_symbols and not use_symbols:
             names = ", ".join(sorted(s.name for s in value.free_symbols))
             raise self.at(node).error(f"{node.value!r} holds the symbol(s) {names}; this must be a plain number", field)
@@ -770,7 +777,7 @@ class _Reader:
             if len(row) != width:
                 raise where_.error(f"{rel!r} line {i + 1} has {len(row)} entries but line 1 has {width}", name)
             try:
-                out.append([parse_decimal(c) for c in row])
+                out.append([check_size(c, parse_decimal(c)) for c in row])
             except NumberError as exc:
                 raise where_.error(f"{rel!r} line {i + 1}: {exc}", name) from None
         return Matrix(out)
@@ -786,6 +793,8 @@ class _Reader:
             raise where_.error(f"{rel!r} holds {array.dtype} values; expected integers or floats", name)
         if not np_isfinite(array):
             raise where_.error(f"{rel!r} holds NaN or infinite values", name)
+        if np_largest(array) > 1e300:
+            raise where_.error(f"{rel!r} holds a value larger than 10^300 in size; use smaller numbers", name)
         # A binary float is exactly a dyadic rational: take that, not its decimal print.
         return binary_float_matrix(array)
 
@@ -1095,3 +1104,9 @@ def np_isfinite(array) -> bool:
     import numpy as np
 
     return bool(np.isfinite(array).all())
+
+
+def np_largest(array) -> float:
+    import numpy as np
+
+    return float(np.abs(array).max())
