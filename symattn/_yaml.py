@@ -101,7 +101,7 @@ class FlowMatrix(yaml.SequenceNode):
 
 def _blank(text: str) -> str:
     """``text`` with every character but the line breaks made a space (lines and columns kept)."""
-    return "\n".join(" " * len(line) for line in text.split("\n"))
+    return "\n".join(map(" ".__mul__, map(len, text.split("\n"))))
 
 
 # Line breaks YAML knows besides "\n" (and a byte-order mark, which shifts libyaml's index):
@@ -109,8 +109,34 @@ def _blank(text: str) -> str:
 _ODD_BREAKS = re.compile("[\r\x85\u2028\u2029\ufeff]")
 
 
-def _flow_matrices(text: str) -> list[tuple[int, int, list[str]]]:
-    """``(start, end, rows)`` of each matrix of plain numbers written in flow style."""
+# A piece of a matrix's rows cut after a comma: numbers separated by commas within a row or
+# by "], [" between rows, perhaps opening a row at its start and closing one at its end.
+_PIECE = re.compile(rf"[ \n]*(\[)?[ \n]*{_NUMBER}(?:[ \n]*(?:,|\][ \n]*,[ \n]*\[)[ \n]*{_NUMBER})*[ \n]*(\])?[ \n]*")
+
+
+def _is_rows(inner: str, chunk: int = 1 << 16) -> bool:
+    """Whether ``inner`` (what is between a matrix's outer brackets) is rows of numbers:
+    ``[1, 2], [3, 4]``. It is matched a piece at a time, each cut after a comma: a regular
+    expression keeps state for every repetition it matches, and a 30 MB row would need
+    gigabytes; one call per piece, not per row, keeps 3,000,000 short rows fast."""
+    start, n, first, closed = 0, len(inner), True, False
+    while True:
+        end = inner.find(",", start + chunk) if n - start > chunk else -1
+        m = _PIECE.fullmatch(inner, start, n if end == -1 else end)
+        if m is None:
+            return False
+        opens, closes = m.group(1) is not None, m.group(2) is not None
+        if opens != (first or closed):  # a row opens exactly where the last piece closed one
+            return False
+        if end == -1:
+            return closes
+        first, closed, start = False, closes, end + 1
+
+
+def _flow_matrices(text: str, max_values: int | None = None) -> list[tuple[int, int, list[str]]]:
+    """``(start, end, rows)`` of each matrix of plain numbers written in flow style. A matrix
+    with more commas than ``max_values`` is cut out unchecked: it is refused for its size from
+    its rows' text alone."""
     if _ODD_BREAKS.search(text):
         return []
     found = []
@@ -132,10 +158,10 @@ def _flow_matrices(text: str) -> list[tuple[int, int, list[str]]]:
         inner = body[1:-1].strip(" \n")
         if not (inner.startswith("[") and inner.endswith("]")):
             continue
-        rows = _BETWEEN_ROWS.split(inner[1:-1])
-        if not all(_ROW.fullmatch(row) for row in rows):
+        unchecked = max_values is not None and text.count(",", start, end) > max_values
+        if not unchecked and not _is_rows(inner):
             continue
-        found.append((start, end, rows))
+        found.append((start, end, _BETWEEN_ROWS.split(inner[1:-1])))
         pos = end
     return found
 
@@ -215,15 +241,16 @@ def where(file: str, node: yaml.Node) -> Where:
 MAX_NESTING = 100  # lists and mappings inside each other; a problem file needs 6
 _NESTING = {yaml.SequenceStartEvent: 1, yaml.MappingStartEvent: 1, yaml.SequenceEndEvent: -1, yaml.MappingEndEvent: -1}
 _VALUES = (yaml.ScalarEvent, yaml.AliasEvent)
+_ITEM_LINE = re.compile(r"^[ ]*- ", re.MULTILINE)
 _PYTHON_WORDING = 1_000_000  # characters up to which a syntax error is worded by the pure-Python parser
 
 
-def _prescan(text: str, file: str, max_values: int | None) -> yaml.MarkedYAMLError | None:
+def _prescan(text: str, file: str, max_values: int | None, loader_class=None) -> yaml.MarkedYAMLError | None:
     """Walk the parser's events (no nodes are built, nothing recurses) and refuse nesting deeper
     than :data:`MAX_NESTING` and more than ``max_values`` values (scalars and aliases), each at
     the place it happens, before anything is composed. Returns libyaml's syntax error, if any
     (None when the text parses)."""
-    loader = (_CLoader or yaml.SafeLoader)(text)
+    loader = (loader_class or _CLoader or yaml.SafeLoader)(text)
     depth = values = 0
     nesting, value_types = _NESTING, _VALUES
     try:
@@ -262,8 +289,18 @@ def compose(text: str, file: str, max_values: int | None = None) -> yaml.Node | 
 
     Nesting is limited to :data:`MAX_NESTING` and the count of values to ``max_values``
     (None: no limit) before anything is composed."""
+    if max_values is not None and text.count("- ") > max_values:
+        # Each line that starts with "- " is a list item: counted from the text in a moment,
+        # where walking the parser's events would take seconds per million.
+        items = _ITEM_LINE.subn("", text)[1]
+        if items > max_values:
+            raise SymattnError(
+                f"the file has {items:,} list items (lines starting with '- '), more than its size limit "
+                f"allows ({max_values:,} values); if it is meant to be this large, raise the limit with --max-size",
+                file=file,
+            )
     if _CLoader is not None:
-        spans = _flow_matrices(text)
+        spans = _flow_matrices(text, max_values)
         if spans:
             cut = _cut(text, spans)
             if _prescan(cut, file, max_values) is None:
@@ -279,6 +316,10 @@ def compose(text: str, file: str, max_values: int | None = None) -> yaml.Node | 
                 pass  # the pure-Python parser below words the error (with its place) for the user
         elif len(text) > _PYTHON_WORDING:
             _raise_marked(syntax, file)  # libyaml's own words: the pure-Python parser would take minutes
+        else:
+            # libyaml may stop before its first event (it looks ahead, and has a nesting limit of
+            # its own): the pure-Python parser's events give the nesting with its place.
+            _prescan(text, file, max_values, yaml.SafeLoader)
     try:
         return yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.MarkedYAMLError as exc:

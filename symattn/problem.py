@@ -11,6 +11,7 @@ import csv
 import difflib
 import functools
 import io
+import itertools
 import keyword
 import os
 import re
@@ -704,7 +705,7 @@ class _Reader:
     def flow_matrix(self, node: _yaml.FlowMatrix, name: str) -> Matrix | None:
         """A matrix of plain numbers read straight from its text; None leaves anything
         to report (a ragged row, the size limit) to the usual path."""
-        numbers = sum(row.count(",") + 1 for row in node.rows)
+        numbers = sum(map(str.count, node.rows, itertools.repeat(","))) + len(node.rows)
         if self.size + numbers > self.max_size:
             # Beyond the size limit: refused from the text, with the message composing would give,
             # before anything is composed (a 30 MB row would take minutes).
