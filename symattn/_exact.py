@@ -427,6 +427,13 @@ MAX_EXP_POWER_BITS = 4000
 
 def _exp(e: sympy.Expr) -> sympy.Expr:
     """``e^e`` as SymPy writes it, refused when SymPy would turn it into a huge exact power."""
+    _check_exponent(e)
+    return sympy.exp(e)
+
+
+def _check_exponent(e: sympy.Expr) -> None:
+    """Refuse an exponent ``c·log b + ...`` that SymPy would write as an exact power b^c of more
+    than :data:`MAX_EXP_POWER_BITS` bits."""
     size = 0
     for term in sympy.Add.make_args(e):
         coeff, rest = term.as_coeff_Mul()
@@ -441,7 +448,6 @@ def _exp(e: sympy.Expr) -> sympy.Expr:
             f"{MAX_EXP_POWER_BITS:,} bits; use smaller scores (smaller entries in Q and K, or a logarithm "
             "with a smaller factor)"
         )
-    return sympy.exp(e)
 
 
 @dataclass(frozen=True)
@@ -615,7 +621,9 @@ def softmax_rows(masked) -> tuple[SoftmaxRow, ...]:
         # The maximum keeps exponents ≤ 0; with symbols it cannot be picked, and the first
         # allowed score serves (any reference cancels in the quotient).
         m = finite[0] if symbolic else row_max(values)
-        rows.append(
-            SoftmaxRow(m, tuple(None if v == NEG_INF else tidy(v - m) for v in values), is_max=not symbolic)
-        )
+        exponents = tuple(None if v == NEG_INF else tidy(v - m) for v in values)
+        for e in exponents:
+            if e is not None:
+                _check_exponent(e)  # now, while the derivation runs, not when the row is first shown
+        rows.append(SoftmaxRow(m, exponents, is_max=not symbolic))
     return tuple(rows)

@@ -762,6 +762,8 @@ class _Reader:
         except FileError as exc:
             if str(exc).startswith(repr(rel)):
                 raise where_.error(str(exc), name) from None
+            if str(exc).startswith("is "):  # a folder, a FIFO, a device, a socket
+                raise where_.error(f"{rel!r} {exc}", name) from None
             how = " as a .npy file" if suffix == ".npy" else ""
             raise where_.error(f"cannot read {rel!r}{how}: {exc.strerror}", name) from None
         m = (self._read_csv if suffix == ".csv" else self._read_npy)(data, rel, where_, name)
