@@ -55,7 +55,6 @@ _CLoader = _fast_loader()
 # asks for them (an entry to report, a mask of booleans), with the same lines and columns.
 
 _NUMBER = r"-?[0-9]{1,30}(?:\.[0-9]{1,30})?(?:/[0-9]{1,30})?"
-_ROW = re.compile(rf"[ \n]*{_NUMBER}(?:[ \n]*,[ \n]*{_NUMBER})*[ \n]*")  # inside its brackets
 _CLOSE = re.compile(r"\][ \n]*\]")
 _BETWEEN_ROWS = re.compile(r"\][ \n]*,[ \n]*\[")
 # A matrix: a key at the start of a line (perhaps after "- "), then [[ ... ]] up to the end of
@@ -69,8 +68,10 @@ class FlowMatrix(yaml.SequenceNode):
     """A matrix of plain numbers cut out of the text: ``rows`` holds each row's text between
     its brackets. ``value`` (the usual row and entry nodes) is composed on first use."""
 
-    def __init__(self, rows: list[str], text: str, start: int, end: int, start_mark, end_mark) -> None:
+    def __init__(self, rows: list[str], text: str, start: int, end: int, start_mark, end_mark,
+                 file: str = "<problem>") -> None:
         self.tag = "tag:yaml.org,2002:seq"
+        self.file = file
         self.rows = rows
         self.start_mark, self.end_mark = start_mark, end_mark
         self.flow_style = True
@@ -83,7 +84,10 @@ class FlowMatrix(yaml.SequenceNode):
         if self._value is None:
             # The matrix's own text, at its own place: every mark is what the whole file gives.
             before = _blank(self._text[: self._start])
-            self._value = yaml.compose(before + self._text[self._start:self._end], Loader=_CLoader).value
+            try:
+                self._value = yaml.compose(before + self._text[self._start:self._end], Loader=_CLoader).value
+            except yaml.MarkedYAMLError as exc:  # a matrix too large to check before it was cut
+                _raise_marked(exc, self.file)
         return self._value
 
     @value.setter
@@ -161,7 +165,10 @@ def _flow_matrices(text: str, max_values: int | None = None) -> list[tuple[int, 
         unchecked = max_values is not None and text.count(",", start, end) > max_values
         if not unchecked and not _is_rows(inner):
             continue
-        found.append((start, end, _BETWEEN_ROWS.split(inner[1:-1])))
+        rows = _BETWEEN_ROWS.split(inner[1:-1])
+        if unchecked and not inner.count("[") == inner.count("]") == len(rows):
+            continue  # brackets inside a row: not a matrix, whatever its size
+        found.append((start, end, rows))
         pos = end
     return found
 
@@ -177,7 +184,7 @@ def _cut(text: str, spans) -> str:
     return "".join(pieces)
 
 
-def _compose_cut(text: str, spans, cut: str) -> yaml.Node | None:
+def _compose_cut(text: str, spans, cut: str, file: str = "<problem>") -> yaml.Node | None:
     """Compose ``cut`` (``text`` with each span replaced by a placeholder), and put a :class:`FlowMatrix`
     in each placeholder's place. None when any placeholder is not where a matrix would be
     (inside a block of text, say): the caller then composes the whole text as usual."""
@@ -210,7 +217,7 @@ def _compose_cut(text: str, spans, cut: str) -> yaml.Node | None:
             key = (child.start_mark.line, child.start_mark.column)
             if isinstance(child, yaml.SequenceNode) and not child.value and key in places and child.flow_style:
                 start, end, rows = places[key]
-                swap(k, FlowMatrix(rows, text, start, end, child.start_mark, child.end_mark))
+                swap(k, FlowMatrix(rows, text, start, end, child.start_mark, child.end_mark, file))
                 placed += 1
             else:
                 stack.append(child)
@@ -304,7 +311,7 @@ def compose(text: str, file: str, max_values: int | None = None) -> yaml.Node | 
         if spans:
             cut = _cut(text, spans)
             if _prescan(cut, file, max_values) is None:
-                root = _compose_cut(text, spans, cut)
+                root = _compose_cut(text, spans, cut, file)
                 if root is not None:
                     return root
     syntax = _prescan(text, file, max_values)

@@ -270,8 +270,9 @@ def npy_header(draw) -> bytes:
         header = draw(st.text(max_size=60)) if draw(st.booleans()) else "(" * draw(st.integers(1, 3000))
     raw = header.encode("utf-8", "replace")
     version = draw(st.sampled_from([b"\x01\x00", b"\x02\x00", b"\x03\x00", b"\x09\x00"]))
-    length = _struct.pack("<H" if version == b"\x01\x00" else "<I",
-                          draw(st.one_of(st.just(len(raw)), st.integers(0, 70000))))
+    short = version == b"\x01\x00"  # version 1.0 writes the header's length in two bytes
+    length = _struct.pack("<H" if short else "<I",
+                          draw(st.one_of(st.just(min(len(raw), 65535)), st.integers(0, 65535 if short else 70000))))
     return b"\x93NUMPY" + version + length + raw
 
 
