@@ -442,6 +442,36 @@ def row_max(values: list[sympy.Expr], dps: int = 50) -> sympy.Expr:
     return best
 
 
+# SymPy writes e^(c·log b) as the exact power b^c: a score such as 10^20·log 2 would become
+# 2^(10^20). A power beyond this many bits (about 1,200 digits) is refused instead.
+MAX_EXP_POWER_BITS = 4000
+
+
+def _exp(e: sympy.Expr) -> sympy.Expr:
+    """``e^e`` as SymPy writes it, refused when SymPy would turn it into a huge exact power."""
+    _check_exponent(e)
+    return sympy.exp(e)
+
+
+def _check_exponent(e: sympy.Expr) -> None:
+    """Refuse an exponent ``c·log b + ...`` that SymPy would write as an exact power b^c of more
+    than :data:`MAX_EXP_POWER_BITS` bits."""
+    size = 0
+    for term in sympy.Add.make_args(e):
+        coeff, rest = term.as_coeff_Mul()
+        if isinstance(rest, sympy.log) and rest.args[0].is_Rational and coeff.is_Rational:
+            base = rest.args[0]
+            size += max(int(base.p).bit_length(), int(base.q).bit_length()) * abs(coeff)
+    if size > MAX_EXP_POWER_BITS:
+        from ._errors import SymattnError
+
+        raise SymattnError(
+            f"the softmax needs e^({sympy.sstr(e)[:60]}), which is an exact power of more than "
+            f"{MAX_EXP_POWER_BITS:,} bits; use smaller scores (smaller entries in Q and K, or a logarithm "
+            "with a smaller factor)"
+        )
+
+
 @dataclass(frozen=True)
 class SoftmaxRow:
     """One row of the softmax, kept as structure.
@@ -469,7 +499,7 @@ class SoftmaxRow:
     @cached_property
     def terms(self) -> tuple[sympy.Expr, ...]:
         """``e^{z_ij - m_i}`` for each position (0 where masked)."""
-        return tuple(sympy.Integer(0) if e is None else sympy.exp(e) for e in self.exponents)
+        return tuple(sympy.Integer(0) if e is None else _exp(e) for e in self.exponents)
 
     @cached_property
     def normaliser(self) -> sympy.Expr:
@@ -613,7 +643,9 @@ def softmax_rows(masked) -> tuple[SoftmaxRow, ...]:
         # The maximum keeps exponents ≤ 0; with symbols it cannot be picked, and the first
         # allowed score serves (any reference cancels in the quotient).
         m = finite[0] if symbolic else row_max(values)
-        rows.append(
-            SoftmaxRow(m, tuple(None if v == NEG_INF else tidy(v - m) for v in values), is_max=not symbolic)
-        )
+        exponents = tuple(None if v == NEG_INF else tidy(v - m) for v in values)
+        for e in exponents:
+            if e is not None:
+                _check_exponent(e)  # now, while the derivation runs, not when the row is first shown
+        rows.append(SoftmaxRow(m, exponents, is_max=not symbolic))
     return tuple(rows)

@@ -24,6 +24,7 @@ import re
 from fractions import Fraction
 from typing import Mapping
 
+import flint
 import sympy
 
 from ._sympy import QQMatrix, flint_matrix, is_rational_matrix, qq_dense
@@ -35,6 +36,9 @@ MAX_EXPONENT_TEN = 400  # |e| in a decimal literal such as 1e-3
 MAX_POWER = 1000  # |p| and |q| of an exponent p/q
 MAX_POWER_BITS = 20000  # bits of an exact integer power's result
 MAX_DEPTH = 60  # nesting depth of an expression
+MAX_FUNCTION_DEPTH = 4  # exp, log, sqrt and e^... inside each other
+MAX_EXP_ARGUMENT = 1000  # |x| in exp(x): e^1000 is about 10^434
+MAX_VALUE_BITS = 14000  # bits of any integer in an entry's exact value (Python prints at most 4300 digits)
 
 _INT_RE = re.compile(r"[-+]?[0-9]+\Z")
 _DEC_RE = re.compile(r"[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]+)?\Z")
@@ -113,8 +117,8 @@ def parse_number(
     except (SyntaxError, ValueError) as exc:
         raise NumberError(f"{_short(text)} is not a number or an expression ({_syntax_reason(exc)})") from None
     constants = {"pi": sympy.pi} if allow_pi else {}
-    value = _Builder(text, source, positions, symbols, constants).build(tree.body, 0)
-    return _check_value(text, value)
+    value, ball = _Builder(text, source, positions, symbols, constants).build(tree.body, 0)
+    return _check_value(text, value, ball)
 
 
 def _caret_to_power(text: str) -> tuple[str, list[int]]:
@@ -139,6 +143,14 @@ def bits(x: sympy.Expr) -> int:
         (max(int(r.p).bit_length(), int(r.q).bit_length()) for r in x.atoms(sympy.Rational)),
         default=1,
     )
+
+
+def check_size(text: str, value: sympy.Expr) -> sympy.Expr:
+    """``value`` (read from ``text``) if it is below 10^300 in size, as every problem entry must be;
+    a plain decimal such as 1e400 is read exactly by :func:`parse_decimal`, and refused here."""
+    if value.is_Rational and abs(value) > MAX_MAGNITUDE:
+        raise NumberError(f"{_short(text.strip())} is larger than 10^300 in size; use smaller numbers")
+    return value
 
 
 def is_zero(x: sympy.Expr) -> bool:
@@ -173,30 +185,112 @@ def _short(text: str) -> str:
 MAX_MAGNITUDE = sympy.Integer(10) ** 300  # float64 ends near 1.8e308; the numeric check must follow
 
 
-def _check_value(text: str, value: sympy.Expr) -> sympy.Expr:
+def _check_value(text: str, value: sympy.Expr, ball=None) -> sympy.Expr:
+    """``value`` if it is a finite real number below 10^300 in size. ``ball`` (a complex ball
+    enclosing it, None with symbols) decides that without asking SymPy to evaluate anything."""
     if value.has(sympy.nan, sympy.zoo) or value.has(sympy.oo) or value.has(-sympy.oo):
         raise NumberError(f"{_short(text)} is not a finite number")
-    if not value.free_symbols and not value.is_Rational:
-        try:
-            approx = sympy.N(value, 15, maxn=60)
-            huge = not approx.is_finite or abs(approx) > MAX_MAGNITUDE
-        except (OverflowError, ValueError, RecursionError, MemoryError):
-            huge = True
-        if huge:
+    if bits(value) > MAX_VALUE_BITS:
+        raise NumberError(f"{_short(text)}: its exact value holds a number of more than {MAX_VALUE_BITS:,} bits "
+                          "(about 4,200 digits); use smaller numbers")
+    if value.is_Rational:
+        if abs(value) > MAX_MAGNITUDE:
             raise NumberError(f"{_short(text)} is larger than 10^300 in size; use smaller numbers")
-    elif value.is_Rational and abs(value) > MAX_MAGNITUDE:
+        return value
+    if value.free_symbols:
+        return value
+    if ball is None:
+        ball = _Balls.of(value)
+    if ball is None or not ball.is_finite():
+        raise NumberError(f"{_short(text)} is too large or too hard to evaluate; use smaller numbers")
+    if ball.real.abs_lower() > _ARB_MAX:
         raise NumberError(f"{_short(text)} is larger than 10^300 in size; use smaller numbers")
-    if not value.free_symbols:
-        if value.is_extended_real is False:
-            raise NumberError(f"{_short(text)} is not a real number")
-        if value.is_extended_real is None:
-            approx = sympy.N(value, 20)
-            if approx.has(sympy.nan, sympy.zoo) or not approx.is_number:
-                raise NumberError(f"{_short(text)} is not a finite number")
-            re_part, im_part = approx.as_real_imag()
-            if im_part != 0 and abs(im_part) > 1e-15:
-                raise NumberError(f"{_short(text)} is not a real number")
+    if ball.real.abs_upper() > _ARB_MAX:  # undecided even at the highest precision tried
+        raise NumberError(f"{_short(text)} is larger than 10^300 in size, or too close to it to tell; "
+                          "use smaller numbers")
+    if value.is_extended_real is False:
+        raise NumberError(f"{_short(text)} is not a real number")
+    if value.is_extended_real is None and ball.imag.abs_lower() > _ARB_TINY:
+        raise NumberError(f"{_short(text)} is not a real number")
     return value
+
+
+class _Balls:
+    """Complex balls (python-flint's acb) that enclose each value as it is built, so its size is
+    known before SymPy is asked to do anything with it."""
+
+    PRECISIONS = (128, 1024, 16384)  # bits; a wide ball is worked out again at the next
+
+    @staticmethod
+    def of(value: sympy.Expr):
+        """A ball around a SymPy number built from rationals, E, pi, exp, log and powers; None
+        when it holds anything else."""
+        for prec in _Balls.PRECISIONS:
+            with _flint_prec(prec):
+                ball = _Balls._ball(value)
+            if ball is None or _narrow(ball):
+                return ball
+        return ball
+
+    @staticmethod
+    def _ball(x):
+        if x.is_Rational:
+            return flint.acb(flint.arb(flint.fmpq(int(x.p), int(x.q))))
+        if x is sympy.E:
+            return flint.acb(1).exp()
+        if x is sympy.pi:
+            return flint.acb(flint.arb.pi())
+        if x is sympy.I:
+            return flint.acb(0, 1)
+        args = [_Balls._ball(a) for a in x.args]
+        if any(a is None for a in args):
+            return None
+        if isinstance(x, sympy.Add):
+            return sum(args[1:], args[0])
+        if isinstance(x, sympy.Mul):
+            out = args[0]
+            for a in args[1:]:
+                out = out * a
+            return out
+        if isinstance(x, sympy.Pow):
+            return args[0] ** args[1]
+        if isinstance(x, sympy.exp):
+            return args[0].exp()
+        if isinstance(x, sympy.log):
+            return args[0].log()
+        return None
+
+
+def _narrow(ball) -> bool:
+    """Whether a ball is tight enough to decide sizes and signs: its radius is a small part of
+    its midpoint (or tiny)."""
+    if not ball.is_finite():
+        return False
+    for part in (ball.real, ball.imag):
+        rad = part.rad()
+        if rad > _ARB_TINY and rad > part.mid().abs_lower() * flint.arb(2) ** -40:
+            return False
+    return True
+
+
+class _flint_prec:
+    """python-flint's working precision (a global), set for a ``with`` block."""
+
+    def __init__(self, prec: int) -> None:
+        self.prec = prec
+
+    def __enter__(self) -> None:
+        self.old = flint.ctx.prec
+        flint.ctx.prec = self.prec
+
+    def __exit__(self, *exc) -> None:
+        flint.ctx.prec = self.old
+
+
+_ARB_MAX = flint.arb(10) ** 300
+_ARB_TINY = flint.arb(10) ** -15
+_ARB_EXP_MAX = flint.arb(MAX_EXP_ARGUMENT)
+_ARB_HUGE = flint.arb(10) ** 1000  # no value on the way may be larger
 
 
 class _Builder:
@@ -218,21 +312,41 @@ class _Builder:
         where = f" at character {col + 1}" if col is not None and col > 0 else ""
         return NumberError(f"{_short(self.text)}: {what}{where}")
 
-    def build(self, node: ast.AST, depth: int) -> sympy.Expr:
+    def too_large(self, node: ast.AST) -> NumberError:
+        if ast.get_source_segment(self.source, node) == self.source:
+            return NumberError(f"{_short(self.text)} is larger than 10^300 in size; use smaller numbers")
+        return self.fail(node, "this part is larger than 10^300 in size; use smaller numbers")
+
+    def build(self, node: ast.AST, depth: int, functions: int = 0) -> tuple[sympy.Expr, object]:
+        """The value of ``node`` and a complex ball around it (None once a symbol is involved).
+        ``functions`` counts the exp, log, sqrt and e^... it is inside."""
         if depth > MAX_DEPTH:
             raise self.fail(node, f"nested more than {MAX_DEPTH} levels deep")
         if isinstance(node, ast.Constant):
-            return self.constant(node)
+            return self.ball(node, self.constant(node))
         if isinstance(node, ast.Name):
-            return self.name(node)
+            value = self.name(node)
+            return value, None
         if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.UAdd, ast.USub)):
-            operand = self.build(node.operand, depth + 1)
-            return -operand if isinstance(node.op, ast.USub) else operand
+            operand, ball = self.build(node.operand, depth + 1, functions)
+            if isinstance(node.op, ast.USub):
+                return -operand, None if ball is None else -ball
+            return operand, ball
         if isinstance(node, ast.BinOp):
-            return self.binop(node, depth)
+            return self.binop(node, depth, functions)
         if isinstance(node, ast.Call):
-            return self.call(node, depth)
+            return self.call(node, depth, functions)
         raise self.fail(node, f"{_describe(node)} is not allowed in a number")
+
+    def ball(self, node: ast.AST, value: sympy.Expr, ball=...) -> tuple[sympy.Expr, object]:
+        """``value`` with its ball (worked out from the value when not given), refused when the
+        ball says it is beyond any size symattn works with."""
+        if ball is ...:
+            ball = _Balls.of(value) if not value.free_symbols else None
+        if ball is not None:
+            if not ball.is_finite() or ball.real.abs_lower() > _ARB_HUGE or ball.imag.abs_lower() > _ARB_HUGE:
+                raise self.too_large(node)
+        return value, ball
 
     def constant(self, node: ast.Constant) -> sympy.Expr:
         value = node.value
@@ -266,27 +380,40 @@ class _Builder:
             hint = "; declare it under 'symbols' to use it as a symbol"
         raise self.fail(node, f"{node.id!r} is not a number or a declared symbol{hint}")
 
-    def binop(self, node: ast.BinOp, depth: int) -> sympy.Expr:
+    def binop(self, node: ast.BinOp, depth: int, functions: int) -> tuple[sympy.Expr, object]:
         op = node.op
         if not isinstance(op, (ast.Add, ast.Sub, ast.Mult, ast.Div, ast.Pow, ast.BitXor)):
             raise self.fail(node, f"the operator {_OP_NAMES.get(type(op), type(op).__name__)} is not allowed")
-        left = self.build(node.left, depth + 1)
-        right = self.build(node.right, depth + 1)
+        if isinstance(op, ast.Pow) and isinstance(node.left, ast.Name) and node.left.id == "e" \
+                and self.symbols.get("e") is sympy.E:
+            if functions >= MAX_FUNCTION_DEPTH:  # e^x is exp(x)
+                raise self.fail(node, f"exp, log and sqrt are nested more than {MAX_FUNCTION_DEPTH} deep")
+            functions += 1
+        (left, lb), (right, rb) = self.build(node.left, depth + 1, functions), self.build(node.right, depth + 1, functions)
+        both = lb is not None and rb is not None
         if isinstance(op, ast.Add):
-            return left + right
+            return self.ball(node, left + right, lb + rb if both else None)
         if isinstance(op, ast.Sub):
-            return left - right
+            return self.ball(node, left - right, lb - rb if both else None)
         if isinstance(op, ast.Mult):
-            return left * right
+            self.check_bits(node, left, right)
+            return self.ball(node, left * right, lb * rb if both else None)
         if isinstance(op, ast.Div):
-            if is_zero(right):
+            if (rb is None or rb.contains(0)) and is_zero(right):
                 raise self.fail(node, "division by zero")
-            return left / right
-        return self.power(node, left, right)
+            self.check_bits(node, left, right)
+            return self.ball(node, left / right, lb / rb if both and not rb.contains(0) else None)
+        return self.power(node, left, right, lb, functions)
 
-    def power(self, node: ast.AST, base: sympy.Expr, exponent: sympy.Expr) -> sympy.Expr:
+    def check_bits(self, node: ast.AST, *values: sympy.Expr) -> None:
+        """A product or quotient adds the sizes of its numbers: refuse before computing it."""
+        if sum(bits(v) for v in values) > 2 * MAX_VALUE_BITS:
+            raise self.fail(node, "the numbers are too large to compute exactly")
+
+    def power(self, node: ast.AST, base: sympy.Expr, exponent: sympy.Expr, base_ball,
+              functions: int) -> tuple[sympy.Expr, object]:
         if base is sympy.E:  # e^x, where e is allowed (answers files): the exponential
-            return sympy.exp(exponent)
+            return self.exp(node, exponent, functions)
         if exponent.free_symbols:
             raise self.fail(node, "an exponent must be a number (use exp(...) for e to a symbolic power)")
         if not exponent.is_Rational:
@@ -299,9 +426,26 @@ class _Builder:
         # Checked before computing: a power of any base multiplies the size of its numbers.
         if bits(base) * max(abs(p), 1) > MAX_POWER_BITS:
             raise self.fail(node, "the power is too large to compute exactly")
-        return base**exponent
+        if base_ball is not None:
+            with _flint_prec(128):  # the size of the result, before SymPy computes it
+                size = abs(base_ball).upper()
+                if size > 1 and size.log() * abs(p) / q > _ARB_HUGE.log():
+                    raise self.too_large(node)
+        return self.ball(node, base**exponent)
 
-    def call(self, node: ast.Call, depth: int) -> sympy.Expr:
+    def exp(self, node: ast.AST, arg: sympy.Expr, functions: int) -> tuple[sympy.Expr, object]:
+        """e to ``arg``, refused when ``arg`` is beyond ±1000 (e^1000 is about 10^434)."""
+        if not arg.free_symbols:
+            ball = _Balls.of(arg)
+            if ball is None or not ball.is_finite() or ball.real.abs_lower() > _ARB_EXP_MAX:
+                big = ball is None or not ball.is_finite() or ball.real.lower() > 0
+                if big:
+                    raise self.too_large(node)
+                raise self.fail(node, f"e to a power below -{MAX_EXP_ARGUMENT} is too small to work with; "
+                                "use smaller numbers")
+        return self.ball(node, sympy.exp(arg))
+
+    def call(self, node: ast.Call, depth: int, functions: int) -> tuple[sympy.Expr, object]:
         func = node.func
         if not isinstance(func, ast.Name) or func.id not in _FUNCTIONS:
             if isinstance(func, ast.Name):
@@ -309,10 +453,18 @@ class _Builder:
             raise self.fail(node, f"{_describe(func)} cannot be called (only sqrt, exp, log)")
         if node.keywords or len(node.args) != 1 or isinstance(node.args[0], ast.Starred):
             raise self.fail(node, f"{func.id} takes exactly one argument")
-        arg = self.build(node.args[0], depth + 1)
+        if functions >= MAX_FUNCTION_DEPTH:
+            raise self.fail(node, f"exp, log and sqrt are nested more than {MAX_FUNCTION_DEPTH} deep")
+        arg, ball = self.build(node.args[0], depth + 1, functions + 1)
         if func.id == "log" and arg == 0:
             raise self.fail(node, "log(0) is not a finite number")
-        return _FUNCTIONS[func.id](arg)
+        if func.id == "exp":
+            return self.exp(node, arg, functions)
+        if func.id == "log" and ball is not None and ball.contains(0):
+            if is_zero(arg):
+                raise self.fail(node, "log(0) is not a finite number")
+            ball = None  # worked out again, more precisely, from the value
+        return self.ball(node, _FUNCTIONS[func.id](arg))
 
 
 _OP_NAMES = {

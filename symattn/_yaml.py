@@ -55,7 +55,6 @@ _CLoader = _fast_loader()
 # asks for them (an entry to report, a mask of booleans), with the same lines and columns.
 
 _NUMBER = r"-?[0-9]{1,30}(?:\.[0-9]{1,30})?(?:/[0-9]{1,30})?"
-_ROW = re.compile(rf"[ \n]*{_NUMBER}(?:[ \n]*,[ \n]*{_NUMBER})*[ \n]*")  # inside its brackets
 _CLOSE = re.compile(r"\][ \n]*\]")
 _BETWEEN_ROWS = re.compile(r"\][ \n]*,[ \n]*\[")
 # A matrix: a key at the start of a line (perhaps after "- "), then [[ ... ]] up to the end of
@@ -69,8 +68,10 @@ class FlowMatrix(yaml.SequenceNode):
     """A matrix of plain numbers cut out of the text: ``rows`` holds each row's text between
     its brackets. ``value`` (the usual row and entry nodes) is composed on first use."""
 
-    def __init__(self, rows: list[str], text: str, start: int, end: int, start_mark, end_mark) -> None:
+    def __init__(self, rows: list[str], text: str, start: int, end: int, start_mark, end_mark,
+                 file: str = "<problem>") -> None:
         self.tag = "tag:yaml.org,2002:seq"
+        self.file = file
         self.rows = rows
         self.start_mark, self.end_mark = start_mark, end_mark
         self.flow_style = True
@@ -83,17 +84,28 @@ class FlowMatrix(yaml.SequenceNode):
         if self._value is None:
             # The matrix's own text, at its own place: every mark is what the whole file gives.
             before = _blank(self._text[: self._start])
-            self._value = yaml.compose(before + self._text[self._start:self._end], Loader=_CLoader).value
+            try:
+                self._value = yaml.compose(before + self._text[self._start:self._end], Loader=_CLoader).value
+            except yaml.MarkedYAMLError as exc:  # a matrix too large to check before it was cut
+                _raise_marked(exc, self.file)
         return self._value
 
     @value.setter
     def value(self, value) -> None:
         self._value = value
 
+    def row_where(self, file: str, i: int) -> "Where":
+        """Where row ``i`` (from 0) starts, as its composed node would say, without composing."""
+        pos = self._text.index("[", self._start + 1)  # the first row's bracket
+        for _ in range(i):
+            pos = self._text.index("[", self._text.index("]", pos))
+        line = self._text.count("\n", 0, pos)
+        return Where(file, line + 1, pos - (self._text.rfind("\n", 0, pos) + 1) + 1)
+
 
 def _blank(text: str) -> str:
     """``text`` with every character but the line breaks made a space (lines and columns kept)."""
-    return "\n".join(" " * len(line) for line in text.split("\n"))
+    return "\n".join(map(" ".__mul__, map(len, text.split("\n"))))
 
 
 # Line breaks YAML knows besides "\n" (and a byte-order mark, which shifts libyaml's index):
@@ -101,8 +113,34 @@ def _blank(text: str) -> str:
 _ODD_BREAKS = re.compile("[\r\x85\u2028\u2029\ufeff]")
 
 
-def _flow_matrices(text: str) -> list[tuple[int, int, list[str]]]:
-    """``(start, end, rows)`` of each matrix of plain numbers written in flow style."""
+# A piece of a matrix's rows cut after a comma: numbers separated by commas within a row or
+# by "], [" between rows, perhaps opening a row at its start and closing one at its end.
+_PIECE = re.compile(rf"[ \n]*(\[)?[ \n]*{_NUMBER}(?:[ \n]*(?:,|\][ \n]*,[ \n]*\[)[ \n]*{_NUMBER})*[ \n]*(\])?[ \n]*")
+
+
+def _is_rows(inner: str, chunk: int = 1 << 16) -> bool:
+    """Whether ``inner`` (what is between a matrix's outer brackets) is rows of numbers:
+    ``[1, 2], [3, 4]``. It is matched a piece at a time, each cut after a comma: a regular
+    expression keeps state for every repetition it matches, and a 30 MB row would need
+    gigabytes; one call per piece, not per row, keeps 3,000,000 short rows fast."""
+    start, n, first, closed = 0, len(inner), True, False
+    while True:
+        end = inner.find(",", start + chunk) if n - start > chunk else -1
+        m = _PIECE.fullmatch(inner, start, n if end == -1 else end)
+        if m is None:
+            return False
+        opens, closes = m.group(1) is not None, m.group(2) is not None
+        if opens != (first or closed):  # a row opens exactly where the last piece closed one
+            return False
+        if end == -1:
+            return closes
+        first, closed, start = False, closes, end + 1
+
+
+def _flow_matrices(text: str, max_values: int | None = None) -> list[tuple[int, int, list[str]]]:
+    """``(start, end, rows)`` of each matrix of plain numbers written in flow style. A matrix
+    with more commas than ``max_values`` is cut out unchecked: it is refused for its size from
+    its rows' text alone."""
     if _ODD_BREAKS.search(text):
         return []
     found = []
@@ -124,29 +162,39 @@ def _flow_matrices(text: str) -> list[tuple[int, int, list[str]]]:
         inner = body[1:-1].strip(" \n")
         if not (inner.startswith("[") and inner.endswith("]")):
             continue
-        rows = _BETWEEN_ROWS.split(inner[1:-1])
-        if not all(_ROW.fullmatch(row) for row in rows):
+        unchecked = max_values is not None and text.count(",", start, end) > max_values
+        if not unchecked and not _is_rows(inner):
             continue
+        rows = _BETWEEN_ROWS.split(inner[1:-1])
+        if unchecked and not inner.count("[") == inner.count("]") == len(rows):
+            continue  # brackets inside a row: not a matrix, whatever its size
         found.append((start, end, rows))
         pos = end
     return found
 
 
-def _compose_cut(text: str, spans) -> yaml.Node | None:
-    """Compose ``text`` with each span replaced by a placeholder, and put a :class:`FlowMatrix`
-    in each placeholder's place. None when any placeholder is not where a matrix would be
-    (inside a block of text, say): the caller then composes the whole text as usual."""
-    pieces, last, places = [], 0, {}
-    for start, end, rows in spans:
+def _cut(text: str, spans) -> str:
+    """``text`` with each span replaced by a placeholder ``[ ]`` of the same extent."""
+    pieces, last = [], 0
+    for start, end, _rows in spans:
         pieces.append(text[last:start])
         pieces.append("[" + _blank(text[start + 1:end - 1]) + "]")
         last = end
+    pieces.append(text[last:])
+    return "".join(pieces)
+
+
+def _compose_cut(text: str, spans, cut: str, file: str = "<problem>") -> yaml.Node | None:
+    """Compose ``cut`` (``text`` with each span replaced by a placeholder), and put a :class:`FlowMatrix`
+    in each placeholder's place. None when any placeholder is not where a matrix would be
+    (inside a block of text, say): the caller then composes the whole text as usual."""
+    places = {}
+    for start, end, rows in spans:
         line = text.count("\n", 0, start)
         col = start - (text.rfind("\n", 0, start) + 1)
         places[(line, col)] = (start, end, rows)
-    pieces.append(text[last:])
     try:
-        root = yaml.compose("".join(pieces), Loader=_CLoader)
+        root = yaml.compose(cut, Loader=_CLoader)
     except (yaml.YAMLError, ValueError):
         return None
     placed = 0
@@ -169,13 +217,14 @@ def _compose_cut(text: str, spans) -> yaml.Node | None:
             key = (child.start_mark.line, child.start_mark.column)
             if isinstance(child, yaml.SequenceNode) and not child.value and key in places and child.flow_style:
                 start, end, rows = places[key]
-                swap(k, FlowMatrix(rows, text, start, end, child.start_mark, child.end_mark))
+                swap(k, FlowMatrix(rows, text, start, end, child.start_mark, child.end_mark, file))
                 placed += 1
             else:
                 stack.append(child)
     return root if placed == len(spans) else None
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")  # only a "\ud800" escape can make one: the file was UTF-8
 MAX_NODES = 5_000_000  # nodes visited through aliases before we give up
 
 
@@ -196,30 +245,104 @@ def where(file: str, node: yaml.Node) -> Where:
     return Where(file, mark.line + 1, mark.column + 1)
 
 
-def compose(text: str, file: str) -> yaml.Node | None:
-    """The node tree of ``text`` (one YAML document), or None for an empty file."""
+MAX_NESTING = 100  # lists and mappings inside each other; a problem file needs 6
+_NESTING = {yaml.SequenceStartEvent: 1, yaml.MappingStartEvent: 1, yaml.SequenceEndEvent: -1, yaml.MappingEndEvent: -1}
+_VALUES = (yaml.ScalarEvent, yaml.AliasEvent)
+_ITEM_LINE = re.compile(r"^[ ]*- ", re.MULTILINE)
+_PYTHON_WORDING = 1_000_000  # characters up to which a syntax error is worded by the pure-Python parser
+
+
+def _count_item_lines(text: str, chunk: int = 1 << 20) -> int:
+    """How many lines start with "- " (after spaces), counted a megabyte at a time (cut at line
+    breaks) so that millions of matches never sit in memory at once."""
+    count, start, n = 0, 0, len(text)
+    while start < n:
+        end = text.find("\n", start + chunk)
+        end = n if end == -1 else end + 1
+        count += len(_ITEM_LINE.findall(text, start, end))
+        start = end
+    return count
+
+
+def _prescan(text: str, file: str, max_values: int | None, loader_class=None) -> yaml.MarkedYAMLError | None:
+    """Walk the parser's events (no nodes are built, nothing recurses) and refuse nesting deeper
+    than :data:`MAX_NESTING` and more than ``max_values`` values (scalars and aliases), each at
+    the place it happens, before anything is composed. Returns libyaml's syntax error, if any
+    (None when the text parses)."""
+    loader = (loader_class or _CLoader or yaml.SafeLoader)(text)
+    depth = values = 0
+    nesting, value_types = _NESTING, _VALUES
+    try:
+        while True:
+            event = loader.get_event()
+            if event is None or isinstance(event, yaml.StreamEndEvent):
+                return None
+            step = nesting.get(type(event))
+            if step is not None:
+                depth += step
+                if depth > MAX_NESTING:
+                    mark = event.start_mark
+                    raise SymattnError(
+                        f"invalid YAML: lists and mappings are nested more than {MAX_NESTING} levels deep",
+                        file=file, line=mark.line + 1, col=mark.column + 1,
+                    )
+            elif max_values is not None and isinstance(event, value_types):
+                values += 1
+                if values > max_values:
+                    mark = event.start_mark
+                    raise SymattnError(
+                        f"the file holds more than {max_values:,} values (numbers, words and aliases), more than "
+                        "its size limit allows; if it is meant to be this large, raise the limit with --max-size",
+                        file=file, line=mark.line + 1, col=mark.column + 1,
+                    )
+    except yaml.MarkedYAMLError as exc:
+        return exc
+    except (yaml.YAMLError, ValueError):
+        return None  # the composing below says what is wrong
+    finally:
+        loader.dispose()
+
+
+def compose(text: str, file: str, max_values: int | None = None) -> yaml.Node | None:
+    """The node tree of ``text`` (one YAML document), or None for an empty file.
+
+    Nesting is limited to :data:`MAX_NESTING` and the count of values to ``max_values``
+    (None: no limit) before anything is composed."""
+    if max_values is not None and text.count("- ") > max_values:
+        # Each line that starts with "- " is a list item: counted from the text in a moment,
+        # where walking the parser's events would take seconds per million.
+        items = _count_item_lines(text)
+        if items > max_values:
+            raise SymattnError(
+                f"the file has {items:,} list items (lines starting with '- '), more than its size limit "
+                f"allows ({max_values:,} values); if it is meant to be this large, raise the limit with --max-size",
+                file=file,
+            )
     if _CLoader is not None:
-        spans = _flow_matrices(text)
+        spans = _flow_matrices(text, max_values)
         if spans:
-            root = _compose_cut(text, spans)
-            if root is not None:
-                return root
-        try:  # libyaml: the same nodes, tags and marks, many times faster on big files
-            return yaml.compose(text, Loader=_CLoader)
-        except (yaml.YAMLError, ValueError):
-            pass  # the pure-Python parser below words the error (with its place) for the user
+            cut = _cut(text, spans)
+            if _prescan(cut, file, max_values) is None:
+                root = _compose_cut(text, spans, cut, file)
+                if root is not None:
+                    return root
+    syntax = _prescan(text, file, max_values)
+    if _CLoader is not None:
+        if syntax is None:
+            try:  # libyaml: the same nodes, tags and marks, many times faster on big files
+                return yaml.compose(text, Loader=_CLoader)
+            except (yaml.YAMLError, ValueError):
+                pass  # the pure-Python parser below words the error (with its place) for the user
+        elif len(text) > _PYTHON_WORDING:
+            _raise_marked(syntax, file)  # libyaml's own words: the pure-Python parser would take minutes
+        else:
+            # libyaml may stop before its first event (it looks ahead, and has a nesting limit of
+            # its own): the pure-Python parser's events give the nesting with its place.
+            _prescan(text, file, max_values, yaml.SafeLoader)
     try:
         return yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        what = exc.problem or exc.context or "invalid YAML"
-        if what.startswith("but found another document"):
-            what = "the file holds more than one YAML document (a second '---'); a problem is one document"
-        if mark is None:
-            raise SymattnError(f"invalid YAML: {what}", file=file) from None
-        raise SymattnError(
-            f"invalid YAML: {what}", file=file, line=mark.line + 1, col=mark.column + 1
-        ) from None
+        _raise_marked(exc, file)
     except yaml.reader.ReaderError as exc:  # a character YAML does not allow: name its place
         before = text[: exc.position]
         line, col = before.count("\n") + 1, len(before) - (before.rfind("\n") + 1) + 1
@@ -229,6 +352,16 @@ def compose(text: str, file: str) -> yaml.Node | None:
     except yaml.YAMLError as exc:
         first = str(exc).splitlines()[0] if str(exc) else "invalid YAML"
         raise SymattnError(f"invalid YAML: {first}", file=file) from None
+
+
+def _raise_marked(exc: yaml.MarkedYAMLError, file: str):
+    mark = exc.problem_mark or exc.context_mark
+    what = exc.problem or exc.context or "invalid YAML"
+    if what.startswith("but found another document"):
+        what = "the file holds more than one YAML document (a second '---'); a problem is one document"
+    if mark is None:
+        raise SymattnError(f"invalid YAML: {what}", file=file) from None
+    raise SymattnError(f"invalid YAML: {what}", file=file, line=mark.line + 1, col=mark.column + 1) from None
 
 
 def check_tags(root: yaml.Node, file: str) -> None:
@@ -247,6 +380,11 @@ def check_tags(root: yaml.Node, file: str) -> None:
             raise where(file, node).error(
                 f"the YAML tag {node.tag.replace('tag:yaml.org,2002:', '!!')!r} is not allowed;"
                 " problem files hold plain numbers, strings, lists and mappings"
+            )
+        if isinstance(node, yaml.ScalarNode) and node.style == '"' and _SURROGATE.search(node.value):
+            code = ord(_SURROGATE.search(node.value).group())
+            raise where(file, node).error(
+                f"invalid YAML: the escape of U+{code:04X} names half of a UTF-16 pair, not a character; remove it"
             )
         if id(node) in visited:
             continue  # an alias of a node already checked

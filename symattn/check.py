@@ -46,11 +46,15 @@ import yaml
 
 from . import _yaml, stages
 from ._errors import SymattnError
+from ._files import FileError, read_regular
 from ._numbers import NumberError, parse_number
 from ._ops import NumericOps, Undefined
 from .derivation import Derivation
 
 DPS = 30
+# The size of an answers file: this much, plus so much per entry of the problem's computed stages.
+ANSWERS_BYTES = 1_000_000
+ANSWER_BYTES_PER_ENTRY = 64
 MAX_WRONG_SHOWN = 5
 _DECIMAL = re.compile(r"[-+]?(?:[0-9]+\.[0-9]*|\.[0-9]+|[0-9]+(?=[eE]))(?:[eE][-+]?[0-9]+)?\Z")
 _E = {"e": sympy.E}
@@ -203,16 +207,28 @@ def load_answers(path: str | Path, derivation: Derivation) -> dict[str, Answer]:
     """Read and validate an answers file against the derivation's stages."""
     name = str(path)
     try:
-        text = Path(path).read_text("utf-8-sig")
-    except FileNotFoundError:
-        raise SymattnError("no such file", file=name) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SymattnError(f"cannot read the file: {exc}", file=name) from None
+        data = read_regular(path, ANSWERS_BYTES + ANSWER_BYTES_PER_ENTRY * _entries(derivation),
+                            "the file is {size} bytes, more than the {limit} an answers file of this problem may be",
+                            noun="answers file")
+    except FileError as exc:
+        raise SymattnError(str(exc), file=name) from None
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise SymattnError(f"the file is not UTF-8 text (bad byte at offset {exc.start})", file=name) from None
+    if "\x00" in text:
+        raise SymattnError("the file holds a NUL byte; it is not a text file", file=name)
     return parse_answers(text, name, derivation)
 
 
+def _entries(derivation: Derivation) -> int:
+    """How many entries all the stages an answers file may answer hold together."""
+    return sum(rows * cols for rows, cols in (s.shape for s in derivation.steps if not s.given))
+
+
 def parse_answers(text: str, name: str, derivation: Derivation) -> dict[str, Answer]:
-    root = _yaml.compose(text, name)
+    # every entry, a stage id per row at most, and room for the rest
+    root = _yaml.compose(text, name, max_values=2 * _entries(derivation) + 10_000)
     if root is None or _yaml.is_null(root):
         raise SymattnError("the answers file is empty; write stage ids with your matrices, e.g. S: [[1, 2], [3, 4]]", file=name)
     _yaml.check_tags(root, name)

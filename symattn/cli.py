@@ -732,6 +732,10 @@ def _main(args: list[str]) -> int:
     from . import _output
 
     debug = "--debug" in args
+    if hasattr(sys, "set_int_max_str_digits"):
+        # Exact results are printed in full: a sum of fractions can outgrow Python's 4,300-digit
+        # guard, while every input is bounded before any arithmetic (see symattn._numbers).
+        sys.set_int_max_str_digits(0)
     try:
         code = cli.main(args=args, prog_name="symattn", standalone_mode=False)
     except click.exceptions.Abort:

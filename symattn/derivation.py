@@ -394,7 +394,12 @@ def derive(problem: Problem, *, on_step=None) -> Derivation:
     values: dict[str, object] = {}
     steps: list[Step] = []
     for planned in stages.plan(problem):
-        step = _step(planned, values)
+        try:
+            step = _step(planned, values)
+        except SymattnError as exc:
+            if exc.file is not None:
+                raise
+            raise SymattnError(exc.message, file=problem.source, field=exc.field) from None
         values[step.id] = step.value
         steps.append(step)
         if on_step is not None:

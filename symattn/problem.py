@@ -12,6 +12,7 @@ import dataclasses
 import difflib
 import functools
 import io
+import itertools
 import keyword
 import os
 import re
@@ -25,7 +26,8 @@ from sympy import QQ
 
 from . import _yaml
 from ._errors import SymattnError
-from ._numbers import NumberError, is_positive, parse_decimal, parse_number
+from ._numbers import NumberError, check_size, is_positive, parse_decimal, parse_number
+from ._files import FileError, file_error, read_regular
 from ._exact import binary_float_matrix, rational_matrix, scaled_integer_matrix
 from .rope import Rope
 from ._yaml import Where, where
@@ -332,6 +334,12 @@ class Problem:
         return given
 
 
+def max_values(max_size: int) -> int:
+    """The most YAML values (scalars and aliases) a problem file of ``max_size`` numbers may
+    hold: every number, a label per number, and room for the other fields."""
+    return 2 * max_size + 10_000
+
+
 def load_problem(source: str | os.PathLike, max_size: int = MAX_SIZE) -> Problem:
     """Read a problem from a file path, or from YAML text (a string with a newline).
 
@@ -343,22 +351,16 @@ def load_problem(source: str | os.PathLike, max_size: int = MAX_SIZE) -> Problem
         return parse_problem(source, "<problem>", base_dir=None, max_size=max_size)
     path = Path(source)
     name = str(source)
+    limit = BYTES_PER_NUMBER * max_size
     try:
-        size = path.stat().st_size
-        limit = BYTES_PER_NUMBER * max_size
-        if size > limit:
-            raise SymattnError(
-                f"the file is {size:,} bytes, more than the limit of {limit:,} for {max_size:,} numbers; "
-                "if it is meant to be this large, raise the limit with --max-size",
-                file=name,
-            )
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise SymattnError("no such file", file=name) from None
-    except IsADirectoryError:
-        raise SymattnError("is a folder, not a problem file", file=name) from None
-    except OSError as exc:
-        raise SymattnError(f"cannot read the file: {exc.strerror or exc}", file=name) from None
+        data = read_regular(
+            path, limit,
+            "the file is {size} bytes, more than the limit of {limit} for " + f"{max_size:,} numbers; "
+            "if it is meant to be this large, raise the limit with --max-size",
+            noun="problem file",
+        )
+    except FileError as exc:
+        raise SymattnError(str(exc), file=name) from None
     try:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
@@ -384,13 +386,14 @@ class _Reader:
         self.max_size = max_size
         self.size = 0  # numbers read so far
         self.symbols: dict[str, sympy.Symbol] = {}
+        self.read_numbers: dict[tuple[str, bool], sympy.Expr] = {}  # entries read so far, by text
 
     # -- the document ------------------------------------------------------
 
     def read(self, text: str) -> Problem:
         if "\x00" in text:
             raise SymattnError("the file holds a NUL byte; it is not a text file", file=self.file)
-        root = _yaml.compose(text, self.file)
+        root = _yaml.compose(text, self.file, max_values=max_values(self.max_size))
         if root is None or _yaml.is_null(root):
             raise SymattnError("the file is empty; a problem needs at least X and the weights, or Q, K and V", file=self.file)
         _yaml.check_tags(root, self.file)
@@ -895,10 +898,16 @@ class _Reader:
             raise self.at(node).error("the entry is empty; write a number", field)
         if _yaml.is_bool(node):
             raise self.at(node).error(f"{node.value!r} is a boolean, not a number", field)
-        try:
-            value = parse_number(node.value, symbols=self.symbols, allow_neg_inf=allow_neg_inf)
-        except NumberError as exc:
-            raise self.at(node).error(str(exc), field) from None
+        # An alias is the same node: its entry is read once (60,000 aliases of one expensive
+        # expression cost one reading). The text and what is allowed are part of the key.
+        key = (node.value, allow_neg_inf)
+        value = self.read_numbers.get(key)
+        if value is None:
+            try:
+                value = check_size(node.value, parse_number(node.value, symbols=self.symbols, allow_neg_inf=allow_neg_inf))
+            except NumberError as exc:
+                raise self.at(node).error(str(exc), field) from None
+            self.read_numbers[key] = value
         if value.free_symbols and not use_symbols:
             names = ", ".join(sorted(s.name for s in value.free_symbols))
             raise self.at(node).error(f"{node.value!r} holds the symbol(s) {names}; this must be a plain number", field)
@@ -971,9 +980,27 @@ class _Reader:
     def flow_matrix(self, node: _yaml.FlowMatrix, name: str) -> Matrix | None:
         """A matrix of plain numbers read straight from its text; None leaves anything
         to report (a ragged row, the size limit) to the usual path."""
-        numbers = len(node.rows) * (node.rows[0].count(",") + 1)
+        numbers = sum(map(str.count, node.rows, itertools.repeat(","))) + len(node.rows)
         if self.size + numbers > self.max_size:
-            return None
+            # Beyond the size limit: refused from the text, with the message composing would give,
+            # before anything is composed (a 30 MB row would take minutes).
+            if len(node.rows) > self.max_size:
+                raise self.at(node).error(
+                    f"the matrix has more than {self.max_size:,} rows (the size limit; raise it with --max-size)", name)
+            width = node.rows[0].count(",") + 1
+            for i, row in enumerate(node.rows):
+                n = row.count(",") + 1
+                if n > self.max_size:
+                    raise node.row_where(self.file, i).error(
+                        f"the row has more than {self.max_size:,} entries (the size limit; raise it with --max-size)",
+                        _row(name, i),
+                    )
+                if n != width:
+                    raise node.row_where(self.file, i).error(
+                        f"row {i + 1} has {n} entries but row 1 has {width}; every row needs the same length",
+                        _row(name, i),
+                    )
+            self.count(numbers, self.at(node), name)
         m = _flow_rational_matrix(node.rows)
         if m is not None:
             self.count(numbers, self.at(node), name)
@@ -989,30 +1016,37 @@ class _Reader:
         rel = value.value
         if self.base_dir is None:
             raise where_.error("matrices from files need the problem to be read from a file", name)
+        if "\x00" in rel:
+            raise where_.error(f"{rel!r}: the file name holds a NUL byte; no file is named so", name)
         if os.path.isabs(rel) or ".." in Path(rel).parts:
             raise where_.error(f"{rel!r} must be a path inside the problem's folder (no absolute paths, no ..)", name)
-        path = (self.base_dir / rel).resolve()
+        try:
+            path = (self.base_dir / rel).resolve()
+        except (RuntimeError, OSError):  # Python before 3.13 raises RuntimeError for a loop of links
+            raise where_.error(f"cannot read {rel!r}: the path is a loop of symbolic links; it leads to no file",
+                               name) from None
         if self.base_dir not in path.parents:
             raise where_.error(f"{rel!r} leaves the problem's folder", name)
+        suffix = path.suffix.lower()
+        if suffix not in (".csv", ".npy"):
+            raise where_.error(f"{rel!r}: a matrix file must end in .npy or .csv", name)
         try:
-            size = path.stat().st_size
-        except OSError:
-            size = 0  # the reader below says what is wrong with it
-        if size > BYTES_PER_NUMBER * self.max_size:
-            raise where_.error(f"{rel!r} is {size:,} bytes, beyond the size limit; raise it with --max-size", name)
-        if path.suffix.lower() in (".csv", ".npy"):
-            read = self._read_csv if path.suffix.lower() == ".csv" else self._read_npy
-            m = read(path, rel, where_, name)
-            self.count(m.rows * m.cols, where_, name)
-            return m
-        raise where_.error(f"{rel!r}: a matrix file must end in .npy or .csv", name)
+            data = read_regular(path, BYTES_PER_NUMBER * self.max_size,
+                                f"{rel!r} is {{size}} bytes, beyond the size limit; raise it with --max-size",
+                                noun="matrix file")
+        except FileError as exc:
+            if str(exc).startswith(repr(rel)):
+                raise where_.error(str(exc), name) from None
+            if str(exc).startswith("is "):  # a folder, a FIFO, a device, a socket
+                raise where_.error(f"{rel!r} {exc}", name) from None
+            how = " as a .npy file" if suffix == ".npy" else ""
+            raise where_.error(f"cannot read {rel!r}{how}: {exc.strerror}", name) from None
+        m = (self._read_csv if suffix == ".csv" else self._read_npy)(data, rel, where_, name)
+        self.count(m.rows * m.cols, where_, name)
+        return m
 
-    def _read_csv(self, path: Path, rel: str, where_: Where, name: str) -> Matrix:
-        try:
-            text = path.read_text(encoding="utf-8-sig")
-        except OSError as exc:
-            raise where_.error(f"cannot read {rel!r}: {exc.strerror or exc}", name) from None
-        rows = [r for r in csv.reader(io.StringIO(text)) if r and any(c.strip() for c in r)]
+    def _read_csv(self, data: bytes, rel: str, where_: Where, name: str) -> Matrix:
+        rows = _csv_rows(_csv_text(data, rel, where_, name), rel, where_, name)
         if not rows:
             raise where_.error(f"{rel!r} holds no numbers", name)
         width = len(rows[0])
@@ -1021,18 +1055,13 @@ class _Reader:
             if len(row) != width:
                 raise where_.error(f"{rel!r} line {i + 1} has {len(row)} entries but line 1 has {width}", name)
             try:
-                out.append([parse_decimal(c) for c in row])
+                out.append([check_size(c, parse_decimal(c)) for c in row])
             except NumberError as exc:
                 raise where_.error(f"{rel!r} line {i + 1}: {exc}", name) from None
         return Matrix(out)
 
-    def _read_npy(self, path: Path, rel: str, where_: Where, name: str) -> Matrix:
-        import numpy as np
-
-        try:
-            array = np.load(path, allow_pickle=False)
-        except (OSError, ValueError) as exc:
-            raise where_.error(f"cannot read {rel!r} as a .npy file: {exc}", name) from None
+    def _read_npy(self, data: bytes, rel: str, where_: Where, name: str) -> Matrix:
+        array = _npy_array(data, rel, where_, name, self.max_size - self.size)
         if array.ndim != 2 or 0 in array.shape:
             raise where_.error(f"{rel!r} holds a {array.ndim}-dimensional array of shape {array.shape}; a matrix is 2-dimensional", name)
         rows, cols = array.shape
@@ -1040,8 +1069,10 @@ class _Reader:
             return rational_matrix(rows, cols, [QQ(int(v)) for v in array.ravel().tolist()])
         if array.dtype.kind != "f":
             raise where_.error(f"{rel!r} holds {array.dtype} values; expected integers or floats", name)
-        if not np.isfinite(array).all():
+        if not np_isfinite(array):
             raise where_.error(f"{rel!r} holds NaN or infinite values", name)
+        if np_largest(array) > 1e300:
+            raise where_.error(f"{rel!r} holds a value larger than 10^300 in size; use smaller numbers", name)
         # A binary float is exactly a dyadic rational: take that, not its decimal print.
         return binary_float_matrix(array)
 
@@ -1324,3 +1355,134 @@ def _did_you_mean(word: str, choices: Iterable[str]) -> str:
         return f" (did you mean {lowered[word.lower()]!r}?)"
     close = difflib.get_close_matches(str(word), choices, n=1, cutoff=0.6)
     return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+# -- matrix files ------------------------------------------------------------
+
+
+def _csv_text(data: bytes, rel: str, where_: Where, name: str) -> str:
+    """The text of a .csv file, which must be UTF-8 (a UTF-8 byte-order mark is allowed)."""
+    if data.startswith((b"\xff\xfe", b"\xfe\xff")):
+        raise where_.error(f"{rel!r} is UTF-16 text; symattn expects UTF-8: save it as UTF-8 (CSV UTF-8)", name)
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise where_.error(
+            f"{rel!r} is not UTF-8 text (bad byte 0x{data[exc.start]:02X} on line {line}, at byte offset {exc.start}); "
+            "symattn expects UTF-8: save it as UTF-8 (CSV UTF-8)",
+            name,
+        ) from None
+
+
+def _csv_rows(text: str, rel: str, where_: Where, name: str) -> list[list[str]]:
+    """The non-blank rows of a .csv file's text."""
+    if "\x00" in text:
+        line = text.count("\n", 0, text.index("\x00")) + 1
+        raise where_.error(f"{rel!r} line {line} holds a NUL byte; it is not a text file", name)
+    reader = csv.reader(io.StringIO(text))
+    rows = []
+    try:
+        for row in reader:
+            if row and any(c.strip() for c in row):
+                rows.append(row)
+    except csv.Error as exc:
+        reason = str(exc)
+        if "field larger than field limit" in reason:
+            reason = f"an entry is longer than {csv.field_size_limit():,} characters"
+        raise where_.error(f"{rel!r} line {reader.line_num}: {reason}", name) from None
+    return rows
+
+
+_NPY_MAGIC = b"\x93NUMPY"
+_NPY_MAX_HEADER = 10_000  # characters, as NumPy allows by default
+
+
+def _npy_array(data: bytes, rel: str, where_: Where, name: str, room: int):
+    """The array of a .npy file, read from its bytes. Its header is checked first: a plain
+    dictionary of descr, fortran_order and shape; a shape of at most ``room`` numbers; as
+    many bytes of data as the shape needs. Nothing is allocated from a size the header
+    claims."""
+    import ast
+    import struct
+
+    import numpy as np
+
+    def bad(what: str) -> SymattnError:
+        return where_.error(f"{rel!r} is not a valid .npy file: {what}", name)
+
+    if not data:
+        raise where_.error(f"{rel!r} is empty; a .npy file holds a header and an array (written by numpy.save)", name)
+    if data.startswith(b"PK\x03\x04"):
+        raise bad("it is a zip archive (an .npz file?); save a single matrix with numpy.save")
+    if not data.startswith(_NPY_MAGIC) or len(data) < 8:
+        raise bad("it does not start with the .npy signature (\\x93NUMPY)")
+    version = (data[6], data[7])
+    if version not in ((1, 0), (2, 0), (3, 0)):
+        raise bad(f"format version {version[0]}.{version[1]} is not one NumPy writes (1.0, 2.0 or 3.0)")
+    length_format = "<H" if version == (1, 0) else "<I"
+    start = 8 + struct.calcsize(length_format)
+    if len(data) < start:
+        raise bad("the header is cut short")
+    (length,) = struct.unpack_from(length_format, data, 8)
+    if length > _NPY_MAX_HEADER:
+        raise bad(f"the header is {length:,} bytes long, more than {_NPY_MAX_HEADER:,}")
+    if len(data) < start + length:
+        raise bad("the header is cut short")
+    try:
+        header_text = data[start:start + length].decode("utf-8" if version == (3, 0) else "latin-1")
+        header = ast.literal_eval(header_text)
+    except (ValueError, SyntaxError, TypeError, RecursionError, MemoryError, UnicodeDecodeError):
+        header = None
+    if not isinstance(header, dict) or set(header) != {"descr", "fortran_order", "shape"}:
+        raise bad("the header is not a dictionary of plain values with the keys descr, fortran_order and shape")
+    shape, fortran = header["shape"], header["fortran_order"]
+    if not (isinstance(shape, tuple) and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape)):
+        raise bad(f"the header's shape is not a tuple of whole numbers ≥ 0: {_short_repr(shape)}")
+    if not isinstance(fortran, bool):
+        raise bad(f"the header's fortran_order is not True or False: {_short_repr(fortran)}")
+    try:
+        dtype = np.lib.format.descr_to_dtype(header["descr"])
+    except (TypeError, ValueError, KeyError, IndexError, RecursionError):
+        raise bad(f"the header's descr is not a NumPy data type: {_short_repr(header['descr'])}") from None
+    if len(shape) != 2 or 0 in shape:
+        raise where_.error(
+            f"{rel!r} holds a {len(shape)}-dimensional array of shape {_short_repr(shape)}; a matrix is 2-dimensional"
+            if len(shape) != 2 else f"{rel!r} holds an empty array of shape {shape}; a matrix needs numbers",
+            name,
+        )
+    count = shape[0] * shape[1]
+    if count > room:
+        raise where_.error(
+            f"{rel!r} holds a {shape[0]:,}×{shape[1]:,} matrix: more numbers than the size limit allows; "
+            "if it is meant to be this large, raise the limit with --max-size",
+            name,
+        )
+    if dtype.hasobject or dtype.kind not in "iufb" or dtype.subdtype is not None or dtype.names:
+        raise where_.error(f"{rel!r} holds {dtype} values; expected integers or floats", name)
+    if dtype.kind == "b":
+        raise where_.error(f"{rel!r} holds bool values; expected integers or floats", name)
+    need = count * dtype.itemsize
+    have = len(data) - start - length
+    if have < need:
+        raise bad(f"its header promises a {shape[0]}×{shape[1]} {dtype} matrix ({need:,} bytes) "
+                  f"but the file holds {have:,} bytes of data")
+    array = np.frombuffer(data, dtype=dtype, count=count, offset=start + length)
+    return array.reshape(shape[::-1]).T if fortran else array.reshape(shape)
+
+
+def _short_repr(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def np_isfinite(array) -> bool:
+    import numpy as np
+
+    return bool(np.isfinite(array).all())
+
+
+def np_largest(array) -> float:
+    import numpy as np
+
+    return float(np.abs(array).max())

@@ -651,7 +651,7 @@ def node_at(node, line: int, column: int, seen=None):
 
 def compose_without_cut(text: str):
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(_yaml, "_flow_matrices", lambda text: [])
+        mp.setattr(_yaml, "_flow_matrices", lambda text, max_values=None: [])
         return _yaml.compose(text, "f.yaml")
 
 
@@ -871,7 +871,7 @@ def parse_outcome(text: str, cut: bool, max_size: int | None = None):
     kwargs = {} if max_size is None else {"max_size": max_size}
     with pytest.MonkeyPatch.context() as mp:
         if not cut:
-            mp.setattr(_yaml, "_flow_matrices", lambda text: [])
+            mp.setattr(_yaml, "_flow_matrices", lambda text, max_values=None: [])
         try:
             return "ok", summary(parse_problem(text, "f.yaml", **kwargs))
         except SymattnError as exc:

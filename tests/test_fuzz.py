@@ -182,3 +182,222 @@ def test_check_returns_exit_code(capsys, workdir):
     path = workdir / "wrong.yaml"
     path.write_text("Q: [[0, 0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0]]\n", "utf-8")
     assert main(["check", str(CAUSAL), str(path)]) == 1
+
+
+# (d) hostile families: expressions, nesting, answers bytes, .npy and .csv bytes -------------------
+#
+# Each strategy runs in-process (many examples, fast) and through the real command line in a
+# child process capped at 1 GiB and 10 s (a few examples; tests/_child.py). SYMATTN_FUZZ_EXAMPLES
+# sets both counts for a long run.
+
+import os as _os  # noqa: E402
+import struct as _struct  # noqa: E402
+
+from _child import GIB, run_cli  # noqa: E402
+
+_LONG = int(_os.environ.get("SYMATTN_FUZZ_EXAMPLES", "0"))
+HOSTILE = settings(FUZZ, max_examples=_LONG or 40)
+IN_CHILD = settings(FUZZ, max_examples=_LONG or 3)
+REST = "K: [[1, 0], [0, 1]]\nV: [[1, 2], [3, 4]]\n"
+
+_LEAVES = st.sampled_from(["1", "2", "0", "-1", "3/7", "0.5", "1e400", "1e-400", "9" * 60, "e", "exp(1)",
+                           "log(2)", "sqrt(2)", "1000", "10^20", "2^1000", "0.0001"])
+
+
+def _combine(children):
+    one = st.tuples(st.sampled_from(["exp({})", "log({})", "sqrt({})", "-({})", "({})", "e^({})", "e^{}"]), children)
+    two = st.tuples(st.sampled_from(["{}^{}", "{}*{}", "{}+{}", "{}/{}", "{}-{}", "({})^({})", "{}^({})"]),
+                    children, children)
+    return st.one_of(one.map(lambda t: t[0].format(t[1])), two.map(lambda t: t[0].format(t[1], t[2])))
+
+
+EXPRESSIONS = st.one_of(
+    st.recursive(_LEAVES, _combine, max_leaves=12),
+    # towers: the same function or power nested n deep
+    st.tuples(st.sampled_from(["exp({})", "log({})", "sqrt({})", "e^({})", "2^({})", "({})^2"]),
+              st.integers(1, 40), _LEAVES).map(lambda t: _tower(*t)),
+    st.integers(1, 200).map(lambda n: "e" + "^e" * n),
+)
+
+
+def _tower(pattern: str, depth: int, leaf: str) -> str:
+    text = leaf
+    for _ in range(depth):
+        text = pattern.format(text)
+    return text
+
+
+def _expression_problem(expr: str) -> str:
+    return f'Q: [["{expr}", 0], [0, 1]]\n' + REST
+
+
+def _expression_answers(expr: str) -> str:
+    return f'A: [["{expr}", 0, 0, 0], [0.5, 0.5, 0, 0], [0.3, 0.3, 0.4, 0], [0.25, 0.25, 0.25, 0.25]]\n'
+
+
+@st.composite
+def nested_yaml(draw):
+    """Deep or odd nesting in flow or block style, as a problem or an answers file's matrix."""
+    depth = draw(st.integers(1, 1500))
+    style = draw(st.sampled_from(["flow", "block", "indented", "mapping", "mixed"]))
+    if style == "flow":
+        body = " " + "[" * depth + "1" + "]" * depth
+    elif style == "block":
+        body = "\n" + "- " * depth + "1"
+    elif style == "indented":
+        body = "\n" + "".join(" " * (2 * i) + "-\n" for i in range(min(depth, 400))) + " " * (2 * min(depth, 400)) + "- 1"
+    elif style == "mapping":
+        body = " " + "{a: " * depth + "1" + "}" * depth
+    else:
+        body = " " + "".join(draw(st.sampled_from(["[", "{a: ", "[1, "])) for _ in range(min(depth, 300))) + "1"
+    return body
+
+
+def npy_header(draw) -> bytes:
+    shape = draw(st.one_of(
+        st.tuples(st.integers(0, 4), st.integers(0, 4)),
+        st.tuples(st.integers(0, 10**19)),
+        st.tuples(st.integers(0, 10**12), st.integers(0, 10**12)),
+        st.lists(st.integers(-3, 5), max_size=4).map(tuple),
+    ))
+    descr = draw(st.sampled_from(["'<f8'", "'<i8'", "'|b1'", "'<c16'", "'|O'", "'<U3'", "'>f4'", "[('a', '<f8')]",
+                                  "'<f8', (2,)", "f()", "'xx'", "1"]))
+    fortran = draw(st.sampled_from(["False", "True", "1", "None"]))
+    keys = draw(st.sampled_from(["full", "missing", "extra"]))
+    header = f"{{'descr': {descr}, 'fortran_order': {fortran}, 'shape': {shape!r}, "
+    header += {"full": "}", "missing": "}".replace("'shape'", "'shap'"), "extra": "'x': 1}"}[keys]
+    if draw(st.booleans()):
+        header = draw(st.text(max_size=60)) if draw(st.booleans()) else "(" * draw(st.integers(1, 3000))
+    raw = header.encode("utf-8", "replace")
+    version = draw(st.sampled_from([b"\x01\x00", b"\x02\x00", b"\x03\x00", b"\x09\x00"]))
+    short = version == b"\x01\x00"  # version 1.0 writes the header's length in two bytes
+    length = _struct.pack("<H" if short else "<I",
+                          draw(st.one_of(st.just(min(len(raw), 65535)), st.integers(0, 65535 if short else 70000))))
+    return b"\x93NUMPY" + version + length + raw
+
+
+@st.composite
+def npy_bytes(draw):
+    kind = draw(st.sampled_from(["header", "random", "npz", "truncated"]))
+    if kind == "random":
+        return draw(st.binary(max_size=300))
+    if kind == "npz":
+        return b"PK\x03\x04" + draw(st.binary(max_size=100))
+    data = npy_header(draw) + draw(st.binary(max_size=200))
+    if kind == "truncated":
+        data = data[:draw(st.integers(0, len(data)))]
+    return data
+
+
+@st.composite
+def csv_bytes(draw):
+    rows = draw(st.lists(st.lists(st.one_of(
+        st.integers(-10, 10).map(str), st.sampled_from(["1e400", "1e-400", "0.5", "", " ", "nan", "inf", "1/3", '"1"',
+                                                        "é", "\x00", '"a""b"', "9" * 500]),
+        st.text(max_size=6)), min_size=1, max_size=3), min_size=1, max_size=3))
+    text = "\n".join(",".join(r) for r in rows) + "\n"
+    if draw(st.booleans()):
+        text = '"' + "1" * draw(st.integers(1000, 300_000)) + '",0\n' + text
+    encoding = draw(st.sampled_from(["utf-8", "utf-8-sig", "latin-1", "utf-16", "utf-16-le", "cp1252"]))
+    data = text.encode(encoding, "replace")
+    if draw(st.booleans()):
+        data += draw(st.binary(max_size=40))
+    return data
+
+
+def _in_process(capsys, argv) -> None:
+    code, out, err = run(capsys, argv)
+    if code == 1 and not out.strip():
+        lines = err.splitlines()
+        assert len(lines) == 1 and lines[0].startswith("Error: "), err
+
+
+def _in_child(cwd, argv) -> None:
+    r = run_cli(argv, cwd=cwd)
+    r.assert_bounded()
+    assert r.peak_bytes < GIB
+
+
+@HOSTILE
+@given(expr=EXPRESSIONS)
+def test_expression_strings(capsys, workdir, expr):
+    (workdir / "expr.yaml").write_text(clean(_expression_problem(expr)), "utf-8")
+    _in_process(capsys, ["derive", str(workdir / "expr.yaml"), "-f", "json"])
+    (workdir / "expr.answers.yaml").write_text(clean(_expression_answers(expr)), "utf-8")
+    _in_process(capsys, ["check", str(CAUSAL), str(workdir / "expr.answers.yaml")])
+
+
+@HOSTILE
+@given(body=nested_yaml(), where=st.sampled_from(["problem", "answers"]))
+def test_nesting(capsys, workdir, body, where):
+    path = workdir / "nested.yaml"
+    if where == "problem":
+        path.write_text("Q:" + body + "\n" + REST, "utf-8")
+        _in_process(capsys, ["derive", str(path), "-f", "json"])
+    else:
+        path.write_text("A:" + body + "\n", "utf-8")
+        _in_process(capsys, ["check", str(CAUSAL), str(path)])
+
+
+@HOSTILE
+@given(data=st.one_of(st.binary(max_size=400), answers().map(lambda t: t.encode("utf-8", "replace")),
+                      nested_yaml().map(lambda b: ("A:" + b + "\n").encode())))
+def test_answers_bytes(capsys, workdir, data):
+    path = workdir / "answers.bin.yaml"
+    path.write_bytes(data)
+    _in_process(capsys, ["check", str(CAUSAL), str(path)])
+
+
+@HOSTILE
+@given(data=npy_bytes())
+def test_npy_bytes(capsys, workdir, data):
+    (workdir / "m.npy").write_bytes(data)
+    (workdir / "npy.yaml").write_text("Q: {file: m.npy}\n" + REST, "utf-8")
+    _in_process(capsys, ["derive", str(workdir / "npy.yaml"), "-f", "json"])
+
+
+@HOSTILE
+@given(data=csv_bytes())
+def test_csv_bytes(capsys, workdir, data):
+    (workdir / "m.csv").write_bytes(data)
+    (workdir / "csv.yaml").write_text("Q: {file: m.csv}\n" + REST, "utf-8")
+    _in_process(capsys, ["derive", str(workdir / "csv.yaml"), "-f", "json"])
+
+
+@st.composite
+def hostile_problem(draw):
+    """A problem file of one hostile family, with its matrix file: (yaml text, file name, bytes)."""
+    family = draw(st.sampled_from(["expression", "nesting", "npy", "csv"]))
+    if family == "expression":
+        return clean(_expression_problem(draw(EXPRESSIONS))), None, None
+    if family == "nesting":
+        return "Q:" + draw(nested_yaml()) + "\n" + REST, None, None
+    if family == "npy":
+        return "Q: {file: c.npy}\n" + REST, "c.npy", draw(npy_bytes())
+    return "Q: {file: c.csv}\n" + REST, "c.csv", draw(csv_bytes())
+
+
+@IN_CHILD
+@given(case=hostile_problem())
+def test_hostile_problem_in_a_child_process(workdir, case):
+    """``python -m symattn derive`` under RLIMIT_AS (1 GiB) and a 10 s timeout."""
+    text, name, data = case
+    if name is not None:
+        (workdir / name).write_bytes(data)
+    (workdir / "c_problem.yaml").write_text(text, "utf-8")
+    _in_child(workdir, ["derive", "c_problem.yaml", "-f", "json"])
+
+
+@IN_CHILD
+@given(expr=EXPRESSIONS, body=nested_yaml(), raw=st.binary(max_size=300))
+def test_hostile_answers_in_a_child_process(workdir, expr, body, raw):
+    """``python -m symattn check`` with three hostile answers files at once: each is marked or
+    reported on its own line, bounded."""
+    (workdir / "c_a1.yaml").write_text(clean(_expression_answers(expr)), "utf-8")
+    (workdir / "c_a2.yaml").write_text("A:" + body + "\n", "utf-8")
+    (workdir / "c_a3.yaml").write_bytes(raw)
+    r = run_cli(["check", str(CAUSAL), "c_a1.yaml", "c_a2.yaml", "c_a3.yaml"], cwd=workdir)
+    r.assert_bounded()
+    assert r.peak_bytes < GIB
+    for name in ("c_a1.yaml", "c_a2.yaml", "c_a3.yaml"):
+        assert sum(line.startswith(f"{name}: ") for line in r.out.splitlines()) == 1, r.out

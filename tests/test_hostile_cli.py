@@ -1,0 +1,279 @@
+"""Every hostile input family of the reliability issue, through the real command line.
+
+Each case runs ``python -m symattn`` in a child process capped at 1 GiB of address space
+and 10 s (tests/_child.py), and must end in exit 0 or 1 with exactly one ``Error:`` line
+naming what is wrong. Special files (FIFOs, sockets, links to devices, symlink loops) and
+big files are made at test time in a temporary folder; nothing special is committed.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import stat
+import struct
+from pathlib import Path
+
+import pytest
+
+from _child import GIB, run_cli
+
+ROOT = Path(__file__).resolve().parent.parent
+CAUSAL = ROOT / "worked_examples" / "causal_4_tokens.yaml"
+REST = "K: [[1, 0], [0, 1]]\nV: [[1, 2], [3, 4]]\n"
+MB = 1 << 20
+
+
+def problem(q_entry: str) -> str:
+    return f"Q: [[{q_entry}, 0], [0, 1]]\n{REST}"
+
+
+def answer(entry: str) -> str:
+    """An answers file for causal_4_tokens.yaml with ``entry`` as A[1,1]."""
+    return f"A: [[{entry}, 0, 0, 0], [0.5, 0.5, 0, 0], [0.3, 0.3, 0.4, 0], [0.25, 0.25, 0.25, 0.25]]\n"
+
+
+def npy(header: str, data: bytes = b"", version: tuple[int, int] = (1, 0)) -> bytes:
+    text = header.encode("latin-1")
+    pad = 64 - (10 + len(text) + 1) % 64
+    text += b" " * pad + b"\n"
+    return b"\x93NUMPY" + bytes(version) + struct.pack("<H", len(text)) + text + data
+
+
+def npy_matrix(rows: int, cols: int) -> bytes:
+    return npy(f"{{'descr': '<f8', 'fortran_order': False, 'shape': ({rows}, {cols}), }}", b"\0" * (8 * rows * cols))
+
+
+# -- the cases: (id, files to write, how to make special files, argv, fragment of the Error line) ------------
+
+def _fifo(path: Path) -> None:
+    os.mkfifo(path)
+
+
+def _socket(path: Path) -> socket.socket:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.bind(str(path))
+    return s
+
+
+def _link(target: str):
+    def make(path: Path) -> None:
+        os.symlink(target, path)
+    return make
+
+
+def _device(path: Path) -> None:
+    """A character device like /dev/null (made with mknod when allowed, else a link to /dev/null)."""
+    try:
+        os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+    except (PermissionError, OSError):
+        os.symlink("/dev/null", path)
+
+
+def _loop(path: Path) -> None:
+    os.symlink(path.with_name("loop_b" + path.suffix), path)
+    os.symlink(path, path.with_name("loop_b" + path.suffix))
+
+
+def _big_row(path: Path) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("X: [[")
+        chunk = "0.5, " * 200_000
+        for _ in range(30):  # 30 MB
+            f.write(chunk)
+        f.write("1]]\nW_Q: [[1]]\nW_K: [[1]]\nW_V: [[1]]\n")
+
+
+def _many_rows(path: Path, style: str) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        if style == "block":
+            f.write("X:\n" + "- [1]\n" * 3_000_000)
+        else:
+            f.write("X: [[1],\n" + "    [1],\n" * 3_000_000 + "    [1]]\n")
+        f.write("W_Q: [[1]]\nW_K: [[1]]\nW_V: [[1]]\n")
+
+
+def _many_keys(path: Path) -> None:
+    """Values that are neither list items nor numbers in a matrix: 1,100,000 mapping entries."""
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("X: [[1]]\nW_Q: [[1]]\nW_K: [[1]]\nW_V: [[1]]\ntitle: {" + ", ".join(f"k{i}: v" for i in range(1_100_000)) + "}\n")
+
+
+def _aliased(path: Path) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("X:\n- &r [1, 2]\n" + "- *r\n" * 6_000_000 + "W_Q: [[1], [1]]\nW_K: [[1], [1]]\nW_V: [[1], [1]]\n")
+
+
+DEEP_FLOW = "Q: " + "[" * 1000 + "1" + "]" * 1000 + "\n" + REST
+DEEP_BLOCK = "Q:\n" + "- " * 3000 + "1\n" + REST
+DEEP_BLOCK_INDENTED = "Q:\n" + "".join(" " * (2 * i) + "-\n" for i in range(3000)) + " " * 6000 + "- 1\n" + REST
+LOG_11 = '"' + "log(" * 11 + "3" + ")" * 11 + '"'
+
+# Problem files given to `symattn derive FILE -f json`: (id, files, special, fragment)
+DERIVE = [
+    ("deep-flow-1000", {"p.yaml": DEEP_FLOW}, {}, "p.yaml:1:"),
+    ("deep-block-3000", {"p.yaml": DEEP_BLOCK}, {}, "nested more than 100 levels deep"),
+    ("deep-block-indented-3000", {"p.yaml": DEEP_BLOCK_INDENTED}, {}, "nested more than 100 levels deep"),
+    ("lone-surrogate", {"p.yaml": 'title: "a\\ud800b"\n' + problem("1")}, {},
+     "p.yaml:1:8: invalid YAML: the escape of U+D800"),
+    ("surrogate-key", {"p.yaml": '"\\udfff": 1\n' + problem("1")}, {}, "p.yaml:1:1: invalid YAML: the escape of U+DFFF"),
+    ("nul-in-path", {"p.yaml": 'Q: {file: "quotes.csv\\0.npy"}\n' + REST}, {}, "the file name holds a NUL byte"),
+    ("fifo-matrix", {"p.yaml": "Q: {file: fifo.csv}\n" + REST}, {"fifo.csv": _fifo},
+     "'fifo.csv' is a FIFO (named pipe), not a regular file"),
+    ("fifo-problem", {}, {"p.yaml": _fifo}, "p.yaml: is a FIFO (named pipe), not a regular file"),
+    ("socket-problem", {}, {"p.yaml": _socket}, "p.yaml: is a socket, not a regular file"),
+    ("dev-zero-problem", {}, {"p.yaml": _link("/dev/zero")}, "p.yaml: is a device, not a regular file"),
+    ("device-node-problem", {}, {"p.yaml": _device}, "p.yaml: is a device, not a regular file"),
+    ("device-matrix", {"p.yaml": "Q: {file: null.csv}\n" + REST}, {"null.csv": _device},
+     "is a device, not a regular file"),
+    ("folder-matrix", {"p.yaml": "Q: {file: d.csv}\n" + REST, "d.csv/x": "1\n"}, {},
+     "'d.csv' is a folder, not a matrix file"),
+    ("symlink-loop-matrix", {"p.yaml": "Q: {file: loop_a.csv}\n" + REST}, {"loop_a.csv": _loop},
+     "'loop_a.csv': the path is a loop of symbolic links"),
+    ("symlink-loop-problem", {}, {"loop_a.yaml": _loop}, "the path is a loop of symbolic links"),
+    ("npy-shape-1e10", {"p.yaml": "Q: {file: q.npy}\n" + REST,
+                        "q.npy": npy("{'descr': '<f8', 'fortran_order': False, 'shape': (10000000000,), }", b"\0" * 100)},
+     {}, "'q.npy' holds a 1-dimensional array of shape (10000000000,)"),
+    ("npy-shape-1e18", {"p.yaml": "Q: {file: q.npy}\n" + REST,
+                        "q.npy": npy("{'descr': '<f8', 'fortran_order': False, 'shape': (1000000000, 1000000000), }",
+                                     b"\0" * 100)},
+     {}, "'q.npy' holds a 1,000,000,000×1,000,000,000 matrix: more numbers than the size limit allows"),
+    ("npy-short-data", {"p.yaml": "Q: {file: q.npy}\n" + REST,
+                        "q.npy": npy("{'descr': '<f8', 'fortran_order': False, 'shape': (2, 2), }", b"\0" * 10)},
+     {}, "its header promises a 2×2 float64 matrix (32 bytes) but the file holds 10 bytes of data"),
+    ("npz-named-npy", {"p.yaml": "Q: {file: q.npy}\n" + REST, "q.npy": b"PK\x03\x04" + b"\0" * 60}, {},
+     "it is a zip archive (an .npz file?)"),
+    ("npy-empty", {"p.yaml": "Q: {file: q.npy}\n" + REST, "q.npy": b""}, {}, "'q.npy' is empty"),
+    ("npy-call-in-header", {"p.yaml": "Q: {file: q.npy}\n" + REST,
+                            "q.npy": npy("{'descr': f(), 'fortran_order': False, 'shape': (2, 2), }", b"\0" * 32)},
+     {}, "the header is not a dictionary of plain values"),
+    ("npy-deep-header", {"p.yaml": "Q: {file: q.npy}\n" + REST,
+                         "q.npy": npy("(" * 3000 + ")" * 3000, b"\0" * 32)}, {},
+     "the header is not a dictionary of plain values"),
+    ("npy-1e305", {"p.yaml": "Q: {file: q.npy}\n" + REST,
+                   "q.npy": npy("{'descr': '<f8', 'fortran_order': False, 'shape': (1, 2), }", struct.pack("<2d", 1e305, 0))},
+     {}, "holds a value larger than 10^300"),
+    ("csv-latin1", {"p.yaml": "Q: {file: q.csv}\n" + REST, "q.csv": "1,2\n3,4 \xe9\n".encode("latin-1")}, {},
+     "'q.csv' is not UTF-8 text (bad byte 0xE9 on line 2"),
+    ("csv-utf16", {"p.yaml": "Q: {file: q.csv}\n" + REST, "q.csv": "1,0\n0,1\n".encode("utf-16")}, {},
+     "'q.csv' is UTF-16 text; symattn expects UTF-8"),
+    ("csv-200kB-field", {"p.yaml": "Q: {file: q.csv}\n" + REST, "q.csv": '"' + "1" * 200_000 + '",0\n0,1\n'}, {},
+     "'q.csv' line 1: an entry is longer than 131,072 characters"),
+    ("csv-1e400", {"p.yaml": "Q: {file: q.csv}\n" + REST, "q.csv": "1e400,0\n0,1\n"}, {},
+     "'1e400' is larger than 10^300 in size"),
+    ("exp-tower-5", {"p.yaml": problem('"exp(exp(exp(exp(exp(1)))))"')}, {},
+     "exp, log and sqrt are nested more than 4 deep"),
+    ("exp-tower-4", {"p.yaml": problem('"exp(exp(exp(exp(1))))"')}, {}, "is larger than 10^300 in size"),
+    ("power-tower-of-e", {"p.yaml": problem('"exp(1)^exp(1)^exp(1)^exp(1)^exp(1)"')}, {},
+     "this part is larger than 10^300 in size"),
+    ("exp-1000", {"p.yaml": problem('"exp(1000)"')}, {}, "'exp(1000)' is larger than 10^300 in size"),
+    ("exp-minus-2000", {"p.yaml": problem('"exp(-2000)"')}, {}, "e to a power below -1000 is too small"),
+    ("log-11-deep", {"p.yaml": problem(LOG_11)}, {}, "exp, log and sqrt are nested more than 4 deep"),
+    ("log2-power-4300-digits", {"p.yaml": 'Q: [["log(2)", 0], [0, 1]]\nK: [[15000, 0], [0, 1]]\nV: [[1, 2], [3, 4]]\nscale: none\n'},
+     {}, "the softmax needs e^(-15000*log(2)), which is an exact power of more than 4,000 bits"),
+    ("power-of-14000-bits", {"p.yaml": problem('"(2^19/3^12)^1000"')}, {}, "holds a number of more than 14,000 bits"),
+    ("unbounded-exponent", {"p.yaml": 'Q: [["log(2)"]]\nK: [["10^20"], [0]]\nV: [[1], [2]]\nscale: none\n'}, {},
+     "the softmax needs e^(-100000000000000000000*log(2))"),
+    ("decimal-1e400", {"p.yaml": "Q: [[1e400, 0], [0, 1]]\n" + REST}, {}, "'1e400' is larger than 10^300 in size"),
+    ("integer-400-digits", {"p.yaml": problem("9" * 400)}, {}, "is larger than 10^300 in size"),
+    ("big-one-line-row", {}, {"p.yaml": _big_row}, "X row 1: the row has more than 1,000,000 entries"),
+    ("three-million-rows-block", {}, {"p.yaml": lambda p: _many_rows(p, "block")},
+     "p.yaml: the file has 3,000,000 list items (lines starting with '- '), more than its size limit allows"),
+    ("two-million-mapping-values", {}, {"p.yaml": _many_keys}, "values (numbers, words and aliases)"),
+    ("three-million-rows-flow", {}, {"p.yaml": lambda p: _many_rows(p, "flow")}, "X: the matrix has more than 1,000,000 rows"),
+    ("aliased-block-30MB", {}, {"p.yaml": _aliased}, "p.yaml: the file has 6,000,001 list items"),
+]
+
+# `symattn check causal_4_tokens.yaml ANSWERS`: (id, files, special, fragment)
+CHECK = [
+    ("deep-flow", {"a.yaml": "A: " + "[" * 1000 + "1" + "]" * 1000 + "\n"}, {}, "a.yaml:1:"),
+    ("deep-block", {"a.yaml": "A:\n" + "- " * 3000 + "1\n"}, {}, "nested more than 100 levels deep"),
+    ("lone-surrogate", {"a.yaml": 'A: [["\\ud800"]]\n'}, {}, "a.yaml:1:6: invalid YAML: the escape of U+D800"),
+    ("fifo", {}, {"a.yaml": _fifo}, "a.yaml: is a FIFO (named pipe), not a regular file"),
+    ("dev-zero", {}, {"a.yaml": _link("/dev/zero")}, "a.yaml: is a device, not a regular file"),
+    ("symlink-loop", {}, {"loop_a.yaml": _loop}, "the path is a loop of symbolic links"),
+    ("e-tower", {"a.yaml": answer('"e^e^e^e^e"')}, {}, "'e^e^e^e^e': this part is larger than 10^300 in size"),
+    ("e-tower-nested", {"a.yaml": answer('"e^(e^(e^(e^(e^(1/9)))))"')}, {}, "nested more than 4 deep"),
+    ("e-tower-4", {"a.yaml": answer('"e^e^e^e"')}, {}, "is larger than 10^300 in size"),
+    ("exp-1000", {"a.yaml": answer('"exp(1000)"')}, {}, "'exp(1000)' is larger than 10^300 in size"),
+    ("e-to-the-1000", {"a.yaml": answer('"e^1000"')}, {}, "'e^1000' is larger than 10^300 in size"),
+    ("log-11-deep", {"a.yaml": answer(LOG_11)}, {}, "exp, log and sqrt are nested more than 4 deep"),
+    ("power-of-14000-bits", {"a.yaml": answer('"(2^19/3^12)^1000"')}, {}, "holds a number of more than 14,000 bits"),
+    ("big-file", {"a.yaml": "A: [[" + "0.25, " * 1_000_000 + "1]]\n"}, {}, "a.yaml: the file is"),
+    ("many-list-items", {"a.yaml": "A:\n" + "- [1]\n" * 100_000}, {}, "a.yaml: the file has 100,000 list items"),
+    ("many-values", {"a.yaml": "A: {" + ", ".join(f"k{i}: 1" for i in range(6000)) + "}\n"}, {},
+     "values (numbers, words and aliases)"),
+]
+
+
+def _make(tmp_path: Path, files: dict, special: dict) -> list:
+    keep = []
+    for name, content in files.items():
+        path = tmp_path / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(content, bytes):
+            path.write_bytes(content)
+        else:
+            path.write_text(content, encoding="utf-8")
+    for name, make in special.items():
+        made = make(tmp_path / name)
+        if made is not None:
+            keep.append(made)  # a socket stays bound while the child runs
+    return keep
+
+
+def _assert_refused(r, fragment: str) -> str:
+    r.assert_bounded()
+    assert r.code == 1, f"exit {r.code}: {r.err!r}"
+    line = r.one_error_line()
+    assert fragment in line, line
+    assert r.peak_bytes < GIB
+    return line
+
+
+@pytest.mark.parametrize(("case", "files", "special", "fragment"), DERIVE, ids=[c[0] for c in DERIVE])
+def test_derive_refuses_hostile_input(tmp_path, case, files, special, fragment):
+    keep = _make(tmp_path, files, special)
+    target = "p.yaml" if "p.yaml" in files or "p.yaml" in special else next(iter(special))
+    r = run_cli(["derive", target, "-f", "json"], cwd=tmp_path)
+    for s in keep:
+        s.close()
+    line = _assert_refused(r, fragment)
+    assert line.startswith(f"Error: {target}"), line
+
+
+@pytest.mark.parametrize(("case", "files", "special", "fragment"), CHECK, ids=[c[0] for c in CHECK])
+def test_check_refuses_hostile_answers(tmp_path, case, files, special, fragment):
+    _make(tmp_path, files, special)
+    target = "a.yaml" if "a.yaml" in special or any(f.startswith("a.yaml") for f in files) else next(iter(special))
+    r = run_cli(["check", CAUSAL, target], cwd=tmp_path)
+    line = _assert_refused(r, fragment)
+    assert line.startswith(f"Error: {target}"), line
+
+
+def test_check_marks_the_other_files_when_one_is_special(tmp_path):
+    """Several answers files: the FIFO is reported for itself, the others are still marked."""
+    _fifo(tmp_path / "fifo.yaml")
+    (tmp_path / "good.yaml").write_text(answer("1"), encoding="utf-8")  # well-formed; marked, not refused
+    (tmp_path / "tower.yaml").write_text(answer('"e^e^e^e^e"'), encoding="utf-8")
+    r = run_cli(["check", CAUSAL, "fifo.yaml", "good.yaml", "tower.yaml"], cwd=tmp_path)
+    assert not r.killed and r.code == 1 and "Traceback" not in r.err, r.err
+    assert "fifo.yaml: ERROR fifo.yaml: is a FIFO (named pipe)" in r.out
+    assert "tower.yaml: ERROR" in r.out and "larger than 10^300" in r.out
+    assert "good.yaml: wrong: A" in r.out or "good.yaml: all right" in r.out
+
+
+def test_a_file_that_grows_past_the_limit_is_not_read_past_it(tmp_path):
+    """--max-size 10 allows 640 bytes: a bigger file is refused from its size, before reading."""
+    path = tmp_path / "p.yaml"
+    path.write_text(problem("1") + "#" * 1000 + "\n", encoding="utf-8")
+    r = run_cli(["derive", "p.yaml", "-f", "json", "--max-size", "10"], cwd=tmp_path)
+    _assert_refused(r, f"p.yaml: the file is {path.stat().st_size:,} bytes, more than the limit of 640 for 10 numbers")
+
+
+def test_the_cost_of_refusing_a_30_MB_file(tmp_path):
+    """The issue's worst big-file rows, refused from a bounded reading: time and peak memory."""
+    _big_row(tmp_path / "p.yaml")
+    r = run_cli(["derive", "p.yaml", "-f", "json"], cwd=tmp_path)
+    _assert_refused(r, "the row has more than 1,000,000 entries")
+    assert r.seconds < 5 and r.peak_bytes < 512 * MB, (r.seconds, r.peak_bytes)
