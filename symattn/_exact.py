@@ -98,6 +98,12 @@ def rational_rows(m: Matrix) -> list[list]:
     return _dm(m).to_list()
 
 
+def fmpq_matrix(m):
+    """The python-flint ``fmpq_mat`` a rational matrix holds, or None (not rational, or not held
+    as one: SymPy's python ground types)."""
+    return flint_matrix(_dm(m)) if is_rational(m) else None
+
+
 def qq_entries(m) -> "list[list] | None":
     """The entries of ``m`` as ``QQ`` numbers (None for −∞) when they are all rational, else None:
     a rational matrix's own, or a lazy matrix's ``qq_rows``."""

@@ -10,6 +10,7 @@ import os
 import sys
 import tempfile
 from pathlib import Path
+from typing import Callable
 
 import click
 
@@ -131,9 +132,14 @@ def derive(problem: Path | None, output: Path | None, fmt: str | None, standalon
             layout.update(exercise=True, ask=ask)
         from ._progress import Progress
 
-        phases = ["reading the problem", "exact stages", "cross-check", _writing(kind)]
-        phases += ["compiling the PDF"] if kind == "pdf" else []
-        phases += ["drawing the weights"] if plot is not None else []
+        phases = ["reading the problem", "exact stages", "cross-check"]
+        if kind == "json":  # written as it is rendered, last
+            phases += ["drawing the weights"] if plot is not None else []
+            phases += [_writing(kind)]
+        else:
+            phases += [_writing(kind)]
+            phases += ["compiling the PDF"] if kind == "pdf" else []
+            phases += ["drawing the weights"] if plot is not None else []
         with Progress(phases) as progress:
             d, text = _derive_text(problem, kind, standalone, digits, None if no_check else check_with, layout,
                                    max_size, progress, backward)
@@ -148,9 +154,15 @@ def derive(problem: Path | None, output: Path | None, fmt: str | None, standalon
 
                 progress.advance("compiling the PDF")
                 data = latex_to_pdf(text)
+            if callable(text) and output is not None:
+                progress.advance(_writing(kind))
+                _write_atomic(output, text)  # streamed into the temporary file, renamed when complete
         if output is None:
-            click.echo(text, nl=False)
-        else:
+            if callable(text):
+                text(click.get_text_stream("stdout").write)
+            else:
+                click.echo(text, nl=False)
+        elif not callable(text):
             _write_atomic(output, data if kind == "pdf" else text.encode("utf-8"))
         if image is not None:
             _write_atomic(plot, image)
@@ -202,9 +214,11 @@ def _derive_text(problem: Path | None, kind: str, standalone: bool, digits: int 
         if result.passed is None:
             click.echo(f"Note: no numeric cross-check: {result.skipped}.", err=True)
     fmt = "latex" if kind == "pdf" else kind
+    if fmt == "json":  # hundreds of megabytes for a model-sized head: written as it is rendered
+        from .render.json import write_json
+
+        return d, lambda write: write_json(d, write, check=result)
     advance(_writing(kind))
-    if fmt == "json":
-        layout = {}
     return d, render(d, fmt, standalone=standalone or kind == "pdf", digits=digits, check=result, **layout)
 
 
@@ -541,8 +555,12 @@ def _same_file(a: Path, b: Path) -> bool:
         return False
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` all at once: a failure leaves the old file untouched."""
+def _write_atomic(path: Path, data: "bytes | Callable[[Callable[[str], object]], None]") -> None:
+    """Write ``data`` to ``path`` all at once: a failure leaves the old file untouched.
+
+    ``data`` is the bytes, or a function that writes the text (UTF-8) piece by piece with the
+    ``write`` it is given: the pieces go to a temporary file beside ``path``, which replaces
+    ``path`` only when the last is written."""
     folder = path.resolve().parent
     if not folder.is_dir():
         raise click.ClickException(f"{path}: the folder {folder} does not exist")
@@ -551,8 +569,12 @@ def _write_atomic(path: Path, data: bytes) -> None:
     except OSError as exc:
         raise click.ClickException(f"{path}: cannot write there: {exc.strerror or exc}") from None
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
+        if callable(data):
+            with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
+                data(f.write)
+        else:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; an output is an ordinary file
