@@ -159,7 +159,7 @@ def derive(problem: Path | None, output: Path | None, fmt: str | None, standalon
                 _write_atomic(output, text)  # streamed into the temporary file, renamed when complete
         if output is None:
             if callable(text):
-                text(click.get_text_stream("stdout").write)
+                text(lambda piece: click.echo(piece, nl=False))
             else:
                 click.echo(text, nl=False)
         elif not callable(text):
