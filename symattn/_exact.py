@@ -19,6 +19,7 @@ import functools
 import math
 from dataclasses import dataclass
 from functools import cached_property
+from collections.abc import Sequence
 from typing import Callable, Iterator
 
 import flint as _flint  # exact rational matrices and ball arithmetic (a required dependency)
@@ -93,9 +94,65 @@ def binary_float_matrix(array) -> Matrix:
     return m
 
 
-def rational_rows(m: Matrix) -> list[list]:
-    """The entries of a rational matrix as ``QQ`` numbers (no SymPy objects)."""
-    return _dm(m).to_list()
+def rational_rows(m: Matrix) -> "list[list] | FmpqRows":
+    """The entries of a rational matrix as ``QQ`` numbers (no SymPy objects), as rows: lists, or
+    for flint's fmpq_mat, :class:`FmpqRows` (a renderer that shows a corner reads a corner)."""
+    dense = _dm(m)
+    fmpq_mat = flint_matrix(dense)
+    return dense.to_list() if fmpq_mat is None else FmpqRows(fmpq_mat)
+
+
+class FmpqRows(Sequence):
+    """The rows of an ``fmpq_mat``, each a sequence of its fmpq entries read when asked for."""
+
+    __slots__ = ("_dense", "_rows", "_cols")
+
+    def __init__(self, dense) -> None:
+        self._dense, self._rows, self._cols = dense, dense.nrows(), dense.ncols()
+
+    def __len__(self) -> int:
+        return self._rows
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[k] for k in range(*i.indices(self._rows))]
+        i = i + self._rows if i < 0 else i
+        if not 0 <= i < self._rows:
+            raise IndexError(i)
+        return _FmpqRow(self._dense, i, self._cols)
+
+    def __iter__(self):
+        return (_FmpqRow(self._dense, i, self._cols) for i in range(self._rows))
+
+
+class _FmpqRow(Sequence):
+    __slots__ = ("_dense", "_i", "_cols")
+
+    def __init__(self, dense, i: int, cols: int) -> None:
+        self._dense, self._i, self._cols = dense, i, cols
+
+    def __len__(self) -> int:
+        return self._cols
+
+    def __getitem__(self, j):
+        if isinstance(j, slice):
+            return [self[k] for k in range(*j.indices(self._cols))]
+        j = j + self._cols if j < 0 else j
+        if not 0 <= j < self._cols:
+            raise IndexError(j)
+        return self._dense[self._i, j]
+
+    def __iter__(self):
+        dense, i = self._dense, self._i
+        return (dense[i, j] for j in range(self._cols))
+
+
+def all_integers(m) -> bool:
+    """Whether every entry of a rational matrix is an integer (read from its common denominator)."""
+    fmpq_mat = flint_matrix(_dm(m))
+    if fmpq_mat is not None:
+        return fmpq_mat.numer_denom()[1] == 1
+    return all(x.denominator == 1 for row in _dm(m).to_list() for x in row)
 
 
 def fmpq_matrix(m):
@@ -339,12 +396,21 @@ def _fmpq(x):
 
 
 def arb_float(x) -> float:
-    """The midpoint of an arb ball rounded to the nearest float64 (NaN beyond its range)."""
+    """The midpoint of an arb ball rounded to the nearest float64 (NaN beyond its range): its
+    mantissa rounded to 53 bits, then scaled (below 2^−1022, a second rounding).
+
+    In float64's normal range that is flint's own rounding (``float(arb)``, a tenth of the time)."""
+    value = float(x)
+    if _SMALLEST_NORMAL <= abs(value) < math.inf or (value == 0 and x.is_zero()):
+        return value
     man, exp = x.mid().man_exp()
     try:
         return math.ldexp(float(int(man)), int(exp))  # the only rounding: the mantissa to 53 bits
     except OverflowError:
         return math.nan
+
+
+_SMALLEST_NORMAL = 2.0**-1022
 
 
 def weights_times(rows: "tuple[SoftmaxRow, ...]", values: Matrix, dps: int, convert=None) -> "list[list] | None":

@@ -1036,3 +1036,28 @@ def test_problem_with_lone_carriage_return():
     text = "X: [[1, 2]]\nW_Q: [[1], [0]]\nW_K: [[1], [0]]\nW_V: [[1], [0]]\n# note\rsymbols: []\ncontext: [[1, 0]]\n"
     assert parse_outcome(text, False)[0] == "ok"
     assert_cut_changes_nothing(text)
+
+
+def test_arb_float_is_the_midpoint_rounded_to_float64():
+    """arb_float (flint's own rounding) against the midpoint's mantissa and exponent rounded by
+    Python, over the whole range: subnormal results, and NaN beyond float64's range."""
+    import flint
+
+    def reference(x) -> float:
+        man, exp = x.mid().man_exp()
+        try:
+            return math.ldexp(float(int(man)), int(exp))
+        except OverflowError:
+            return math.nan
+
+    rng = random.Random(3)
+    old = flint.ctx.prec
+    flint.ctx.prec = 143
+    try:
+        for _ in range(20000):
+            x = flint.arb(flint.fmpq(rng.randint(1, 10**40), rng.randint(1, 10**40))) * flint.arb(2) ** rng.randint(-1120, 1100)
+            x = -x if rng.random() < 0.5 else x
+            expected, got = reference(x), _exact.arb_float(x)
+            assert got == expected or (math.isnan(got) and math.isnan(expected)), (x, got, expected)
+    finally:
+        flint.ctx.prec = old
