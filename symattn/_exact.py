@@ -278,6 +278,15 @@ def matmul(a, b) -> "Matrix | LazyMatrix":
     return Matrix(a.rows, b.cols, entry)
 
 
+def transpose(m):
+    """``mᵀ``; a rational matrix held as flint's fmpq_mat is transposed by flint (SymPy's own
+    transpose goes through its sparse form, entry by entry)."""
+    dense = fmpq_matrix(m)
+    if dense is None:
+        return m.T
+    return matrix_from_fmpq_mat(dense.transpose())
+
+
 def scale(m: Matrix, factor: sympy.Expr) -> Matrix:
     if is_rational(m) and factor.is_Rational:
         return matrix_from_domain(_dm(m) * QQ(int(factor.p), int(factor.q)))
@@ -462,6 +471,48 @@ def _arb_operand(x):
     if fmpq_mat is not None:
         return _flint.arb_mat(fmpq_mat)
     return _flint.arb_mat([[_fmpq(v) for v in row] for row in dense.to_list()])
+
+
+def arb_matrix(x, dps: int):
+    """``x`` as flint's arb_mat at ``dps`` digits (call it under :func:`arb_precision`): an arb_mat as
+    it is, a rational matrix (or a lazy one with rational entries) read exactly, rows of mpmath
+    numbers exactly, anything else evaluated at ``dps`` digits first."""
+    if isinstance(x, _flint.arb_mat):
+        return x
+    if is_rational(x):
+        return _arb_operand(x)
+    if not isinstance(x, list):
+        qq = qq_entries(x)
+        if qq is not None and all(v is not None for row in qq for v in row):
+            return _flint.arb_mat([[_fmpq(v) for v in row] for row in qq])
+        x = evaluate(x, dps)
+    return _flint.arb_mat(x) if x and x[0] else _flint.arb_mat(len(x), len(x[0]) if x else 0)
+
+
+def arb_scalar(x: sympy.Expr, dps: int):
+    """The number ``x`` as an arb ball (a rational exactly; else its ``dps``-digit value)."""
+    if isinstance(x, sympy.Rational):
+        return _flint.arb(_flint.fmpq(int(x.p), int(x.q)))
+    with mpmath.workdps(dps + 10):
+        return _flint.arb(to_mpf(x, dps))
+
+
+def arb_rows(m) -> list[list[mpmath.mpf]]:
+    """The midpoints of an arb_mat as rows of mpmath numbers (exactly)."""
+    return [[_arb_to_mpf(m[i, j]) for j in range(m.ncols())] for i in range(m.nrows())]
+
+
+def arb_rows_entry(m, i: int, j: int) -> mpmath.mpf:
+    """Entry (i, j) of an arb_mat as :func:`arb_rows` gives it."""
+    return _arb_to_mpf(m[i, j])
+
+
+def arb_floats(m) -> list[list[float]]:
+    """The midpoints of an arb_mat rounded to float64 (see :func:`arb_float`)."""
+    return [[arb_float(m[i, j]) for j in range(m.ncols())] for i in range(m.nrows())]
+
+
+arb_precision = _arb_precision
 
 
 def mp_matmul(a, b, dps: int) -> list[list[mpmath.mpf]]:
