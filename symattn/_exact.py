@@ -105,46 +105,46 @@ def rational_rows(m: Matrix) -> "list[list] | FmpqRows":
 class FmpqRows(Sequence):
     """The rows of an ``fmpq_mat``, each a sequence of its fmpq entries read when asked for."""
 
-    __slots__ = ("_dense", "_rows", "_cols")
+    __slots__ = ("_dense", "_count", "_width")
 
     def __init__(self, dense) -> None:
-        self._dense, self._rows, self._cols = dense, dense.nrows(), dense.ncols()
+        self._dense, self._count, self._width = dense, dense.nrows(), dense.ncols()
 
     def __len__(self) -> int:
-        return self._rows
+        return self._count
 
     def __getitem__(self, i):
         if isinstance(i, slice):
-            return [self[k] for k in range(*i.indices(self._rows))]
-        i = i + self._rows if i < 0 else i
-        if not 0 <= i < self._rows:
+            return [self[k] for k in range(*i.indices(self._count))]
+        i = i + self._count if i < 0 else i
+        if not 0 <= i < self._count:
             raise IndexError(i)
-        return _FmpqRow(self._dense, i, self._cols)
+        return _FmpqRow(self._dense, i, self._width)
 
     def __iter__(self):
-        return (_FmpqRow(self._dense, i, self._cols) for i in range(self._rows))
+        return (_FmpqRow(self._dense, i, self._width) for i in range(self._count))
 
 
 class _FmpqRow(Sequence):
-    __slots__ = ("_dense", "_i", "_cols")
+    __slots__ = ("_dense", "_i", "_width")
 
     def __init__(self, dense, i: int, cols: int) -> None:
-        self._dense, self._i, self._cols = dense, i, cols
+        self._dense, self._i, self._width = dense, i, cols
 
     def __len__(self) -> int:
-        return self._cols
+        return self._width
 
     def __getitem__(self, j):
         if isinstance(j, slice):
-            return [self[k] for k in range(*j.indices(self._cols))]
-        j = j + self._cols if j < 0 else j
-        if not 0 <= j < self._cols:
+            return [self[k] for k in range(*j.indices(self._width))]
+        j = j + self._width if j < 0 else j
+        if not 0 <= j < self._width:
             raise IndexError(j)
         return self._dense[self._i, j]
 
     def __iter__(self):
         dense, i = self._dense, self._i
-        return (dense[i, j] for j in range(self._cols))
+        return (dense[i, j] for j in range(self._width))
 
 
 def all_integers(m) -> bool:

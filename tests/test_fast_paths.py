@@ -1061,3 +1061,22 @@ def test_arb_float_is_the_midpoint_rounded_to_float64():
             assert got == expected or (math.isnan(got) and math.isnan(expected)), (x, got, expected)
     finally:
         flint.ctx.prec = old
+
+
+def test_rational_rows_read_from_the_fmpq_mat_are_its_entries():
+    """rational_rows over flint's fmpq_mat (rows read entry by entry) gives the entries to_list gives:
+    indexing from either end, slices, iteration, zip(*rows), len."""
+    rng = random.Random(4)
+    for _ in range(30):
+        rows, cols = rng.randint(1, 5), rng.randint(1, 5)
+        m = _exact.rational_matrix(rows, cols, [QQ(rng.randint(-50, 50), rng.randint(1, 9)) for _ in range(rows * cols)])
+        expected = [[m[i, j] for j in range(cols)] for i in range(rows)]  # SymPy's Rationals
+        got = _exact.rational_rows(m)
+        assert len(got) == rows and [list(r) for r in got] == expected
+        assert [[got[i][j] for j in range(-cols, 0)] for i in range(-rows, 0)] == expected
+        assert [list(c) for c in zip(*got)] == [list(c) for c in zip(*expected)]
+        assert [list(r) for r in got[1:]] == expected[1:] and list(got[0][1:]) == expected[0][1:]
+        with pytest.raises(IndexError):
+            got[rows]
+        with pytest.raises(IndexError):
+            got[0][cols]
