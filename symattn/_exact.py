@@ -473,12 +473,50 @@ def _arb_operand(x):
     return _flint.arb_mat([[_fmpq(v) for v in row] for row in dense.to_list()])
 
 
+class ArbProducts:
+    """``Σ a·b`` over arb matrices, made entry by entry until it is needed whole: the backward
+    pass's last products (dW_Q = Xᵀ dQ, dX = Σ dQ W_Qᵀ ...) feed nothing after them, and a worked
+    solution shows their corners. :meth:`whole` makes (and keeps) the arb_mat."""
+
+    def __init__(self, parts: list, dps: int) -> None:
+        self.parts, self.dps = parts, dps
+        self._whole = None
+
+    def nrows(self) -> int:
+        return self.parts[0][0].nrows()
+
+    def ncols(self) -> int:
+        return self.parts[0][1].ncols()
+
+    def __getitem__(self, key):
+        if self._whole is not None:
+            return self._whole[key]
+        i, j = key
+        with _arb_precision(self.dps):
+            total = _flint.arb(0)
+            for a, b in self.parts:
+                for k in range(a.ncols()):
+                    total += a[i, k] * b[k, j]
+            return total
+
+    def whole(self):
+        if self._whole is None:
+            with _arb_precision(self.dps):
+                total = None
+                for a, b in self.parts:
+                    total = a * b if total is None else total + a * b
+                self._whole = total
+        return self._whole
+
+
 def arb_matrix(x, dps: int):
     """``x`` as flint's arb_mat at ``dps`` digits (call it under :func:`arb_precision`): an arb_mat as
     it is, a rational matrix (or a lazy one with rational entries) read exactly, rows of mpmath
     numbers exactly, anything else evaluated at ``dps`` digits first."""
     if isinstance(x, _flint.arb_mat):
         return x
+    if isinstance(x, ArbProducts):
+        return x.whole()
     if is_rational(x):
         return _arb_operand(x)
     if not isinstance(x, list):
@@ -499,6 +537,7 @@ def arb_scalar(x: sympy.Expr, dps: int):
 
 def arb_rows(m) -> list[list[mpmath.mpf]]:
     """The midpoints of an arb_mat as rows of mpmath numbers (exactly)."""
+    m = m.whole() if isinstance(m, ArbProducts) else m
     return [[_arb_to_mpf(m[i, j]) for j in range(m.ncols())] for i in range(m.nrows())]
 
 
@@ -509,6 +548,7 @@ def arb_rows_entry(m, i: int, j: int) -> mpmath.mpf:
 
 def arb_floats(m) -> list[list[float]]:
     """The midpoints of an arb_mat rounded to float64 (see :func:`arb_float`)."""
+    m = m.whole() if isinstance(m, ArbProducts) else m
     return [[arb_float(m[i, j]) for j in range(m.ncols())] for i in range(m.nrows())]
 
 

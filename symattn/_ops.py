@@ -486,8 +486,8 @@ class ArbOps(NumericOps):
             return _exact.arb_matrix(x, self.dps)
 
     def matmul(self, a, b):
-        with _exact.arb_precision(self.dps):
-            return _exact.arb_matrix(a, self.dps) * _exact.arb_matrix(b, self.dps)
+        with _exact.arb_precision(self.dps):  # made entry by entry until needed whole
+            return _exact.ArbProducts([(_exact.arb_matrix(a, self.dps), _exact.arb_matrix(b, self.dps))], self.dps)
 
     def T(self, a):
         return self.grid(a).transpose()  # (an arb_mat transposes faster than a SymPy matrix)
@@ -521,6 +521,8 @@ class ArbOps(NumericOps):
             return flint.arb_mat([[m[i, j] for j in range(first, first + width)] for i in range(m.nrows())])
 
     def sum(self, parts):
+        if all(isinstance(part, _exact.ArbProducts) and part._whole is None for part in parts):
+            return _exact.ArbProducts([ab for part in parts for ab in part.parts], self.dps)
         with _exact.arb_precision(self.dps):
             total = None
             for part in parts:

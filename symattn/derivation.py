@@ -351,7 +351,9 @@ class Derivation:
                         cache[read] = ops.grid(self.evaluate(other.id, dps) if balls is None else balls)
                 return cache[read]
 
-            cache[key] = ops.grid(kind.relation(ops, value, c))
+            balls = kind.relation(ops, value, c)
+            # A product is kept as one until needed whole (a corner shown is a corner computed).
+            cache[key] = balls if isinstance(balls, _exact.ArbProducts) else ops.grid(balls)
         return cache[key]
 
     def entry_values(self, id: str, dps: int = 30):
