@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import math
 from operator import add
-from typing import TYPE_CHECKING, Callable, Iterator
+from typing import TYPE_CHECKING, Callable
 
 import mpmath
 import sympy
@@ -309,10 +309,13 @@ def _entry_texts(step: "Step", printer: _Printer, fractions: "_Fractions | None"
     rows = step.softmax
     if not rows:
         texts = fractions.texts() if fractions is not None else None
-        if texts is not None:
-            return texts
-        qq = _ex.qq_entries(m)  # a rational stage: its fractions, no SymPy number each
-        return general if qq is None else (lambda i: ["-oo" if x is None else qq_text(x) for x in qq[i]])
+        if texts is None:
+            qq = _ex.qq_entries(m)  # a rational stage: its fractions, no SymPy number each
+            if qq is None:
+                return general
+            texts = lambda i: ["-oo" if x is None else qq_text(x) for x in qq[i]]  # noqa: E731
+        texts.plain = True  # digits, signs and slashes: nothing to escape in JSON
+        return texts
     if step.is_softmax:
         columns = None
     elif step.value_columns is not None:
@@ -326,6 +329,7 @@ def _entry_texts(step: "Step", printer: _Printer, fractions: "_Fractions | None"
         row = _RowText(rows[i])
         return [row.weight(j) for j in range(m.cols)] if columns is None else [row.fast_output(c) for c in columns]
 
+    structured.plain = all(row.rational for row in rows)  # numbers, exp, brackets and operators only
     return structured
 
 
@@ -378,14 +382,16 @@ def _stage_parts(d: "Derivation", step: "Step", printer: _Printer):
     dense = None if step.softmax else _ex.fmpq_matrix(m)
     fractions = None if dense is None else _Fractions(dense)
     exact = None
+    plain = False
     if written_exactly(step):
         texts = _entry_texts(step, printer, fractions)
+        plain = getattr(texts, "plain", False)
         exact = (texts(i) for i in range(m.rows))
     approx = _fast_floats(d, step, fractions) if d.can_evaluate else None
     if approx is None:
         values = d.evaluate(step.id, 30) if d.can_evaluate else _numbers_only(m)
         approx = ([_approx(v) for v in row] for row in values)
-    return head, m.rows, exact, approx
+    return head, m.rows, exact, approx, plain
 
 
 def _printer(d: "Derivation") -> _Printer:
@@ -399,7 +405,7 @@ def as_dict(derivation: "Derivation", *, check=None) -> dict:
     printer = _printer(d)
     stages = []
     for step in d.steps:
-        head, _, exact, approx = _stage_parts(d, step, printer)
+        head, _, exact, approx, _ = _stage_parts(d, step, printer)
         stages.append({**head, "exact": None if exact is None else list(exact), "approx": list(approx)})
     out = {"title": d.problem.title, "dims": d.dims, "stages": stages}
     if check is not None:
@@ -425,20 +431,25 @@ def _float(x) -> str:
     return float.__repr__(x)
 
 
-def _floats(row: list) -> "Iterator[str]":
-    """A row of decimals (floats, None for −∞ or a symbol) as JSON writes them."""
+def _floats(row: list, separator: str) -> str:
+    """A row of decimals (floats, None for −∞ or a symbol) as JSON writes them, joined."""
     if None not in row and all(map(math.isfinite, row)):
-        return map(float.__repr__, row)
-    return map(_float, row)
+        return separator.join(map(float.__repr__, row))
+    return separator.join(map(_float, row))
 
 
-def _texts(row: list) -> "Iterator[str]":
-    return map(_encode_text, row)
+def _texts(row: list, separator: str) -> str:
+    return separator.join(map(_encode_text, row))
 
 
-def _matrix(write, rows, count: int, cells: Callable[[list], "Iterator[str]"], level: int) -> None:
+def _plain_texts(row: list, separator: str) -> str:
+    """Texts with nothing to escape (see ``_entry_texts``), quoted and joined in one pass."""
+    return '"' + ('"' + separator + '"').join(row) + '"'
+
+
+def _matrix(write, rows, count: int, joined: Callable[[list, str], str], level: int) -> None:
     """A list of ``count`` rows (each a list) as ``json.dumps(..., indent=2)`` writes it at
-    nesting ``level``, one row at a time."""
+    nesting ``level``, one row at a time (``joined(row, separator)``: its entries as JSON, joined)."""
     if not count:
         write("[]")
         return
@@ -446,7 +457,7 @@ def _matrix(write, rows, count: int, cells: Callable[[list], "Iterator[str]"], l
     write("[")
     for i, row in enumerate(rows):
         write(("," if i else "") + outer)
-        write("[" + inner + ("," + inner).join(cells(row)) + outer + "]" if row else "[]")
+        write("[" + inner + joined(row, "," + inner) + outer + "]" if row else "[]")
     write("\n" + "  " * level + "]")
 
 
@@ -464,7 +475,7 @@ def write_json(derivation: "Derivation", write: Callable[[str], object], *, chec
     else:
         write("[")
         for s, step in enumerate(steps):
-            head, rows, exact, approx = _stage_parts(d, step, printer)
+            head, rows, exact, approx, plain = _stage_parts(d, step, printer)
             write(("," if s else "") + "\n    {")
             for key, value in head.items():
                 write("\n      " + _encode_text(key) + ": " + _value(value, 3) + ",")
@@ -472,7 +483,7 @@ def write_json(derivation: "Derivation", write: Callable[[str], object], *, chec
             if exact is None:
                 write("null")
             else:
-                _matrix(write, exact, rows, _texts, 3)
+                _matrix(write, exact, rows, _plain_texts if plain else _texts, 3)
             write(',\n      "approx": ')
             _matrix(write, approx, rows, _floats, 3)
             write("\n    }")
