@@ -19,6 +19,7 @@ import functools
 import math
 from dataclasses import dataclass
 from functools import cached_property
+from collections.abc import Sequence
 from typing import Callable, Iterator
 
 import flint as _flint  # exact rational matrices and ball arithmetic (a required dependency)
@@ -104,9 +105,71 @@ def binary_float_matrix(array) -> Matrix:
     return m
 
 
-def rational_rows(m: Matrix) -> list[list]:
-    """The entries of a rational matrix as ``QQ`` numbers (no SymPy objects)."""
-    return _dm(m).to_list()
+def rational_rows(m: Matrix) -> "list[list] | FmpqRows":
+    """The entries of a rational matrix as ``QQ`` numbers (no SymPy objects), as rows: lists, or
+    for flint's fmpq_mat, :class:`FmpqRows` (a renderer that shows a corner reads a corner)."""
+    dense = _dm(m)
+    fmpq_mat = flint_matrix(dense)
+    return dense.to_list() if fmpq_mat is None else FmpqRows(fmpq_mat)
+
+
+class FmpqRows(Sequence):
+    """The rows of an ``fmpq_mat``, each a sequence of its fmpq entries read when asked for."""
+
+    __slots__ = ("_dense", "_count", "_width")
+
+    def __init__(self, dense) -> None:
+        self._dense, self._count, self._width = dense, dense.nrows(), dense.ncols()
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[k] for k in range(*i.indices(self._count))]
+        i = i + self._count if i < 0 else i
+        if not 0 <= i < self._count:
+            raise IndexError(i)
+        return _FmpqRow(self._dense, i, self._width)
+
+    def __iter__(self):
+        return (_FmpqRow(self._dense, i, self._width) for i in range(self._count))
+
+
+class _FmpqRow(Sequence):
+    __slots__ = ("_dense", "_i", "_width")
+
+    def __init__(self, dense, i: int, cols: int) -> None:
+        self._dense, self._i, self._width = dense, i, cols
+
+    def __len__(self) -> int:
+        return self._width
+
+    def __getitem__(self, j):
+        if isinstance(j, slice):
+            return [self[k] for k in range(*j.indices(self._width))]
+        j = j + self._width if j < 0 else j
+        if not 0 <= j < self._width:
+            raise IndexError(j)
+        return self._dense[self._i, j]
+
+    def __iter__(self):
+        dense, i = self._dense, self._i
+        return (dense[i, j] for j in range(self._width))
+
+
+def all_integers(m) -> bool:
+    """Whether every entry of a rational matrix is an integer (read from its common denominator)."""
+    fmpq_mat = flint_matrix(_dm(m))
+    if fmpq_mat is not None:
+        return fmpq_mat.numer_denom()[1] == 1
+    return all(x.denominator == 1 for row in _dm(m).to_list() for x in row)
+
+
+def fmpq_matrix(m):
+    """The python-flint ``fmpq_mat`` a rational matrix holds, or None (not rational, or not held
+    as one: SymPy's python ground types)."""
+    return flint_matrix(_dm(m)) if is_rational(m) else None
 
 
 def qq_entries(m) -> "list[list] | None":
@@ -237,6 +300,15 @@ def matmul(a, b) -> "Matrix | LazyMatrix":
     return Matrix(a.rows, b.cols, entry)
 
 
+def transpose(m):
+    """``mᵀ``; a rational matrix held as flint's fmpq_mat is transposed by flint (SymPy's own
+    transpose goes through its sparse form, entry by entry)."""
+    dense = fmpq_matrix(m)
+    if dense is None:
+        return m.T
+    return matrix_from_fmpq_mat(dense.transpose())
+
+
 def scale(m: Matrix, factor: sympy.Expr) -> Matrix:
     if is_rational(m) and factor.is_Rational:
         return matrix_from_domain(_dm(m) * QQ(int(factor.p), int(factor.q)))
@@ -355,12 +427,21 @@ def _fmpq(x):
 
 
 def arb_float(x) -> float:
-    """The midpoint of an arb ball rounded to the nearest float64 (NaN beyond its range)."""
+    """The midpoint of an arb ball rounded to the nearest float64 (NaN beyond its range): its
+    mantissa rounded to 53 bits, then scaled (below 2^−1022, a second rounding).
+
+    In float64's normal range that is flint's own rounding (``float(arb)``, a tenth of the time)."""
+    value = float(x)
+    if _SMALLEST_NORMAL <= abs(value) < math.inf or (value == 0 and x.is_zero()):
+        return value
     man, exp = x.mid().man_exp()
     try:
         return math.ldexp(float(int(man)), int(exp))  # the only rounding: the mantissa to 53 bits
     except OverflowError:
         return math.nan
+
+
+_SMALLEST_NORMAL = 2.0**-1022
 
 
 def weights_times(rows: "tuple[SoftmaxRow, ...]", values: Matrix, dps: int, convert=None) -> "list[list] | None":
@@ -412,6 +493,88 @@ def _arb_operand(x):
     if fmpq_mat is not None:
         return _flint.arb_mat(fmpq_mat)
     return _flint.arb_mat([[_fmpq(v) for v in row] for row in dense.to_list()])
+
+
+class ArbProducts:
+    """``Σ a·b`` over arb matrices, made entry by entry until it is needed whole: the backward
+    pass's last products (dW_Q = Xᵀ dQ, dX = Σ dQ W_Qᵀ ...) feed nothing after them, and a worked
+    solution shows their corners. :meth:`whole` makes (and keeps) the arb_mat."""
+
+    def __init__(self, parts: list, dps: int) -> None:
+        self.parts, self.dps = parts, dps
+        self._whole = None
+
+    def nrows(self) -> int:
+        return self.parts[0][0].nrows()
+
+    def ncols(self) -> int:
+        return self.parts[0][1].ncols()
+
+    def __getitem__(self, key):
+        if self._whole is not None:
+            return self._whole[key]
+        i, j = key
+        with _arb_precision(self.dps):
+            total = _flint.arb(0)
+            for a, b in self.parts:
+                for k in range(a.ncols()):
+                    total += a[i, k] * b[k, j]
+            return total
+
+    def whole(self):
+        if self._whole is None:
+            with _arb_precision(self.dps):
+                total = None
+                for a, b in self.parts:
+                    total = a * b if total is None else total + a * b
+                self._whole = total
+        return self._whole
+
+
+def arb_matrix(x, dps: int):
+    """``x`` as flint's arb_mat at ``dps`` digits (call it under :func:`arb_precision`): an arb_mat as
+    it is, a rational matrix (or a lazy one with rational entries) read exactly, rows of mpmath
+    numbers exactly, anything else evaluated at ``dps`` digits first."""
+    if isinstance(x, _flint.arb_mat):
+        return x
+    if isinstance(x, ArbProducts):
+        return x.whole()
+    if is_rational(x):
+        return _arb_operand(x)
+    if not isinstance(x, list):
+        qq = qq_entries(x)
+        if qq is not None and all(v is not None for row in qq for v in row):
+            return _flint.arb_mat([[_fmpq(v) for v in row] for row in qq])
+        x = evaluate(x, dps)
+    return _flint.arb_mat(x) if x and x[0] else _flint.arb_mat(len(x), len(x[0]) if x else 0)
+
+
+def arb_scalar(x: sympy.Expr, dps: int):
+    """The number ``x`` as an arb ball (a rational exactly; else its ``dps``-digit value)."""
+    if isinstance(x, sympy.Rational):
+        return _flint.arb(_flint.fmpq(int(x.p), int(x.q)))
+    with mpmath.workdps(dps + 10):
+        return _flint.arb(to_mpf(x, dps))
+
+
+def arb_rows(m) -> list[list[mpmath.mpf]]:
+    """The midpoints of an arb_mat as rows of mpmath numbers (exactly)."""
+    m = m.whole() if isinstance(m, ArbProducts) else m
+    return [[_arb_to_mpf(m[i, j]) for j in range(m.ncols())] for i in range(m.nrows())]
+
+
+def arb_rows_entry(m, i: int, j: int) -> mpmath.mpf:
+    """Entry (i, j) of an arb_mat as :func:`arb_rows` gives it."""
+    return _arb_to_mpf(m[i, j])
+
+
+def arb_floats(m) -> list[list[float]]:
+    """The midpoints of an arb_mat rounded to float64 (see :func:`arb_float`)."""
+    m = m.whole() if isinstance(m, ArbProducts) else m
+    return [[arb_float(m[i, j]) for j in range(m.ncols())] for i in range(m.nrows())]
+
+
+arb_precision = _arb_precision
 
 
 def mp_matmul(a, b, dps: int) -> list[list[mpmath.mpf]]:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Callable
 
+import flint
 import mpmath
 import sympy
 from sympy import QQ
@@ -296,7 +297,7 @@ class ExactOps:
             return WeightsT(a.rows)
         if isinstance(a, OverZ2) and a.keyed:
             return ScoresT(a)
-        return matrix_of(a).T
+        return _exact.transpose(matrix_of(a))
 
     def scale(self, a, factor: sympy.Expr):
         if isinstance(a, OverZ2):
@@ -544,6 +545,167 @@ class NumericOps:
     def columns_attend(self, z) -> bool:
         """Whether every column has an allowed entry (so a softmax over columns exists)."""
         return all(any(v != NINF for v in col) for col in zip(*self.grid(z)))
+
+
+class ArbOps(NumericOps):
+    """The relations' operations at ``dps`` digits on flint arb matrices, for a problem without
+    symbols: products, sums and the softmax backward in ball arithmetic, never an mpmath number per
+    entry. A value is an ``arb_mat`` or a rational matrix (read exactly). The gradients' relations
+    need no −∞ (masked weights are 0), so the mask and the softmax are left to :class:`NumericOps`."""
+
+    def __init__(self, dps: int) -> None:
+        super().__init__(dps, None)
+
+    def grid(self, x):
+        with _exact.arb_precision(self.dps):
+            return _exact.arb_matrix(x, self.dps)
+
+    def matmul(self, a, b):
+        with _exact.arb_precision(self.dps):  # made entry by entry until needed whole
+            return _exact.ArbProducts([(_exact.arb_matrix(a, self.dps), _exact.arb_matrix(b, self.dps))], self.dps)
+
+    def T(self, a):
+        return self.grid(a).transpose()  # (an arb_mat transposes faster than a SymPy matrix)
+
+    def scale(self, a, factor):
+        with _exact.arb_precision(self.dps):
+            return _exact.arb_matrix(a, self.dps) * _exact.arb_scalar(factor, self.dps)
+
+    def softmax_backward(self, a, dA):
+        """a ∘ (dA − rowsum(a ∘ dA)), row by row (a row with one allowed key gives exactly 0)."""
+        with _exact.arb_precision(self.dps):
+            a, g = _exact.arb_matrix(a, self.dps), _exact.arb_matrix(dA, self.dps)
+            rows, cols = a.nrows(), a.ncols()
+            out = flint.arb_mat(rows, cols)
+            for i in range(rows):
+                ar = [a[i, j] for j in range(cols)]
+                gr = [g[i, j] for j in range(cols)]
+                dot = sum((x * y for x, y in zip(ar, gr)), flint.arb(0))
+                for j in range(cols):
+                    out[i, j] = ar[j] * (gr[j] - dot)
+            return out
+
+    def hstack(self, parts):
+        with _exact.arb_precision(self.dps):
+            blocks = [_exact.arb_matrix(p, self.dps) for p in parts]
+            return flint.arb_mat([[b[i, j] for b in blocks for j in range(b.ncols())] for i in range(blocks[0].nrows())])
+
+    def block(self, m, first: int, width: int):
+        with _exact.arb_precision(self.dps):
+            m = _exact.arb_matrix(m, self.dps)
+            return flint.arb_mat([[m[i, j] for j in range(first, first + width)] for i in range(m.nrows())])
+
+    def sum(self, parts):
+        if all(isinstance(part, _exact.ArbProducts) and part._whole is None for part in parts):
+            return _exact.ArbProducts([ab for part in parts for ab in part.parts], self.dps)
+        with _exact.arb_precision(self.dps):
+            total = None
+            for part in parts:
+                part = _exact.arb_matrix(part, self.dps)
+                total = part if total is None else total + part
+            return total
+
+    def sub(self, a, b):
+        with _exact.arb_precision(self.dps):
+            return _exact.arb_matrix(a, self.dps) - _exact.arb_matrix(b, self.dps)
+
+    def ones(self, rows: int, cols: int):
+        return flint.arb_mat(rows, cols, [1] * (rows * cols))
+
+    def given(self, m):
+        return self.grid(m)
+
+    def is_rational(self, x) -> bool:
+        return not isinstance(x, (list, flint.arb_mat)) and _exact.is_rational(x)
+
+    def _numeric(self, name):
+        raise NotImplementedError(f"{name} is left to NumericOps")
+
+    def mask(self, allowed, bias):
+        self._numeric("the mask")
+
+    def add_mask(self, scores, mask):
+        self._numeric("adding the mask")
+
+    def softmax(self, z):
+        self._numeric("the softmax")
+
+
+class FloatOps(ArbOps):
+    """The relations' operations in NumPy float64, for a gradient that the cross-check compares
+    with another float64 computation: a value is a float64 array (a rational matrix is rounded
+    once, entry by entry). Only for a problem whose values all lie well inside float64's range
+    (:meth:`Derivation.approx` checks, and falls back to arb when a result is not finite)."""
+
+    def __init__(self) -> None:
+        super().__init__(30)
+
+    def grid(self, x):
+        import numpy
+
+        if isinstance(x, numpy.ndarray):
+            return x
+        if isinstance(x, flint.arb_mat):
+            return numpy.array(_exact.arb_floats(x), dtype=numpy.float64).reshape(x.nrows(), x.ncols())
+        values = _exact.approx(x)
+        if values is None:
+            values = numpy.array([[float(v) for v in row] for row in NumericOps.grid(self, x)], dtype=numpy.float64)
+        return values
+
+    def matmul(self, a, b):
+        return self.grid(a) @ self.grid(b)
+
+    def T(self, a):
+        return self.grid(a).T
+
+    def scale(self, a, factor):
+        return self.grid(a) * float(_exact.to_mpf(factor, 30))
+
+    def softmax_backward(self, a, dA):
+        a, g = self.grid(a), self.grid(dA)
+        return a * (g - (a * g).sum(axis=1, keepdims=True))
+
+    def hstack(self, parts):
+        import numpy
+
+        return numpy.hstack([self.grid(p) for p in parts])
+
+    def block(self, m, first: int, width: int):
+        return self.grid(m)[:, first:first + width]
+
+    def sum(self, parts):
+        total = None
+        for part in parts:
+            total = self.grid(part) if total is None else total + self.grid(part)
+        return total
+
+    def sub(self, a, b):
+        return self.grid(a) - self.grid(b)
+
+    def ones(self, rows: int, cols: int):
+        import numpy
+
+        return numpy.ones((rows, cols))
+
+    def is_rational(self, x) -> bool:
+        import numpy
+
+        return not isinstance(x, (list, flint.arb_mat, numpy.ndarray)) and _exact.is_rational(x)
+
+
+def arb_structure(value, dps: int):
+    """A rational softmax structure's values as an arb_mat at ``dps`` digits (the weights, or the
+    output ``A·V`` as one arb product); None for anything else."""
+    rows = getattr(value, "rows", None)
+    if not isinstance(value, (Softmax, Output)) or not all(row.rational for row in rows):
+        return None
+    with _exact.arb_precision(dps):
+        weights = flint.arb_mat([row.arb_weights(dps) for row in rows])
+        if isinstance(value, Softmax):
+            return weights
+        if not _exact.is_rational(value.values):
+            return None
+        return weights * _exact.arb_matrix(value.values, dps)
 
 
 def evaluate_structure(value, dps: int, subs) -> "Values | None":

@@ -74,8 +74,11 @@ def _fail(path: Path, what: str) -> click.ClickException:
     return click.ClickException(f"{path}: {what}")
 
 
-def write_file(path: Path, data: bytes) -> None:
+def write_file(path: Path, data) -> None:
     """Write ``data`` to ``path`` all at once: a failure leaves the old file untouched.
+
+    ``data`` is bytes, or a function that writes the text piece by piece with the ``write`` it is
+    given (a stream such as the JSON of a model-sized head), UTF-8 encoded.
 
     A symbolic link is followed; a character device or a FIFO is written in
     place; a folder, a block device or a socket is refused (see the module's
@@ -104,8 +107,12 @@ def write_file(path: Path, data: bytes) -> None:
         raise _fail(path, f"cannot write there: {exc.strerror or exc}") from None
     _TEMPS.add(tmp)
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
+        if callable(data):
+            with os.fdopen(fd, "w", encoding="utf-8", newline="") as text:
+                data(text.write)
+        else:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
         os.chmod(tmp, 0o666 & ~_mode())  # mkstemp makes 0600; an output is an ordinary file
         os.replace(tmp, target)
     except BaseException as exc:
@@ -128,9 +135,15 @@ def _write_in_place(path: Path, data: bytes, kind: str) -> None:
     try:
         flags = fcntl.fcntl(fd, fcntl.F_GETFL)
         fcntl.fcntl(fd, fcntl.F_SETFL, flags & ~os.O_NONBLOCK)  # the reader sets the pace from here on
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
+        def put(chunk: bytes) -> None:
+            view = memoryview(chunk)
+            while view:
+                view = view[os.write(fd, view):]
+
+        if callable(data):
+            data(lambda piece: put(piece.encode("utf-8")))
+        else:
+            put(data)
     except OSError as exc:
         raise _fail(path, f"cannot write there: {exc.strerror or exc}") from None
     finally:

@@ -196,3 +196,31 @@ def sum_of_distinct(terms: list) -> sympy.Expr:
 def to_mpmath(value: sympy.Expr, prec: int):
     """A number SymPy has evaluated (``sympy.N``) as an mpmath number with ``prec`` bits."""
     return value._to_mpmath(prec)
+
+
+# -- SymPy's canonical order of a sum's terms, for text written without building the sum ----
+
+# Where Basic.compare puts a rational number's class (SymPy's ``ordering_of_classes``):
+# 0, 1, 1/2 and −1 are singleton classes of their own, before every other Integer, then Rational.
+_ZERO, _ONE, _HALF, _NEGATIVE_ONE, _INTEGER, _RATIONAL = 0, 1, 2, 5, 7, 8
+
+
+def rational_order_key(p: int, q: int) -> tuple[int, int, int]:
+    """The key that sorts SymPy's Rational ``p/q`` (in lowest terms, ``q > 0``) as
+    ``Basic.compare`` does: by class in ``ordering_of_classes``, then by ``(p, q)``."""
+    if q == 1:
+        cls = _ZERO if p == 0 else _ONE if p == 1 else _NEGATIVE_ONE if p == -1 else _INTEGER
+    else:
+        cls = _HALF if p == 1 and q == 2 else _RATIONAL
+    return (cls, p, q)
+
+
+def exp_term_order_key(c: tuple[int, int], x: tuple[int, int]) -> tuple:
+    """The key that sorts the term ``c·e^x`` (rationals ``c ≠ 0`` and ``x ≠ 0`` as ``(p, q)`` in
+    lowest terms) among the non-number terms of a sum as SymPy's ``Add`` orders its args
+    (``_addsort``, by ``Basic.compare``): each product ``c·e^x`` (a Mul: Mul comes before the
+    function ``exp``, which is not in ``ordering_of_classes``) by c, then x; then each ``e^x``
+    (c = 1) by x. :func:`sum_of_distinct` is what these keys stand for."""
+    if c == (1, 1):
+        return (1, rational_order_key(*x))
+    return (0, rational_order_key(*c), rational_order_key(*x))

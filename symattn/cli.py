@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from typing import Callable
 
 import click
 
@@ -140,9 +141,14 @@ def derive(problem: Path | None, output: Path | None, fmt: str | None, standalon
             layout.update(exercise=True, ask=ask)
         from ._progress import Progress
 
-        phases = ["reading the problem", "exact stages", "cross-check", _writing(kind)]
-        phases += ["compiling the PDF"] if kind == "pdf" else []
-        phases += ["drawing the weights"] if plot is not None else []
+        phases = ["reading the problem", "exact stages", "cross-check"]
+        if kind == "json":  # written as it is rendered, last
+            phases += ["drawing the weights"] if plot is not None else []
+            phases += [_writing(kind)]
+        else:
+            phases += [_writing(kind)]
+            phases += ["compiling the PDF"] if kind == "pdf" else []
+            phases += ["drawing the weights"] if plot is not None else []
         with Progress(phases) as progress:
             d, text = _derive_text(problem, kind, standalone, digits, None if no_check else check_with, layout,
                                    max_size, progress, backward, tiled, decode)
@@ -157,9 +163,15 @@ def derive(problem: Path | None, output: Path | None, fmt: str | None, standalon
 
                 progress.advance("compiling the PDF")
                 data = latex_to_pdf(text)
+            if callable(text) and output is not None:
+                progress.advance(_writing(kind))
+                _write_atomic(output, text)  # streamed into the temporary file, renamed when complete
         if output is None:
-            _echo(text, nl=False)
-        else:
+            if callable(text):
+                text(lambda piece: _echo(piece, nl=False))
+            else:
+                _echo(text, nl=False)
+        elif not callable(text):
             _write_atomic(output, data if kind == "pdf" else text.encode("utf-8"))
         if image is not None:
             _write_atomic(plot, image)
@@ -225,10 +237,12 @@ def _derive_text(problem: Path | None, kind: str, standalone: bool, digits: int 
         if result.passed is None:
             click.echo(f"Note: no numeric cross-check: {result.skipped}.", err=True)
     fmt = "latex" if kind == "pdf" else kind
+    if fmt == "json":  # hundreds of megabytes for a model-sized head: written as it is rendered
+        from .render.json import write_json
+
+        return d, lambda write: write_json(d, write, check=result)
     advance(_writing(kind))
     layout = {k: v for k, v in layout.items() if k not in ("output", "plot")}
-    if fmt == "json":
-        layout = {}
     return d, render(d, fmt, standalone=standalone or kind == "pdf", digits=digits, check=result, **layout)
 
 
@@ -672,8 +686,10 @@ def _same_file(a: Path, b: Path) -> bool:
         return False
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` all at once (see symattn._output): a failure leaves the old file untouched."""
+def _write_atomic(path: Path, data: "bytes | Callable[[Callable[[str], object]], None]") -> None:
+    """Write ``data`` to ``path`` all at once (see symattn._output): a failure leaves the old file untouched.
+    ``data`` is the bytes, or a function that writes the text piece by piece with the ``write`` it is
+    given (streamed into the temporary file, which replaces ``path`` only when the last piece is written)."""
     from ._output import write_file
 
     write_file(path, data)

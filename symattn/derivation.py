@@ -313,6 +313,9 @@ class Derivation:
     def by_relation(self, step: Step, dps: int) -> Values:
         """Step ``step`` computed by its relation from the earlier stages' values at ``dps`` digits
         (a rational stage is read exactly)."""
+        balls = self._gradient_balls(step, dps)
+        if balls is not None:
+            return _exact.arb_rows(balls)
         kind, c = step.kind_of, stages.Context(self.problem, step.head)
         ops = _ops.NumericOps(dps, self.problem.substitutions)
 
@@ -322,12 +325,52 @@ class Derivation:
 
         return ops.grid(kind.relation(ops, value, c))
 
+    def _gradient_balls(self, step: Step, dps: int):
+        """A gradient of a problem without symbols computed by its relation on arb matrices at
+        ``dps`` digits (the earlier gradients kept as arb matrices too), or None for any other step."""
+        kind = step.kind_of
+        if kind is None or not kind.gradient or self.problem.symbols:
+            return None
+        cache = self.__dict__.setdefault("_balls", {})
+        key = (step.id, dps)
+        if key not in cache:
+            c = stages.Context(self.problem, step.head)
+            ops = _ops.ArbOps(dps)
+
+            def value(key: str, head=...):
+                other = self.step(stages.resolve(key, c, head)[0])
+                balls = self._gradient_balls(other, dps)
+                if balls is not None:
+                    return balls
+                read = (other.id, dps, "read")
+                if read not in cache:  # each input read into arb once (X serves dW_Q, dW_K, dW_V, dX)
+                    if _exact.qq_entries(other.lazy) is not None:
+                        cache[read] = ops.grid(other.lazy)  # rational: read exactly
+                    else:
+                        balls = _ops.arb_structure(other.value, dps)
+                        cache[read] = ops.grid(self.evaluate(other.id, dps) if balls is None else balls)
+                return cache[read]
+
+            balls = kind.relation(ops, value, c)
+            # A product is kept as one until needed whole (a corner shown is a corner computed).
+            cache[key] = balls if isinstance(balls, _exact.ArbProducts) else ops.grid(balls)
+        return cache[key]
+
     def entry_values(self, id: str, dps: int = 30):
         """A function ``(i, j) → value at dps digits`` that evaluates only the entries asked for
         when the stage is rational (a renderer showing the corner of a big matrix), and
         reads :meth:`evaluate` otherwise."""
         step = self.step(id)
         qq = _exact.qq_entries(step.lazy)
+        if qq is None and (id, dps) not in self.__dict__.get("_evaluated", {}):
+            balls = self._gradient_balls(step, dps)
+            if balls is not None:  # a gradient: only the entries shown made mpmath numbers
+                exact, zeros = step.lazy, step.written_exactly and step.lazy.rows * step.lazy.cols <= ZERO_CHECK_LIMIT
+
+                def entry(i: int, j: int) -> mpmath.mpf:
+                    return mpmath.mpf(0) if zeros and exact[i, j] == 0 else _exact.arb_rows_entry(balls, i, j)
+
+                return entry
         if qq is None or self.problem.symbols:
             subs = self.problem.substitutions
             if step.softmax and subs is not None and (id, dps) not in self.__dict__.get("_evaluated", {}):
@@ -364,10 +407,58 @@ class Derivation:
                 values = _exact.approx(step.lazy)
                 if values is None:
                     values = step.floats(30)
+                if values is None:  # a gradient: its 30-digit arb values rounded, no mpmath number made
+                    values = self._gradient_floats(step)
             if values is None:
                 values = [[_float(v) for v in row] for row in self.evaluate(id, 30)]
             cache[id] = numpy.array(values, dtype=numpy.float64)
         return cache[id]
+
+    def _gradient_floats(self, step: Step) -> "list[list[float]] | numpy.ndarray | None":
+        """A gradient's values as float64, 0 where its exact entry is 0 (as :meth:`evaluate` gives
+        them); None for any other step.
+
+        The cross-check compares them with NumPy's float64 backward pass, so they are computed by
+        their relation in float64 from the earlier stages' float64 values, when every earlier stage
+        lies well inside float64's range and so does the result; else from the 30-digit arb values
+        (NaN beyond float64's range, which turns the cross-check off)."""
+        import numpy
+
+        kind = step.kind_of
+        if kind is None or not kind.gradient or self.problem.symbols:
+            return None
+        values = self._float_relation(step)
+        if values is None:
+            values = _exact.arb_floats(self._gradient_balls(step, 30))
+        exact = step.lazy
+        if step.written_exactly and exact.rows * exact.cols <= ZERO_CHECK_LIMIT:
+            values = [[0.0 if exact[i, j] == 0 else v for j, v in enumerate(row)] for i, row in enumerate(values)]
+        return values
+
+    def _float_relation(self, step: Step) -> "numpy.ndarray | None":
+        """A gradient by its relation in float64 (see :meth:`_gradient_floats`), or None when an input
+        or the result is not well inside float64's range."""
+        import numpy
+
+        c = stages.Context(self.problem, step.head)
+        ops = _ops.FloatOps()
+        inputs_ok = True
+
+        def value(key: str, head=...):
+            nonlocal inputs_ok
+            other = self.step(stages.resolve(key, c, head)[0])
+            values = self.approx(other.id)
+            if not numpy.isfinite(values).all() or (values.size and numpy.abs(values).max() > _FLOAT_SAFE):
+                inputs_ok = False
+            return values
+
+        result = numpy.asarray(ops.grid(step.kind_of.relation(ops, value, c)), dtype=numpy.float64)
+        if not inputs_ok or not numpy.isfinite(result).all() or (result.size and numpy.abs(result).max() > _FLOAT_SAFE):
+            return None
+        return result
+
+
+_FLOAT_SAFE = 1e100  # values below this, and products and sums of a few thousand of them, stay finite
 
 
 def _float(x: mpmath.mpf) -> float:

@@ -27,7 +27,7 @@ from sympy import QQ
 from . import _yaml
 from ._errors import SymattnError
 from ._numbers import NumberError, check_size, is_positive, parse_decimal, parse_number
-from ._files import FileError, file_error, read_regular
+from ._files import FileError, read_regular
 from ._exact import binary_float_matrix, rational_matrix, scaled_integer_matrix
 from .rope import Rope
 from ._yaml import Where, where

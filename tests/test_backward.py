@@ -1622,3 +1622,82 @@ def test_big_gradients_are_shown_in_decimals_and_stay_exact_on_request(tmp_path)
     d = symattn.derive(symattn.load_problem(path))
     exact = d.step("dQ").exact[4, 1]
     assert abs(float(sympy.N(exact, 30)) - stages["dQ"]["approx"][4][1]) < 1e-12
+
+
+# -- the gradients' values: arb matrices and float64 against mpmath at 60 digits --------------
+
+
+def _mpmath_relation(d, step, dps):
+    """The gradient by its relation with NumericOps (mpmath rows) on the earlier stages' values."""
+    from symattn import _exact as exact_module
+    from symattn import _ops, stages
+
+    c = stages.Context(d.problem, step.head)
+    ops = _ops.NumericOps(dps, d.problem.substitutions)
+
+    def value(key, head=...):
+        other = d.step(stages.resolve(key, c, head)[0])
+        if exact_module.is_rational(other.lazy):
+            return other.lazy
+        if other.kind_of is not None and other.kind_of.gradient and exact_module.qq_entries(other.lazy) is None:
+            return _mpmath_relation(d, other, dps)
+        return d.evaluate(other.id, dps)
+
+    return ops.grid(step.kind_of.relation(ops, value, c))
+
+
+def _random_backward_problem(seed: int) -> str:
+    import random
+
+    rng = random.Random(seed)
+    n, d_model, d_k = rng.randint(1, 5), rng.randint(1, 4), rng.randint(1, 3)
+
+    def m(r, c):
+        return "[" + ", ".join("[" + ", ".join(f'"{rng.randint(-9, 9)}/{rng.randint(1, 7)}"' for _ in range(c)) + "]"
+                               for _ in range(r)) + "]"
+
+    lines = [f"X: {m(n, d_model)}"]
+    if rng.random() < 0.3:
+        lines.append("heads:")
+        for _ in range(2):
+            lines += [f"  - W_Q: {m(d_model, d_k)}", f"    W_K: {m(d_model, d_k)}", f"    W_V: {m(d_model, d_k)}"]
+        lines.append(f"W_O: {m(2 * d_k, rng.randint(1, 3))}")
+    else:
+        lines += [f"W_Q: {m(d_model, d_k)}", f"W_K: {m(d_model, d_k)}", f"W_V: {m(d_model, d_k)}"]
+    lines.append(rng.choice(["mask: causal", "mask: {sliding-window: 1}", "# no mask"]))
+    lines.append(rng.choice(["scale: none", "# the default scale 1/sqrt(d_k)", 'scale: "1/3"']))
+    lines.append(rng.choice(["backward: {loss: sum}", f"backward: {{loss: {{weights: {m(n, d_k if 'heads' not in lines else 1)}}}}}"]))
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize("seed", range(25))
+def test_gradients_on_arb_matrices_and_in_float64_match_mpmath_at_60_digits(seed):
+    import mpmath
+    import numpy as np
+
+    from symattn import derive
+    from symattn._errors import SymattnError
+    from symattn.problem import parse_problem
+
+    try:
+        d = derive(parse_problem(_random_backward_problem(seed), "r.yaml"))
+    except SymattnError as exc:
+        pytest.skip(str(exc))
+    gradients = [s for s in d.steps if s.kind_of is not None and s.kind_of.gradient and d._gradient_balls(s, 60) is not None]
+    assert gradients
+    for step in gradients:
+        reference = _mpmath_relation(d, step, 60)
+        with mpmath.workdps(70):
+            for i, row in enumerate(reference):
+                for j, v in enumerate(row):
+                    got = d.entry_values(step.id, 60)(i, j)
+                    assert abs(got - v) <= mpmath.mpf(10) ** -50 * max(1, abs(v)), (step.id, i, j, got, v)
+        floats = d._float_relation(step)
+        if floats is not None:
+            expected = np.array([[float(v) for v in row] for row in reference])
+            scale = max(1.0, float(np.abs(expected).max()) if expected.size else 1.0)
+            assert np.abs(floats - expected).max(initial=0.0) <= 1e-12 * scale, step.id
+        approx = d.approx(step.id)
+        expected = np.array([[float(v) for v in row] for row in d.evaluate(step.id, 30)])
+        scale = max(1.0, float(np.abs(expected).max()) if expected.size else 1.0)
+        assert np.abs(approx - expected).max(initial=0.0) <= 1e-12 * scale, step.id

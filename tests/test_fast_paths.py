@@ -1036,3 +1036,47 @@ def test_problem_with_lone_carriage_return():
     text = "X: [[1, 2]]\nW_Q: [[1], [0]]\nW_K: [[1], [0]]\nW_V: [[1], [0]]\n# note\rsymbols: []\ncontext: [[1, 0]]\n"
     assert parse_outcome(text, False)[0] == "ok"
     assert_cut_changes_nothing(text)
+
+
+def test_arb_float_is_the_midpoint_rounded_to_float64():
+    """arb_float (flint's own rounding) against the midpoint's mantissa and exponent rounded by
+    Python, over the whole range: subnormal results, and NaN beyond float64's range."""
+    import flint
+
+    def reference(x) -> float:
+        man, exp = x.mid().man_exp()
+        try:
+            return math.ldexp(float(int(man)), int(exp))
+        except OverflowError:
+            return math.nan
+
+    rng = random.Random(3)
+    old = flint.ctx.prec
+    flint.ctx.prec = 143
+    try:
+        for _ in range(20000):
+            x = flint.arb(flint.fmpq(rng.randint(1, 10**40), rng.randint(1, 10**40))) * flint.arb(2) ** rng.randint(-1120, 1100)
+            x = -x if rng.random() < 0.5 else x
+            expected, got = reference(x), _exact.arb_float(x)
+            assert got == expected or (math.isnan(got) and math.isnan(expected)), (x, got, expected)
+    finally:
+        flint.ctx.prec = old
+
+
+def test_rational_rows_read_from_the_fmpq_mat_are_its_entries():
+    """rational_rows over flint's fmpq_mat (rows read entry by entry) gives the entries to_list gives:
+    indexing from either end, slices, iteration, zip(*rows), len."""
+    rng = random.Random(4)
+    for _ in range(30):
+        rows, cols = rng.randint(1, 5), rng.randint(1, 5)
+        m = _exact.rational_matrix(rows, cols, [QQ(rng.randint(-50, 50), rng.randint(1, 9)) for _ in range(rows * cols)])
+        expected = [[m[i, j] for j in range(cols)] for i in range(rows)]  # SymPy's Rationals
+        got = _exact.rational_rows(m)
+        assert len(got) == rows and [list(r) for r in got] == expected
+        assert [[got[i][j] for j in range(-cols, 0)] for i in range(-rows, 0)] == expected
+        assert [list(c) for c in zip(*got)] == [list(c) for c in zip(*expected)]
+        assert [list(r) for r in got[1:]] == expected[1:] and list(got[0][1:]) == expected[0][1:]
+        with pytest.raises(IndexError):
+            got[rows]
+        with pytest.raises(IndexError):
+            got[0][cols]

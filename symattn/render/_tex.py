@@ -181,13 +181,12 @@ def _sub(name: str, i: int, j: int) -> str:
 
 def weighted_sum_tex(d: Derivation, step: Step, digits: int) -> str | None:
     """The last output row worked as a weighted average of value rows, in decimals."""
-    weights = [row.evaluate(max(digits + 5, DPS), d.problem.substitutions) for row in step.softmax]
-    i = len(weights) - 1
     values = step.values
     if values is None or values.rows > 6:
         return None
+    i = len(step.softmax) - 1  # only this row is shown: only this row is evaluated
     terms = []
-    for j, a in enumerate(weights[i]):
+    for j, a in enumerate(step.softmax[i].evaluate(max(digits + 5, DPS), d.problem.substitutions)):
         if a == 0:
             continue
         v = grid(1, values.cols, lambda _, c: tex(values[j, c]), max_shown=MAX_SHOWN)

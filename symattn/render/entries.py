@@ -151,6 +151,8 @@ def needs_decimals(step: Step) -> bool:
     """Whether decimals help: some entry is not an integer or −∞, and none holds a symbol."""
     if not written_exactly(step):
         return True
+    if _exact.is_rational(step.lazy):  # rationals: one common denominator, no SymPy number
+        return not _exact.all_integers(step.lazy)
     qq = _exact.qq_entries(step.lazy)
     if qq is not None:  # rationals: read the denominators, build no SymPy number
         return any(x is not None and x.denominator != 1 for row in qq for x in row)
@@ -160,7 +162,7 @@ def needs_decimals(step: Step) -> bool:
         # A weight is 0 or 1 only in a row with a single allowed key; with more, weights are fractions.
         if any(sum(e is not None for e in r.raw) > 1 for r in step.softmax):
             return True
-        return values is not None and any(x.denominator != 1 for row in _exact.rational_rows(values) for x in row)
+        return values is not None and not _exact.all_integers(values)
     entries = list(_entries(step))
     if any(x.free_symbols for x in entries):
         return False

@@ -1,9 +1,19 @@
-"""JSON output, exactly as the CLI/JSON contract gives it."""
+"""JSON output, exactly as the CLI/JSON contract gives it.
+
+The document is written as a stream (:func:`write_json`): a model-sized head's weights and
+outputs run to hundreds of megabytes of text, and no more than one row of a matrix is held at
+a time. The exact entries of rational softmax rows (the weights ``A`` and the outputs
+``O = A·V`` with rational ``V``) are written straight from the rows' structure (exponents,
+``Z_i`` written once per row, ``V``'s entries) in the very text SymPy's ``sstr`` gives for
+the expression (:class:`_RowText`); everything else is printed from its SymPy expression.
+"""
 
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING
+import math
+from operator import add
+from typing import TYPE_CHECKING, Callable
 
 import mpmath
 import sympy
@@ -11,14 +21,16 @@ import sympy
 from sympy.printing.precedence import PRECEDENCE, precedence
 from sympy.printing.str import StrPrinter
 
+from .. import _exact as _ex
 from .. import stages as registry
 from .._exact import LazyMatrix
+from .._sympy import exp_term_order_key, rational_order_key
 from ._print import NEG_INF, qq_text
 from .entries import written_exactly
 from .rope import rope_json
 
 if TYPE_CHECKING:
-    from ..derivation import Derivation
+    from ..derivation import Derivation, Step
 
 
 def _approx(v) -> float | None:
@@ -102,26 +114,301 @@ def _numbers_only(m: sympy.Matrix) -> list[list]:
     return [[None if m[i, j].free_symbols else to_mpf(m[i, j], 30) for j in range(m.cols)] for i in range(m.rows)]
 
 
-def as_dict(derivation: Derivation, *, check=None) -> dict:
-    d = derivation
-    stages = []
-    printer = _Printer(row.normaliser for step in d.steps if step.softmax
-                       for row in step.softmax if not row.normaliser_is_number)
-    for step in d.steps:
-        m = step.lazy
+# -- the weights and outputs of rational softmax rows, written from their structure --------------
+
+
+def _pq(x) -> tuple[int, int]:
+    return int(x.numerator), int(x.denominator)
+
+
+def _over(sign: str, body: str, q: int, z: str) -> str:
+    """``sign·body / (q·Z)`` as SymPy's str writes a single term over a sum: ``3*exp(-1)/(4*(Z))``."""
+    return f"{sign}{body}/({z})" if q == 1 else f"{sign}{body}/({q}*({z}))"
+
+
+class _RowText:
+    """The exact text of a rational softmax row's weights and outputs, as ``sympy.sstr`` (order
+    "none") writes ``row.weight(j)`` and ``row.weighted_sum(column)``.
+
+    Z_i's text and each power ``exp(x)`` are made once. A numerator's terms are put in SymPy's
+    canonical order (:func:`symattn._sympy.exp_term_order_key`): the number first, then each
+    ``c·e^x`` by c and x, then each ``e^x`` by x. Exponents are keyed by ``(p, q)`` (hashing
+    flint's fmpq goes through a Fraction).
+    """
+
+    def __init__(self, row) -> None:
+        self.row = row
+        raw = row.raw
+        self.allowed = [k for k, e in enumerate(raw) if e is not None]
+        self.number = row.normaliser_is_number  # every allowed exponent is 0: Z_i is their count
+        if self.number:
+            return
+        self.pq = pq = [None if e is None else _pq(e) for e in raw]
+        self.power_at = ["" if x is None or x[0] == 0 else f"exp({x[0]}/{x[1]})" if x[1] != 1 else f"exp({x[0]})"
+                         for x in pq]
+        exponents = {pq[k] for k in self.allowed}
+        # With every allowed exponent distinct, a numerator's terms are V's entries themselves.
+        self.distinct = len(exponents) == len(self.allowed)
+        if self.distinct:
+            self.top = next(k for k in self.allowed if pq[k][0] == 0)  # the maximum's position
+            self.others = [k for k in self.allowed if k != self.top]
+            ordered = sorted((rational_order_key(*pq[k]), k) for k in self.others)
+            n = len(raw)
+            rank = [0] * n  # each exponent's place in SymPy's order
+            for r, (_, k) in enumerate(ordered):
+                rank[k] = r
+            # A term's sort key is c's rank·n² (see _Column) + this: the exponent's rank·n + position.
+            self.key = [r * n + k for k, r in enumerate(rank)]
+            self.others_key = [self.key[k] for k in self.others]
+            self.z_parts = None
+            self.z = "1" + "".join([" + " + self.power_at[k] for _, k in ordered])
+        else:
+            self.power = {pq[k]: self.power_at[k] for k in self.allowed}
+            self.z_parts = self._parts(row.numerator_parts())
+            self.z = self.sum_text(self.z_parts)
+
+    def weight(self, j: int) -> str:
+        if self.row.raw[j] is None:
+            return "0"
+        if self.number:
+            return "1" if len(self.allowed) == 1 else f"1/{len(self.allowed)}"
+        power = self.power_at[j]
+        return f"{power or 1}/({self.z})"
+
+    def output(self, column: list) -> str:
+        """``Σ_j a_ij v_j`` for rational values ``column`` (QQ)."""
+        if self.number:
+            return qq_text(sum((column[k] for k in self.allowed), _ex.QQ(0)) / len(self.allowed))
+        if self.distinct:
+            return self.fast_output(_Column(column))
+        return self.over_z(self._parts(self.row.numerator_parts(column)))
+
+    @staticmethod
+    def _parts(parts: list) -> list:
+        return [(_pq(c), _pq(e)) for c, e in parts]
+
+    def over_z(self, parts: list) -> str:
+        """``numerator / Z_i`` for the numerator's ``(c, x)`` parts as ``(p, q)`` pairs (none zero)."""
+        if not parts:
+            return "0"
+        if parts == self.z_parts:
+            return "1"  # Z_i / Z_i: SymPy's quotient of a sum by itself
+        if len(parts) > 1:
+            return f"({self.sum_text(parts)})/({self.z})"
+        ((p, q), e), = parts
+        sign = "-" if p < 0 else ""
+        if e[0] == 0:
+            return _over(sign, str(abs(p)), q, self.z)
+        return _over(sign, ("" if abs(p) == 1 else f"{abs(p)}*") + self.power[e], q, self.z)
+
+    def sum_text(self, parts: list) -> str:
+        """The numerator ``Σ c·e^x`` (parts as in :meth:`over_z`) as SymPy's str writes the sum."""
+        number = [c for c, e in parts if e[0] == 0]
+        terms = sorted(((c, e) for c, e in parts if e[0] != 0), key=lambda t: exp_term_order_key(*t))
+        out = [f"{number[0][0]}" if number[0][1] == 1 else f"{number[0][0]}/{number[0][1]}"] if number else []
+        for (p, q), e in terms:
+            body = ("" if abs(p) == 1 else f"{abs(p)}*") + self.power[e] + ("" if q == 1 else f"/{q}")
+            out.append((("-" if p < 0 else "") if not out else (" - " if p < 0 else " + ")) + body)
+        return "".join(out)
+
+    def fast_output(self, column: "_Column") -> str:
+        """:meth:`output` for one column of V, with the terms' texts and order read from
+        ``column`` (the row's exponents distinct: each coefficient is one entry of V)."""
+        if self.number or not self.distinct:
+            return self.output(column.values)
+        nonzero, top, n = column.nonzero, self.top, len(column.nonzero)
+        if column.zeros:
+            ks = [k for k in self.others if nonzero[k]]
+            keys = list(map(add, map(column.key.__getitem__, ks), map(self.key.__getitem__, ks)))
+        else:
+            keys = list(map(add, map(column.key.__getitem__, self.others), self.others_key))
+        constant = nonzero[top]
+        if len(keys) + constant <= 1:
+            if constant:
+                return self._single(column, top)
+            return self._single(column, keys[0] % n) if keys else "0"
+        if len(keys) + constant == len(self.allowed) and all(column.one[k] for k in self.allowed):
+            return "1"  # Z_i / Z_i: SymPy's quotient of a sum by itself
+        keys.sort()
+        before, after, power = column.before, column.after, self.power_at
+        text = "".join([before[k] + power[k] + after[k] for k in map(n.__rmod__, keys)])
+        if constant:
+            text = column.text[top] + text
+        else:
+            text = ("-" if text[1] == "-" else "") + text[3:]
+        return f"({text})/({self.z})"
+
+    def _single(self, column: "_Column", k: int) -> str:
+        """The output when its numerator is the one term at position k."""
+        p, q = column.pq[k]
+        sign = "-" if p < 0 else ""
+        if k == self.top:
+            return _over(sign, str(abs(p)), q, self.z)
+        return _over(sign, ("" if abs(p) == 1 else f"{abs(p)}*") + self.power_at[k], q, self.z)
+
+
+class _Column:
+    """What every output of one rational column of V shares: its entries' texts and order."""
+
+    def __init__(self, values: list) -> None:
+        self.values = values
+        n = len(values)
+        self.pq = [_pq(v) for v in values]
+        self.nonzero = [p != 0 for p, _ in self.pq]
+        self.one = [x == (1, 1) for x in self.pq]
+        self.text = [str(p) if q == 1 else f"{p}/{q}" for p, q in self.pq]
+        # A term c·e^x is written: its sign and |p|* before exp(x), /q after; c = 1 is e^x alone.
+        self.before = [(" - " if p < 0 else " + ") + ("" if abs(p) == 1 else f"{abs(p)}*") for p, _ in self.pq]
+        self.after = ["" if q == 1 else f"/{q}" for _, q in self.pq]
+        keys = [(1,) if x == (1, 1) else (0, rational_order_key(*x)) for x in self.pq]
+        order = {key: r for r, key in enumerate(sorted(set(keys)))}
+        self.key = [order[key] * n * n for key in keys]  # by c first; equal c: by the exponent (_RowText.key)
+        self.zeros = not all(self.nonzero)
+
+
+class _Fractions:
+    """A rational stage held as flint's fmpq_mat: its entries as numerators over one common
+    denominator, read once for both the exact texts and the decimals."""
+
+    def __init__(self, dense) -> None:
+        numerators, denominator = dense.numer_denom()
+        self.shape = (dense.nrows(), dense.ncols())
+        self.numerators = [int(x) for x in numerators.entries()]
+        self.denominator = int(denominator)
+
+    def texts(self) -> "Callable[[int], list[str]] | None":
+        """Row i's entries as text (``p`` or ``p/q`` in lowest terms), reduced with NumPy when every
+        numerator and the denominator fit in 63 bits; else None."""
+        import numpy as np
+
+        rows, cols = self.shape
+        if self.denominator >= 2**62 or any(abs(x) >= 2**62 for x in (max(self.numerators, default=0),
+                                                                        min(self.numerators, default=0))):
+            return None
+        n = np.array(self.numerators, dtype=np.int64).reshape(rows, cols)
+        g = np.gcd(n, np.int64(self.denominator))
+        top, bottom = n // g, np.int64(self.denominator) // g
+
+        def row(i: int) -> list[str]:
+            return [str(p) if q == 1 else f"{p}/{q}" for p, q in zip(top[i].tolist(), bottom[i].tolist())]
+
+        return row
+
+    def rounded_once_is_twice(self) -> bool:
+        """See :func:`_once_is_twice`."""
+        big = max(abs(max(self.numerators, default=0)), abs(min(self.numerators, default=0)))
+        return self.denominator.bit_length() <= 80 and big.bit_length() <= 128
+
+
+def _entry_texts(step: "Step", printer: _Printer, fractions: "_Fractions | None") -> Callable[[int], list[str]]:
+    """Row i of the step's exact entries, each as text that ``sympify`` reads back exactly."""
+    m = step.lazy
+    entry = m.peek if isinstance(m, LazyMatrix) else m.__getitem__  # each entry is read once
+
+    def general(i: int) -> list[str]:
+        return [_exact(entry((i, j)), printer) for j in range(m.cols)]
+
+    rows = step.softmax
+    if not rows:
+        texts = fractions.texts() if fractions is not None else None
+        if texts is None:
+            qq = _ex.qq_entries(m)  # a rational stage: its fractions, no SymPy number each
+            if qq is None:
+                return general
+            texts = lambda i: ["-oo" if x is None else qq_text(x) for x in qq[i]]  # noqa: E731
+        texts.plain = True  # digits, signs and slashes: nothing to escape in JSON
+        return texts
+    if step.is_softmax:
+        columns = None
+    elif step.value_columns is not None:
+        columns = [_Column(c) for c in step.value_columns]
+    else:
+        return general
+
+    def structured(i: int) -> list[str]:
+        if not rows[i].rational:
+            return general(i)
+        row = _RowText(rows[i])
+        return [row.weight(j) for j in range(m.cols)] if columns is None else [row.fast_output(c) for c in columns]
+
+    structured.plain = all(row.rational for row in rows)  # numbers, exp, brackets and operators only
+    return structured
+
+
+def _fast_floats(d: "Derivation", step: "Step", fractions: "_Fractions | None") -> "list[list] | None":
+    """The "approx" entries (floats, None for −∞) without a 30-digit value each, when they are
+    the same floats: the weights and outputs from arb (as the 30-digit values are), and a rational
+    stage read from its fractions when rounding it once is rounding its 30-digit value (see
+    :func:`_once_is_twice`); else None."""
+    if d.problem.symbols:
+        return None
+    if step.softmax:
+        if not (all(row.rational for row in step.softmax) and (step.is_softmax or _ex.is_rational(step.values))):
+            return None
+        values = d.approx(step.id)  # rounded from the 30-digit arb values, as the JSON's are
+        return None if math.isnan(values.sum()) else values.tolist()  # NaN: beyond float64's range
+    kind = step.kind_of
+    if kind is not None and kind.by_relation and not kind.gradient:
+        return None  # its 30-digit values come from its relation, not from its fractions
+    if fractions is not None:
+        return d.approx(step.id).tolist() if fractions.rounded_once_is_twice() else None
+    qq = _ex.qq_entries(step.lazy)
+    if qq is None or not _once_is_twice(qq):
+        return None
+    values = d.approx(step.id).tolist()
+    return [[None if x is None else v for x, v in zip(qrow, vrow)] for qrow, vrow in zip(qq, values)]
+
+
+def _once_is_twice(qq) -> bool:
+    """Whether every rational entry p/q (QQ, None for −∞) rounded to float64 once (as
+    :meth:`Derivation.approx` does) is the float64 of its 30-digit value (rounded first to 136
+    bits or more, then to 53).
+
+    The two differ only where the first rounding lands exactly on a midpoint between two float64
+    numbers that p/q is not on. A p/q that is not such a midpoint lies at least
+    ``min(1, 2^(E−1))/q`` from it (``2^E`` the float64 spacing there), and the first rounding moves
+    it by at most ``|p/q|·2^−136``: with ``q < 2^80`` and ``|p| < 2^128`` that is always less,
+    and every p/q ≠ 0 is a normal float64 (no second rounding below 2^−1022, nor overflow)."""
+    return all(x is None or (int(x.denominator).bit_length() <= 80 and int(x.numerator).bit_length() <= 128)
+               for row in qq for x in row)
+
+
+# -- the document ---------------------------------------------------------------------------
+
+
+def _stage_parts(d: "Derivation", step: "Step", printer: _Printer):
+    """The stage's small fields, and its exact and approximate entries row by row (None when not written)."""
+    m = step.lazy
+    head = {"id": step.id, "title": step.title, "shape": list(step.shape)}
+    # null where a big gradient's entries are too long to write (see backward.EXACT_LIMIT)
+    dense = None if step.softmax else _ex.fmpq_matrix(m)
+    fractions = None if dense is None else _Fractions(dense)
+    exact = None
+    plain = False
+    if written_exactly(step):
+        texts = _entry_texts(step, printer, fractions)
+        plain = getattr(texts, "plain", False)
+        exact = (texts(i) for i in range(m.rows))
+    approx = _fast_floats(d, step, fractions) if d.can_evaluate else None
+    if approx is None:
         values = d.evaluate(step.id, 30) if d.can_evaluate else _numbers_only(m)
-        entry = m.peek if isinstance(m, LazyMatrix) else m.__getitem__  # each entry is read once
-        stages.append(
-            {
-                "id": step.id,
-                "title": step.title,
-                "shape": list(step.shape),
-                # null where a big gradient's entries are too long to write (see backward.EXACT_LIMIT)
-                "exact": ([[_exact(entry((i, j)), printer) for j in range(m.cols)] for i in range(m.rows)]
-                          if written_exactly(step) else None),
-                "approx": [[_approx(v) for v in row] for row in values],
-            }
-        )
+        approx = ([_approx(v) for v in row] for row in values)
+    return head, m.rows, exact, approx, plain
+
+
+def _printer(d: "Derivation") -> _Printer:
+    return _Printer(row.normaliser for step in d.steps if step.softmax
+                    for row in step.softmax if not row.rational and not row.normaliser_is_number)
+
+
+def as_dict(derivation: "Derivation", *, check=None) -> dict:
+    """The JSON document as a dict (every entry held at once; :func:`write_json` streams it)."""
+    d = derivation
+    printer = _printer(d)
+    stages = []
+    for step in d.steps:
+        head, _, exact, approx, _ = _stage_parts(d, step, printer)
+        stages.append({**head, "exact": None if exact is None else list(exact), "approx": list(approx)})
         if "tiles" in step.shows:  # the online softmax's recurrence, row by row (rows 0-based)
             from .._exact import to_mpf
             from . import tiles
@@ -129,12 +416,19 @@ def as_dict(derivation: Derivation, *, check=None) -> dict:
             stages[-1]["recurrence"] = tiles.as_json(
                 d, step, _exact, lambda x: _approx(to_mpf(x, 30)) if d.can_evaluate else None)
     out = {"title": d.problem.title, "dims": d.dims, "stages": stages}
+    out.update(_extras(d))
+    if check is not None:
+        out["crosscheck"] = check.as_dict()
+    return out
+
+
+def _extras(d: "Derivation") -> dict:
+    """The top-level keys only some problems have: ``rope``, ``kv_groups``, ``kv_cache``, ``decode``."""
+    out = {}
     rope = rope_json(d)
     if rope is not None:  # only with RoPE: every other problem's JSON is as it was
         out["rope"] = rope
     out.update(_sharing_and_decoding(d))
-    if check is not None:
-        out["crosscheck"] = check.as_dict()
     return out
 
 
@@ -155,6 +449,93 @@ def _sharing_and_decoding(d: Derivation) -> dict:
     return out
 
 
-def render_json(derivation: Derivation, *, check=None, digits: int | None = None) -> str:
+_encode_text = json.encoder.encode_basestring  # a str as JSON (ensure_ascii=False)
+
+
+def _value(x, level: int) -> str:
+    """``x`` as ``json.dumps(..., indent=2)`` writes it at nesting ``level``."""
+    return json.dumps(x, indent=2, ensure_ascii=False).replace("\n", "\n" + "  " * level)
+
+
+def _float(x) -> str:
+    if x is None:
+        return "null"
+    if x != x:
+        return "NaN"
+    if math.isinf(x):
+        return "Infinity" if x > 0 else "-Infinity"
+    return float.__repr__(x)
+
+
+def _floats(row: list, separator: str) -> str:
+    """A row of decimals (floats, None for −∞ or a symbol) as JSON writes them, joined."""
+    if None not in row and all(map(math.isfinite, row)):
+        return separator.join(map(float.__repr__, row))
+    return separator.join(map(_float, row))
+
+
+def _texts(row: list, separator: str) -> str:
+    return separator.join(map(_encode_text, row))
+
+
+def _plain_texts(row: list, separator: str) -> str:
+    """Texts with nothing to escape (see ``_entry_texts``), quoted and joined in one pass."""
+    return '"' + ('"' + separator + '"').join(row) + '"'
+
+
+def _matrix(write, rows, count: int, joined: Callable[[list, str], str], level: int) -> None:
+    """A list of ``count`` rows (each a list) as ``json.dumps(..., indent=2)`` writes it at
+    nesting ``level``, one row at a time (``joined(row, separator)``: its entries as JSON, joined)."""
+    if not count:
+        write("[]")
+        return
+    outer, inner = "\n" + "  " * (level + 1), "\n" + "  " * (level + 2)
+    write("[")
+    for i, row in enumerate(rows):
+        write(("," if i else "") + outer)
+        write("[" + inner + joined(row, "," + inner) + outer + "]" if row else "[]")
+    write("\n" + "  " * level + "]")
+
+
+def write_json(derivation: "Derivation", write: Callable[[str], object], *, check=None) -> None:
+    """Write the derivation as one JSON object, piece by piece, with ``write`` (a text file's
+    ``write``, say). The text is :func:`render_json`'s, which is ``json.dumps(as_dict(...),
+    indent=2, ensure_ascii=False)`` and a newline."""
+    d = derivation
+    if _extras(d) or any("tiles" in step.shows for step in d.steps):
+        # the online softmax's recurrence, and the keys of RoPE, shared K/V and decoding: small
+        # problems, written whole
+        write(json.dumps(as_dict(d, check=check), indent=2, ensure_ascii=False) + "\n")
+        return
+    printer = _printer(d)
+    write("{\n  \"title\": " + _value(d.problem.title, 1) + ",\n  \"dims\": " + _value(d.dims, 1)
+          + ",\n  \"stages\": ")
+    steps = d.steps
+    if not steps:
+        write("[]")
+    else:
+        write("[")
+        for s, step in enumerate(steps):
+            head, rows, exact, approx, plain = _stage_parts(d, step, printer)
+            write(("," if s else "") + "\n    {")
+            for key, value in head.items():
+                write("\n      " + _encode_text(key) + ": " + _value(value, 3) + ",")
+            write('\n      "exact": ')
+            if exact is None:
+                write("null")
+            else:
+                _matrix(write, exact, rows, _plain_texts if plain else _texts, 3)
+            write(',\n      "approx": ')
+            _matrix(write, approx, rows, _floats, 3)
+            write("\n    }")
+        write("\n  ]")
+    if check is not None:
+        write(',\n  "crosscheck": ' + _value(check.as_dict(), 1))
+    write("\n}\n")
+
+
+def render_json(derivation: "Derivation", *, check=None, digits: int | None = None) -> str:
     """The derivation as one JSON object (``digits`` is accepted and unused: JSON keeps full floats)."""
-    return json.dumps(as_dict(derivation, check=check), indent=2, ensure_ascii=False) + "\n"
+    parts: list[str] = []
+    write_json(derivation, parts.append, check=check)
+    return "".join(parts)
