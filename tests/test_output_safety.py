@@ -10,7 +10,6 @@ correct result), well under 10 s.
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import stat
 import subprocess
@@ -40,7 +39,8 @@ def child(args: list[str], cwd: Path, **kwargs) -> subprocess.CompletedProcess:
                           stdin=subprocess.DEVNULL, env=ENV, timeout=10, text=True, **kwargs)
 
 
-def in_process(args: list[str], cwd: Path):
+def invoke(args: list[str], cwd: Path):
+    """click's CliRunner result of ``args`` run in ``cwd`` (no traceback may escape)."""
     old = Path.cwd()
     os.chdir(cwd)
     try:
@@ -48,6 +48,11 @@ def in_process(args: list[str], cwd: Path):
     finally:
         os.chdir(old)
     assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
+    return result
+
+
+def in_process(args: list[str], cwd: Path):
+    result = invoke(args, cwd)
     return result.exit_code, result.stderr if hasattr(result, "stderr") else result.output
 
 
@@ -395,12 +400,7 @@ def test_a_folder_among_the_answers_files_is_reported_for_that_file(tmp_path, ho
         done = child(args, tmp_path)
         code, out = done.returncode, done.stdout
     else:
-        old = Path.cwd()
-        os.chdir(tmp_path)
-        try:
-            result = CliRunner().invoke(cli, args)
-        finally:
-            os.chdir(old)
+        result = invoke(args, tmp_path)
         code, out = result.exit_code, result.stdout
     assert code == 1
     rows = out.splitlines()
