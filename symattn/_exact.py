@@ -127,13 +127,18 @@ class FmpqRows(Sequence):
     def __getitem__(self, i):
         if isinstance(i, slice):
             return [self[k] for k in range(*i.indices(self._count))]
-        i = i + self._count if i < 0 else i
-        if not 0 <= i < self._count:
-            raise IndexError(i)
-        return _FmpqRow(self._dense, i, self._width)
+        return _FmpqRow(self._dense, _position(i, self._count), self._width)
 
     def __iter__(self):
         return (_FmpqRow(self._dense, i, self._width) for i in range(self._count))
+
+
+def _position(k: int, n: int) -> int:
+    """Index ``k`` of a sequence of length ``n`` (negative from the end), as a list reads it."""
+    at = k + n if k < 0 else k
+    if not 0 <= at < n:
+        raise IndexError(k)
+    return at
 
 
 class _FmpqRow(Sequence):
@@ -148,10 +153,7 @@ class _FmpqRow(Sequence):
     def __getitem__(self, j):
         if isinstance(j, slice):
             return [self[k] for k in range(*j.indices(self._width))]
-        j = j + self._width if j < 0 else j
-        if not 0 <= j < self._width:
-            raise IndexError(j)
-        return self._dense[self._i, j]
+        return self._dense[self._i, _position(j, self._width)]
 
     def __iter__(self):
         dense, i = self._dense, self._i
