@@ -1100,6 +1100,9 @@ class _Reader:
         else:
             if not np_isfinite(array):
                 raise self.at(keys["tensor"][1]).error(f"{rel!r}: the slice holds NaN or infinite values", name)
+            if np_largest(array) > 1e300:
+                raise self.at(keys["tensor"][1]).error(
+                    f"{rel!r}: the slice holds a value larger than 10^300 in size; use smaller numbers", name)
             m = binary_float_matrix(array)
         self.count(m.rows * m.cols, where_, name)
         return m

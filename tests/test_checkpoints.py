@@ -227,3 +227,18 @@ def test_header_length_lie(tmp_path, capsys):
     (tmp_path / "lie.safetensors").write_bytes(struct.pack("<Q", 2 ** 60) + b"{}")
     line = _error(tmp_path, "X: {file: lie.safetensors, tensor: w}\n", capsys)
     assert "not a valid safetensors file" in line
+
+
+@pytest.mark.parametrize("value, fragment", [(np.inf, "NaN or infinite"), (np.nan, "NaN or infinite"),
+                                             (1e301, "larger than 10^300")])
+def test_float64_values_refused_like_npy(tmp_path, capsys, value, fragment):
+    safetensors_numpy.save_file({"w": np.array([[1.0, value]])}, str(tmp_path / "f.safetensors"))
+    line = _error(tmp_path, "X: {file: f.safetensors, tensor: w}\n", capsys)
+    assert line.startswith("Error: P:1:34: X: ") and fragment in line
+
+
+def test_float64_exact(tmp_path):
+    w = np.array([[0.1, -1e-300], [2.0 ** 60 + 1, 3.5]])
+    safetensors_numpy.save_file({"w": w}, str(tmp_path / "f.safetensors"))
+    p = load_problem(_write(tmp_path, _qkv("{file: f.safetensors, tensor: w}")))
+    assert _fractions(p.Q) == _expected(w)
