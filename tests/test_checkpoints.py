@@ -242,3 +242,44 @@ def test_float64_exact(tmp_path):
     safetensors_numpy.save_file({"w": w}, str(tmp_path / "f.safetensors"))
     p = load_problem(_write(tmp_path, _qkv("{file: f.safetensors, tensor: w}")))
     assert _fractions(p.Q) == _expected(w)
+
+
+def _gpt2_reference(torch, x, c_attn_w, c_attn_b, n_head):
+    """GPT-2's attention written out by hand (Conv1D: x @ W + b, W is in × out; Q|K|V side by
+    side; heads packed in each), split by head: each head's weights and output."""
+    n, d_model = x.shape
+    qkv = x @ c_attn_w + c_attn_b
+    q, k, v = qkv.split(d_model, dim=1)
+    hd = d_model // n_head
+    q, k, v = (t.view(n, n_head, hd).transpose(0, 1) for t in (q, k, v))
+    scores = q @ k.transpose(-1, -2) / hd ** 0.5
+    causal = torch.ones(n, n, dtype=torch.bool).tril()
+    att = torch.softmax(scores.masked_fill(~causal, float("-inf")), dim=-1)
+    return att, att @ v  # (n_head, n, n) and (n_head, n, hd)
+
+
+@pytest.mark.parametrize("head", [0, 3])
+def test_gpt2_head_by_slices_matches_a_pytorch_reference(tmp_path, head):
+    """One head of a GPT-2-shaped block (4 heads of 3, float32, Conv1D layout) cut out by
+    columns as the README shows, against GPT-2's attention written in PyTorch."""
+    torch = pytest.importorskip("torch")
+    import symattn
+
+    d_model, n_head, hd, n = 12, 4, 3, 5
+    rng = np.random.default_rng(124)
+    w = rng.standard_normal((d_model, 3 * d_model)).astype(np.float32)
+    safetensors_numpy.save_file({"h.0.attn.c_attn.weight": w, "h.0.attn.c_attn.bias": np.zeros(3 * d_model, np.float32)},
+                                str(tmp_path / "model.safetensors"))
+    x = rng.integers(-3, 4, size=(n, d_model))
+    lines = ["X: " + json.dumps(x.tolist())]
+    for name, part in (("W_Q", 0), ("W_K", 1), ("W_V", 2)):
+        lo = part * d_model + head * hd
+        lines.append(f'{name}: {{file: model.safetensors, tensor: h.0.attn.c_attn.weight, cols: "{lo}:{lo + hd}"}}')
+    lines.append("mask: causal")
+    d = symattn.derive(load_problem(_write(tmp_path, "\n".join(lines) + "\n")))
+    att, out = _gpt2_reference(torch, torch.tensor(x, dtype=torch.float64), torch.tensor(w, dtype=torch.float64),
+                               torch.zeros(3 * d_model, dtype=torch.float64), n_head)
+    got_a = np.array([[float(v) for v in row] for row in d.evaluate("A", 20)])
+    got_o = np.array([[float(v) for v in row] for row in d.evaluate("O", 20)])
+    np.testing.assert_allclose(got_a, att[head].numpy(), rtol=1e-12, atol=1e-300)
+    np.testing.assert_allclose(got_o, out[head].numpy(), rtol=1e-12, atol=1e-12)
