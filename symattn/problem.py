@@ -27,6 +27,7 @@ from sympy import QQ
 from . import _yaml
 from ._errors import SymattnError
 from ._numbers import NumberError, check_size, is_positive, parse_decimal, parse_number
+from . import _safetensors
 from ._files import FileError, read_regular
 from ._exact import binary_float_matrix, rational_matrix, scaled_integer_matrix
 from .rope import Rope
@@ -1007,9 +1008,11 @@ class _Reader:
         return m
 
     def matrix_file(self, node: yaml.MappingNode, name: str) -> Matrix:
-        if len(node.value) != 1 or node.value[0][0].value != "file":
-            raise self.at(node).error("a matrix is a list of rows, or {file: NAME} naming a .npy or .csv file", name)
-        value = node.value[0][1]
+        keys = {k.value: (k, v) for k, v in node.value if isinstance(k, yaml.ScalarNode)}
+        if "file" not in keys or len(keys) != len(node.value):
+            raise self.at(node).error("a matrix is a list of rows, or {file: NAME} naming a .npy, .csv "
+                                      "or .safetensors file", name)
+        value = keys["file"][1]
         if not isinstance(value, yaml.ScalarNode) or _yaml.is_null(value):
             raise self.at(value).error("file: needs a file name", name)
         where_ = self.at(value)
@@ -1028,8 +1031,17 @@ class _Reader:
         if self.base_dir not in path.parents:
             raise where_.error(f"{rel!r} leaves the problem's folder", name)
         suffix = path.suffix.lower()
+        refusal = _safetensors.pickle_refusal(rel)
+        if refusal:
+            raise where_.error(refusal, name)
+        if suffix == ".safetensors":
+            return self.checkpoint_matrix(keys, path, rel, where_, name)
+        extra = sorted(set(keys) - {"file"})
+        if extra:
+            raise self.at(keys[extra[0]][0]).error(
+                f"{extra[0]}: is for a tensor of a .safetensors file; a .npy or .csv file is read whole", name)
         if suffix not in (".csv", ".npy"):
-            raise where_.error(f"{rel!r}: a matrix file must end in .npy or .csv", name)
+            raise where_.error(f"{rel!r}: a matrix file must end in .npy, .csv or .safetensors", name)
         try:
             data = read_regular(path, BYTES_PER_NUMBER * self.max_size,
                                 f"{rel!r} is {{size}} bytes, beyond the size limit; raise it with --max-size",
@@ -1042,6 +1054,56 @@ class _Reader:
             how = " as a .npy file" if suffix == ".npy" else ""
             raise where_.error(f"cannot read {rel!r}{how}: {exc.strerror}", name) from None
         m = (self._read_csv if suffix == ".csv" else self._read_npy)(data, rel, where_, name)
+        self.count(m.rows * m.cols, where_, name)
+        return m
+
+    def checkpoint_matrix(self, keys: dict, path: Path, rel: str, where_: Where, name: str) -> Matrix:
+        """``{file: X.safetensors, tensor: NAME, rows: "a:b", cols: "c:d", transpose: true}``:
+        a slice of one tensor, read lazily, each float its exact dyadic rational."""
+        for k in keys:
+            if k not in ("file", "tensor", "rows", "cols", "transpose"):
+                raise self.at(keys[k][0]).error(
+                    f"{k}: unknown key{_did_you_mean(k, ('tensor', 'rows', 'cols', 'transpose'))}; a tensor of a "
+                    ".safetensors file takes file, tensor, rows, cols and transpose", name)
+        if "tensor" not in keys:
+            raise where_.error(f"{rel!r}: a .safetensors file holds many tensors; name one with tensor:", name)
+        texts = {}
+        for k in ("tensor", "rows", "cols"):
+            if k in keys:
+                v = keys[k][1]
+                if not isinstance(v, yaml.ScalarNode) or _yaml.is_null(v) or not v.value.strip():
+                    raise self.at(v).error(f"{k}: needs " + ("a tensor name" if k == "tensor" else
+                                                              'a slice like "0:64" (quote it)'), name)
+                texts[k] = v.value
+        transpose = False
+        if "transpose" in keys:
+            v = keys["transpose"][1]
+            if not (isinstance(v, yaml.ScalarNode) and v.value in ("true", "false", "True", "False")):
+                raise self.at(v).error("transpose: is true or false", name)
+            transpose = v.value.lower() == "true"
+        try:
+            array = _safetensors.read_slice(path, rel, texts["tensor"], texts.get("rows"), texts.get("cols"),
+                                            self.max_size - self.size)
+        except _safetensors.CheckpointError as exc:
+            text = str(exc)
+            field = next((k for k in ("rows", "cols") if text.startswith(k + ":")), None)
+            if field is not None:
+                raise self.at(keys[field][1]).error(text, name) from None
+            if text.startswith("has no tensor") or text.startswith("tensor "):
+                raise self.at(keys["tensor"][1]).error(f"{rel!r} {text}" if text.startswith("has") else text,
+                                                       name) from None
+            raise where_.error(f"{rel!r} {text}" if not text.startswith("the slice") else text, name) from None
+        if transpose:
+            array = array.T
+        if array.dtype.kind in "iu":
+            m = rational_matrix(array.shape[0], array.shape[1], [QQ(int(v)) for v in array.ravel().tolist()])
+        else:
+            if not np_isfinite(array):
+                raise self.at(keys["tensor"][1]).error(f"{rel!r}: the slice holds NaN or infinite values", name)
+            if np_largest(array) > 1e300:
+                raise self.at(keys["tensor"][1]).error(
+                    f"{rel!r}: the slice holds a value larger than 10^300 in size; use smaller numbers", name)
+            m = binary_float_matrix(array)
         self.count(m.rows * m.cols, where_, name)
         return m
 

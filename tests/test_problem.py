@@ -397,7 +397,7 @@ def test_matrix_file_in_subfolder(tmp_path):
         ("link.csv", "'link.csv' leaves the problem's folder"),
         ("missing.csv", "cannot read 'missing.csv': No such file or directory"),
         ("missing.npy", "cannot read 'missing.npy' as a .npy file"),
-        ("m.txt", "'m.txt': a matrix file must end in .npy or .csv"),
+        ("m.txt", "'m.txt': a matrix file must end in .npy, .csv or .safetensors"),
         ("ragged.csv", "'ragged.csv' line 2 has 1 entries but line 1 has 2"),
         ("fraction.csv", "'fraction.csv' line 1: '1/3' is not a decimal number"),
         ("nan.csv", "'nan.csv' line 1: 'nan' is not a decimal number"),
@@ -440,9 +440,9 @@ def test_matrix_file_needs_a_problem_file():
 
 
 def test_matrix_mapping_must_be_file_only(tmp_path):
-    err = fail("Q: {file: m.csv, rows: 2}\nK: [[1]]\nV: [[1]]\n")
+    err = fail("Q: {rows: 2}\nK: [[1]]\nV: [[1]]\n")
     assert_at(err, 1, 4, "Q")
-    assert "a matrix is a list of rows, or {file: NAME} naming a .npy or .csv file" in err.message
+    assert "a matrix is a list of rows, or {file: NAME} naming a .npy, .csv or .safetensors file" in err.message
     err = fail("Q: {file: ~}\nK: [[1]]\nV: [[1]]\n")
     assert_at(err, 1, 11, "Q")  # "Q: {file: " is 10 characters
     assert err.message == "file: needs a file name"

@@ -1,0 +1,170 @@
+"""Matrices cut out of a safetensors checkpoint, read lazily and taken exactly.
+
+``{file: model.safetensors, tensor: NAME, rows: "0:64", cols: "64:128", transpose: true}``
+names one 2-dimensional tensor of the file, the rows and columns wanted (Python slice syntax,
+parsed here, never evaluated) and whether to transpose it (``nn.Linear`` stores out × in).
+Only the slice asked for is read: the file is mapped, not loaded, so a 500 MB checkpoint
+costs little. Float16, float32 and float64 values are the dyadic rationals they stand for;
+bfloat16 values are read as raw bytes (NumPy has no bfloat16) and widened exactly to float32.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import re
+import struct
+
+from ._files import FileError, file_error
+
+_SLICE = re.compile(r"\s*([+-]?\d+)?\s*(?::\s*([+-]?\d+)?\s*(?::\s*([+-]?\d+)?\s*)?)?\Z")
+_INDEX = re.compile(r"\s*[+-]?\d+\s*\Z")
+MAX_HEADER = 100_000_000  # bytes: as the safetensors package allows
+_PICKLES = (".pt", ".pth", ".bin", ".ckpt", ".pkl", ".pickle")
+
+
+class CheckpointError(Exception):
+    """Why a tensor cannot be read, in one sentence; the caller adds the place and the field."""
+
+
+def parse_slice(text: str, n: int, what: str) -> range:
+    """The indices of ``text`` (``"3"``, ``"0:64"``, ``"::2"``, ``"-64:"``) into a dimension of
+    ``n``; ``what`` is "rows" or "cols". Out-of-range bounds are an error, not clipped."""
+    if not isinstance(text, str) or len(text) > 100:
+        raise CheckpointError(f"{what}: {text!r} is not a slice like \"0:64\"")
+    if _INDEX.match(text):
+        i = int(text)
+        if not -n <= i < n:
+            raise CheckpointError(f"{what}: index {i} is out of range; the tensor has {n} {what}")
+        return range(i % n, i % n + 1)
+    m = _SLICE.match(text)
+    if not m or ":" not in text:
+        raise CheckpointError(f"{what}: {text!r} is not a slice like \"0:64\" (start:stop or start:stop:step)")
+    start, stop, step = (None if g is None else int(g) for g in m.groups())
+    if step == 0:
+        raise CheckpointError(f"{what}: {text!r} has a step of 0")
+    for bound in (start, stop):
+        if bound is not None and not -n <= bound <= n:
+            raise CheckpointError(f"{what}: {text!r} is out of range; the tensor has {n} {what} (0:{n})")
+    r = range(n)[slice(start, stop, step)]
+    if len(r) == 0:
+        raise CheckpointError(f"{what}: {text!r} selects no {what} of the {n}")
+    return r
+
+
+def pickle_refusal(rel: str) -> str | None:
+    """The message refusing a PyTorch pickle, or None if ``rel`` is not one."""
+    if os.path.splitext(rel)[1].lower() not in _PICKLES:
+        return None
+    return (f"{rel!r} is a pickle (torch.save); symattn does not read pickles, as loading one can run any code: "
+            "convert it once with safetensors.torch.save_file(torch.load(PATH, weights_only=True), "
+            "'model.safetensors'), or take the model.safetensors the model's page offers")
+
+
+def _header(fd: int, size: int) -> tuple[dict, int]:
+    """The safetensors header's JSON and where the data starts, checked so nothing is read
+    past the file: 8 bytes of length, the JSON, then the data."""
+    if size < 8:
+        raise CheckpointError(f"is not a valid safetensors file: it is {size} bytes, too short for a header")
+    (length,) = struct.unpack("<Q", os.pread(fd, 8, 0))
+    if length > MAX_HEADER:
+        raise CheckpointError(f"is not a valid safetensors file: its header claims {length:,} bytes, "
+                              f"more than {MAX_HEADER:,}")
+    if 8 + length > size:
+        raise CheckpointError(f"is not a valid safetensors file: the header is cut short "
+                              f"(it claims {length:,} bytes; the file holds {size - 8:,} after the length)")
+    raw = os.pread(fd, length, 8)
+    try:
+        header = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        header = None
+    if not isinstance(header, dict):
+        raise CheckpointError("is not a valid safetensors file: its header is not a JSON object")
+    return header, 8 + length
+
+
+_DTYPES = {"F16": "<f2", "F32": "<f4", "F64": "<f8", "BF16": "<u2",
+           "I8": "<i1", "I16": "<i2", "I32": "<i4", "I64": "<i8", "U8": "<u1"}
+
+
+def read_slice(path, rel: str, tensor: str, rows: str | None, cols: str | None, room: int):
+    """The NumPy array (float or integer; bfloat16 widened exactly to float32) of ``tensor``'s
+    ``rows`` and ``cols`` in the safetensors file ``path``, at most ``room`` numbers."""
+    import numpy as np
+
+    why = file_error(path, "safetensors file")
+    if why is not None:
+        raise CheckpointError(str(why) if str(why).startswith("is ") else f"cannot be read: {why.strerror}")
+    try:
+        fd = os.open(os.fspath(path), os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        raise CheckpointError(f"cannot be read: {exc.strerror}") from None
+    try:
+        st = os.fstat(fd)
+        why = file_error(path, "safetensors file")
+        if why is not None:
+            raise CheckpointError(str(why))
+        header, data_start = _header(fd, st.st_size)
+        names = sorted(k for k in header if k != "__metadata__")
+        if tensor not in header or tensor == "__metadata__":
+            close = difflib.get_close_matches(tensor, names, n=3, cutoff=0.6)
+            hint = (" (close: " + ", ".join(repr(c) for c in close) + ")") if close else \
+                f" (it holds {len(names)} tensors, e.g. " + ", ".join(repr(c) for c in names[:3]) + ")"
+            raise CheckpointError(f"has no tensor {tensor!r}{hint}")
+        info = header[tensor]
+        try:
+            dtype, shape, (begin, end) = info["dtype"], info["shape"], info["data_offsets"]
+            ok = all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (*shape, begin, end))
+        except (TypeError, KeyError, ValueError):
+            ok = False
+        if not ok:
+            raise CheckpointError(f"is not a valid safetensors file: the header's entry for {tensor!r} is malformed")
+        if len(shape) != 2:
+            raise CheckpointError(f"tensor {tensor!r} has shape {list(shape)}; a matrix is a 2-dimensional tensor")
+        if dtype not in _DTYPES:
+            raise CheckpointError(f"tensor {tensor!r} holds {dtype} values; symattn reads F16, BF16, F32, F64 and integers")
+        item = np.dtype(_DTYPES[dtype])
+        n_rows, n_cols = shape
+        if end - begin != n_rows * n_cols * item.itemsize or data_start + end > st.st_size:
+            raise CheckpointError(f"is not a valid safetensors file: tensor {tensor!r}'s bytes do not fit its shape "
+                                  "or run past the end of the file (truncated?)")
+        r = parse_slice(rows, n_rows, "rows") if rows is not None else range(n_rows)
+        c = parse_slice(cols, n_cols, "cols") if cols is not None else range(n_cols)
+        if len(r) * len(c) > room:
+            raise CheckpointError(f"the slice of {tensor!r} is {len(r):,}×{len(c):,}: more numbers than the size "
+                                  "limit allows; if it is meant to be this large, raise the limit with --max-size")
+        # Read only the wanted rows, each between the first and last wanted column.
+        lo, hi = min(c[0], c[-1]), max(c[0], c[-1]) + 1
+        r_lo, r_hi = min(r[0], r[-1]), max(r[0], r[-1]) + 1
+        if dtype != "BF16":
+            out = _package_slice(path, tensor, r_lo, r_hi, lo, hi)[[i - r_lo for i in r]]
+        else:  # NumPy has no bfloat16: the raw 16-bit words, row by row, from the header's offsets
+            out = np.empty((len(r), hi - lo), dtype=item)
+            width = (hi - lo) * item.itemsize
+            for k, i in enumerate(r):
+                chunk = os.pread(fd, width, data_start + begin + (i * n_cols + lo) * item.itemsize)
+                if len(chunk) != width:
+                    raise CheckpointError("is not a valid safetensors file: it ends before the tensor's data (truncated?)")
+                out[k] = np.frombuffer(chunk, dtype=item)
+        out = out[:, [j - lo for j in c]]
+        if dtype == "BF16":  # bfloat16 is the top half of a float32: widen the bits, exactly
+            out = (out.astype(np.uint32) << 16).view(np.float32)
+        return np.ascontiguousarray(out.astype(out.dtype.newbyteorder("=")))
+    except OSError as exc:
+        raise CheckpointError(f"cannot be read: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
+
+
+def _package_slice(path, tensor: str, r_lo: int, r_hi: int, c_lo: int, c_hi: int):
+    """Rows r_lo:r_hi and columns c_lo:c_hi of ``tensor`` through the safetensors package,
+    which maps the file and reads only the slice (``get_slice``), after checking the header."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(os.fspath(path), framework="numpy") as f:
+            return f.get_slice(tensor)[r_lo:r_hi, c_lo:c_hi]
+    except (SafetensorError, OSError, ValueError, TypeError) as exc:
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise CheckpointError(f"is not a valid safetensors file: {reason}") from None

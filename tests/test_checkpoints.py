@@ -1,0 +1,285 @@
+"""Matrices from safetensors checkpoints: {file: X.safetensors, tensor:, rows:, cols:, transpose:}.
+
+Every checkpoint is made here with safetensors (no download). Expected values are computed
+independently: Fraction of each stored float (Python's exact conversion), slices taken with
+NumPy's own indexing of the saved array.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from fractions import Fraction
+
+import numpy as np
+import pytest
+from sympy import Rational
+
+safetensors_numpy = pytest.importorskip("safetensors.numpy")
+
+from symattn.cli import main  # noqa: E402
+from symattn.problem import load_problem  # noqa: E402
+
+
+def _write(tmp_path, text, name="p.yaml"):
+    path = tmp_path / name
+    path.write_text(text, "utf-8")
+    return path
+
+
+def _qkv(spec):
+    """A problem whose Q, K and V are all the matrix ``spec``: any n × d shape fits."""
+    return f"Q: {spec}\nK: {spec}\nV: {spec}\n"
+
+
+def _fractions(m):
+    return [[Fraction(int(Rational(m[i, j]).p), int(Rational(m[i, j]).q)) for j in range(m.cols)] for i in range(m.rows)]
+
+
+def _expected(array):
+    return [[Fraction(float(v)) for v in row] for row in np.asarray(array, dtype=np.float64)]
+
+
+@pytest.fixture
+def ckpt(tmp_path):
+    rng = np.random.default_rng(19)
+    tensors = {
+        "h.0.attn.c_attn.weight": rng.standard_normal((8, 24)).astype(np.float32),
+        "h.0.attn.q_proj.weight": rng.standard_normal((4, 8)).astype(np.float16),
+        "ints": np.arange(12, dtype=np.int32).reshape(3, 4),
+        "bias": np.zeros(24, dtype=np.float32),
+    }
+    safetensors_numpy.save_file(tensors, str(tmp_path / "model.safetensors"))
+    return tmp_path, tensors
+
+
+def test_float32_column_slice_is_exact(ckpt):
+    tmp_path, t = ckpt
+    p = load_problem(_write(tmp_path, 'Q: {file: model.safetensors, tensor: h.0.attn.c_attn.weight, '
+                                      'rows: "0:3", cols: "8:12"}\nK: [[1, 0, 0, 0]]\nV: [[1]]\n'))
+    assert _fractions(p.Q) == _expected(t["h.0.attn.c_attn.weight"][0:3, 8:12])
+
+
+@pytest.mark.parametrize("rows, cols", [("1:7:2", "::5"), ("-2:", "3"), ("::-1", "23:0:-4"), (None, "-1")])
+def test_slices_follow_python(ckpt, rows, cols):
+    tmp_path, t = ckpt
+    w = t["h.0.attn.c_attn.weight"]
+    spec = "tensor: h.0.attn.c_attn.weight" + (f', rows: "{rows}"' if rows else "") + f', cols: "{cols}"'
+    p = load_problem(_write(tmp_path, _qkv(f"{{file: model.safetensors, {spec}}}")))
+    def sl(text):
+        if ":" not in text:
+            return slice(int(text), int(text) + 1 or None)
+        return slice(*(int(x) if x else None for x in text.split(":")))
+    assert _fractions(p.Q) == _expected(w[sl(rows) if rows else slice(None), sl(cols)])
+
+
+def test_transpose_float16_exact(ckpt):
+    tmp_path, t = ckpt
+    p = load_problem(_write(tmp_path, _qkv("{file: model.safetensors, tensor: h.0.attn.q_proj.weight, transpose: true}")))
+    assert p.Q.shape == (8, 4)
+    assert _fractions(p.Q) == _expected(t["h.0.attn.q_proj.weight"].T)
+
+
+def test_integers(ckpt):
+    tmp_path, t = ckpt
+    p = load_problem(_write(tmp_path, _qkv('{file: model.safetensors, tensor: ints, cols: "1:3"}')))
+    assert _fractions(p.Q) == [[Fraction(int(v)) for v in row] for row in t["ints"][:, 1:3]]
+
+
+def test_bfloat16_exact(tmp_path):
+    torch = pytest.importorskip("torch")
+    from safetensors.torch import save_file
+
+    w = (torch.randn(5, 6, generator=torch.Generator().manual_seed(3)) * 7).to(torch.bfloat16)
+    w[0, 0] = 2.0 ** -130  # a subnormal of float32: bfloat16 keeps float32's exponent range
+    save_file({"w": w}, str(tmp_path / "b.safetensors"))
+    p = load_problem(_write(tmp_path, _qkv('{file: b.safetensors, tensor: w, rows: "1:5", cols: "0:6:2", transpose: true}')))
+    want = [[Fraction(float(v)) for v in row] for row in w[1:5, 0:6:2].T.tolist()]  # bf16 → float: exact
+    assert _fractions(p.Q) == want
+    assert Fraction(float(w[0, 0])) == Fraction(1, 2 ** 130)
+
+
+def test_only_the_slice_is_read(tmp_path, monkeypatch):
+    """A 64 MB tensor of which a 2×4 slice is asked for: the bytes read stay tiny."""
+    big = np.zeros((4096, 4096), dtype=np.float32)
+    big[4095, 4092:4096] = [1.5, -2.25, 3.0, 0.125]
+    safetensors_numpy.save_file({"w": big}, str(tmp_path / "big.safetensors"))
+    del big
+    import symattn._safetensors as st
+
+    read = []
+    real_pread = os.pread
+    monkeypatch.setattr(st.os, "pread", lambda fd, n, off: read.append(n) or real_pread(fd, n, off))
+    sliced = []
+    real = st._package_slice
+
+    def spy(path, tensor, r_lo, r_hi, c_lo, c_hi):
+        out = real(path, tensor, r_lo, r_hi, c_lo, c_hi)
+        sliced.append(out.nbytes)
+        return out
+
+    monkeypatch.setattr(st, "_package_slice", spy)
+    p = load_problem(_write(tmp_path, 'X: {file: big.safetensors, tensor: w, rows: "4094:", cols: "-4:"}\n'
+                                      "W_Q: [[1], [0], [0], [0]]\nW_K: [[1], [0], [0], [0]]\nW_V: [[1], [0], [0], [0]]\n"))
+    assert _fractions(p.X) == [[0, 0, 0, 0], [Fraction(3, 2), Fraction(-9, 4), 3, Fraction(1, 8)]]
+    assert sum(read) < 1000 and sliced == [32]  # the header's bytes, then 2 rows × 4 float32
+
+
+def test_derive_end_to_end(ckpt, capsys):
+    tmp_path, _ = ckpt
+    path = _write(tmp_path, "X: [[1, 0, 0, 0, 0, 0, 0, 0], [0, 1, 0, 0, 0, 0, 0, 1]]\n"
+                            'W_Q: {file: model.safetensors, tensor: h.0.attn.c_attn.weight, cols: "0:2"}\n'
+                            'W_K: {file: model.safetensors, tensor: h.0.attn.c_attn.weight, cols: "8:10"}\n'
+                            'W_V: {file: model.safetensors, tensor: h.0.attn.c_attn.weight, cols: "16:18"}\n')
+    assert main(["derive", str(path), "-f", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["crosscheck"]["passed"] is True
+
+
+# -- bad input: one line, the field's place ---------------------------------------------
+
+
+def _error(tmp_path, text, capsys):
+    path = _write(tmp_path, text)
+    assert main(["derive", str(path), "-f", "json"]) == 1
+    err = capsys.readouterr().err
+    lines = err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: ") and "Traceback" not in err, err
+    return lines[0].replace(str(path), "P")
+
+
+def test_wrong_tensor_name_lists_close_names(ckpt, capsys):
+    tmp_path, _ = ckpt
+    line = _error(tmp_path, "Q: {file: model.safetensors, tensor: h.0.attn.c_atn.weight}\nK: [[1]]\nV: [[1]]\n", capsys)
+    assert line.startswith("Error: P:1:38: Q: ") and "has no tensor 'h.0.attn.c_atn.weight'" in line
+    assert "'h.0.attn.c_attn.weight'" in line
+
+
+@pytest.mark.parametrize("spec, col, fragment", [
+    ('rows: "0:9"', 68, "out of range; the tensor has 8 rows"),
+    ('cols: "30"', 68, "index 30 is out of range"),
+    ('cols: "2:2"', 68, "selects no cols"),
+    ('cols: "0:4:0"', 68, "step of 0"),
+    ('cols: "__import__(1)"', 68, "is not a slice"),
+])
+def test_bad_slices(ckpt, capsys, spec, col, fragment):
+    tmp_path, _ = ckpt
+    line = _error(tmp_path, f"X: {{file: model.safetensors, tensor: h.0.attn.c_attn.weight, {spec}}}\n", capsys)
+    assert line.startswith(f"Error: P:1:{col}: X: ") and fragment in line
+
+
+def test_shape_that_does_not_fit(ckpt, capsys):
+    tmp_path, _ = ckpt
+    line = _error(tmp_path, "X: [[1, 2]]\nW_Q: {file: model.safetensors, tensor: h.0.attn.c_attn.weight}\n"
+                            "W_K: [[1], [1]]\nW_V: [[1], [1]]\n", capsys)
+    assert "W_Q" in line and "8" in line
+
+
+def test_one_dimensional_tensor(ckpt, capsys):
+    tmp_path, _ = ckpt
+    line = _error(tmp_path, "X: {file: model.safetensors, tensor: bias}\n", capsys)
+    assert line.startswith("Error: P:1:38: X: ") and "2-dimensional" in line
+
+
+@pytest.mark.parametrize("name", ["pytorch_model.bin", "model.pt", "model.pth"])
+def test_pickles_refused(tmp_path, capsys, name):
+    (tmp_path / name).write_bytes(b"\x80\x04PK")
+    line = _error(tmp_path, f"X: {{file: {name}}}\n", capsys)
+    assert line.startswith("Error: P:1:11: X: ") and "pickle" in line and "save_file" in line
+
+
+def test_truncated_header(ckpt, capsys):
+    tmp_path, _ = ckpt
+    data = (tmp_path / "model.safetensors").read_bytes()
+    (tmp_path / "cut.safetensors").write_bytes(data[:40])
+    line = _error(tmp_path, "X: {file: cut.safetensors, tensor: ints}\n", capsys)
+    assert line.startswith("Error: P:1:11: X: ") and "header is cut short" in line
+
+
+def test_truncated_data(ckpt, capsys):
+    tmp_path, _ = ckpt
+    data = (tmp_path / "model.safetensors").read_bytes()
+    (tmp_path / "cut.safetensors").write_bytes(data[:-8])
+    line = _error(tmp_path, "X: {file: cut.safetensors, tensor: h.0.attn.c_attn.weight}\n", capsys)
+    assert "not a valid safetensors file" in line
+
+
+def test_not_a_regular_file(ckpt, capsys):
+    tmp_path, _ = ckpt
+    os.mkfifo(tmp_path / "fifo.safetensors")
+    line = _error(tmp_path, "X: {file: fifo.safetensors, tensor: w}\n", capsys)
+    assert "FIFO" in line
+
+
+@pytest.mark.parametrize("text, fragment", [
+    ("X: {file: model.safetensors}\n", "name one with tensor:"),
+    ("X: {file: model.safetensors, tensor: ints, colz: '1:2'}\n", "did you mean 'cols'"),
+    ("X: {file: model.safetensors, tensor: ints, transpose: yes please}\n", "true or false"),
+    ("X: {file: m.npy, tensor: ints}\n", "read whole"),
+])
+def test_bad_keys(ckpt, capsys, text, fragment):
+    tmp_path, _ = ckpt
+    np.save(tmp_path / "m.npy", np.eye(2))
+    assert fragment in _error(tmp_path, text, capsys)
+
+
+def test_header_length_lie(tmp_path, capsys):
+    (tmp_path / "lie.safetensors").write_bytes(struct.pack("<Q", 2 ** 60) + b"{}")
+    line = _error(tmp_path, "X: {file: lie.safetensors, tensor: w}\n", capsys)
+    assert "not a valid safetensors file" in line
+
+
+@pytest.mark.parametrize("value, fragment", [(np.inf, "NaN or infinite"), (np.nan, "NaN or infinite"),
+                                             (1e301, "larger than 10^300")])
+def test_float64_values_refused_like_npy(tmp_path, capsys, value, fragment):
+    safetensors_numpy.save_file({"w": np.array([[1.0, value]])}, str(tmp_path / "f.safetensors"))
+    line = _error(tmp_path, "X: {file: f.safetensors, tensor: w}\n", capsys)
+    assert line.startswith("Error: P:1:34: X: ") and fragment in line
+
+
+def test_float64_exact(tmp_path):
+    w = np.array([[0.1, -1e-300], [2.0 ** 60 + 1, 3.5]])
+    safetensors_numpy.save_file({"w": w}, str(tmp_path / "f.safetensors"))
+    p = load_problem(_write(tmp_path, _qkv("{file: f.safetensors, tensor: w}")))
+    assert _fractions(p.Q) == _expected(w)
+
+
+def _gpt2_reference(torch, x, c_attn_w, c_attn_b, n_head):
+    """GPT-2's attention written out by hand (Conv1D: x @ W + b, W is in × out; Q|K|V side by
+    side; heads packed in each), split by head: each head's weights and output."""
+    n, d_model = x.shape
+    qkv = x @ c_attn_w + c_attn_b
+    q, k, v = qkv.split(d_model, dim=1)
+    hd = d_model // n_head
+    q, k, v = (t.view(n, n_head, hd).transpose(0, 1) for t in (q, k, v))
+    scores = q @ k.transpose(-1, -2) / hd ** 0.5
+    causal = torch.ones(n, n, dtype=torch.bool).tril()
+    att = torch.softmax(scores.masked_fill(~causal, float("-inf")), dim=-1)
+    return att, att @ v  # (n_head, n, n) and (n_head, n, hd)
+
+
+@pytest.mark.parametrize("head", [0, 3])
+def test_gpt2_head_by_slices_matches_a_pytorch_reference(tmp_path, head):
+    """One head of a GPT-2-shaped block (4 heads of 3, float32, Conv1D layout) cut out by
+    columns as the README shows, against GPT-2's attention written in PyTorch."""
+    torch = pytest.importorskip("torch")
+    import symattn
+
+    d_model, n_head, hd, n = 12, 4, 3, 5
+    rng = np.random.default_rng(124)
+    w = rng.standard_normal((d_model, 3 * d_model)).astype(np.float32)
+    safetensors_numpy.save_file({"h.0.attn.c_attn.weight": w, "h.0.attn.c_attn.bias": np.zeros(3 * d_model, np.float32)},
+                                str(tmp_path / "model.safetensors"))
+    x = rng.integers(-3, 4, size=(n, d_model))
+    lines = ["X: " + json.dumps(x.tolist())]
+    for name, part in (("W_Q", 0), ("W_K", 1), ("W_V", 2)):
+        lo = part * d_model + head * hd
+        lines.append(f'{name}: {{file: model.safetensors, tensor: h.0.attn.c_attn.weight, cols: "{lo}:{lo + hd}"}}')
+    lines.append("mask: causal")
+    d = symattn.derive(load_problem(_write(tmp_path, "\n".join(lines) + "\n")))
+    att, out = _gpt2_reference(torch, torch.tensor(x, dtype=torch.float64), torch.tensor(w, dtype=torch.float64),
+                               torch.zeros(3 * d_model, dtype=torch.float64), n_head)
+    got_a = np.array([[float(v) for v in row] for row in d.evaluate("A", 20)])
+    got_o = np.array([[float(v) for v in row] for row in d.evaluate("O", 20)])
+    np.testing.assert_allclose(got_a, att[head].numpy(), rtol=1e-12, atol=1e-300)
+    np.testing.assert_allclose(got_o, out[head].numpy(), rtol=1e-12, atol=1e-12)
