@@ -160,11 +160,15 @@ class Positions:
 
 @dataclass(frozen=True)
 class Head:
-    """One attention head's weights."""
+    """One attention head's weights, and its projection biases (1 × d rows added to every row of
+    X·W; None: no bias)."""
 
     W_Q: Matrix
     W_K: Matrix
     W_V: Matrix
+    b_Q: Matrix | None = None
+    b_K: Matrix | None = None
+    b_V: Matrix | None = None
 
     @property
     def d_k(self) -> int:
@@ -232,6 +236,7 @@ class Problem:
     heads: tuple[Head, ...] = ()
     multi_head: bool = False  # the heads field was used (stage ids get head1. ...)
     W_O: Matrix | None = None
+    b_O: Matrix | None = None  # the output projection's bias, 1 × d_out; None: none
     Q: Matrix | None = None
     K: Matrix | None = None
     V: Matrix | None = None
