@@ -47,7 +47,8 @@ within a round (--runs rounds; one with --quick):
 * ``-f json`` at 128 tokens beside the LaTeX run (<= 1.5x), and at 256 tokens
   (< 10 s, < 400 MiB peak);
 * ``--backward`` at 128 tokens beside the forward run (<= 1.3x);
-* long context: (512, 1024, 2048 tokens, 768, 64) causal to LaTeX, once each;
+* long context: (512, 1024, 2048 tokens, 768, 64) causal to LaTeX, once each
+  (with --max-size 10000000: 2048 x 768 is past the default size budget);
   target (2048, 768, 64) < 30 s and < 1 GiB, with the growth exponent and how the
   causal mask splits the work;
 * the 4-token demo < 0.45 s (the median of the start-up runs above).
@@ -111,6 +112,11 @@ except SystemExit as exc:
     code = exc.code if isinstance(exc.code, int) else 1
 seconds = time.perf_counter() - start
 peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+try:  # Linux: ru_maxrss keeps the forking parent's resident size across exec; VmHWM is this process's own
+    with open("/proc/self/status") as status:
+        peak = next(int(line.split()[1]) for line in status if line.startswith("VmHWM:"))
+except (OSError, StopIteration, ValueError):
+    pass
 print("BENCH-RESULT", code, seconds, peak, flush=True)
 """
 
@@ -590,7 +596,8 @@ def fresh_run(argv: list[str], cap: float) -> dict:
     wall = time.perf_counter() - start
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("BENCH-RESULT")]
     if not lines or lines[-1].split()[1] != "0":
-        return {"wall": None, "peak_mib": None, "error": f"exit code {proc.returncode}: {proc.stderr.strip()[-300:]}"}
+        code = lines[-1].split()[1] if lines else proc.returncode
+        return {"wall": None, "peak_mib": None, "error": f"exit code {code}: {proc.stderr.strip()[-300:]}"}
     return {"wall": wall, "peak_mib": maxrss_mib(float(lines[-1].split()[3])), "error": None}
 
 
@@ -608,8 +615,9 @@ def round_two(root: Path, args, log) -> dict:
     runs, cap = (1 if args.quick else args.runs), args.symattn_cap
     out = {"quick": bool(args.quick), "config": {k: v for k, v in cfg.items()}}
 
+    parts = set(args.round_two_rows.split(","))
     layouts = []
-    for size in cfg["layout_sizes"]:
+    for size in (cfg["layout_sizes"] if "layouts" in parts else []):
         log(f"layouts {size_name(size)}: {', '.join(_problems.LAYOUTS)}, symattn and the floor, {runs} round(s) ...")
         paths = _problems.write_layouts(root / "layouts_n{}_d{}_k{}".format(*size), *size, seed=args.seed)
         sym = {k: [] for k in paths}
@@ -638,24 +646,28 @@ def round_two(root: Path, args, log) -> dict:
         return {"size": list(size), "latex": fa, label: fb, "output_bytes": size_bytes,
                 "ratio": (fb["median"] / fa["median"]) if fa["median"] and fb["median"] else None}
 
-    log(f"JSON {size_name(cfg['json_size'])} beside LaTeX ...")
-    out["json"] = pair(cfg["json_size"], "json", [], ".json")
-    log(f"JSON {size_name(cfg['json_big_size'])} ...")
-    folder = root / "json_big"
-    yaml_path, _ = _problems.write_problem(folder, *cfg["json_big_size"], seed=args.seed)
-    big = medians_of([fresh_run(["derive", str(yaml_path), "-o", str(folder / "out.json")], cap) for _ in range(runs)])
-    out["json_big"] = {"size": list(cfg["json_big_size"]), **big,
-                       "output_bytes": (folder / "out.json").stat().st_size if (folder / "out.json").exists() else None}
-    log(f"--backward {size_name(cfg['backward_size'])} beside forward ...")
-    out["backward"] = pair(cfg["backward_size"], "backward", ["--backward"], "_b.tex")
+    out["json"] = out["json_big"] = out["backward"] = None
+    if "json" in parts:
+        log(f"JSON {size_name(cfg['json_size'])} beside LaTeX ...")
+        out["json"] = pair(cfg["json_size"], "json", [], ".json")
+        log(f"JSON {size_name(cfg['json_big_size'])} ...")
+        folder = root / "json_big"
+        yaml_path, _ = _problems.write_problem(folder, *cfg["json_big_size"], seed=args.seed)
+        big = medians_of([fresh_run(["derive", str(yaml_path), "-o", str(folder / "out.json")], cap)
+                          for _ in range(runs)])
+        out["json_big"] = {"size": list(cfg["json_big_size"]), **big, "output_bytes":
+                           (folder / "out.json").stat().st_size if (folder / "out.json").exists() else None}
+    if "backward" in parts:
+        log(f"--backward {size_name(cfg['backward_size'])} beside forward ...")
+        out["backward"] = pair(cfg["backward_size"], "backward", ["--backward"], "_b.tex")
 
     long_rows = []
-    for size in cfg["long_sizes"]:
+    for size in (cfg["long_sizes"] if "long" in parts else []):
         log(f"long context {size_name(size)}, causal, LaTeX, once ...")
         folder = root / "long_n{}".format(size[0])
         yaml_path, _ = _problems.write_problem(folder, *size, seed=args.seed)
-        long_rows.append({"size": list(size), **fresh_run(["derive", str(yaml_path), "-o", str(folder / "out.tex")],
-                                                          cap)})
+        long_rows.append({"size": list(size), **fresh_run(["derive", str(yaml_path), "--max-size", "10000000", "-o",
+                                                           str(folder / "out.tex")], cap)})
     out["long"] = long_rows
     out["long_exponent"] = fit_exponent([(r["size"][0], r["wall"]) for r in long_rows if r.get("wall")])
     return out
@@ -701,16 +713,16 @@ def judge_round_two(r2: dict, start: dict) -> list[dict]:
                 add(label, (v["ratio"] <= limit) if limit else None,
                     f"{fmt_s(v['symattn']['median'])} s, {v['symattn']['peak_mib']:.0f} MiB, {v['ratio']:.2f}x",
                     f"floor {fmt_s(fl)} s")
-    j = r2["json"]
+    j = r2["json"] or {"size": cfg["json_size"], "ratio": None, "latex": {"median": None}}
     add(f"{size_name(tuple(j['size']))}: -f json <= {cfg['json_ratio']:g}x the LaTeX run",
         None if j["ratio"] is None else j["ratio"] <= cfg["json_ratio"],
         "not measured" if j["ratio"] is None else f"{fmt_s(j['json']['median'])} s, {j['json']['peak_mib']:.0f} MiB, "
         f"{j['ratio']:.2f}x", "" if j["latex"]["median"] is None else f"LaTeX {fmt_s(j['latex']['median'])} s")
-    jb = r2["json_big"]
+    jb = r2["json_big"] or {"size": cfg["json_big_size"], "median": None, "error": "not run", "peak_mib": None}
     add(f"{size_name(tuple(jb['size']))}: -f json < {cfg['json_big_seconds']:g} s and < {cfg['json_big_mib']:g} MiB",
         None if jb["median"] is None else jb["median"] < cfg["json_big_seconds"] and jb["peak_mib"] < cfg["json_big_mib"],
         jb["error"] or f"{fmt_s(jb['median'])} s, {jb['peak_mib']:.0f} MiB, {(jb['output_bytes'] or 0) / 1e6:.0f} MB")
-    b = r2["backward"]
+    b = r2["backward"] or {"size": cfg["backward_size"], "ratio": None, "latex": {"median": None}}
     add(f"{size_name(tuple(b['size']))}: --backward <= {cfg['backward_ratio']:g}x the forward pass",
         None if b["ratio"] is None else b["ratio"] <= cfg["backward_ratio"],
         "not measured" if b["ratio"] is None else f"{fmt_s(b['backward']['median'])} s, "
@@ -774,6 +786,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--no-round-two", action="store_true", help="skip issue #20's rows (layouts, JSON, backward, "
                         "long context)")
     parser.add_argument("--round-two-only", action="store_true", help="only start-up and issue #20's rows")
+    parser.add_argument("--round-two-rows", default="layouts,json,backward,long",
+                        help="which of issue #20's rows to run, comma-separated [layouts,json,backward,long]")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random problems [0]")
     parser.add_argument("--workdir", type=Path, help="write (and keep) the problem files here instead of a temporary folder")
     parser.add_argument("--json", type=Path, default=DEFAULT_JSON, help=f"where to write the JSON [{DEFAULT_JSON.relative_to(HERE.parent)}]")
