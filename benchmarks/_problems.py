@@ -71,6 +71,55 @@ def write_problem(folder: Path, n: int, d_model: int, d_k: int, seed: int = 0) -
     return yaml_path, npy_path
 
 
+LAYOUTS = ("flow_rows", "block", "one_line", "crlf", "npy", "csv")
+
+
+def write_layouts(folder: Path, n: int, d_model: int, d_k: int, seed: int = 0) -> dict:
+    """The same problem in every layout of issue #20; returns {layout: path of the problem file}.
+
+    flow_rows: ``X:`` then ``- [..]`` per row; block: ``yaml.safe_dump``'s default block style;
+    one_line: ``X: [[..], ..]``; crlf: flow rows with CRLF line ends; npy / csv: ``{file: ..}``.
+    """
+    import numpy as np
+    import yaml
+
+    folder.mkdir(parents=True, exist_ok=True)
+    mats = random_matrices(n, d_model, d_k, seed)
+    names = ("X", "W_Q", "W_K", "W_V")
+    head = [f"title: bench {n} {d_model} {d_k}", "mask: causal"]
+    out = {}
+
+    def put(layout, lines, newline="\n"):
+        path = folder / f"{layout}.yaml"
+        path.write_bytes((newline.join(lines) + newline).encode("utf-8"))
+        out[layout] = path
+
+    flow = list(head)
+    for name in names:
+        flow.append(f"{name}:")
+        flow += ["- [" + ", ".join(f"{x:.3f}" for x in row) + "]" for row in mats[name].tolist()]
+    put("flow_rows", flow)
+    doc = {"title": f"bench {n} {d_model} {d_k}", "mask": "causal"}
+    doc.update({name: [[float(f"{x:.3f}") for x in row] for row in mats[name].tolist()] for name in names})
+    path = folder / "block.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
+    out["block"] = path
+    put("one_line", head + [f"{name}: {_yaml_matrix(mats[name])}" for name in names])
+    put("crlf", flow, "\r\n")
+    for kind in ("npy", "csv"):
+        lines = list(head)
+        for name in names:
+            file = f"{name.lower()}.{kind}"
+            if kind == "npy":
+                np.save(folder / file, mats[name].astype(np.float64))
+            else:
+                (folder / file).write_text("".join(",".join(f"{x:.3f}" for x in row) + "\n"
+                                                   for row in mats[name].tolist()), encoding="utf-8")
+            lines.append(f"{name}: {{file: {file}}}")
+        put(kind, lines)
+    return out
+
+
 # -- the naive sympy.Matrix pipeline -----------------------------------------------
 
 
@@ -174,6 +223,15 @@ def bare(path: Path) -> float:
     loader = _text_loader()
     start = time.perf_counter()
     data = yaml.load(Path(path).read_text(encoding="utf-8"), Loader=loader)
+    for name, value in list(data.items()):  # matrices in .npy / .csv files: the floor reads them too
+        if isinstance(value, dict) and "file" in value:
+            file = Path(path).parent / value["file"]
+            if file.suffix == ".npy":
+                import numpy as np
+
+                data[name] = [[repr(x) for x in row] for row in np.load(file).tolist()]
+            else:
+                data[name] = [line.split(",") for line in file.read_text(encoding="utf-8").splitlines() if line]
 
     def matrix(rows):
         entries = []

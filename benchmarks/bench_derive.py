@@ -33,6 +33,28 @@ the sizes with n >= 16), a 512-token row (one fresh-process run), the start-up
 times of ``symattn --help`` and the 4-token demo ``symattn derive`` (median of 5
 fresh processes), and the targets with PASS or MISS. Everything is also written
 as JSON (default benchmarks/results/bench_derive.json).
+
+Then issue #20's rows (skip them with --no-round-two; --round-two-only runs only
+them and start-up), every run a fresh process, symattn and its peer alternating
+within a round (--runs rounds; one with --quick):
+
+* layouts at (128, 768, 64) and (512, 768, 64): the same problem written as flow
+  rows ``- [..]``, ``yaml.safe_dump``'s default block style, one-line
+  ``X: [[..]]``, flow rows with CRLF line ends, and ``{file: ..}`` .npy and .csv
+  files; symattn ``derive -o x.tex`` and the floor (the bare script, which reads
+  every layout, files included) on each; targets: all within 1.15x of each other,
+  each YAML layout <= 1.0x its floor;
+* ``-f json`` at 128 tokens beside the LaTeX run (<= 1.5x), and at 256 tokens
+  (< 10 s, < 400 MiB peak);
+* ``--backward`` at 128 tokens beside the forward run (<= 1.3x);
+* long context: (512, 1024, 2048 tokens, 768, 64) causal to LaTeX, once each
+  (with --max-size 10000000: 2048 x 768 is past the default size budget);
+  target (2048, 768, 64) < 30 s and < 1 GiB, with the growth exponent and how the
+  causal mask splits the work;
+* the 4-token demo < 0.45 s (the median of the start-up runs above).
+
+--quick runs these at smaller sizes (layouts at 32 tokens, JSON and backward at
+64, JSON-big at 128, long context 128/256/512): indicative only, marked so.
 """
 
 from __future__ import annotations
@@ -90,6 +112,11 @@ except SystemExit as exc:
     code = exc.code if isinstance(exc.code, int) else 1
 seconds = time.perf_counter() - start
 peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+try:  # Linux: ru_maxrss keeps the forking parent's resident size across exec; VmHWM is this process's own
+    with open("/proc/self/status") as status:
+        peak = next(int(line.split()[1]) for line in status if line.startswith("VmHWM:"))
+except (OSError, StopIteration, ValueError):
+    pass
 print("BENCH-RESULT", code, seconds, peak, flush=True)
 """
 
@@ -542,6 +569,203 @@ def print_targets(targets: list[dict], out) -> None:
         print(f"  {t['verdict']:<4}  {t['target']}: {t['measured']}{note}", file=out)
 
 
+# -- issue #20's rows: layouts, JSON, backward, long context, start-up -------------------
+
+R2 = {
+    "layout_sizes": [(128, 768, 64), (512, 768, 64)],
+    "layout_spread": 1.15,  # every layout within this factor of the others
+    "layout_floor": 1.0,  # symattn / floor, each YAML layout, same round
+    "json_size": (128, 768, 64), "json_ratio": 1.5,  # -f json / LaTeX
+    "json_big_size": (256, 768, 64), "json_big_seconds": 10.0, "json_big_mib": 400.0,
+    "backward_size": (128, 768, 64), "backward_ratio": 1.3,  # --backward / forward
+    "long_sizes": [(512, 768, 64), (1024, 768, 64), (2048, 768, 64)], "long_seconds": 30.0, "long_mib": 1024.0,
+    "demo_seconds": 0.45,
+}
+R2_QUICK = dict(R2, layout_sizes=[(32, 128, 16)], json_size=(64, 256, 64), json_big_size=(128, 768, 64),
+                backward_size=(64, 256, 64), long_sizes=[(128, 768, 64), (256, 768, 64), (512, 768, 64)])
+
+
+def fresh_run(argv: list[str], cap: float) -> dict:
+    """``symattn ARGV`` in a fresh process: wall seconds and peak MiB (see _FRESH)."""
+    cmd = [sys.executable, "-c", _FRESH] + argv
+    start = time.perf_counter()
+    try:
+        proc = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=cap)
+    except subprocess.TimeoutExpired:
+        return {"wall": None, "peak_mib": None, "error": f"did not finish within {cap:g} s"}
+    wall = time.perf_counter() - start
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("BENCH-RESULT")]
+    if not lines or lines[-1].split()[1] != "0":
+        code = lines[-1].split()[1] if lines else proc.returncode
+        return {"wall": None, "peak_mib": None, "error": f"exit code {code}: {proc.stderr.strip()[-300:]}"}
+    return {"wall": wall, "peak_mib": maxrss_mib(float(lines[-1].split()[3])), "error": None}
+
+
+def medians_of(runs: list[dict]) -> dict:
+    walls = [r["wall"] for r in runs if r.get("wall") is not None]
+    peaks = [r["peak_mib"] for r in runs if r.get("peak_mib") is not None]
+    errors = [r["error"] for r in runs if r.get("error")]
+    return {"walls": walls, "median": median(walls), "peak_mib": max(peaks) if peaks else None,
+            "error": errors[0] if errors else None}
+
+
+def round_two(root: Path, args, log) -> dict:
+    """Issue #20's rows, every symattn and floor run in a fresh process, alternating within a round."""
+    cfg = R2_QUICK if args.quick else R2
+    runs, cap = (1 if args.quick else args.runs), args.symattn_cap
+    out = {"quick": bool(args.quick), "config": {k: v for k, v in cfg.items()}}
+
+    parts = set(args.round_two_rows.split(","))
+    layouts = []
+    for size in (cfg["layout_sizes"] if "layouts" in parts else []):
+        log(f"layouts {size_name(size)}: {', '.join(_problems.LAYOUTS)}, symattn and the floor, {runs} round(s) ...")
+        paths = _problems.write_layouts(root / "layouts_n{}_d{}_k{}".format(*size), *size, seed=args.seed)
+        sym = {k: [] for k in paths}
+        floor = {k: [] for k in paths}
+        for _ in range(runs):
+            for layout, path in paths.items():
+                sym[layout].append(fresh_run(["derive", str(path), "-o", str(path.with_suffix(".tex"))], cap))
+                floor[layout].append(bare_fresh(path, cap))
+        row = {"size": list(size), "layouts": {}}
+        for layout in paths:
+            s, f = medians_of(sym[layout]), medians_of(floor[layout])
+            row["layouts"][layout] = {"symattn": s, "floor": f, "bytes": paths[layout].stat().st_size,
+                                      "ratio": (s["median"] / f["median"]) if s["median"] and f["median"] else None}
+        layouts.append(row)
+    out["layouts"] = layouts
+
+    def pair(size, label, extra_args, suffix):
+        folder = root / "n{}_d{}_k{}".format(*size)
+        yaml_path, _ = _problems.write_problem(folder, *size, seed=args.seed)
+        a, b = [], []
+        for _ in range(runs):
+            a.append(fresh_run(["derive", str(yaml_path), "-o", str(folder / "fwd.tex")], cap))
+            b.append(fresh_run(["derive", str(yaml_path), *extra_args, "-o", str(folder / f"out{suffix}")], cap))
+        fa, fb = medians_of(a), medians_of(b)
+        size_bytes = (folder / f"out{suffix}").stat().st_size if (folder / f"out{suffix}").exists() else None
+        return {"size": list(size), "latex": fa, label: fb, "output_bytes": size_bytes,
+                "ratio": (fb["median"] / fa["median"]) if fa["median"] and fb["median"] else None}
+
+    out["json"] = out["json_big"] = out["backward"] = None
+    if "json" in parts:
+        log(f"JSON {size_name(cfg['json_size'])} beside LaTeX ...")
+        out["json"] = pair(cfg["json_size"], "json", [], ".json")
+        log(f"JSON {size_name(cfg['json_big_size'])} ...")
+        folder = root / "json_big"
+        yaml_path, _ = _problems.write_problem(folder, *cfg["json_big_size"], seed=args.seed)
+        big = medians_of([fresh_run(["derive", str(yaml_path), "-o", str(folder / "out.json")], cap)
+                          for _ in range(runs)])
+        out["json_big"] = {"size": list(cfg["json_big_size"]), **big, "output_bytes":
+                           (folder / "out.json").stat().st_size if (folder / "out.json").exists() else None}
+    if "backward" in parts:
+        log(f"--backward {size_name(cfg['backward_size'])} beside forward ...")
+        out["backward"] = pair(cfg["backward_size"], "backward", ["--backward"], "_b.tex")
+
+    long_rows = []
+    for size in (cfg["long_sizes"] if "long" in parts else []):
+        log(f"long context {size_name(size)}, causal, LaTeX, once ...")
+        folder = root / "long_n{}".format(size[0])
+        yaml_path, _ = _problems.write_problem(folder, *size, seed=args.seed)
+        long_rows.append({"size": list(size), **fresh_run(["derive", str(yaml_path), "--max-size", "10000000", "-o",
+                                                           str(folder / "out.tex")], cap)})
+    out["long"] = long_rows
+    out["long_exponent"] = fit_exponent([(r["size"][0], r["wall"]) for r in long_rows if r.get("wall")])
+    return out
+
+
+def long_split_sentence(size: tuple[int, int, int]) -> str:
+    n, d_model, d_k = size
+    proj = 3 * n * d_model * d_k
+    scores = n * n * d_k
+    kept = n * (n + 1) // 2
+    return (f"at {size_name(size)} the projections Q, K, V are {proj / 1e6:.0f} M exact multiply-adds (linear in n), "
+            f"QK^T {scores / 1e6:.0f} M (quadratic); the causal mask keeps {kept:,} of the {n * n:,} scores "
+            f"({kept / (n * n):.1%}), so the exp/softmax and A·V work, the other quadratic part, is halved")
+
+
+def judge_round_two(r2: dict, start: dict) -> list[dict]:
+    cfg = r2["config"]
+    quick = "quick: a smaller size than the target's, indicative only" if r2["quick"] else ""
+    out = []
+
+    def add(name, ok, measured, floor="", note="", sized=True):
+        note = "; ".join(x for x in (note, quick if sized else "") if x)
+        out.append({"target": name, "verdict": verdict(ok), "measured": measured, "floor": floor, "note": note})
+
+    for row in r2["layouts"]:
+        size = tuple(row["size"])
+        meds = {k: v["symattn"]["median"] for k, v in row["layouts"].items() if v["symattn"]["median"]}
+        if len(meds) == len(row["layouts"]):
+            spread = max(meds.values()) / min(meds.values())
+            add(f"{size_name(size)}: every layout within {cfg['layout_spread']:g}x of the others",
+                spread <= cfg["layout_spread"], f"spread {spread:.2f}x (" + ", ".join(
+                    f"{k} {fmt_s(v)} s" for k, v in meds.items()) + ")")
+        else:
+            add(f"{size_name(size)}: every layout within {cfg['layout_spread']:g}x", False,
+                "; ".join(f"{k}: {v['symattn']['error']}" for k, v in row["layouts"].items() if v["symattn"]["error"]))
+        for layout, v in row["layouts"].items():
+            fl = v["floor"]["median"]
+            limit = cfg["layout_floor"] if layout not in ("npy", "csv") else None
+            label = f"{size_name(size)} {layout}: symattn" + (f" <= {limit:g}x the floor" if limit else " vs its floor (informational)")
+            if v["ratio"] is None:
+                add(label, False if limit else None, v["symattn"]["error"] or v["floor"]["error"] or "not measured")
+            else:
+                add(label, (v["ratio"] <= limit) if limit else None,
+                    f"{fmt_s(v['symattn']['median'])} s, {v['symattn']['peak_mib']:.0f} MiB, {v['ratio']:.2f}x",
+                    f"floor {fmt_s(fl)} s")
+    j = r2["json"] or {"size": cfg["json_size"], "ratio": None, "latex": {"median": None}}
+    add(f"{size_name(tuple(j['size']))}: -f json <= {cfg['json_ratio']:g}x the LaTeX run",
+        None if j["ratio"] is None else j["ratio"] <= cfg["json_ratio"],
+        "not measured" if j["ratio"] is None else f"{fmt_s(j['json']['median'])} s, {j['json']['peak_mib']:.0f} MiB, "
+        f"{j['ratio']:.2f}x", "" if j["latex"]["median"] is None else f"LaTeX {fmt_s(j['latex']['median'])} s")
+    jb = r2["json_big"] or {"size": cfg["json_big_size"], "median": None, "error": "not run", "peak_mib": None}
+    add(f"{size_name(tuple(jb['size']))}: -f json < {cfg['json_big_seconds']:g} s and < {cfg['json_big_mib']:g} MiB",
+        None if jb["median"] is None else jb["median"] < cfg["json_big_seconds"] and jb["peak_mib"] < cfg["json_big_mib"],
+        jb["error"] or f"{fmt_s(jb['median'])} s, {jb['peak_mib']:.0f} MiB, {(jb['output_bytes'] or 0) / 1e6:.0f} MB")
+    b = r2["backward"] or {"size": cfg["backward_size"], "ratio": None, "latex": {"median": None}}
+    add(f"{size_name(tuple(b['size']))}: --backward <= {cfg['backward_ratio']:g}x the forward pass",
+        None if b["ratio"] is None else b["ratio"] <= cfg["backward_ratio"],
+        "not measured" if b["ratio"] is None else f"{fmt_s(b['backward']['median'])} s, "
+        f"{b['backward']['peak_mib']:.0f} MiB, {b['ratio']:.2f}x", "" if b["latex"]["median"] is None else
+        f"forward {fmt_s(b['latex']['median'])} s")
+    last = r2["long"][-1] if r2["long"] else None
+    exp = r2["long_exponent"]
+    if last is not None:
+        size = tuple(last["size"])
+        add(f"{size_name(size)} causal to LaTeX < {cfg['long_seconds']:g} s and < {cfg['long_mib'] / 1024:g} GiB",
+            None if last["wall"] is None else last["wall"] < cfg["long_seconds"] and last["peak_mib"] < cfg["long_mib"],
+            last["error"] or f"{fmt_s(last['wall'])} s, {last['peak_mib']:.0f} MiB",
+            "", ("growth n^{:.2f} over n = {}; ".format(exp, ", ".join(str(r["size"][0]) for r in r2["long"]))
+                 if exp is not None else "") + long_split_sentence(size))
+    t = start["demo"].get("median")
+    add(f"symattn derive (4-token demo) < {cfg['demo_seconds']:g} s (#20)", None if t is None else t < cfg["demo_seconds"],
+        start["demo"].get("error") or f"{t:.3f} s", sized=False)
+    return out
+
+
+def print_round_two(r2: dict, targets: list[dict], out) -> None:
+    print("Issue #20 (fresh processes, medians; floor = the bare libyaml+Fraction+flint script reading the same "
+          "file, run alternately in the same round)", file=out)
+    for row in r2["layouts"]:
+        print(f"  layouts at {size_name(tuple(row['size']))}:", file=out)
+        for layout, v in row["layouts"].items():
+            s, f = v["symattn"], v["floor"]
+            peak = "-" if s["peak_mib"] is None else f"{s['peak_mib']:.0f}"
+            ratio = "-" if v["ratio"] is None else f"{v['ratio']:.2f}x"
+            print(f"    {layout:<10} {v['bytes'] / 1e6:>7.2f} MB  symattn {fmt_s(s['median'], s['error'] or '-'):>6} s "
+                  f"{peak:>5} MiB  floor {fmt_s(f['median'], f['error'] or '-'):>6} s  {ratio}", file=out)
+    for r in r2["long"]:
+        print(f"  long context {size_name(tuple(r['size']))} causal: "
+              f"{fmt_s(r['wall'], r['error'] or '-')} s, {'-' if r['peak_mib'] is None else round(r['peak_mib'])} MiB",
+              file=out)
+    if r2["long_exponent"] is not None:
+        print(f"  long-context growth: time ~ n^{r2['long_exponent']:.2f} (d_model, d_k fixed)", file=out)
+    print("Targets of #20", file=out)
+    for t in targets:
+        extra = "".join(f"  [{x}]" for x in (t["floor"], t["note"]) if x)
+        print(f"  {t['verdict']:<4}  {t['target']}: {t['measured']}{extra}", file=out)
+
+
 # -- main -----------------------------------------------------------------------------
 
 
@@ -559,6 +783,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--sizes", type=parse_sizes, help="comma-separated NxD_MODELxD_K instead of the default sizes")
     parser.add_argument("--no-extra", action="store_true", help=f"skip the {EXTRA[0]}-token row")
     parser.add_argument("--no-naive", action="store_true", help="skip the naive pipeline")
+    parser.add_argument("--no-round-two", action="store_true", help="skip issue #20's rows (layouts, JSON, backward, "
+                        "long context)")
+    parser.add_argument("--round-two-only", action="store_true", help="only start-up and issue #20's rows")
+    parser.add_argument("--round-two-rows", default="layouts,json,backward,long",
+                        help="which of issue #20's rows to run, comma-separated [layouts,json,backward,long]")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random problems [0]")
     parser.add_argument("--workdir", type=Path, help="write (and keep) the problem files here instead of a temporary folder")
     parser.add_argument("--json", type=Path, default=DEFAULT_JSON, help=f"where to write the JSON [{DEFAULT_JSON.relative_to(HERE.parent)}]")
@@ -610,6 +839,8 @@ def main(argv: list[str] | None = None) -> None:
             log(f"  the demo failed here: {err.strip()}")
 
         rows = []
+        if args.round_two_only:
+            sizes = []
         for size in sizes:
             log(f"{size_name(size)} ...")
             try:
@@ -619,7 +850,9 @@ def main(argv: list[str] | None = None) -> None:
                 rows.append({"n": size[0], "d_model": size[1], "d_k": size[2], "failed": f"{type(exc).__name__}: {exc}"})
 
         gpt2_row = next((r for r in rows if (r["n"], r["d_model"], r["d_k"]) == GPT2 and "failed" not in r), None)
-        if gpt2_row is not None:
+        if args.round_two_only:
+            gpt2_load = None
+        elif gpt2_row is not None:
             gpt2_load = {"yaml": gpt2_row["load_yaml"], "npy": gpt2_row["load_npy"], "yaml_bytes": gpt2_row["yaml_bytes"]}
         else:
             log(f"load_problem of the GPT-2 head {size_name(GPT2)}, YAML and .npy ...")
@@ -628,8 +861,12 @@ def main(argv: list[str] | None = None) -> None:
             gpt2_load = {"yaml": time_load(yaml_path, args.runs), "npy": time_load(npy_path, args.runs),
                          "yaml_bytes": yaml_path.stat().st_size}
 
+        r2 = None
+        if not args.no_round_two:
+            r2 = round_two(root, args, log)
+
         extra = None
-        if run_extra:
+        if run_extra and not args.round_two_only:
             if state["symattn_capped"] is not None:
                 extra = {"size": list(EXTRA), "fresh": {"wall": None, "error": f"skipped: {state['symattn_capped']} hit the cap"}}
             else:
@@ -673,9 +910,10 @@ def main(argv: list[str] | None = None) -> None:
         else:
             detail = f.get("error") or "not run"
         print(f"{size_name(EXTRA)}, one run: {detail}", file=say)
-    print(f"load_problem {size_name(GPT2)} ({gpt2_load['yaml_bytes'] / 1e6:.2f} MB of YAML): "
-          f"YAML {fmt_s(gpt2_load['yaml'].get('median'), gpt2_load['yaml'].get('error') or '-')} s, "
-          f".npy {fmt_s(gpt2_load['npy'].get('median'), gpt2_load['npy'].get('error') or '-')} s", file=say)
+    if gpt2_load is not None:
+        print(f"load_problem {size_name(GPT2)} ({gpt2_load['yaml_bytes'] / 1e6:.2f} MB of YAML): "
+              f"YAML {fmt_s(gpt2_load['yaml'].get('median'), gpt2_load['yaml'].get('error') or '-')} s, "
+              f".npy {fmt_s(gpt2_load['npy'].get('median'), gpt2_load['npy'].get('error') or '-')} s", file=say)
     print(f"start-up ({command_name}, median of {STARTUP_RUNS} fresh processes): --help "
           f"{fmt_s(start['help'].get('median'), 'error')} s, derive (4-token demo) {fmt_s(start['demo'].get('median'), 'error')} s",
           file=say)
@@ -683,6 +921,11 @@ def main(argv: list[str] | None = None) -> None:
         print(f"note: no bare-script peer: {state['bare_missing']}", file=say)
     print(file=say)
     print_targets(targets, say)
+    r2_targets = None
+    if r2 is not None:
+        print(file=say)
+        r2_targets = judge_round_two(r2, start)
+        print_round_two(r2, r2_targets, say)
     elapsed = time.perf_counter() - began
     print(file=say)
 
@@ -700,6 +943,8 @@ def main(argv: list[str] | None = None) -> None:
         "startup": start,
         "targets": targets,
         "target_values": TARGETS,
+        "round_two": r2,
+        "round_two_targets": r2_targets,
     }
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
