@@ -302,6 +302,22 @@ def matmul(a, b) -> "Matrix | LazyMatrix":
     return Matrix(a.rows, b.cols, entry)
 
 
+def add_row(m, row) -> "Matrix | LazyMatrix":
+    """``m`` with the 1 × cols matrix ``row`` added to every row (a projection's bias); rational
+    stays rational."""
+    assert row.rows == 1 and row.cols == m.cols, (m.shape, row.shape)
+    if is_rational(m) and is_rational(row):
+        ones = rational_matrix(m.rows, 1, [QQ(1)] * m.rows)
+        return matrix_from_domain(_dm(m) + _dm(ones) * _dm(row))
+
+    def entry(i: int, j: int) -> sympy.Expr:
+        return tidy(m[i, j] + row[0, j])
+
+    if isinstance(m, LazyMatrix):
+        return LazyMatrix(m.rows, m.cols, entry)
+    return Matrix(m.rows, m.cols, entry)
+
+
 def transpose(m):
     """``mᵀ``; a rational matrix held as flint's fmpq_mat is transposed by flint (SymPy's own
     transpose goes through its sparse form, entry by entry)."""

@@ -292,6 +292,10 @@ class ExactOps:
 
         return OverZ2(rows, base, LazyMatrix(len(rows), b.cols, entry), a.factor, keyed=False)
 
+    def add_row(self, m, row):
+        """``m`` with the 1 × cols ``row`` added to every row (a projection's bias)."""
+        return _exact.add_row(matrix_of(m), matrix_of(row))
+
     def T(self, a):
         if isinstance(a, Softmax):
             return WeightsT(a.rows)
@@ -432,6 +436,11 @@ class NumericOps:
     def T(self, a):
         return [list(col) for col in zip(*a)] if isinstance(a, list) else a.T
 
+    def add_row(self, m, row) -> Values:
+        m, row = self.grid(m), self.grid(row)
+        with mpmath.workdps(self.dps + 10):
+            return [[x + b for x, b in zip(r, row[0])] for r in m]
+
     def scale(self, a, factor) -> Values:
         a = self.grid(a)
         with mpmath.workdps(self.dps + 10):
@@ -567,6 +576,11 @@ class ArbOps(NumericOps):
     def T(self, a):
         return self.grid(a).transpose()  # (an arb_mat transposes faster than a SymPy matrix)
 
+    def add_row(self, m, row):
+        with _exact.arb_precision(self.dps):
+            m, row = _exact.arb_matrix(m, self.dps), _exact.arb_matrix(row, self.dps)
+            return m + flint.arb_mat(m.nrows(), 1, [1] * m.nrows()) * row
+
     def scale(self, a, factor):
         with _exact.arb_precision(self.dps):
             return _exact.arb_matrix(a, self.dps) * _exact.arb_scalar(factor, self.dps)
@@ -657,6 +671,9 @@ class FloatOps(ArbOps):
 
     def T(self, a):
         return self.grid(a).T
+
+    def add_row(self, m, row):
+        return self.grid(m) + self.grid(row)
 
     def scale(self, a, factor):
         return self.grid(a) * float(_exact.to_mpf(factor, 30))

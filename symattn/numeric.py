@@ -31,6 +31,12 @@ def _f64(m, subs=None) -> np.ndarray:
     )
 
 
+def _bias(out: dict, stage: str, row, subs) -> np.ndarray:
+    """A projection's bias (1 × d) in float64, kept under its stage id; NumPy broadcasts it over the rows."""
+    b = out[stage] = _f64(row, subs)
+    return b
+
+
 def _rope(x: np.ndarray, rope) -> np.ndarray:
     """Rotary embeddings in float64, as the libraries write them: row p (position p, from 0) with
     each pair of components turned by p·θ_i; half pairs i with i + d/2 (rotate_half), interleaved
@@ -172,7 +178,10 @@ def numeric_stages(p: Problem) -> dict[str, np.ndarray]:
     for h, weights in enumerate(p.heads, 1):
         prefix = functools.partial(st.stage_id, head=h if p.multi_head else None)  # this head's ids
         W_Q = out[prefix(st.W_Q)] = _f64(weights.W_Q, subs)
-        Q = out[prefix(st.Q)] = X @ W_Q                         # (n_q, d_model) @ (d_model, d_k)
+        Q = X @ W_Q                                             # (n_q, d_model) @ (d_model, d_k)
+        if weights.b_Q is not None:                             # a bias row, broadcast over the rows
+            Q = Q + _bias(out, prefix(st.B_Q), weights.b_Q, subs)
+        out[prefix(st.Q)] = Q
         first = (h - 1) // per_group * per_group + 1            # query head q (0-based) reads K/V head q // per_group
         if h == first:  # the group's K and V, under its first head's ids
             kv_prefix = prefix
@@ -180,10 +189,17 @@ def numeric_stages(p: Problem) -> dict[str, np.ndarray]:
             W_V = out[prefix(st.W_V)] = _f64(weights.W_V, subs)
             K = C @ W_K                                         # (n_k, d_model) @ (d_model, d_k)
             V = C @ W_V                                         # (n_k, d_model) @ (d_model, d_v)
+            if weights.b_K is not None:
+                K = K + _bias(out, prefix(st.B_K), weights.b_K, subs)
+            if weights.b_V is not None:
+                V = V + _bias(out, prefix(st.B_V), weights.b_V, subs)
             out[prefix(st.K)], out[prefix(st.V)] = K, V
         outputs.append(head(prefix, Q, K, V, kv_prefix))
     if p.multi_head:
         concat = out[st.CONCAT] = np.concatenate(outputs, axis=1)  # (n_q, h·d_v)
         W_O = out[st.W_O] = _f64(p.W_O, subs)
-        out[st.O] = concat @ W_O                                 # (n_q, h·d_v) @ (h·d_v, d_out)
+        O = concat @ W_O                                         # (n_q, h·d_v) @ (h·d_v, d_out)
+        if p.b_O is not None:
+            O = O + _bias(out, st.B_O, p.b_O, subs)
+        out[st.O] = O
     return out

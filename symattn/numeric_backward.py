@@ -12,8 +12,9 @@ All three return the same stage ids (``pre`` is ``headN.`` with ``heads``):
 ``dO``; with heads ``dW_O``, ``dconcat`` and each ``headN.dO``; per head
 ``pre+dV``, ``pre+dA``, ``pre+dS_masked`` (w.r.t. Ŝ = scale·S + M),
 ``pre+dS`` (w.r.t. S = Q Kᵀ), ``pre+dQ``, ``pre+dK`` and, with X and weights,
-``pre+dW_Q``, ``pre+dW_K``, ``pre+dW_V``; then ``dX`` and, for
-cross-attention, ``dcontext``.
+``pre+dW_Q``, ``pre+dW_K``, ``pre+dW_V`` (and ``pre+db_Q``, ``pre+db_K``,
+``pre+db_V`` for the biases the problem has; ``db_O`` with ``b_O``); then
+``dX`` and, for cross-attention, ``dcontext``.
 
 Masked positions (where M is −∞, from the mask or the bias) have exactly 0 in
 ``dS_masked`` and ``dS``: no perturbation of a score there changes the loss.
@@ -55,6 +56,17 @@ def _stage_ids(p: Problem) -> list[str]:
     layer = [x.id for x in planned if x.head is None]
     heads = [x.id for h in range(1, len(p.heads) + 1) for x in planned if x.head == h]
     return layer[:first] + heads + layer[first:]
+
+
+def _has_bias(p: Problem, gradient: str) -> bool:
+    """Whether the heads have the bias whose gradient is ``gradient`` (db_Q, db_K, db_V)."""
+    return any(getattr(h, gradient[1:]) is not None for h in p.heads)
+
+
+def _biases(p: Problem, weights) -> tuple:
+    """A head's (b_Q, b_K, b_V) in float64, 0 for a bias it does not have."""
+    subs = p.substitutions or None
+    return tuple(0.0 if b is None else _f64(b, subs) for b in (weights.b_Q, weights.b_K, weights.b_V))
 
 
 def _loss_matrix(p: Problem) -> np.ndarray | None:
@@ -110,6 +122,8 @@ def numeric_gradients(p: Problem) -> dict[str, np.ndarray]:
     if p.multi_head:
         W_O = fwd[st.W_O]
         out[st.DW_O] = fwd[st.CONCAT].T @ dO                      # (h·d_v, n_q) @ (n_q, d_out)
+        if p.b_O is not None:
+            out[st.DB_O] = dO.sum(axis=0, keepdims=True)         # b_O is on every row: the column sums
         dconcat = out[st.DCONCAT] = dO @ W_O.T                   # (n_q, d_out) @ (d_out, h·d_v)
         widths = [fwd[pre(st.V)].shape[1] for pre in prefixes]
         blocks = np.split(dconcat, np.cumsum(widths)[:-1], axis=1)
@@ -137,6 +151,9 @@ def numeric_gradients(p: Problem) -> dict[str, np.ndarray]:
             out[pre(st.DW_Q)] = X.T @ dQ                        # (d_model, n_q) @ (n_q, d_k)
             out[pre(st.DW_K)] = C.T @ dK                        # (d_model, n_k) @ (n_k, d_k)
             out[pre(st.DW_V)] = C.T @ dV                        # (d_model, n_k) @ (n_k, d_v)
+            for name, grad in ((st.DB_Q, dQ), (st.DB_K, dK), (st.DB_V, dV)):
+                if _has_bias(p, name):                          # a bias is on every row: the column sums
+                    out[pre(name)] = grad.sum(axis=0, keepdims=True)
             dX += dQ @ W_Q.T                                    # (n_q, d_k) @ (d_k, d_model)
             dC += dK @ W_K.T + dV @ W_V.T                       # (n_k, d_k) @ (d_k, d_model), ...
     if p.projected:
@@ -199,8 +216,11 @@ def finite_difference_gradients(p: Problem, eps: float = 1e-6) -> dict[str, np.n
     out[st.DO] = _central(loss, fwd[st.O], eps)
     if p.multi_head:
         W_O, concat = fwd[st.W_O], fwd[st.CONCAT]
-        out[st.DW_O] = _central(lambda W: loss(concat @ W), W_O, eps)
-        out[st.DCONCAT] = _central(lambda c: loss(c @ W_O), concat, eps)
+        b_O = fwd.get(st.B_O, 0.0)
+        out[st.DW_O] = _central(lambda W: loss(concat @ W + b_O), W_O, eps)
+        if p.b_O is not None:
+            out[st.DB_O] = _central(lambda b: loss(concat @ W_O + b), b_O, eps)
+        out[st.DCONCAT] = _central(lambda c: loss(c @ W_O + b_O), concat, eps)
         ends = np.cumsum([fwd[pre(st.V)].shape[1] for pre in prefixes])
 
     def head(h: int, pre) -> None:
@@ -212,7 +232,7 @@ def finite_difference_gradients(p: Problem, eps: float = 1e-6) -> dict[str, np.n
                 return loss(O_h)
             c = concat.copy()
             c[:, ends[h] - O_h.shape[1]:ends[h]] = O_h
-            return loss(c @ W_O)
+            return loss(c @ W_O + b_O)
 
         def L_A(A):
             return L_O(A @ V)
@@ -234,20 +254,28 @@ def finite_difference_gradients(p: Problem, eps: float = 1e-6) -> dict[str, np.n
         if p.projected:
             X = fwd.get(st.X_POS, fwd[st.X])
             C = fwd.get(st.CONTEXT, X)
-            out[pre(st.DW_Q)] = _central(lambda W: L_O(attend(X @ W, K, V)), fwd[pre(st.W_Q)], eps)
-            out[pre(st.DW_K)] = _central(lambda W: L_O(attend(Q, C @ W, V)), fwd[pre(st.W_K)], eps)
-            out[pre(st.DW_V)] = _central(lambda W: L_O(attend(Q, K, C @ W)), fwd[pre(st.W_V)], eps)
+            bq, bk, bv = _biases(p, p.heads[h])
+            out[pre(st.DW_Q)] = _central(lambda W: L_O(attend(X @ W + bq, K, V)), fwd[pre(st.W_Q)], eps)
+            out[pre(st.DW_K)] = _central(lambda W: L_O(attend(Q, C @ W + bk, V)), fwd[pre(st.W_K)], eps)
+            out[pre(st.DW_V)] = _central(lambda W: L_O(attend(Q, K, C @ W + bv)), fwd[pre(st.W_V)], eps)
+            if _has_bias(p, st.DB_Q):
+                out[pre(st.DB_Q)] = _central(lambda b: L_O(attend(X @ fwd[pre(st.W_Q)] + b, K, V)), bq, eps)
+            if _has_bias(p, st.DB_K):
+                out[pre(st.DB_K)] = _central(lambda b: L_O(attend(Q, C @ fwd[pre(st.W_K)] + b, V)), bk, eps)
+            if _has_bias(p, st.DB_V):
+                out[pre(st.DB_V)] = _central(lambda b: L_O(attend(Q, K, C @ fwd[pre(st.W_V)] + b)), bv, eps)
 
     for h, pre in enumerate(prefixes):
         head(h, pre)
 
     if p.projected:
         def L_inputs(X: np.ndarray, C: np.ndarray) -> float:    # the whole forward pass
-            outputs = [
-                attend(X @ fwd[pre(st.W_Q)], C @ fwd[pre(st.W_K)], C @ fwd[pre(st.W_V)]) for pre in prefixes
-            ]
+            outputs = []
+            for pre, weights in zip(prefixes, p.heads):
+                bq, bk, bv = _biases(p, weights)
+                outputs.append(attend(X @ fwd[pre(st.W_Q)] + bq, C @ fwd[pre(st.W_K)] + bk, C @ fwd[pre(st.W_V)] + bv))
             if p.multi_head:
-                return loss(np.concatenate(outputs, axis=1) @ fwd[st.W_O])
+                return loss(np.concatenate(outputs, axis=1) @ fwd[st.W_O] + fwd.get(st.B_O, 0.0))
             return loss(outputs[0])
 
         X = fwd[st.X]
@@ -327,13 +355,22 @@ def _torch_backward(p: Problem, fused: bool) -> dict[str, np.ndarray]:
         C = X if p.context is None else leaf(st.DCONTEXT, p.context)
         outputs = []
         for pre, weights in zip(_prefixes(p), p.heads):
-            Q = keep(pre(st.DQ), X @ leaf(pre(st.DW_Q), weights.W_Q))
-            K = keep(pre(st.DK), C @ leaf(pre(st.DW_K), weights.W_K))
-            V = keep(pre(st.DV), C @ leaf(pre(st.DW_V), weights.W_V))
-            outputs.append(keep(pre(st.DO), head(pre, Q, K, V)))
+            projected = []
+            for g, w, b in (("Q", weights.W_Q, weights.b_Q), ("K", weights.W_K, weights.b_K),
+                            ("V", weights.W_V, weights.b_V)):
+                inp = X if g == "Q" else C
+                if b is None:
+                    y = inp @ leaf(pre("dW_" + g), w)
+                else:  # nn.Linear's x·Wᵀ + b, with the problem's W stored in × out
+                    y = F.linear(inp, leaf(pre("dW_" + g), w).T, leaf(pre("db_" + g), b)[0])
+                projected.append(keep(pre("d" + g), y))
+            outputs.append(keep(pre(st.DO), head(pre, *projected)))
         if p.multi_head:
             concat = keep(st.DCONCAT, torch.cat(outputs, dim=1))
-            O = keep(st.DO, concat @ leaf(st.DW_O, p.W_O))
+            if p.b_O is None:
+                O = keep(st.DO, concat @ leaf(st.DW_O, p.W_O))
+            else:
+                O = keep(st.DO, F.linear(concat, leaf(st.DW_O, p.W_O).T, leaf(st.DB_O, p.b_O)[0]))
         else:
             O = outputs[0]
     G = _loss_matrix(p)

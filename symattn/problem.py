@@ -52,6 +52,10 @@ FIELDS = (
     "kv_heads",
     "kv",
     "W_O",
+    "b_Q",
+    "b_K",
+    "b_V",
+    "b_O",
     "mask",
     "bias",
     "scale",
@@ -65,6 +69,7 @@ FIELDS = (
     "decode",
 )
 MASK_WORDS = ("none", "causal", "causal-bottom-right")
+BIAS_NAMES = ("b_Q", "b_K", "b_V")  # a head's projection biases (b_O is the layer's)
 
 Matrix = sympy.ImmutableMatrix
 _WHOLE = re.compile(r"[0-9]+")  # ASCII digits only: str.isdigit() also accepts '²'
@@ -442,6 +447,17 @@ class _Reader:
             raise self.at(key(direct[0])).error(
                 f"give either X with W_Q, W_K, W_V or Q, K, V directly, not both ({projected[0]} is also given)"
             )
+        biased = [n for n in BIAS_NAMES + ("b_O",) if n in fields]
+        if direct and biased:
+            b = biased[0]
+            raise self.at(key(b)).error(
+                f"{b} is the bias of the projection {'concat·W_O' if b == 'b_O' else 'X·W_' + b[-1]}; with Q, K and V "
+                "given directly there is no projection to add it to (add it to the given matrix yourself, or give X "
+                "with the weights)", b)
+        if "b_O" in fields and "W_O" not in fields:
+            raise self.at(key("b_O")).error(
+                "b_O is the bias of the output projection concat·W_O, but W_O is missing "
+                "(b_O goes with heads and W_O)", "b_O")
         matrices: dict[str, Matrix] = {}
         heads: list[Head] = []
         kv_heads = self.kv_fields(fields)
@@ -464,17 +480,20 @@ class _Reader:
                 matrices["context"] = self.matrix(node("context"), "context")
             C = matrices[kv_name]
             if "heads" in fields:
-                for name in ("W_Q", "W_K", "W_V"):
+                for name in ("W_Q", "W_K", "W_V") + BIAS_NAMES:
                     if name in fields:
+                        own = "W_Q, W_K, W_V" if name.startswith("W") else "b_Q, b_K, b_V"
                         raise self.at(key(name)).error(
-                            f"with heads, each head gives its own W_Q, W_K, W_V: move the top-level {name} into heads",
+                            f"with heads, each head gives its own {own}: move the top-level {name} into heads"
+                            + (" (with kv_heads, b_K and b_V go under kv)" if kv_heads and name in ("b_K", "b_V") else ""),
                             name,
                         )
                 if "W_O" not in fields:
                     raise self.at(key("heads")).error(
                         "heads need W_O, the output projection applied to the concatenated heads", "W_O"
                     )
-                head_nodes = self.head_nodes(node("heads"), ("W_Q",) if kv_heads else ("W_Q", "W_K", "W_V"))
+                head_nodes = self.head_nodes(node("heads"), ("W_Q",) if kv_heads else ("W_Q", "W_K", "W_V"),
+                                             optional=("b_Q",) if kv_heads else BIAS_NAMES)
                 if kv_heads:
                     head_nodes = self.grouped(head_nodes, kv_heads, fields)
             else:
@@ -484,12 +503,16 @@ class _Reader:
                         "(a single head is heads: [{W_Q: ..., W_K: ..., W_V: ...}])",
                         "W_O",
                     )
+                for name in BIAS_NAMES:
+                    if name in fields and "W_" + name[-1] not in fields:
+                        raise self.at(key(name)).error(
+                            f"{name} is the bias of X·W_{name[-1]}, but W_{name[-1]} is missing", name)
                 for name in ("W_Q", "W_K", "W_V"):
                     if name not in fields:
                         raise self.at(root).error(
                             f"{name} is missing: give X with W_Q, W_K and W_V, or give Q, K and V directly"
                         )
-                head_nodes = [{name: fields[name] for name in ("W_Q", "W_K", "W_V")}]
+                head_nodes = [{name: fields[name] for name in ("W_Q", "W_K", "W_V") + BIAS_NAMES if name in fields}]
             shared: dict[int, Matrix] = {}  # a K/V group's weights, read once for its heads
             for h, nodes in enumerate(head_nodes):
                 prefix = f"head{h + 1}." if "heads" in fields else ""  # the head's stage ids: head1.W_Q
@@ -505,7 +528,23 @@ class _Reader:
                           f"{kv_name}·W_V needs W_V to have {rows(C.cols)}")
                 self.same(prefix + "W_Q", w["W_Q"], "cols", kvp + "W_K", w["W_K"], "cols", nodes["W_Q"][0] if kvp != prefix else nodes["W_K"][0],
                           "Q·Kᵀ needs W_Q and W_K to have the same number of columns (d_k)")
-                heads.append(Head(w["W_Q"], w["W_K"], w["W_V"]))
+                b = {}
+                for name in BIAS_NAMES:
+                    if name in nodes:
+                        field = (prefix if name == "b_Q" else kvp) + name
+                        weight = "W_" + name[-1]
+                        b[name] = self.shared(shared, nodes[name][1], field, lambda n, f, weight=weight: self.bias_row(
+                            n, f, w[weight].cols, weight, "X" if weight == "W_Q" else kv_name))
+                heads.append(Head(w["W_Q"], w["W_K"], w["W_V"], **b))
+            for name in BIAS_NAMES:  # a bias for every head, or for none
+                have = [h for h, head in enumerate(heads) if getattr(head, name) is not None]
+                if have and len(have) != len(heads):
+                    h = next(h for h in range(len(heads)) if getattr(heads[h], name) is None)
+                    group = kv_heads and name != "b_Q"
+                    which = (lambda k: f"K/V group {k // (len(heads) // kv_heads) + 1}") if group else (lambda k: f"head {k + 1}")
+                    raise self.at(head_nodes[h]["W_" + name[-1]][0]).error(
+                        f"{name} is given for {which(have[0])} but not for {which(h)}: give every "
+                        f"{'group' if group else 'head'} its {name}, or none", name)
             if kv_heads and (len({h.d_k for h in heads}) > 1 or len({h.d_v for h in heads}) > 1):
                 raise self.at(key("kv")).error(
                     "with kv_heads every query head has the same d_k (W_Q and W_K columns) and every K/V group the "
@@ -520,6 +559,8 @@ class _Reader:
                         f"but W_O is {_shape(W_O)}: concat·W_O needs W_O to have {width} {_plural(width, 'row')}",
                         "W_O",
                     )
+                if "b_O" in fields:
+                    matrices["b_O"] = self.bias_row(node("b_O"), "b_O", W_O.cols, "W_O", "concat")
             n_q = X.rows
             n_k = C.rows
 
@@ -722,7 +763,7 @@ class _Reader:
             raise self.at(node_b).error(f"{a} is {_shape(ma)} but {b} is {_shape(mb)}: {why}", b)
 
     def head_nodes(self, node: yaml.Node, names: tuple[str, ...] = ("W_Q", "W_K", "W_V"),
-                   field: str = "heads") -> list[dict[str, tuple[yaml.Node, yaml.Node]]]:
+                   field: str = "heads", optional: tuple[str, ...] = ()) -> list[dict[str, tuple[yaml.Node, yaml.Node]]]:
         listed = ", ".join(names[:-1]) + " and " + names[-1] if len(names) > 1 else names[0]
         what_one = "a head" if field == "heads" else "a K/V group"
         if not isinstance(node, yaml.SequenceNode) or not node.value:
@@ -737,11 +778,13 @@ class _Reader:
             nodes: dict[str, tuple[yaml.Node, yaml.Node]] = {}
             for k, v in item.value:
                 name = getattr(k, "value", None)
-                if name not in names:
+                if name not in names + optional:
                     hint = ("; with kv_heads, W_K and W_V go under kv, once per group"
-                            if field == "heads" and name in ("W_K", "W_V") else "")
+                            if field == "heads" and name in ("W_K", "W_V") else
+                            "; with kv_heads, b_K and b_V go under kv, once per group"
+                            if field == "heads" and name in ("b_K", "b_V") else "")
                     raise self.at(k).error(
-                        f"unknown field {name!r} in {what_one}{'' if hint else _did_you_mean(str(name), names)}; "
+                        f"unknown field {name!r} in {what_one}{'' if hint else _did_you_mean(str(name), names + optional)}; "
                         f"{what_one} has {listed}{hint}",
                         _item(field, h),
                     )
@@ -754,10 +797,34 @@ class _Reader:
             out.append(nodes)
         return out
 
-    def shared(self, cache: dict, node: yaml.Node, field: str) -> Matrix:
+    def shared(self, cache: dict, node: yaml.Node, field: str, read=None) -> Matrix:
         if id(node) not in cache:
-            cache[id(node)] = self.matrix(node, field)
+            cache[id(node)] = self.matrix(node, field) if read is None else read(node, field)
         return cache[id(node)]
+
+    def bias_row(self, node: yaml.Node, field: str, width: int, weight: str, inp: str) -> Matrix:
+        """A projection's bias: a flat list ``[1, 2]``, a one-row matrix ``[[1, 2]]`` or a file's
+        (a 1-dimensional tensor or array is one row), with one entry per column of ``weight``."""
+        if isinstance(node, yaml.SequenceNode) and not isinstance(node, _yaml.FlowMatrix) and node.value \
+                and not isinstance(node.value[0], yaml.SequenceNode):
+            entries = node.value
+            self.count(len(entries), self.at(node), field)
+            m = _plain_rational_matrix([entries])
+            if m is None:
+                m = Matrix([[self.number(e, _item(field, j)) for j, e in enumerate(entries)]])
+        elif isinstance(node, yaml.SequenceNode) and not node.value:
+            raise self.at(node).error("the bias is empty; it needs one entry per column of " + weight, field)
+        else:
+            m = self.matrix(node, field, vector=True)
+            if m.rows != 1:
+                raise self.at(node).error(
+                    f"is {_shape(m)}; a bias is one row, such as [1, 2] or [[1, 2]], added to every row of "
+                    f"{inp}·{weight}", field)
+        if m.cols != width:
+            raise self.at(node).error(
+                f"has {m.cols} {_plural(m.cols, 'entry') if m.cols == 1 else 'entries'}, {weight} has {width} "
+                f"{_plural(width, 'column')}: the bias adds one number to each column of {inp}·{weight}", field)
+        return m
 
     def kv_fields(self, fields) -> int | None:
         """``kv_heads: g`` (with its ``kv:`` list of g {W_K, W_V}), checked against ``heads``; None without it."""
@@ -788,7 +855,7 @@ class _Reader:
     def grouped(self, head_nodes: list, g: int, fields) -> list[dict]:
         """Each query head's nodes with its group's W_K and W_V (heads (k−1)·h/g + 1 … k·h/g read group k)."""
         kv_node = fields["kv"][1]
-        kv = self.head_nodes(kv_node, ("W_K", "W_V"), "kv")
+        kv = self.head_nodes(kv_node, ("W_K", "W_V"), "kv", optional=("b_K", "b_V"))
         if len(kv) != g:
             raise self.at(kv_node).error(
                 f"kv_heads is {g} but kv lists {len(kv)} {_plural(len(kv), 'group')}: give one {{W_K, W_V}} per group", "kv")
@@ -965,9 +1032,9 @@ class _Reader:
                 name,
             )
 
-    def matrix(self, node: yaml.Node, name: str, allow_neg_inf: bool = False) -> Matrix:
+    def matrix(self, node: yaml.Node, name: str, allow_neg_inf: bool = False, vector: bool = False) -> Matrix:
         if isinstance(node, yaml.MappingNode):
-            return self.matrix_file(node, name)
+            return self.matrix_file(node, name, vector)
         if isinstance(node, _yaml.FlowMatrix):
             fast = self.flow_matrix(node, name)
             if fast is not None:
@@ -1012,7 +1079,7 @@ class _Reader:
             self.count(numbers, self.at(node), name)
         return m
 
-    def matrix_file(self, node: yaml.MappingNode, name: str) -> Matrix:
+    def matrix_file(self, node: yaml.MappingNode, name: str, vector: bool = False) -> Matrix:
         keys = {k.value: (k, v) for k, v in node.value if isinstance(k, yaml.ScalarNode)}
         if "file" not in keys or len(keys) != len(node.value):
             raise self.at(node).error("a matrix is a list of rows, or {file: NAME} naming a .npy, .csv "
@@ -1040,7 +1107,7 @@ class _Reader:
         if refusal:
             raise where_.error(refusal, name)
         if suffix == ".safetensors":
-            return self.checkpoint_matrix(keys, path, rel, where_, name)
+            return self.checkpoint_matrix(keys, path, rel, where_, name, vector)
         extra = sorted(set(keys) - {"file"})
         if extra:
             raise self.at(keys[extra[0]][0]).error(
@@ -1058,11 +1125,11 @@ class _Reader:
                 raise where_.error(f"{rel!r} {exc}", name) from None
             how = " as a .npy file" if suffix == ".npy" else ""
             raise where_.error(f"cannot read {rel!r}{how}: {exc.strerror}", name) from None
-        m = (self._read_csv if suffix == ".csv" else self._read_npy)(data, rel, where_, name)
+        m = self._read_csv(data, rel, where_, name) if suffix == ".csv" else self._read_npy(data, rel, where_, name, vector)
         self.count(m.rows * m.cols, where_, name)
         return m
 
-    def checkpoint_matrix(self, keys: dict, path: Path, rel: str, where_: Where, name: str) -> Matrix:
+    def checkpoint_matrix(self, keys: dict, path: Path, rel: str, where_: Where, name: str, vector: bool = False) -> Matrix:
         """``{file: X.safetensors, tensor: NAME, rows: "a:b", cols: "c:d", transpose: true}``:
         a slice of one tensor, read lazily, each float its exact dyadic rational."""
         for k in keys:
@@ -1088,7 +1155,7 @@ class _Reader:
             transpose = v.value.lower() == "true"
         try:
             array = _safetensors.read_slice(path, rel, texts["tensor"], texts.get("rows"), texts.get("cols"),
-                                            self.max_size - self.size)
+                                            self.max_size - self.size, vector)
         except _safetensors.CheckpointError as exc:
             text = str(exc)
             field = next((k for k in ("rows", "cols") if text.startswith(k + ":")), None)
@@ -1127,8 +1194,8 @@ class _Reader:
                 raise where_.error(f"{rel!r} line {i + 1}: {exc}", name) from None
         return Matrix(out)
 
-    def _read_npy(self, data: bytes, rel: str, where_: Where, name: str) -> Matrix:
-        array = _npy_array(data, rel, where_, name, self.max_size - self.size)
+    def _read_npy(self, data: bytes, rel: str, where_: Where, name: str, vector: bool = False) -> Matrix:
+        array = _npy_array(data, rel, where_, name, self.max_size - self.size, vector)
         if array.ndim != 2 or 0 in array.shape:
             raise where_.error(f"{rel!r} holds a {array.ndim}-dimensional array of shape {array.shape}; a matrix is 2-dimensional", name)
         rows, cols = array.shape
@@ -1465,7 +1532,7 @@ _NPY_MAGIC = b"\x93NUMPY"
 _NPY_MAX_HEADER = 10_000  # characters, as NumPy allows by default
 
 
-def _npy_array(data: bytes, rel: str, where_: Where, name: str, room: int):
+def _npy_array(data: bytes, rel: str, where_: Where, name: str, room: int, vector: bool = False):
     """The array of a .npy file, read from its bytes. Its header is checked first: a plain
     dictionary of descr, fortran_order and shape; a shape of at most ``room`` numbers; as
     many bytes of data as the shape needs. Nothing is allocated from a size the header
@@ -1512,6 +1579,8 @@ def _npy_array(data: bytes, rel: str, where_: Where, name: str, room: int):
         dtype = np.lib.format.descr_to_dtype(header["descr"])
     except (TypeError, ValueError, KeyError, IndexError, RecursionError):
         raise bad(f"the header's descr is not a NumPy data type: {_short_repr(header['descr'])}") from None
+    if vector and len(shape) == 1:  # a bias saved as a 1-dimensional array: one row
+        shape = (1, shape[0])
     if len(shape) != 2 or 0 in shape:
         raise where_.error(
             f"{rel!r} holds a {len(shape)}-dimensional array of shape {_short_repr(shape)}; a matrix is 2-dimensional"

@@ -24,7 +24,7 @@ PyTorch references can take their stage ids from it.
 from __future__ import annotations
 
 import difflib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterator
 
 # -- the stage kinds, by key ------------------------------------------------------------
@@ -42,12 +42,16 @@ Q_ROT, K_ROT = "Q_rot", "K_rot"  # the queries and keys rotated by RoPE
 # FlashAttention's online softmax (``tiling:`` / ``--tiled B``)
 M_TILED, L_TILED, ACC_TILED, O_TILED = "m_tiled", "l_tiled", "acc_tiled", "O_tiled"
 PE, X_POS = "PE", "X_pos"
+# the projections' biases (Q = X W_Q + b_Q, ...; O = concat W_O + b_O) and their gradients
+B_Q, B_K, B_V, B_O = "b_Q", "b_K", "b_V", "b_O"
+DB_Q, DB_K, DB_V, DB_O = "db_Q", "db_K", "db_V", "db_O"
+BIASES = {Q: B_Q, K: B_K, V: B_V, O_FINAL: B_O}  # each projection's bias
 # decoding one token from the KV cache (decode: t)
 K_CACHE, V_CACHE, Q_T, S_T, A_T, O_T = "K_cache", "V_cache", "q_t", "s_t", "a_t", "o_t"
 O_T_DIFF, DECODE_COST = "o_t_diff", "step_cost"
 # With kv_heads (grouped-query attention) these stages exist once per K/V group, under the id of
 # the group's first query head (head1.K for group 1); the group's other heads read them.
-SHARED_KV = frozenset({"W_K", "W_V", "K", "V", "K_rot", "K_T", "K_cache", "V_cache"})
+SHARED_KV = frozenset({"W_K", "W_V", "b_K", "b_V", "K", "V", "K_rot", "K_T", "K_cache", "V_cache"})
 
 _HEAD_PREFIX = "head"
 
@@ -188,6 +192,19 @@ class Context:
     def d_v(self) -> int:
         return self.weights.d_v if self.projected else self.p.d_v
 
+    def has_bias(self, key: str) -> bool:
+        """Whether the problem's projection ``key`` (b_Q, b_K, b_V or b_O) has a bias: the layer's
+        b_O, or a head's b_Q, b_K, b_V (the heads of a problem give a bias all or none)."""
+        if key == B_O:
+            return getattr(self.p, "b_O", None) is not None
+        return self.projected and any(getattr(h, key, None) is not None for h in self.p.heads)
+
+    def bias(self, key: str):
+        """This head's bias ``key`` (b_Q, b_K, b_V) or the layer's b_O; None without one."""
+        if key == B_O:
+            return getattr(self.p, "b_O", None)
+        return getattr(self.weights, key, None) if self.projected else None
+
     def reads(self, key: str, head: int | None) -> int | None:
         """The head whose stage ``key`` head ``head`` reads: its K/V group's first head for a
         shared key or value stage, else ``head`` itself."""
@@ -234,6 +251,7 @@ class Dot:
     right: str  # e.g. "k_2"
     terms: tuple
     value: Any
+    bias: Any = None  # the bias entry added to the dot product (Q = X W_Q + b_Q); None: no bias
 
 
 Text = "str | Callable[[Context], str]"
@@ -326,6 +344,15 @@ _WHY = {
     W_K: "The key weights, learned in training and given here.",
     W_V: "The value weights, learned in training and given here.",
     W_O: "The output weights, learned in training and given here: they mix the heads' outputs.",
+    B_Q: "The query bias, learned in training and given here: one row, added to every token's query.",
+    B_K: "The key bias, learned in training and given here: one row, added to every token's key.",
+    B_V: "The value bias, learned in training and given here: one row, added to every token's value.",
+    B_O: "The output bias, learned in training and given here: one row, added to every output row.",
+    "bias_added": " Then the bias ⟦b_{L}⟧ is added to every row.",
+    "db": ("⟦b_{L}⟧ is added to every row of ⟦{L}⟧, so its gradient sums ⟦d{L}⟧ over the rows: the column sums "
+           "⟦\\mathbf{{1}}^{{\\top}} d{L}⟧."),
+    "db_K": (" It is exactly ⟦0⟧: adding ⟦b_K⟧ to every key adds ⟦q_i \\cdot b_K⟧ to every score of row ⟦i⟧, and a "
+             "softmax does not change when a constant is added to its row (each row of ⟦dS⟧ sums to ⟦0⟧)."),
     Q: "Each token's query says what it is looking for: its row of ⟦X⟧ times ⟦W_Q⟧.",
     K: "Each token's key says what it offers to be matched against: its row times ⟦W_K⟧.",
     V: "Each token's value is what it hands on when it is attended to: its row times ⟦W_V⟧.",
@@ -680,8 +707,10 @@ def dot_at(key: str, v, result, c: Context, i: int, j: int) -> Dot | None:
     if key in (Q, K, V):
         inp = v(c.xq) if key == Q else v(c.kv)
         label = "x" if key == Q or not c.cross else "c"
-        return _dot(key, i, j, inp.row(i), v("W_" + key).col(j), f"{label}_{i + 1}", f"W_{key}[:,{j + 1}]",
-                    result[i, j])
+        dot = _dot(key, i, j, inp.row(i), v("W_" + key).col(j), f"{label}_{i + 1}", f"W_{key}[:,{j + 1}]",
+                   result[i, j])
+        bias = BIASES[key]
+        return replace(dot, bias=v(bias)[0, j]) if c.has_bias(bias) else dot
     return None
 
 
@@ -916,35 +945,99 @@ def _projection_row(key: str, order: int, title: str) -> Kind:
     def given_note(r, c):
         return _plain(r, {Q: "n_q × d_k", K: "n_k × d_k", V: "n_k × d_v"}[key])
 
+    bias = BIASES[key]
+
     def shape(sh, r, c):
         if not c.projected:
             return given_note(r, c)
         inp = sh(c.xq) if key == Q else sh(c.kv)
         n = "n_q" if key == Q else "n_k"
-        return _prod(inp, sh("W_" + key), f"{n} × {'d_v' if key == V else 'd_k'}")
+        note = _prod(inp, sh("W_" + key), f"{n} × {'d_v' if key == V else 'd_k'}")
+        return note + (f", plus {bias} ({sh(bias)[0]}×{sh(bias)[1]}) on every row" if c.has_bias(bias) else "")
 
     def why(c):
         if not c.projected:
             return _WHY[f"{key}_given"]
         positions = _WHY["positions_used"] if c.positions and (key == Q or not c.cross) else ""
-        return _WHY[key] + (_WHY["cross"] if c.cross and key != Q else "") + positions + _group_note(c, key)
+        added = _WHY["bias_added"].format(L=key) if c.has_bias(bias) else ""
+        return _WHY[key] + added + (_WHY["cross"] if c.cross and key != Q else "") + positions + _group_note(c, key)
 
     def formula(c):
         if not c.projected:
             return key, key
         name = c.xq_name if key == Q else c.kv_name
+        if c.has_bias(bias):
+            return f"{key} = {name}\\,W_{{{key}}} + b_{{{key}}}", f"{key} = {c.plain(name)}·W_{key} + {bias}"
         return f"{key} = {name}\\,W_{{{key}}}", f"{key} = {c.plain(name)}·W_{key}"
+
+    def relation(ops, v, c):
+        product = ops.matmul(v(c.xq) if key == Q else v(c.kv), v("W_" + key))
+        return ops.add_row(product, v(bias)) if c.has_bias(bias) else product
+
+    def unbiased(ops, ex, c):
+        if not c.has_bias(bias):
+            return None
+        return ops.matmul(ex(c.xq) if key == Q else ex(c.kv), ex("W_" + key))
 
     return Kind(
         key, key, order, lambda c: "project" if c.projected else "given",
         lambda c: {Q: "Queries (given)", K: "Keys (given)", V: "Values (given)"}[key] if not c.projected else title,
         why, formula, (QUERIES if key == Q else KEYS, key.lower()), shape,
-        inputs=("xq" if key == Q else "kv", "W_" + key),
-        relation=lambda ops, v, c: ops.matmul(v(c.xq) if key == Q else v(c.kv), v("W_" + key)),
+        inputs=("xq" if key == Q else "kv", "W_" + key, bias), relation=relation,
         source=lambda c: None if c.projected else getattr(c.p, key),
         per_head=True, slips=True, worked=_worked_projection(key),
-        mistakes=(_transposed(key),) + (_ROPE_V_MISTAKES if key == V else ()),
+        mistakes=(_transposed(key),) + (_ROPE_V_MISTAKES if key == V else ())
+        + (Mistake(f"the bias {bias} was not added: {key} = {'X' if key == Q else 'the input'}·W_{key} alone",
+                   unbiased),),
     )
+
+
+def _bias_row(key: str, order: float, title: str) -> Kind:
+    """A projection's given bias, one 1 × d row (b_Q, b_K, b_V per head; b_O of the layer)."""
+    letter = key[-1]
+    layer = key == B_O
+    return Kind(
+        key, key, order, "projection" if layer else "project", title,
+        (lambda c: _WHY[key] + (_group_note(c, W_K) if key in SHARED_KV else "")),
+        (f"b_{{{letter}}}", key), ("b", letter.lower()),
+        lambda sh, r, c: _plain(r, "1 × " + ("d_out" if layer else "d_v" if key == B_V else "d_k")
+                                + ", added to every row"),
+        source=lambda c: c.bias(key) if c.projected else None,
+        when=lambda c: c.has_bias(key) and (c.multi or not layer), per_head=not layer, labelled=False,
+    )
+
+
+def _bias_gradient(key: str, order: float) -> Kind:
+    """The gradient of a projection's bias: the column sums of its projection's gradient."""
+    g = key[-1]
+    layer = g == "O"
+    dg = DO if layer else "d" + g
+
+    def rows(c):  # the rows the bias was added to: the query tokens, or the key tokens for K and V
+        return c.p.n_k if g in "KV" else c.p.n_q
+
+    def relation(ops, v, c):
+        return ops.matmul(ops.ones(1, rows(c)), v(dg))
+
+    def averaged(ops, ex, c):
+        return ops.scale(ops.matmul(ops.ones(1, rows(c)), ex(dg)), ops.rational(1, rows(c)))
+
+    return Kind(
+        key, key, order, "b_projection" if layer else "b_weights", f"Gradient of the {'output' if layer else {'Q': 'query', 'K': 'key', 'V': 'value'}[g]} bias",
+        _WHY["db"].format(L=g) + (_WHY["db_K"] if g == "K" else ""), (f"db_{{{g}}} = \\mathbf{{1}}^{{\\top}} d{g}", f"db_{g} = 1ᵀ·d{g} (the column sums of d{g})"),
+        ("b", g.lower()), lambda sh, r, c: _prod((1, sh(dg)[0]), sh(dg), f"like b_{g}"),
+        inputs=(dg,), relation=relation,
+        when=lambda c: c.loss is not None and c.has_bias("b_" + g) and (c.multi or not layer),
+        per_head=not layer, gradient=True, labelled=False,
+        mistakes=(Mistake(f"averaged over the rows instead of summed: db_{g} is the sum of the rows of d{g}",
+                          averaged),),
+    )
+
+
+
+def _output_projection(ops, v, c: Context):
+    product = ops.matmul(v(CONCAT), v(W_O))
+    return ops.add_row(product, v(B_O)) if c.has_bias(B_O) else product
 
 
 def _weight_gradient(key: str, order: int, noun: str) -> Kind:
@@ -1118,6 +1211,9 @@ KINDS: tuple[Kind, ...] = (
     _weights_row(W_Q, 3, "Query weights"),
     _weights_row(W_K, 5, "Key weights"),
     _weights_row(W_V, 7, "Value weights"),
+    _bias_row(B_Q, 3.5, "Query bias"),
+    _bias_row(B_K, 5.5, "Key bias"),
+    _bias_row(B_V, 7.5, "Value bias"),
     _projection_row(Q, 4, "Query projection"),
     _projection_row(K, 6, "Key projection"),
     _projection_row(V, 8, "Value projection"),
@@ -1221,11 +1317,18 @@ KINDS: tuple[Kind, ...] = (
     Kind(W_O, W_O, 17, "projection", "Output weights", _WHY[W_O], ("W_{O}", "W_O"), ("c", "o"),
          lambda sh, r, c: _plain(r, "h·d_v × d_out"), source=lambda c: c.p.W_O, when=lambda c: c.multi,
          labelled=False),
-    Kind(O_FINAL, O, 18, "projection", "Output projection", _WHY[O_FINAL],
-         ("O = \\operatorname{concat}\\,W_O", "O = concat·W_O"), (QUERIES, "o"),
-         lambda sh, r, c: _prod(sh(CONCAT), sh(W_O), "n_q × d_out"),
-         inputs=(CONCAT, W_O), relation=lambda ops, v, c: ops.matmul(v(CONCAT), v(W_O)),
-         when=lambda c: c.multi, by_relation=True, shows=frozenset({"heads_sum"}), mistakes=(_transposed(O_FINAL),)),
+    _bias_row(B_O, 17.5, "Output bias"),
+    Kind(O_FINAL, O, 18, "projection", "Output projection",
+         lambda c: _WHY[O_FINAL] + (_WHY["bias_added"].format(L="O") if c.has_bias(B_O) else ""),
+         lambda c: (("O = \\operatorname{concat}\\,W_O + b_O", "O = concat·W_O + b_O") if c.has_bias(B_O)
+                    else ("O = \\operatorname{concat}\\,W_O", "O = concat·W_O")), (QUERIES, "o"),
+         lambda sh, r, c: _prod(sh(CONCAT), sh(W_O), "n_q × d_out")
+         + (f", plus b_O (1×{sh(B_O)[1]}) on every row" if c.has_bias(B_O) else ""),
+         inputs=(CONCAT, W_O, B_O), relation=_output_projection,
+         when=lambda c: c.multi, by_relation=True, shows=frozenset({"heads_sum"}),
+         mistakes=(_transposed(O_FINAL),
+                   Mistake("the bias b_O was not added: O = concat·W_O alone",
+                           lambda ops, ex, c: ops.matmul(ex(CONCAT), ex(W_O)) if c.has_bias(B_O) else None))),
     # the backward pass: the upstream gradient, then back through the output projection
     Kind(DO, DO, 19, "b_upstream", "The upstream gradient",
          lambda c: _WHY[DO] + " Here " + c.loss.describe() + ".", _dO_formula,
@@ -1238,6 +1341,7 @@ KINDS: tuple[Kind, ...] = (
          inputs=(CONCAT, DO), relation=lambda ops, v, c: ops.matmul(ops.T(v(CONCAT)), v(DO)),
          when=lambda c: c.multi and c.loss is not None, gradient=True, labelled=False,
          mistakes=(_transposed(DW_O, square_only=True),)),
+    _bias_gradient(DB_O, 20.5),
     Kind(DCONCAT, DCONCAT, 21, "b_projection", "Gradient of the concatenation", _WHY[DCONCAT],
          ("d\\operatorname{concat} = dO\\,W_O^{\\top}", "dconcat = dO·W_Oᵀ"), (QUERIES, "c"),
          lambda sh, r, c: _prod(sh(DO), _t(sh(W_O)), "like concat"),
@@ -1303,6 +1407,9 @@ KINDS: tuple[Kind, ...] = (
     _weight_gradient(DW_Q, 28, "query"),
     _weight_gradient(DW_K, 29, "key"),
     _weight_gradient(DW_V, 30, "value"),
+    _bias_gradient(DB_Q, 30.2),
+    _bias_gradient(DB_K, 30.4),
+    _bias_gradient(DB_V, 30.6),
     # back to the input
     Kind(DX, DX, 31, "b_input", "Gradient of the input", _dX_why, _dX_formula, (QUERIES, "d"),
          lambda sh, r, c: _plain(r, "like X"), inputs=("paths",), relation=_input_gradient(DX),
@@ -1324,9 +1431,9 @@ BY_KEY: dict[str, Kind] = {k.key: k for k in KINDS}
 TRACES: dict[str, tuple[tuple[str, str], ...]] = {
     PE: (),
     X_POS: ((X, "entry"), (PE, "entry")),
-    Q: (("xq", "row"), (W_Q, "col")),
-    K: (("kv", "row"), (W_K, "col")),
-    V: (("kv", "row"), (W_V, "col")),
+    Q: (("xq", "row"), (W_Q, "col"), (B_Q, "col")),
+    K: (("kv", "row"), (W_K, "col"), (B_K, "col")),
+    V: (("kv", "row"), (W_V, "col"), (B_V, "col")),
     Q_ROT: ((Q, "row"),),
     K_ROT: ((K, "row"),),
     K_T: (("k_in", "T"),),
@@ -1339,7 +1446,11 @@ TRACES: dict[str, tuple[tuple[str, str], ...]] = {
     L_TILED: ((S_MASKED, "row"), (M_TILED, "row")),
     ACC_TILED: ((S_MASKED, "row"), (M_TILED, "row"), (V, "col")),
     O_TILED: ((ACC_TILED, "entry"), (L_TILED, "row")),
-    O_FINAL: ((CONCAT, "row"), (W_O, "col")),
+    O_FINAL: ((CONCAT, "row"), (W_O, "col"), (B_O, "col")),
+    DB_O: ((DO, "col"),),
+    DB_Q: ((DQ, "col"),),
+    DB_K: ((DK, "col"),),
+    DB_V: ((DV, "col"),),
     DV: ((A, "col_i"), (DO, "col")),
     DA: ((DO, "row"), (V, "row_j")),
     DS_MASKED: ((A, "row"), (DA, "row")),
@@ -1470,6 +1581,8 @@ def resolve(key: str, c: Context, head: "int | None | object" = ...) -> list[str
         key = c.output
     if key == "heads":
         return [stage_id(O, h) for h in c.heads]
+    if key in (B_Q, B_K, B_V, B_O) and not c.has_bias(key):
+        return []  # no bias: the projection is the product alone
     h = c.head if head is ... else head
     if key == DO and c.multi and h is not None:
         key = DO_HEAD  # inside a head, the upstream gradient is the head's share of it
@@ -1512,7 +1625,7 @@ def unknown_stage(word: str, choices) -> str:
 
 
 __all__ = [
-    "A", "ACC_TILED", "A_T", "BY_KEY", "CACHED", "COSTS", "STEPS", "COST_COLUMNS", "DECODE_COST", "K_CACHE", "NEW",
+    "A", "ACC_TILED", "BIASES", "B_K", "B_O", "B_Q", "B_V", "DB_K", "DB_O", "DB_Q", "DB_V", "A_T", "BY_KEY", "CACHED", "COSTS", "STEPS", "COST_COLUMNS", "DECODE_COST", "K_CACHE", "NEW",
     "O_T", "O_T_DIFF", "Q_T", "SHARED_KV", "S_T", "TOKEN_AXES", "V_CACHE", "kv_cache_size", "kv_groups",
     "CONCAT", "K_ROT", "PE", "Q_ROT", "X_POS", "CONTEXT", "Context", "DA", "DCONCAT", "DCONTEXT", "DK", "DO", "DO_HEAD", "DQ", "DS",
     "DS_MASKED", "DV", "DW_K", "DW_O", "DW_Q", "DW_V", "DX", "Dot", "GRADIENT_NAMES", "K", "KINDS", "K_T", "Kind",

@@ -54,6 +54,10 @@ def torch_stages(p: Problem) -> dict[str, np.ndarray]:
     def t(m):
         return torch.from_numpy(_f64(m, subs))
 
+    def linear(x, W, b):
+        """x·W + b as nn.Linear computes it (its weight is stored out × in: Wᵀ)."""
+        return F.linear(x, t(W).T, None if b is None else t(b)[0])
+
     allowed = torch.tensor(p.mask.allowed, dtype=torch.bool)
     attn_mask = torch.zeros(allowed.shape, dtype=torch.float64).masked_fill(~allowed, float("-inf"))
     if p.bias is not None:
@@ -80,10 +84,10 @@ def torch_stages(p: Problem) -> dict[str, np.ndarray]:
         def rot(x):  # RoPE turns each head's queries and each group's keys (LLaMA's order: rotate, then share)
             return _rope(torch, x, p.rope) if p.rope is not None else x
 
-        Q = torch.stack([rot(X @ t(w.W_Q)) for w in p.heads])                    # (h, n_q, d_k)
+        Q = torch.stack([rot(linear(X, w.W_Q, w.b_Q)) for w in p.heads])        # (h, n_q, d_k)
         firsts = p.heads[::per_group]
-        K = torch.stack([rot(C @ t(w.W_K)) for w in firsts])                     # (g, n_k, d_k)
-        V = torch.stack([C @ t(w.W_V) for w in firsts])                          # (g, n_k, d_v)
+        K = torch.stack([rot(linear(C, w.W_K, w.b_K)) for w in firsts])         # (g, n_k, d_k)
+        V = torch.stack([linear(C, w.W_V, w.b_V) for w in firsts])              # (g, n_k, d_v)
         d_k = Q.shape[-1]
         scale = {"auto": d_k**-0.5, "none": 1.0}.get(p.scale) if isinstance(p.scale, str) else float(p.scale)
         eye = torch.eye(K.shape[1], dtype=torch.float64).expand(p.kv_heads, -1, -1)
@@ -109,7 +113,8 @@ def torch_stages(p: Problem) -> dict[str, np.ndarray]:
             outputs = []
             for h, weights in enumerate(p.heads, 1):
                 prefix = functools.partial(st.stage_id, head=h if p.multi_head else None)  # this head's ids
-                outputs.append(head(prefix, X @ t(weights.W_Q), C @ t(weights.W_K), C @ t(weights.W_V)))
+                outputs.append(head(prefix, linear(X, weights.W_Q, weights.b_Q), linear(C, weights.W_K, weights.b_K),
+                                    linear(C, weights.W_V, weights.b_V)))
         if p.multi_head:
-            out[st.O] = (torch.cat(outputs, dim=1) @ t(p.W_O)).numpy()
+            out[st.O] = linear(torch.cat(outputs, dim=1), p.W_O, p.b_O).numpy()
     return out

@@ -162,6 +162,9 @@ def worked_dot_tex(dot) -> str:
     products = " + ".join(products)
     left = _vec_name(dot.left)
     right = _vec_name(dot.right)
+    if getattr(dot, "bias", None) is not None:  # Q = X W_Q + b_Q: the bias entry is added
+        right += f" + b_{{{dot.target},{dot.j + 1}}}"
+        products += f" + {factor_tex(dot.bias)}"
     return (
         f"{_sub(dot.target, dot.i, dot.j)} = {left} \\cdot {right} = {products} = {tex(dot.value)}"
     )

@@ -103,7 +103,7 @@ _COMMANDS = {
     "\\theta": "θ", "\\pi": "π", "\\varphi": "φ", "\\cos": "cos", "\\sin": "sin", "\\dots": "…",
 }
 _OPERATORS = {"\\cdot", "\\times", "\\le", "\\ge", "\\to", "\\approx", "\\circ"}
-_WRAPPERS = ("\\operatorname", "\\mathrm", "\\text", "\\hat", "\\sqrt")
+_WRAPPERS = ("\\operatorname", "\\mathrm", "\\mathbf", "\\text", "\\hat", "\\sqrt")
 _COMMAND = re.compile(r"\\(?:[A-Za-z]+|.)")
 
 
