@@ -296,6 +296,19 @@ class ExactOps:
         """``m`` with the 1 × cols ``row`` added to every row (a projection's bias)."""
         return _exact.add_row(matrix_of(m), matrix_of(row))
 
+    def col_sums(self, m):
+        """``1ᵀ m``, the 1 × cols sums of the columns (a bias's gradient). A sum over the softmax
+        rows keeps its form, and each entry is built from its gathered terms, so a sum that
+        cancels (the key bias's gradient) is exactly 0."""
+        total = self.matmul(self.ones(1, shape_of(m)[0]), m)
+        if not isinstance(total, OverRows):
+            return total
+
+        def entry(k: int, c: int) -> sympy.Expr:
+            return sympy.Add(*[top / total.rows[i].normaliser ** power for i, power, top in total.tops(k, c)])
+
+        return OverRows(total.rows, total.tops, LazyMatrix(*total.shape, entry))
+
     def T(self, a):
         if isinstance(a, Softmax):
             return WeightsT(a.rows)
@@ -441,6 +454,10 @@ class NumericOps:
         with mpmath.workdps(self.dps + 10):
             return [[x + b for x, b in zip(r, row[0])] for r in m]
 
+    def col_sums(self, m) -> Values:
+        with mpmath.workdps(self.dps + 10):
+            return [[mpmath.fsum(col) for col in zip(*self.grid(m))]]
+
     def scale(self, a, factor) -> Values:
         a = self.grid(a)
         with mpmath.workdps(self.dps + 10):
@@ -581,6 +598,11 @@ class ArbOps(NumericOps):
             m, row = _exact.arb_matrix(m, self.dps), _exact.arb_matrix(row, self.dps)
             return m + flint.arb_mat(m.nrows(), 1, [1] * m.nrows()) * row
 
+    def col_sums(self, m):
+        with _exact.arb_precision(self.dps):
+            m = _exact.arb_matrix(m, self.dps)
+            return flint.arb_mat(1, m.nrows(), [1] * m.nrows()) * m
+
     def scale(self, a, factor):
         with _exact.arb_precision(self.dps):
             return _exact.arb_matrix(a, self.dps) * _exact.arb_scalar(factor, self.dps)
@@ -674,6 +696,9 @@ class FloatOps(ArbOps):
 
     def add_row(self, m, row):
         return self.grid(m) + self.grid(row)
+
+    def col_sums(self, m):
+        return self.grid(m).sum(axis=0, keepdims=True)
 
     def scale(self, a, factor):
         return self.grid(a) * float(_exact.to_mpf(factor, 30))

@@ -1017,10 +1017,10 @@ def _bias_gradient(key: str, order: float) -> Kind:
         return c.p.n_k if g in "KV" else c.p.n_q
 
     def relation(ops, v, c):
-        return ops.matmul(ops.ones(1, rows(c)), v(dg))
+        return ops.col_sums(v(dg))
 
     def averaged(ops, ex, c):
-        return ops.scale(ops.matmul(ops.ones(1, rows(c)), ex(dg)), ops.rational(1, rows(c)))
+        return ops.scale(ops.col_sums(ex(dg)), ops.rational(1, rows(c)))
 
     return Kind(
         key, key, order, "b_projection" if layer else "b_weights", f"Gradient of the {'output' if layer else {'Q': 'query', 'K': 'key', 'V': 'value'}[g]} bias",
