@@ -356,14 +356,14 @@ def _torch_backward(p: Problem, fused: bool) -> dict[str, np.ndarray]:
         outputs = []
         for pre, weights in zip(_prefixes(p), p.heads):
             projected = []
-            for g, w, b in (("Q", weights.W_Q, weights.b_Q), ("K", weights.W_K, weights.b_K),
-                            ("V", weights.W_V, weights.b_V)):
-                inp = X if g == "Q" else C
+            for inp, grad, dw, db, w, b in ((X, st.DQ, st.DW_Q, st.DB_Q, weights.W_Q, weights.b_Q),
+                                            (C, st.DK, st.DW_K, st.DB_K, weights.W_K, weights.b_K),
+                                            (C, st.DV, st.DW_V, st.DB_V, weights.W_V, weights.b_V)):
                 if b is None:
-                    y = inp @ leaf(pre("dW_" + g), w)
+                    y = inp @ leaf(pre(dw), w)
                 else:  # nn.Linear's x·Wᵀ + b, with the problem's W stored in × out
-                    y = F.linear(inp, leaf(pre("dW_" + g), w).T, leaf(pre("db_" + g), b)[0])
-                projected.append(keep(pre("d" + g), y))
+                    y = F.linear(inp, leaf(pre(dw), w).T, leaf(pre(db), b)[0])
+                projected.append(keep(pre(grad), y))
             outputs.append(keep(pre(st.DO), head(pre, *projected)))
         if p.multi_head:
             concat = keep(st.DCONCAT, torch.cat(outputs, dim=1))

@@ -281,11 +281,12 @@ def _intro(d: Derivation) -> str:
     if p.positions is not None:  # said after the sizes: the projections read X + PE
         what += ("; sinusoidal positions (base " + str(p.positions.base) + ") are added to X"
                  if p.positions.kind == "sinusoidal" else "; learned positions are added to X")
-    biases = [b for b in ("b_Q", "b_K", "b_V") if p.projected and any(getattr(h, b) is not None for h in p.heads)]
-    biases += ["b_O"] if getattr(p, "b_O", None) is not None else []
+    heads = ((registry.B_Q, "query"), (registry.B_K, "key"), (registry.B_V, "value"))
+    biases = [(b, word) for b, word in heads if p.projected and any(getattr(h, b) is not None for h in p.heads)]
+    biases += [(registry.B_O, "output")] if p.b_O is not None else []
     if biases:  # said after the sizes, as the positions are
-        what += f"; the projections add the {_word_list(biases)} bias{'es' if len(biases) > 1 else ''} ⟦" \
-            + "⟧, ⟦".join(biases) + "⟧ to every row"
+        what += (f"; the projections add the {_word_list([word for _, word in biases])} "
+                 f"bias{'es' if len(biases) > 1 else ''} ⟦" + "⟧, ⟦".join(b for b, _ in biases) + "⟧ to every row")
     symbols = ""
     if p.symbols:
         names = ", ".join(s.name for s in p.symbols)
@@ -297,9 +298,8 @@ def _intro(d: Derivation) -> str:
     return f"The problem: {what}; mask: {p.mask.rule()}{bias}; {scale}. Every number below is exact.{symbols}{_sharing(p)}"
 
 
-def _word_list(names: list[str]) -> str:
-    """``query, key and value`` for b_Q, b_K, b_V."""
-    words = [{"b_Q": "query", "b_K": "key", "b_V": "value", "b_O": "output"}[n] for n in names]
+def _word_list(words: list[str]) -> str:
+    """``query, key and value``."""
     return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
 
 

@@ -132,7 +132,7 @@ def _single_negative(x: sympy.Expr) -> bool:
 def _heads_form(d: Derivation, step: Step, i: int, j: int, wide: bool) -> EntryForm:
     parts = head_parts(d, step, i, j)
     plain = sympy.Add(*[x for _, x, over_z in parts if not over_z])
-    if step.key == registry.O_FINAL and getattr(d.problem, "b_O", None) is not None:
+    if step.key == registry.O_FINAL and d.problem.b_O is not None:
         plain += d.problem.b_O[0, j]  # O = concat W_O + b_O: the bias joins the numbers outside the fractions
     over = tuple(Over(x, i, head=h) for h, x, over_z in parts if over_z)
     return EntryForm(plain if plain != 0 or not over else None, over, heads=True, wide=wide)
