@@ -61,6 +61,19 @@ EXPECTED_IDS = {
         "head2.dW_Q", "head2.dW_K", "head2.dW_V",
         "dX", "dcontext",
     ],
+    # with projection biases: each bias's gradient after the weights' (db_O after dW_O)
+    "self, biases": ["dO", "dV", "dA", "dS_masked", "dS", "dQ", "dK", "dW_Q", "dW_K", "dW_V",
+                     "db_Q", "db_K", "db_V", "dX"],
+    "cross, biases": ["dO", "dV", "dA", "dS_masked", "dS", "dQ", "dK", "dW_Q", "dW_K", "dW_V",
+                      "db_Q", "db_K", "db_V", "dX", "dcontext"],
+    "self, two heads, biases": [
+        "dO", "dW_O", "db_O", "dconcat",
+        "head1.dO", "head1.dV", "head1.dA", "head1.dS_masked", "head1.dS", "head1.dQ", "head1.dK",
+        "head1.dW_Q", "head1.dW_K", "head1.dW_V", "head1.db_Q", "head1.db_K", "head1.db_V",
+        "head2.dO", "head2.dV", "head2.dA", "head2.dS_masked", "head2.dS", "head2.dQ", "head2.dK",
+        "head2.dW_Q", "head2.dW_K", "head2.dW_V", "head2.db_Q", "head2.db_K", "head2.db_V",
+        "dX",
+    ],
 }
 
 
@@ -68,7 +81,8 @@ def kind_of(p) -> str:
     if not p.projected:
         return "qkv"
     kind = "self" if p.context is None else "cross"
-    return kind + ", two heads" if p.multi_head else kind
+    kind = kind + ", two heads" if p.multi_head else kind
+    return kind + ", biases" if p.heads[0].b_Q is not None else kind
 
 
 # -- the problems ------------------------------------------------------------------
@@ -100,6 +114,22 @@ def random_problem(kind: str, seed: int):
         lines += [f"W_Q: {decimals(rng, d_model, 2)}", f"W_K: {decimals(rng, d_model, 2)}"]
         lines += [f"W_V: {decimals(rng, d_model, 3)}", "mask: causal-bottom-right"]
         d_out = 3
+    elif kind in ("self, biases", "cross, biases"):  # every projection with its bias, flat lists
+        lines += [f"X: {decimals(rng, n, d_model)}"]
+        if kind.startswith("cross"):
+            lines += [f"context: {decimals(rng, n_k, d_model)}"]
+        for w, d in (("Q", 2), ("K", 2), ("V", 3)):
+            lines += [f"W_{w}: {decimals(rng, d_model, d)}", f"b_{w}: {decimals(rng, 1, d)[1:-1]}"]
+        lines += ["mask: causal-bottom-right" if kind.startswith("cross") else "mask: causal"]
+        d_out = 3
+    elif kind == "self, two heads, biases":
+        lines += [f"X: {decimals(rng, n, d_model)}", "heads:"]
+        for d_k, d_v in ((2, 2), (3, 1)):
+            lines += [f"  - W_Q: {decimals(rng, d_model, d_k)}", f"    b_Q: {decimals(rng, 1, d_k)}",
+                      f"    W_K: {decimals(rng, d_model, d_k)}", f"    b_K: {decimals(rng, 1, d_k)}",
+                      f"    W_V: {decimals(rng, d_model, d_v)}", f"    b_V: {decimals(rng, 1, d_v)}"]
+        lines += [f"W_O: {decimals(rng, 3, 2)}", f"b_O: {decimals(rng, 1, 2)[1:-1]}", "mask: causal"]
+        d_out = 2
     elif kind in ("self, two heads", "cross, two heads"):
         lines += [f"X: {decimals(rng, n, d_model)}"]
         if kind.startswith("cross"):
@@ -133,6 +163,9 @@ RANDOM_KINDS = [
     "cross, bottom-right",
     "self, two heads",
     "cross, two heads",
+    "self, biases",
+    "cross, biases",
+    "self, two heads, biases",
 ]
 CASES = [pytest.param(path, loss, id=f"{path.stem}-{loss}") for path in EXAMPLES for loss in ("sum", "weights", "target")
          if "kv_heads" not in path.read_text("utf-8")]  # grouped-query attention: no backward pass yet
