@@ -44,7 +44,13 @@ HEAD_IDS = ["W_Q", "W_K", "W_V", "Q", "K", "V", "K_T", "S", "S_scaled", "M", "S_
 # decode: t adds token t's row from the KV cache after each head's stages, then the cost table
 DECODE_IDS = ["K_cache", "V_cache", "q_t", "s_t", "a_t", "o_t", "o_t_diff"]
 # with kv_heads, a K/V group's stages are listed once, with the group's first query head
-GROUP_IDS = {"W_K", "W_V", "K", "V", "K_rot", "K_T", "K_cache", "V_cache"}
+GROUP_IDS = {"W_K", "W_V", "b_K", "b_V", "K", "V", "K_rot", "K_T", "K_cache", "V_cache"}
+
+
+def _biases(raw: dict) -> list[str]:
+    """The projection biases a problem file gives (b_Q, b_K, b_V; at the top or in its heads)."""
+    heads = raw.get("heads") or [raw]
+    return [b for b in ("b_Q", "b_K", "b_V") if b in heads[0] or b in (raw.get("kv") or [{}])[0]]
 
 
 def contract_ids(example: Path) -> list[str]:
@@ -62,6 +68,8 @@ def _forward_ids(raw: dict) -> list[str]:
     if "Q" in raw:
         return given + tiled
     ids = ["X"] + (["context"] if "context" in raw else []) + (["PE", "X_pos"] if "positions" in raw else [])
+    biases = _biases(raw)  # after the weights, before the projections
+    head_ids = head_ids[:3] + biases + head_ids[3:] if biases and "Q" not in raw else head_ids
     per_head = head_ids + tiled + (DECODE_IDS if "decode" in raw else [])
     cost = ["step_cost"] if "decode" in raw else []
     if "heads" not in raw:
@@ -71,7 +79,7 @@ def _forward_ids(raw: dict) -> list[str]:
     for h in range(1, n + 1):
         first = (h - 1) % size == 0
         ids += [f"head{h}.{i}" for i in per_head if first or i not in GROUP_IDS]
-    return ids + cost + ["concat", "W_O", "O"]
+    return ids + cost + ["concat", "W_O"] + (["b_O"] if "b_O" in raw else []) + ["O"]
 
 
 def _gradient_ids(raw: dict) -> list[str]:
@@ -79,13 +87,15 @@ def _gradient_ids(raw: dict) -> list[str]:
     head = ["dV", "dA", "dS_masked", "dS", "dQ", "dK"]
     if "Q" in raw:
         return ["dO"] + head
-    head += ["dW_Q", "dW_K", "dW_V"]
+    head += ["dW_Q", "dW_K", "dW_V"] + ["d" + b for b in _biases(raw)]
     tail = ["dX"] + (["dcontext"] if "context" in raw else [])
     if "heads" not in raw:
         return ["dO"] + head + tail
-    ids = ["dO", "dW_O", "dconcat"]
-    for h in range(1, len(raw["heads"]) + 1):
-        ids += [f"head{h}.{i}" for i in ["dO"] + head]
+    ids = ["dO", "dW_O"] + (["db_O"] if "b_O" in raw else []) + ["dconcat"]
+    heads = range(1, len(raw["heads"]) + 1)  # every head's share dO first, as the README says
+    ids += [f"head{h}.dO" for h in heads]
+    for h in heads:
+        ids += [f"head{h}.{i}" for i in head]
     return ids + tail
 
 # A small valid problem (queries, keys and values given) used by the file tests.
