@@ -141,7 +141,8 @@ def read_slice(path, rel: str, tensor: str, rows: str | None, cols: str | None, 
         lo, hi = min(c[0], c[-1]), max(c[0], c[-1]) + 1
         r_lo, r_hi = min(r[0], r[-1]), max(r[0], r[-1]) + 1
         if dtype != "BF16":
-            out = _package_slice(path, tensor, r_lo, r_hi, lo, hi, flat)[[i - r_lo for i in r]]
+            whole = _package_vector(path, tensor, lo, hi) if flat else _package_slice(path, tensor, r_lo, r_hi, lo, hi)
+            out = whole[[i - r_lo for i in r]]
         else:  # NumPy has no bfloat16: the raw 16-bit words, row by row, from the header's offsets
             out = np.empty((len(r), hi - lo), dtype=item)
             width = (hi - lo) * item.itemsize
@@ -160,17 +161,24 @@ def read_slice(path, rel: str, tensor: str, rows: str | None, cols: str | None, 
         os.close(fd)
 
 
-def _package_slice(path, tensor: str, r_lo: int, r_hi: int, c_lo: int, c_hi: int, flat: bool = False):
+def _package_slice(path, tensor: str, r_lo: int, r_hi: int, c_lo: int, c_hi: int):
     """Rows r_lo:r_hi and columns c_lo:c_hi of ``tensor`` through the safetensors package,
-    which maps the file and reads only the slice (``get_slice``), after checking the header
-    (``flat``: a 1-dimensional tensor, its entries c_lo:c_hi as one row)."""
+    which maps the file and reads only the slice (``get_slice``), after checking the header."""
+    return _package_read(path, lambda f: f.get_slice(tensor)[r_lo:r_hi, c_lo:c_hi])
+
+
+def _package_vector(path, tensor: str, c_lo: int, c_hi: int):
+    """Entries c_lo:c_hi of the 1-dimensional ``tensor`` (a bias), as one row."""
+    return _package_read(path, lambda f: f.get_slice(tensor)[c_lo:c_hi].reshape(1, c_hi - c_lo))
+
+
+def _package_read(path, read):
+    """``read(f)`` of the file opened by the safetensors package; its errors as CheckpointError."""
     from safetensors import SafetensorError, safe_open
 
     try:
         with safe_open(os.fspath(path), framework="numpy") as f:
-            if flat:
-                return f.get_slice(tensor)[c_lo:c_hi].reshape(1, c_hi - c_lo)
-            return f.get_slice(tensor)[r_lo:r_hi, c_lo:c_hi]
+            return read(f)
     except (SafetensorError, OSError, ValueError, TypeError) as exc:
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise CheckpointError(f"is not a valid safetensors file: {reason}") from None
