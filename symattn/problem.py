@@ -822,7 +822,7 @@ class _Reader:
                     f"{inp}·{weight}", field)
         if m.cols != width:
             raise self.at(node).error(
-                f"has {m.cols} {_plural(m.cols, 'entry') if m.cols == 1 else 'entries'}, {weight} has {width} "
+                f"has {m.cols} {'entry' if m.cols == 1 else 'entries'}, {weight} has {width} "
                 f"{_plural(width, 'column')}: the bias adds one number to each column of {inp}·{weight}", field)
         return m
 

@@ -1022,9 +1022,11 @@ def _bias_gradient(key: str, order: float) -> Kind:
     def averaged(ops, ex, c):
         return ops.scale(ops.col_sums(ex(dg)), ops.rational(1, rows(c)))
 
+    noun = {"Q": "query", "K": "key", "V": "value", "O": "output"}[g]
     return Kind(
-        key, key, order, "b_projection" if layer else "b_weights", f"Gradient of the {'output' if layer else {'Q': 'query', 'K': 'key', 'V': 'value'}[g]} bias",
-        _WHY["db"].format(L=g) + (_WHY["db_K"] if g == "K" else ""), (f"db_{{{g}}} = \\mathbf{{1}}^{{\\top}} d{g}", f"db_{g} = 1ᵀ·d{g} (the column sums of d{g})"),
+        key, key, order, "b_projection" if layer else "b_weights", f"Gradient of the {noun} bias",
+        _WHY["db"].format(L=g) + (_WHY["db_K"] if g == "K" else ""),
+        (f"db_{{{g}}} = \\mathbf{{1}}^{{\\top}} d{g}", f"db_{g} = 1ᵀ·d{g} (the column sums of d{g})"),
         ("b", g.lower()), lambda sh, r, c: _prod((1, sh(dg)[0]), sh(dg), f"like b_{g}"),
         inputs=(dg,), relation=relation,
         when=lambda c: c.loss is not None and c.has_bias("b_" + g) and (c.multi or not layer),
@@ -1032,7 +1034,6 @@ def _bias_gradient(key: str, order: float) -> Kind:
         mistakes=(Mistake(f"averaged over the rows instead of summed: db_{g} is the sum of the rows of d{g}",
                           averaged),),
     )
-
 
 
 def _output_projection(ops, v, c: Context):
