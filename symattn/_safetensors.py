@@ -88,9 +88,10 @@ _DTYPES = {"F16": "<f2", "F32": "<f4", "F64": "<f8", "BF16": "<u2",
            "I8": "<i1", "I16": "<i2", "I32": "<i4", "I64": "<i8", "U8": "<u1"}
 
 
-def read_slice(path, rel: str, tensor: str, rows: str | None, cols: str | None, room: int):
+def read_slice(path, rel: str, tensor: str, rows: str | None, cols: str | None, room: int, vector: bool = False):
     """The NumPy array (float or integer; bfloat16 widened exactly to float32) of ``tensor``'s
-    ``rows`` and ``cols`` in the safetensors file ``path``, at most ``room`` numbers."""
+    ``rows`` and ``cols`` in the safetensors file ``path``, at most ``room`` numbers; with
+    ``vector`` a 1-dimensional tensor (a bias) is read as one row."""
     import numpy as np
 
     why = file_error(path, "safetensors file")
@@ -120,7 +121,9 @@ def read_slice(path, rel: str, tensor: str, rows: str | None, cols: str | None, 
             ok = False
         if not ok:
             raise CheckpointError(f"is not a valid safetensors file: the header's entry for {tensor!r} is malformed")
-        if len(shape) != 2:
+        if vector and len(shape) == 1:
+            shape = [1, shape[0]]
+        elif len(shape) != 2:
             raise CheckpointError(f"tensor {tensor!r} has shape {list(shape)}; a matrix is a 2-dimensional tensor")
         if dtype not in _DTYPES:
             raise CheckpointError(f"tensor {tensor!r} holds {dtype} values; symattn reads F16, BF16, F32, F64 and integers")
@@ -138,7 +141,7 @@ def read_slice(path, rel: str, tensor: str, rows: str | None, cols: str | None, 
         lo, hi = min(c[0], c[-1]), max(c[0], c[-1]) + 1
         r_lo, r_hi = min(r[0], r[-1]), max(r[0], r[-1]) + 1
         if dtype != "BF16":
-            out = _package_slice(path, tensor, r_lo, r_hi, lo, hi)[[i - r_lo for i in r]]
+            out = _package_slice(path, tensor, r_lo, r_hi, lo, hi, len(info["shape"]) == 1)[[i - r_lo for i in r]]
         else:  # NumPy has no bfloat16: the raw 16-bit words, row by row, from the header's offsets
             out = np.empty((len(r), hi - lo), dtype=item)
             width = (hi - lo) * item.itemsize
@@ -157,13 +160,16 @@ def read_slice(path, rel: str, tensor: str, rows: str | None, cols: str | None, 
         os.close(fd)
 
 
-def _package_slice(path, tensor: str, r_lo: int, r_hi: int, c_lo: int, c_hi: int):
+def _package_slice(path, tensor: str, r_lo: int, r_hi: int, c_lo: int, c_hi: int, flat: bool = False):
     """Rows r_lo:r_hi and columns c_lo:c_hi of ``tensor`` through the safetensors package,
-    which maps the file and reads only the slice (``get_slice``), after checking the header."""
+    which maps the file and reads only the slice (``get_slice``), after checking the header;
+    ``flat``: a 1-dimensional tensor, read as one row."""
     from safetensors import SafetensorError, safe_open
 
     try:
         with safe_open(os.fspath(path), framework="numpy") as f:
+            if flat:
+                return f.get_slice(tensor)[c_lo:c_hi].reshape(1, -1)
             return f.get_slice(tensor)[r_lo:r_hi, c_lo:c_hi]
     except (SafetensorError, OSError, ValueError, TypeError) as exc:
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
