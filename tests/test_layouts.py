@@ -521,3 +521,65 @@ def test_rope_scaling_is_refused(tmp_path, capsys):
     line = _error(tmp_path, "X: [[1, 0, 0, 0, 0, 0, 0, 0]]\nfrom: {file: model.safetensors, layout: llama, layer: 0, "
                             "heads: [1]}\n", capsys)
     assert "sets rope_scaling (llama3)" in line
+
+
+# -- the worked example ---------------------------------------------------------------------------
+
+
+def _tiny_script():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "worked_examples" / "make_tiny_checkpoint.py"
+    spec = importlib.util.spec_from_file_location("symattn_make_tiny_checkpoint", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_committed_tiny_checkpoint_is_what_the_script_writes(tmp_path, monkeypatch):
+    script = _tiny_script()
+    committed = (script.HERE / "tiny_gpt2.safetensors").read_bytes()
+    monkeypatch.setattr(script, "HERE", tmp_path)
+    script.main()
+    assert (tmp_path / "tiny_gpt2.safetensors").read_bytes() == committed
+    for name, array in script.tensors().items():
+        assert np.all(array * 4 == np.round(array * 4)) and np.abs(array).max() <= 1, name
+
+
+def _tiny_reference():
+    """Head 2 of the tiny GPT-2 layer in Fractions: X·W + b, causal softmax at 30 digits (mpmath)."""
+    import mpmath
+    import yaml
+
+    script = _tiny_script()
+    t = script.tensors()
+    x = yaml.safe_load((script.HERE / "tiny_gpt2_head.yaml").read_text("utf-8"))["X"]
+    w, b = t["h.0.attn.c_attn.weight"], t["h.0.attn.c_attn.bias"]
+    d = script.D_MODEL
+    proj = []
+    for start in (4, d + 4, 2 * d + 4):  # head 2 is columns 4:8 of Q, of K and of V
+        proj.append([[sum(Fraction(xi) * Fraction(float(w[i, start + j])) for i, xi in enumerate(row))
+                      + Fraction(float(b[start + j])) for j in range(4)] for row in x])
+    q, k, v = proj
+    mpmath.mp.dps = 30
+    out = []
+    for i in range(len(x)):
+        s = [sum(q[i][c] * k[j][c] for c in range(4)) / 2 for j in range(i + 1)]  # √d_head = 2
+        e = [mpmath.exp(mpmath.mpf(z.numerator) / z.denominator) for z in s]
+        a = [z / sum(e) for z in e]
+        out.append([float(sum(a[j] * mpmath.mpf(v[j][c].numerator) / v[j][c].denominator for j in range(i + 1)))
+                    for c in range(4)])
+    return np.array(out)
+
+
+def _tiny_derived():
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "worked_examples" / "tiny_gpt2_head.yaml"
+    return _values(symattn.derive(load_problem(path)), "O")
+
+
+@NEEDS_BIAS_STAGES
+def test_the_worked_example_is_gpt2s_head():
+    _close(_tiny_derived(), _tiny_reference())
