@@ -305,6 +305,7 @@ def _heads(reader, node: yaml.Node, n_head: int, d_head: int) -> list[int]:
         raise at(node).error(f"heads is a list of head numbers counted from 1, such as [1, 3], or all; not "
                              f"{_yaml.kind(node)}", "from.heads")
     picked: list[int] = []
+    seen: set[int] = set()
     for i, item in enumerate(node.value):
         name = f"from.heads item {i + 1}"
         if isinstance(item, yaml.ScalarNode) and not item.style and item.value == "0":
@@ -314,8 +315,9 @@ def _heads(reader, node: yaml.Node, n_head: int, d_head: int) -> list[int]:
         if h > n_head:
             raise at(item).error(f"head {h} is out of range: the layer has {n_head} heads, numbered 1 to {n_head}",
                                  name)
-        if h - 1 in picked:
+        if h in seen:
             raise at(item).error(f"head {h} is given twice", name)
+        seen.add(h)
         picked.append(h - 1)
     return picked
 
@@ -371,8 +373,14 @@ def _rope(reader, key, given: dict, config: dict, fields: dict, d_head: int, rel
 def _config(reader, path, rel: str, where_) -> dict:
     """The ``config.json`` beside the checkpoint ({} when there is none)."""
     cfg = path.parent / "config.json"
-    if not cfg.exists():
+    if not os.path.lexists(cfg):
         return {}
+    try:
+        inside = reader.base_dir in cfg.resolve().parents
+    except (RuntimeError, OSError):
+        inside = False
+    if not inside:
+        raise where_.error(f"the config.json beside {rel!r} leads out of the problem's folder (a link?)", "from")
     try:
         data = json.loads(read_regular(cfg, MAX_CONFIG, "config.json is {size} bytes; a model's config is smaller",
                                        noun="config file").decode("utf-8"))

@@ -141,7 +141,7 @@ def read_slice(path, rel: str, tensor: str, rows: str | None, cols: str | None, 
         lo, hi = min(c[0], c[-1]), max(c[0], c[-1]) + 1
         r_lo, r_hi = min(r[0], r[-1]), max(r[0], r[-1]) + 1
         if dtype != "BF16":
-            out = _package_slice(path, tensor, r_lo, r_hi, lo, hi, len(info["shape"]) == 1)[[i - r_lo for i in r]]
+            out = _package_slice(path, tensor, r_lo, r_hi, lo, hi)[[i - r_lo for i in r]]
         else:  # NumPy has no bfloat16: the raw 16-bit words, row by row, from the header's offsets
             out = np.empty((len(r), hi - lo), dtype=item)
             width = (hi - lo) * item.itemsize
@@ -160,17 +160,18 @@ def read_slice(path, rel: str, tensor: str, rows: str | None, cols: str | None, 
         os.close(fd)
 
 
-def _package_slice(path, tensor: str, r_lo: int, r_hi: int, c_lo: int, c_hi: int, flat: bool = False):
+def _package_slice(path, tensor: str, r_lo: int, r_hi: int, c_lo: int, c_hi: int):
     """Rows r_lo:r_hi and columns c_lo:c_hi of ``tensor`` through the safetensors package,
     which maps the file and reads only the slice (``get_slice``), after checking the header;
-    ``flat``: a 1-dimensional tensor, read as one row."""
+    a 1-dimensional tensor is one row."""
     from safetensors import SafetensorError, safe_open
 
     try:
         with safe_open(os.fspath(path), framework="numpy") as f:
-            if flat:
-                return f.get_slice(tensor)[c_lo:c_hi].reshape(1, -1)
-            return f.get_slice(tensor)[r_lo:r_hi, c_lo:c_hi]
+            part = f.get_slice(tensor)
+            if len(part.get_shape()) == 1:
+                return part[c_lo:c_hi].reshape(1, -1)
+            return part[r_lo:r_hi, c_lo:c_hi]
     except (SafetensorError, OSError, ValueError, TypeError) as exc:
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise CheckpointError(f"is not a valid safetensors file: {reason}") from None

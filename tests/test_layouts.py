@@ -583,3 +583,47 @@ def _tiny_derived():
 @NEEDS_BIAS_STAGES
 def test_the_worked_example_is_gpt2s_head():
     _close(_tiny_derived(), _tiny_reference())
+
+
+def test_a_config_link_out_of_the_folder_is_refused(tmp_path, capsys):
+    inner = tmp_path / "problem"
+    inner.mkdir()
+    _save(inner, _gpt2_tensors())
+    (tmp_path / "config.json").write_text('{"n_head": 4}', "utf-8")
+    (inner / "config.json").symlink_to(tmp_path / "config.json")
+    line = _error(inner, X16 + "from: {file: model.safetensors, layout: gpt2, layer: 0, heads: [1]}\n", capsys)
+    assert "the config.json beside 'model.safetensors' leads out of the problem's folder" in line, line
+
+
+@pytest.mark.parametrize("config, fragment", [
+    ("{not json", "is not valid JSON"),
+    ('{"n_head": "four"}', "has n_head 'four', not a whole number"),
+    ("[4]", "is not a JSON object"),
+])
+def test_bad_config(gpt2_file, capsys, config, fragment):
+    (gpt2_file / "config.json").write_text(config, "utf-8")
+    line = _error(gpt2_file, X16 + "from: {file: model.safetensors, layout: gpt2, layer: 0, heads: [1]}\n", capsys)
+    assert fragment in line, line
+
+
+def test_float16_weights_and_biases_are_exact(tmp_path):
+    t = _save(tmp_path, {k: v.astype(np.float16) for k, v in _gpt2_tensors().items()})
+    p = _problem(tmp_path, _x(3, 16), "file: model.safetensors, layout: gpt2, layer: 0, heads: [4, 1], n_head: 4")
+    assert _fractions(p.heads[0].W_V) == _expected(t["h.0.attn.c_attn.weight"][:, 44:48])
+    assert _fractions(p.heads[1].b_Q) == _expected(t["h.0.attn.c_attn.bias"][None, 0:4])
+    assert _fractions(p.b_O) == _expected(t["h.0.attn.c_proj.bias"][None])
+
+
+def test_bfloat16_weights_and_biases_are_exact(tmp_path):
+    """bfloat16 (what LLaMA checkpoints hold) is read as raw bits and widened exactly."""
+    torch = pytest.importorskip("torch")
+    from safetensors.torch import save_file
+
+    t = {k: torch.tensor(v).to(torch.bfloat16) for k, v in _llama_tensors(bias=True).items()}
+    save_file(t, str(tmp_path / "model.safetensors"))
+    p = _problem(tmp_path, _x(3, 8), "file: model.safetensors, layout: llama, layer: 0, heads: [4], "
+                                     "n_head: 4, n_kv_head: 2")
+    a = {k: v.to(torch.float64).numpy() for k, v in t.items() if k.startswith("model.layers.0.")}
+    assert _fractions(p.W_Q) == _expected(a["model.layers.0.self_attn.q_proj.weight"][12:16].T)
+    assert _fractions(p.W_K) == _expected(a["model.layers.0.self_attn.k_proj.weight"][4:8].T)
+    assert _fractions(p.heads[0].b_K) == _expected(a["model.layers.0.self_attn.k_proj.bias"][None, 4:8])
