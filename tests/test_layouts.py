@@ -14,25 +14,15 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
-from sympy import Rational
 
 safetensors_numpy = pytest.importorskip("safetensors.numpy")
 
 import symattn  # noqa: E402
 from symattn.cli import main  # noqa: E402
 from symattn.problem import load_problem  # noqa: E402
+from test_checkpoints import _error, _fractions, _write  # noqa: E402  (one line at the field; exact entries)
 
 NEEDS_BIAS_STAGES = pytest.mark.xfail(strict=True, reason="needs the projection-bias stages")
-
-
-def _write(tmp_path, text, name="p.yaml"):
-    path = tmp_path / name
-    path.write_text(text, "utf-8")
-    return path
-
-
-def _fractions(m):
-    return [[Fraction(int(Rational(m[i, j]).p), int(Rational(m[i, j]).q)) for j in range(m.cols)] for i in range(m.rows)]
 
 
 def _expected(array):
@@ -50,6 +40,14 @@ def _close(got, want):
 
 def _x(n, d, seed=7):
     return np.random.default_rng(seed).integers(-2, 3, size=(n, d))
+
+
+def _agree(d, att, heads, out):
+    """Every head's weights A and output, and the layer's output, equal the reference's."""
+    for h in range(len(att)):
+        _close(_values(d, f"head{h + 1}.A"), att[h].numpy())
+        _close(_values(d, f"head{h + 1}.O"), heads[h].numpy())
+    _close(_values(d, "O"), out.numpy())
 
 
 def _problem(tmp_path, x, spec, extra=""):
@@ -258,10 +256,7 @@ def test_gpt2_layer_matches_a_pytorch_reference(tmp_path, bias):
     att, heads, out = _gpt2_reference(torch, torch.tensor(x, dtype=torch.float64), T["h.1.attn.c_attn.weight"],
                                       T["h.1.attn.c_attn.bias"], T["h.1.attn.c_proj.weight"],
                                       T["h.1.attn.c_proj.bias"], 4)
-    for h in range(4):
-        _close(_values(d, f"head{h + 1}.A"), att[h].numpy())
-        _close(_values(d, f"head{h + 1}.O"), heads[h].numpy())
-    _close(_values(d, "O"), out.numpy())
+    _agree(d, att, heads, out)
 
 
 def _rotate_half(torch, x):
@@ -301,10 +296,7 @@ def test_llama_grouped_layer_with_rope_matches_a_pytorch_reference(tmp_path):
     a = {k.rsplit(".", 2)[-2]: torch.tensor(v) for k, v in t.items() if k.startswith("model.layers.1.")}
     att, heads, out = _llama_reference(torch, torch.tensor(x, dtype=torch.float64), a["q_proj"], a["k_proj"],
                                        a["v_proj"], a["o_proj"], 4, 2, 10000.0)
-    for h in range(4):
-        _close(_values(d, f"head{h + 1}.A"), att[h].numpy())
-        _close(_values(d, f"head{h + 1}.O"), heads[h].numpy())
-    _close(_values(d, "O"), out.numpy())
+    _agree(d, att, heads, out)
 
 
 def test_llama_one_head_of_a_group_matches_a_pytorch_reference(tmp_path):
@@ -355,10 +347,7 @@ def test_bert_layer_matches_a_pytorch_reference(tmp_path, bias):
     d = symattn.derive(_problem(tmp_path, x, "file: model.safetensors, layout: bert, layer: 0, heads: all"))
     a = {k.split("attention.")[1]: torch.tensor(v) for k, v in t.items() if k.startswith("bert.encoder.layer.0.")}
     att, heads, out = _bert_reference(torch, torch.tensor(x, dtype=torch.float64), a, 2)
-    for h in range(2):
-        _close(_values(d, f"head{h + 1}.A"), att[h].numpy())
-        _close(_values(d, f"head{h + 1}.O"), heads[h].numpy())
-    _close(_values(d, "O"), out.numpy())
+    _agree(d, att, heads, out)
 
 
 @pytest.mark.parametrize("layout, bias", [
@@ -410,15 +399,6 @@ def test_derive_cli_crosscheck_passes(tmp_path, capsys):
 
 
 # -- bad input: one line at the field ------------------------------------------------------------
-
-
-def _error(tmp_path, text, capsys):
-    path = _write(tmp_path, text)
-    assert main(["derive", str(path), "-f", "json"]) == 1
-    err = capsys.readouterr().err
-    lines = err.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("Error: ") and "Traceback" not in err, err
-    return lines[0].replace(str(path), "P")
 
 
 X16 = "X: [[1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1]]\n"
