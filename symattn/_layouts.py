@@ -10,7 +10,7 @@ projection that read those heads, and b_O) from the tensors a model of that layo
   slice is transposed), K/V heads shared in groups when there are fewer of them, biases when
   the file has them (Qwen), and rotary positions (Hugging Face's ``rotate_half`` pairing);
 - ``bert``: ``bert.encoder.layer.{layer}.attention.self.{query,key,value}`` and
-  ``attention.output.dense`` (nn.Linear), with or without ``bert.``.
+  ``attention.output.dense`` (nn.Linear), with ``bert.``, ``roberta.`` or no prefix.
 
 ``layer`` is the number in the tensor names (``h.0`` is layer 0); heads are counted from 1, as
 everywhere in a problem file (head 1 is the first d_head columns of Q). Only the slices needed
@@ -31,6 +31,7 @@ import yaml
 
 from . import _safetensors, _yaml
 from ._files import FileError, file_error, read_regular
+from ._numbers import is_positive
 from .problem import Head
 from .rope import Rope
 
@@ -74,7 +75,7 @@ _LAYOUT = {
     "llama": _Layout(("model.", ""), r"(?:^|\.)layers\.(\d+)\.self_attn\.", "layers.{layer}.self_attn.q_proj",
                      "layers.{layer}.self_attn.k_proj", "layers.{layer}.self_attn.v_proj",
                      "layers.{layer}.self_attn.o_proj", False, "causal", True),
-    "bert": _Layout(("bert.", ""), r"(?:^|\.)layer\.(\d+)\.attention\.",
+    "bert": _Layout(("bert.", "roberta.", ""), r"(?:^|\.)layer\.(\d+)\.attention\.",
                     "encoder.layer.{layer}.attention.self.query", "encoder.layer.{layer}.attention.self.key",
                     "encoder.layer.{layer}.attention.self.value", "encoder.layer.{layer}.attention.output.dense",
                     False, "none", False),
@@ -103,12 +104,23 @@ class _File:
             raise where_.error(f"cannot read {rel!r}: {exc.strerror or exc}", "from.file") from None
         finally:
             os.close(fd)
-        self.shapes = {k: v.get("shape") for k, v in header.items()
-                       if k != "__metadata__" and isinstance(v, dict) and isinstance(v.get("shape"), list)}
+        self.shapes: dict[str, list[int]] = {}
+        self.malformed: set[str] = set()  # entries without a shape of whole numbers
+        for k, v in header.items():
+            shape = v.get("shape") if isinstance(v, dict) else None
+            if k == "__metadata__":
+                continue
+            if isinstance(shape, list) and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0
+                                               for n in shape):
+                self.shapes[k] = shape
+            else:
+                self.malformed.add(k)
         self.cache: dict = {}
 
     def missing(self, name: str, what: str) -> str:
         """A tensor the layout needs is not in the file: the message, with the closest names."""
+        if name in self.malformed:
+            return f"{self.rel!r} is not a valid safetensors file: the header's entry for {name!r} is malformed"
         names = sorted(self.shapes)
         close = difflib.get_close_matches(name, names, n=3, cutoff=0.5)
         hint = ("; close: " + ", ".join(repr(c) for c in close)) if close else \
@@ -282,7 +294,7 @@ def _shapes(at, node, layout: _Layout, names: dict, ckpt: _File, n_head: int, wo
         heads_width = d_model
     else:
         d_model, heads_width = q_cols, q_rows  # nn.Linear: out × in
-    if heads_width % n_head:
+    if heads_width == 0 or heads_width % n_head:
         raise at(node).error(f"the queries are {heads_width} wide, which {n_head} heads cannot share equally: "
                              "check n_head (num_attention_heads)", "from.n_head")
     d_head = heads_width // n_head
@@ -356,7 +368,7 @@ def _rope(reader, key, given: dict, config: dict, fields: dict, d_head: int, rel
     if "rope_theta" in given:
         v = given["rope_theta"][1]
         base = reader.number(v, "from.rope_theta", use_symbols=False)
-        if not (base.is_positive and base.is_finite):
+        if not is_positive(base):
             raise at(v).error(f"rope_theta must be positive, not {v.value}", "from.rope_theta")
         return Rope("half", base=base)
     scaling = config.get("rope_scaling")

@@ -90,6 +90,7 @@ def _llama_tensors(d_model=8, n_head=4, n_kv=2, d_head=4, layers=2, bias=False, 
 
 
 def _bert_tensors(d_model=8, layers=2, bias="random", prefix="bert.", seed=11):
+    """A BERT-shaped encoder: nn.Linear weights out × in, every projection with its bias."""
     rng = np.random.default_rng(seed)
     t = {}
     for layer in range(layers):
@@ -181,7 +182,7 @@ def test_llama_selected_heads_and_their_groups(tmp_path, heads, kv_heads, groups
         assert _fractions(head.W_K) == _expected(t["model.layers.0.self_attn.k_proj.weight"][4 * (g - 1):4 * g].T)
 
 
-@pytest.mark.parametrize("prefix", ["bert.", ""])
+@pytest.mark.parametrize("prefix", ["bert.", "roberta.", ""])
 def test_bert_heads(tmp_path, prefix):
     t = _save(tmp_path, _bert_tensors(prefix=prefix), config={"num_attention_heads": 2})
     p = _problem(tmp_path, _x(3, 8), "file: model.safetensors, layout: bert, layer: 1, heads: [2, 1]")
@@ -607,3 +608,19 @@ def test_bfloat16_weights_and_biases_are_exact(tmp_path):
     assert _fractions(p.W_Q) == _expected(a["model.layers.0.self_attn.q_proj.weight"][12:16].T)
     assert _fractions(p.W_K) == _expected(a["model.layers.0.self_attn.k_proj.weight"][4:8].T)
     assert _fractions(p.heads[0].b_K) == _expected(a["model.layers.0.self_attn.k_proj.bias"][None, 4:8])
+
+
+@pytest.mark.parametrize("shape, fragment", [
+    (["x", 3], "the header's entry for 'h.0.attn.c_attn.weight' is malformed"),
+    ([0, 0], "the queries are 0 wide"),
+    ([4, 12], "h.0.attn.c_proj.weight is 4×12, which does not fit queries 4 wide and d_model = 4"),
+])
+def test_hostile_headers(tmp_path, capsys, shape, fragment):
+    """Shapes the header claims are checked before anything is read or computed from them."""
+    entries = {name: {"dtype": "F32", "shape": shape, "data_offsets": [0, 0]}
+               for name in ("h.0.attn.c_attn.weight", "h.0.attn.c_proj.weight")}
+    header = json.dumps(entries).encode()
+    (tmp_path / "model.safetensors").write_bytes(len(header).to_bytes(8, "little") + header)
+    line = _error(tmp_path, X16 + "from: {file: model.safetensors, layout: gpt2, layer: 0, heads: [1], n_head: 4}\n",
+                  capsys)
+    assert fragment in line, line
