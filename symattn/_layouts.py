@@ -128,22 +128,31 @@ class _File:
              "; it holds no tensors")
         return f"{self.rel!r} has no tensor {name!r} ({what}){hint}"
 
+    def array(self, tensor: str, rows: str | None = None, cols: str | None = None, transpose: bool = False,
+              vector: bool = False):
+        """The NumPy array of a slice of ``tensor`` (a 1-dimensional one as a row)."""
+        reader = self.reader
+        try:
+            array = _safetensors.read_slice(self.path, self.rel, tensor, rows, cols, reader.max_size - reader.size,
+                                            vector=vector)
+        except _safetensors.CheckpointError as exc:
+            text = str(exc)
+            raise self.where.error(text if text.startswith(("the slice", "tensor ")) else f"{self.rel!r} {text}",
+                                   "from") from None
+        return array.T if transpose else array
+
+    def exact(self, array):
+        """The exact matrix of an array read from the file, counted against the size limit."""
+        m = self.reader.slice_matrix(array, self.rel, self.where, "from")
+        self.reader.count(m.rows * m.cols, self.where, "from")
+        return m
+
     def matrix(self, tensor: str, rows: str | None = None, cols: str | None = None, transpose: bool = False,
                vector: bool = False):
-        """The exact matrix of a slice of ``tensor`` (a 1-dimensional one as a row)."""
+        """The exact matrix of a slice of ``tensor``, read once (heads of a K/V group share it)."""
         key = (tensor, rows, cols, transpose)
         if key not in self.cache:
-            reader = self.reader
-            try:
-                array = _safetensors.read_slice(self.path, self.rel, tensor, rows, cols,
-                                                reader.max_size - reader.size, vector=vector)
-            except _safetensors.CheckpointError as exc:
-                text = str(exc)
-                raise self.where.error(text if text.startswith(("the slice", "tensor ")) else f"{self.rel!r} {text}",
-                                       "from") from None
-            m = reader.slice_matrix(array.T if transpose else array, self.rel, self.where, "from")
-            reader.count(m.rows * m.cols, self.where, "from")
-            self.cache[key] = m
+            self.cache[key] = self.exact(self.array(tensor, rows, cols, transpose, vector))
         return self.cache[key]
 
 
@@ -228,8 +237,8 @@ def read_from(reader, key: yaml.Node, node: yaml.Node, fields: dict, X) -> Loade
     picked = _heads(reader, given["heads"][1], n_head, d_head)
     group = n_head // n_kv
 
-    def part(proj: str, h: int, kv: bool = False) -> tuple:
-        """The weights and bias of head h (0-based; a K/V head with ``kv``) in projection ``proj``."""
+    def part(proj: str, h: int) -> tuple:
+        """The weights and bias of head h (0-based; for K and V, the K/V head) in projection ``proj``."""
         lo = h * d_head
         span = f"{lo}:{lo + d_head}"
         if layout.fused:  # Q|K|V side by side: K's columns start at d_model, V's at 2·d_model
@@ -251,12 +260,14 @@ def read_from(reader, key: yaml.Node, node: yaml.Node, fields: dict, X) -> Loade
         heads.append(Head(W_Q, W_K, W_V, b_Q, b_K, b_V))
     loaded = Loaded(heads, mask=layout.mask, multi=len(picked) > 1)
     if loaded.multi:
-        blocks = []
+        import numpy as np
+
+        blocks = []  # the rows of the output projection that read each listed head, in order
         for h in picked:
             span = f"{h * d_head}:{(h + 1) * d_head}"
-            blocks.append(ckpt.matrix(names["o"] + ".weight", rows=span) if layout.fused else
-                          ckpt.matrix(names["o"] + ".weight", cols=span, transpose=True))
-        loaded.matrices["W_O"] = sympy.ImmutableMatrix.vstack(*blocks) if len(blocks) > 1 else blocks[0]
+            blocks.append(ckpt.array(names["o"] + ".weight", rows=span) if layout.fused else
+                          ckpt.array(names["o"] + ".weight", cols=span, transpose=True))
+        loaded.matrices["W_O"] = ckpt.exact(np.vstack(blocks))
         if names["o"] + ".bias" in ckpt.shapes:
             loaded.matrices["b_O"] = ckpt.matrix(names["o"] + ".bias", vector=True)
         if group > 1:
