@@ -32,7 +32,6 @@ import yaml
 from . import _safetensors, _yaml
 from ._files import FileError, file_error, read_regular
 from ._numbers import is_positive
-from .problem import Head
 from .rope import Rope
 
 LAYOUTS = ("gpt2", "llama", "bert")
@@ -45,10 +44,11 @@ MAX_CONFIG = 1_000_000  # bytes of config.json
 
 @dataclass
 class Loaded:
-    """What ``from:`` fills in: the heads, ``matrices`` (W_O and b_O with several heads), the
-    K/V groups, the rotary embedding and the layout's mask when the problem gives none."""
+    """What ``from:`` fills in: each head's (W_Q, W_K, W_V, b_Q, b_K, b_V) (a bias None when the
+    file has none), ``matrices`` (W_O and b_O with several heads), the K/V groups, the rotary
+    embedding and the layout's mask when the problem gives none."""
 
-    heads: list
+    heads: list[tuple]
     matrices: dict = field(default_factory=dict)
     kv_heads: int | None = None
     rope: Rope | None = None
@@ -257,7 +257,7 @@ def read_from(reader, key: yaml.Node, node: yaml.Node, fields: dict, X) -> Loade
         W_Q, b_Q = part("q", h)
         W_K, b_K = part("k", h // group)
         W_V, b_V = part("v", h // group)
-        heads.append(Head(W_Q, W_K, W_V, b_Q, b_K, b_V))
+        heads.append((W_Q, W_K, W_V, b_Q, b_K, b_V))
     loaded = Loaded(heads, mask=layout.mask, multi=len(picked) > 1)
     if loaded.multi:
         import numpy as np

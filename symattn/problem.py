@@ -470,7 +470,7 @@ class _Reader:
 
                 loaded = read_from(self, key("from"), node("from"), fields, X)
                 head_nodes, kv_heads = [], loaded.kv_heads
-                heads.extend(loaded.heads)
+                heads.extend(Head(*weights) for weights in loaded.heads)
                 matrices.update(loaded.matrices)
             elif "heads" in fields:
                 for name in ("W_Q", "W_K", "W_V"):
