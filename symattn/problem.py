@@ -459,7 +459,9 @@ class _Reader:
             n_q, n_k = matrices["Q"].rows, matrices["K"].rows
         else:
             if "X" not in fields:
-                raise self.at(root).error("X is missing: give X with W_Q, W_K and W_V, or give Q, K and V directly")
+                raise self.at(root).error("X is missing: from: gives the weights; give X, the layer's input (one row "
+                                          "of d_model entries per token)" if "from" in fields else
+                                          "X is missing: give X with W_Q, W_K and W_V, or give Q, K and V directly")
             matrices["X"] = X = self.matrix(node("X"), "X")
             kv_name = "context" if "context" in fields else "X"
             if "context" in fields:

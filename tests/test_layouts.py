@@ -624,3 +624,8 @@ def test_hostile_headers(tmp_path, capsys, shape, fragment):
     line = _error(tmp_path, X16 + "from: {file: model.safetensors, layout: gpt2, layer: 0, heads: [1], n_head: 4}\n",
                   capsys)
     assert fragment in line, line
+
+
+def test_x_is_needed(gpt2_file, capsys):
+    line = _error(gpt2_file, "from: {file: model.safetensors, layout: gpt2, layer: 0, heads: [1], n_head: 4}\n", capsys)
+    assert re.match(r"Error: P:1:1: X is missing: from: gives the weights; give X, the layer's input", line), line
