@@ -38,7 +38,7 @@ LAYOUTS = ("gpt2", "llama", "bert")
 KEYS = ("file", "layout", "layer", "heads", "n_head", "n_kv_head", "rope_theta")
 ALIASES = {"num_attention_heads": "n_head", "num_key_value_heads": "n_kv_head"}  # config.json's names
 USAGE = "from: {file: model.safetensors, layout: gpt2, layer: 0, heads: [1, 2]}"
-CONFLICTS = ("W_Q", "W_K", "W_V", "heads", "W_O", "kv_heads", "kv", "context")
+CONFLICTS = ("W_Q", "W_K", "W_V", "b_Q", "b_K", "b_V", "heads", "W_O", "b_O", "kv_heads", "kv", "context")
 MAX_CONFIG = 1_000_000  # bytes of config.json
 
 
