@@ -67,6 +67,7 @@ FIELDS = (
     "tiling",
     "positions",
     "decode",
+    "from",
 )
 MASK_WORDS = ("none", "causal", "causal-bottom-right")
 BIAS_NAMES = ("b_Q", "b_K", "b_V")  # a head's projection biases (b_O is the layer's)
@@ -442,7 +443,7 @@ class _Reader:
         self.symbols = self.read_symbols(node("symbols"))
         values = self.read_values(node("values"))
         direct = [n for n in ("Q", "K", "V") if n in fields]
-        projected = [n for n in ("X", "W_Q", "W_K", "W_V", "context", "heads", "W_O") if n in fields]
+        projected = [n for n in ("X", "W_Q", "W_K", "W_V", "context", "heads", "W_O", "from") if n in fields]
         if direct and projected:
             raise self.at(key(direct[0])).error(
                 f"give either X with W_Q, W_K, W_V or Q, K, V directly, not both ({projected[0]} is also given)"
@@ -460,7 +461,8 @@ class _Reader:
                 "(b_O goes with heads and W_O)", "b_O")
         matrices: dict[str, Matrix] = {}
         heads: list[Head] = []
-        kv_heads = self.kv_fields(fields)
+        kv_heads = self.kv_fields(fields) if "from" not in fields else None
+        loaded = None  # the layer's weights from a checkpoint (the from: field)
         if direct:
             for name in ("Q", "K", "V"):
                 if name not in fields:
@@ -473,13 +475,22 @@ class _Reader:
             n_q, n_k = matrices["Q"].rows, matrices["K"].rows
         else:
             if "X" not in fields:
-                raise self.at(root).error("X is missing: give X with W_Q, W_K and W_V, or give Q, K and V directly")
+                raise self.at(root).error("X is missing: from: gives the weights; give X, the layer's input (one row "
+                                          "of d_model entries per token)" if "from" in fields else
+                                          "X is missing: give X with W_Q, W_K and W_V, or give Q, K and V directly")
             matrices["X"] = X = self.matrix(node("X"), "X")
             kv_name = "context" if "context" in fields else "X"
             if "context" in fields:
                 matrices["context"] = self.matrix(node("context"), "context")
             C = matrices[kv_name]
-            if "heads" in fields:
+            if "from" in fields:
+                from ._layouts import read_from
+
+                loaded = read_from(self, key("from"), node("from"), fields, X)
+                head_nodes, kv_heads = [], loaded.kv_heads
+                heads.extend(Head(*weights) for weights in loaded.heads)
+                matrices.update(loaded.matrices)
+            elif "heads" in fields:
                 for name in ("W_Q", "W_K", "W_V") + BIAS_NAMES:
                     if name in fields:
                         own = "W_Q, W_K, W_V" if name.startswith("W") else "b_Q, b_K, b_V"
@@ -574,7 +585,8 @@ class _Reader:
         else:
             key_tokens = tokens
 
-        mask = self.mask(node("mask"), n_q, n_k)
+        mask = self.mask(node("mask"), n_q, n_k) if loaded is None or "mask" in fields else \
+            Mask(loaded.mask, mask_rule(loaded.mask, n_q, n_k))
         bias = None
         if "bias" in fields:
             bias = self.matrix(node("bias"), "bias", allow_neg_inf=True)
@@ -594,6 +606,8 @@ class _Reader:
             d_ks = [h.d_k for h in heads] if heads else [matrices["Q"].cols]
             rope = read_rope(self, key("rope"), node("rope"), d_ks, n_q, n_k, multi="heads" in fields,
                              cross="context" in fields, backward="backward" in fields)
+        elif loaded is not None:
+            rope = loaded.rope
         tiling = self.tiling(node("tiling"), n_q) if "tiling" in fields else None
         if tiling is not None and self.symbols:
             raise self.at(key("tiling")).error(
@@ -616,7 +630,7 @@ class _Reader:
             digits=self.digits(node("digits")),
             bias=bias,
             heads=tuple(heads),
-            multi_head="heads" in fields,
+            multi_head="heads" in fields or (loaded is not None and loaded.multi),
             symbols=tuple(self.symbols.values()),
             values=tuple(values.items()),
             backward=backward,
@@ -1084,24 +1098,7 @@ class _Reader:
         if "file" not in keys or len(keys) != len(node.value):
             raise self.at(node).error("a matrix is a list of rows, or {file: NAME} naming a .npy, .csv "
                                       "or .safetensors file", name)
-        value = keys["file"][1]
-        if not isinstance(value, yaml.ScalarNode) or _yaml.is_null(value):
-            raise self.at(value).error("file: needs a file name", name)
-        where_ = self.at(value)
-        rel = value.value
-        if self.base_dir is None:
-            raise where_.error("matrices from files need the problem to be read from a file", name)
-        if "\x00" in rel:
-            raise where_.error(f"{rel!r}: the file name holds a NUL byte; no file is named so", name)
-        if os.path.isabs(rel) or ".." in Path(rel).parts:
-            raise where_.error(f"{rel!r} must be a path inside the problem's folder (no absolute paths, no ..)", name)
-        try:
-            path = (self.base_dir / rel).resolve()
-        except (RuntimeError, OSError):  # Python before 3.13 raises RuntimeError for a loop of links
-            raise where_.error(f"cannot read {rel!r}: the path is a loop of symbolic links; it leads to no file",
-                               name) from None
-        if self.base_dir not in path.parents:
-            raise where_.error(f"{rel!r} leaves the problem's folder", name)
+        path, rel, where_ = self.resolve_file(keys["file"][1], name)
         suffix = path.suffix.lower()
         refusal = _safetensors.pickle_refusal(rel)
         if refusal:
@@ -1128,6 +1125,28 @@ class _Reader:
         m = self._read_csv(data, rel, where_, name) if suffix == ".csv" else self._read_npy(data, rel, where_, name, vector)
         self.count(m.rows * m.cols, where_, name)
         return m
+
+    def resolve_file(self, value: yaml.Node, name: str) -> tuple[Path, str, Where]:
+        """The path of the file ``value`` names, inside the problem's folder, with its name as
+        written and its place."""
+        if not isinstance(value, yaml.ScalarNode) or _yaml.is_null(value):
+            raise self.at(value).error("file: needs a file name", name)
+        where_ = self.at(value)
+        rel = value.value
+        if self.base_dir is None:
+            raise where_.error("matrices from files need the problem to be read from a file", name)
+        if "\x00" in rel:
+            raise where_.error(f"{rel!r}: the file name holds a NUL byte; no file is named so", name)
+        if os.path.isabs(rel) or ".." in Path(rel).parts:
+            raise where_.error(f"{rel!r} must be a path inside the problem's folder (no absolute paths, no ..)", name)
+        try:
+            path = (self.base_dir / rel).resolve()
+        except (RuntimeError, OSError):  # Python before 3.13 raises RuntimeError for a loop of links
+            raise where_.error(f"cannot read {rel!r}: the path is a loop of symbolic links; it leads to no file",
+                               name) from None
+        if self.base_dir not in path.parents:
+            raise where_.error(f"{rel!r} leaves the problem's folder", name)
+        return path, rel, where_
 
     def checkpoint_matrix(self, keys: dict, path: Path, rel: str, where_: Where, name: str, vector: bool = False) -> Matrix:
         """``{file: X.safetensors, tensor: NAME, rows: "a:b", cols: "c:d", transpose: true}``:
@@ -1167,17 +1186,20 @@ class _Reader:
             raise where_.error(f"{rel!r} {text}" if not text.startswith("the slice") else text, name) from None
         if transpose:
             array = array.T
-        if array.dtype.kind in "iu":
-            m = rational_matrix(array.shape[0], array.shape[1], [QQ(int(v)) for v in array.ravel().tolist()])
-        else:
-            if not np_isfinite(array):
-                raise self.at(keys["tensor"][1]).error(f"{rel!r}: the slice holds NaN or infinite values", name)
-            if np_largest(array) > 1e300:
-                raise self.at(keys["tensor"][1]).error(
-                    f"{rel!r}: the slice holds a value larger than 10^300 in size; use smaller numbers", name)
-            m = binary_float_matrix(array)
+        m = self.slice_matrix(array, rel, self.at(keys["tensor"][1]), name)
         self.count(m.rows * m.cols, where_, name)
         return m
+
+    def slice_matrix(self, array, rel: str, where_: Where, name: str) -> Matrix:
+        """The exact matrix of a slice read from a checkpoint: integers, or each float the dyadic
+        rational it stands for."""
+        if array.dtype.kind in "iu":
+            return rational_matrix(array.shape[0], array.shape[1], [QQ(int(v)) for v in array.ravel().tolist()])
+        if not np_isfinite(array):
+            raise where_.error(f"{rel!r}: the slice holds NaN or infinite values", name)
+        if np_largest(array) > 1e300:
+            raise where_.error(f"{rel!r}: the slice holds a value larger than 10^300 in size; use smaller numbers", name)
+        return binary_float_matrix(array)
 
     def _read_csv(self, data: bytes, rel: str, where_: Where, name: str) -> Matrix:
         rows = _csv_rows(_csv_text(data, rel, where_, name), rel, where_, name)

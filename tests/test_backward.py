@@ -69,10 +69,11 @@ ROOT = Path(__file__).resolve().parent.parent
 # (sines and cosines) are beyond this file's fractions: their gradients are checked in
 # test_positions.py (finite differences and PyTorch autograd). Projection biases (b_Q, ..., b_O) are
 # beyond this file's reading of a problem: their forward and backward passes are checked in
-# test_bias.py (by hand, NumPy and PyTorch autograd).
+# test_bias.py (by hand, NumPy and PyTorch autograd). Weights from a checkpoint's layout (from:) are
+# not in this file's YAML reference either: test_layouts.py checks them against PyTorch.
 EXAMPLES = sorted(p for p in (ROOT / "worked_examples").glob("*.yaml")
                   if not p.stem.startswith("rope") and "kv_heads" not in p.read_text("utf-8")
-                  and not any(line.startswith("positions:") for line in p.read_text("utf-8").splitlines())
+                  and not any(line.startswith(("positions:", "from:")) for line in p.read_text("utf-8").splitlines())
                   and "b_Q:" not in p.read_text("utf-8"))
 CAUSAL4 = ROOT / "worked_examples" / "causal_4_tokens.yaml"
 TWO_HEADS = ROOT / "worked_examples" / "two_heads.yaml"

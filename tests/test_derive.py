@@ -34,10 +34,12 @@ from _reference import fmatmul, fmatrix, frac, ftranspose
 
 ROOT = Path(__file__).resolve().parent.parent
 # The single-head numeric examples; heads and symbols have their own references in test_family.py,
-# RoPE in test_rope.py; positional encodings (sines and cosines, not fractions) in test_positions.py.
+# RoPE in test_rope.py; positional encodings (sines and cosines, not fractions) in test_positions.py;
+# weights from a checkpoint's layout (from:) in test_layouts.py.
 EXAMPLES = sorted(
     p for p in (ROOT / "worked_examples").glob("*.yaml")
-    if not any(line.startswith(("heads:", "symbols:", "rope:", "positions:")) for line in p.read_text("utf-8").splitlines())
+    if not any(line.startswith(("heads:", "symbols:", "rope:", "positions:", "from:"))
+               for line in p.read_text("utf-8").splitlines())
 )
 EXAMPLE_IDS = [p.stem for p in EXAMPLES]
 

@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 import symattn
+from symattn.problem import parse_problem
 from symattn.render import prose
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "worked_examples"
@@ -25,7 +26,8 @@ def derive(path, backward=None):
     if backward is not None:
         data = yaml.safe_load(Path(path).read_text("utf-8"))
         data["backward"] = {"loss": backward}
-        p = symattn.load_problem(yaml.safe_dump(data))
+        # read as if from the example's folder, where the files it names (from: a checkpoint) are
+        p = parse_problem(yaml.safe_dump(data), str(path), base_dir=Path(path).resolve().parent)
     return symattn.derive(p)
 
 

@@ -128,8 +128,9 @@ def test_the_cli_suggests_a_stage_name(tmp_path):
 # -- nothing outside the registry spells a stage id -----------------------------------------
 
 # problem.py and generate.py read and write the problem file, whose fields (X, W_Q, ...) share
-# their names with the input stages; they name fields, not stages.
-_FIELD_MODULES = {"problem.py", "generate.py", "stages.py"}
+# their names with the input stages; they name fields, not stages (as _layouts.py, which fills
+# them from a checkpoint for the from: field).
+_FIELD_MODULES = {"problem.py", "generate.py", "stages.py", "_layouts.py"}
 _NAMES = set(stages.NAMES) | {k.key for k in stages.KINDS}
 
 

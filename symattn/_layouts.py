@@ -1,0 +1,437 @@
+"""One attention layer of a known checkpoint layout, cut into heads: the ``from:`` field.
+
+``from: {file: model.safetensors, layout: gpt2, layer: 0, heads: [3]}`` fills each listed head's
+W_Q, W_K, W_V and its biases b_Q, b_K, b_V (and, with several heads, W_O, the rows of the output
+projection that read those heads, and b_O) from the tensors a model of that layout names:
+
+- ``gpt2``: ``h.{layer}.attn.c_attn`` (Conv1D, in × out, Q|K|V side by side, each n_head blocks
+  of d_head columns) and ``h.{layer}.attn.c_proj``, with or without ``transformer.``;
+- ``llama``: ``model.layers.{layer}.self_attn.{q,k,v,o}_proj`` (nn.Linear, out × in, so each
+  slice is transposed), K/V heads shared in groups when there are fewer of them, biases when
+  the file has them (Qwen), and rotary positions (Hugging Face's ``rotate_half`` pairing);
+- ``bert``: ``bert.encoder.layer.{layer}.attention.self.{query,key,value}`` and
+  ``attention.output.dense`` (nn.Linear), with ``bert.``, ``roberta.`` or no prefix.
+
+``layer`` is the number in the tensor names (``h.0`` is layer 0); heads are counted from 1, as
+everywhere in a problem file (head 1 is the first d_head columns of Q). Only the slices needed
+are read (:mod:`symattn._safetensors`), each float its exact dyadic rational.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from fractions import Fraction
+
+import sympy
+import yaml
+
+from . import _safetensors, _yaml
+from ._files import FileError, file_error, read_regular
+from ._numbers import is_positive
+from .rope import Rope
+
+LAYOUTS = ("gpt2", "llama", "bert")
+KEYS = ("file", "layout", "layer", "heads", "n_head", "n_kv_head", "rope_theta")
+ALIASES = {"num_attention_heads": "n_head", "num_key_value_heads": "n_kv_head"}  # config.json's names
+USAGE = "from: {file: model.safetensors, layout: gpt2, layer: 0, heads: [1, 2]}"
+CONFLICTS = ("W_Q", "W_K", "W_V", "b_Q", "b_K", "b_V", "heads", "W_O", "b_O", "kv_heads", "kv", "context")
+MAX_CONFIG = 1_000_000  # bytes of config.json
+
+
+@dataclass
+class Loaded:
+    """What ``from:`` fills in: each head's (W_Q, W_K, W_V, b_Q, b_K, b_V) (a bias None when the
+    file has none), ``matrices`` (W_O and b_O with several heads), the K/V groups, the rotary
+    embedding and the layout's mask when the problem gives none."""
+
+    heads: list[tuple]
+    matrices: dict = field(default_factory=dict)
+    kv_heads: int | None = None
+    rope: Rope | None = None
+    mask: str = "none"
+    multi: bool = False
+
+
+@dataclass(frozen=True)
+class _Layout:
+    prefixes: tuple[str, ...]  # tried in turn before each name
+    layers: str  # a regular expression whose group is the layer number
+    q: str  # the tensors, {layer} filled in; llama and bert have one per projection
+    k: str
+    v: str
+    o: str
+    fused: bool  # gpt2: Q|K|V side by side in the q tensor (Conv1D, in × out)
+    mask: str
+    rope: bool
+
+
+_LAYOUT = {
+    "gpt2": _Layout(("", "transformer."), r"(?:^|\.)h\.(\d+)\.attn\.", "h.{layer}.attn.c_attn", "", "",
+                    "h.{layer}.attn.c_proj", True, "causal", False),
+    "llama": _Layout(("model.", ""), r"(?:^|\.)layers\.(\d+)\.self_attn\.", "layers.{layer}.self_attn.q_proj",
+                     "layers.{layer}.self_attn.k_proj", "layers.{layer}.self_attn.v_proj",
+                     "layers.{layer}.self_attn.o_proj", False, "causal", True),
+    "bert": _Layout(("bert.", "roberta.", ""), r"(?:^|\.)layer\.(\d+)\.attention\.",
+                    "encoder.layer.{layer}.attention.self.query", "encoder.layer.{layer}.attention.self.key",
+                    "encoder.layer.{layer}.attention.self.value", "encoder.layer.{layer}.attention.output.dense",
+                    False, "none", False),
+}
+
+
+class _File:
+    """The checkpoint: its tensors' shapes (from the header) and slices read on demand, each
+    counted against the problem's size limit."""
+
+    def __init__(self, reader, path, rel: str, where_) -> None:
+        self.reader, self.path, self.rel, self.where = reader, path, rel, where_
+        why = file_error(path, "safetensors file")
+        if why is not None:
+            raise where_.error(f"{rel!r} {why}" if str(why).startswith("is ") else f"cannot read {rel!r}: "
+                               f"{why.strerror}", "from.file")
+        try:
+            fd = os.open(os.fspath(path), os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        except OSError as exc:
+            raise where_.error(f"cannot read {rel!r}: {exc.strerror}", "from.file") from None
+        try:
+            header, _ = _safetensors._header(fd, os.fstat(fd).st_size)
+        except _safetensors.CheckpointError as exc:
+            raise where_.error(f"{rel!r} {exc}", "from.file") from None
+        except OSError as exc:
+            raise where_.error(f"cannot read {rel!r}: {exc.strerror or exc}", "from.file") from None
+        finally:
+            os.close(fd)
+        self.shapes: dict[str, list[int]] = {}
+        self.malformed: set[str] = set()  # entries without a shape of whole numbers
+        for k, v in header.items():
+            shape = v.get("shape") if isinstance(v, dict) else None
+            if k == "__metadata__":
+                continue
+            if isinstance(shape, list) and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0
+                                               for n in shape):
+                self.shapes[k] = shape
+            else:
+                self.malformed.add(k)
+        self.cache: dict = {}
+
+    def missing(self, name: str, what: str) -> str:
+        """A tensor the layout needs is not in the file: the message, with the closest names."""
+        if name in self.malformed:
+            return f"{self.rel!r} is not a valid safetensors file: the header's entry for {name!r} is malformed"
+        names = sorted(self.shapes)
+        close = difflib.get_close_matches(name, names, n=3, cutoff=0.5)
+        hint = ("; close: " + ", ".join(repr(c) for c in close)) if close else \
+            (f"; it holds {len(names)} tensors, e.g. " + ", ".join(repr(c) for c in names[:3]) if names else
+             "; it holds no tensors")
+        return f"{self.rel!r} has no tensor {name!r} ({what}){hint}"
+
+    def array(self, tensor: str, rows: str | None = None, cols: str | None = None, transpose: bool = False,
+              vector: bool = False):
+        """The NumPy array of a slice of ``tensor`` (a 1-dimensional one as a row)."""
+        reader = self.reader
+        try:
+            array = _safetensors.read_slice(self.path, self.rel, tensor, rows, cols, reader.max_size - reader.size,
+                                            vector=vector)
+        except _safetensors.CheckpointError as exc:
+            text = str(exc)
+            raise self.where.error(text if text.startswith(("the slice", "tensor ")) else f"{self.rel!r} {text}",
+                                   "from") from None
+        return array.T if transpose else array
+
+    def exact(self, array):
+        """The exact matrix of an array read from the file, counted against the size limit."""
+        m = self.reader.slice_matrix(array, self.rel, self.where, "from")
+        self.reader.count(m.rows * m.cols, self.where, "from")
+        return m
+
+    def matrix(self, tensor: str, rows: str | None = None, cols: str | None = None, transpose: bool = False,
+               vector: bool = False):
+        """The exact matrix of a slice of ``tensor``, read once (heads of a K/V group share it)."""
+        key = (tensor, rows, cols, transpose)
+        if key not in self.cache:
+            self.cache[key] = self.exact(self.array(tensor, rows, cols, transpose, vector))
+        return self.cache[key]
+
+
+def read_from(reader, key: yaml.Node, node: yaml.Node, fields: dict, X) -> Loaded:
+    """The heads (and W_O, b_O, K/V groups, RoPE, mask) the ``from:`` mapping ``node`` names;
+    ``reader`` is problem.py's reader, ``fields`` the problem's fields, ``X`` its input."""
+    at = reader.at
+    for name in CONFLICTS:
+        if name in fields:
+            why = ("the layer's keys and values come from X (self-attention)" if name == "context" else
+                   "from: fills each head's weights from the checkpoint")
+            raise at(fields[name][0]).error(f"{why}: remove {name} or from", name)
+    if not isinstance(node, yaml.MappingNode):
+        raise at(node).error(f"from is a mapping such as {USAGE}, not {_yaml.kind(node)}", "from")
+    given: dict[str, tuple[yaml.Node, yaml.Node]] = {}
+    for k, v in node.value:
+        name = k.value if isinstance(k, yaml.ScalarNode) and not _yaml.is_null(k) else None
+        canonical = ALIASES.get(name, name)
+        if canonical not in KEYS:
+            close = difflib.get_close_matches(str(name), KEYS + tuple(ALIASES), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise at(k).error(f"unknown key {_yaml.kind(k) if name is None else repr(name)} in from{hint}; "
+                              f"from takes {', '.join(KEYS)}", "from")
+        if canonical in given:
+            raise at(k).error(f"{canonical} is given twice in from" + (f" ({name} is {canonical})" if name != canonical
+                                                                        else ""), "from." + canonical)
+        given[canonical] = (k, v)
+    for name in ("file", "layout", "layer", "heads"):
+        if name not in given:
+            raise at(node).error(f"from needs {name}: {USAGE}", "from." + name)
+    layout_node = given["layout"][1]
+    word = layout_node.value if isinstance(layout_node, yaml.ScalarNode) and not _yaml.is_null(layout_node) else None
+    if word not in LAYOUTS:
+        close = difflib.get_close_matches(str(word).lower(), LAYOUTS, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        what = repr(word) if word is not None else _yaml.kind(layout_node)
+        raise at(layout_node).error(f"unknown layout {what}{hint}; the layouts are {', '.join(LAYOUTS)}",
+                                    "from.layout")
+    layout = _LAYOUT[word]
+    path, rel, where_ = reader.resolve_file(given["file"][1], "from.file")
+    refusal = _safetensors.pickle_refusal(rel)
+    if refusal:
+        raise where_.error(refusal, "from.file")
+    if path.suffix.lower() != ".safetensors":
+        raise where_.error(f"{rel!r}: from: reads a .safetensors checkpoint", "from.file")
+    ckpt = _File(reader, path, rel, where_)
+    layer_node = given["layer"][1]
+    layer = _whole(reader, layer_node, "from.layer", "layer is the number in the tensor names (h.0 is layer 0)",
+                   least=0)
+    found = sorted({int(m.group(1)) for n in ckpt.shapes for m in [re.search(layout.layers, n)] if m})
+    names = _names(layout, layer, ckpt)
+    if names is None:
+        if found and layer not in found:
+            raise at(layer_node).error(f"layer {layer} is out of range: {rel!r} holds layers {found[0]} to {found[-1]} "
+                                       "(the number in the tensor names)", "from.layer")
+        first = layout.prefixes[0] + layout.q.format(layer=layer) + ".weight"
+        raise at(layout_node).error(ckpt.missing(first, f"{word} layer {layer}'s query weights"), "from.layout")
+    config = _config(reader, path, rel, where_)
+    n_head = _count(reader, given, config, "n_head", ("n_head", "num_attention_heads"))
+    if n_head is None:
+        raise at(node).error(f"the number of heads is not in {rel!r}: give it in from (n_head: 12), or put the "
+                             "model's config.json beside the checkpoint", "from.n_head")
+    W = _shapes(at, node, layout, names, ckpt, n_head, word)
+    d_model, d_head = W["d_model"], W["d_head"]
+    n_kv = n_head
+    if word == "llama":
+        n_kv = _count(reader, given, config, "n_kv_head", ("num_key_value_heads",)) or n_head
+        if n_head % n_kv:
+            raise at(given.get("n_kv_head", (node, node))[1]).error(
+                f"{n_head} heads cannot share keys and values in {n_kv} equal groups", "from.n_kv_head")
+        for proj in ("k", "v"):
+            rows = ckpt.shapes[names[proj] + ".weight"][0]
+            if rows != n_kv * d_head:
+                raise at(node).error(f"{names[proj]}.weight has {rows} rows, not n_kv_head × d_head = {n_kv} × "
+                                     f"{d_head}: check n_kv_head (num_key_value_heads)", "from.n_kv_head")
+    elif "n_kv_head" in given:
+        raise at(given["n_kv_head"][0]).error(f"n_kv_head is for the llama layout; {word} heads each have their own "
+                                              "keys and values", "from.n_kv_head")
+    if X.cols != d_model:
+        raise at(key).error(f"X is {X.rows}×{X.cols} but layer {layer} of {rel!r} takes rows of d_model = {d_model} "
+                            f"{'entry' if d_model == 1 else 'entries'}", "X")
+    picked = _heads(reader, given["heads"][1], n_head, d_head)
+    group = n_head // n_kv
+
+    def part(proj: str, h: int) -> tuple:
+        """The weights and bias of head h (0-based; for K and V, the K/V head) in projection ``proj``."""
+        lo = h * d_head
+        span = f"{lo}:{lo + d_head}"
+        if layout.fused:  # Q|K|V side by side: K's columns start at d_model, V's at 2·d_model
+            off = {"q": 0, "k": d_model, "v": 2 * d_model}[proj] + lo
+            span = f"{off}:{off + d_head}"
+            w = ckpt.matrix(names["q"] + ".weight", cols=span)
+            bias = names["q"] + ".bias"
+        else:
+            w = ckpt.matrix(names[proj] + ".weight", rows=span, transpose=True)
+            bias = names[proj] + ".bias"
+        b = ckpt.matrix(bias, cols=span, vector=True) if bias in ckpt.shapes else None
+        return w, b
+
+    heads = []
+    for h in picked:
+        W_Q, b_Q = part("q", h)
+        W_K, b_K = part("k", h // group)
+        W_V, b_V = part("v", h // group)
+        heads.append((W_Q, W_K, W_V, b_Q, b_K, b_V))
+    loaded = Loaded(heads, mask=layout.mask, multi=len(picked) > 1)
+    if loaded.multi:
+        import numpy as np
+
+        blocks = []  # the rows of the output projection that read each listed head, in order
+        for h in picked:
+            span = f"{h * d_head}:{(h + 1) * d_head}"
+            blocks.append(ckpt.array(names["o"] + ".weight", rows=span) if layout.fused else
+                          ckpt.array(names["o"] + ".weight", cols=span, transpose=True))
+        loaded.matrices["W_O"] = ckpt.exact(np.vstack(blocks))
+        if names["o"] + ".bias" in ckpt.shapes:
+            loaded.matrices["b_O"] = ckpt.matrix(names["o"] + ".bias", vector=True)
+        if group > 1:
+            loaded.kv_heads = _groups(at, given["heads"][1], [h + 1 for h in picked], group)
+    if layout.rope:
+        loaded.rope = _rope(reader, key, given, config, fields, d_head, rel)
+    return loaded
+
+
+def _names(layout: _Layout, layer: int, ckpt: _File) -> dict[str, str] | None:
+    """The layer's tensor names (without .weight/.bias) under the first prefix the file uses;
+    None when its query weights are under none."""
+    for prefix in layout.prefixes:
+        names = {p: prefix + getattr(layout, p).format(layer=layer) for p in "qkvo" if getattr(layout, p)}
+        if names["q"] + ".weight" in ckpt.shapes:
+            return names
+    return None
+
+
+def _shapes(at, node, layout: _Layout, names: dict, ckpt: _File, n_head: int, word: str) -> dict:
+    """d_model and d_head from the query weights' shape, every tensor the layout needs checked
+    to be there with a shape that fits."""
+    needed = [names[p] + ".weight" for p in "qkvo" if p in names]
+    for name in needed:
+        if name not in ckpt.shapes:
+            raise at(node).error(ckpt.missing(name, f"{word} needs it"), "from.layout")
+        if len(ckpt.shapes[name]) != 2:
+            raise at(node).error(f"{name} has shape {ckpt.shapes[name]}; {word} stores it as a matrix", "from.layout")
+    q_rows, q_cols = ckpt.shapes[names["q"] + ".weight"]
+    if layout.fused:
+        d_model, width = q_rows, q_cols
+        if width != 3 * d_model:
+            raise at(node).error(f"{names['q']}.weight is {q_rows}×{q_cols}; gpt2's Conv1D c_attn is "
+                                 f"d_model × 3·d_model (Q|K|V side by side)", "from.layout")
+        heads_width = d_model
+    else:
+        d_model, heads_width = q_cols, q_rows  # nn.Linear: out × in
+    if heads_width == 0 or heads_width % n_head:
+        raise at(node).error(f"the queries are {heads_width} wide, which {n_head} heads cannot share equally: "
+                             "check n_head (num_attention_heads)", "from.n_head")
+    d_head = heads_width // n_head
+    o_rows, o_cols = ckpt.shapes[names["o"] + ".weight"]
+    if (o_rows, o_cols) != ((heads_width, d_model) if layout.fused else (d_model, heads_width)):
+        raise at(node).error(f"{names['o']}.weight is {o_rows}×{o_cols}, which does not fit queries {heads_width} wide "
+                             f"and d_model = {d_model}", "from.layout")
+    for bias, width in ((names["q"] + ".bias", q_cols if layout.fused else q_rows), (names["o"] + ".bias", d_model)):
+        if bias in ckpt.shapes and ckpt.shapes[bias] != [width]:
+            raise at(node).error(f"{bias} has shape {ckpt.shapes[bias]}, not [{width}]", "from.layout")
+    return {"d_model": d_model, "d_head": d_head}
+
+
+def _heads(reader, node: yaml.Node, n_head: int, d_head: int) -> list[int]:
+    """The 0-based heads of ``heads: [1, 3]`` (counted from 1) or ``heads: all``."""
+    at = reader.at
+    if isinstance(node, yaml.ScalarNode) and node.value == "all" and not node.style:
+        return list(range(n_head))
+    if not isinstance(node, yaml.SequenceNode) or not node.value:
+        raise at(node).error(f"heads is a list of head numbers counted from 1, such as [1, 3], or all; not "
+                             f"{_yaml.kind(node)}", "from.heads")
+    picked: list[int] = []
+    seen: set[int] = set()
+    for i, item in enumerate(node.value):
+        name = f"from.heads item {i + 1}"
+        if isinstance(item, yaml.ScalarNode) and not item.style and item.value == "0":
+            raise at(item).error(f"heads are counted from 1: head 1 is the first (columns 0:{d_head} of Q), head "
+                                 f"{n_head} the last", name)
+        h = _whole(reader, item, name, "a head number counted from 1", least=1)
+        if h > n_head:
+            raise at(item).error(f"head {h} is out of range: the layer has {n_head} heads, numbered 1 to {n_head}",
+                                 name)
+        if h in seen:
+            raise at(item).error(f"head {h} is given twice", name)
+        seen.add(h)
+        picked.append(h - 1)
+    return picked
+
+
+def _groups(at, node, heads: list[int], group: int) -> int | None:
+    """The K/V groups the listed heads (1-based) read, as symattn's kv_heads: each group read by
+    the same number of consecutive listed heads; None when no two listed heads share one."""
+    groups = [(h - 1) // group + 1 for h in heads]
+    runs: list[list[int]] = []  # [group, how many listed heads in a row read it]
+    for g in groups:
+        if runs and runs[-1][0] == g:
+            runs[-1][1] += 1
+        else:
+            runs.append([g, 1])
+    distinct = len(set(groups))
+    if distinct == len(heads):
+        return None
+    if len(runs) != distinct or len({n for _, n in runs}) != 1:
+        read = ", ".join(f"head {h} reads group {g}" for h, g in zip(heads, groups))
+        raise at(node).error(f"the layer's heads share keys and values in groups of {group} ({read}); symattn's "
+                             "kv_heads needs every group read by the same number of the listed heads, one after "
+                             f"another: list whole groups, such as [1, {group}]", "from.heads")
+    return distinct
+
+
+def _rope(reader, key, given: dict, config: dict, fields: dict, d_head: int, rel: str) -> Rope | None:
+    """LLaMA's rotary embedding: rotate_half (pairing half), θ_i = rope_theta^(−2i/d_head)."""
+    at = reader.at
+    if "rope" in fields:
+        return None  # the problem's own rope: replaces the layout's (problem.py reads it)
+    if "backward" in fields:
+        raise at(fields["backward"][0]).error("the backward pass through RoPE (which the llama layout applies) is not "
+                                              "derived; remove backward", "backward")
+    if d_head % 2:
+        raise at(key).error(f"RoPE rotates pairs of components, but d_head is {d_head}", "from")
+    if "rope_theta" in given:
+        v = given["rope_theta"][1]
+        base = reader.number(v, "from.rope_theta", use_symbols=False)
+        if not is_positive(base):
+            raise at(v).error(f"rope_theta must be positive, not {v.value}", "from.rope_theta")
+        return Rope("half", base=base)
+    scaling = config.get("rope_scaling")
+    if scaling:
+        kind = scaling.get("rope_type", scaling.get("type")) if isinstance(scaling, dict) else scaling
+        raise at(key).error(f"the config.json beside {rel!r} sets rope_scaling ({kind}), which symattn does not "
+                            "apply: give rope: {base: ...} in the problem to use plain RoPE angles", "from")
+    theta = config.get("rope_theta", 10000)
+    if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not theta > 0 or theta == float("inf"):
+        raise at(key).error(f"the config.json beside {rel!r} has rope_theta {theta!r}, not a positive number", "from")
+    return Rope("half", base=sympy.Rational(Fraction(theta)))
+
+
+def _config(reader, path, rel: str, where_) -> dict:
+    """The ``config.json`` beside the checkpoint ({} when there is none)."""
+    cfg = path.parent / "config.json"
+    if not os.path.lexists(cfg):
+        return {}
+    try:
+        inside = reader.base_dir in cfg.resolve().parents
+    except (RuntimeError, OSError):
+        inside = False
+    if not inside:
+        raise where_.error(f"the config.json beside {rel!r} leads out of the problem's folder (a link?)", "from")
+    try:
+        data = json.loads(read_regular(cfg, MAX_CONFIG, "config.json is {size} bytes; a model's config is smaller",
+                                       noun="config file").decode("utf-8"))
+    except FileError as exc:
+        raise where_.error(f"the config.json beside {rel!r}: {exc}", "from") from None
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        raise where_.error(f"the config.json beside {rel!r} is not valid JSON", "from") from None
+    if not isinstance(data, dict):
+        raise where_.error(f"the config.json beside {rel!r} is not a JSON object", "from")
+    return data
+
+
+def _count(reader, given: dict, config: dict, name: str, config_keys: tuple[str, ...]) -> int | None:
+    """A whole number of heads from ``from`` (which wins) or the config; None when neither has it."""
+    if name in given:
+        return _whole(reader, given[name][1], "from." + name, f"{name} is a number of heads", least=1)
+    for k in config_keys:
+        v = config.get(k)
+        if v is not None:
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise reader.at(given["file"][1]).error(f"the config.json beside the checkpoint has {k} {v!r}, not a "
+                                                        "whole number ≥ 1", "from." + name)
+            return v
+    return None
+
+
+def _whole(reader, node: yaml.Node, field: str, what: str, least: int) -> int:
+    if isinstance(node, yaml.ScalarNode) and not node.style and re.fullmatch(r"[0-9]{1,9}", node.value) \
+            and int(node.value) >= least:
+        return int(node.value)
+    raise reader.at(node).error(f"{what}: a whole number ≥ {least}, not {_yaml.kind(node)}", field)
