@@ -393,6 +393,7 @@ class _Reader:
         self.size = 0  # numbers read so far
         self.symbols: dict[str, sympy.Symbol] = {}
         self.read_numbers: dict[tuple[str, bool], sympy.Expr] = {}  # entries read so far, by text
+        self.token_ids: dict[str, list[int]] = {}  # X or context looked up in an embedding table: the ids
 
     # -- the document ------------------------------------------------------
 
@@ -525,9 +526,10 @@ class _Reader:
 
         if "context_tokens" in fields and "context" not in fields:
             raise self.at(key("context_tokens")).error("context_tokens label the rows of context, which is not given")
-        tokens = self.labels(node("tokens"), "tokens", n_q, "X" if not direct else "Q", "t")
+        tokens = self.labels(node("tokens"), "tokens", n_q, "X" if not direct else "Q", "t", self.token_ids.get("X"))
         if "context" in fields:
-            key_tokens = self.labels(node("context_tokens"), "context_tokens", n_k, "context", "c")
+            key_tokens = self.labels(node("context_tokens"), "context_tokens", n_k, "context", "c",
+                                     self.token_ids.get("context"))
         elif direct and n_k != n_q:
             key_tokens = tuple(f"k_{j + 1}" for j in range(n_k))
         else:
@@ -668,9 +670,11 @@ class _Reader:
             raise self.at(key).error("positions are added to X: give X with the weights, not Q, K and V", "positions")
         n, d = X.rows, X.cols
         if isinstance(node, yaml.SequenceNode) or (
-                isinstance(node, yaml.MappingNode) and len(node.value) == 1
+                isinstance(node, yaml.MappingNode) and node.value
                 and getattr(node.value[0][0], "value", None) == "file"):
-            m = self.matrix(node, "positions")
+            # a table of a checkpoint gives its first n rows: GPT-2's wpe has one per position up to 1024
+            m = self.matrix_file(node, "positions", first_rows=n) if isinstance(node, yaml.MappingNode) \
+                else self.matrix(node, "positions")
             if m.shape != (n, d):
                 raise self.at(node).error(
                     f"the learned positions are {_shape(m)} but X is {_shape(X)}: give one row of d_model = {d} "
@@ -859,9 +863,10 @@ class _Reader:
             raise self.at(node).error(f"the title must be text, not {_yaml.kind(node)}", "title")
         return node.value.strip()
 
-    def labels(self, node, name: str, n: int, of: str, prefix: str) -> tuple[str, ...]:
+    def labels(self, node, name: str, n: int, of: str, prefix: str, ids: list[int] | None = None) -> tuple[str, ...]:
+        """The rows' labels: given, else the token ids the rows were looked up by (#464), else t_1, t_2, ...."""
         if node is None:
-            return tuple(f"{prefix}_{i + 1}" for i in range(n))
+            return tuple(f"#{i}" for i in ids) if ids is not None else tuple(f"{prefix}_{i + 1}" for i in range(n))
         if not isinstance(node, yaml.SequenceNode):
             raise self.at(node).error(f"{name} must be a list of labels such as [The, cat, sat], not {_yaml.kind(node)}", name)
         if len(node.value) != n:
@@ -1012,7 +1017,7 @@ class _Reader:
             self.count(numbers, self.at(node), name)
         return m
 
-    def matrix_file(self, node: yaml.MappingNode, name: str) -> Matrix:
+    def matrix_file(self, node: yaml.MappingNode, name: str, first_rows: int | None = None) -> Matrix:
         keys = {k.value: (k, v) for k, v in node.value if isinstance(k, yaml.ScalarNode)}
         if "file" not in keys or len(keys) != len(node.value):
             raise self.at(node).error("a matrix is a list of rows, or {file: NAME} naming a .npy, .csv "
@@ -1040,7 +1045,7 @@ class _Reader:
         if refusal:
             raise where_.error(refusal, name)
         if suffix == ".safetensors":
-            return self.checkpoint_matrix(keys, path, rel, where_, name)
+            return self.checkpoint_matrix(keys, path, rel, where_, name, first_rows)
         extra = sorted(set(keys) - {"file"})
         if extra:
             raise self.at(keys[extra[0]][0]).error(
@@ -1062,14 +1067,23 @@ class _Reader:
         self.count(m.rows * m.cols, where_, name)
         return m
 
-    def checkpoint_matrix(self, keys: dict, path: Path, rel: str, where_: Where, name: str) -> Matrix:
+    def checkpoint_matrix(self, keys: dict, path: Path, rel: str, where_: Where, name: str,
+                          first_rows: int | None = None) -> Matrix:
         """``{file: X.safetensors, tensor: NAME, rows: "a:b", cols: "c:d", transpose: true}``:
-        a slice of one tensor, read lazily, each float its exact dyadic rational."""
+        a slice of one tensor, read lazily, each float its exact dyadic rational; or
+        ``{file: X.safetensors, embeddings: TABLE, tokens: [ids]}``: rows of an embedding table.
+        ``first_rows``: with no ``rows:``, the table's first rows (learned positions)."""
+        if "embeddings" in keys:
+            from ._embeddings import embedding_rows
+
+            array = embedding_rows(self, keys, path, rel, where_, name)
+            return self.checkpoint_array(array, keys["embeddings"][1], rel, where_, name)
         for k in keys:
             if k not in ("file", "tensor", "rows", "cols", "transpose"):
                 raise self.at(keys[k][0]).error(
-                    f"{k}: unknown key{_did_you_mean(k, ('tensor', 'rows', 'cols', 'transpose'))}; a tensor of a "
-                    ".safetensors file takes file, tensor, rows, cols and transpose", name)
+                    f"{k}: unknown key{_did_you_mean(k, ('tensor', 'rows', 'cols', 'transpose', 'embeddings'))}; "
+                    "a tensor of a .safetensors file takes file, tensor, rows, cols and transpose "
+                    "(or file, embeddings, tokens and cols for rows of an embedding table)", name)
         if "tensor" not in keys:
             raise where_.error(f"{rel!r}: a .safetensors file holds many tensors; name one with tensor:", name)
         texts = {}
@@ -1088,7 +1102,7 @@ class _Reader:
             transpose = v.value.lower() == "true"
         try:
             array = _safetensors.read_slice(path, rel, texts["tensor"], texts.get("rows"), texts.get("cols"),
-                                            self.max_size - self.size)
+                                            self.max_size - self.size, first_rows)
         except _safetensors.CheckpointError as exc:
             text = str(exc)
             field = next((k for k in ("rows", "cols") if text.startswith(k + ":")), None)
@@ -1100,13 +1114,17 @@ class _Reader:
             raise where_.error(f"{rel!r} {text}" if not text.startswith("the slice") else text, name) from None
         if transpose:
             array = array.T
+        return self.checkpoint_array(array, keys["tensor"][1], rel, where_, name)
+
+    def checkpoint_array(self, array, at: yaml.Node, rel: str, where_: Where, name: str) -> Matrix:
+        """The exact matrix of an array read from a checkpoint (``at``: where to report its values)."""
         if array.dtype.kind in "iu":
             m = rational_matrix(array.shape[0], array.shape[1], [QQ(int(v)) for v in array.ravel().tolist()])
         else:
             if not np_isfinite(array):
-                raise self.at(keys["tensor"][1]).error(f"{rel!r}: the slice holds NaN or infinite values", name)
+                raise self.at(at).error(f"{rel!r}: the slice holds NaN or infinite values", name)
             if np_largest(array) > 1e300:
-                raise self.at(keys["tensor"][1]).error(
+                raise self.at(at).error(
                     f"{rel!r}: the slice holds a value larger than 10^300 in size; use smaller numbers", name)
             m = binary_float_matrix(array)
         self.count(m.rows * m.cols, where_, name)
