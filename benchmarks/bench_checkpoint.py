@@ -196,8 +196,10 @@ def proc_io(pid: int) -> dict[str, int]:
         return {k: int(v) for k, v in (line.split(":") for line in f)}
 
 
-def run_once(workdir: Path, env: dict) -> tuple[float, dict[str, int], int, str]:
-    """Wall seconds, the child's /proc/PID/io at exit, its exit code and standard error."""
+def run_once(workdir: Path, env: dict) -> tuple[float, float, dict[str, int], int, str]:
+    """Wall seconds, CPU seconds (user + system), the child's /proc/PID/io at exit, its exit
+    code and standard error. On a busy machine the wall time waits for a core; the CPU time
+    does not."""
     start = time.perf_counter()
     child = subprocess.Popen([sys.executable, "-m", "symattn", "derive", "problem.yaml", "-o", "out.tex"],
                              cwd=workdir, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -208,8 +210,9 @@ def run_once(workdir: Path, env: dict) -> tuple[float, dict[str, int], int, str]
         io = proc_io(child.pid)
     except OSError:
         io = {}
-    code = child.wait()
-    return wall, io, code, err.decode("utf-8", "replace")
+    _, status, usage = os.wait4(child.pid, 0)
+    child.returncode = code = os.waitstatus_to_exitcode(status)
+    return wall, usage.ru_utime + usage.ru_stime, io, code, err.decode("utf-8", "replace")
 
 
 def problem_text(tokens: list[int], head: int) -> str:
@@ -257,23 +260,23 @@ def main() -> None:
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
 
         # one untimed run so Python's own files are cached like any second start
-        _, _, code, err = run_once(workdir, env)
+        _, _, _, code, err = run_once(workdir, env)
         if code != 0:
             sys.exit(f"symattn derive failed (exit {code}):\n{err}")
 
         cold, warm = [], []
         for _ in range(args.runs):
             dropped = drop_from_cache(ckpt)
-            wall, io, code, err = run_once(workdir, env)
+            wall, cpu, io, code, err = run_once(workdir, env)
             if code != 0:
                 sys.exit(f"symattn derive failed (exit {code}):\n{err}")
             vec = resident_pages(ckpt) if dropped else b""
-            cold.append({"wall_s": wall, "dropped": dropped, "io": io,
+            cold.append({"wall_s": wall, "cpu_s": cpu, "dropped": dropped, "io": io,
                          "resident_bytes": sum(b & 1 for b in vec) * PAGE if dropped else None,
                          "by_tensor": by_tensor(vec, ranges) if dropped else None})
         for _ in range(args.runs):
-            wall, io, code, _ = run_once(workdir, env)
-            warm.append({"wall_s": wall, "io": io})
+            wall, cpu, io, code, _ = run_once(workdir, env)
+            warm.append({"wall_s": wall, "cpu_s": cpu, "io": io})
     finally:
         if holder is not None:
             holder.cleanup()
@@ -291,10 +294,14 @@ def main() -> None:
     print(f"\nsymattn derive, {args.tokens} tokens, one head (d_k = {HEAD_DIM}) of layer 0 of a "
           f"{size / MB:.0f} MB GPT-2-sized checkpoint, fresh process each run")
     def walls(runs):
-        return ", ".join(f"{r['wall_s']:.2f}" for r in runs)
+        cpu = statistics.median(r["cpu_s"] for r in runs)
+        return ", ".join(f"{r['wall_s']:.2f}" for r in runs) + f" s wall (CPU median {cpu:.2f} s)"
 
-    print(f"  cold (checkpoint dropped from the page cache): {walls(cold)} s, median {cold_wall:.2f} s")
-    print(f"  warm (checkpoint cached):                      {walls(warm)} s, median {warm_wall:.2f} s")
+    print(f"  cold (checkpoint dropped from the page cache): {walls(cold)}, median {cold_wall:.2f} s")
+    print(f"  warm (checkpoint cached):                      {walls(warm)}, median {warm_wall:.2f} s")
+    load = os.getloadavg()[0]
+    print(f"  load average {load:.1f} on {os.cpu_count()} cores" + (": the machine is busy, wall times wait for a core"
+                                                                  if load > os.cpu_count() else ""))
     for i, r in enumerate(cold, 1):
         io = r["io"]
         res = f"{r['resident_bytes'] / MB:.2f} MB resident after" if r["dropped"] else "cache not dropped"

@@ -29,7 +29,7 @@ from ._errors import SymattnError
 from ._numbers import NumberError, check_size, is_positive, parse_decimal, parse_number
 from . import _safetensors
 from ._files import FileError, read_regular
-from ._exact import binary_float_matrix, rational_matrix, scaled_integer_matrix
+from ._exact import binary_float_matrix, is_rational, rational_matrix, scaled_integer_matrix
 from .rope import Rope
 from ._yaml import Where, where
 
@@ -679,7 +679,7 @@ class _Reader:
                 raise self.at(node).error(
                     f"the learned positions are {_shape(m)} but X is {_shape(X)}: give one row of d_model = {d} "
                     f"{'entry' if d == 1 else 'entries'} per token", "positions")
-            if m.free_symbols:
+            if not is_rational(m) and m.free_symbols:  # (free_symbols would make a SymPy number of each entry)
                 raise self.at(node).error("the learned positions must be plain numbers, not symbols", "positions")
             return Positions("learned", m)
         base = sympy.Integer(SINUSOIDAL_BASE)
