@@ -162,28 +162,60 @@ def read_slice(path, rel: str, tensor: str, rows: str | None, cols: str | None, 
     """The NumPy array (float or integer; bfloat16 widened exactly to float32) of ``tensor``'s
     ``rows`` and ``cols`` in the safetensors file ``path``, at most ``room`` numbers.
     ``first_rows``: with no ``rows`` given, rows 0 to first_rows - 1 (a table of positions)."""
-    import numpy as np
 
-    fd, st = _open(path)
-    try:
-        dtype, item, n_rows, n_cols, start = _matrix_entry(fd, st.st_size, tensor)
+    def pick(n_rows: int):
         if rows is None and first_rows is not None:
             if n_rows < first_rows:
                 raise CheckpointError(f"tensor {tensor!r} has {n_rows:,} {'row' if n_rows == 1 else 'rows'}, fewer "
                                       f"than the {first_rows:,} positions needed (one row per token)")
-            rows = f"0:{first_rows}"
-        r = parse_slice(rows, n_rows, "rows") if rows is not None else range(n_rows)
+            return range(first_rows)
+        return parse_slice(rows, n_rows, "rows") if rows is not None else range(n_rows)
+
+    return _read(path, tensor, pick, cols, room, one_by_one=False)
+
+
+class TokenError(CheckpointError):
+    """A token id that names no row of the table; ``index`` is its place in the list (0-based)."""
+
+    def __init__(self, index: int, message: str) -> None:
+        super().__init__(message)
+        self.index = index
+
+
+def read_embeddings(path, table: str, ids: list[int], cols: str | None, room: int):
+    """The rows ``ids`` (token ids, 0-based as a tokenizer gives them) of the embedding table
+    ``table`` in the safetensors file ``path``, in that order, each row read on its own: 16
+    tokens of GPT-2's 50257×768 table read 16 rows, not the table."""
+
+    def pick(n_rows: int):
+        for k, i in enumerate(ids):
+            if i >= n_rows:
+                raise TokenError(k, f"token id {i} is past the table's {n_rows:,} rows (ids count from 0 "
+                                    f"to {n_rows - 1:,}): is the table {table!r} of the tokenizer's model?")
+        return ids
+
+    return _read(path, table, pick, cols, room, one_by_one=True)
+
+
+def _read(path, tensor: str, pick, cols: str | None, room: int, one_by_one: bool):
+    """Rows ``pick(n_rows)`` and ``cols`` of the 2-dimensional ``tensor``: each row read on
+    its own with ``one_by_one`` (and for bfloat16, which NumPy lacks), else the slice through
+    the safetensors package."""
+    fd, st = _open(path)
+    try:
+        dtype, item, n_rows, n_cols, start = _matrix_entry(fd, st.st_size, tensor)
+        r = pick(n_rows)
         c = parse_slice(cols, n_cols, "cols") if cols is not None else range(n_cols)
         if len(r) * len(c) > room:
             raise CheckpointError(f"the slice of {tensor!r} is {len(r):,}×{len(c):,}: more numbers than the size "
                                   "limit allows; if it is meant to be this large, raise the limit with --max-size")
         # Read only the wanted rows, each between the first and last wanted column.
         lo, hi = min(c[0], c[-1]), max(c[0], c[-1]) + 1
-        r_lo, r_hi = min(r[0], r[-1]), max(r[0], r[-1]) + 1
-        if dtype != "BF16":
-            out = _package_slice(path, tensor, r_lo, r_hi, lo, hi)[[i - r_lo for i in r]]
-        else:  # NumPy has no bfloat16: the raw 16-bit words, row by row, from the header's offsets
+        if one_by_one or dtype == "BF16":  # bfloat16: the raw 16-bit words, from the header's offsets
             out = _rows(fd, start, item, n_cols, r, lo, hi)
+        else:
+            r_lo, r_hi = min(r[0], r[-1]), max(r[0], r[-1]) + 1
+            out = _package_slice(path, tensor, r_lo, r_hi, lo, hi)[[i - r_lo for i in r]]
         return _widen(out[:, [j - lo for j in c]], dtype)
     except OSError as exc:
         raise CheckpointError(f"cannot be read: {exc.strerror or exc}") from None
@@ -204,39 +236,6 @@ def _rows(fd: int, start: int, item, n_cols: int, rows, lo: int, hi: int):
             raise CheckpointError("is not a valid safetensors file: it ends before the tensor's data (truncated?)")
         out[k] = np.frombuffer(chunk, dtype=item)
     return out
-
-
-class TokenError(CheckpointError):
-    """A token id that names no row of the table; ``index`` is its place in the list (0-based)."""
-
-    def __init__(self, index: int, message: str) -> None:
-        super().__init__(message)
-        self.index = index
-
-
-def read_embeddings(path, table: str, ids: list[int], cols: str | None, room: int):
-    """The rows ``ids`` (token ids, 0-based as a tokenizer gives them) of the embedding table
-    ``table`` in the safetensors file ``path``, in that order, each row read on its own: 16
-    tokens of GPT-2's 50257×768 table read 16 rows, not the table."""
-    fd, st = _open(path)
-    try:
-        dtype, item, n_rows, n_cols, start = _matrix_entry(fd, st.st_size, table)
-        for k, i in enumerate(ids):
-            if i >= n_rows:
-                raise TokenError(k, f"token id {i} is past the table's {n_rows:,} rows (ids count from 0 "
-                                    f"to {n_rows - 1:,}): is the table {table!r} of the tokenizer's model?")
-        c = parse_slice(cols, n_cols, "cols") if cols is not None else range(n_cols)
-        if len(ids) * len(c) > room:
-            raise CheckpointError(f"the {len(ids):,} rows of {table!r} are {len(ids):,}×{len(c):,}: more numbers "
-                                  "than the size limit allows; if it is meant to be this large, raise the limit "
-                                  "with --max-size")
-        lo, hi = min(c[0], c[-1]), max(c[0], c[-1]) + 1
-        out = _rows(fd, start, item, n_cols, ids, lo, hi)
-        return _widen(out[:, [j - lo for j in c]], dtype)
-    except OSError as exc:
-        raise CheckpointError(f"cannot be read: {exc.strerror or exc}") from None
-    finally:
-        os.close(fd)
 
 
 def _package_slice(path, tensor: str, r_lo: int, r_hi: int, c_lo: int, c_hi: int):
