@@ -306,6 +306,7 @@ def csv_bytes(draw):
 
 
 _ST_DTYPES = ["F16", "BF16", "F32", "F64", "I32", "I64", "U8", "BOOL", "C64", "F8_E4M3", "", 5, None]
+_ST_SIZES = {"F16": 2, "BF16": 2, "F32": 4, "F64": 8, "I32": 4, "I64": 8, "U8": 1}
 
 
 @st.composite
@@ -324,16 +325,21 @@ def safetensors_bytes(draw):
     else:
         entries, offset = {}, 0
         for name in draw(st.lists(st.sampled_from(["w", "wte", "__metadata__", "x"]), min_size=1, max_size=3, unique=True)):
-            shape = draw(st.lists(st.one_of(st.integers(0, 6), st.integers(-1, 10**13)), max_size=3))
-            size = draw(st.integers(0, 200))
-            end = draw(st.one_of(st.just(offset + size), st.integers(-5, 10**18)))
-            entries[name] = {"dtype": draw(st.sampled_from(_ST_DTYPES)), "shape": shape, "data_offsets": [offset, end]}
-            if draw(st.booleans()):
+            lie = draw(st.sampled_from(["none", "none", "dtype", "shape", "offsets", "key"]))  # at most one lie each
+            dtype = draw(st.sampled_from(_ST_DTYPES if lie == "dtype" else list(_ST_SIZES)))
+            shape = draw(st.lists(st.one_of(st.integers(0, 6), st.integers(-1, 10**13)), max_size=3)) if lie == "shape" \
+                else [draw(st.integers(1, 4)), 2]
+            size = _ST_SIZES[dtype] * shape[0] * shape[1] if lie in ("none", "offsets", "key") else draw(st.integers(0, 200))
+            end = draw(st.integers(-5, 10**18)) if lie == "offsets" else offset + size
+            entries[name] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, end]}
+            if lie == "key":
                 del entries[name][draw(st.sampled_from(["dtype", "shape", "data_offsets"]))]
             offset += size
         header = json.dumps(entries).encode()
         data = draw(st.binary(min_size=offset, max_size=offset))
-    length = draw(st.one_of(st.just(len(header)), st.integers(0, 2**64 - 1), st.integers(0, len(header) + 16)))
+    length = draw(st.sampled_from([len(header)] * 3 + [None]))
+    if length is None:
+        length = draw(st.one_of(st.integers(0, 2**64 - 1), st.integers(0, len(header) + 16)))
     out = _struct.pack("<Q", length) + header + data
     if kind == "truncated":
         out = out[:draw(st.integers(0, len(out)))]
