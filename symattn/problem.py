@@ -670,8 +670,7 @@ class _Reader:
             raise self.at(key).error("positions are added to X: give X with the weights, not Q, K and V", "positions")
         n, d = X.rows, X.cols
         if isinstance(node, yaml.SequenceNode) or (
-                isinstance(node, yaml.MappingNode) and node.value
-                and getattr(node.value[0][0], "value", None) == "file"):
+                isinstance(node, yaml.MappingNode) and any(getattr(k, "value", None) == "file" for k, _ in node.value)):
             # a table of a checkpoint gives its first n rows: GPT-2's wpe has one per position up to 1024
             m = self.matrix_file(node, "positions", first_rows=n) if isinstance(node, yaml.MappingNode) \
                 else self.matrix(node, "positions")
