@@ -19,13 +19,12 @@ _KEYS = ("file", "embeddings", "tokens", "cols")
 _USAGE = "rows of an embedding table take file, embeddings, tokens and cols"
 
 
-def embedding_rows(reader, keys: dict, path, rel: str, where_, name: str):
-    """The NumPy rows of ``keys``' embedding table for its token ids; errors at their field."""
-    from .problem import _did_you_mean, _item
-
+def embedding_rows(reader, keys: dict, path, rel: str, where_, name: str, did_you_mean, item_field):
+    """The NumPy rows of ``keys``' embedding table for its token ids; errors at their field
+    (``did_you_mean`` and ``item_field`` are the problem reader's hint and field namers)."""
     for k in keys:
         if k not in _KEYS:
-            hint = _did_you_mean(k, _KEYS[1:])
+            hint = did_you_mean(k, _KEYS[1:])
             why = " (a tensor's slice is {file, tensor, rows, cols})" if k in ("tensor", "rows", "transpose") else ""
             raise reader.at(keys[k][0]).error(f"{k}: unknown key{hint}; {_USAGE}{why}", name)
     table = keys["embeddings"][1]
@@ -45,7 +44,7 @@ def embedding_rows(reader, keys: dict, path, rel: str, where_, name: str):
         if not (isinstance(item, yaml.ScalarNode) and not item.style and _ID.fullmatch(item.value)):
             raise reader.at(item).error(
                 f"a token id is a whole number ≥ 0 (a row of the table, counted from 0 as the tokenizer "
-                f"does), not {_yaml.kind(item)}", _item(field, i))
+                f"does), not {_yaml.kind(item)}", item_field(field, i))
         ids.append(int(item.value))
     cols = None
     if "cols" in keys:
@@ -56,7 +55,7 @@ def embedding_rows(reader, keys: dict, path, rel: str, where_, name: str):
     try:
         array = _safetensors.read_embeddings(path, table.value, ids, cols, reader.max_size - reader.size)
     except _safetensors.TokenError as exc:
-        raise reader.at(ids_node.value[exc.index]).error(str(exc), _item(field, exc.index)) from None
+        raise reader.at(ids_node.value[exc.index]).error(str(exc), item_field(field, exc.index)) from None
     except _safetensors.CheckpointError as exc:
         text = str(exc)
         if text.startswith("cols:"):

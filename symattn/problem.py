@@ -1075,7 +1075,7 @@ class _Reader:
         if "embeddings" in keys:
             from ._embeddings import embedding_rows
 
-            array = embedding_rows(self, keys, path, rel, where_, name)
+            array = embedding_rows(self, keys, path, rel, where_, name, _did_you_mean, _item)
             return self.checkpoint_array(array, keys["embeddings"][1], rel, where_, name)
         for k in keys:
             if k not in ("file", "tensor", "rows", "cols", "transpose"):
