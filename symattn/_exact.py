@@ -277,6 +277,14 @@ def hstack(*parts) -> "LazyMatrix | Matrix":
     return LazyMatrix(parts[0].rows, col, entry)
 
 
+def rational_sum(parts) -> Matrix:
+    """The sum of rational matrices of one shape, exactly (by flint where it holds them)."""
+    total = _dm(parts[0])
+    for m in parts[1:]:
+        total = total + _dm(m)
+    return matrix_from_domain(total)
+
+
 def tidy_trig(x: sympy.Expr) -> sympy.Expr:
     """``x`` with its products of sines and cosines written as sums (cos a·cos b = (cos(a − b) +
     cos(a + b))/2, ...), expanded: RoPE's rotated dot products then collapse exactly to terms in

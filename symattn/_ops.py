@@ -366,6 +366,8 @@ class ExactOps:
 
     def sum(self, parts):
         lazy = [matrix_of(p) for p in parts]
+        if all(_exact.is_rational(m) for m in lazy):  # X + learned PE: one flint sum, and Q = X_pos·W_Q stays flint
+            return _exact.rational_sum(lazy)
         total = LazyMatrix(lazy[0].rows, lazy[0].cols, lambda i, j: sympy.Add(*[m[i, j] for m in lazy]))
         if all(isinstance(p, (OverRows, OverZ2)) for p in parts):
             sums = [_over_rows(p) for p in parts]

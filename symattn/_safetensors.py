@@ -6,6 +6,9 @@ parsed here, never evaluated) and whether to transpose it (``nn.Linear`` stores 
 Only the slice asked for is read: the file is mapped, not loaded, so a 500 MB checkpoint
 costs little. Float16, float32 and float64 values are the dyadic rationals they stand for;
 bfloat16 values are read as raw bytes (NumPy has no bfloat16) and widened exactly to float32.
+
+``{file: model.safetensors, embeddings: "wte.weight", tokens: [464, 3797]}`` takes the rows of
+an embedding table for the token ids given, each row read on its own (not the table).
 """
 
 from __future__ import annotations
@@ -88,12 +91,9 @@ _DTYPES = {"F16": "<f2", "F32": "<f4", "F64": "<f8", "BF16": "<u2",
            "I8": "<i1", "I16": "<i2", "I32": "<i4", "I64": "<i8", "U8": "<u1"}
 
 
-def read_slice(path, rel: str, tensor: str, rows: str | None, cols: str | None, room: int, vector: bool = False):
-    """The NumPy array (float or integer; bfloat16 widened exactly to float32) of ``tensor``'s
-    ``rows`` and ``cols`` in the safetensors file ``path``, at most ``room`` numbers. With
-    ``vector`` a 1-dimensional tensor (a bias) is read as a matrix of one row."""
-    import numpy as np
-
+def _open(path):
+    """A read-only descriptor of the safetensors file ``path`` and its stat, once it is known
+    to be a regular file (no FIFO or device is opened for reading)."""
     why = file_error(path, "safetensors file")
     if why is not None:
         raise CheckpointError(str(why) if str(why).startswith("is ") else f"cannot be read: {why.strerror}")
@@ -106,59 +106,141 @@ def read_slice(path, rel: str, tensor: str, rows: str | None, cols: str | None, 
         why = file_error(path, "safetensors file")
         if why is not None:
             raise CheckpointError(str(why))
-        header, data_start = _header(fd, st.st_size)
-        names = sorted(k for k in header if k != "__metadata__")
-        if tensor not in header or tensor == "__metadata__":
-            close = difflib.get_close_matches(tensor, names, n=3, cutoff=0.6)
-            hint = (" (close: " + ", ".join(repr(c) for c in close) + ")") if close else \
-                f" (it holds {len(names)} tensors, e.g. " + ", ".join(repr(c) for c in names[:3]) + ")"
-            raise CheckpointError(f"has no tensor {tensor!r}{hint}")
-        info = header[tensor]
-        try:
-            dtype, shape, (begin, end) = info["dtype"], info["shape"], info["data_offsets"]
-            ok = all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (*shape, begin, end))
-        except (TypeError, KeyError, ValueError):
-            ok = False
-        if not ok:
-            raise CheckpointError(f"is not a valid safetensors file: the header's entry for {tensor!r} is malformed")
-        flat = vector and len(shape) == 1  # a bias: one row
-        if len(shape) != 2 and not flat:
-            raise CheckpointError(f"tensor {tensor!r} has shape {list(shape)}; a matrix is a 2-dimensional tensor"
-                                  + (" (a bias is 1- or 2-dimensional)" if vector else ""))
-        if dtype not in _DTYPES:
-            raise CheckpointError(f"tensor {tensor!r} holds {dtype} values; symattn reads F16, BF16, F32, F64 and integers")
-        item = np.dtype(_DTYPES[dtype])
-        n_rows, n_cols = (1, shape[0]) if flat else shape
-        if end - begin != n_rows * n_cols * item.itemsize or data_start + end > st.st_size:
-            raise CheckpointError(f"is not a valid safetensors file: tensor {tensor!r}'s bytes do not fit its shape "
-                                  "or run past the end of the file (truncated?)")
-        r = parse_slice(rows, n_rows, "rows") if rows is not None else range(n_rows)
+    except OSError as exc:
+        os.close(fd)
+        raise CheckpointError(f"cannot be read: {exc.strerror or exc}") from None
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, st
+
+
+def _matrix_entry(fd: int, size: int, tensor: str, vector: bool = False):
+    """``(dtype name, NumPy dtype, rows, cols, where its bytes start, flat)`` of the 2-dimensional
+    ``tensor``, its header entry checked against the file's size. With ``vector`` a 1-dimensional
+    tensor (a bias) is a matrix of one row (``flat``)."""
+    import numpy as np
+
+    header, data_start = _header(fd, size)
+    names = sorted(k for k in header if k != "__metadata__")
+    if tensor not in header or tensor == "__metadata__":
+        close = difflib.get_close_matches(tensor, names, n=3, cutoff=0.6)
+        hint = (" (close: " + ", ".join(repr(c) for c in close) + ")") if close else \
+            f" (it holds {len(names)} tensors, e.g. " + ", ".join(repr(c) for c in names[:3]) + ")"
+        raise CheckpointError(f"has no tensor {tensor!r}{hint}")
+    info = header[tensor]
+    try:
+        dtype, shape, (begin, end) = info["dtype"], info["shape"], info["data_offsets"]
+        ok = all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (*shape, begin, end))
+    except (TypeError, KeyError, ValueError):
+        ok = False
+    if not ok:
+        raise CheckpointError(f"is not a valid safetensors file: the header's entry for {tensor!r} is malformed")
+    flat = vector and len(shape) == 1  # a bias: one row
+    if len(shape) != 2 and not flat:
+        raise CheckpointError(f"tensor {tensor!r} has shape {list(shape)}; a matrix is a 2-dimensional tensor"
+                              + (" (a bias is 1- or 2-dimensional)" if vector else ""))
+    if dtype not in _DTYPES:
+        raise CheckpointError(f"tensor {tensor!r} holds {dtype} values; symattn reads F16, BF16, F32, F64 and integers")
+    item = np.dtype(_DTYPES[dtype])
+    n_rows, n_cols = (1, shape[0]) if flat else shape
+    if end - begin != n_rows * n_cols * item.itemsize or data_start + end > size:
+        raise CheckpointError(f"is not a valid safetensors file: tensor {tensor!r}'s bytes do not fit its shape "
+                              "or run past the end of the file (truncated?)")
+    return dtype, item, n_rows, n_cols, data_start + begin, flat
+
+
+def _widen(out, dtype: str):
+    """``out`` in native byte order; bfloat16's raw words widened exactly to float32 (bfloat16
+    is the top half of a float32)."""
+    import numpy as np
+
+    if dtype == "BF16":
+        out = (out.astype(np.uint32) << 16).view(np.float32)
+    return np.ascontiguousarray(out.astype(out.dtype.newbyteorder("=")))
+
+
+def read_slice(path, rel: str, tensor: str, rows: str | None, cols: str | None, room: int,
+               vector: bool = False, first_rows: int | None = None):
+    """The NumPy array (float or integer; bfloat16 widened exactly to float32) of ``tensor``'s
+    ``rows`` and ``cols`` in the safetensors file ``path``, at most ``room`` numbers. With
+    ``vector`` a 1-dimensional tensor (a bias) is read as a matrix of one row.
+    ``first_rows``: with no ``rows`` given, rows 0 to first_rows - 1 (a table of positions)."""
+
+    def pick(n_rows: int):
+        if rows is None and first_rows is not None:
+            if n_rows < first_rows:
+                raise CheckpointError(f"tensor {tensor!r} has {n_rows:,} {'row' if n_rows == 1 else 'rows'}, fewer "
+                                      f"than the {first_rows:,} positions needed (one row per token)")
+            return range(first_rows)
+        return parse_slice(rows, n_rows, "rows") if rows is not None else range(n_rows)
+
+    return _read(path, tensor, pick, cols, room, one_by_one=False, vector=vector)
+
+
+class TokenError(CheckpointError):
+    """A token id that names no row of the table; ``index`` is its place in the list (0-based)."""
+
+    def __init__(self, index: int, message: str) -> None:
+        super().__init__(message)
+        self.index = index
+
+
+def read_embeddings(path, table: str, ids: list[int], cols: str | None, room: int):
+    """The rows ``ids`` (token ids, 0-based as a tokenizer gives them) of the embedding table
+    ``table`` in the safetensors file ``path``, in that order, each row read on its own: 16
+    tokens of GPT-2's 50257×768 table read 16 rows, not the table."""
+
+    def pick(n_rows: int):
+        for k, i in enumerate(ids):
+            if i >= n_rows:
+                raise TokenError(k, f"token id {i} is past the table's {n_rows:,} rows (ids count from 0 "
+                                    f"to {n_rows - 1:,}): is the table {table!r} of the tokenizer's model?")
+        return ids
+
+    return _read(path, table, pick, cols, room, one_by_one=True)
+
+
+def _read(path, tensor: str, pick, cols: str | None, room: int, one_by_one: bool, vector: bool = False):
+    """Rows ``pick(n_rows)`` and ``cols`` of the 2-dimensional ``tensor``: each row read on
+    its own with ``one_by_one`` (and for bfloat16, which NumPy lacks), else the slice through
+    the safetensors package."""
+    fd, st = _open(path)
+    try:
+        dtype, item, n_rows, n_cols, start, flat = _matrix_entry(fd, st.st_size, tensor, vector)
+        r = pick(n_rows)
         c = parse_slice(cols, n_cols, "cols") if cols is not None else range(n_cols)
         if len(r) * len(c) > room:
             raise CheckpointError(f"the slice of {tensor!r} is {len(r):,}×{len(c):,}: more numbers than the size "
                                   "limit allows; if it is meant to be this large, raise the limit with --max-size")
         # Read only the wanted rows, each between the first and last wanted column.
         lo, hi = min(c[0], c[-1]), max(c[0], c[-1]) + 1
-        r_lo, r_hi = min(r[0], r[-1]), max(r[0], r[-1]) + 1
-        if dtype != "BF16":
+        if one_by_one or dtype == "BF16":  # bfloat16: the raw 16-bit words, from the header's offsets
+            out = _rows(fd, start, item, n_cols, r, lo, hi)
+        else:
+            r_lo, r_hi = min(r[0], r[-1]), max(r[0], r[-1]) + 1
             whole = _package_vector(path, tensor, lo, hi) if flat else _package_slice(path, tensor, r_lo, r_hi, lo, hi)
             out = whole[[i - r_lo for i in r]]
-        else:  # NumPy has no bfloat16: the raw 16-bit words, row by row, from the header's offsets
-            out = np.empty((len(r), hi - lo), dtype=item)
-            width = (hi - lo) * item.itemsize
-            for k, i in enumerate(r):
-                chunk = os.pread(fd, width, data_start + begin + (i * n_cols + lo) * item.itemsize)
-                if len(chunk) != width:
-                    raise CheckpointError("is not a valid safetensors file: it ends before the tensor's data (truncated?)")
-                out[k] = np.frombuffer(chunk, dtype=item)
-        out = out[:, [j - lo for j in c]]
-        if dtype == "BF16":  # bfloat16 is the top half of a float32: widen the bits, exactly
-            out = (out.astype(np.uint32) << 16).view(np.float32)
-        return np.ascontiguousarray(out.astype(out.dtype.newbyteorder("=")))
+        return _widen(out[:, [j - lo for j in c]], dtype)
     except OSError as exc:
         raise CheckpointError(f"cannot be read: {exc.strerror or exc}") from None
     finally:
         os.close(fd)
+
+
+def _rows(fd: int, start: int, item, n_cols: int, rows, lo: int, hi: int):
+    """Columns lo:hi of each of ``rows``, each read on its own from the file (``pread``): a
+    handful of rows of a large table costs a handful of small reads."""
+    import numpy as np
+
+    out = np.empty((len(rows), hi - lo), dtype=item)
+    width = (hi - lo) * item.itemsize
+    for k, i in enumerate(rows):
+        chunk = os.pread(fd, width, start + (i * n_cols + lo) * item.itemsize)
+        if len(chunk) != width:
+            raise CheckpointError("is not a valid safetensors file: it ends before the tensor's data (truncated?)")
+        out[k] = np.frombuffer(chunk, dtype=item)
+    return out
 
 
 def _package_slice(path, tensor: str, r_lo: int, r_hi: int, c_lo: int, c_hi: int):

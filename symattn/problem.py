@@ -29,7 +29,7 @@ from ._errors import SymattnError
 from ._numbers import NumberError, check_size, is_positive, parse_decimal, parse_number
 from . import _safetensors
 from ._files import FileError, read_regular
-from ._exact import binary_float_matrix, rational_matrix, scaled_integer_matrix
+from ._exact import binary_float_matrix, is_rational, rational_matrix, scaled_integer_matrix
 from .rope import Rope
 from ._yaml import Where, where
 
@@ -399,6 +399,7 @@ class _Reader:
         self.size = 0  # numbers read so far
         self.symbols: dict[str, sympy.Symbol] = {}
         self.read_numbers: dict[tuple[str, bool], sympy.Expr] = {}  # entries read so far, by text
+        self.token_ids: dict[str, list[int]] = {}  # X or context looked up in an embedding table: the ids
 
     # -- the document ------------------------------------------------------
 
@@ -577,9 +578,10 @@ class _Reader:
 
         if "context_tokens" in fields and "context" not in fields:
             raise self.at(key("context_tokens")).error("context_tokens label the rows of context, which is not given")
-        tokens = self.labels(node("tokens"), "tokens", n_q, "X" if not direct else "Q", "t")
+        tokens = self.labels(node("tokens"), "tokens", n_q, "X" if not direct else "Q", "t", self.token_ids.get("X"))
         if "context" in fields:
-            key_tokens = self.labels(node("context_tokens"), "context_tokens", n_k, "context", "c")
+            key_tokens = self.labels(node("context_tokens"), "context_tokens", n_k, "context", "c",
+                                     self.token_ids.get("context"))
         elif direct and n_k != n_q:
             key_tokens = tuple(f"k_{j + 1}" for j in range(n_k))
         else:
@@ -723,14 +725,15 @@ class _Reader:
             raise self.at(key).error("positions are added to X: give X with the weights, not Q, K and V", "positions")
         n, d = X.rows, X.cols
         if isinstance(node, yaml.SequenceNode) or (
-                isinstance(node, yaml.MappingNode) and len(node.value) == 1
-                and getattr(node.value[0][0], "value", None) == "file"):
-            m = self.matrix(node, "positions")
+                isinstance(node, yaml.MappingNode) and any(getattr(k, "value", None) == "file" for k, _ in node.value)):
+            # a table of a checkpoint gives its first n rows: GPT-2's wpe has one per position up to 1024
+            m = self.matrix_file(node, "positions", first_rows=n) if isinstance(node, yaml.MappingNode) \
+                else self.matrix(node, "positions")
             if m.shape != (n, d):
                 raise self.at(node).error(
                     f"the learned positions are {_shape(m)} but X is {_shape(X)}: give one row of d_model = {d} "
                     f"{'entry' if d == 1 else 'entries'} per token", "positions")
-            if m.free_symbols:
+            if not is_rational(m) and m.free_symbols:  # (free_symbols would make a SymPy number of each entry)
                 raise self.at(node).error("the learned positions must be plain numbers, not symbols", "positions")
             return Positions("learned", m)
         base = sympy.Integer(SINUSOIDAL_BASE)
@@ -940,9 +943,10 @@ class _Reader:
             raise self.at(node).error(f"the title must be text, not {_yaml.kind(node)}", "title")
         return node.value.strip()
 
-    def labels(self, node, name: str, n: int, of: str, prefix: str) -> tuple[str, ...]:
+    def labels(self, node, name: str, n: int, of: str, prefix: str, ids: list[int] | None = None) -> tuple[str, ...]:
+        """The rows' labels: given, else the token ids the rows were looked up by (#464), else t_1, t_2, ...."""
         if node is None:
-            return tuple(f"{prefix}_{i + 1}" for i in range(n))
+            return tuple(f"#{i}" for i in ids) if ids is not None else tuple(f"{prefix}_{i + 1}" for i in range(n))
         if not isinstance(node, yaml.SequenceNode):
             raise self.at(node).error(f"{name} must be a list of labels such as [The, cat, sat], not {_yaml.kind(node)}", name)
         if len(node.value) != n:
@@ -1093,7 +1097,8 @@ class _Reader:
             self.count(numbers, self.at(node), name)
         return m
 
-    def matrix_file(self, node: yaml.MappingNode, name: str, vector: bool = False) -> Matrix:
+    def matrix_file(self, node: yaml.MappingNode, name: str, vector: bool = False,
+                    first_rows: int | None = None) -> Matrix:
         keys = {k.value: (k, v) for k, v in node.value if isinstance(k, yaml.ScalarNode)}
         if "file" not in keys or len(keys) != len(node.value):
             raise self.at(node).error("a matrix is a list of rows, or {file: NAME} naming a .npy, .csv "
@@ -1104,7 +1109,7 @@ class _Reader:
         if refusal:
             raise where_.error(refusal, name)
         if suffix == ".safetensors":
-            return self.checkpoint_matrix(keys, path, rel, where_, name, vector)
+            return self.checkpoint_matrix(keys, path, rel, where_, name, vector, first_rows)
         extra = sorted(set(keys) - {"file"})
         if extra:
             raise self.at(keys[extra[0]][0]).error(
@@ -1148,14 +1153,23 @@ class _Reader:
             raise where_.error(f"{rel!r} leaves the problem's folder", name)
         return path, rel, where_
 
-    def checkpoint_matrix(self, keys: dict, path: Path, rel: str, where_: Where, name: str, vector: bool = False) -> Matrix:
+    def checkpoint_matrix(self, keys: dict, path: Path, rel: str, where_: Where, name: str, vector: bool = False,
+                          first_rows: int | None = None) -> Matrix:
         """``{file: X.safetensors, tensor: NAME, rows: "a:b", cols: "c:d", transpose: true}``:
-        a slice of one tensor, read lazily, each float its exact dyadic rational."""
+        a slice of one tensor, read lazily, each float its exact dyadic rational; or
+        ``{file: X.safetensors, embeddings: TABLE, tokens: [ids]}``: rows of an embedding table.
+        ``first_rows``: with no ``rows:``, the table's first rows (learned positions)."""
+        if "embeddings" in keys:
+            from ._embeddings import embedding_rows
+
+            array = embedding_rows(self, keys, path, rel, where_, name, _did_you_mean, _item)
+            return self.checkpoint_array(array, keys["embeddings"][1], rel, where_, name)
         for k in keys:
             if k not in ("file", "tensor", "rows", "cols", "transpose"):
                 raise self.at(keys[k][0]).error(
-                    f"{k}: unknown key{_did_you_mean(k, ('tensor', 'rows', 'cols', 'transpose'))}; a tensor of a "
-                    ".safetensors file takes file, tensor, rows, cols and transpose", name)
+                    f"{k}: unknown key{_did_you_mean(k, ('tensor', 'rows', 'cols', 'transpose', 'embeddings'))}; "
+                    "a tensor of a .safetensors file takes file, tensor, rows, cols and transpose "
+                    "(or file, embeddings, tokens and cols for rows of an embedding table)", name)
         if "tensor" not in keys:
             raise where_.error(f"{rel!r}: a .safetensors file holds many tensors; name one with tensor:", name)
         texts = {}
@@ -1174,7 +1188,7 @@ class _Reader:
             transpose = v.value.lower() == "true"
         try:
             array = _safetensors.read_slice(path, rel, texts["tensor"], texts.get("rows"), texts.get("cols"),
-                                            self.max_size - self.size, vector)
+                                            self.max_size - self.size, vector, first_rows)
         except _safetensors.CheckpointError as exc:
             text = str(exc)
             field = next((k for k in ("rows", "cols") if text.startswith(k + ":")), None)
@@ -1186,7 +1200,12 @@ class _Reader:
             raise where_.error(f"{rel!r} {text}" if not text.startswith("the slice") else text, name) from None
         if transpose:
             array = array.T
-        m = self.slice_matrix(array, rel, self.at(keys["tensor"][1]), name)
+        return self.checkpoint_array(array, keys["tensor"][1], rel, where_, name)
+
+    def checkpoint_array(self, array, at: yaml.Node, rel: str, where_: Where, name: str) -> Matrix:
+        """The exact matrix of an array read from a checkpoint (``at``: where to report its values),
+        counted against the size limit."""
+        m = self.slice_matrix(array, rel, self.at(at), name)
         self.count(m.rows * m.cols, where_, name)
         return m
 

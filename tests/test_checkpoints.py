@@ -283,3 +283,99 @@ def test_gpt2_head_by_slices_matches_a_pytorch_reference(tmp_path, head):
     got_o = np.array([[float(v) for v in row] for row in d.evaluate("O", 20)])
     np.testing.assert_allclose(got_a, att[head].numpy(), rtol=1e-12, atol=1e-300)
     np.testing.assert_allclose(got_o, out[head].numpy(), rtol=1e-12, atol=1e-12)
+
+
+# -- X from an embedding table, learned positions from a table -----------------------------------------
+
+
+@pytest.fixture
+def tables(tmp_path):
+    rng = np.random.default_rng(50257)
+    t = {"wte.weight": rng.standard_normal((300, 6)).astype(np.float32),
+         "wpe.weight": rng.standard_normal((8, 6)).astype(np.float16),
+         "wpe_wide": rng.standard_normal((8, 5)).astype(np.float32),
+         "c_attn": rng.standard_normal((6, 6)).astype(np.float32),
+         "vector": np.zeros(6, np.float32)}
+    safetensors_numpy.save_file(t, str(tmp_path / "model.safetensors"))
+    return tmp_path, t
+
+
+_HEAD = ('W_Q: {file: model.safetensors, tensor: c_attn, cols: "0:2"}\n'
+         'W_K: {file: model.safetensors, tensor: c_attn, cols: "2:4"}\n'
+         'W_V: {file: model.safetensors, tensor: c_attn, cols: "4:6"}\n')
+
+
+def test_embeddings_rows_by_token_id_and_labels(tables):
+    tmp_path, t = tables
+    p = load_problem(_write(tmp_path, "X: {file: model.safetensors, embeddings: wte.weight, tokens: [299, 0, 17, 0]}\n" + _HEAD))
+    assert _fractions(p.X) == _expected(t["wte.weight"][[299, 0, 17, 0]])
+    assert p.tokens == ("#299", "#0", "#17", "#0")  # no labels given: the ids
+    p = load_problem(_write(tmp_path, "tokens: [a, b]\nX: {file: model.safetensors, embeddings: wte.weight, "
+                                      'tokens: [3, 4], cols: "1:4"}\n'
+                                      "W_Q: [[1], [0], [0]]\nW_K: [[1], [0], [0]]\nW_V: [[1], [0], [0]]\n"))
+    assert p.tokens == ("a", "b") and _fractions(p.X) == _expected(t["wte.weight"][3:5, 1:4])
+
+
+def test_embeddings_read_only_their_rows(tmp_path, monkeypatch):
+    """Three rows of a 16 MB table: a read of one row each, nothing else of the table."""
+    table = np.zeros((50257, 80), dtype=np.float32)
+    table[50256] = 0.5
+    safetensors_numpy.save_file({"wte": table}, str(tmp_path / "e.safetensors"))
+    del table
+    import symattn._safetensors as st
+
+    read = []
+    real_pread = os.pread
+    monkeypatch.setattr(st.os, "pread", lambda fd, n, off: read.append(n) or real_pread(fd, n, off))
+    monkeypatch.setattr(st, "_package_slice", None)  # not used for the rows of a table
+    p = load_problem(_write(tmp_path, _qkv("{file: e.safetensors, embeddings: wte, tokens: [50256, 1, 50256]}")))
+    assert p.Q.shape == (3, 80) and p.Q[0, 0] == Rational(1, 2) and p.Q[1, 79] == 0
+    # Q, K and V each: the header's length and JSON, then 3 rows × 80 float32
+    assert [n for n in read if n > 100] == [320] * 9 and sum(read) < 3 * (960 + 100)
+
+
+def test_learned_positions_from_a_table_gpt2_input(tables):
+    """X + positions as GPT-2 forms its first block's input (before ln_1): wte[ids] + wpe[0:n]."""
+    torch = pytest.importorskip("torch")
+    tmp_path, t = tables
+    p = load_problem(_write(tmp_path, "X: {file: model.safetensors, embeddings: wte.weight, tokens: [7, 250, 7]}\n"
+                                      "positions: {file: model.safetensors, tensor: wpe.weight}\n" + _HEAD))
+    assert p.positions.kind == "learned"
+    assert _fractions(p.positions.matrix) == _expected(t["wpe.weight"][0:3])
+    import symattn
+
+    d = symattn.derive(p)
+    wte = torch.nn.Embedding.from_pretrained(torch.tensor(t["wte.weight"], dtype=torch.float64))
+    wpe = torch.nn.Embedding.from_pretrained(torch.tensor(t["wpe.weight"].astype(np.float64)))
+    ids = torch.tensor([7, 250, 7])
+    want = (wte(ids) + wpe(torch.arange(3))).numpy()
+    got = np.array([[float(v) for v in row] for row in d.evaluate("X_pos", 20)])
+    np.testing.assert_array_equal(got, want)  # sums of float32 and float16 values: exact in float64
+    from symattn._exact import fmpq_matrix
+
+    # X + PE of numbers is one flint matrix, so Q = X_pos·W_Q is a flint product (a GPT-2 head in a second)
+    assert fmpq_matrix(d.step("X_pos").lazy) is not None and fmpq_matrix(d.step("Q").lazy) is not None
+
+
+@pytest.mark.parametrize("text, where, fragment", [
+    ("X: {file: model.safetensors, embeddings: wte.weight, tokens: [1, 300]}\n", "1:66",
+     "X.tokens item 2: token id 300 is past the table's 300 rows"),
+    ("X: {file: model.safetensors, embeddings: wte.weight, tokens: [1, 2.5]}\n", "1:66",
+     "X.tokens item 2: a token id is a whole number ≥ 0"),
+    ("X: {file: model.safetensors, embeddings: wte.weight, tokens: [-1]}\n", "1:63", "X.tokens item 1: a token id"),
+    ("X: {file: model.safetensors, embeddings: wte.weight, tokens: 3}\n", "1:62", "X.tokens: the token ids are a list"),
+    ("X: {file: model.safetensors, embeddings: wte.weight}\n", "1:30", "X: embeddings: needs tokens:"),
+    ("X: {file: model.safetensors, embeddings: vector, tokens: [1]}\n", "1:42", "2-dimensional"),
+    ("X: {file: model.safetensors, embeddings: wte.weihgt, tokens: [1]}\n", "1:42", "close: 'wte.weight'"),
+    ("X: {file: model.safetensors, embeddings: wte.weight, tokens: [1], rows: '0:1'}\n", "1:67", "rows: unknown key"),
+    ("X: {file: model.safetensors, embeddings: wte.weight, tokens: [1,2,3,4,5,6,7,8,9]}\n"
+     "positions: {file: model.safetensors, tensor: wpe.weight}\n", "2:46",
+     "positions: tensor 'wpe.weight' has 8 rows, fewer than the 9 positions needed"),
+    ("X: {file: model.safetensors, embeddings: wte.weight, tokens: [1, 2]}\n"
+     "positions: {file: model.safetensors, tensor: wpe_wide}\n", "2:12",
+     "the learned positions are 2×5 but X is 2×6"),
+])
+def test_embedding_and_position_errors(tables, capsys, text, where, fragment):
+    tmp_path, _ = tables
+    line = _error(tmp_path, text + _HEAD, capsys)
+    assert line.startswith(f"Error: P:{where}: ") and fragment in line, line

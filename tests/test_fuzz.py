@@ -305,6 +305,54 @@ def csv_bytes(draw):
     return data
 
 
+_ST_DTYPES = ["F16", "BF16", "F32", "F64", "I32", "I64", "U8", "BOOL", "C64", "F8_E4M3", "", 5, None]
+_ST_SIZES = {"F16": 2, "BF16": 2, "F32": 4, "F64": 8, "I32": 4, "I64": 8, "U8": 1}
+
+
+@st.composite
+def safetensors_bytes(draw):
+    """A .safetensors file: a header of tensor entries, true or lying (dtype, shape, offsets),
+    or JSON of any shape, or none; a length that fits or not; data, perhaps cut short."""
+    kind = draw(st.sampled_from(["entries", "json", "random", "truncated"]))
+    if kind == "random":
+        return draw(st.binary(max_size=300))
+    if kind == "json":
+        header = json.dumps(draw(st.recursive(st.none() | st.integers() | st.text(max_size=5),
+                                              lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=3), c,
+                                                                                                  max_size=3),
+                                              max_leaves=10))).encode()
+        data = b""
+    else:
+        entries, offset = {}, 0
+        for name in draw(st.lists(st.sampled_from(["w", "wte", "__metadata__", "x"]), min_size=1, max_size=3, unique=True)):
+            lie = draw(st.sampled_from(["none", "none", "dtype", "shape", "offsets", "key"]))  # at most one lie each
+            dtype = draw(st.sampled_from(_ST_DTYPES if lie == "dtype" else list(_ST_SIZES)))
+            shape = draw(st.lists(st.one_of(st.integers(0, 6), st.integers(-1, 10**13)), max_size=3)) if lie == "shape" \
+                else [draw(st.integers(1, 4)), 2]
+            size = _ST_SIZES[dtype] * shape[0] * shape[1] if lie in ("none", "offsets", "key") else draw(st.integers(0, 200))
+            end = draw(st.integers(-5, 10**18)) if lie == "offsets" else offset + size
+            entries[name] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, end]}
+            if lie == "key":
+                del entries[name][draw(st.sampled_from(["dtype", "shape", "data_offsets"]))]
+            offset += size
+        header = json.dumps(entries).encode()
+        data = draw(st.binary(min_size=offset, max_size=offset))
+    length = draw(st.sampled_from([len(header)] * 3 + [None]))
+    if length is None:
+        length = draw(st.one_of(st.integers(0, 2**64 - 1), st.integers(0, len(header) + 16)))
+    out = _struct.pack("<Q", length) + header + data
+    if kind == "truncated":
+        out = out[:draw(st.integers(0, len(out)))]
+    return out
+
+
+_ST_SPECS = st.sampled_from([
+    "{file: m.safetensors, tensor: w}", '{file: m.safetensors, tensor: w, rows: "0:2", cols: "-1:"}',
+    "{file: m.safetensors, tensor: wte, transpose: true}", "{file: m.safetensors, embeddings: wte, tokens: [0, 5, 1]}",
+    '{file: m.safetensors, embeddings: w, tokens: [3], cols: "1:"}', "{file: m.safetensors, tensor: __metadata__}",
+])
+
+
 def _in_process(capsys, argv) -> None:
     code, out, err = run(capsys, argv)
     if code == 1 and not out.strip():
@@ -364,16 +412,29 @@ def test_csv_bytes(capsys, workdir, data):
     _in_process(capsys, ["derive", str(workdir / "csv.yaml"), "-f", "json"])
 
 
+@HOSTILE
+@given(data=safetensors_bytes(), spec=_ST_SPECS, positions=st.booleans())
+def test_safetensors_bytes(capsys, workdir, data, spec, positions):
+    (workdir / "m.safetensors").write_bytes(data)
+    text = f"Q: {spec}\n" + REST if "embeddings" not in spec else \
+        f"X: {spec}\n" + ("positions: {file: m.safetensors, tensor: w}\n" if positions else "") + \
+        "W_Q: [[1], [0]]\nW_K: [[1], [0]]\nW_V: [[1], [0]]\n"
+    (workdir / "st.yaml").write_text(text, "utf-8")
+    _in_process(capsys, ["derive", str(workdir / "st.yaml"), "-f", "json"])
+
+
 @st.composite
 def hostile_problem(draw):
     """A problem file of one hostile family, with its matrix file: (yaml text, file name, bytes)."""
-    family = draw(st.sampled_from(["expression", "nesting", "npy", "csv"]))
+    family = draw(st.sampled_from(["expression", "nesting", "npy", "csv", "safetensors"]))
     if family == "expression":
         return clean(_expression_problem(draw(EXPRESSIONS))), None, None
     if family == "nesting":
         return "Q:" + draw(nested_yaml()) + "\n" + REST, None, None
     if family == "npy":
         return "Q: {file: c.npy}\n" + REST, "c.npy", draw(npy_bytes())
+    if family == "safetensors":
+        return "Q: {file: c.safetensors, tensor: w}\n" + REST, "c.safetensors", draw(safetensors_bytes())
     return "Q: {file: c.csv}\n" + REST, "c.csv", draw(csv_bytes())
 
 

@@ -8,6 +8,7 @@ big files are made at test time in a temporary folder; nothing special is commit
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import stat
@@ -42,6 +43,29 @@ def npy(header: str, data: bytes = b"", version: tuple[int, int] = (1, 0)) -> by
 
 def npy_matrix(rows: int, cols: int) -> bytes:
     return npy(f"{{'descr': '<f8', 'fortran_order': False, 'shape': ({rows}, {cols}), }}", b"\0" * (8 * rows * cols))
+
+
+def safetensors(tensors: dict, header: bytes | None = None, length: int | None = None) -> bytes:
+    """A .safetensors file written by hand: ``tensors`` maps a name to (dtype, shape, data bytes);
+    ``header`` replaces the JSON and ``length`` the 8-byte length in front of it."""
+    entries, data = {}, b""
+    for name, (dtype, shape, raw) in tensors.items():
+        entries[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [len(data), len(data) + len(raw)]}
+        data += raw
+    text = json.dumps(entries).encode() if header is None else header
+    return struct.pack("<Q", len(text) if length is None else length) + text + data
+
+
+def f32(rows: int, cols: int) -> tuple:
+    return ("F32", (rows, cols), struct.pack(f"<{rows * cols}f", *range(rows * cols)))
+
+
+ST = safetensors({"wte": f32(10, 2), "c_attn": f32(2, 6), "cube": ("F32", (2, 2, 2), b"\0" * 32)})
+ST_REST = "W_K: [[1], [0]]\nW_V: [[1], [0]]\n"
+
+
+def st_problem(spec: str, x: str = "[[1, 0], [0, 1]]") -> str:
+    return f"X: {x}\nW_Q: {spec}\n{ST_REST}"
 
 
 # -- the cases: (id, files to write, how to make special files, argv, fragment of the Error line) ------------
@@ -182,6 +206,52 @@ DERIVE = [
     ("two-million-mapping-values", {}, {"p.yaml": _many_keys}, "values (numbers, words and aliases)"),
     ("three-million-rows-flow", {}, {"p.yaml": lambda p: _many_rows(p, "flow")}, "X: the matrix has more than 1,000,000 rows"),
     ("aliased-block-30MB", {}, {"p.yaml": _aliased}, "p.yaml: the file has 6,000,001 list items"),
+    # checkpoints: each a file of a few bytes that lies about itself, or a problem asking too much of one
+    ("st-wrong-tensor", {"p.yaml": st_problem('{file: m.safetensors, tensor: c_atn, cols: "0:1"}'),
+                         "m.safetensors": ST}, {}, "p.yaml:2:36: W_Q: 'm.safetensors' has no tensor 'c_atn'"),
+    ("st-slice-out-of-range", {"p.yaml": st_problem('{file: m.safetensors, tensor: c_attn, cols: "5:7"}'),
+                               "m.safetensors": ST}, {}, "W_Q: cols: '5:7' is out of range; the tensor has 6 cols"),
+    ("st-shape-mismatch", {"p.yaml": st_problem('{file: m.safetensors, tensor: c_attn, cols: "0:1"}', "[[1, 0, 0]]"),
+                           "m.safetensors": ST}, {}, "W_Q: X is 1×3 but W_Q is 2×1"),
+    ("st-three-dimensional", {"p.yaml": st_problem("{file: m.safetensors, tensor: cube}"), "m.safetensors": ST}, {},
+     "tensor 'cube' has shape [2, 2, 2]; a matrix is a 2-dimensional tensor"),
+    ("st-pickle", {"p.yaml": st_problem("{file: model.pt}"), "model.pt": b"\x80\x02c__builtin__\neval\n"}, {},
+     "'model.pt' is a pickle (torch.save); symattn does not read pickles"),
+    ("st-header-cut", {"p.yaml": st_problem("{file: m.safetensors, tensor: c_attn}"), "m.safetensors": ST[:40]}, {},
+     "is not a valid safetensors file: the header is cut short"),
+    ("st-header-length-past-file", {"p.yaml": st_problem("{file: m.safetensors, tensor: c_attn}"),
+                                    "m.safetensors": safetensors({"c_attn": f32(2, 6)}, length=90_000_000)}, {},
+     "the header is cut short (it claims 90,000,000 bytes"),
+    ("st-header-length-2^64-1", {"p.yaml": st_problem("{file: m.safetensors, tensor: c_attn}"),
+                                 "m.safetensors": safetensors({}, length=2 ** 64 - 1)}, {},
+     "its header claims 18,446,744,073,709,551,615 bytes, more than 100,000,000"),
+    ("st-header-not-json", {"p.yaml": st_problem("{file: m.safetensors, tensor: c_attn}"),
+                            "m.safetensors": safetensors({}, header=b'{"c_attn": {"dtype": "F32",')}, {},
+     "its header is not a JSON object"),
+    ("st-header-not-utf8", {"p.yaml": st_problem("{file: m.safetensors, tensor: c_attn}"),
+                            "m.safetensors": safetensors({}, header=b'{"\xff": 1}')}, {}, "its header is not a JSON object"),
+    ("st-header-deep-json", {"p.yaml": st_problem("{file: m.safetensors, tensor: c_attn}"),
+                             "m.safetensors": safetensors({}, header=b"[" * 200_000 + b"]" * 200_000)}, {},
+     "its header is not a JSON object"),
+    ("st-dtype-float8", {"p.yaml": st_problem("{file: m.safetensors, tensor: w}"),
+                         "m.safetensors": safetensors({"w": ("F8_E4M3", (2, 1), b"\1\2")})}, {},
+     "tensor 'w' holds F8_E4M3 values; symattn reads F16, BF16, F32, F64 and integers"),
+    ("st-shape-1e12-squared", {"p.yaml": st_problem("{file: m.safetensors, tensor: w}"),
+                               "m.safetensors": safetensors({"w": ("F32", (10 ** 12, 10 ** 12), b"\0" * 8)})}, {},
+     "tensor 'w''s bytes do not fit its shape or run past the end of the file"),
+    ("st-offsets-past-end", {"p.yaml": st_problem("{file: m.safetensors, tensor: w}"),
+                             "m.safetensors": safetensors({}, header=b'{"w": {"dtype": "F32", "shape": [1000, 1000], '
+                                                                     b'"data_offsets": [0, 4000000]}}')}, {},
+     "run past the end of the file (truncated?)"),
+    ("st-token-id-20-digits", {"p.yaml": "X: {file: m.safetensors, embeddings: wte, tokens: [1, 99999999999999999999]}\n"
+                                         + 'W_Q: [[1], [0]]\n' + ST_REST, "m.safetensors": ST}, {},
+     "p.yaml:1:55: X.tokens item 2: token id 99999999999999999999 is past the table's 10 rows"),
+    ("st-embeddings-million-tokens", {"p.yaml": "X: {file: m.safetensors, embeddings: wte, tokens: ["
+                                                + "1, " * 600_000 + "1]}\n" + "W_Q: [[1], [0]]\n" + ST_REST,
+                                      "m.safetensors": ST}, {}, "more numbers than the size limit allows"),
+    ("st-positions-too-few", {"p.yaml": "X: {file: m.safetensors, embeddings: wte, tokens: [1, 2, 3]}\n"
+                                        "positions: {file: m.safetensors, tensor: c_attn}\nW_Q: [[1], [0]]\n" + ST_REST,
+                              "m.safetensors": ST}, {}, "positions: tensor 'c_attn' has 2 rows, fewer than the 3 positions"),
 ]
 
 # `symattn check causal_4_tokens.yaml ANSWERS`: (id, files, special, fragment)
