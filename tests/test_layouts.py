@@ -395,6 +395,37 @@ def test_derive_cli_crosscheck_passes(tmp_path, capsys):
     assert json.loads(capsys.readouterr().out)["crosscheck"]["passed"] is True
 
 
+def test_real_inputs_and_some_heads_of_a_gpt2_layer_match_a_pytorch_reference(tmp_path, capsys):
+    """Everything of a real checkpoint at once: X looked up in wte and wpe, heads 2 and 4 of 4 with
+    their biases, W_O the c_proj rows of those heads and b_O; against GPT-2's attention by hand,
+    the heads' share of c_proj taken from the reference's own split."""
+    torch = pytest.importorskip("torch")
+    tensors = _gpt2_tensors()
+    tensors["wpe.weight"] = np.random.default_rng(9).standard_normal((6, 16)).astype(np.float32)
+    t = _save(tmp_path, tensors)
+    ids = [7, 2, 9, 2]
+    path = _write(tmp_path, f"X: {{file: model.safetensors, embeddings: wte.weight, tokens: {ids}}}\n"
+                            "positions: {file: model.safetensors, tensor: wpe.weight}\n"
+                            "from: {file: model.safetensors, layout: gpt2, layer: 1, heads: [2, 4], n_head: 4}\n")
+    d = symattn.derive(load_problem(path))
+    T = {k: torch.tensor(v) for k, v in t.items()}
+    x = T["wte.weight"][ids] + T["wpe.weight"][:4]
+    att, heads, _ = _gpt2_reference(torch, x, T["h.1.attn.c_attn.weight"], T["h.1.attn.c_attn.bias"],
+                                    T["h.1.attn.c_proj.weight"], T["h.1.attn.c_proj.bias"], 4)
+    w_o = T["h.1.attn.c_proj.weight"]
+    out = torch.cat([heads[1], heads[3]], dim=1) @ torch.cat([w_o[4:8], w_o[12:16]]) + T["h.1.attn.c_proj.bias"]
+    for mine, theirs in ((1, 1), (2, 3)):
+        _close(_values(d, f"head{mine}.A"), att[theirs].numpy())
+        _close(_values(d, f"head{mine}.O"), heads[theirs].numpy())
+    _close(_values(d, "O"), out.numpy())
+    # the CLI shows the biases as stages and its own cross-check (NumPy, PyTorch) agrees
+    assert main(["derive", str(path), "-f", "json", "--check", "torch"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["crosscheck"]["passed"] is True
+    ids_seen = {s["id"] for s in doc["stages"]}
+    assert {"head1.b_Q", "head1.b_K", "head2.b_V", "b_O", "PE"} <= ids_seen
+
+
 # -- bad input: one line at the field ------------------------------------------------------------
 
 
