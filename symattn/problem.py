@@ -1338,28 +1338,61 @@ def _flow_rational_matrix(rows: list[str]) -> Matrix | None:
     """A matrix cut out of the YAML text as its rows' text (``_yaml.FlowMatrix``), when its
     rows are the same length and every entry is a plain number; else None.
 
-    The common case, every entry with the same count of decimals (model weights written
-    out), is read without a Python object per entry beyond its integer numerator.
+    The common case, integers and decimals (model weights written out, perhaps with their
+    trailing zeros dropped, as ``yaml.safe_dump`` does), is read without a Python object per
+    entry beyond its integer numerator: every entry is padded with zeros to the most decimals
+    any entry has, and the digits are read as integers over that power of ten.
     """
     width = rows[0].count(",") + 1
     if any(row.count(",") + 1 != width for row in rows):
         return None  # ragged: the usual path says which row
-    first = rows[0].split(",", 1)[0].strip(" \n")
-    decimals = len(first) - first.index(".") - 1 if "." in first else 0
-    same = _same_decimals(decimals)
-    if all(same.fullmatch(row) for row in rows):
-        text = ",".join(rows)
-        numerators = [int(x) for x in (text.replace(".", "") if decimals else text).split(",")]
-        return scaled_integer_matrix(len(rows), width, numerators, 10 ** decimals)
-    flat = _plain_rationals(x.strip(" \n") for row in rows for x in row.split(","))
+    text = ",".join(rows)
+    if "/" not in text:
+        decimals = _most_decimals(text)
+        padded = _pad_decimals(text, decimals)
+        if _same_decimals(decimals).fullmatch(padded):
+            numerators = [int(x) for x in (padded.replace(".", "") if decimals else padded).split(",")]
+            return scaled_integer_matrix(len(rows), width, numerators, 10 ** decimals)
+    flat = _plain_rationals(x.strip(" \n") for x in text.split(","))
     return None if flat is None else rational_matrix(len(rows), width, flat)
+
+
+def _most_decimals(text: str) -> int:
+    """The most digits after a point in ``text`` (0 to 30; a longer run is left to the checks)."""
+    low, high = 0, 30  # some run of ``low`` digits follows a point (or low is 0); none of high + 1
+    while low < high:
+        mid = (low + high + 1) // 2
+        if _DECIMALS[mid].search(text):
+            low = mid
+        else:
+            high = mid - 1
+    return low
+
+
+_DECIMALS = [re.compile(rf"\.[0-9]{{{k}}}") for k in range(31)]
+
+
+def _pad_decimals(text: str, decimals: int) -> str:
+    """``text`` with every number given exactly ``decimals`` digits after the point, by
+    appending zeros (an integer gains a point); the same values. One pass per shorter count."""
+    if not decimals:
+        return text
+    text = _INTEGER.sub(r"\g<0>." + "0" * decimals, text)
+    for k in range(1, decimals):
+        text = _SHORT_DECIMALS[k].sub(r"\g<0>" + "0" * (decimals - k), text)
+    return text
+
+
+_INTEGER = re.compile(r"(?<![.0-9])[0-9]+(?![.0-9])")
+_SHORT_DECIMALS = [re.compile(rf"\.[0-9]{{{k}}}(?![0-9])") for k in range(31)]
 
 
 @functools.lru_cache(maxsize=None)
 def _same_decimals(decimals: int) -> re.Pattern:
-    """A row of numbers each with exactly ``decimals`` digits after the point (none: integers)."""
+    """Rows of numbers (joined by commas) each with exactly ``decimals`` digits after the
+    point (none: integers). Possessive repeats: no state kept per entry."""
     number = rf"-?[0-9]{{1,30}}\.[0-9]{{{decimals}}}" if decimals else r"-?[0-9]{1,30}"
-    return re.compile(rf"[ \n]*{number}(?:[ \n]*,[ \n]*{number})*[ \n]*")
+    return re.compile(rf"[ \n]*+{number}(?:[ \n]*+,[ \n]*+{number})*+[ \n]*+")
 
 
 # Where an entry, a row or a list item is, as a person reads it: counted from 1, as the
