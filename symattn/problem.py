@@ -1113,7 +1113,11 @@ class _Reader:
         return m
 
     def _read_csv(self, data: bytes, rel: str, where_: Where, name: str) -> Matrix:
-        rows = _csv_rows(_csv_text(data, rel, where_, name), rel, where_, name)
+        text = _csv_text(data, rel, where_, name)
+        fast = _plain_csv_matrix(text)
+        if fast is not None:
+            return fast
+        rows = _csv_rows(text, rel, where_, name)
         if not rows:
             raise where_.error(f"{rel!r} holds no numbers", name)
         width = len(rows[0])
@@ -1473,6 +1477,22 @@ def _csv_text(data: bytes, rel: str, where_: Where, name: str) -> str:
             "symattn expects UTF-8: save it as UTF-8 (CSV UTF-8)",
             name,
         ) from None
+
+
+# A .csv file of plain decimals: lines of numbers between commas (spaces around them), blank
+# lines, "\n" or "\r\n" line ends. Possessive repeats: no state kept per entry.
+_CSV_DECIMAL = r"-?[0-9]{1,30}(?:\.[0-9]{1,30})?"
+_CSV_LINE = rf"[ ]*+(?:{_CSV_DECIMAL}(?:[ ]*+,[ ]*+{_CSV_DECIMAL})*+[ ]*+)?"
+_PLAIN_CSV = re.compile(rf"{_CSV_LINE}(?:\r?\n{_CSV_LINE})*+")
+
+
+def _plain_csv_matrix(text: str) -> Matrix | None:
+    """The matrix of a .csv file of plain decimals with rows of one length, read as the
+    rows of a YAML matrix are; None leaves anything else (and every error) to the csv module."""
+    if not _PLAIN_CSV.fullmatch(text):
+        return None
+    rows = [line for line in text.replace("\r", "").split("\n") if line.strip(" ")]
+    return _flow_rational_matrix(rows) if rows else None
 
 
 def _csv_rows(text: str, rel: str, where_: Where, name: str) -> list[list[str]]:
