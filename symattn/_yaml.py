@@ -165,6 +165,11 @@ def _blank(text: str) -> str:
 _ODD_BREAKS = re.compile("\r(?!\n)|[\x85\u2028\u2029\ufeff]")
 
 
+def _odd_breaks(text: str) -> bool:
+    """Whether :data:`_ODD_BREAKS` finds one, looked for a character at a time (a C scan each)."""
+    return any(c in text for c in "\x85\u2028\u2029\ufeff") or ("\r" in text and _ODD_BREAKS.search(text) is not None)
+
+
 # What is between a matrix's outer brackets when it is rows of numbers: ``[1, 2], [3, 4]``.
 # Possessive repeats keep no state per entry or row (a 30 MB row is matched in one call, in
 # constant memory).
@@ -194,7 +199,7 @@ def _flow_matrices(text: str, max_values: int | None = None) -> list[tuple[int, 
     the order of the text: ``layout`` is ``"flow"`` (``X: [[1, 2], [3, 4]]``), ``"rows"``
     (``X:`` then ``- [1, 2]`` per row) or ``"block"`` (``- - 1`` then ``  - 2``, as
     ``yaml.safe_dump`` writes)."""
-    if _ODD_BREAKS.search(text):
+    if _odd_breaks(text):
         return []
     lists = _list_matrices(text)
     found = []
@@ -248,7 +253,9 @@ def _one_line_matrices(text: str, max_values: int | None = None, lo: int = 0,
 # list's first "-" and its extent, so the rest of the file composes as it would around the list.
 
 # A key alone on its line, then the first item of a list on the next: "- " after ``indent``.
-_KEY_ALONE = re.compile(r"^((?:[ ]*- )*[ ]*)[A-Za-z_][A-Za-z0-9_]*:[ ]*(?=\r?\n([ ]*)- )", re.MULTILINE)
+# Found from its colon (a quick scan for ":"), then the line is read back to its start.
+_COLON_ALONE = re.compile(r":[ ]*(?=\r?\n([ ]*)- )")
+_KEY_BEFORE = re.compile(r"((?:[ ]*- )*[ ]*)[A-Za-z_][A-Za-z0-9_]*")
 # After a list: blank and comment lines, then the end of the text or the next line with text.
 _NEXT_LINE = re.compile(r"[ ]*(?:\r?\n[ ]*(?:#[^\r\n]*)?(?=\r?\n|\Z))*+(?:\r?\n([ ]*)([^ \r\n])|[ ]*\Z)")
 
@@ -281,12 +288,15 @@ def _list_matrices(text: str) -> list[tuple[int, int, list[str], str]]:
     found = []
     pos = 0
     while True:
-        m = _KEY_ALONE.search(text, pos)
+        m = _COLON_ALONE.search(text, pos)
         if m is None:
             break
         pos = m.end()
-        indent = len(m.group(2))
-        if indent < len(m.group(1)):
+        key = _KEY_BEFORE.fullmatch(text, text.rfind("\n", 0, m.start()) + 1, m.start())
+        if key is None:
+            continue
+        indent = len(m.group(1))
+        if indent < len(key.group(1)):
             continue  # an item of an outer list, not the key's value
         start = m.end() + (text[m.end()] == "\r") + 1 + indent  # the first item's "-"
         layout = "rows" if text.startswith("[", start + 2) else "block" if text.startswith("- ", start + 2) else None
@@ -304,7 +314,7 @@ def _list_matrices(text: str) -> list[tuple[int, int, list[str], str]]:
         if layout == "rows":
             rows = [line.strip(" ")[3:-1] for line in body.split("\n")]
         else:
-            rows = [row.replace(f"\n{m.group(2)}  - ", ",") for row in body[4:].split(f"\n{m.group(2)}- - ")]
+            rows = [row.replace(f"\n{m.group(1)}  - ", ",") for row in body[4:].split(f"\n{m.group(1)}- - ")]
         found.append((start, end, rows, layout))
         pos = end  # a list holds no key: the search goes on after it
     return found

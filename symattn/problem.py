@@ -1352,8 +1352,12 @@ def _flow_rational_matrix(rows: list[str]) -> Matrix | None:
         return None  # ragged: the usual path says which row
     text = ",".join(rows)
     if "/" not in text:
-        decimals = _most_decimals(text)
-        padded = _pad_decimals(text, decimals)
+        first = rows[0].split(",", 1)[0].strip(" \n")
+        decimals = len(first) - first.index(".") - 1 if "." in first else 0
+        padded = text
+        if not _same_decimals(decimals).fullmatch(text):
+            decimals = _most_decimals(text, decimals)
+            padded = _pad_decimals(text, decimals)
         if _same_decimals(decimals).fullmatch(padded):
             numerators = [int(x) for x in (padded.replace(".", "") if decimals else padded).split(",")]
             return scaled_integer_matrix(len(rows), width, numerators, 10 ** decimals)
@@ -1361,9 +1365,12 @@ def _flow_rational_matrix(rows: list[str]) -> Matrix | None:
     return None if flat is None else rational_matrix(len(rows), width, flat)
 
 
-def _most_decimals(text: str) -> int:
-    """The most digits after a point in ``text`` (0 to 30; a longer run is left to the checks)."""
-    low, high = 0, 30  # some run of ``low`` digits follows a point (or low is 0); none of high + 1
+def _most_decimals(text: str, least: int) -> int:
+    """The most digits after a point in ``text``, at least ``least`` (0 to 30; a longer run is
+    left to the checks)."""
+    if least >= 30 or not _DECIMALS[least + 1].search(text):
+        return min(least, 30)
+    low, high = least + 1, 30  # some run of ``low`` digits follows a point; none of high + 1
     while low < high:
         mid = (low + high + 1) // 2
         if _DECIMALS[mid].search(text):
@@ -1381,7 +1388,8 @@ def _pad_decimals(text: str, decimals: int) -> str:
     appending zeros (an integer gains a point); the same values. One pass per shorter count."""
     if not decimals:
         return text
-    text = _INTEGER.sub(r"\g<0>." + "0" * decimals, text)
+    if text.count(".") != text.count(",") + 1:  # not one point per number: some integers
+        text = _INTEGER.sub(r"\g<0>." + "0" * decimals, text)
     for k in range(1, decimals):
         text = _SHORT_DECIMALS[k].sub(r"\g<0>" + "0" * (decimals - k), text)
     return text
