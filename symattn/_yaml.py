@@ -61,7 +61,7 @@ _CLOSE = re.compile(r"\][ \r\n]*\]")
 _BETWEEN_ROWS = re.compile(r"\][ \n]*,[ \n]*\[")
 # A matrix: a key at the start of a line (perhaps after "- "), then [[ ... ]] up to the end of
 # the line or a comment.
-_START = re.compile(r"^(?:[ ]*- )*[ ]*[A-Za-z_][A-Za-z0-9_]*:[ ]+(?=\[[ \r\n]*\[)", re.MULTILINE)
+_START = re.compile(r"^(?:[ ]*+- )*+[ ]*+[A-Za-z_][A-Za-z0-9_]*:[ ]+(?=\[[ \r\n]*\[)", re.MULTILINE)
 _MATRIX_CHARS = re.compile(r"[-0-9./, \r\n\[\]]*")
 _AFTER = re.compile(r"[ ]*(?:[ ]#[^\r\n]*)?(?:\r?\n|\Z)")
 
@@ -205,7 +205,8 @@ def _flow_matrices(text: str, max_values: int | None = None) -> list[tuple[int, 
     found = []
     for lo, hi in zip([0] + [end for _, end, _, _ in lists], [start for start, _, _, _ in lists] + [len(text)]):
         # flow matrices between the lists (no list holds a key: it is not looked through again)
-        found += [(start, end, rows, "flow") for start, end, rows in _one_line_matrices(text, max_values, lo, hi)]
+        if text.find("[", lo, hi) != -1:
+            found += [(start, end, rows, "flow") for start, end, rows in _one_line_matrices(text, max_values, lo, hi)]
     found += lists
     found.sort()
     return found
@@ -255,7 +256,7 @@ def _one_line_matrices(text: str, max_values: int | None = None, lo: int = 0,
 # A key alone on its line, then the first item of a list on the next: "- " after ``indent``.
 # Found from its colon (a quick scan for ":"), then the line is read back to its start.
 _COLON_ALONE = re.compile(r":[ ]*(?=\r?\n([ ]*)- )")
-_KEY_BEFORE = re.compile(r"((?:[ ]*- )*[ ]*)[A-Za-z_][A-Za-z0-9_]*")
+_KEY_BEFORE = re.compile(r"((?:[ ]*+- )*+[ ]*+)[A-Za-z_][A-Za-z0-9_]*")
 # After a list: blank and comment lines, then the end of the text or the next line with text.
 _NEXT_LINE = re.compile(r"[ ]*(?:\r?\n[ ]*(?:#[^\r\n]*)?(?=\r?\n|\Z))*+(?:\r?\n([ ]*)([^ \r\n])|[ ]*\Z)")
 
@@ -287,6 +288,7 @@ def _list_matrices(text: str) -> list[tuple[int, int, list[str], str]]:
     next line with text (not a comment) left of them, or at their column and not an item."""
     found = []
     pos = 0
+    crlf = "\r" in text
     while True:
         m = _COLON_ALONE.search(text, pos)
         if m is None:
@@ -310,7 +312,7 @@ def _list_matrices(text: str) -> list[tuple[int, int, list[str], str]]:
         if after is None or (after.group(2) is not None and (after.group(2) == "\t" or
                 len(after.group(1)) > indent or (len(after.group(1)) == indent and after.group(2) == "-"))):
             continue  # the list goes on in a way the pattern does not know: composed as usual
-        body = text[start:end].replace("\r", "") if "\r" in text else text[start:end]
+        body = text[start:end].replace("\r", "") if crlf else text[start:end]
         if layout == "rows":
             rows = [line.strip(" ")[3:-1] for line in body.split("\n")]
         else:
@@ -349,8 +351,10 @@ def _compose_cut(text: str, spans, cut: str, file: str = "<problem>") -> yaml.No
     in each placeholder's place. None when any placeholder is not where a matrix would be
     (inside a block of text, say): the caller then composes the whole text as usual."""
     places = {}
-    for start, end, rows, layout in spans:
-        line = text.count("\n", 0, start)
+    line = last = 0
+    for start, end, rows, layout in spans:  # in the order of the text: lines counted on from the last
+        line += text.count("\n", last, start)
+        last = start
         col = start - (text.rfind("\n", 0, start) + 1)
         places[(line, col)] = (start, end, rows, layout)
     try:
