@@ -798,8 +798,9 @@ def document(rng: random.Random) -> tuple[str, int | None]:
         text = text.rstrip("\n")  # no final line break
     if rng.random() < 0.1:  # other line breaks YAML knows: CRLF files, or one odd break in a comment
         brk = rng.choice(["\r\n", "\r", "\x85", "\u2028", "\u2029"])
-        text = text.replace("\n", "\r\n") if brk == "\r\n" else f"# note{brk}Z: []\n" + text
-        return text, None
+        if brk == "\r\n":  # a CRLF file is cut as its LF twin is
+            return text.replace("\n", "\r\n"), None if trap else cuts
+        return f"# note{brk}Z: []\n" + text, None
     return text, None if trap else cuts
 
 
@@ -842,9 +843,10 @@ def test_compose_cut_cases(text, cuts):
 def test_compose_cut_with_other_line_breaks(brk):
     """YAML also breaks lines at CR, NEL, U+2028 and U+2029 (once found moving a matrix into the
     "Z: []" one line above it). The cut counts "\n" only, so such a text is composed whole."""
-    odd = brk != "\r\n"  # (a CR before a LF is not a line break of its own)
-    check_cut(f"# note{brk}Z: []\nX: [[1, 2]]\n", 0 if odd else None)
-    check_cut(f"Y: [[3]]\n# note{brk}Z: []\nX: [[1, 2],{brk} [3, 4]]\nW: [[5]]\n", 0 if odd else None)
+    odd = brk != "\r\n"  # (a CR before a LF is not a line break of its own: CRLF files are cut)
+    check_cut(f"# note{brk}Z: []\nX: [[1, 2]]\n", 0 if odd else 1)
+    check_cut(f"Y: [[3]]\n# note{brk}Z: []\nX: [[1, 2],{brk} [3, 4]]\nW: [[5]]\n", 0 if odd else 3)
+    check_cut(f"Y:{brk}- [3]{brk}X:{brk}- - 1{brk}  - 2\n", 0 if odd else 2)
 
 
 def test_compose_cut_after_byte_order_mark():
@@ -1343,3 +1345,26 @@ def test_csv_fast_path_values():
         assert kind == "ok", q
         assert type(q) is QQMatrix, "the fast path was not taken"
         assert_same_value(q, reference(entries), "Q")
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "- " * 1_000_000 + "x:\n- [1]\n",  # a key after a million "- " (the non-possessive prefix kept 146 MiB)
+        "- " * 1_000_000 + "x: [[1]]\n",
+        "a:\n- - 1\n" + "  - 1\n" * 300_000 + "  - 1 # a comment ends it\n",
+        "a:\n" + "- [1, 2]\n" * 300_000 + "  - [3]\n",
+        "a: [" + "[1, 2], " * 300_000 + "[3]]\n",
+    ],
+)
+def test_scans_keep_no_state_per_item(text):
+    """Looking for matrices holds a few bytes per item at most: every repeat is possessive."""
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        _yaml._flow_matrices(text, 10**8)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 12 * len(text), f"{peak / 2**20:.0f} MiB for a {len(text) / 1e6:.1f} MB text"
