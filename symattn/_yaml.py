@@ -273,8 +273,13 @@ def _list_pattern(layout: str, indent: int) -> re.Pattern:
     return pattern
 
 
+# A number in a list of rows may also have a power of ten of one or two digits, as
+# ``yaml.safe_dump`` writes small floats (``1.0e-05``).
+_LIST_NUMBER = r"-?[0-9]{1,30}(?:\.[0-9]{1,30})?(?:[eE][-+]?[0-9]{1,2})?(?:/[0-9]{1,30})?"
+
+
 def _list_regex(layout: str, indent: int) -> str:
-    ind, n = " " * indent, _NUMBER
+    ind, n = " " * indent, _LIST_NUMBER
     if layout == "rows":
         row = rf"\[[ ]*+{n}(?:[ ]*+,[ ]*+{n})*+[ ]*+\][ ]*+"
     else:

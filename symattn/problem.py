@@ -1351,8 +1351,10 @@ def _flow_rational_matrix(rows: list[str]) -> Matrix | None:
     if any(row.count(",") + 1 != width for row in rows):
         return None  # ragged: the usual path says which row
     text = ",".join(rows)
+    if "e" in text or "E" in text:
+        text = _POWER_OF_TEN.sub(_without_power, text)
     if "/" not in text:
-        first = rows[0].split(",", 1)[0].strip(" \n")
+        first = text.split(",", 1)[0].strip(" \n")
         decimals = len(first) - first.index(".") - 1 if "." in first else 0
         padded = text
         if not _same_decimals(decimals).fullmatch(text):
@@ -1360,9 +1362,24 @@ def _flow_rational_matrix(rows: list[str]) -> Matrix | None:
             padded = _pad_decimals(text, decimals)
         if _same_decimals(decimals).fullmatch(padded):
             numerators = [int(x) for x in (padded.replace(".", "") if decimals else padded).split(",")]
-            return scaled_integer_matrix(len(rows), width, numerators, 10 ** decimals)
+            return scaled_integer_matrix(len(numerators) // width, width, numerators, 10 ** decimals)
     flat = _plain_rationals(x.strip(" \n") for x in text.split(","))
-    return None if flat is None else rational_matrix(len(rows), width, flat)
+    return None if flat is None else rational_matrix(len(flat) // width, width, flat)
+
+
+# A decimal with a power of ten of one or two digits (1.5e-05), and the same number written
+# out without it (0.000015): the same digits, the point moved.
+_POWER_OF_TEN = re.compile(r"(?<![0-9.])(-?)([0-9]{1,30})(?:\.([0-9]{1,30}))?[eE]([-+]?[0-9]{1,2})(?![0-9./eE])")
+
+
+def _without_power(m: re.Match) -> str:
+    sign, whole, frac, power = m.group(1), m.group(2), m.group(3) or "", int(m.group(4))
+    digits, point = whole + frac, len(whole) + power
+    if point <= 0:
+        return f"{sign}0.{'0' * -point}{digits}"
+    if point >= len(digits):
+        return sign + digits + "0" * (point - len(digits))
+    return f"{sign}{digits[:point]}.{digits[point:]}"
 
 
 def _most_decimals(text: str, least: int) -> int:
@@ -1487,9 +1504,10 @@ def _csv_text(data: bytes, rel: str, where_: Where, name: str) -> str:
         ) from None
 
 
-# A .csv file of plain decimals: lines of numbers between commas (spaces around them), blank
+# A .csv file of plain decimals (perhaps with a power of ten of one or two digits, as
+# numpy.savetxt writes them): lines of numbers between commas (spaces around them), blank
 # lines, "\n" or "\r\n" line ends. Possessive repeats: no state kept per entry.
-_CSV_DECIMAL = r"-?[0-9]{1,30}(?:\.[0-9]{1,30})?"
+_CSV_DECIMAL = r"-?[0-9]{1,30}(?:\.[0-9]{1,30})?(?:[eE][-+]?[0-9]{1,2})?"
 _CSV_LINE = rf"[ ]*+(?:{_CSV_DECIMAL}(?:[ ]*+,[ ]*+{_CSV_DECIMAL})*+[ ]*+)?"
 _PLAIN_CSV = re.compile(rf"{_CSV_LINE}(?:\r?\n{_CSV_LINE})*+")
 

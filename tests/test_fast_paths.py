@@ -1111,6 +1111,8 @@ def safe_dump_entries(rng: random.Random, rows: int, cols: int) -> list[list[str
     def one():
         if rng.random() < 0.15:
             return str(rng.randint(-50, 50))
+        if rng.random() < 0.1:  # 1.5e-05, 2.0e+20: written with a power of ten
+            return yaml.safe_dump(float(f"{rng.randint(-999, 999)}e{rng.choice([-9, -5, 17, 20])}")).split("\n")[0]
         return yaml.safe_dump(round(rng.uniform(-3, 3), rng.randint(0, 4))).split("\n")[0]
     return [[one() for _ in range(cols)] for _ in range(rows)]
 
@@ -1222,6 +1224,8 @@ def layout_problem(rng: random.Random) -> tuple[str, dict]:
     for name, (r, c) in {"Q": (n_q, d_k), "K": (n_k, d_k), "V": (n_k, d_v)}.items():
         entries = safe_dump_entries(rng, r, c) if rng.random() < 0.5 else matrix_text(rng, r, c)[1]
         layout = rng.choice(["rows", "block", "one-line"])
+        if layout == "one-line" and any("e" in x for row in entries for x in row):
+            layout = "block"  # a power of ten is read from the text in lists of rows only
         if layout == "one-line":
             text += f"{name}: [" + ", ".join("[" + ", ".join(row) + "]" for row in entries) + "]\n"
         else:
