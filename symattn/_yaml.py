@@ -55,13 +55,15 @@ _CLoader = _fast_loader()
 # asks for them (an entry to report, a mask of booleans), with the same lines and columns.
 
 _NUMBER = r"-?[0-9]{1,30}(?:\.[0-9]{1,30})?(?:/[0-9]{1,30})?"
-_CLOSE = re.compile(r"\][ \n]*\]")
+# "\r" appears only in a CRLF line break here (a lone CR sends the text down the usual path), so
+# it is white space like the "\n" after it.
+_CLOSE = re.compile(r"\][ \r\n]*\]")
 _BETWEEN_ROWS = re.compile(r"\][ \n]*,[ \n]*\[")
 # A matrix: a key at the start of a line (perhaps after "- "), then [[ ... ]] up to the end of
 # the line or a comment.
-_START = re.compile(r"^(?:[ ]*- )*[ ]*[A-Za-z_][A-Za-z0-9_]*:[ ]+(?=\[[ \n]*\[)", re.MULTILINE)
-_MATRIX_CHARS = re.compile(r"[-0-9./, \n\[\]]*")
-_AFTER = re.compile(r"[ ]*(?:[ ]#[^\n]*)?(?:\n|\Z)")
+_START = re.compile(r"^(?:[ ]*+- )*+[ ]*+[A-Za-z_][A-Za-z0-9_]*:[ ]+(?=\[[ \r\n]*\[)", re.MULTILINE)
+_MATRIX_CHARS = re.compile(r"[-0-9./, \r\n\[\]]*")
+_AFTER = re.compile(r"[ ]*(?:[ ]#[^\r\n]*)?(?:\r?\n|\Z)")
 
 
 class FlowMatrix(yaml.SequenceNode):
@@ -103,69 +105,140 @@ class FlowMatrix(yaml.SequenceNode):
         return Where(file, line + 1, pos - (self._text.rfind("\n", 0, pos) + 1) + 1)
 
 
+class ListMatrix(FlowMatrix):
+    """A matrix of plain numbers written as a block list of rows (``layout`` ``"rows"``: an item
+    ``- [1, 2]`` per row; ``"block"``: ``- - 1`` then ``  - 2`` per row), cut out of the text.
+    ``rows`` holds each row's entries joined by commas. ``value`` is composed on first use from
+    the cut text with this list put back, so every mark is what the whole file gives."""
+
+    def __init__(self, rows: list[str], text: str, start: int, end: int, start_mark, end_mark,
+                 file: str, cut: str, layout: str) -> None:
+        super().__init__(rows, text, start, end, start_mark, end_mark, file)
+        self.flow_style = False
+        self.layout = layout
+        self._cut = cut
+
+    @property
+    def value(self):
+        if self._value is None:
+            whole = self._cut[: self._start] + self._text[self._start:self._end] + self._cut[self._end:]
+            try:
+                root = yaml.compose(whole, Loader=_CLoader)
+            except yaml.MarkedYAMLError as exc:  # not expected: the list was checked before it was cut
+                _raise_marked(exc, self.file)
+            line, col = self.start_mark.line, self.start_mark.column
+            stack, seen = [root], set()
+            while stack:
+                node = stack.pop()
+                if id(node) in seen:
+                    continue
+                seen.add(id(node))
+                if isinstance(node, yaml.SequenceNode) and not node.flow_style and \
+                        (node.start_mark.line, node.start_mark.column) == (line, col):
+                    self._value = node.value
+                    break
+                if isinstance(node, yaml.SequenceNode):
+                    stack.extend(node.value)
+                elif isinstance(node, yaml.MappingNode):
+                    stack.extend(child for pair in node.value for child in pair)
+            else:
+                raise AssertionError(f"no list at line {line + 1}, column {col + 1} of the text put back")
+        return self._value
+
+    @value.setter
+    def value(self, value) -> None:
+        self._value = value
+
+    def row_where(self, file: str, i: int) -> "Where":
+        """Where row ``i`` (from 0) starts: its item's "[" or second "-", two columns right of the list."""
+        line = self.start_mark.line + (i if self.layout == "rows" else sum(r.count(",") + 1 for r in self.rows[:i]))
+        return Where(file, line + 1, self.start_mark.column + 3)
+
+
 def _blank(text: str) -> str:
     """``text`` with every character but the line breaks made a space (lines and columns kept)."""
     return "\n".join(map(" ".__mul__, map(len, text.split("\n"))))
 
 
-# Line breaks YAML knows besides "\n" (and a byte-order mark, which shifts libyaml's index):
-# with any of them the places are not worth working out, and the text is composed as usual.
-_ODD_BREAKS = re.compile("[\r\x85\u2028\u2029\ufeff]")
+# Line breaks YAML knows besides "\n" and "\r\n" (and a byte-order mark, which shifts libyaml's
+# index): with any of them the places are not worth working out, and the text is composed as usual.
+_ODD_BREAKS = re.compile("\r(?!\n)|[\x85\u2028\u2029\ufeff]")
 
 
-# A piece of a matrix's rows cut after a comma: numbers separated by commas within a row or
-# by "], [" between rows, perhaps opening a row at its start and closing one at its end.
-_PIECE = re.compile(rf"[ \n]*(\[)?[ \n]*{_NUMBER}(?:[ \n]*(?:,|\][ \n]*,[ \n]*\[)[ \n]*{_NUMBER})*[ \n]*(\])?[ \n]*")
+def _odd_breaks(text: str) -> bool:
+    """Whether :data:`_ODD_BREAKS` finds one, looked for a character at a time (a C scan each)."""
+    return any(c in text for c in "\x85\u2028\u2029\ufeff") or ("\r" in text and _ODD_BREAKS.search(text) is not None)
 
 
-def _is_rows(inner: str, chunk: int = 1 << 16) -> bool:
-    """Whether ``inner`` (what is between a matrix's outer brackets) is rows of numbers:
-    ``[1, 2], [3, 4]``. It is matched a piece at a time, each cut after a comma: a regular
-    expression keeps state for every repetition it matches, and a 30 MB row would need
-    gigabytes; one call per piece, not per row, keeps 3,000,000 short rows fast."""
-    start, n, first, closed = 0, len(inner), True, False
-    while True:
-        end = inner.find(",", start + chunk) if n - start > chunk else -1
-        m = _PIECE.fullmatch(inner, start, n if end == -1 else end)
-        if m is None:
-            return False
-        opens, closes = m.group(1) is not None, m.group(2) is not None
-        if opens != (first or closed):  # a row opens exactly where the last piece closed one
-            return False
-        if end == -1:
-            return closes
-        first, closed, start = False, closes, end + 1
+# What is between a matrix's outer brackets when it is rows of numbers: ``[1, 2], [3, 4]``.
+# Possessive repeats keep no state per entry or row (a 30 MB row is matched in one call, in
+# constant memory).
+_ROW = rf"\[[ \r\n]*+{_NUMBER}(?:[ \r\n]*+,[ \r\n]*+{_NUMBER})*+[ \r\n]*+\]"
+_ROWS = re.compile(rf"{_ROW}(?:[ \r\n]*+,[ \r\n]*+{_ROW})*+")
 
 
-def _flow_matrices(text: str, max_values: int | None = None) -> list[tuple[int, int, list[str]]]:
-    """``(start, end, rows)`` of each matrix of plain numbers written in flow style. A matrix
-    with more commas than ``max_values`` is cut out unchecked: it is refused for its size from
-    its rows' text alone."""
-    if _ODD_BREAKS.search(text):
+def _is_rows(inner: str) -> bool:
+    """Whether ``inner`` (what is between a matrix's outer brackets) is rows of numbers."""
+    return _ROWS.fullmatch(inner) is not None
+
+
+def _close(text: str, start: int, stop: int) -> int | None:
+    """Where the first "]]" (perhaps with white space between) after ``start`` ends, looked for
+    a "]" at a time (a row's close) rather than a regular expression per character."""
+    pos = text.find("]", start, stop)
+    while pos != -1:
+        close = _CLOSE.match(text, pos, stop)
+        if close is not None:
+            return close.end()
+        pos = text.find("]", pos + 1, stop)
+    return None
+
+
+def _flow_matrices(text: str, max_values: int | None = None) -> list[tuple[int, int, list[str], str]]:
+    """``(start, end, rows, layout)`` of each matrix of plain numbers that can be cut out, in
+    the order of the text: ``layout`` is ``"flow"`` (``X: [[1, 2], [3, 4]]``), ``"rows"``
+    (``X:`` then ``- [1, 2]`` per row) or ``"block"`` (``- - 1`` then ``  - 2``, as
+    ``yaml.safe_dump`` writes)."""
+    if _odd_breaks(text):
         return []
+    lists = _list_matrices(text)
+    found = []
+    for lo, hi in zip([0] + [end for _, end, _, _ in lists], [start for start, _, _, _ in lists] + [len(text)]):
+        # flow matrices between the lists (no list holds a key: it is not looked through again)
+        if text.find("[", lo, hi) != -1:
+            found += [(start, end, rows, "flow") for start, end, rows in _one_line_matrices(text, max_values, lo, hi)]
+    found += lists
+    found.sort()
+    return found
+
+
+def _one_line_matrices(text: str, max_values: int | None = None, lo: int = 0,
+                       hi: int | None = None) -> list[tuple[int, int, list[str]]]:
+    """``(start, end, rows)`` of each matrix of plain numbers written in flow style whose key
+    is between ``lo`` and ``hi``. A matrix with more commas than ``max_values`` is cut out
+    unchecked: it is refused for its size from its rows' text alone."""
     found = []
     pos = 0
-    for m in _START.finditer(text):
+    for m in _START.finditer(text, lo, len(text) if hi is None else hi):
         start = m.end()
         if start < pos:
             continue
         # Only brackets, numbers and separators up to the closing "]]": a run that cannot hold
         # another key, so the runs are disjoint and the scan stays linear in the text.
         run = _MATRIX_CHARS.match(text, start)
-        close = _CLOSE.search(text, start, run.end())
-        if close is None:
+        end = _close(text, start, run.end())
+        if end is None:
             continue
-        end = close.end()
         body = text[start:end]
         if not _AFTER.match(text, end):
             continue
-        inner = body[1:-1].strip(" \n")
+        inner = body[1:-1].strip(" \r\n")
         if not (inner.startswith("[") and inner.endswith("]")):
             continue
         unchecked = max_values is not None and text.count(",", start, end) > max_values
         if not unchecked and not _is_rows(inner):
             continue
-        rows = _BETWEEN_ROWS.split(inner[1:-1])
+        rows = _BETWEEN_ROWS.split(inner[1:-1].replace("\r", "") if "\r" in inner else inner[1:-1])
         if unchecked and not inner.count("[") == inner.count("]") == len(rows):
             continue  # brackets inside a row: not a matrix, whatever its size
         found.append((start, end, rows))
@@ -173,15 +246,109 @@ def _flow_matrices(text: str, max_values: int | None = None) -> list[tuple[int, 
     return found
 
 
+# -- matrices written as a block list, a row per item ----------------------------------------
+#
+# ``X:`` alone on its line, then a row per list item, every item at one indentation: flow rows
+# (``- [1, 2]``) or the block style ``yaml.safe_dump`` writes (``- - 1``, then ``  - 2`` below).
+# Such a list of plain numbers is cut out the same way; its placeholder ``- [ ]`` keeps the
+# list's first "-" and its extent, so the rest of the file composes as it would around the list.
+
+# A key alone on its line, then the first item of a list on the next: "- " after ``indent``.
+# Found from its colon (a quick scan for ":"), then the line is read back to its start.
+_COLON_ALONE = re.compile(r":[ ]*(?=\r?\n([ ]*)- )")
+_KEY_BEFORE = re.compile(r"((?:[ ]*+- )*+[ ]*+)[A-Za-z_][A-Za-z0-9_]*")
+# After a list: blank and comment lines, then the end of the text or the next line with text.
+_NEXT_LINE = re.compile(r"[ ]*(?:\r?\n[ ]*(?:#[^\r\n]*)?(?=\r?\n|\Z))*+(?:\r?\n([ ]*)([^ \r\n])|[ ]*\Z)")
+
+
+_LIST_PATTERNS: dict[tuple[str, int], re.Pattern] = {}
+
+
+def _list_pattern(layout: str, indent: int) -> re.Pattern:
+    """The items of a list of rows after its first "- ", each at ``indent`` spaces. Possessive
+    repeats keep no state per item, so a list of a million entries is matched in one call."""
+    pattern = _LIST_PATTERNS.get((layout, indent))
+    if pattern is None:
+        pattern = _LIST_PATTERNS[(layout, indent)] = re.compile(_list_regex(layout, indent))
+    return pattern
+
+
+# A number in a list of rows may also have a power of ten of one or two digits, as
+# ``yaml.safe_dump`` writes small floats (``1.0e-05``).
+_LIST_NUMBER = r"-?[0-9]{1,30}(?:\.[0-9]{1,30})?(?:[eE][-+]?[0-9]{1,2})?(?:/[0-9]{1,30})?"
+
+
+def _list_regex(layout: str, indent: int) -> str:
+    ind, n = " " * indent, _LIST_NUMBER
+    if layout == "rows":
+        row = rf"\[[ ]*+{n}(?:[ ]*+,[ ]*+{n})*+[ ]*+\][ ]*+"
+    else:
+        row = rf"- {n}[ ]*+(?:\r?\n{ind}  - {n}[ ]*+)*+"
+    return rf"{row}(?:\r?\n{ind}- {row})*+"
+
+
+def _list_matrices(text: str) -> list[tuple[int, int, list[str], str]]:
+    """``(start, end, rows, layout)`` of each list of rows of plain numbers (layout ``"rows"`` or
+    ``"block"``) that is a key's value: its items at the key's column or right of it, and the
+    next line with text (not a comment) left of them, or at their column and not an item."""
+    found = []
+    pos = 0
+    crlf = "\r" in text
+    while True:
+        m = _COLON_ALONE.search(text, pos)
+        if m is None:
+            break
+        pos = m.end()
+        key = _KEY_BEFORE.fullmatch(text, text.rfind("\n", 0, m.start()) + 1, m.start())
+        if key is None:
+            continue
+        indent = len(m.group(1))
+        if indent < len(key.group(1)):
+            continue  # an item of an outer list, not the key's value
+        start = m.end() + (text[m.end()] == "\r") + 1 + indent  # the first item's "-"
+        layout = "rows" if text.startswith("[", start + 2) else "block" if text.startswith("- ", start + 2) else None
+        if layout is None:
+            continue
+        items = _list_pattern(layout, indent).match(text, start + 2)
+        if items is None:
+            continue
+        end = len(text[start:items.end()].rstrip(" ")) + start
+        after = _NEXT_LINE.match(text, end)
+        if after is None or (after.group(2) is not None and (after.group(2) == "\t" or
+                len(after.group(1)) > indent or (len(after.group(1)) == indent and after.group(2) == "-"))):
+            continue  # the list goes on in a way the pattern does not know: composed as usual
+        body = text[start:end].replace("\r", "") if crlf else text[start:end]
+        if layout == "rows":
+            rows = [line.strip(" ")[3:-1] for line in body.split("\n")]
+        else:
+            rows = [row.replace(f"\n{m.group(1)}  - ", ",") for row in body[4:].split(f"\n{m.group(1)}- - ")]
+        found.append((start, end, rows, layout))
+        pos = end  # a list holds no key: the search goes on after it
+    return found
+
+
 def _cut(text: str, spans) -> str:
-    """``text`` with each span replaced by a placeholder ``[ ]`` of the same extent."""
+    """``text`` with each span replaced by a placeholder of the same extent: ``[ ]`` for a flow
+    matrix, ``- [ ]`` (a list of one empty list) for a list of rows."""
     pieces, last = [], 0
-    for start, end, _rows in spans:
+    for start, end, _rows, layout in spans:
         pieces.append(text[last:start])
-        pieces.append("[" + _blank(text[start + 1:end - 1]) + "]")
+        if layout == "flow":
+            pieces.append("[" + _blank_ascii(text[start + 1:end - 1]) + "]")
+        else:
+            pieces.append("- [" + _blank_ascii(text[start + 3:end - 1]) + "]")
         last = end
     pieces.append(text[last:])
     return "".join(pieces)
+
+
+_BLANK_BYTES = bytes(b if b == 10 else 32 for b in range(256))
+
+
+def _blank_ascii(text: str) -> str:
+    """:func:`_blank` of the ASCII text of a matrix (digits, signs, brackets, white space),
+    made a byte at a time."""
+    return text.encode("ascii").translate(_BLANK_BYTES).decode("ascii")
 
 
 def _compose_cut(text: str, spans, cut: str, file: str = "<problem>") -> yaml.Node | None:
@@ -189,10 +356,12 @@ def _compose_cut(text: str, spans, cut: str, file: str = "<problem>") -> yaml.No
     in each placeholder's place. None when any placeholder is not where a matrix would be
     (inside a block of text, say): the caller then composes the whole text as usual."""
     places = {}
-    for start, end, rows in spans:
-        line = text.count("\n", 0, start)
+    line = last = 0
+    for start, end, rows, layout in spans:  # in the order of the text: lines counted on from the last
+        line += text.count("\n", last, start)
+        last = start
         col = start - (text.rfind("\n", 0, start) + 1)
-        places[(line, col)] = (start, end, rows)
+        places[(line, col)] = (start, end, rows, layout)
     try:
         root = yaml.compose(cut, Loader=_CLoader)
     except (yaml.YAMLError, ValueError):
@@ -215,13 +384,26 @@ def _compose_cut(text: str, spans, cut: str, file: str = "<problem>") -> yaml.No
             continue
         for k, child in enumerate(children):
             key = (child.start_mark.line, child.start_mark.column)
-            if isinstance(child, yaml.SequenceNode) and not child.value and key in places and child.flow_style:
-                start, end, rows = places[key]
+            place = places.get(key) if isinstance(child, yaml.SequenceNode) else None
+            if place is not None and place[3] == "flow" and child.flow_style and not child.value:
+                start, end, rows, _layout = place
                 swap(k, FlowMatrix(rows, text, start, end, child.start_mark, child.end_mark, file))
+                placed += 1
+            elif place is not None and place[3] != "flow" and not child.flow_style and _is_placeholder_list(child):
+                start, end, rows, layout = place
+                swap(k, ListMatrix(rows, text, start, end, child.start_mark, child.end_mark, file, cut, layout))
                 placed += 1
             else:
                 stack.append(child)
     return root if placed == len(spans) else None
+
+
+def _is_placeholder_list(node: yaml.SequenceNode) -> bool:
+    """Whether ``node`` is what a placeholder ``- [ ]`` composes to: a list of one empty flow list."""
+    if len(node.value) != 1:
+        return False
+    item = node.value[0]
+    return isinstance(item, yaml.SequenceNode) and item.flow_style and not item.value
 
 
 _SURROGATE = re.compile("[\ud800-\udfff]")  # only a "\ud800" escape can make one: the file was UTF-8

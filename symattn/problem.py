@@ -1221,7 +1221,11 @@ class _Reader:
         return binary_float_matrix(array)
 
     def _read_csv(self, data: bytes, rel: str, where_: Where, name: str) -> Matrix:
-        rows = _csv_rows(_csv_text(data, rel, where_, name), rel, where_, name)
+        text = _csv_text(data, rel, where_, name)
+        fast = _plain_csv_matrix(text)
+        if fast is not None:
+            return fast
+        rows = _csv_rows(text, rel, where_, name)
         if not rows:
             raise where_.error(f"{rel!r} holds no numbers", name)
         width = len(rows[0])
@@ -1446,28 +1450,86 @@ def _flow_rational_matrix(rows: list[str]) -> Matrix | None:
     """A matrix cut out of the YAML text as its rows' text (``_yaml.FlowMatrix``), when its
     rows are the same length and every entry is a plain number; else None.
 
-    The common case, every entry with the same count of decimals (model weights written
-    out), is read without a Python object per entry beyond its integer numerator.
+    The common case, integers and decimals (model weights written out, perhaps with their
+    trailing zeros dropped, as ``yaml.safe_dump`` does), is read without a Python object per
+    entry beyond its integer numerator: every entry is padded with zeros to the most decimals
+    any entry has, and the digits are read as integers over that power of ten.
     """
     width = rows[0].count(",") + 1
     if any(row.count(",") + 1 != width for row in rows):
         return None  # ragged: the usual path says which row
-    first = rows[0].split(",", 1)[0].strip(" \n")
-    decimals = len(first) - first.index(".") - 1 if "." in first else 0
-    same = _same_decimals(decimals)
-    if all(same.fullmatch(row) for row in rows):
-        text = ",".join(rows)
-        numerators = [int(x) for x in (text.replace(".", "") if decimals else text).split(",")]
-        return scaled_integer_matrix(len(rows), width, numerators, 10 ** decimals)
-    flat = _plain_rationals(x.strip(" \n") for row in rows for x in row.split(","))
-    return None if flat is None else rational_matrix(len(rows), width, flat)
+    text = ",".join(rows)
+    if "e" in text or "E" in text:
+        text = _POWER_OF_TEN.sub(_without_power, text)
+    if "/" not in text:
+        first = text.split(",", 1)[0].strip(" \n")
+        decimals = len(first) - first.index(".") - 1 if "." in first else 0
+        padded = text
+        if not _same_decimals(decimals).fullmatch(text):
+            decimals = _most_decimals(text, decimals)
+            padded = _pad_decimals(text, decimals)
+        if _same_decimals(decimals).fullmatch(padded):
+            numerators = [int(x) for x in (padded.replace(".", "") if decimals else padded).split(",")]
+            return scaled_integer_matrix(len(numerators) // width, width, numerators, 10 ** decimals)
+    flat = _plain_rationals(x.strip(" \n") for x in text.split(","))
+    return None if flat is None else rational_matrix(len(flat) // width, width, flat)
+
+
+# A decimal with a power of ten of one or two digits (1.5e-05), and the same number written
+# out without it (0.000015): the same digits, the point moved.
+_POWER_OF_TEN = re.compile(r"(?<![0-9.])(-?)([0-9]{1,30})(?:\.([0-9]{1,30}))?[eE]([-+]?[0-9]{1,2})(?![0-9./eE])")
+
+
+def _without_power(m: re.Match) -> str:
+    sign, whole, frac, power = m.group(1), m.group(2), m.group(3) or "", int(m.group(4))
+    digits, point = whole + frac, len(whole) + power
+    if point <= 0:
+        return f"{sign}0.{'0' * -point}{digits}"
+    if point >= len(digits):
+        return sign + digits + "0" * (point - len(digits))
+    return f"{sign}{digits[:point]}.{digits[point:]}"
+
+
+def _most_decimals(text: str, least: int) -> int:
+    """The most digits after a point in ``text``, at least ``least`` (0 to 30; a longer run is
+    left to the checks)."""
+    if least >= 30 or not _DECIMALS[least + 1].search(text):
+        return min(least, 30)
+    low, high = least + 1, 30  # some run of ``low`` digits follows a point; none of high + 1
+    while low < high:
+        mid = (low + high + 1) // 2
+        if _DECIMALS[mid].search(text):
+            low = mid
+        else:
+            high = mid - 1
+    return low
+
+
+_DECIMALS = [re.compile(rf"\.[0-9]{{{k}}}") for k in range(31)]
+
+
+def _pad_decimals(text: str, decimals: int) -> str:
+    """``text`` with every number given exactly ``decimals`` digits after the point, by
+    appending zeros (an integer gains a point); the same values. One pass per shorter count."""
+    if not decimals:
+        return text
+    if text.count(".") != text.count(",") + 1:  # not one point per number: some integers
+        text = _INTEGER.sub(r"\g<0>." + "0" * decimals, text)
+    for k in range(1, decimals):
+        text = _SHORT_DECIMALS[k].sub(r"\g<0>" + "0" * (decimals - k), text)
+    return text
+
+
+_INTEGER = re.compile(r"(?<![.0-9])[0-9]+(?![.0-9])")
+_SHORT_DECIMALS = [re.compile(rf"\.[0-9]{{{k}}}(?![0-9])") for k in range(31)]
 
 
 @functools.lru_cache(maxsize=None)
 def _same_decimals(decimals: int) -> re.Pattern:
-    """A row of numbers each with exactly ``decimals`` digits after the point (none: integers)."""
+    """Rows of numbers (joined by commas) each with exactly ``decimals`` digits after the
+    point (none: integers). Possessive repeats: no state kept per entry."""
     number = rf"-?[0-9]{{1,30}}\.[0-9]{{{decimals}}}" if decimals else r"-?[0-9]{1,30}"
-    return re.compile(rf"[ \n]*{number}(?:[ \n]*,[ \n]*{number})*[ \n]*")
+    return re.compile(rf"[ \n]*+{number}(?:[ \n]*+,[ \n]*+{number})*+[ \n]*+")
 
 
 # Where an entry, a row or a list item is, as a person reads it: counted from 1, as the
@@ -1548,6 +1610,23 @@ def _csv_text(data: bytes, rel: str, where_: Where, name: str) -> str:
             "symattn expects UTF-8: save it as UTF-8 (CSV UTF-8)",
             name,
         ) from None
+
+
+# A .csv file of plain decimals (perhaps with a power of ten of one or two digits, as
+# numpy.savetxt writes them): lines of numbers between commas (spaces around them), blank
+# lines, "\n" or "\r\n" line ends. Possessive repeats: no state kept per entry.
+_CSV_DECIMAL = r"-?[0-9]{1,30}(?:\.[0-9]{1,30})?(?:[eE][-+]?[0-9]{1,2})?"
+_CSV_LINE = rf"[ ]*+(?:{_CSV_DECIMAL}(?:[ ]*+,[ ]*+{_CSV_DECIMAL})*+[ ]*+)?"
+_PLAIN_CSV = re.compile(rf"{_CSV_LINE}(?:\r?\n{_CSV_LINE})*+")
+
+
+def _plain_csv_matrix(text: str) -> Matrix | None:
+    """The matrix of a .csv file of plain decimals with rows of one length, read as the
+    rows of a YAML matrix are; None leaves anything else (and every error) to the csv module."""
+    if not _PLAIN_CSV.fullmatch(text):
+        return None
+    rows = [line for line in text.replace("\r", "").split("\n") if line.strip(" ")]
+    return _flow_rational_matrix(rows) if rows else None
 
 
 def _csv_rows(text: str, rel: str, where_: Where, name: str) -> list[list[str]]:

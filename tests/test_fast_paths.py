@@ -16,6 +16,7 @@ import copy
 import math
 import pickle
 import random
+import re
 from fractions import Fraction
 
 import mpmath
@@ -797,8 +798,9 @@ def document(rng: random.Random) -> tuple[str, int | None]:
         text = text.rstrip("\n")  # no final line break
     if rng.random() < 0.1:  # other line breaks YAML knows: CRLF files, or one odd break in a comment
         brk = rng.choice(["\r\n", "\r", "\x85", "\u2028", "\u2029"])
-        text = text.replace("\n", "\r\n") if brk == "\r\n" else f"# note{brk}Z: []\n" + text
-        return text, None
+        if brk == "\r\n":  # a CRLF file is cut as its LF twin is
+            return text.replace("\n", "\r\n"), None if trap else cuts
+        return f"# note{brk}Z: []\n" + text, None
     return text, None if trap else cuts
 
 
@@ -841,9 +843,10 @@ def test_compose_cut_cases(text, cuts):
 def test_compose_cut_with_other_line_breaks(brk):
     """YAML also breaks lines at CR, NEL, U+2028 and U+2029 (once found moving a matrix into the
     "Z: []" one line above it). The cut counts "\n" only, so such a text is composed whole."""
-    odd = brk != "\r\n"  # (a CR before a LF is not a line break of its own)
-    check_cut(f"# note{brk}Z: []\nX: [[1, 2]]\n", 0 if odd else None)
-    check_cut(f"Y: [[3]]\n# note{brk}Z: []\nX: [[1, 2],{brk} [3, 4]]\nW: [[5]]\n", 0 if odd else None)
+    odd = brk != "\r\n"  # (a CR before a LF is not a line break of its own: CRLF files are cut)
+    check_cut(f"# note{brk}Z: []\nX: [[1, 2]]\n", 0 if odd else 1)
+    check_cut(f"Y: [[3]]\n# note{brk}Z: []\nX: [[1, 2],{brk} [3, 4]]\nW: [[5]]\n", 0 if odd else 3)
+    check_cut(f"Y:{brk}- [3]{brk}X:{brk}- - 1{brk}  - 2\n", 0 if odd else 2)
 
 
 def test_compose_cut_after_byte_order_mark():
@@ -1080,3 +1083,292 @@ def test_rational_rows_read_from_the_fmpq_mat_are_its_entries():
             got[rows]
         with pytest.raises(IndexError):
             got[0][cols]
+
+
+# --------------------------------------------------------------------------
+# 10. YAML lists of rows (flow rows, safe_dump's block style), CRLF, and .csv files
+# --------------------------------------------------------------------------
+
+
+def list_text(rng: random.Random, entries: list[list[str]], indent: int, layout: str) -> str:
+    """The lines of a list of rows at ``indent`` spaces (no key line, no final line break):
+    ``- [1, 2]`` per row (``rows``) or ``- - 1`` then ``  - 2`` (``block``), perhaps with
+    trailing spaces."""
+    ind = " " * indent
+    pad = lambda: rng.choice(["", "", "", " ", "   "])  # noqa: E731
+    if layout == "rows":
+        sep = lambda: rng.choice([", ", ", ", ",", " ,  "])  # noqa: E731
+        lines = [f"{ind}- [{rng.choice(['', ' '])}" + "".join(x + sep() for x in r[:-1]) + r[-1] + "]" + pad()
+                 for r in entries]
+    else:
+        lines = [f"{ind}{'- ' if j == 0 else '  '}- {x}{pad()}" for r in entries for j, x in enumerate(r)]
+    return "\n".join(lines)
+
+
+def safe_dump_entries(rng: random.Random, rows: int, cols: int) -> list[list[str]]:
+    """Entries as yaml.safe_dump writes floats of a few decimals (trailing zeros dropped,
+    1.0 for 1) and ints: mixed counts of decimals."""
+    def one():
+        if rng.random() < 0.15:
+            return str(rng.randint(-50, 50))
+        if rng.random() < 0.1:  # 1.5e-05, 2.0e+20: written with a power of ten
+            return yaml.safe_dump(float(f"{rng.randint(-999, 999)}e{rng.choice([-9, -5, 17, 20])}")).split("\n")[0]
+        return yaml.safe_dump(round(rng.uniform(-3, 3), rng.randint(0, 4))).split("\n")[0]
+    return [[one() for _ in range(cols)] for _ in range(rows)]
+
+
+# Lists that must not be cut (or must still compose as libyaml does): item lines with anchors,
+# aliases, tags, comments, quotes, tabs, odd indentation, an exponent, a list that goes on.
+LIST_TRAPS = [
+    "X: &a\n- [1, 2]\nY: *a\n", "X:\n- &r [1, 2]\n- [3, 4]\nY: *r\n", "X:\n- [1, 2]  # first\n- [3, 4]\n",
+    "X:\n- - 1\n  # inside\n  - 2\n", "X:\n- - !!float 1\n  - 2\n", "X:\n- !!python/object:os.system [1]\n",
+    "X: !!python/tuple\n- [1, 2]\n", "X:\n- - '1'\n  - 2\n", "X:\n- [\"1\", 2]\n", "X:\n-\t[1, 2]\n",
+    "X:\n- [1, 2]\n  - [3, 4]\n", "X:\n- - 1\n   - 2\n", "X:\n- - 1\n  - 2\n    3\n", "X:\n- [1e3, 2]\n",
+    "X:\n- [1, 2]\n-\n", "X:\n- [1, 2]\n- [3, 4]\n\t\n", "X:\n- - 1\n  - 2\n-   - 3\n    - 4\n",
+    "X:\n- [1, 2]\n-  [3, 4]\n", "X:\n- [1, [2]]\n", "X:\n- []\n", "X:\n- - 1\n- 2\n", "X:\n- [1, 2],\n",
+    "heads:\n  - W_Q:\n  - [1, 2]\n", "X:\n- [1, 2]\n- - 3\n  - 4\n", "X:\n- - 1\n  - - 2\n",
+    "X:\n- [1, 2]\n- [3, 4]\n# end\n  - [5, 6]\n", "t: |\n  X:\n  - [1, 2]\nY:\n- [3]\n",
+    "t: \"a\n  X:\n  - [1, 2]\n  b\"\n", "X:\n- - *a\n", "X:\n- - -\n", "X:\n- - 1.\n", "X:\n- - .5\n",
+    "X:\n- [1, 2]\n-1: 3\n", "X:\n- [1, 2]\n- [3, 4]]\n", "X:\n- - 1\n  - 2\n  Y: 3\n",
+]
+
+
+def list_document(rng: random.Random) -> tuple[str, int | None]:
+    """(text, ListMatrix/FlowMatrix count expected, or None where a trap makes it unclear)."""
+    pieces, cuts, unsure = [], 0, False
+    names = iter(f"L{k}" for k in range(100))
+    for _ in range(rng.randint(1, 5)):
+        piece = rng.choice(["rows", "rows", "block", "block", "heads", "nested", "one-line", "trap", "trap",
+                            "comment", "scalars"])
+        key = next(names)
+        rows, cols = rng.randint(1, 4), rng.randint(1, 4)
+        entries = safe_dump_entries(rng, rows, cols) if rng.random() < 0.5 else matrix_text(rng, rows, cols)[1]
+        layout = rng.choice(["rows", "block"])
+        if piece in ("rows", "block"):
+            indent = rng.choice([0, 0, 2])
+            pieces.append(f"{key}:{rng.choice(['', '  '])}\n{list_text(rng, entries, indent, piece)}\n")
+            cuts += 1
+        elif piece == "heads":  # lists under keys of list items, indented or not
+            text = f"{key}:\n"
+            for _h in range(rng.randint(1, 2)):
+                for k, name in enumerate(("W_Q", "W_K", "W_V")):
+                    indent = 4 + rng.choice([0, 2])
+                    text += ("  - " if k == 0 else "    ") + f"{name}:\n{list_text(rng, entries, indent, layout)}\n"
+                    cuts += 1
+            pieces.append(text)
+        elif piece == "nested":  # a list in a mapping, then a comment and a blank line
+            pieces.append(f"{key}:\n  dO:\n{list_text(rng, entries, 2, layout)}\n\n  # loss next\n  loss: sum\n")
+            cuts += 1
+        elif piece == "one-line":
+            pieces.append(f"{key}: {matrix_text(rng, rows, cols)[0]}\n")
+            cuts += 1
+        elif piece == "trap":
+            pieces.append(rng.choice(LIST_TRAPS).replace("X:", f"{key}:").replace("Y:", f"{next(names)}:")
+                          .replace("heads:", f"{key}h:").replace("t:", f"{key}t:"))
+            unsure = True
+        elif piece == "comment":
+            pieces.append(f"# {key}:\n# - [1, 2]\n")
+        else:
+            pieces.append(f"{key}: causal\n{next(names)}: [a, b]\n")
+    text = "".join(pieces)
+    if rng.random() < 0.3:
+        text = text.rstrip("\n")
+    if rng.random() < 0.3:
+        text = text.replace("\n", "\r\n")
+    elif rng.random() < 0.1:  # a file with both line ends
+        text = "\r\n".join(text.split("\n", 2)[:2]) + ("\n" + text.split("\n", 2)[2] if text.count("\n") >= 2 else "")
+    return text, None if unsure else cuts
+
+
+@settings(CASES, max_examples=300)
+@given(RANDOMS.map(list_document))
+def test_compose_cut_of_lists_matches_libyaml(doc):
+    text, cuts = doc
+    check_cut(text, cuts)
+
+
+@pytest.mark.parametrize(
+    ("text", "cuts"),
+    [
+        ("X:\n- [1, 2]\n- [3, 4]\n", 1),
+        ("X:\n- - 1\n  - 2\n- - 3\n  - 4\n", 1),
+        ("X:\n  - [1, 2]\n  - [3, 4]\nY:\n    - - 0.5\n      - -1.25\n", 2),
+        ("heads:\n  - W_Q:\n    - [1]\n    W_K:\n      - - 2\n  - W_Q:\n    - [3]\n", 3),
+        ("X:\r\n- [1, 2]\r\n- [3, 4]\r\nY: [[1, 2],\r\n  [3, 4]]\r\n", 2),
+        ("X:\r\n- - 1\r\n  - 2\r\n", 1),
+        ("X:\n- [1, 2]\n\n# weights\n\nY:\n- - 1\n", 2),
+        ("X:\n- [1, 2]   \n- [3, 4] \n", 1),
+        ("X:\n- [1, 2]\n# c\n  - [5, 6]\n", None),  # invalid YAML or not, as libyaml says
+    ] + [(trap, None) for trap in LIST_TRAPS],
+)
+def test_compose_cut_of_lists_cases(text, cuts):
+    check_cut(text, cuts)
+    if "\r" not in text:
+        check_cut(text.replace("\n", "\r\n"), cuts)
+
+
+def test_tags_in_lists_are_refused_as_before():
+    """A tag on an entry of a list of rows is never cut out of sight: refused where it stands."""
+    for text in ["Q:\n- [1, 2]\n- !!python/object:os.system [3, 4]\nK:\n- [1, 0]\nV:\n- [1]\n",
+                 "Q:\n- - 1\n  - !!python/name:os.system 2\nK:\n- [1, 0]\nV:\n- [1]\n",
+                 "Q: !!python/tuple\n- [1, 2]\nK:\n- [1, 0]\nV:\n- [1]\n"]:
+        kind, message = parse_outcome(text, True)
+        assert kind == "error" and "is not allowed" in message and "f.yaml:" in message, message
+        assert_cut_changes_nothing(text)
+
+
+def layout_problem(rng: random.Random) -> tuple[str, dict]:
+    """(text, reference matrices) of a Q, K, V problem, each matrix in its own layout."""
+    n_q, n_k, d_k, d_v = (rng.randint(1, 4) for _ in range(4))
+    text, refs = "mask: none\n", {}
+    for name, (r, c) in {"Q": (n_q, d_k), "K": (n_k, d_k), "V": (n_k, d_v)}.items():
+        entries = safe_dump_entries(rng, r, c) if rng.random() < 0.5 else matrix_text(rng, r, c)[1]
+        layout = rng.choice(["rows", "block", "one-line"])
+        if layout == "one-line" and any("e" in x for row in entries for x in row):
+            layout = "block"  # a power of ten is read from the text in lists of rows only
+        if layout == "one-line":
+            text += f"{name}: [" + ", ".join("[" + ", ".join(row) + "]" for row in entries) + "]\n"
+        else:
+            text += f"{name}:\n{list_text(rng, entries, rng.choice([0, 2]), layout)}\n"
+        refs[name] = reference(entries)
+    if rng.random() < 0.3:
+        text = text.replace("\n", "\r\n")
+    return text, refs
+
+
+@settings(CASES, max_examples=100)
+@given(RANDOMS.map(layout_problem))
+def test_problem_matrices_from_lists(case):
+    text, refs = case
+    assert len(flow_matrices(_yaml.compose(text, "f.yaml"))) == len(refs), f"not every matrix was cut:\n{text}"
+    kind, got = parse_outcome(text, True)
+    assert kind == "ok", f"{got}\nfor:\n{text}"
+    for name, want in refs.items():
+        assert_same_value(got[name], want, name)
+    assert_cut_changes_nothing(text)
+
+
+LIST_CORRUPTIONS = CORRUPTIONS + ["!!float 1", "!!python/object:os.system 1", "&a 1", "*a", "'1'", "1 # c", "[1]",
+                                  "1.5e-3", "+1", "1_0", "0x1F", "\t1"]
+
+
+@settings(CASES, max_examples=120)
+@given(RANDOMS.map(layout_problem), st.data())
+def test_corrupted_lists_unchanged_by_the_cut(case, data):
+    """One entry replaced, a row made ragged, or the size limit tightened: the same message."""
+    text, refs = case
+    how = data.draw(st.sampled_from(["entry", "drop", "limit"]), label="corruption")
+    if how == "limit":
+        total = sum(m.rows * m.cols for m in refs.values())
+        assert_cut_changes_nothing(text, data.draw(st.integers(0, total + 1), label="max_size"))
+        return
+    numbers = [m for m in re.finditer(r"(?<=[-\[ ,])-?[0-9][0-9./]*", text)
+               if text.rfind("\n", 0, m.start()) > text.find("\n")]  # not the mask line
+    m = numbers[data.draw(st.integers(0, len(numbers) - 1), label="entry")]
+    if how == "entry":
+        text = text[:m.start()] + data.draw(st.sampled_from(LIST_CORRUPTIONS), label="text") + text[m.end():]
+    else:  # the entry and what separates it from the one before, gone
+        line_start = text.rfind("\n", 0, m.start()) + 1
+        cut_from = max(text.rfind(",", line_start, m.start()), line_start)
+        text = text[:cut_from] + text[m.end():]
+    assert_cut_changes_nothing(text)
+
+
+@pytest.mark.parametrize("max_size", [0, 1, 2, 3, 5, 8, 9, 10, 11, 12, 13, 100])
+@pytest.mark.parametrize("layout", ["rows", "block"])
+def test_size_limit_message_unchanged_for_lists(max_size, layout):
+    rng = random.Random(max_size)
+    k = list_text(rng, [["1", "0"], ["0", "1"], ["2", "2"]], 0, layout)
+    text = "Q: [[1, 2], [3, 4]]\nK:\n" + k + "\nV:\n" + list_text(rng, [["1"], ["2"], ["3"]], 2, layout) + "\n"
+    assert_cut_changes_nothing(text, max_size)
+    ragged = "Q: [[1, 2]]\nK:\n" + list_text(rng, [["1", "0"], ["0", "1", "5"]], 0, layout) + "\nV: [[1], [2]]\n"
+    assert_cut_changes_nothing(ragged, max_size)
+
+
+# -- .csv files ----------------------------------------------------------------------
+
+def csv_text(rng: random.Random) -> tuple[str, list[list[str]]]:
+    rows, cols = rng.randint(1, 5), rng.randint(1, 5)
+    entries = safe_dump_entries(rng, rows, cols) if rng.random() < 0.5 else [
+        [number_text(rng, rng.choice(["int", "dec", "dec3"])) for _ in range(cols)] for _ in range(rows)]
+    sep = rng.choice([",", ",", ", ", " , "])
+    lines = [rng.choice(["", "", " "]) + sep.join(r) + rng.choice(["", "", "  "]) for r in entries]
+    for _ in range(rng.randint(0, 2)):  # blank lines anywhere
+        lines.insert(rng.randint(0, len(lines)), rng.choice(["", "   "]))
+    end = rng.choice(["\n", "\r\n"])
+    text = end.join(lines) + rng.choice([end, ""])
+    return text, entries
+
+
+CSV_CORRUPTIONS = ["abc", "1/2", "", "1e3", "+1", ".5", "1.", '"1"', "\t1", "1 2", "-", "nan", "0x1F",
+                   "1" * 31, "0." + "1" * 31, "1\r2", ",", "1;2", "\x00"]
+
+
+def csv_outcome(text: str, fast: bool):
+    import tempfile
+    from pathlib import Path
+
+    from symattn import problem as problem_module
+
+    with tempfile.TemporaryDirectory() as folder, pytest.MonkeyPatch.context() as mp:
+        if not fast:
+            mp.setattr(problem_module, "_plain_csv_matrix", lambda text: None)
+        Path(folder, "m.csv").write_bytes(text.encode("utf-8"))
+        try:
+            p = parse_problem("Q: {file: m.csv}\nK: {file: m.csv}\nV: {file: m.csv}\nmask: none\n", "f.yaml",
+                              base_dir=Path(folder).resolve())
+            return "ok", p.Q
+        except SymattnError as exc:
+            return "error", str(exc)
+
+
+@settings(CASES, max_examples=150)
+@given(RANDOMS.map(csv_text), st.data())
+def test_csv_fast_path_matches_the_csv_module(case, data):
+    text, entries = case
+    if data.draw(st.booleans(), label="corrupt"):
+        k = data.draw(st.integers(0, len(entries) * len(entries[0]) - 1), label="entry")
+        old = entries[k // len(entries[0])][k % len(entries[0])]
+        at = [m.start() for m in re.finditer(re.escape(old), text)]
+        spot = at[data.draw(st.integers(0, len(at) - 1), label="where")]
+        text = text[:spot] + data.draw(st.sampled_from(CSV_CORRUPTIONS), label="text") + text[spot + len(old):]
+    fast, slow = csv_outcome(text, True), csv_outcome(text, False)
+    assert fast[0] == slow[0], f"fast {fast}, slow {slow} for {text!r}"
+    if fast[0] == "ok":
+        assert_same_value(fast[1], ImmutableMatrix(slow[1]), "Q")
+    else:
+        assert fast[1] == slow[1]
+
+
+def test_csv_fast_path_values():
+    """The fast path's values, checked against Fraction on the written text (not the slow path)."""
+    rng = random.Random(7)
+    for _ in range(30):
+        text, entries = csv_text(rng)
+        kind, q = csv_outcome(text, True)
+        assert kind == "ok", q
+        assert type(q) is QQMatrix, "the fast path was not taken"
+        assert_same_value(q, reference(entries), "Q")
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "- " * 1_000_000 + "x:\n- [1]\n",  # a key after a million "- " (the non-possessive prefix kept 146 MiB)
+        "- " * 1_000_000 + "x: [[1]]\n",
+        "a:\n- - 1\n" + "  - 1\n" * 300_000 + "  - 1 # a comment ends it\n",
+        "a:\n" + "- [1, 2]\n" * 300_000 + "  - [3]\n",
+        "a: [" + "[1, 2], " * 300_000 + "[3]]\n",
+    ],
+)
+def test_scans_keep_no_state_per_item(text):
+    """Looking for matrices holds a few bytes per item at most: every repeat is possessive."""
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        _yaml._flow_matrices(text, 10**8)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 12 * len(text), f"{peak / 2**20:.0f} MiB for a {len(text) / 1e6:.1f} MB text"
