@@ -480,6 +480,56 @@ def weights_floats(rows: "tuple[SoftmaxRow, ...]", dps: int) -> "list[list[float
         return [[arb_float(w) for w in row.arb_weights(dps)] for row in rows]
 
 
+_FLOAT_BLOCK = 64  # rows of weights held as arb balls at a time by softmax_floats
+
+
+def softmax_floats(rows: "tuple[SoftmaxRow, ...]", values, dps: int):
+    """``(A, A·V)`` as float64 arrays, each entry rounded from its ``dps``-digit arb value, for
+    rational softmax rows and (when ``values`` is not None) a rational ``V``: the values
+    :func:`weights_floats` and :func:`weights_times` give, made in one pass over blocks of
+    rows, so that at most a block's weights are arb balls at a time and no row keeps them.
+    ``A·V`` is None when ``values`` is None or not rational; the whole is None when a row is
+    not rational. Kept with the rows: the weights and the output ask in turn."""
+    import numpy
+
+    if not rows or not all(row.rational for row in rows):
+        return None
+    if values is not None and not is_rational(values):
+        values = None
+    kept = rows[0].__dict__.setdefault("_floats", {})
+    found = kept.get(dps)
+    if found is not None and found[0] is rows and (values is None or found[1] is values):
+        return found[2], found[3]
+    n, width = len(rows), len(rows[0].raw)
+    weights = numpy.zeros((n, width))
+    product = None
+    with _arb_precision(dps):
+        v = None if values is None else _arb_operand(values)
+        if v is not None:
+            product = numpy.empty((n, v.ncols()))
+        for start in range(0, n, _FLOAT_BLOCK):
+            block = []
+            for i in range(start, min(n, start + _FLOAT_BLOCK)):
+                balls = rows[i].arb_weights(dps, keep=False)
+                block.append(balls)
+                weights[i] = _balls_float(balls)
+            if v is not None:
+                part = _flint.arb_mat(block) * v
+                for r in range(part.nrows()):
+                    product[start + r] = _balls_float([part[r, c] for c in range(part.ncols())])
+    kept[dps] = (rows, values, weights, product)
+    return weights, product
+
+
+def _balls_float(balls: list) -> list[float]:
+    """:func:`arb_float` of each ball, flint's own rounding where it is the same."""
+    out = [float(x) for x in balls]
+    for k, value in enumerate(out):
+        if not (_SMALLEST_NORMAL <= abs(value) < math.inf) and not (value == 0 and balls[k].is_zero()):
+            out[k] = arb_float(balls[k])
+    return out
+
+
 def operand(m, dps: int, subs=None):
     """``m`` ready for :func:`mp_matmul`: a rational matrix as it is (read straight into arb),
     anything else evaluated at ``dps`` digits."""
@@ -753,15 +803,19 @@ class SoftmaxRow:
             cache[key] = self._evaluate(dps, subs)
         return cache[key]
 
-    def arb_weights(self, dps: int) -> list:
-        """The weights as arb balls at ``dps`` digits (a rational row)."""
+    def arb_weights(self, dps: int, keep: bool = True) -> list:
+        """The weights as arb balls at ``dps`` digits (a rational row); kept for the next call
+        unless ``keep`` is False (then only read from what an earlier call kept)."""
         cache = self.__dict__.setdefault("_arb", {})
-        if dps not in cache:
-            with _arb_precision(dps):
-                exps = self._exps(dps, None)
-                total = sum(exps, _flint.arb(0))
-                cache[dps] = ([e / total for e in exps], total)
-        return cache[dps][0]
+        if dps in cache:
+            return cache[dps][0]
+        with _arb_precision(dps):
+            exps = self._exps(dps, None)
+            total = sum(exps, _flint.arb(0))
+            found = ([e / total for e in exps], total)
+        if keep:
+            cache[dps] = found
+        return found[0]
 
     def _evaluate(self, dps: int, subs) -> tuple[list[mpmath.mpf], mpmath.mpf]:
         if self.rational:
