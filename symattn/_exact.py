@@ -332,7 +332,8 @@ def mask_matrix(allowed, bias) -> LazyMatrix:
         return bias[i, j] if bias is not None else sympy.Integer(0)
 
     if bias is None:
-        qq = [[QQ(0) if ok else None for ok in row] for row in allowed]
+        zero = QQ(0)  # one number for every allowed position (a causal mask has n²/2 of them)
+        qq = [[zero if ok else None for ok in row] for row in allowed]
     else:
         b = [[bias[i, j] for j in range(n_k)] for i in range(n_q)]
         qq = [[None if (not ok or x == NEG_INF) else _qq(x) for ok, x in zip(row, brow)]
@@ -396,7 +397,13 @@ def approx(m) -> "numpy.ndarray | None":
     qq = getattr(m, "qq_rows", None)
     if qq is None:
         return None
-    return numpy.array([[float("-inf") if x is None else qq_float(x) for x in row] for row in qq], dtype=numpy.float64)
+    out = numpy.empty((m.rows, m.cols), dtype=numpy.float64)
+    for i, row in enumerate(qq):  # row by row: no list of n² Python floats at once
+        out[i] = [_NEG_INF_FLOAT if x is None else qq_float(x) for x in row]
+    return out
+
+
+_NEG_INF_FLOAT = float("-inf")
 
 
 # -- high-precision evaluation ------------------------------------------------------------
