@@ -506,7 +506,7 @@ def softmax_floats(rows: "tuple[SoftmaxRow, ...]", values, dps: int):
     kept = rows[0].__dict__.setdefault("_floats", {})
     found = kept.get(dps)
     if found is not None and found[0] is rows and (values is None or found[1] is values):
-        return found[2], found[3]
+        return found[2], None if values is None else found[3]
     n, width = len(rows), len(rows[0].raw)
     weights = numpy.zeros((n, width))
     product = None

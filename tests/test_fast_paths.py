@@ -544,6 +544,39 @@ def test_weights_times_matches_mpmath(case):
     assert len(fast) == len(raws) and all(len(r) == d_v for r in fast)
 
 
+@FEW
+@given(attention(), st.integers(1, 3))
+def test_softmax_floats_match_mpmath(case, block):
+    """A and A·V as float64 from one pass over blocks of rows (blocks of 1 to 3 rows here): each
+    entry the float64 nearest its 60-digit mpmath value, as the whole-matrix paths give it."""
+    raws, n_k, d_v, values = case
+    rows = tuple(SoftmaxRow(Rational(0), tuple(None if x is None else qq(x) for x in raw)) for raw in raws)
+    V = _exact.rational_matrix(n_k, d_v, [qq(v) for v in values])
+    saved, _exact._FLOAT_BLOCK = _exact._FLOAT_BLOCK, block
+    try:
+        weights, product = _exact.softmax_floats(rows, V, 30)
+    finally:
+        _exact._FLOAT_BLOCK = saved
+    assert weights.shape == (len(raws), n_k) and product.shape == (len(raws), d_v)
+    assert not any("_arb" in row.__dict__ and row.__dict__["_arb"] for row in rows), "a row kept its arb weights"
+    whole_a = _exact.weights_floats(rows, 30)
+    whole_av = _exact.weights_times(rows, V, 30, _exact.arb_float)
+    with mpmath.workdps(60):
+        for i, raw in enumerate(raws):
+            exps = [mpmath.mpf(0) if x is None else mpmath.exp(mpmath.mpf(x.numerator) / x.denominator) for x in raw]
+            total = mpmath.fsum(exps)
+            for k, e in enumerate(exps):
+                assert weights[i, k] == float(e / total) == whole_a[i][k], (i, k, raw)
+            for c in range(d_v):
+                want = mpmath.fsum(e / total * (mpmath.mpf(values[k * d_v + c].numerator) / values[k * d_v + c].denominator)
+                                   for k, e in enumerate(exps))
+                assert product[i, c] == float(want) == whole_av[i][c], (i, c, raw)
+    again = _exact.softmax_floats(rows, V, 30)
+    assert again[0] is weights and again[1] is product, "the second call (the output after the weights) recomputed"
+    alone = _exact.softmax_floats(rows, None, 30)
+    assert (alone[0] == weights).all() and alone[1] is None
+
+
 # --------------------------------------------------------------------------
 # 7. mpf_of_qq: correctly rounded to prec bits
 # --------------------------------------------------------------------------
