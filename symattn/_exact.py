@@ -726,6 +726,8 @@ class SoftmaxRow:
     @cached_property
     def normaliser(self) -> sympy.Expr:
         """``Z_i = Σ_j e^{z_ij - m_i}`` (like terms collected)."""
+        if self.rational:  # collected in QQ first: SymPy only orders the distinct terms
+            return sum_of_distinct([self._term(c, e) for c, e in self.numerator_parts()])
         return sympy.Add(*self.terms)
 
     @cached_property

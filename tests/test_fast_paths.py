@@ -459,6 +459,24 @@ def test_weighted_numerator_is_sympys_own_sum(case):
     assert sympy.sstr(fast / row.normaliser, order="none") == sympy.sstr(slow / row.normaliser, order="none")
 
 
+@CASES
+@given(softmax_rows())
+def test_normaliser_is_sympys_own_sum(case):
+    """``Z_i`` of a rational row, built from its collected QQ parts, is the very Add SymPy builds
+    from the row's terms: same args in the same order (so ==, hash and printing agree)."""
+    row, raw, _ = case
+    fast = row.normaliser
+    slow = sympy.Add(*row.terms)
+    assert type(fast) is type(slow) and fast.args == slow.args, f"raw={raw}: {fast} vs {slow}"
+    assert fast == slow and hash(fast) == hash(slow)
+    for a, b in zip(sympy.Add.make_args(fast), sympy.Add.make_args(slow)):
+        assert type(a) is type(b) and a.args == b.args and a.is_commutative == b.is_commutative
+    assert sympy.sstr(fast, order="none") == sympy.sstr(slow, order="none")
+    assert sympy.latex(fast) == sympy.latex(slow)
+    weight = next(j for j, e in enumerate(row.raw) if e is not None)
+    assert sympy.sstr(row.weight(weight), order="none") == sympy.sstr(row.terms[weight] / slow, order="none")
+
+
 def _random_sum(rng: random.Random) -> sympy.Expr:
     r = lambda: Rational(rng.randint(-9, 9), rng.randint(1, 6))  # noqa: E731
     makers = [r, lambda: r() * sympy.exp(r()), lambda: sympy.exp(r()), lambda: -sympy.exp(r()),
