@@ -511,17 +511,26 @@ def softmax_floats(rows: "tuple[SoftmaxRow, ...]", values, dps: int):
     weights = numpy.zeros((n, width))
     product = None
     with _arb_precision(dps):
-        v = None if values is None else _arb_operand(values)
-        if v is not None:
-            product = numpy.empty((n, v.ncols()))
+        v = None
+        if values is not None:
+            whole = _arb_operand(values)
+            v = [[whole[k, c] for c in range(whole.ncols())] for k in range(whole.nrows())]
+            product = numpy.empty((n, whole.ncols()))
         for start in range(0, n, _FLOAT_BLOCK):
-            block = []
+            block, lo, hi = [], width, 0
             for i in range(start, min(n, start + _FLOAT_BLOCK)):
-                balls = rows[i].arb_weights(dps, keep=False)
-                block.append(balls)
-                weights[i] = _balls_float(balls)
-            if v is not None:
-                part = _flint.arb_mat(block) * v
+                positions, balls = rows[i].allowed_weights(dps)
+                weights[i, positions] = _balls_float(balls)
+                block.append((positions, balls))
+                lo, hi = min(lo, positions[0]), max(hi, positions[-1] + 1)
+            if v is not None:  # only the keys some row of the block attends to (a causal block: those up to its last row)
+                grid = []
+                for positions, balls in block:
+                    line = [0] * (hi - lo)
+                    for k, ball in zip(positions, balls):
+                        line[k - lo] = ball
+                    grid.append(line)
+                part = _flint.arb_mat(grid) * _flint.arb_mat(v[lo:hi])
                 for r in range(part.nrows()):
                     product[start + r] = _balls_float([part[r, c] for c in range(part.ncols())])
     kept[dps] = (rows, values, weights, product)
@@ -825,6 +834,15 @@ class SoftmaxRow:
         if keep:
             cache[dps] = found
         return found[0]
+
+    def allowed_weights(self, dps: int) -> tuple[list[int], list]:
+        """The positions a rational row attends to and their weights there, as arb balls at ``dps``
+        digits (the same balls as :meth:`arb_weights`; not kept)."""
+        positions = [k for k, e in enumerate(self.raw) if e is not None]
+        with _arb_precision(dps):
+            exps = [_flint.arb(_fmpq(self.raw[k])).exp() for k in positions]
+            total = sum(exps, _flint.arb(0))
+            return positions, [e / total for e in exps]
 
     def _evaluate(self, dps: int, subs) -> tuple[list[mpmath.mpf], mpmath.mpf]:
         if self.rational:

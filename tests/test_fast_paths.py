@@ -327,6 +327,21 @@ def test_rationals_float64_cases(flat):
     assert_floats(flat, 1, 4)
 
 
+@CASES
+@given(matrices(max_rows=5, max_cols=4, entries=FLOAT_FAMILIES), st.integers(1, 6))
+def test_rationals_float64_by_blocks_of_rows(shape, block):
+    """A big matrix is rounded a block of rows at a time, each block by its own way (one division,
+    binary scaling, or each fraction): still every entry correctly rounded."""
+    from symattn import _numbers
+
+    rows, cols, flat = shape
+    saved, _numbers._FLOAT_BLOCK = _numbers._FLOAT_BLOCK, block
+    try:
+        assert_floats(flat, rows, cols)
+    finally:
+        _numbers._FLOAT_BLOCK = saved
+
+
 # --------------------------------------------------------------------------
 # 4. qq_tex / qq_text write what SymPy's printers write
 # --------------------------------------------------------------------------
