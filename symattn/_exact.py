@@ -133,6 +133,37 @@ class FmpqRows(Sequence):
         return (_FmpqRow(self._dense, i, self._width) for i in range(self._count))
 
 
+class MadeRows(Sequence):
+    """Rows made by ``row(i)`` each time they are read, not kept: the mask and the masked scores
+    of a long context hold n² entries that are read a few times, row by row."""
+
+    __slots__ = ("_row", "_count")
+
+    def __init__(self, count: int, row: Callable[[int], list]) -> None:
+        self._count, self._row = count, row
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[k] for k in range(*i.indices(self._count))]
+        return self._row(_position(i, self._count))
+
+    def __iter__(self):
+        return (self._row(i) for i in range(self._count))
+
+
+MADE_ROWS_FROM = 1 << 16  # entries from which the mask and the masked scores make their rows when read
+
+
+def _rows(count: int, cols: int, row: Callable[[int], list]):
+    """The rows ``row(0..count-1)``: a list of them, or for a big matrix, made when read."""
+    if count * cols >= MADE_ROWS_FROM:
+        return MadeRows(count, row)
+    return [row(i) for i in range(count)]
+
+
 def _position(k: int, n: int) -> int:
     """Index ``k`` of a sequence of length ``n`` (negative from the end), as a list reads it."""
     at = k + n if k < 0 else k
@@ -333,7 +364,7 @@ def mask_matrix(allowed, bias) -> LazyMatrix:
 
     if bias is None:
         zero = QQ(0)  # one number for every allowed position (a causal mask has n²/2 of them)
-        qq = [[zero if ok else None for ok in row] for row in allowed]
+        qq = _rows(n_q, n_k, lambda i: [zero if ok else None for ok in allowed[i]])
     else:
         b = [[bias[i, j] for j in range(n_k)] for i in range(n_q)]
         qq = [[None if (not ok or x == NEG_INF) else _qq(x) for ok, x in zip(row, brow)]
@@ -353,8 +384,9 @@ def add_mask(scores: Matrix, mask: LazyMatrix) -> LazyMatrix:
 
     qq = None
     if mask.qq_rows is not None and is_rational(scores):
-        qq = [[None if b is None else s + b for s, b in zip(srow, brow)]
-              for srow, brow in zip(rational_rows(scores), mask.qq_rows)]
+        score_rows, mask_rows = rational_rows(scores), mask.qq_rows
+        qq = _rows(scores.rows, scores.cols,
+                   lambda i: [None if b is None else s + b for s, b in zip(score_rows[i], mask_rows[i])])
     return LazyMatrix(scores.rows, scores.cols, entry, qq)
 
 

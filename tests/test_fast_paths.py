@@ -610,6 +610,34 @@ def test_softmax_floats_match_mpmath(case, block):
     assert (alone[0] == weights).all() and alone[1] is None
 
 
+@FEW
+@given(st.integers(1, 5), st.integers(1, 5), st.data())
+def test_rows_made_when_read_are_the_kept_rows(n_q, n_k, data):
+    """The mask's and the masked scores' rows made when read (a long context) are the lists kept
+    for a small problem: same entries, by index, negative index, slice and iteration."""
+    allowed = [[data.draw(st.booleans()) for _ in range(n_k)] for _ in range(n_q)]
+    scores = _exact.rational_matrix(n_q, n_k, [qq(data.draw(fractions(10**6, 10**3))) for _ in range(n_q * n_k)])
+    saved = _exact.MADE_ROWS_FROM
+    try:
+        _exact.MADE_ROWS_FROM = 0
+        made_mask = _exact.mask_matrix(allowed, None)
+        made = _exact.add_mask(scores, made_mask).qq_rows
+        _exact.MADE_ROWS_FROM = 10**9
+        kept_mask = _exact.mask_matrix(allowed, None)
+        kept = _exact.add_mask(scores, kept_mask).qq_rows
+    finally:
+        _exact.MADE_ROWS_FROM = saved
+    assert isinstance(made, _exact.MadeRows) and isinstance(kept, list)
+    assert len(made) == len(kept) == n_q and list(made) == kept and made[-1] == kept[-1] and made[1:] == kept[1:]
+    assert list(made_mask.qq_rows) == kept_mask.qq_rows
+    for i in range(n_q):
+        for j in range(n_k):
+            assert (kept[i][j] is None) == (not allowed[i][j])
+            if allowed[i][j]:
+                assert kept[i][j] == made[i][j] == scores[i, j]
+    assert _exact.approx(_exact.add_mask(scores, made_mask)).tolist() == _exact.approx(_exact.add_mask(scores, kept_mask)).tolist()
+
+
 # --------------------------------------------------------------------------
 # 7. mpf_of_qq: correctly rounded to prec bits
 # --------------------------------------------------------------------------
