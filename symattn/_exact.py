@@ -510,22 +510,13 @@ def weighted_value(row: "SoftmaxRow", column: list, dps: int) -> "mpmath.mpf | N
         return _arb_to_mpf(total)
 
 
-def weights_floats(rows: "tuple[SoftmaxRow, ...]", dps: int) -> "list[list[float]] | None":
-    """The weights of rational softmax rows rounded to float64 from their ``dps``-digit values, or
-    None when a row is not rational."""
-    if not all(row.rational for row in rows):
-        return None
-    with _arb_precision(dps):
-        return [[arb_float(w) for w in row.arb_weights(dps)] for row in rows]
-
-
 _FLOAT_BLOCK = 64  # rows of weights held as arb balls at a time by softmax_floats
 
 
 def softmax_floats(rows: "tuple[SoftmaxRow, ...]", values, dps: int):
     """``(A, A·V)`` as float64 arrays, each entry rounded from its ``dps``-digit arb value, for
-    rational softmax rows and (when ``values`` is not None) a rational ``V``: the values
-    :func:`weights_floats` and :func:`weights_times` give, made in one pass over blocks of
+    rational softmax rows and (when ``values`` is not None) a rational ``V``: the values of
+    :meth:`SoftmaxRow.arb_weights` and :func:`weights_times`, made in one pass over blocks of
     rows, so that at most a block's weights are arb balls at a time and no row keeps them.
     ``A·V`` is None when ``values`` is None or not rational; the whole is None when a row is
     not rational. Kept with the rows: the weights and the output ask in turn."""

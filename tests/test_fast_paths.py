@@ -592,7 +592,7 @@ def test_softmax_floats_match_mpmath(case, block):
         _exact._FLOAT_BLOCK = saved
     assert weights.shape == (len(raws), n_k) and product.shape == (len(raws), d_v)
     assert not any("_arb" in row.__dict__ and row.__dict__["_arb"] for row in rows), "a row kept its arb weights"
-    whole_a = _exact.weights_floats(rows, 30)
+    whole_a = [[_exact.arb_float(w) for w in row.arb_weights(30, keep=False)] for row in rows]
     whole_av = _exact.weights_times(rows, V, 30, _exact.arb_float)
     with mpmath.workdps(60):
         for i, raw in enumerate(raws):
