@@ -511,14 +511,16 @@ def weighted_value(row: "SoftmaxRow", column: list, dps: int) -> "mpmath.mpf | N
 
 
 _FLOAT_BLOCK = 64  # rows of weights held as arb balls at a time by softmax_floats
+# Below this many weights the rows keep them (the backward pass and the decimals shown read them again).
+KEEP_WEIGHTS_BELOW = 1 << 16
 
 
 def softmax_floats(rows: "tuple[SoftmaxRow, ...]", values, dps: int):
     """``(A, A·V)`` as float64 arrays, each entry rounded from its ``dps``-digit arb value, for
     rational softmax rows and (when ``values`` is not None) a rational ``V``: the values of
     :meth:`SoftmaxRow.arb_weights` and :func:`weights_times`, made in one pass over blocks of
-    rows, so that at most a block's weights are arb balls at a time and no row keeps them.
-    ``A·V`` is None when ``values`` is None or not rational; the whole is None when a row is
+    rows, so that at most a block's weights are arb balls at a time and no row keeps them
+    (unless the problem is small: see ``KEEP_WEIGHTS_BELOW``). ``A·V`` is None when ``values`` is None or not rational; the whole is None when a row is
     not rational. Kept with the rows: the weights and the output ask in turn."""
     import numpy
 
@@ -531,6 +533,7 @@ def softmax_floats(rows: "tuple[SoftmaxRow, ...]", values, dps: int):
     if found is not None and found[0] is rows and (values is None or found[1] is values):
         return found[2], None if values is None else found[3]
     n, width = len(rows), len(rows[0].raw)
+    keep = n * width < KEEP_WEIGHTS_BELOW
     weights = numpy.zeros((n, width))
     product = None
     with _arb_precision(dps):
@@ -542,7 +545,12 @@ def softmax_floats(rows: "tuple[SoftmaxRow, ...]", values, dps: int):
         for start in range(0, n, _FLOAT_BLOCK):
             block, lo, hi = [], width, 0
             for i in range(start, min(n, start + _FLOAT_BLOCK)):
-                positions, balls = rows[i].allowed_weights(dps)
+                if keep:  # a small problem: the rows keep their weights for the worked solution
+                    every = rows[i].arb_weights(dps)
+                    positions = [k for k, e in enumerate(rows[i].raw) if e is not None]
+                    balls = [every[k] for k in positions]
+                else:
+                    positions, balls = rows[i].allowed_weights(dps)
                 weights[i, positions] = _balls_float(balls)
                 block.append((positions, balls))
                 lo, hi = min(lo, positions[0]), max(hi, positions[-1] + 1)

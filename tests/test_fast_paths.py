@@ -585,13 +585,19 @@ def test_softmax_floats_match_mpmath(case, block):
     raws, n_k, d_v, values = case
     rows = tuple(SoftmaxRow(Rational(0), tuple(None if x is None else qq(x) for x in raw)) for raw in raws)
     V = _exact.rational_matrix(n_k, d_v, [qq(v) for v in values])
-    saved, _exact._FLOAT_BLOCK = _exact._FLOAT_BLOCK, block
+    kept_rows = tuple(SoftmaxRow(Rational(0), row.raw) for row in rows)
+    saved = _exact._FLOAT_BLOCK, _exact.KEEP_WEIGHTS_BELOW
     try:
+        _exact._FLOAT_BLOCK, _exact.KEEP_WEIGHTS_BELOW = block, 0  # a long context's way: nothing kept
         weights, product = _exact.softmax_floats(rows, V, 30)
+        _exact.KEEP_WEIGHTS_BELOW = 10**9  # a small problem's: the rows keep their weights
+        kept_weights, kept_product = _exact.softmax_floats(kept_rows, V, 30)
     finally:
-        _exact._FLOAT_BLOCK = saved
+        _exact._FLOAT_BLOCK, _exact.KEEP_WEIGHTS_BELOW = saved
     assert weights.shape == (len(raws), n_k) and product.shape == (len(raws), d_v)
     assert not any("_arb" in row.__dict__ and row.__dict__["_arb"] for row in rows), "a row kept its arb weights"
+    assert all(row.__dict__.get("_arb") for row in kept_rows), "a small problem's row did not keep its weights"
+    assert (kept_weights == weights).all() and (kept_product == product).all()
     whole_a = [[_exact.arb_float(w) for w in row.arb_weights(30, keep=False)] for row in rows]
     whole_av = _exact.weights_times(rows, V, 30, _exact.arb_float)
     with mpmath.workdps(60):
