@@ -346,7 +346,7 @@ class Derivation:
         key = (step.id, dps)
         if key not in cache:
             c = stages.Context(self.problem, step.head)
-            ops = _ops.ArbOps(dps)
+            ops = cache.setdefault(("ops", dps), _ops.ArbOps(dps))  # one for every gradient: it keeps transposes
 
             def value(key: str, head=...):
                 other = self.step(stages.resolve(key, c, head)[0])
