@@ -239,18 +239,30 @@ def compare(derivation: Derivation, reference: dict, tolerance: float, name: str
         numeric = np.asarray(numeric, dtype=np.float64)
         if numeric.shape != exact.shape:
             raise AssertionError(f"stage {step.id}: shapes differ {numeric.shape}")
-        e_inf, n_inf = np.isinf(exact), np.isinf(numeric)
-        # An infinity must meet the same infinity in the same place.
-        inf_bad = (e_inf | n_inf) & ~(e_inf & n_inf & (np.sign(exact) == np.sign(numeric)))
-        finite = ~(e_inf | n_inf)
-        with np.errstate(invalid="ignore"):
-            error = np.where(finite, np.abs(exact - numeric), 0.0)
-        error[np.isnan(error)] = np.inf  # NumPy gave NaN
-        bad = finite & (error > tolerance * np.maximum(1.0, np.abs(exact)))
-        worst = float(error.max()) if error.size else 0.0
-        if inf_bad.any():
-            worst = math.inf
-        for i, j in zip(*np.nonzero(bad | inf_bad)):
-            mismatches.append(Mismatch(step.id, int(i), int(j), float(exact[i, j]), float(numeric[i, j]), name))
+        worst = 0.0
+        for first in range(0, exact.shape[0], _COMPARE_ROWS):  # a block of rows at a time: bounded temporaries
+            rows = slice(first, first + _COMPARE_ROWS)
+            worst = max(worst, _compare_block(exact[rows], numeric[rows], first, tolerance, step.id, name, mismatches))
         per_stage[step.id] = worst
     return CrossCheck(per_stage, tolerance, tuple(mismatches), reference=name)
+
+
+_COMPARE_ROWS = 256
+
+
+def _compare_block(exact, numeric, first: int, tolerance: float, stage: str, name: str, mismatches: list) -> float:
+    """The largest difference of a block of rows starting at row ``first``; its mismatches appended."""
+    e_inf, n_inf = np.isinf(exact), np.isinf(numeric)
+    # An infinity must meet the same infinity in the same place.
+    inf_bad = (e_inf | n_inf) & ~(e_inf & n_inf & (np.sign(exact) == np.sign(numeric)))
+    finite = ~(e_inf | n_inf)
+    with np.errstate(invalid="ignore"):
+        error = np.where(finite, np.abs(exact - numeric), 0.0)
+    error[np.isnan(error)] = np.inf  # NumPy gave NaN
+    bad = finite & (error > tolerance * np.maximum(1.0, np.abs(exact)))
+    worst = float(error.max()) if error.size else 0.0
+    if inf_bad.any():
+        worst = math.inf
+    for i, j in zip(*np.nonzero(bad | inf_bad)):
+        mismatches.append(Mismatch(stage, first + int(i), int(j), float(exact[i, j]), float(numeric[i, j]), name))
+    return worst

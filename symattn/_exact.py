@@ -133,6 +133,37 @@ class FmpqRows(Sequence):
         return (_FmpqRow(self._dense, i, self._width) for i in range(self._count))
 
 
+class MadeRows(Sequence):
+    """Rows made by ``row(i)`` each time they are read, not kept: the mask and the masked scores
+    of a long context hold n² entries that are read a few times, row by row."""
+
+    __slots__ = ("_row", "_count")
+
+    def __init__(self, count: int, row: Callable[[int], list]) -> None:
+        self._count, self._row = count, row
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[k] for k in range(*i.indices(self._count))]
+        return self._row(_position(i, self._count))
+
+    def __iter__(self):
+        return (self._row(i) for i in range(self._count))
+
+
+MADE_ROWS_FROM = 1 << 16  # entries from which the mask and the masked scores make their rows when read
+
+
+def _rows(count: int, cols: int, row: Callable[[int], list]):
+    """The rows ``row(0..count-1)``: a list of them, or for a big matrix, made when read."""
+    if count * cols >= MADE_ROWS_FROM:
+        return MadeRows(count, row)
+    return [row(i) for i in range(count)]
+
+
 def _position(k: int, n: int) -> int:
     """Index ``k`` of a sequence of length ``n`` (negative from the end), as a list reads it."""
     at = k + n if k < 0 else k
@@ -356,7 +387,8 @@ def mask_matrix(allowed, bias) -> LazyMatrix:
         return bias[i, j] if bias is not None else sympy.Integer(0)
 
     if bias is None:
-        qq = [[QQ(0) if ok else None for ok in row] for row in allowed]
+        zero = QQ(0)  # one number for every allowed position (a causal mask has n²/2 of them)
+        qq = _rows(n_q, n_k, lambda i: [zero if ok else None for ok in allowed[i]])
     else:
         b = [[bias[i, j] for j in range(n_k)] for i in range(n_q)]
         qq = [[None if (not ok or x == NEG_INF) else _qq(x) for ok, x in zip(row, brow)]
@@ -376,8 +408,9 @@ def add_mask(scores: Matrix, mask: LazyMatrix) -> LazyMatrix:
 
     qq = None
     if mask.qq_rows is not None and is_rational(scores):
-        qq = [[None if b is None else s + b for s, b in zip(srow, brow)]
-              for srow, brow in zip(rational_rows(scores), mask.qq_rows)]
+        score_rows, mask_rows = rational_rows(scores), mask.qq_rows
+        qq = _rows(scores.rows, scores.cols,
+                   lambda i: [None if b is None else s + b for s, b in zip(score_rows[i], mask_rows[i])])
     return LazyMatrix(scores.rows, scores.cols, entry, qq)
 
 
@@ -420,7 +453,13 @@ def approx(m) -> "numpy.ndarray | None":
     qq = getattr(m, "qq_rows", None)
     if qq is None:
         return None
-    return numpy.array([[float("-inf") if x is None else qq_float(x) for x in row] for row in qq], dtype=numpy.float64)
+    out = numpy.empty((m.rows, m.cols), dtype=numpy.float64)
+    for i, row in enumerate(qq):  # row by row: no list of n² Python floats at once
+        out[i] = [_NEG_INF_FLOAT if x is None else qq_float(x) for x in row]
+    return out
+
+
+_NEG_INF_FLOAT = float("-inf")
 
 
 # -- high-precision evaluation ------------------------------------------------------------
@@ -495,13 +534,71 @@ def weighted_value(row: "SoftmaxRow", column: list, dps: int) -> "mpmath.mpf | N
         return _arb_to_mpf(total)
 
 
-def weights_floats(rows: "tuple[SoftmaxRow, ...]", dps: int) -> "list[list[float]] | None":
-    """The weights of rational softmax rows rounded to float64 from their ``dps``-digit values, or
-    None when a row is not rational."""
-    if not all(row.rational for row in rows):
+_FLOAT_BLOCK = 64  # rows of weights held as arb balls at a time by softmax_floats
+# Below this many weights the rows keep them (the backward pass and the decimals shown read them again).
+KEEP_WEIGHTS_BELOW = 1 << 16
+
+
+def softmax_floats(rows: "tuple[SoftmaxRow, ...]", values, dps: int):
+    """``(A, A·V)`` as float64 arrays, each entry rounded from its ``dps``-digit arb value, for
+    rational softmax rows and (when ``values`` is not None) a rational ``V``: the values of
+    :meth:`SoftmaxRow.arb_weights` and :func:`weights_times`, made in one pass over blocks of
+    rows, so that at most a block's weights are arb balls at a time and no row keeps them
+    (unless the problem is small: see ``KEEP_WEIGHTS_BELOW``). ``A·V`` is None when ``values`` is None or not rational; the whole is None when a row is
+    not rational. Kept with the rows: the weights and the output ask in turn."""
+    import numpy
+
+    if not rows or not all(row.rational for row in rows):
         return None
+    if values is not None and not is_rational(values):
+        values = None
+    kept = rows[0].__dict__.setdefault("_floats", {})
+    found = kept.get(dps)
+    if found is not None and found[0] is rows and (values is None or found[1] is values):
+        return found[2], None if values is None else found[3]
+    n, width = len(rows), len(rows[0].raw)
+    keep = n * width < KEEP_WEIGHTS_BELOW
+    weights = numpy.zeros((n, width))
+    product = None
     with _arb_precision(dps):
-        return [[arb_float(w) for w in row.arb_weights(dps)] for row in rows]
+        v = None
+        if values is not None:
+            whole = _arb_operand(values)
+            v = [[whole[k, c] for c in range(whole.ncols())] for k in range(whole.nrows())]
+            product = numpy.empty((n, whole.ncols()))
+        for start in range(0, n, _FLOAT_BLOCK):
+            block, lo, hi = [], width, 0
+            for i in range(start, min(n, start + _FLOAT_BLOCK)):
+                if keep:  # a small problem: the rows keep their weights for the worked solution
+                    every = rows[i].arb_weights(dps)
+                    positions = [k for k, e in enumerate(rows[i].raw) if e is not None]
+                    balls = [every[k] for k in positions]
+                else:
+                    positions, balls = rows[i].allowed_weights(dps)
+                weights[i, positions] = _balls_float(balls)
+                block.append((positions, balls))
+                lo, hi = min(lo, positions[0]), max(hi, positions[-1] + 1)
+            if v is not None:  # only the keys some row of the block attends to (a causal block: those up to its last row)
+                grid = []
+                for positions, balls in block:
+                    line = [0] * (hi - lo)
+                    for k, ball in zip(positions, balls):
+                        line[k - lo] = ball
+                    grid.append(line)
+                part = _flint.arb_mat(grid) * _flint.arb_mat(v[lo:hi])
+                for r in range(part.nrows()):
+                    product[start + r] = _balls_float([part[r, c] for c in range(part.ncols())])
+    kept[dps] = (rows, values, weights, product)
+    return weights, product
+
+
+def _balls_float(balls: list) -> list[float]:
+    """:func:`arb_float` of each ball, flint's own rounding where it is the same."""
+    out = [float(x) for x in balls]
+    for k, value in enumerate(out):
+        if not (_SMALLEST_NORMAL <= abs(value) < math.inf) and not (value == 0 and balls[k].is_zero()):
+            out[k] = arb_float(balls[k])
+    return out
 
 
 def operand(m, dps: int, subs=None):
@@ -693,6 +790,8 @@ class SoftmaxRow:
     @cached_property
     def normaliser(self) -> sympy.Expr:
         """``Z_i = Σ_j e^{z_ij - m_i}`` (like terms collected)."""
+        if self.rational:  # collected in QQ first: SymPy only orders the distinct terms
+            return sum_of_distinct([self._term(c, e) for c, e in self.numerator_parts()])
         return sympy.Add(*self.terms)
 
     @cached_property
@@ -777,15 +876,28 @@ class SoftmaxRow:
             cache[key] = self._evaluate(dps, subs)
         return cache[key]
 
-    def arb_weights(self, dps: int) -> list:
-        """The weights as arb balls at ``dps`` digits (a rational row)."""
+    def arb_weights(self, dps: int, keep: bool = True) -> list:
+        """The weights as arb balls at ``dps`` digits (a rational row); kept for the next call
+        unless ``keep`` is False (then only read from what an earlier call kept)."""
         cache = self.__dict__.setdefault("_arb", {})
-        if dps not in cache:
-            with _arb_precision(dps):
-                exps = self._exps(dps, None)
-                total = sum(exps, _flint.arb(0))
-                cache[dps] = ([e / total for e in exps], total)
-        return cache[dps][0]
+        if dps in cache:
+            return cache[dps][0]
+        with _arb_precision(dps):
+            exps = self._exps(dps, None)
+            total = sum(exps, _flint.arb(0))
+            found = ([e / total for e in exps], total)
+        if keep:
+            cache[dps] = found
+        return found[0]
+
+    def allowed_weights(self, dps: int) -> tuple[list[int], list]:
+        """The positions a rational row attends to and their weights there, as arb balls at ``dps``
+        digits (the same balls as :meth:`arb_weights`; not kept)."""
+        positions = [k for k, e in enumerate(self.raw) if e is not None]
+        with _arb_precision(dps):
+            exps = [_flint.arb(_fmpq(self.raw[k])).exp() for k in positions]
+            total = sum(exps, _flint.arb(0))
+            return positions, [e / total for e in exps]
 
     def _evaluate(self, dps: int, subs) -> tuple[list[mpmath.mpf], mpmath.mpf]:
         if self.rational:

@@ -510,28 +510,51 @@ def rationals_float64(dm):
 
     With a common denominator ``D`` and numerators that are exact float64 values, one
     float64 division per entry is correctly rounded (IEEE 754); otherwise each entry is
-    rounded by Python from its own fraction.
+    rounded by Python from its own fraction. A big matrix goes a block of rows at a time
+    (each block by the first way that applies to it), so no list of all its numerators is made.
     """
     import numpy as np
 
     rows, cols = dm.shape
     fmpq_mat = flint_matrix(dm)
-    if fmpq_mat is not None:
-        numerators, denominator = fmpq_mat.numer_denom()
-        ints = [int(x) for x in numerators.entries()]
-        d = int(denominator)
-        if d <= _EXACT_FLOAT and (not ints or (max(ints) <= _EXACT_FLOAT and min(ints) >= -_EXACT_FLOAT)):
-            return (np.array(ints, dtype=np.float64) / float(d)).reshape(rows, cols)
-        if d & (d - 1) == 0 and ints:  # binary fractions (from .npy files): one rounding, then exact scaling
-            try:
-                values = np.ldexp(np.fromiter(map(float, ints), dtype=np.float64, count=len(ints)), -(d.bit_length() - 1))
-            except OverflowError:
-                values = None
-            if values is not None and np.isfinite(values).all():
-                tiny = np.abs(values[values != 0])
-                if not tiny.size or tiny.min() >= 2.0**-1022:  # no subnormal result: the scaling was exact
-                    return values.reshape(rows, cols)
-    return np.array([[qq_float(x) for x in row] for row in dm.to_list()], dtype=np.float64).reshape(rows, cols)
+    if fmpq_mat is None or not rows * cols:
+        return np.array([[qq_float(x) for x in row] for row in dm.to_list()], dtype=np.float64).reshape(rows, cols)
+    numerators, denominator = fmpq_mat.numer_denom()
+    d = int(denominator)
+    out = np.empty((rows, cols), dtype=np.float64)
+    step = max(1, _FLOAT_BLOCK // cols)
+    for first in range(0, rows, step):
+        last = min(rows, first + step)
+        block = [numerators[i, j] for i in range(first, last) for j in range(cols)]
+        values = _block_float64(block, d)
+        if values is None:
+            values = [qq_float(fmpq_mat[i, j]) for i in range(first, last) for j in range(cols)]
+        out[first:last] = np.asarray(values, dtype=np.float64).reshape(last - first, cols)
+    return out
+
+
+_FLOAT_BLOCK = 1 << 18  # entries rounded to float64 at a time by rationals_float64
+
+
+def _block_float64(numerators: list, d: int):
+    """``numerators / d`` (flint integers over a common denominator) as float64, each correctly
+    rounded, when one float64 operation per entry does it; else None."""
+    import numpy as np
+
+    top, bottom = max(numerators), min(numerators)
+    if d <= _EXACT_FLOAT and top <= _EXACT_FLOAT and bottom >= -_EXACT_FLOAT:
+        return np.fromiter(map(float, numerators), dtype=np.float64, count=len(numerators)) / float(d)
+    if d & (d - 1) == 0:  # binary fractions (from .npy files): one rounding, then exact scaling
+        try:
+            values = np.ldexp(np.fromiter((float(int(x)) for x in numerators), dtype=np.float64,
+                                          count=len(numerators)), -(d.bit_length() - 1))
+        except OverflowError:
+            return None
+        if np.isfinite(values).all():
+            tiny = np.abs(values[values != 0])
+            if not tiny.size or tiny.min() >= 2.0**-1022:  # no subnormal result: the scaling was exact
+                return values
+    return None
 
 
 _FLOAT64 = "_float64_values"  # where a QQMatrix keeps its entries as float64

@@ -583,6 +583,7 @@ class ArbOps(NumericOps):
 
     def __init__(self, dps: int) -> None:
         super().__init__(dps, None)
+        self._transposed: dict = {}
 
     def grid(self, x):
         with _exact.arb_precision(self.dps):
@@ -593,7 +594,11 @@ class ArbOps(NumericOps):
             return _exact.ArbProducts([(_exact.arb_matrix(a, self.dps), _exact.arb_matrix(b, self.dps))], self.dps)
 
     def T(self, a):
-        return self.grid(a).transpose()  # (an arb_mat transposes faster than a SymPy matrix)
+        """``aᵀ``, made once per value (Xᵀ serves dW_Q, dW_K and dW_V)."""
+        kept = self._transposed.get(id(a))
+        if kept is None or kept[0] is not a:
+            kept = self._transposed[id(a)] = (a, self.grid(a).transpose())  # (an arb_mat transposes faster than a SymPy matrix)
+        return kept[1]
 
     def add_row(self, m, row):
         with _exact.arb_precision(self.dps):

@@ -717,6 +717,10 @@ def main(argv: list[str] | None = None) -> int:
     from . import _output
 
     args = sys.argv[1:] if argv is None else argv
+    # NumPy here only cross-checks (matrices of n×d_k and n×n): one BLAS thread does that in
+    # well under a millisecond a product, while a thread pool on a busy machine costs 10-100×
+    # more. Read when NumPy is first imported; a user's own setting wins.
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     try:
         previous = signal.signal(signal.SIGTERM, _on_sigterm)
     except ValueError:  # not the main thread: leave signals alone

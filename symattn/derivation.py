@@ -141,9 +141,20 @@ class Step:
     def floats(self, dps: int) -> "list[list[float]] | None":
         """Float64 values straight from arb, for rational weights and outputs; else None."""
         if isinstance(self.value, _ops.Softmax):
-            return _exact.weights_floats(self.softmax, dps)
+            both = _exact.softmax_floats(self.softmax, self._output_values(), dps)
+            return None if both is None else both[0]
         if isinstance(self.value, _ops.Output):
-            return _exact.weights_times(self.softmax, self.values, dps, _exact.arb_float)
+            both = _exact.softmax_floats(self.softmax, self.values, dps)
+            return None if both is None or both[1] is None else both[1]
+        return None
+
+    def _output_values(self):
+        """``V`` of the output made from this step's softmax rows in the same derivation (its
+        float64 values come in the same pass as the weights'), or None."""
+        derivation = self.derivation
+        for step in (derivation.steps if derivation is not None else ()):
+            if isinstance(step.value, _ops.Output) and step.value.rows is self.value.rows:
+                return step.value.values
         return None
 
     def entry_value(self, i: int, j: int, dps: int, subs) -> "mpmath.mpf | None":
@@ -335,7 +346,7 @@ class Derivation:
         key = (step.id, dps)
         if key not in cache:
             c = stages.Context(self.problem, step.head)
-            ops = _ops.ArbOps(dps)
+            ops = cache.setdefault(("ops", dps), _ops.ArbOps(dps))  # one for every gradient: it keeps transposes
 
             def value(key: str, head=...):
                 other = self.step(stages.resolve(key, c, head)[0])
@@ -411,7 +422,7 @@ class Derivation:
                     values = self._gradient_floats(step)
             if values is None:
                 values = [[_float(v) for v in row] for row in self.evaluate(id, 30)]
-            cache[id] = numpy.array(values, dtype=numpy.float64)
+            cache[id] = numpy.asarray(values, dtype=numpy.float64)
         return cache[id]
 
     def _gradient_floats(self, step: Step) -> "list[list[float]] | numpy.ndarray | None":

@@ -132,8 +132,9 @@ def numeric_stages(p: Problem) -> dict[str, np.ndarray]:
         out[prefix(st.M)] = M
         Z = out[prefix(st.S_MASKED)] = S_scaled + M
         m = Z.max(axis=1, keepdims=True)                        # finite: no row is fully masked
-        E = np.exp(Z - m)                                       # exp(-inf) = 0 for masked positions
-        A = out[prefix(st.A)] = E / E.sum(axis=1, keepdims=True)
+        E = Z - m
+        np.exp(E, out=E)                                        # exp(-inf) = 0 for masked positions
+        A = out[prefix(st.A)] = np.divide(E, E.sum(axis=1, keepdims=True), out=E)  # in place: one n² array
         O = out[prefix(st.O)] = A @ V                           # (n_q, n_k) @ (n_k, d_v)
         if p.tiling is not None:
             m, l, acc = _online_softmax(Z, V, p.tiling.block)

@@ -159,3 +159,26 @@ def test_import_checker_would_see_such_imports():
                  "import symattn._exact", "from symattn import derivation"):
         imported = _imported_modules(line)
         assert any(n.split(".")[-1] in ("_exact", "derivation") for n in imported), (line, imported)
+
+
+def test_comparison_in_blocks_of_rows_is_the_whole_comparison(monkeypatch):
+    """The comparison runs a block of rows at a time (bounded temporaries for long contexts): with
+    blocks of one row it finds the same differences, in the same order, as in one block."""
+    from symattn import _crosscheck
+
+    d = derive((ROOT / "worked_examples" / "causal_4_tokens.yaml").read_text("utf-8"))
+    reference = symattn.numeric.numeric_stages(d.problem)
+    A, S = reference["A"].copy(), reference["S"].copy()
+    A[1, 0] += 1e-3  # a weight off
+    A[3, 2] = math.nan  # NumPy gave NaN
+    S[2, 1] = -math.inf  # an infinity where the exact value is finite
+    reference.update(A=A, S=S)
+    whole = _crosscheck.compare(d, reference, TOLERANCE, "numpy float64", every=True)
+    monkeypatch.setattr(_crosscheck, "_COMPARE_ROWS", 1)
+    rows = _crosscheck.compare(d, reference, TOLERANCE, "numpy float64", every=True)
+    assert [(m.stage, m.row, m.col) for m in whole.mismatches] == [("S", 2, 1), ("A", 1, 0), ("A", 3, 2)]
+    def seen(check):  # (NaN is not equal to itself: compared by its repr)
+        return [(m.stage, m.row, m.col, m.exact, repr(m.numeric)) for m in check.mismatches]
+
+    assert seen(rows) == seen(whole) and rows.per_stage == whole.per_stage
+    assert whole.per_stage["S"] == math.inf and whole.per_stage["A"] == math.inf

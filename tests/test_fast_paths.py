@@ -328,6 +328,21 @@ def test_rationals_float64_cases(flat):
     assert_floats(flat, 1, 4)
 
 
+@CASES
+@given(matrices(max_rows=5, max_cols=4, entries=FLOAT_FAMILIES), st.integers(1, 6))
+def test_rationals_float64_by_blocks_of_rows(shape, block):
+    """A big matrix is rounded a block of rows at a time, each block by its own way (one division,
+    binary scaling, or each fraction): still every entry correctly rounded."""
+    from symattn import _numbers
+
+    rows, cols, flat = shape
+    saved, _numbers._FLOAT_BLOCK = _numbers._FLOAT_BLOCK, block
+    try:
+        assert_floats(flat, rows, cols)
+    finally:
+        _numbers._FLOAT_BLOCK = saved
+
+
 # --------------------------------------------------------------------------
 # 4. qq_tex / qq_text write what SymPy's printers write
 # --------------------------------------------------------------------------
@@ -460,6 +475,24 @@ def test_weighted_numerator_is_sympys_own_sum(case):
     assert sympy.sstr(fast / row.normaliser, order="none") == sympy.sstr(slow / row.normaliser, order="none")
 
 
+@CASES
+@given(softmax_rows())
+def test_normaliser_is_sympys_own_sum(case):
+    """``Z_i`` of a rational row, built from its collected QQ parts, is the very Add SymPy builds
+    from the row's terms: same args in the same order (so ==, hash and printing agree)."""
+    row, raw, _ = case
+    fast = row.normaliser
+    slow = sympy.Add(*row.terms)
+    assert type(fast) is type(slow) and fast.args == slow.args, f"raw={raw}: {fast} vs {slow}"
+    assert fast == slow and hash(fast) == hash(slow)
+    for a, b in zip(sympy.Add.make_args(fast), sympy.Add.make_args(slow)):
+        assert type(a) is type(b) and a.args == b.args and a.is_commutative == b.is_commutative
+    assert sympy.sstr(fast, order="none") == sympy.sstr(slow, order="none")
+    assert sympy.latex(fast) == sympy.latex(slow)
+    weight = next(j for j, e in enumerate(row.raw) if e is not None)
+    assert sympy.sstr(row.weight(weight), order="none") == sympy.sstr(row.terms[weight] / slow, order="none")
+
+
 def _random_sum(rng: random.Random) -> sympy.Expr:
     r = lambda: Rational(rng.randint(-9, 9), rng.randint(1, 6))  # noqa: E731
     makers = [r, lambda: r() * sympy.exp(r()), lambda: sympy.exp(r()), lambda: -sympy.exp(r()),
@@ -543,6 +576,73 @@ def test_weights_times_matches_mpmath(case):
                 close(fast[i][c], want, f"weights_times[{i}][{c}] raw={raw}")
                 close(via_rows[i][c], want, f"mp_matmul[{i}][{c}] raw={raw}")
     assert len(fast) == len(raws) and all(len(r) == d_v for r in fast)
+
+
+@FEW
+@given(attention(), st.integers(1, 3))
+def test_softmax_floats_match_mpmath(case, block):
+    """A and A·V as float64 from one pass over blocks of rows (blocks of 1 to 3 rows here): each
+    entry the float64 nearest its 60-digit mpmath value, as the whole-matrix paths give it."""
+    raws, n_k, d_v, values = case
+    rows = tuple(SoftmaxRow(Rational(0), tuple(None if x is None else qq(x) for x in raw)) for raw in raws)
+    V = _exact.rational_matrix(n_k, d_v, [qq(v) for v in values])
+    kept_rows = tuple(SoftmaxRow(Rational(0), row.raw) for row in rows)
+    saved = _exact._FLOAT_BLOCK, _exact.KEEP_WEIGHTS_BELOW
+    try:
+        _exact._FLOAT_BLOCK, _exact.KEEP_WEIGHTS_BELOW = block, 0  # a long context's way: nothing kept
+        weights, product = _exact.softmax_floats(rows, V, 30)
+        _exact.KEEP_WEIGHTS_BELOW = 10**9  # a small problem's: the rows keep their weights
+        kept_weights, kept_product = _exact.softmax_floats(kept_rows, V, 30)
+    finally:
+        _exact._FLOAT_BLOCK, _exact.KEEP_WEIGHTS_BELOW = saved
+    assert weights.shape == (len(raws), n_k) and product.shape == (len(raws), d_v)
+    assert not any("_arb" in row.__dict__ and row.__dict__["_arb"] for row in rows), "a row kept its arb weights"
+    assert all(row.__dict__.get("_arb") for row in kept_rows), "a small problem's row did not keep its weights"
+    assert (kept_weights == weights).all() and (kept_product == product).all()
+    whole_a = [[_exact.arb_float(w) for w in row.arb_weights(30, keep=False)] for row in rows]
+    whole_av = _exact.weights_times(rows, V, 30, _exact.arb_float)
+    with mpmath.workdps(60):
+        for i, raw in enumerate(raws):
+            exps = [mpmath.mpf(0) if x is None else mpmath.exp(mpmath.mpf(x.numerator) / x.denominator) for x in raw]
+            total = mpmath.fsum(exps)
+            for k, e in enumerate(exps):
+                assert weights[i, k] == float(e / total) == whole_a[i][k], (i, k, raw)
+            for c in range(d_v):
+                want = mpmath.fsum(e / total * (mpmath.mpf(values[k * d_v + c].numerator) / values[k * d_v + c].denominator)
+                                   for k, e in enumerate(exps))
+                assert product[i, c] == float(want) == whole_av[i][c], (i, c, raw)
+    again = _exact.softmax_floats(rows, V, 30)
+    assert again[0] is weights and again[1] is product, "the second call (the output after the weights) recomputed"
+    alone = _exact.softmax_floats(rows, None, 30)
+    assert (alone[0] == weights).all() and alone[1] is None
+
+
+@FEW
+@given(st.integers(1, 5), st.integers(1, 5), st.data())
+def test_rows_made_when_read_are_the_kept_rows(n_q, n_k, data):
+    """The mask's and the masked scores' rows made when read (a long context) are the lists kept
+    for a small problem: same entries, by index, negative index, slice and iteration."""
+    allowed = [[data.draw(st.booleans()) for _ in range(n_k)] for _ in range(n_q)]
+    scores = _exact.rational_matrix(n_q, n_k, [qq(data.draw(fractions(10**6, 10**3))) for _ in range(n_q * n_k)])
+    saved = _exact.MADE_ROWS_FROM
+    try:
+        _exact.MADE_ROWS_FROM = 0
+        made_mask = _exact.mask_matrix(allowed, None)
+        made = _exact.add_mask(scores, made_mask).qq_rows
+        _exact.MADE_ROWS_FROM = 10**9
+        kept_mask = _exact.mask_matrix(allowed, None)
+        kept = _exact.add_mask(scores, kept_mask).qq_rows
+    finally:
+        _exact.MADE_ROWS_FROM = saved
+    assert isinstance(made, _exact.MadeRows) and isinstance(kept, list)
+    assert len(made) == len(kept) == n_q and list(made) == kept and made[-1] == kept[-1] and made[1:] == kept[1:]
+    assert list(made_mask.qq_rows) == kept_mask.qq_rows
+    for i in range(n_q):
+        for j in range(n_k):
+            assert (kept[i][j] is None) == (not allowed[i][j])
+            if allowed[i][j]:
+                assert kept[i][j] == made[i][j] == scores[i, j]
+    assert _exact.approx(_exact.add_mask(scores, made_mask)).tolist() == _exact.approx(_exact.add_mask(scores, kept_mask)).tolist()
 
 
 # --------------------------------------------------------------------------
