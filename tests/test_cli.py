@@ -53,9 +53,28 @@ def _biases(raw: dict) -> list[str]:
     return [b for b in ("b_Q", "b_K", "b_V") if b in heads[0] or b in (raw.get("kv") or [{}])[0]]
 
 
+def _from_layer(raw: dict, folder: Path) -> dict:
+    """The fields a ``from:`` layer of one head fills, worked out from the checkpoint's tensor
+    names: its biases, when the layout's bias tensor of that layer is in the file."""
+    spec = raw["from"]
+    assert len(spec["heads"]) == 1, "extend contract_ids for from: with several heads (W_O, b_O, heads)"
+    from safetensors import safe_open
+
+    with safe_open(str(folder / spec["file"]), framework="numpy") as f:
+        names = set(f.keys())
+    layer = spec["layer"]
+    bias = {"gpt2": f"h.{layer}.attn.c_attn.bias", "llama": f"layers.{layer}.self_attn.q_proj.bias",
+            "bert": f"layer.{layer}.attention.self.query.bias"}[spec["layout"]]
+    if any(name.endswith(bias) for name in names):
+        return {"b_Q": None, "b_K": None, "b_V": None}
+    return {}
+
+
 def contract_ids(example: Path) -> list[str]:
     """The contract's stage ids for a problem file, in order, worked out from its fields."""
     raw = yaml.safe_load(example.read_text("utf-8"))
+    if "from" in raw:
+        raw.update(_from_layer(raw, example.parent))
     return _forward_ids(raw) + (_gradient_ids(raw) if "backward" in raw else [])
 
 
