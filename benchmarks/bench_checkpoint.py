@@ -2,7 +2,7 @@
 the 500 MB file it reads.
 
 Run: python benchmarks/bench_checkpoint.py            (writes ~500 MB to a temporary folder)
-Options: --runs N (default 3), --tokens N (default 16), --head H (default 0),
+Options: --runs N (default 3), --tokens N (default 16), --head H (default 0), --slices,
 --workdir DIR (keep the checkpoint and problem there; reused when present), --seed N,
 --json PATH (default benchmarks/results/bench_checkpoint.json).
 
@@ -14,9 +14,11 @@ and bias, then ln_f weight and bias. It is written with NumPy and safetensors.nu
 PyTorch needed), then synced to disk.
 
 The problem derives one head of layer 0 for --tokens tokens: X is rows of wte.weight for
-random token ids spread over the table, positions are wpe.weight's first rows, and W_Q,
-W_K and W_V are column slices of h.0.attn.c_attn.weight (Conv1D layout: in × out, Q, K
-and V side by side, 64 columns per head), causal mask. Each run is
+random token ids spread over the table, positions are wpe.weight's first rows, and the
+head's W_Q, W_K, W_V and biases come from ``from: {layout: gpt2, layer: 0, heads: [H + 1]}``
+(the head's columns of h.0.attn.c_attn.weight and .bias: Conv1D layout, in × out, Q, K and
+V side by side, 64 columns per head; causal). With --slices, W_Q, W_K and W_V are written
+as those column slices by hand and there are no biases. Each run is
 ``python -m symattn derive problem.yaml -o out.tex`` in a fresh process.
 
 What "bytes read from the checkpoint" means here, and how it is measured:
@@ -215,11 +217,17 @@ def run_once(workdir: Path, env: dict) -> tuple[float, float, dict[str, int], in
     return wall, usage.ru_utime + usage.ru_stime, io, code, err.decode("utf-8", "replace")
 
 
-def problem_text(tokens: list[int], head: int) -> str:
+def problem_text(tokens: list[int], head: int, slices: bool = False) -> str:
+    """The problem: with ``slices`` W_Q, W_K, W_V cut from c_attn by hand (no biases), else
+    ``from: {layout: gpt2}`` (the weights and their biases b_Q, b_K, b_V)."""
     lo = head * HEAD_DIM
     lines = [f"title: GPT-2-sized checkpoint, layer 0, head {head + 1}, {len(tokens)} tokens",
              f"X: {{file: model.safetensors, embeddings: wte.weight, tokens: {json.dumps(tokens)}}}",
              "positions: {file: model.safetensors, tensor: wpe.weight}"]
+    if not slices:
+        lines.append(f"from: {{file: model.safetensors, layout: gpt2, layer: 0, heads: [{head + 1}], "
+                     f"n_head: {D_MODEL // HEAD_DIM}}}")
+        return "\n".join(lines) + "\n"
     for name, part in (("W_Q", 0), ("W_K", 1), ("W_V", 2)):
         a = part * D_MODEL + lo
         lines.append(f'{name}: {{file: model.safetensors, tensor: h.0.attn.c_attn.weight, cols: "{a}:{a + HEAD_DIM}"}}')
@@ -231,7 +239,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--tokens", type=int, default=16)
-    ap.add_argument("--head", type=int, default=0)
+    ap.add_argument("--head", type=int, default=0, help="the head, counted from 0 (from: counts from 1)")
+    ap.add_argument("--slices", action="store_true",
+                    help="W_Q, W_K, W_V as column slices of c_attn, without biases, instead of from: {layout: gpt2}")
     ap.add_argument("--seed", type=int, default=124)
     ap.add_argument("--workdir", type=Path)
     ap.add_argument("--json", type=Path, default=DEFAULT_JSON)
@@ -256,7 +266,7 @@ def main() -> None:
         size = ckpt.stat().st_size
         ranges = tensor_ranges(ckpt)
         tokens = np.random.default_rng(args.seed).integers(0, VOCAB, args.tokens).tolist()
-        (workdir / "problem.yaml").write_text(problem_text(tokens, args.head), "utf-8")
+        (workdir / "problem.yaml").write_text(problem_text(tokens, args.head, args.slices), "utf-8")
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
 
         # one untimed run so Python's own files are cached like any second start
