@@ -250,7 +250,9 @@ def _intro(d: Derivation) -> str:
     p = d.problem
     tokens, key_tokens = (prose.literal(", ".join(t)) for t in (p.tokens, p.key_tokens))
     if p.multi_head:
-        widths = ", ".join(f"d_k = {h.d_k}, d_v = {h.d_v}" for h in p.heads)
+        dims = [(h.d_k, h.d_v) for h in p.heads]
+        widths = (f"each with d_k = {dims[0][0]}, d_v = {dims[0][1]}" if len(set(dims)) == 1 else
+                  "; ".join(f"head {h}: d_k = {k}, d_v = {v}" for h, (k, v) in enumerate(dims, 1)))
         side = (
             f"{p.n_q} query tokens ({tokens}) attending to {p.n_k} context tokens ({key_tokens})"
             if p.context is not None
