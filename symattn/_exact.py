@@ -836,10 +836,21 @@ class SoftmaxRow:
                 groups.setdefault(e, []).append(k)
         return sorted(groups.items(), key=lambda group: group[0], reverse=True)
 
+    @cached_property
+    def _over_normaliser(self):
+        """``x ↦ x / Z_i``. For a rational row with Z_i not a number, ``Z_i^{-1}`` is made once,
+        unevaluated: Z_i is then 1 plus exponentials of distinct rationals with positive
+        coefficients, which SymPy's evaluation of the power leaves as it is, after asking each
+        exponential whether it is algebraic (most of a small derivation's time)."""
+        if not self.rational or self.normaliser_is_number:
+            return lambda x: x / self.normaliser
+        inverse = sympy.Pow(self.normaliser, -1, evaluate=False)
+        return lambda x: sympy.Mul(x, inverse)
+
     def weight(self, j: int) -> sympy.Expr:
         if self.raw[j] is None:
             return sympy.Integer(0)
-        return self.terms[j] / self.normaliser
+        return self._over_normaliser(self.terms[j])
 
     def weighted_numerator(self, column: list[sympy.Expr]) -> sympy.Expr:
         """``Z_i · Σ_j a_ij v_j = Σ_j e^{z_ij - m_i} v_j`` (like terms collected)."""
@@ -853,7 +864,7 @@ class SoftmaxRow:
 
     def weighted_sum(self, column: list[sympy.Expr]) -> sympy.Expr:
         """``Σ_j a_ij v_j`` as one fraction over ``Z_i``."""
-        return self.weighted_numerator(column) / self.normaliser
+        return self._over_normaliser(self.weighted_numerator(column))
 
     def _exps(self, dps: int, subs) -> list:
         """``e^{z_ij - m_i}`` at ``dps`` digits (0 where masked): arb balls or mpmath numbers."""

@@ -493,6 +493,21 @@ def test_normaliser_is_sympys_own_sum(case):
     assert sympy.sstr(row.weight(weight), order="none") == sympy.sstr(row.terms[weight] / slow, order="none")
 
 
+@CASES
+@given(softmax_rows())
+def test_weights_and_outputs_over_z_are_sympys_own_quotients(case):
+    """A weight e^x / Z_i and an output Σ_j e^x v_j / Z_i, made with Z_i's inverse unevaluated,
+    are the very expressions SymPy's own division gives: same tree (srepr), ==, hash, printing."""
+    row, raw, column = case
+    values = [rat(v) for v in column]
+    pairs = [(row.weight(j), row.terms[j] / row.normaliser) for j, e in enumerate(row.raw) if e is not None]
+    pairs.append((row.weighted_sum(values), row.weighted_numerator(values) / row.normaliser))
+    for fast, slow in pairs:
+        assert sympy.srepr(fast) == sympy.srepr(slow), f"raw={raw} column={column}: {fast} vs {slow}"
+        assert fast == slow and hash(fast) == hash(slow)
+        assert sympy.sstr(fast) == sympy.sstr(slow) and sympy.latex(fast) == sympy.latex(slow)
+
+
 def _random_sum(rng: random.Random) -> sympy.Expr:
     r = lambda: Rational(rng.randint(-9, 9), rng.randint(1, 6))  # noqa: E731
     makers = [r, lambda: r() * sympy.exp(r()), lambda: sympy.exp(r()), lambda: -sympy.exp(r()),
