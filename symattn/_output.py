@@ -108,8 +108,8 @@ def write_file(path: Path, data) -> None:
     _TEMPS.add(tmp)
     try:
         if callable(data):
-            with os.fdopen(fd, "w", encoding="utf-8", newline="") as text:
-                data(text.write)
+            with os.fdopen(fd, "wb") as f:
+                stream(data, lambda text: f.write(text.encode("utf-8")))
         else:
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
@@ -122,6 +122,29 @@ def write_file(path: Path, data) -> None:
         raise
     finally:
         _TEMPS.discard(tmp)
+
+
+_STREAM_CHUNK = 1 << 20  # characters gathered before they are encoded and written together
+
+
+def stream(data, put) -> None:
+    """Run ``data(write)``, handing ``put`` the text it writes about a megabyte at a time: many
+    small pieces are joined (and then encoded, written or echoed) once each megabyte."""
+    pending: list[str] = []
+    size = 0
+
+    def write(piece: str) -> None:
+        nonlocal size
+        pending.append(piece)
+        size += len(piece)
+        if size >= _STREAM_CHUNK:
+            put("".join(pending))
+            pending.clear()
+            size = 0
+
+    data(write)
+    if pending:
+        put("".join(pending))
 
 
 def _write_in_place(path: Path, data: bytes, kind: str) -> None:
@@ -141,7 +164,7 @@ def _write_in_place(path: Path, data: bytes, kind: str) -> None:
                 view = view[os.write(fd, view):]
 
         if callable(data):
-            data(lambda piece: put(piece.encode("utf-8")))
+            stream(data, lambda text: put(text.encode("utf-8")))
         else:
             put(data)
     except OSError as exc:

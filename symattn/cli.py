@@ -168,7 +168,9 @@ def derive(problem: Path | None, output: Path | None, fmt: str | None, standalon
                 _write_atomic(output, text)  # streamed into the temporary file, renamed when complete
         if output is None:
             if callable(text):
-                text(lambda piece: _echo(piece, nl=False))
+                from ._output import stream
+
+                stream(text, lambda chunk: _echo(chunk, nl=False))  # a megabyte per echo, not a piece
             else:
                 _echo(text, nl=False)
         elif not callable(text):

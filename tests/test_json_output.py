@@ -254,6 +254,9 @@ def test_row_texts_are_sympys(case):
         assert text.output(qq) == expected, (row.raw, column)
         assert text.fast_output(js._Column(qq)) == expected, (row.raw, column)
         assert same_value(expected, row.weighted_sum(values))
+    # every column at once, each put in order by one NumPy sort of the row
+    expected = [sstr(row.weighted_sum([Rational(v.numerator, v.denominator) for v in column])) for column in columns]
+    assert text.outputs(js._Columns([[QQ(v.numerator, v.denominator) for v in column] for column in columns])) == expected
 
 
 def test_order_keys_sort_as_sympys_sums():
@@ -368,6 +371,76 @@ def test_sampled_entries_at_48_tokens_are_the_softmax():
             assert abs(stages["O"]["approx"][i][c] - float(expected)) <= 1e-15 * max(1.0, abs(float(expected)))
     finally:
         mpmath.mp.dps = 15
+
+
+# -- rational stages whose entries repeat: each distinct entry written once ---------------------
+
+
+def _repeating_problem(n: int, d_model: int, d_k: int, pool: list[str], seed: int) -> str:
+    rng = random.Random(seed)
+
+    def m(r, c):
+        return "[" + ", ".join("[" + ", ".join(rng.choice(pool) for _ in range(c)) + "]" for _ in range(r)) + "]"
+
+    return (f"title: repeats\nX: {m(n, d_model)}\nW_Q: {m(d_model, d_k)}\nW_K: {m(d_model, d_k)}\n"
+            f"W_V: {m(d_model, d_k)}\nmask: causal\n")
+
+
+@pytest.mark.parametrize("pool", [
+    ["0", "1", "-1", "2", "0.5", "-0.25", "0.1", "-3.125", "7"],  # integers, halves, tenths, zero
+    ["0.001", "-0.002", "0.003", "1", "0", "-12.5", "0.333"],
+    ["12345678901234567890.5", "0.1", "-1", "3"],  # a numerator past 63 bits: each entry on its own
+], ids=["small", "thousandths", "huge"])
+def test_stages_whose_entries_repeat_are_written_as_each_entry_alone(pool):
+    """X (16 × 16) and the weights (16 × 4) drawn from a few values: their exact texts and decimals
+    are made once per distinct value and looked up, and the document is the general path's."""
+    d = derive(parse_problem(_repeating_problem(16, 16, 4, pool, seed=len(pool)), "repeats.yaml"))
+    fractions = js._Fractions(_ex_fmpq(d.step("X").lazy))
+    assert (fractions._repeated is not None) == (pool[0] != "12345678901234567890.5")
+    check = crosscheck(d)
+    fast, general = both(d, check)
+    assert fast == general
+
+
+def _ex_fmpq(m):
+    from symattn import _exact
+
+    return _exact.fmpq_matrix(m)
+
+
+def test_repeated_entries_are_looked_up_where_they_are():
+    """Row by row, the looked-up texts and decimals are each entry's own: ``p/q`` in lowest terms
+    (a Fraction's) and float64's repr of the correctly rounded value."""
+    import flint
+    import numpy as np
+
+    rng = random.Random(3)
+    pool = [Fraction(rng.randint(-40, 40), rng.choice([1, 2, 3, 8, 10, 1000])) for _ in range(12)]
+    rows, cols = 9, 13
+    entries = [[rng.choice(pool) for _ in range(cols)] for _ in range(rows)]
+    dense = flint.fmpq_mat(rows, cols, [flint.fmpq(x.numerator, x.denominator) for row in entries for x in row])
+    fractions = js._Fractions(dense)
+    assert fractions._repeated is not None
+    texts = fractions.texts()
+    values = np.array([[float(x) for x in row] for row in entries])
+    floats = fractions.float_texts(values)
+    for i, row in enumerate(entries):
+        assert texts(i) == [str(x) for x in row]
+        assert floats(i) == [json.dumps(float(x)) for x in row]
+    assert js._Fractions(flint.fmpq_mat(2, 40, list(range(80))))._repeated is None  # all distinct
+
+
+def test_streamed_text_is_handed_on_a_megabyte_at_a_time():
+    from symattn import _output
+
+    pieces = [("x" * k) + "é" for k in range(0, 6000, 7)]  # about 2.6 million characters
+    chunks: list[str] = []
+    _output.stream(lambda write: [write(p) for p in pieces], chunks.append)
+    assert "".join(chunks) == "".join(pieces)
+    assert 2 <= len(chunks) <= 4 and all(len(c) >= _output._STREAM_CHUNK for c in chunks[:-1])
+    nothing: list[str] = []
+    _output.stream(lambda write: None, nothing.append)
+    assert nothing == []
 
 
 # -- the command line: streamed into the temporary file, or to standard output -----------------

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json
 import math
+from functools import cached_property
+from itertools import chain
 from operator import add, itemgetter
 from typing import TYPE_CHECKING, Callable
 
@@ -216,26 +218,49 @@ class _RowText:
         ``column`` (the row's exponents distinct: each coefficient is one entry of V)."""
         if self.number or not self.distinct:
             return self.output(column.values)
-        nonzero, top, n = column.nonzero, self.top, len(column.nonzero)
+        nonzero, n = column.nonzero, len(column.nonzero)
         if column.zeros:
             ks = [k for k in self.others if nonzero[k]]
             keys = list(map(add, map(column.key.__getitem__, ks), map(self.key.__getitem__, ks)))
         else:
             keys = list(map(add, map(column.key.__getitem__, self.others), self.others_key))
-        constant = nonzero[top]
-        if len(keys) + constant <= 1:
+        keys.sort()
+        return self._sorted_output(column, list(map(n.__rmod__, keys)))
+
+    def outputs(self, columns: "_Columns") -> list[str]:
+        """:meth:`fast_output` for every column of V at once: each column's terms put in order by
+        one NumPy sort of the row (the same keys: c's rank·n² + the exponent's rank·n + k)."""
+        if self.number or not self.distinct or not self.others or not columns.columns:
+            return [self.fast_output(column) for column in columns.columns]
+        import numpy as np
+
+        others = np.array(self.others, dtype=np.intp)
+        keys = columns.key[:, others] + np.array(self.others_key, dtype=np.int64)
+        zero = columns.zero[:, others]
+        if columns.zeros:
+            keys[zero] = np.iinfo(np.int64).max  # a zero coefficient's term is not written: sorted last, cut
+            counts = (~zero).sum(axis=1).tolist()
+        order = others[np.argsort(keys, axis=1)].tolist()
+        if not columns.zeros:
+            return [self._sorted_output(column, ks) for column, ks in zip(columns.columns, order)]
+        return [self._sorted_output(column, ks[:count]) for column, ks, count in zip(columns.columns, order, counts)]
+
+    def _sorted_output(self, column: "_Column", ks: list) -> str:
+        """The output whose numerator's non-constant terms are at positions ``ks``, in SymPy's order."""
+        top = self.top
+        constant = column.nonzero[top]
+        if len(ks) + constant <= 1:
             if constant:
                 return self._single(column, top)
-            return self._single(column, keys[0] % n) if keys else "0"
-        if len(keys) + constant == len(self.allowed) and all(column.one[k] for k in self.allowed):
+            return self._single(column, ks[0]) if ks else "0"
+        if len(ks) + constant == len(self.allowed) and all(column.one[k] for k in self.allowed):
             return "1"  # Z_i / Z_i: SymPy's quotient of a sum by itself
-        keys.sort()
-        ks = list(map(n.__rmod__, keys))
-        if len(ks) > 1:  # the terms' pieces picked and joined in C (itemgetter, map), not term by term
+        if len(ks) > 1:  # the terms' pieces picked and joined in C (itemgetter, zip), not term by term
             pick = itemgetter(*ks)
-            text = "".join(map(add, map(add, pick(column.before), pick(self.power_at)), pick(column.after)))
+            text = "".join(chain.from_iterable(zip(pick(column.before), pick(self.power_at), pick(column.after))))
         else:
-            text = "".join([column.before[k] + self.power_at[k] + column.after[k] for k in ks])
+            k, = ks
+            text = column.before[k] + self.power_at[k] + column.after[k]
         if constant:
             text = column.text[top] + text
         else:
@@ -270,6 +295,19 @@ class _Column:
         self.zeros = not all(self.nonzero)
 
 
+class _Columns:
+    """Every rational column of V (as :class:`_Column`), with their sort keys and zeros as NumPy
+    arrays (a row of each per column) for :meth:`_RowText.outputs`."""
+
+    def __init__(self, columns: list) -> None:
+        import numpy as np
+
+        self.columns = [_Column(c) for c in columns]
+        self.key = np.array([c.key for c in self.columns], dtype=np.int64)
+        self.zero = ~np.array([c.nonzero for c in self.columns], dtype=bool)
+        self.zeros = any(c.zeros for c in self.columns)
+
+
 class _Fractions:
     """A rational stage held as flint's fmpq_mat: its entries as numerators over one common
     denominator, read once for both the exact texts and the decimals."""
@@ -279,17 +317,34 @@ class _Fractions:
         self.shape = (dense.nrows(), dense.ncols())
         self.numerators = [int(x) for x in numerators.entries()]
         self.denominator = int(denominator)
+        self.small = self.denominator < 2**62 and all(
+            abs(x) < 2**62 for x in (max(self.numerators, default=0), min(self.numerators, default=0)))
+
+    @cached_property
+    def _repeated(self):
+        """``(distinct numerators, the first position of each, each entry's index into them)`` as
+        NumPy arrays when the numerators fit in 63 bits and at most half of the entries are distinct
+        (a problem's inputs: a few thousand decimals over a large X); else None. Each distinct
+        entry is then written once, and the rows are made of those texts."""
+        import numpy as np
+
+        if not self.small or len(self.numerators) < 64:
+            return None
+        distinct, first, where = np.unique(np.array(self.numerators, dtype=np.int64), return_index=True,
+                                           return_inverse=True)
+        return (distinct, first, where.reshape(self.shape)) if 2 * len(distinct) <= len(self.numerators) else None
 
     def texts(self) -> "Callable[[int], list[str]] | None":
         """Row i's entries as text (``p`` or ``p/q`` in lowest terms), reduced with NumPy when every
         numerator and the denominator fit in 63 bits; else None."""
         import numpy as np
 
-        rows, cols = self.shape
-        if self.denominator >= 2**62 or any(abs(x) >= 2**62 for x in (max(self.numerators, default=0),
-                                                                        min(self.numerators, default=0))):
+        if not self.small:
             return None
-        n = np.array(self.numerators, dtype=np.int64).reshape(rows, cols)
+        if self._repeated is not None:
+            distinct, _, where = self._repeated
+            return _rows_of(_fraction_texts(distinct, self.denominator), where)
+        n = np.array(self.numerators, dtype=np.int64).reshape(self.shape)
         g = np.gcd(n, np.int64(self.denominator))
         top, bottom = n // g, np.int64(self.denominator) // g
 
@@ -298,10 +353,35 @@ class _Fractions:
 
         return row
 
+    def float_texts(self, values) -> "Callable[[int], list[str]] | None":
+        """Row i of ``values`` (the stage's float64 array, every entry finite) as JSON writes each
+        float, when the entries repeat (see :attr:`_repeated`): each distinct value's text made once."""
+        if self._repeated is None:
+            return None
+        _, first, where = self._repeated
+        return _rows_of(list(map(float.__repr__, values.ravel()[first].tolist())), where)
+
     def rounded_once_is_twice(self) -> bool:
         """See :func:`_once_is_twice`."""
         big = max(abs(max(self.numerators, default=0)), abs(min(self.numerators, default=0)))
         return self.denominator.bit_length() <= 80 and big.bit_length() <= 128
+
+
+def _fraction_texts(numerators, denominator: int) -> list[str]:
+    """``p/q`` (``p`` where q = 1) in lowest terms of each numerator (int64) over ``denominator``."""
+    import numpy as np
+
+    g = np.gcd(numerators, np.int64(denominator))
+    top, bottom = (numerators // g).tolist(), (np.int64(denominator) // g).tolist()
+    return [str(p) if q == 1 else f"{p}/{q}" for p, q in zip(top, bottom)]
+
+
+def _rows_of(words: list, where) -> Callable[[int], list[str]]:
+    """Row i of the table whose entry (i, j) is ``words[where[i, j]]``."""
+    import numpy as np
+
+    table = np.array(words, dtype=object)[where]
+    return lambda i: table[i].tolist()
 
 
 def _entry_texts(step: "Step", printer: _Printer, fractions: "_Fractions | None") -> Callable[[int], list[str]]:
@@ -325,7 +405,7 @@ def _entry_texts(step: "Step", printer: _Printer, fractions: "_Fractions | None"
     if step.is_softmax:
         columns = None
     elif step.value_columns is not None:
-        columns = [_Column(c) for c in step.value_columns]
+        columns = _Columns(step.value_columns)
     else:
         return general
 
@@ -333,7 +413,7 @@ def _entry_texts(step: "Step", printer: _Printer, fractions: "_Fractions | None"
         if not rows[i].rational:
             return general(i)
         row = _RowText(rows[i])
-        return [row.weight(j) for j in range(m.cols)] if columns is None else [row.fast_output(c) for c in columns]
+        return [row.weight(j) for j in range(m.cols)] if columns is None else row.outputs(columns)
 
     structured.plain = all(row.rational for row in rows)  # numbers, exp, brackets and operators only
     return structured
@@ -354,8 +434,8 @@ def _fast_floats(d: "Derivation", step: "Step", fractions: "_Fractions | None") 
     kind = step.kind_of
     if kind is not None and kind.by_relation and not kind.gradient:
         return None  # its 30-digit values come from its relation, not from its fractions
-    if fractions is not None:
-        return d.approx(step.id).tolist() if fractions.rounded_once_is_twice() else None
+    if fractions is not None:  # the array itself: _stage_parts makes its rows
+        return d.approx(step.id) if fractions.rounded_once_is_twice() else None
     qq = _ex.qq_entries(step.lazy)
     if qq is None or not _once_is_twice(qq):
         return None
@@ -380,8 +460,11 @@ def _once_is_twice(qq) -> bool:
 # -- the document ---------------------------------------------------------------------------
 
 
-def _stage_parts(d: "Derivation", step: "Step", printer: _Printer):
-    """The stage's small fields, and its exact and approximate entries row by row (None when not written)."""
+def _stage_parts(d: "Derivation", step: "Step", printer: _Printer, float_texts: bool = False):
+    """The stage's small fields, and its exact and approximate entries row by row (None when not
+    written), and whether those rows are texts with nothing to escape. With ``float_texts`` the
+    decimals of a rational stage whose entries repeat come as their JSON texts (see
+    :meth:`_Fractions.float_texts`), else as floats."""
     m = step.lazy
     head = {"id": step.id, "title": step.title, "shape": list(step.shape)}
     # null where a big gradient's entries are too long to write (see backward.EXACT_LIMIT)
@@ -397,7 +480,11 @@ def _stage_parts(d: "Derivation", step: "Step", printer: _Printer):
     if approx is None:
         values = d.evaluate(step.id, 30) if d.can_evaluate else _numbers_only(m)
         approx = ([_approx(v) for v in row] for row in values)
-    return head, m.rows, exact, approx, plain
+    elif not isinstance(approx, list):  # a rational stage's float64 array
+        row = fractions.float_texts(approx) if float_texts else None
+        approx = approx.tolist() if row is None else (row(i) for i in range(m.rows))
+        return head, m.rows, exact, approx, (plain, row is not None)
+    return head, m.rows, exact, approx, (plain, False)
 
 
 def _printer(d: "Derivation") -> _Printer:
@@ -478,6 +565,10 @@ def _floats(row: list, separator: str) -> str:
     return separator.join(map(_float, row))
 
 
+def _joined(row: list, separator: str) -> str:
+    return separator.join(row)
+
+
 def _texts(row: list, separator: str) -> str:
     return separator.join(map(_encode_text, row))
 
@@ -520,7 +611,7 @@ def write_json(derivation: "Derivation", write: Callable[[str], object], *, chec
     else:
         write("[")
         for s, step in enumerate(steps):
-            head, rows, exact, approx, plain = _stage_parts(d, step, printer)
+            head, rows, exact, approx, (plain, approx_texts) = _stage_parts(d, step, printer, float_texts=True)
             write(("," if s else "") + "\n    {")
             for key, value in head.items():
                 write("\n      " + _encode_text(key) + ": " + _value(value, 3) + ",")
@@ -530,7 +621,7 @@ def write_json(derivation: "Derivation", write: Callable[[str], object], *, chec
             else:
                 _matrix(write, exact, rows, _plain_texts if plain else _texts, 3)
             write(',\n      "approx": ')
-            _matrix(write, approx, rows, _floats, 3)
+            _matrix(write, approx, rows, _joined if approx_texts else _floats, 3)
             write("\n    }")
         write("\n  ]")
     if check is not None:
