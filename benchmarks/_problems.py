@@ -30,8 +30,9 @@ from pathlib import Path
 # -- problem files -------------------------------------------------------------
 
 
-def random_matrices(n: int, d_model: int, d_k: int, seed: int = 0) -> dict:
-    """X ~ N(0, 1) (n × d_model) and W_Q, W_K, W_V ~ N(0, 0.1) (d_model × d_k), rounded to 3 decimals."""
+def random_matrices(n: int, d_model: int, d_k: int, seed: int = 0, dyadic: bool = False) -> dict:
+    """X ~ N(0, 1) (n × d_model) and W_Q, W_K, W_V ~ N(0, 0.1) (d_model × d_k), rounded to 3
+    decimals, or with ``dyadic`` to multiples of 1/1024 (numbers float64 holds exactly)."""
     import numpy as np
 
     rng = np.random.default_rng(seed)
@@ -40,11 +41,23 @@ def random_matrices(n: int, d_model: int, d_k: int, seed: int = 0) -> dict:
         out[name] = rng.normal(0.0, 0.1, size=(d_model, d_k))
     # The YAML holds these rounded to 3 decimals; the .npy files hold the same rounded numbers
     # (+ 0.0 turns a -0.0 into 0.0, so no entry is written as -0.000).
+    if dyadic:
+        return {name: np.round(m * 1024) / 1024 + 0.0 for name, m in out.items()}
     return {name: np.round(m, 3) + 0.0 for name, m in out.items()}
 
 
-def _yaml_matrix(m) -> str:
-    rows = ("[" + ", ".join(f"{x:.3f}" for x in row) + "]" for row in m.tolist())
+def _decimal(x: float, dyadic: bool = False) -> str:
+    """An entry as the problem file writes it: 3 decimals, or a multiple of 1/1024 written out
+    exactly (at most 10 decimals: the very number float64 holds)."""
+    if not dyadic:
+        return f"{x:.3f}"
+    from decimal import Decimal
+
+    return format(Decimal(x), "f")
+
+
+def _yaml_matrix(m, dyadic: bool = False) -> str:
+    rows = ("[" + ", ".join(_decimal(x, dyadic) for x in row) + "]" for row in m.tolist())
     return "[" + ", ".join(rows) + "]"
 
 
@@ -79,12 +92,17 @@ def write_layouts(folder: Path, n: int, d_model: int, d_k: int, seed: int = 0) -
 
     flow_rows: ``X:`` then ``- [..]`` per row; block: ``yaml.safe_dump``'s default block style;
     one_line: ``X: [[..], ..]``; crlf: flow rows with CRLF line ends; npy / csv: ``{file: ..}``.
+
+    The entries are multiples of 1/1024 (:func:`random_matrices` with ``dyadic``), written out
+    exactly: a .npy file's float64 holds such a number exactly, so every layout holds the very
+    same exact problem. (A 3-decimal entry such as 0.611 is no float64: its .npy file would hold
+    the nearest binary number, a 53-bit fraction, and so a different and harder exact problem.)
     """
     import numpy as np
     import yaml
 
     folder.mkdir(parents=True, exist_ok=True)
-    mats = random_matrices(n, d_model, d_k, seed)
+    mats = random_matrices(n, d_model, d_k, seed, dyadic=True)
     names = ("X", "W_Q", "W_K", "W_V")
     head = [f"title: bench {n} {d_model} {d_k}", "mask: causal"]
     out = {}
@@ -94,17 +112,24 @@ def write_layouts(folder: Path, n: int, d_model: int, d_k: int, seed: int = 0) -
         path.write_bytes((newline.join(lines) + newline).encode("utf-8"))
         out[layout] = path
 
+    texts = {name: [[_decimal(x, True) for x in row] for row in mats[name].tolist()] for name in names}
     flow = list(head)
     for name in names:
         flow.append(f"{name}:")
-        flow += ["- [" + ", ".join(f"{x:.3f}" for x in row) + "]" for row in mats[name].tolist()]
+        flow += ["- [" + ", ".join(row) + "]" for row in texts[name]]
     put("flow_rows", flow)
     doc = {"title": f"bench {n} {d_model} {d_k}", "mask": "causal"}
-    doc.update({name: [[float(f"{x:.3f}") for x in row] for row in mats[name].tolist()] for name in names})
+    doc.update({name: mats[name].tolist() for name in names})
+    # safe_dump writes a float as its repr, the shortest text that reads back as the same float64:
+    # for these numbers, their exact decimals (checked here, so the layouts cannot drift apart)
+    for name in names:
+        assert [[repr(x) for x in row] for row in doc[name]] == [[t if "." in t else t + ".0" for t in row]
+                                                                  for row in texts[name]], name
     path = folder / "block.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
     out["block"] = path
-    put("one_line", head + [f"{name}: {_yaml_matrix(mats[name])}" for name in names])
+    put("one_line", head + [f"{name}: [" + ", ".join("[" + ", ".join(row) + "]" for row in texts[name]) + "]"
+                            for name in names])
     put("crlf", flow, "\r\n")
     for kind in ("npy", "csv"):
         lines = list(head)
@@ -113,8 +138,7 @@ def write_layouts(folder: Path, n: int, d_model: int, d_k: int, seed: int = 0) -
             if kind == "npy":
                 np.save(folder / file, mats[name].astype(np.float64))
             else:
-                (folder / file).write_text("".join(",".join(f"{x:.3f}" for x in row) + "\n"
-                                                   for row in mats[name].tolist()), encoding="utf-8")
+                (folder / file).write_text("".join(",".join(row) + "\n" for row in texts[name]), encoding="utf-8")
             lines.append(f"{name}: {{file: {file}}}")
         put(kind, lines)
     return out

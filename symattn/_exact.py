@@ -83,10 +83,21 @@ def rational_matrix(rows: int, cols: int, flat: list) -> Matrix:
 
 
 def scaled_integer_matrix(rows: int, cols: int, numerators: list[int], denominator: int) -> Matrix:
-    """The exact matrix with entries ``numerators[k] / denominator`` (row by row)."""
+    """The exact matrix with entries ``numerators[k] / denominator`` (row by row).
+
+    When the numerators and the denominator are float64 numbers (at most 2^53), each entry's
+    float64 is one IEEE division, correctly rounded; the matrix keeps those (the cross-check reads
+    them) instead of rounding each fraction again later."""
     if FLINT_QQ:
-        return matrix_from_fmpq_mat(_flint.fmpq_mat(_flint.fmpz_mat(rows, cols, numerators)) / denominator)
-    return rational_matrix(rows, cols, [QQ(x, denominator) for x in numerators])
+        m = matrix_from_fmpq_mat(_flint.fmpq_mat(_flint.fmpz_mat(rows, cols, numerators)) / denominator)
+    else:
+        m = rational_matrix(rows, cols, [QQ(x, denominator) for x in numerators])
+    if isinstance(m, QQMatrix) and numerators and denominator <= 2**53 and max(numerators) <= 2**53 \
+            and min(numerators) >= -(2**53):
+        import numpy as np
+
+        keep_float64(m, (np.array(numerators, dtype=np.float64) / float(denominator)).reshape(rows, cols))
+    return m
 
 
 def binary_float_matrix(array) -> Matrix:

@@ -1452,8 +1452,9 @@ def _flow_rational_matrix(rows: list[str]) -> Matrix | None:
 
     The common case, integers and decimals (model weights written out, perhaps with their
     trailing zeros dropped, as ``yaml.safe_dump`` does), is read without a Python object per
-    entry beyond its integer numerator: every entry is padded with zeros to the most decimals
-    any entry has, and the digits are read as integers over that power of ten.
+    entry beyond its integer numerator: every entry is scaled to the most decimals any entry has,
+    and the digits are read as integers over that power of ten (with NumPy when the counts of
+    decimals differ and every scaled numerator has at most 18 digits, else by padding the text).
     """
     width = rows[0].count(",") + 1
     if any(row.count(",") + 1 != width for row in rows):
@@ -1467,6 +1468,9 @@ def _flow_rational_matrix(rows: list[str]) -> Matrix | None:
         padded = text
         if not _same_decimals(decimals).fullmatch(text):
             decimals = _most_decimals(text, decimals)
+            numerators = _mixed_decimal_numerators(text, decimals)
+            if numerators is not None:
+                return scaled_integer_matrix(len(numerators) // width, width, numerators, 10 ** decimals)
             padded = _pad_decimals(text, decimals)
         if _same_decimals(decimals).fullmatch(padded):
             numerators = [int(x) for x in (padded.replace(".", "") if decimals else padded).split(",")]
@@ -1506,6 +1510,37 @@ def _most_decimals(text: str, least: int) -> int:
 
 
 _DECIMALS = [re.compile(rf"\.[0-9]{{{k}}}") for k in range(31)]
+
+
+_MIXED_NUMBER = r"-?[0-9]{1,30}(?:\.[0-9]{1,30})?+"
+_MIXED_DECIMALS = re.compile(rf"[ \n]*+{_MIXED_NUMBER}(?:[ \n]*+,[ \n]*+{_MIXED_NUMBER})*+[ \n]*+")
+_INT64_DIGITS = 18  # every integer of 18 digits is an int64
+
+
+def _mixed_decimal_numerators(text: str, decimals: int) -> "list[int] | None":
+    """Each number of ``text`` (integers and decimals with up to ``decimals`` digits after the
+    point, joined by commas) times ``10**decimals``, read with NumPy in a few passes over the
+    whole text: its digits without the point, times 10 to the power of the digits it lacks.
+
+    None when ``text`` is anything else, or when some scaled numerator could pass 18 digits (the
+    general padding of :func:`_pad_decimals` reads those)."""
+    if not _MIXED_DECIMALS.fullmatch(text):
+        return None
+    import numpy as np
+
+    packed = text.replace(" ", "").replace("\n", "")  # checked above: blanks only around commas
+    chars = np.frombuffer(packed.encode("ascii"), dtype=np.uint8)
+    ends = np.append(np.flatnonzero(chars == ord(",")), chars.size)  # one past each number
+    starts = np.concatenate(([0], ends[:-1] + 1))
+    points = np.flatnonzero(chars == ord("."))
+    own = np.zeros(ends.size, dtype=np.int64)  # each number's digits after its point
+    holder = np.searchsorted(ends, points)
+    own[holder] = ends[holder] - points - 1
+    before = ends - starts - own - (own > 0)  # the sign and the digits before the point
+    if int(before.max()) + decimals > _INT64_DIGITS:
+        return None
+    digits = np.array(packed.replace(".", "").split(","), dtype=np.int64)
+    return (digits * 10 ** (decimals - own)).tolist()
 
 
 def _pad_decimals(text: str, decimals: int) -> str:

@@ -1082,6 +1082,51 @@ def test_big_problem_same_decimals():
     assert_cut_changes_nothing(text)
 
 
+def _mixed_entry(rng: random.Random) -> str:
+    """A plain integer or decimal with 0 to 12 digits after the point (the 18-digit bound met and
+    passed), perhaps negative."""
+    sign = rng.choice(["", "-"])
+    whole = str(rng.choice([0, 1, rng.randint(0, 99), rng.randint(0, 10**rng.randint(1, 9))]))
+    places = rng.choice([0, 1, 2, 3, 10, rng.randint(0, 12)])
+    return sign + whole + ("." + "".join(rng.choice("0123456789") for _ in range(places)) if places else "")
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_mixed_decimals_are_read_as_their_fractions(seed):
+    """Rows of numbers with differing counts of decimals (how safe_dump writes weights, or exact
+    multiples of 1/1024) read with NumPy: every entry is its own Fraction, and the float64 the
+    matrix keeps for the cross-check is that Fraction correctly rounded."""
+    from symattn import problem as _problem
+    from symattn._numbers import matrix_float64
+
+    rng = random.Random(seed)
+    rows, cols = rng.randint(1, 6), rng.randint(1, 7)
+    entries = [[_mixed_entry(rng) for _ in range(cols)] for _ in range(rows)]
+    blank = rng.choice(["", " ", "  ", "\n   "])
+    text = ("," + blank).join(e for row in entries for e in row)
+    decimals = max((len(e) - e.index(".") - 1 for row in entries for e in row if "." in e), default=0)
+    numerators = _problem._mixed_decimal_numerators(blank + text + blank, decimals)
+    flat = [Fraction(e) for row in entries for e in row]
+    digits_before = max(len(e.split(".")[0]) for row in entries for e in row)
+    if digits_before + decimals > 18:
+        assert numerators is None  # past int64: the padding passes read it
+    else:
+        assert numerators == [x * 10**decimals for x in flat]
+    m = _problem._flow_rational_matrix([", ".join(row) for row in entries])
+    assert m is not None
+    assert [m[i, j] for i in range(rows) for j in range(cols)] == [Rational(x.numerator, x.denominator) for x in flat]
+    kept = matrix_float64(m)
+    assert kept.tolist() == [[float(Fraction(e)) for e in row] for row in entries]
+
+
+@pytest.mark.parametrize("text", ["1.,2", ".5,1", "1e5,2", "--1,2", "1.2.3,4", "1,,2", "1 2,3", "+1,2", "0x1,2",
+                                  "1,2,", "1\t,2", "1/2,3"])
+def test_mixed_decimals_refuse_anything_else(text):
+    from symattn import problem as _problem
+
+    assert _problem._mixed_decimal_numerators(text, 3) is None
+
+
 QKV_TAIL = "K: [[1, 0], [0, 1]]\nV: [[1], [2]]\n"
 
 
