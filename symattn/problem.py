@@ -1537,7 +1537,7 @@ def _mixed_decimal_numerators(text: str, decimals: int) -> "list[int] | None":
     holder = np.searchsorted(ends, points)
     own[holder] = ends[holder] - points - 1
     before = ends - starts - own - (own > 0)  # the sign and the digits before the point
-    if int(before.max()) + decimals > _INT64_DIGITS:
+    if int(before.max()) + decimals > _INT64_DIGITS or int(own.max()) > decimals:
         return None
     digits = np.array(packed.replace(".", "").split(","), dtype=np.int64)
     return (digits * 10 ** (decimals - own)).tolist()
