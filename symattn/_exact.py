@@ -82,22 +82,31 @@ def rational_matrix(rows: int, cols: int, flat: list) -> Matrix:
     return matrix_from_domain(DomainMatrix([flat[i * cols:(i + 1) * cols] for i in range(rows)], (rows, cols), QQ))
 
 
-def scaled_integer_matrix(rows: int, cols: int, numerators: list[int], denominator: int) -> Matrix:
-    """The exact matrix with entries ``numerators[k] / denominator`` (row by row).
+def scaled_integer_matrix(rows: int, cols: int, numerators, denominator: int) -> Matrix:
+    """The exact matrix with entries ``numerators[k] / denominator`` (row by row; ``numerators``
+    a list of ints or a NumPy int64 array).
 
     When the numerators and the denominator are float64 numbers (at most 2^53), each entry's
     float64 is one IEEE division, correctly rounded; the matrix keeps those (the cross-check reads
     them) instead of rounding each fraction again later."""
+    array = None if isinstance(numerators, list) else numerators
+    if array is not None:
+        numerators = array.tolist()
     if FLINT_QQ:
         m = matrix_from_fmpq_mat(_flint.fmpq_mat(_flint.fmpz_mat(rows, cols, numerators)) / denominator)
     else:
         m = rational_matrix(rows, cols, [QQ(x, denominator) for x in numerators])
-    if isinstance(m, QQMatrix) and numerators and denominator <= 2**53 and max(numerators) <= 2**53 \
-            and min(numerators) >= -(2**53):
+    if isinstance(m, QQMatrix) and len(numerators) >= _KEEP_FLOATS_FROM and denominator <= 2**53:
         import numpy as np
 
-        keep_float64(m, (np.array(numerators, dtype=np.float64) / float(denominator)).reshape(rows, cols))
+        if array is None and max(numerators) <= 2**53 and min(numerators) >= -(2**53):
+            array = np.array(numerators, dtype=np.int64)
+        if array is not None and int(np.abs(array).max()) <= 2**53:
+            keep_float64(m, (array.astype(np.float64) / float(denominator)).reshape(rows, cols))
     return m
+
+
+_KEEP_FLOATS_FROM = 256  # entries: a smaller matrix's floats are made when asked for (NumPy not imported here)
 
 
 def binary_float_matrix(array) -> Matrix:

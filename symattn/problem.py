@@ -1453,8 +1453,8 @@ def _flow_rational_matrix(rows: list[str]) -> Matrix | None:
     The common case, integers and decimals (model weights written out, perhaps with their
     trailing zeros dropped, as ``yaml.safe_dump`` does), is read without a Python object per
     entry beyond its integer numerator: every entry is scaled to the most decimals any entry has,
-    and the digits are read as integers over that power of ten (with NumPy when the counts of
-    decimals differ and every scaled numerator has at most 18 digits, else by padding the text).
+    and the digits are read as integers over that power of ten (with NumPy when every scaled
+    numerator has at most 18 digits, else by padding the text).
     """
     width = rows[0].count(",") + 1
     if any(row.count(",") + 1 != width for row in rows):
@@ -1463,14 +1463,15 @@ def _flow_rational_matrix(rows: list[str]) -> Matrix | None:
     if "e" in text or "E" in text:
         text = _POWER_OF_TEN.sub(_without_power, text)
     if "/" not in text:
+        read = _decimal_numerators(text) if len(rows) * width >= _NUMPY_FROM else None
+        if read is not None:
+            numerators, decimals = read
+            return scaled_integer_matrix(len(numerators) // width, width, numerators, 10 ** decimals)
         first = text.split(",", 1)[0].strip(" \n")
         decimals = len(first) - first.index(".") - 1 if "." in first else 0
         padded = text
         if not _same_decimals(decimals).fullmatch(text):
             decimals = _most_decimals(text, decimals)
-            numerators = _mixed_decimal_numerators(text, decimals)
-            if numerators is not None:
-                return scaled_integer_matrix(len(numerators) // width, width, numerators, 10 ** decimals)
             padded = _pad_decimals(text, decimals)
         if _same_decimals(decimals).fullmatch(padded):
             numerators = [int(x) for x in (padded.replace(".", "") if decimals else padded).split(",")]
@@ -1512,19 +1513,21 @@ def _most_decimals(text: str, least: int) -> int:
 _DECIMALS = [re.compile(rf"\.[0-9]{{{k}}}") for k in range(31)]
 
 
-_MIXED_NUMBER = r"-?[0-9]{1,30}(?:\.[0-9]{1,30})?+"
-_MIXED_DECIMALS = re.compile(rf"[ \n]*+{_MIXED_NUMBER}(?:[ \n]*+,[ \n]*+{_MIXED_NUMBER})*+[ \n]*+")
+_PLAIN_NUMBER = r"-?[0-9]{1,30}(?:\.[0-9]{1,30})?+"
+_PLAIN_NUMBERS = re.compile(rf"[ \n]*+{_PLAIN_NUMBER}(?:[ \n]*+,[ \n]*+{_PLAIN_NUMBER})*+[ \n]*+")
 _INT64_DIGITS = 18  # every integer of 18 digits is an int64
+_NUMPY_FROM = 256  # entries: a smaller matrix is read by the plain path (no NumPy import for a small problem)
 
 
-def _mixed_decimal_numerators(text: str, decimals: int) -> "list[int] | None":
-    """Each number of ``text`` (integers and decimals with up to ``decimals`` digits after the
-    point, joined by commas) times ``10**decimals``, read with NumPy in a few passes over the
-    whole text: its digits without the point, times 10 to the power of the digits it lacks.
+def _decimal_numerators(text: str) -> "tuple[numpy.ndarray, int] | None":
+    """``(numerators, decimals)``: each number of ``text`` (integers and decimals joined by
+    commas) times ``10**decimals`` as int64, ``decimals`` the most digits any number has after its
+    point; read with NumPy in a few passes over the whole text (its digits without the point,
+    times 10 to the power of the digits it lacks).
 
     None when ``text`` is anything else, or when some scaled numerator could pass 18 digits (the
     general padding of :func:`_pad_decimals` reads those)."""
-    if not _MIXED_DECIMALS.fullmatch(text):
+    if not _PLAIN_NUMBERS.fullmatch(text):
         return None
     import numpy as np
 
@@ -1536,11 +1539,29 @@ def _mixed_decimal_numerators(text: str, decimals: int) -> "list[int] | None":
     own = np.zeros(ends.size, dtype=np.int64)  # each number's digits after its point
     holder = np.searchsorted(ends, points)
     own[holder] = ends[holder] - points - 1
+    decimals = int(own.max())
     before = ends - starts - own - (own > 0)  # the sign and the digits before the point
-    if int(before.max()) + decimals > _INT64_DIGITS or int(own.max()) > decimals:
+    if int(before.max()) + decimals > _INT64_DIGITS:
         return None
-    digits = np.array(packed.replace(".", "").split(","), dtype=np.int64)
-    return (digits * 10 ** (decimals - own)).tolist()
+    digits = _int64s(packed.replace(".", "") if points.size else packed, ends.size)
+    return digits * 10 ** (decimals - own), decimals
+
+
+def _int64s(text: str, count: int) -> "numpy.ndarray":
+    """The ``count`` integers of ``text`` (checked: each at most 18 digits, joined by commas) as int64."""
+    import warnings
+
+    import numpy as np
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            out = np.fromstring(text, dtype=np.int64, sep=",")  # the text read in C, no list of pieces
+        if out.size == count:
+            return out
+    except (ValueError, DeprecationWarning):
+        pass
+    return np.array(text.split(","), dtype=np.int64)
 
 
 def _pad_decimals(text: str, decimals: int) -> str:

@@ -1092,26 +1092,31 @@ def _mixed_entry(rng: random.Random) -> str:
 
 
 @pytest.mark.parametrize("seed", range(60))
-def test_mixed_decimals_are_read_as_their_fractions(seed):
+def test_mixed_decimals_are_read_as_their_fractions(seed, monkeypatch):
     """Rows of numbers with differing counts of decimals (how safe_dump writes weights, or exact
     multiples of 1/1024) read with NumPy: every entry is its own Fraction, and the float64 the
     matrix keeps for the cross-check is that Fraction correctly rounded."""
+    from symattn import _exact as exact
     from symattn import problem as _problem
     from symattn._numbers import matrix_float64
 
+    monkeypatch.setattr(_problem, "_NUMPY_FROM", 0)  # small matrices too, so each case is quick
+    monkeypatch.setattr(exact, "_KEEP_FLOATS_FROM", 0)
     rng = random.Random(seed)
     rows, cols = rng.randint(1, 6), rng.randint(1, 7)
     entries = [[_mixed_entry(rng) for _ in range(cols)] for _ in range(rows)]
     blank = rng.choice(["", " ", "  ", "\n   "])
     text = ("," + blank).join(e for row in entries for e in row)
     decimals = max((len(e) - e.index(".") - 1 for row in entries for e in row if "." in e), default=0)
-    numerators = _problem._mixed_decimal_numerators(blank + text + blank, decimals)
+    read = _problem._decimal_numerators(blank + text + blank)
     flat = [Fraction(e) for row in entries for e in row]
     digits_before = max(len(e.split(".")[0]) for row in entries for e in row)
     if digits_before + decimals > 18:
-        assert numerators is None  # past int64: the padding passes read it
+        assert read is None  # past int64: the padding passes read it
     else:
-        assert numerators == [x * 10**decimals for x in flat]
+        numerators, got = read
+        assert got == decimals
+        assert numerators.tolist() == [x * 10**decimals for x in flat]
     m = _problem._flow_rational_matrix([", ".join(row) for row in entries])
     assert m is not None
     assert [m[i, j] for i in range(rows) for j in range(cols)] == [Rational(x.numerator, x.denominator) for x in flat]
@@ -1119,12 +1124,45 @@ def test_mixed_decimals_are_read_as_their_fractions(seed):
     assert kept.tolist() == [[float(Fraction(e)) for e in row] for row in entries]
 
 
+def test_a_large_matrix_of_decimals_is_read_with_numpy_and_keeps_its_floats():
+    """At the size the NumPy reader starts (and above), uniform and mixed decimals and integers:
+    the entries and the kept float64 are each entry's own."""
+    from symattn import _exact as exact
+    from symattn import problem as _problem
+    from symattn._numbers import _FLOAT64
+
+    rng = random.Random(11)
+    for rows, cols, style in [(16, 16, "uniform"), (20, 30, "mixed"), (17, 17, "integers")]:
+        assert rows * cols >= _problem._NUMPY_FROM and rows * cols >= exact._KEEP_FLOATS_FROM
+        if style == "uniform":
+            entries = [[f"{rng.uniform(-5, 5):.4f}" for _ in range(cols)] for _ in range(rows)]
+        elif style == "mixed":
+            entries = [[str(rng.randint(-999, 999)) + rng.choice(["", "." + str(rng.randint(0, 10**rng.randint(1, 10) - 1))])
+                        for _ in range(cols)] for _ in range(rows)]  # scaled: at most 13 digits, below 2^53
+        else:
+            entries = [[str(rng.randint(-10**6, 10**6)) for _ in range(cols)] for _ in range(rows)]
+        m = _problem._flow_rational_matrix([", ".join(row) for row in entries])
+        flat = [Fraction(e) for row in entries for e in row]
+        assert [m[i, j] for i in range(rows) for j in range(cols)] == [Rational(x.numerator, x.denominator)
+                                                                       for x in flat], style
+        assert _FLOAT64 in m.__dict__, f"{style}: the float64 values were not kept"
+        assert m.__dict__[_FLOAT64].tolist() == [[float(Fraction(e)) for e in row] for row in entries], style
+
+
 @pytest.mark.parametrize("text", ["1.,2", ".5,1", "1e5,2", "--1,2", "1.2.3,4", "1,,2", "1 2,3", "+1,2", "0x1,2",
                                   "1,2,", "1\t,2", "1/2,3"])
 def test_mixed_decimals_refuse_anything_else(text):
     from symattn import problem as _problem
 
-    assert _problem._mixed_decimal_numerators(text, 3) is None
+    assert _problem._decimal_numerators(text) is None
+
+
+def test_int64s_reads_what_split_reads():
+    from symattn import problem as _problem
+
+    text = "999999999999999999,-999999999999999999,0,-0,-5,7,9007199254740993"
+    assert _problem._int64s(text, 7).tolist() == [int(x) for x in text.split(",")]
+    assert _problem._int64s("12,-3", 2).tolist() == [12, -3]
 
 
 QKV_TAIL = "K: [[1, 0], [0, 1]]\nV: [[1], [2]]\n"
