@@ -49,6 +49,20 @@ CASES = settings(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 FEW = settings(CASES, max_examples=60)
+# A test given ``reader`` runs twice: with the plain readers of decimals, and with the NumPy
+# reader (symattn.problem._decimal_numerators) taking every matrix, however small (it starts at
+# 256 entries, past these random problems' sizes).
+PATCHED = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture]
+
+
+@pytest.fixture(params=["plain reader", "numpy reader"])
+def reader(request, monkeypatch):
+    if request.param == "numpy reader":
+        from symattn import problem as _problem
+
+        monkeypatch.setattr(_problem, "_NUMPY_FROM", 0)
+        monkeypatch.setattr(_exact, "_KEEP_FLOATS_FROM", 0)
+    return request.param
 RANDOMS = st.randoms(use_true_random=False)  # a seeded random.Random for the text generators
 
 
@@ -1050,9 +1064,9 @@ def head_problem(rng: random.Random) -> tuple[str, dict]:
 
 
 
-@settings(CASES, max_examples=100)
+@settings(CASES, max_examples=100, suppress_health_check=PATCHED)
 @given(st.one_of(RANDOMS.map(qkv_problem), RANDOMS.map(head_problem)))
-def test_problem_matrices_from_the_cut(case):
+def test_problem_matrices_from_the_cut(reader, case):
     text, refs = case
     assert len(flow_matrices(_yaml.compose(text, "f.yaml"))) == len(refs), f"not every matrix was cut:\n{text}"
     kind, got = parse_outcome(text, True)
@@ -1207,9 +1221,9 @@ def test_size_limit_message_unchanged_by_the_cut(max_size):
 CORRUPTIONS = ["abc", "1.5/2", "", "1e3", "3/0", "007/3", "sqrt(2)", "-inf", "x", "0.1.2", "1/", "--1", "true"]
 
 
-@settings(CASES, max_examples=80)
+@settings(CASES, max_examples=80, suppress_health_check=PATCHED)
 @given(RANDOMS.map(qkv_problem), st.data())
-def test_corrupted_problems_unchanged_by_the_cut(case, data):
+def test_corrupted_problems_unchanged_by_the_cut(reader, case, data):
     text, refs = case
     how = data.draw(st.sampled_from(["entry", "drop", "limit"]), label="corruption")
     if how == "entry":  # one entry replaced (the first row of one matrix)
@@ -1434,9 +1448,9 @@ def layout_problem(rng: random.Random) -> tuple[str, dict]:
     return text, refs
 
 
-@settings(CASES, max_examples=100)
+@settings(CASES, max_examples=100, suppress_health_check=PATCHED)
 @given(RANDOMS.map(layout_problem))
-def test_problem_matrices_from_lists(case):
+def test_problem_matrices_from_lists(reader, case):
     text, refs = case
     assert len(flow_matrices(_yaml.compose(text, "f.yaml"))) == len(refs), f"not every matrix was cut:\n{text}"
     kind, got = parse_outcome(text, True)
@@ -1450,9 +1464,9 @@ LIST_CORRUPTIONS = CORRUPTIONS + ["!!float 1", "!!python/object:os.system 1", "&
                                   "1.5e-3", "+1", "1_0", "0x1F", "\t1"]
 
 
-@settings(CASES, max_examples=120)
+@settings(CASES, max_examples=120, suppress_health_check=PATCHED)
 @given(RANDOMS.map(layout_problem), st.data())
-def test_corrupted_lists_unchanged_by_the_cut(case, data):
+def test_corrupted_lists_unchanged_by_the_cut(reader, case, data):
     """One entry replaced, a row made ragged, or the size limit tightened: the same message."""
     text, refs = case
     how = data.draw(st.sampled_from(["entry", "drop", "limit"]), label="corruption")
@@ -1520,9 +1534,9 @@ def csv_outcome(text: str, fast: bool):
             return "error", str(exc)
 
 
-@settings(CASES, max_examples=150)
+@settings(CASES, max_examples=150, suppress_health_check=PATCHED)
 @given(RANDOMS.map(csv_text), st.data())
-def test_csv_fast_path_matches_the_csv_module(case, data):
+def test_csv_fast_path_matches_the_csv_module(reader, case, data):
     text, entries = case
     if data.draw(st.booleans(), label="corrupt"):
         k = data.draw(st.integers(0, len(entries) * len(entries[0]) - 1), label="entry")

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from symattn.cli import main
@@ -61,7 +61,13 @@ def check_derive(capsys, path):
         lines = err.splitlines()
         assert len(lines) == 1 and lines[0].startswith("Error: "), err
     else:
-        assert json.loads(out)["crosscheck"]["passed"] is True, err
+        check = json.loads(out)["crosscheck"]
+        if check["passed"] is None:
+            # declined, never failed: float64 cannot hold this problem (an entry near 2^53, say);
+            # the JSON and the note on standard error say why
+            assert "float64" in check["skipped"] and "no numeric cross-check" in err, (check, err)
+        else:
+            assert check["passed"] is True, err
 
 
 # (a) random bytes ------------------------------------------------------------------
@@ -120,8 +126,13 @@ def mutated(draw):
     return text
 
 
+# Found by this test: an entry of W_K near 2^53, which float64 rounds to a multiple of 4.
+NEAR_2_53 = SEEDS[0].replace("W_K:\n  - [0, 1, 0, 1]", "W_K:\n  - [9007199254740985, 1, 0, 1]")
+
+
 @FUZZ
 @given(text=mutated())
+@example(text=NEAR_2_53)
 def test_mutated_problems(capsys, workdir, text):
     path = workdir / "mutated.yaml"
     path.write_text(clean(text), "utf-8")
