@@ -103,7 +103,20 @@ def scaled_integer_matrix(rows: int, cols: int, numerators, denominator: int) ->
             array = np.array(numerators, dtype=np.int64)
         if array is not None and int(np.abs(array).max()) <= 2**53:
             keep_float64(m, (array.astype(np.float64) / float(denominator)).reshape(rows, cols))
+    if array is not None and isinstance(m, QQMatrix):
+        kept = array.reshape(rows, cols)
+        kept.flags.writeable = False
+        m.__dict__[_SCALED] = (kept, denominator)
     return m
+
+
+_SCALED = "_scaled_int64"  # where a matrix read as int64 numerators over 10^k keeps them
+
+
+def scaled_integers(m) -> "tuple[numpy.ndarray, int] | None":
+    """``(numerators, denominator)`` a matrix was made from by :func:`scaled_integer_matrix` from
+    an int64 array (numerators not necessarily in lowest terms), or None."""
+    return getattr(m, "__dict__", {}).get(_SCALED)
 
 
 _KEEP_FLOATS_FROM = 256  # entries: a smaller matrix's floats are made when asked for (NumPy not imported here)

@@ -395,8 +395,11 @@ def test_stages_whose_entries_repeat_are_written_as_each_entry_alone(pool):
     """X (16 × 16) and the weights (16 × 4) drawn from a few values: their exact texts and decimals
     are made once per distinct value and looked up, and the document is the general path's."""
     d = derive(parse_problem(_repeating_problem(16, 16, 4, pool, seed=len(pool)), "repeats.yaml"))
-    fractions = js._Fractions(_ex_fmpq(d.step("X").lazy))
+    x = d.step("X").lazy
+    fractions = js._Fractions.of(x, _ex_fmpq(x))
     assert (fractions._repeated is not None) == (pool[0] != "12345678901234567890.5")
+    # X read as int64 numerators (256 entries: the NumPy reader), unless past 18 digits
+    assert (_ex_scaled(x) is not None) == (pool[0] != "12345678901234567890.5")
     check = crosscheck(d)
     fast, general = both(d, check)
     assert fast == general
@@ -406,6 +409,12 @@ def _ex_fmpq(m):
     from symattn import _exact
 
     return _exact.fmpq_matrix(m)
+
+
+def _ex_scaled(m):
+    from symattn import _exact
+
+    return _exact.scaled_integers(m)
 
 
 def test_repeated_entries_are_looked_up_where_they_are():
@@ -419,7 +428,7 @@ def test_repeated_entries_are_looked_up_where_they_are():
     rows, cols = 9, 13
     entries = [[rng.choice(pool) for _ in range(cols)] for _ in range(rows)]
     dense = flint.fmpq_mat(rows, cols, [flint.fmpq(x.numerator, x.denominator) for row in entries for x in row])
-    fractions = js._Fractions(dense)
+    fractions = js._Fractions.of(None, dense)
     assert fractions._repeated is not None
     texts = fractions.texts()
     values = np.array([[float(x) for x in row] for row in entries])
@@ -427,7 +436,7 @@ def test_repeated_entries_are_looked_up_where_they_are():
     for i, row in enumerate(entries):
         assert texts(i) == [str(x) for x in row]
         assert floats(i) == [json.dumps(float(x)) for x in row]
-    assert js._Fractions(flint.fmpq_mat(2, 40, list(range(80))))._repeated is None  # all distinct
+    assert js._Fractions.of(None, flint.fmpq_mat(2, 40, list(range(80))))._repeated is None  # all distinct
 
 
 def test_streamed_text_is_handed_on_a_megabyte_at_a_time():

@@ -236,14 +236,33 @@ class _RowText:
 
         others = np.array(self.others, dtype=np.intp)
         keys = columns.key[:, others] + np.array(self.others_key, dtype=np.int64)
-        zero = columns.zero[:, others]
+        width = len(self.others)
         if columns.zeros:
+            zero = columns.zero[:, others]
             keys[zero] = np.iinfo(np.int64).max  # a zero coefficient's term is not written: sorted last, cut
-            counts = (~zero).sum(axis=1).tolist()
-        order = others[np.argsort(keys, axis=1)].tolist()
-        if not columns.zeros:
-            return [self._sorted_output(column, ks) for column, ks in zip(columns.columns, order)]
-        return [self._sorted_output(column, ks[:count]) for column, ks, count in zip(columns.columns, order, counts)]
+            counts = (width - zero.sum(axis=1)).tolist()
+        else:
+            counts = [width] * len(columns.columns)
+        order = others[np.argsort(keys, axis=1)]  # column c's terms, positions k in SymPy's order
+        # every column's terms as (sign and |p|*, e^x, /q) pieces, picked by NumPy, joined once each
+        pieces = np.empty((len(columns.columns), width, 3), dtype=object)
+        pieces[:, :, 0] = columns.before[columns.index, order]
+        pieces[:, :, 1] = np.array(self.power_at, dtype=object)[order]
+        pieces[:, :, 2] = columns.after[columns.index, order]
+        pieces = pieces.reshape(len(columns.columns), 3 * width).tolist()
+        top, total, out = self.top, len(self.allowed), []
+        for c, (column, count) in enumerate(zip(columns.columns, counts)):
+            constant = column.nonzero[top]
+            if count < 2 or (count + constant == total and all(column.one[k] for k in self.allowed)):
+                out.append(self._sorted_output(column, order[c, :count].tolist()))  # one term, or Z_i / Z_i
+                continue
+            text = "".join(pieces[c] if count == width else pieces[c][:3 * count])
+            if constant:
+                text = column.text[top] + text
+            else:
+                text = ("-" if text[1] == "-" else "") + text[3:]
+            out.append(f"({text})/({self.z})")
+        return out
 
     def _sorted_output(self, column: "_Column", ks: list) -> str:
         """The output whose numerator's non-constant terms are at positions ``ks``, in SymPy's order."""
@@ -306,19 +325,41 @@ class _Columns:
         self.key = np.array([c.key for c in self.columns], dtype=np.int64)
         self.zero = ~np.array([c.nonzero for c in self.columns], dtype=bool)
         self.zeros = any(c.zeros for c in self.columns)
+        self.before = np.array([c.before for c in self.columns], dtype=object)
+        self.after = np.array([c.after for c in self.columns], dtype=object)
+        self.index = np.arange(len(self.columns))[:, None]  # each column's own row of before and after
 
 
 class _Fractions:
-    """A rational stage held as flint's fmpq_mat: its entries as numerators over one common
-    denominator, read once for both the exact texts and the decimals."""
+    """A rational stage's entries as numerators over one common denominator (its fmpq_mat's, or
+    the int64 numerators a problem's decimals were read as), read once for both the exact texts
+    and the decimals."""
 
-    def __init__(self, dense) -> None:
+    def __init__(self, numerators, denominator: int, shape: tuple[int, int]) -> None:
+        """``numerators``: a list of ints (row by row), or an int64 array of ``shape``."""
+        import numpy as np
+
+        self.shape = shape
+        self.denominator = denominator
+        if isinstance(numerators, list):
+            self.big = max(abs(max(numerators, default=0)), abs(min(numerators, default=0)))
+            self.small = self.denominator < 2**62 and self.big < 2**62
+            self.array = np.array(numerators, dtype=np.int64).reshape(shape) if self.small else None
+        else:
+            self.big = int(np.abs(numerators).max()) if numerators.size else 0
+            self.small = self.denominator < 2**62 and self.big < 2**62
+            self.array = numerators
+        self.count = shape[0] * shape[1]
+
+    @classmethod
+    def of(cls, m, dense) -> "_Fractions":
+        """A stage's fractions: the int64 numerators it was read as (a problem's decimals), else
+        its fmpq_mat's numerators over their common denominator."""
+        scaled = _ex.scaled_integers(m)
+        if scaled is not None:
+            return cls(scaled[0], scaled[1], scaled[0].shape)
         numerators, denominator = dense.numer_denom()
-        self.shape = (dense.nrows(), dense.ncols())
-        self.numerators = [int(x) for x in numerators.entries()]
-        self.denominator = int(denominator)
-        self.small = self.denominator < 2**62 and all(
-            abs(x) < 2**62 for x in (max(self.numerators, default=0), min(self.numerators, default=0)))
+        return cls([int(x) for x in numerators.entries()], int(denominator), (dense.nrows(), dense.ncols()))
 
     @cached_property
     def _repeated(self):
@@ -328,11 +369,10 @@ class _Fractions:
         entry is then written once, and the rows are made of those texts."""
         import numpy as np
 
-        if not self.small or len(self.numerators) < 64:
+        if not self.small or self.count < 64:
             return None
-        distinct, first, where = np.unique(np.array(self.numerators, dtype=np.int64), return_index=True,
-                                           return_inverse=True)
-        return (distinct, first, where.reshape(self.shape)) if 2 * len(distinct) <= len(self.numerators) else None
+        distinct, first, where = np.unique(self.array.ravel(), return_index=True, return_inverse=True)
+        return (distinct, first, where.reshape(self.shape)) if 2 * len(distinct) <= self.count else None
 
     def texts(self) -> "Callable[[int], list[str]] | None":
         """Row i's entries as text (``p`` or ``p/q`` in lowest terms), reduced with NumPy when every
@@ -344,7 +384,7 @@ class _Fractions:
         if self._repeated is not None:
             distinct, _, where = self._repeated
             return _rows_of(_fraction_texts(distinct, self.denominator), where)
-        n = np.array(self.numerators, dtype=np.int64).reshape(self.shape)
+        n = self.array
         g = np.gcd(n, np.int64(self.denominator))
         top, bottom = n // g, np.int64(self.denominator) // g
 
@@ -363,8 +403,7 @@ class _Fractions:
 
     def rounded_once_is_twice(self) -> bool:
         """See :func:`_once_is_twice`."""
-        big = max(abs(max(self.numerators, default=0)), abs(min(self.numerators, default=0)))
-        return self.denominator.bit_length() <= 80 and big.bit_length() <= 128
+        return self.denominator.bit_length() <= 80 and self.big.bit_length() <= 128
 
 
 def _fraction_texts(numerators, denominator: int) -> list[str]:
@@ -469,7 +508,7 @@ def _stage_parts(d: "Derivation", step: "Step", printer: _Printer, float_texts: 
     head = {"id": step.id, "title": step.title, "shape": list(step.shape)}
     # null where a big gradient's entries are too long to write (see backward.EXACT_LIMIT)
     dense = None if step.softmax else _ex.fmpq_matrix(m)
-    fractions = None if dense is None else _Fractions(dense)
+    fractions = None if dense is None else _Fractions.of(m, dense)
     exact = None
     plain = False
     if written_exactly(step):
