@@ -114,8 +114,9 @@ _SCALED = "_scaled_int64"  # where a matrix read as int64 numerators over 10^k k
 
 
 def scaled_integers(m) -> "tuple[numpy.ndarray, int] | None":
-    """``(numerators, denominator)`` a matrix was made from by :func:`scaled_integer_matrix` from
-    an int64 array (numerators not necessarily in lowest terms), or None."""
+    """``(numerators, denominator)`` that :func:`scaled_integer_matrix` made a matrix from, the
+    numerators as a read-only int64 array (not necessarily in lowest terms), when it kept them
+    (an array given, or a list of 256 entries or more within 2^53); else None."""
     return getattr(m, "__dict__", {}).get(_SCALED)
 
 

@@ -1177,6 +1177,7 @@ def test_int64s_reads_what_split_reads():
     text = "999999999999999999,-999999999999999999,0,-0,-5,7,9007199254740993"
     assert _problem._int64s(text, 7).tolist() == [int(x) for x in text.split(",")]
     assert _problem._int64s("12,-3", 2).tolist() == [12, -3]
+    assert _problem._int64s("010,08,-010", 3).tolist() == [10, 8, -10]  # base ten, as symattn reads 010
 
 
 QKV_TAIL = "K: [[1, 0], [0, 1]]\nV: [[1], [2]]\n"
