@@ -39,8 +39,8 @@ def random_matrices(n: int, d_model: int, d_k: int, seed: int = 0, dyadic: bool 
     out = {"X": rng.normal(0.0, 1.0, size=(n, d_model))}
     for name in ("W_Q", "W_K", "W_V"):
         out[name] = rng.normal(0.0, 0.1, size=(d_model, d_k))
-    # The YAML holds these rounded to 3 decimals; the .npy files hold the same rounded numbers
-    # (+ 0.0 turns a -0.0 into 0.0, so no entry is written as -0.000).
+    # The YAML holds these rounded (to 3 decimals, or to multiples of 1/1024); the .npy files hold
+    # the same rounded numbers (+ 0.0 turns a -0.0 into 0.0, so no entry is written as -0.000).
     if dyadic:
         return {name: np.round(m * 1024) / 1024 + 0.0 for name, m in out.items()}
     return {name: np.round(m, 3) + 0.0 for name, m in out.items()}

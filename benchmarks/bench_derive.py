@@ -42,7 +42,8 @@ within a round (--runs rounds; one with --quick):
   rows ``- [..]``, ``yaml.safe_dump``'s default block style, one-line
   ``X: [[..]]``, flow rows with CRLF line ends, and ``{file: ..}`` .npy and .csv
   files (its entries multiples of 1/1024, written out exactly, which a .npy
-  file's float64 holds exactly: every layout holds the same exact problem); symattn ``derive -o x.tex`` and the floor (the bare script, which reads
+  file's float64 holds exactly: every layout holds the same exact problem);
+  symattn ``derive -o x.tex`` and the floor (the bare script, which reads
   every layout, files included) on each; targets: all within 1.15x of each other,
   each YAML layout <= 1.0x its floor;
 * ``-f json`` at 128 tokens beside the LaTeX run (<= 1.5x), and at 256 tokens
