@@ -86,9 +86,10 @@ def scaled_integer_matrix(rows: int, cols: int, numerators, denominator: int) ->
     """The exact matrix with entries ``numerators[k] / denominator`` (row by row; ``numerators``
     a list of ints or a NumPy int64 array).
 
-    When the numerators and the denominator are float64 numbers (at most 2^53), each entry's
-    float64 is one IEEE division, correctly rounded; the matrix keeps those (the cross-check reads
-    them) instead of rounding each fraction again later."""
+    Given an int64 array (the NumPy reader of decimals), the matrix keeps it (see
+    :func:`scaled_integers`), and, when the numerators and the denominator are float64 numbers (at
+    most 2^53), each entry's float64: one IEEE division, correctly rounded (the cross-check reads
+    them instead of rounding each fraction again later)."""
     array = None if isinstance(numerators, list) else numerators
     if array is not None:
         numerators = array.tolist()
@@ -96,17 +97,14 @@ def scaled_integer_matrix(rows: int, cols: int, numerators, denominator: int) ->
         m = matrix_from_fmpq_mat(_flint.fmpq_mat(_flint.fmpz_mat(rows, cols, numerators)) / denominator)
     else:
         m = rational_matrix(rows, cols, [QQ(x, denominator) for x in numerators])
-    if isinstance(m, QQMatrix) and len(numerators) >= _KEEP_FLOATS_FROM and denominator <= 2**53:
+    if array is not None and isinstance(m, QQMatrix) and array.size:
         import numpy as np
 
-        if array is None and max(numerators) <= 2**53 and min(numerators) >= -(2**53):
-            array = np.array(numerators, dtype=np.int64)
-        if array is not None and int(np.abs(array).max()) <= 2**53:
-            keep_float64(m, (array.astype(np.float64) / float(denominator)).reshape(rows, cols))
-    if array is not None and isinstance(m, QQMatrix):
         kept = array.reshape(rows, cols)
         kept.flags.writeable = False
         m.__dict__[_SCALED] = (kept, denominator)
+        if denominator <= 2**53 and int(np.abs(kept).max()) <= 2**53:
+            keep_float64(m, kept.astype(np.float64) / float(denominator))
     return m
 
 
@@ -114,13 +112,9 @@ _SCALED = "_scaled_int64"  # where a matrix read as int64 numerators over 10^k k
 
 
 def scaled_integers(m) -> "tuple[numpy.ndarray, int] | None":
-    """``(numerators, denominator)`` that :func:`scaled_integer_matrix` made a matrix from, the
-    numerators as a read-only int64 array (not necessarily in lowest terms), when it kept them
-    (an array given, or a list of 256 entries or more within 2^53); else None."""
+    """``(numerators, denominator)`` that :func:`scaled_integer_matrix` made a matrix from, when
+    given them as an int64 array (read-only, not necessarily in lowest terms); else None."""
     return getattr(m, "__dict__", {}).get(_SCALED)
-
-
-_KEEP_FLOATS_FROM = 256  # entries: a smaller matrix's floats are made when asked for (NumPy not imported here)
 
 
 def binary_float_matrix(array) -> Matrix:

@@ -61,7 +61,6 @@ def reader(request, monkeypatch):
         from symattn import problem as _problem
 
         monkeypatch.setattr(_problem, "_NUMPY_FROM", 0)
-        monkeypatch.setattr(_exact, "_KEEP_FLOATS_FROM", 0)
     return request.param
 RANDOMS = st.randoms(use_true_random=False)  # a seeded random.Random for the text generators
 
@@ -1110,12 +1109,10 @@ def test_mixed_decimals_are_read_as_their_fractions(seed, monkeypatch):
     """Rows of numbers with differing counts of decimals (how safe_dump writes weights, or exact
     multiples of 1/1024) read with NumPy: every entry is its own Fraction, and the float64 the
     matrix keeps for the cross-check is that Fraction correctly rounded."""
-    from symattn import _exact as exact
     from symattn import problem as _problem
     from symattn._numbers import matrix_float64
 
     monkeypatch.setattr(_problem, "_NUMPY_FROM", 0)  # small matrices too, so each case is quick
-    monkeypatch.setattr(exact, "_KEEP_FLOATS_FROM", 0)
     rng = random.Random(seed)
     rows, cols = rng.randint(1, 6), rng.randint(1, 7)
     entries = [[_mixed_entry(rng) for _ in range(cols)] for _ in range(rows)]
@@ -1141,13 +1138,12 @@ def test_mixed_decimals_are_read_as_their_fractions(seed, monkeypatch):
 def test_a_large_matrix_of_decimals_is_read_with_numpy_and_keeps_its_floats():
     """At the size the NumPy reader starts (and above), uniform and mixed decimals and integers:
     the entries and the kept float64 are each entry's own."""
-    from symattn import _exact as exact
     from symattn import problem as _problem
     from symattn._numbers import _FLOAT64
 
     rng = random.Random(11)
     for rows, cols, style in [(16, 16, "uniform"), (20, 30, "mixed"), (17, 17, "integers")]:
-        assert rows * cols >= _problem._NUMPY_FROM and rows * cols >= exact._KEEP_FLOATS_FROM
+        assert rows * cols >= _problem._NUMPY_FROM
         if style == "uniform":
             entries = [[f"{rng.uniform(-5, 5):.4f}" for _ in range(cols)] for _ in range(rows)]
         elif style == "mixed":

@@ -377,21 +377,12 @@ class _Fractions:
     def texts(self) -> "Callable[[int], list[str]] | None":
         """Row i's entries as text (``p`` or ``p/q`` in lowest terms), reduced with NumPy when every
         numerator and the denominator fit in 63 bits; else None."""
-        import numpy as np
-
         if not self.small:
             return None
         if self._repeated is not None:
             distinct, _, where = self._repeated
             return _rows_of(_fraction_texts(distinct, self.denominator), where)
-        n = self.array
-        g = np.gcd(n, np.int64(self.denominator))
-        top, bottom = n // g, np.int64(self.denominator) // g
-
-        def row(i: int) -> list[str]:
-            return [str(p) if q == 1 else f"{p}/{q}" for p, q in zip(top[i].tolist(), bottom[i].tolist())]
-
-        return row
+        return lambda i: _fraction_texts(self.array[i], self.denominator)
 
     def float_texts(self, values) -> "Callable[[int], list[str]] | None":
         """Row i of ``values`` (the stage's float64 array, every entry finite) as JSON writes each
