@@ -238,6 +238,55 @@ def test_builtin_example_runs_in_under_five_seconds(tmp_path):
     assert elapsed < 5.0, f"symattn derive took {elapsed:.2f} s"
 
 
+_GC_PROBE = """
+import gc, sys
+from symattn import cli
+gc.{before}()
+frozen = gc.get_freeze_count()
+with cli._Importing():
+    from symattn import _crosscheck
+print(frozen, gc.get_freeze_count(), gc.isenabled(), "sympy" in sys.modules, "numpy" in sys.modules)
+"""
+
+
+@pytest.mark.parametrize("before", ["enable", "disable"])
+def test_the_heavy_imports_pause_the_collector_and_freeze_what_they_built(before):
+    """The first import of SymPy (a fresh process) freezes the objects it built, and leaves the
+    collector as it found it."""
+    done = subprocess.run([sys.executable, "-c", _GC_PROBE.format(before=before)], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    frozen_before, frozen_after, enabled, sympy_loaded, numpy_loaded = done.stdout.split()
+    assert (sympy_loaded, numpy_loaded) == ("True", "True")
+    assert int(frozen_before) == 0
+    assert int(frozen_after) > 100_000  # SymPy and NumPy's own objects
+    assert enabled == str(before == "enable")
+
+
+def test_a_command_in_process_leaves_the_collector_alone(tmp_path):
+    """Once SymPy is imported (as in this test process), a command freezes nothing: a program or
+    test that calls main() keeps its garbage collected as before."""
+    import gc
+
+    before = gc.get_freeze_count()
+    assert main(["derive", "-o", str(tmp_path / "a.tex")]) == 0
+    assert gc.get_freeze_count() == before
+    assert gc.isenabled()
+
+
+def test_the_console_script_freezes_its_objects_as_it_ends(tmp_path):
+    """main() as the console script runs it (no arguments given) freezes the process's objects
+    before interpreter shutdown, having flushed its output: the whole solution is there."""
+    probe = ("import gc, sys\nfrom symattn.cli import main\nsys.argv = ['symattn', 'derive', '--format', 'text']\n"
+             "code = main()\nprint('frozen', gc.get_freeze_count(), file=sys.stderr)\nsys.exit(code)\n")
+    done = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert int(done.stderr.split("frozen ")[1].split()[0]) > 100_000
+    expected = CliRunner().invoke(cli, ["derive", "--format", "text"], prog_name="symattn")
+    assert expected.exit_code == 0
+    assert done.stdout == expected.stdout
+
+
 def test_fragment_has_no_document_wrapper(run):
     r = run("derive", "--fragment")
     assert r.code == 0, r.stderr
