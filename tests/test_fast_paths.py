@@ -967,6 +967,14 @@ def test_compose_cut_cases(text, cuts):
     check_cut(text, cuts)
 
 
+@given(st.text(alphabet="a \r\n\x85\u2028\u2029\ufeff", max_size=40))
+@CASES
+def test_odd_breaks_as_the_pattern_finds_them(text):
+    """_odd_breaks counts CRs against CRLFs instead of a regular expression at every character;
+    the pattern it replaced is the reference."""
+    assert _yaml._odd_breaks(text) == (re.search("\r(?!\n)|[\x85\u2028\u2029\ufeff]", text) is not None)
+
+
 @pytest.mark.parametrize("brk", ["\r", "\r\n", "\x85", "\u2028", "\u2029"])
 def test_compose_cut_with_other_line_breaks(brk):
     """YAML also breaks lines at CR, NEL, U+2028 and U+2029 (once found moving a matrix into the
