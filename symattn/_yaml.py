@@ -68,7 +68,10 @@ _AFTER = re.compile(r"[ ]*(?:[ ]#[^\r\n]*)?(?:\r?\n|\Z)")
 
 class FlowMatrix(yaml.SequenceNode):
     """A matrix of plain numbers cut out of the text: ``rows`` holds each row's text between
-    its brackets. ``value`` (the usual row and entry nodes) is composed on first use."""
+    its brackets, every entry matched as a plain number (the pattern of :data:`_NUMBER`, or of
+    :data:`_LIST_NUMBER` for a list of rows), unless the matrix has more entries than the file
+    may hold values (then it is refused for its size from the rows' text alone). ``value`` (the
+    usual row and entry nodes) is composed on first use."""
 
     def __init__(self, rows: list[str], text: str, start: int, end: int, start_mark, end_mark,
                  file: str = "<problem>") -> None:

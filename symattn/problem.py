@@ -1092,7 +1092,7 @@ class _Reader:
                         _row(name, i),
                     )
             self.count(numbers, self.at(node), name)
-        m = _flow_rational_matrix(node.rows)
+        m = _flow_rational_matrix(node.rows, checked=True)  # _yaml matched each row as it cut the matrix out
         if m is not None:
             self.count(numbers, self.at(node), name)
         return m
@@ -1446,9 +1446,12 @@ def _plain_rationals(texts: Iterable[str]) -> list | None:
     return flat
 
 
-def _flow_rational_matrix(rows: list[str]) -> Matrix | None:
+def _flow_rational_matrix(rows: list[str], checked: bool = False) -> Matrix | None:
     """A matrix cut out of the YAML text as its rows' text (``_yaml.FlowMatrix``), when its
-    rows are the same length and every entry is a plain number; else None.
+    rows are the same length and every entry is a plain number; else None. ``checked``: the
+    reader has matched every entry of ``rows`` with its pattern of plain numbers already (an
+    integer or decimal, perhaps with a power of ten or over a denominator; blanks only around the
+    commas), so the text is not matched again.
 
     The common case, integers and decimals (model weights written out, perhaps with their
     trailing zeros dropped, as ``yaml.safe_dump`` does), is read without a Python object per
@@ -1463,7 +1466,9 @@ def _flow_rational_matrix(rows: list[str]) -> Matrix | None:
     if "e" in text or "E" in text:
         text = _POWER_OF_TEN.sub(_without_power, text)
     if "/" not in text:
-        read = _decimal_numerators(text) if len(rows) * width >= _NUMPY_FROM else None
+        # Checked, with its powers of ten written out: only integers and decimals are left.
+        plain = checked and "e" not in text and "E" not in text
+        read = _decimal_numerators(text, plain) if len(rows) * width >= _NUMPY_FROM else None
         if read is not None:
             numerators, decimals = read
             return scaled_integer_matrix(len(numerators) // width, width, numerators, 10 ** decimals)
@@ -1519,15 +1524,17 @@ _INT64_DIGITS = 18  # every integer of 18 digits is an int64
 _NUMPY_FROM = 256  # entries: a smaller matrix is read by the plain path (no NumPy import for a small problem)
 
 
-def _decimal_numerators(text: str) -> "tuple[numpy.ndarray, int] | None":
+def _decimal_numerators(text: str, plain: bool = False) -> "tuple[numpy.ndarray, int] | None":
     """``(numerators, decimals)``: each number of ``text`` (integers and decimals joined by
     commas) times ``10**decimals`` as int64, ``decimals`` the most digits any number has after its
     point; read with NumPy in a few passes over the whole text (its digits without the point,
     times 10 to the power of the digits it lacks).
 
     None when ``text`` is anything else, or when some scaled numerator could pass 18 digits (the
-    general padding of :func:`_pad_decimals` reads those)."""
-    if not _PLAIN_NUMBERS.fullmatch(text):
+    general padding of :func:`_pad_decimals` reads those). ``plain``: the caller has checked
+    that ``text`` is integers and decimals joined by commas (blanks around them), so it is not
+    matched again here."""
+    if not plain and not _PLAIN_NUMBERS.fullmatch(text):
         return None
     import numpy as np
 
@@ -1682,7 +1689,7 @@ def _plain_csv_matrix(text: str) -> Matrix | None:
     if not _PLAIN_CSV.fullmatch(text):
         return None
     rows = [line for line in text.replace("\r", "").split("\n") if line.strip(" ")]
-    return _flow_rational_matrix(rows) if rows else None
+    return _flow_rational_matrix(rows, checked=True) if rows else None  # matched by _PLAIN_CSV
 
 
 def _csv_rows(text: str, rel: str, where_: Where, name: str) -> list[list[str]]:

@@ -1112,6 +1112,38 @@ def _mixed_entry(rng: random.Random) -> str:
     return sign + whole + ("." + "".join(rng.choice("0123456789") for _ in range(places)) if places else "")
 
 
+@pytest.mark.parametrize("seed", range(40))
+def test_rows_the_reader_checked_are_read_as_unchecked_ones(seed, monkeypatch):
+    """``checked=True`` (the YAML and .csv readers matched every entry already) skips the NumPy
+    reader's own match; with powers of ten written out (as yaml.safe_dump writes 1.0e-05) and
+    blanks around the commas, the matrix and its kept float64 are those of the checked path and
+    each entry's own Fraction."""
+    from symattn import problem as _problem
+    from symattn._numbers import matrix_float64
+
+    monkeypatch.setattr(_problem, "_NUMPY_FROM", 0)
+    rng = random.Random(seed)
+    rows, cols = rng.randint(1, 5), rng.randint(1, 6)
+
+    def entry() -> str:
+        e = _mixed_entry(rng)
+        if rng.random() < 0.3 and "." in e:
+            e = f"{float(e):.{rng.randint(1, 4)}e}"  # 1.2346e-05 style
+        return e
+
+    entries = [[entry() for _ in range(cols)] for _ in range(rows)]
+    text_rows = [rng.choice([",", ", ", " ,  "]).join(row) for row in entries]
+    checked = _problem._flow_rational_matrix(text_rows, checked=True)
+    plain = _problem._flow_rational_matrix(text_rows)
+    flat = [Fraction(e) for row in entries for e in row]
+    assert [checked[i, j] for i in range(rows) for j in range(cols)] == [Rational(x.numerator, x.denominator) for x in flat]
+    assert checked == plain
+    got, want = matrix_float64(checked), matrix_float64(plain)
+    assert (got is None) == (want is None)
+    if got is not None:
+        assert got.tolist() == want.tolist() == [[float(x) for x in flat[i * cols:(i + 1) * cols]] for i in range(rows)]
+
+
 @pytest.mark.parametrize("seed", range(60))
 def test_mixed_decimals_are_read_as_their_fractions(seed, monkeypatch):
     """Rows of numbers with differing counts of decimals (how safe_dump writes weights, or exact
