@@ -7,6 +7,7 @@ objects, so no tag can run code and every scalar keeps the text the user wrote:
 
 from __future__ import annotations
 
+import bisect
 import re
 from dataclasses import dataclass
 
@@ -50,9 +51,10 @@ _CLoader = _fast_loader()
 #
 # A model-sized matrix written [[0.12, -0.5, ...], ...] costs libyaml a node and two marks
 # per number. A matrix of plain numbers has only one reading, so it is cut out of the text
-# before composing (a placeholder [] of the same extent keeps every other line and column)
-# and kept as its rows of text. Its nodes are composed from its own text only if something
-# asks for them (an entry to report, a mask of booleans), with the same lines and columns.
+# before composing (a placeholder [] with the same line breaks keeps every other line and
+# column; the marks' character offsets are put back afterwards, see _Cut) and kept as its rows
+# of text. Its nodes are composed from its own text only if something asks for them (an entry
+# to report, a mask of booleans), with the same lines and columns.
 
 _NUMBER = r"-?[0-9]{1,30}(?:\.[0-9]{1,30})?(?:/[0-9]{1,30})?"
 # "\r" appears only in a CRLF line break here (a lone CR sends the text down the usual path), so
@@ -115,16 +117,19 @@ class ListMatrix(FlowMatrix):
     the cut text with this list put back, so every mark is what the whole file gives."""
 
     def __init__(self, rows: list[str], text: str, start: int, end: int, start_mark, end_mark,
-                 file: str, cut: str, layout: str) -> None:
+                 file: str, cut: "_Cut", k: int, layout: str) -> None:
         super().__init__(rows, text, start, end, start_mark, end_mark, file)
         self.flow_style = False
         self.layout = layout
-        self._cut = cut
+        self._cut, self._k = cut, k  # the cut text, and which of its placeholders is this list's
 
     @property
     def value(self):
         if self._value is None:
-            whole = self._cut[: self._start] + self._text[self._start:self._end] + self._cut[self._end:]
+            cut, k = self._cut, self._k
+            # The list put back in its placeholder's place: every line and column is the whole
+            # file's, and every character offset is short by what the placeholders before it saved.
+            whole = cut.text[: cut.starts[k]] + self._text[self._start:self._end] + cut.text[cut.ends[k]:]
             try:
                 root = yaml.compose(whole, Loader=_CLoader)
             except yaml.MarkedYAMLError as exc:  # not expected: the list was checked before it was cut
@@ -139,6 +144,7 @@ class ListMatrix(FlowMatrix):
                 if isinstance(node, yaml.SequenceNode) and not node.flow_style and \
                         (node.start_mark.line, node.start_mark.column) == (line, col):
                     self._value = node.value
+                    _shift_marks(node.value, cut.saved[k])
                     break
                 if isinstance(node, yaml.SequenceNode):
                     stack.extend(node.value)
@@ -327,49 +333,99 @@ def _list_matrices(text: str) -> list[tuple[int, int, list[str], str]]:
         if layout == "rows":
             rows = [line.strip(" ")[3:-1] for line in body.split("\n")]
         else:
-            rows = [row.replace(f"\n{m.group(1)}  - ", ",") for row in body[4:].split(f"\n{m.group(1)}- - ")]
+            # "  - " starts a row's next entry, "- - " the next row: distinct, so one pass each.
+            rows = body[4:].replace(f"\n{m.group(1)}  - ", ",").split(f"\n{m.group(1)}- - ")
         found.append((start, end, rows, layout))
         pos = end  # a list holds no key: the search goes on after it
     return found
 
 
-def _cut(text: str, spans) -> str:
-    """``text`` with each span replaced by a placeholder of the same extent: ``[ ]`` for a flow
-    matrix, ``- [ ]`` (a list of one empty list) for a list of rows."""
-    pieces, last = [], 0
-    for start, end, _rows, layout in spans:
-        pieces.append(text[last:start])
-        if layout == "flow":
-            pieces.append("[" + _blank_ascii(text[start + 1:end - 1]) + "]")
-        else:
-            pieces.append("- [" + _blank_ascii(text[start + 3:end - 1]) + "]")
-        last = end
-    pieces.append(text[last:])
-    return "".join(pieces)
+class _Cut:
+    """``text`` with each span (a matrix cut out) replaced by a placeholder: ``[]`` for a flow
+    matrix, ``- []`` (a list of one empty list) for a list of rows.
+
+    A placeholder keeps the span's line breaks, and on its last line the column of its closing
+    bracket, so every node after it has the line and column it has in ``text``; a span of one
+    line becomes ``[]`` outright (nothing but a comment follows it on its line). Everything else
+    in a span is dropped, where blanks of the same extent would have libyaml scan megabytes twice
+    (the check of the text, then composing it). Only the marks' character offsets (and columns
+    after a span of one line) then differ from ``text``'s: :meth:`mark` puts a mark back in its
+    place in ``text``.
+    """
+
+    def __init__(self, text: str, spans) -> None:
+        pieces, last = [], 0
+        self.starts: list[int] = []  # each placeholder's extent in the cut text
+        self.ends: list[int] = []
+        self.saved: list[int] = []  # characters saved before each placeholder
+        self.through: list[int] = []  # characters saved up to the end of each placeholder
+        self.one_line: list[tuple[int, int]] = []  # each span's (last line, columns saved on it)
+        saved = line = 0
+        for start, end, _rows, layout in spans:
+            pieces.append(text[last:start])
+            line += text.count("\n", last, start)
+            head = "[" if layout == "flow" else "- ["
+            breaks = text.count("\n", start, end)
+            if breaks:
+                tail = end - text.rfind("\n", start, end) - 2  # the last line's characters before "]"
+                placeholder = head + "\n" * breaks + " " * tail + "]"
+            else:
+                placeholder = head + "]"
+            self.starts.append(start - saved)
+            self.saved.append(saved)
+            self.one_line.append((line + breaks, 0) if breaks else (line, end - start - len(placeholder)))
+            saved += end - start - len(placeholder)
+            self.through.append(saved)
+            self.ends.append(end - saved)
+            pieces.append(placeholder)
+            line += breaks
+            last = end
+        pieces.append(text[last:])
+        self.text = "".join(pieces)
+
+    def mark(self, mark):
+        """``mark`` (of the cut text) at its place in the whole text."""
+        k = bisect.bisect_right(self.ends, mark.index)  # placeholders that end at or before it
+        if k == 0:
+            return mark
+        line, columns = self.one_line[k - 1]
+        column = mark.column + columns if mark.line == line else mark.column
+        return type(mark)(mark.name, mark.index + self.through[k - 1], mark.line, column, None, None)
 
 
-_BLANK_BYTES = bytes(b if b == 10 else 32 for b in range(256))
+def _shift_marks(nodes, saved: int) -> None:
+    """Add ``saved`` characters to the offset of every mark of ``nodes`` and the nodes inside."""
+    if not saved:
+        return
+    stack, seen = list(nodes), set()
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        for attr in ("start_mark", "end_mark"):
+            m = getattr(node, attr)
+            setattr(node, attr, type(m)(m.name, m.index + saved, m.line, m.column, None, None))
+        if isinstance(node, yaml.SequenceNode):
+            stack.extend(node.value)
+        elif isinstance(node, yaml.MappingNode):
+            stack.extend(child for pair in node.value for child in pair)
 
 
-def _blank_ascii(text: str) -> str:
-    """:func:`_blank` of the ASCII text of a matrix (digits, signs, brackets, white space),
-    made a byte at a time."""
-    return text.encode("ascii").translate(_BLANK_BYTES).decode("ascii")
-
-
-def _compose_cut(text: str, spans, cut: str, file: str = "<problem>") -> yaml.Node | None:
-    """Compose ``cut`` (``text`` with each span replaced by a placeholder), and put a :class:`FlowMatrix`
-    in each placeholder's place. None when any placeholder is not where a matrix would be
-    (inside a block of text, say): the caller then composes the whole text as usual."""
+def _compose_cut(text: str, spans, cut: _Cut, file: str = "<problem>") -> yaml.Node | None:
+    """Compose ``cut`` (``text`` with each span replaced by a placeholder), give every mark its
+    place in ``text``, and put a :class:`FlowMatrix` in each placeholder's place. None when any
+    placeholder is not where a matrix would be (inside a block of text, say): the caller then
+    composes the whole text as usual."""
     places = {}
     line = last = 0
-    for start, end, rows, layout in spans:  # in the order of the text: lines counted on from the last
+    for k, (start, end, rows, layout) in enumerate(spans):  # in the order of the text: lines counted on from the last
         line += text.count("\n", last, start)
         last = start
         col = start - (text.rfind("\n", 0, start) + 1)
-        places[(line, col)] = (start, end, rows, layout)
+        places[(line, col)] = (start, end, rows, layout, k)
     try:
-        root = yaml.compose(cut, Loader=_CLoader)
+        root = yaml.compose(cut.text, Loader=_CLoader)
     except (yaml.YAMLError, ValueError):
         return None
     placed = 0
@@ -380,7 +436,9 @@ def _compose_cut(text: str, spans, cut: str, file: str = "<problem>") -> yaml.No
         if id(node) in seen:
             continue  # an alias of a node already walked
         seen.add(id(node))
+        node.start_mark, node.end_mark = cut.mark(node.start_mark), cut.mark(node.end_mark)
         if isinstance(node, yaml.MappingNode):
+            stack.extend(key for key, _ in node.value)
             children = [value for _, value in node.value]
             swap = lambda k, new: node.value.__setitem__(k, (node.value[k][0], new))  # noqa: E731
         elif isinstance(node, yaml.SequenceNode):
@@ -388,16 +446,18 @@ def _compose_cut(text: str, spans, cut: str, file: str = "<problem>") -> yaml.No
             swap = node.value.__setitem__
         else:
             continue
-        for k, child in enumerate(children):
-            key = (child.start_mark.line, child.start_mark.column)
-            place = places.get(key) if isinstance(child, yaml.SequenceNode) else None
+        for i, child in enumerate(children):
+            key = (child.start_mark.line, child.start_mark.column)  # lines and columns are the whole text's
+            place = places.get(key) if isinstance(child, yaml.SequenceNode) and id(child) not in seen else None
             if place is not None and place[3] == "flow" and child.flow_style and not child.value:
-                start, end, rows, _layout = place
-                swap(k, FlowMatrix(rows, text, start, end, child.start_mark, child.end_mark, file))
+                start, end, rows, _layout, _k = place
+                marks = cut.mark(child.start_mark), cut.mark(child.end_mark)
+                swap(i, FlowMatrix(rows, text, start, end, *marks, file))
                 placed += 1
             elif place is not None and place[3] != "flow" and not child.flow_style and _is_placeholder_list(child):
-                start, end, rows, layout = place
-                swap(k, ListMatrix(rows, text, start, end, child.start_mark, child.end_mark, file, cut, layout))
+                start, end, rows, layout, k = place
+                marks = cut.mark(child.start_mark), cut.mark(child.end_mark)
+                swap(i, ListMatrix(rows, text, start, end, *marks, file, cut, k, layout))
                 placed += 1
             else:
                 stack.append(child)
@@ -509,8 +569,8 @@ def compose(text: str, file: str, max_values: int | None = None) -> yaml.Node | 
     if _CLoader is not None:
         spans = _flow_matrices(text, max_values)
         if spans:
-            cut = _cut(text, spans)
-            if _prescan(cut, file, max_values) is None:
+            cut = _Cut(text, spans)
+            if _prescan(cut.text, file, max_values) is None:
                 root = _compose_cut(text, spans, cut, file)
                 if root is not None:
                     return root

@@ -961,10 +961,29 @@ def test_compose_cut_matches_libyaml(doc):
         ("seq:\n  - - X: [[1]]\n", 1),
         ("m: {\n  X: [[1, 2]]\n}\n", 1),
         ("X: [[1, 2]] # c\n\nY: [[3]]", 2),
+        ("X: [[1, 2], [3, 4]]", 1),  # the document ends on the matrix's line: its end mark too
+        ("X: [[1, 2]]  # c", 1),
+        ("a: [[1, 2]]\nb: [[1, 2],\n   [3, 4]]\nX:\n- - 1\n  - 2\n- - 3\n  - 4\nY:\n- [5, 6]\nZ: 7", 4),
+        ("m:\n  X: [[1, 2], [3, 4]]\n  Y:\n  - [1, 2]\n  - [3, 4]\n  Z: [[5,\n      6]]\nafter: [1]\n", 3),
     ],
 )
 def test_compose_cut_cases(text, cuts):
     check_cut(text, cuts)
+
+
+def test_the_cut_text_keeps_line_breaks_not_blanks():
+    """A placeholder keeps its span's line breaks and its last line, so libyaml's two passes
+    (the check, then composing) read a few bytes per row, not the matrix's width in blanks; the
+    marks are still the whole text's (check_cut)."""
+    rows = "\n".join(f"- [{', '.join(str(i * 100 + j) for j in range(50))}]" for i in range(40))
+    text = f"title: t\nX:\n{rows}\nY: [[{'], ['.join(', '.join(['0.5'] * 50) for _ in range(40))}]]  # c\nZ: 1\n"
+    spans = _yaml._flow_matrices(text)
+    cut = _yaml._Cut(text, spans)
+    assert len(spans) == 2
+    assert cut.text.count("\n") == text.count("\n")
+    assert len(cut.text) < len(text) / 20
+    assert cut.text.splitlines()[-1] == "Z: 1"
+    check_cut(text, 2)
 
 
 @given(st.text(alphabet="a \r\n\x85\u2028\u2029\ufeff", max_size=40))
