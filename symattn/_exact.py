@@ -646,14 +646,95 @@ def _arb_operand(x):
     return _flint.arb_mat([[_fmpq(v) for v in row] for row in dense.to_list()])
 
 
+class ArbLines:
+    """A matrix whose rows and columns a product reads one at a time, as 1×K and K×1 arb_mats
+    (each read once and kept): a rational matrix read straight from its fmpq entries, or an
+    arb_mat. :meth:`whole` makes (and keeps) the arb_mat of all of it, for whoever needs that.
+    A worked solution shows a corner of the backward pass's last products (dW_Q = Xᵀ dQ, dX =
+    Σ dQ W_Qᵀ ...): their entries then read a few rows and columns of X and the weights, not the
+    whole matrices."""
+
+    def __init__(self, m, dps: int) -> None:
+        self.dps = dps
+        if isinstance(m, _flint.arb_mat):
+            self._source = self._whole = m
+        else:
+            rational = flint_matrix(_dm(m)) if is_rational(m) else None  # an fmpq_mat under flint
+            if rational is not None:
+                self._source, self._whole = rational, None
+            else:
+                self._source = self._whole = arb_matrix(m, dps)
+        self._shape = (self._source.nrows(), self._source.ncols())
+        self._row_of: dict[int, object] = {}
+        self._col_of: dict[int, object] = {}
+
+    def nrows(self) -> int:
+        return self._shape[0]
+
+    def ncols(self) -> int:
+        return self._shape[1]
+
+    def row(self, i: int):
+        got = self._row_of.get(i)
+        if got is None:
+            m = self._source
+            with _arb_precision(self.dps):
+                got = self._row_of[i] = _flint.arb_mat([[m[i, k] for k in range(self._shape[1])]])
+        return got
+
+    def col(self, j: int):
+        got = self._col_of.get(j)
+        if got is None:
+            m = self._source
+            with _arb_precision(self.dps):
+                got = self._col_of[j] = _flint.arb_mat([[m[k, j]] for k in range(self._shape[0])])
+        return got
+
+    def whole(self):
+        if self._whole is None:
+            with _arb_precision(self.dps):
+                self._whole = _flint.arb_mat(self._source)
+        return self._whole
+
+
+class ArbTransposed:
+    """The transpose of an :class:`ArbLines` or :class:`ArbProducts`: its rows are the other's
+    columns, so nothing is transposed until it is needed whole."""
+
+    def __init__(self, m) -> None:
+        self.m = m
+        self._whole = None
+
+    def nrows(self) -> int:
+        return self.m.ncols()
+
+    def ncols(self) -> int:
+        return self.m.nrows()
+
+    def row(self, i: int):
+        return self.m.col(i).transpose()
+
+    def col(self, j: int):
+        return self.m.row(j).transpose()
+
+    def whole(self):
+        if self._whole is None:
+            self._whole = self.m.whole().transpose()
+        return self._whole
+
+
 class ArbProducts:
-    """``Σ a·b`` over arb matrices, made entry by entry until it is needed whole: the backward
-    pass's last products (dW_Q = Xᵀ dQ, dX = Σ dQ W_Qᵀ ...) feed nothing after them, and a worked
-    solution shows their corners. :meth:`whole` makes (and keeps) the arb_mat."""
+    """``Σ a·b`` over :class:`ArbLines` (or products, or transposes), made entry by entry until it
+    is needed whole: the backward pass's last products (dW_Q = Xᵀ dQ, dX = Σ dQ W_Qᵀ ...) feed
+    nothing after them, and a worked solution shows their corners. An entry is one dot product of
+    a row and a column per part; a row (column) of a product is a row (column) of its left (right)
+    factor times the other factor whole. :meth:`whole` makes (and keeps) the arb_mat."""
 
     def __init__(self, parts: list, dps: int) -> None:
         self.parts, self.dps = parts, dps
         self._whole = None
+        self._row_of: dict[int, object] = {}
+        self._col_of: dict[int, object] = {}
 
     def nrows(self) -> int:
         return self.parts[0][0].nrows()
@@ -666,20 +747,46 @@ class ArbProducts:
             return self._whole[key]
         i, j = key
         with _arb_precision(self.dps):
+            if i in self._row_of:
+                return self._row_of[i][0, j]
+            if j in self._col_of:
+                return self._col_of[j][i, 0]
             total = _flint.arb(0)
             for a, b in self.parts:
-                for k in range(a.ncols()):
-                    total += a[i, k] * b[k, j]
+                total += (a.row(i) * b.col(j))[0, 0]
             return total
+
+    def row(self, i: int):
+        got = self._row_of.get(i)
+        if got is None:
+            with _arb_precision(self.dps):
+                got = self._row_of[i] = _arb_sum(a.row(i) * b.whole() for a, b in self.parts)
+        return got
+
+    def col(self, j: int):
+        got = self._col_of.get(j)
+        if got is None:
+            with _arb_precision(self.dps):
+                got = self._col_of[j] = _arb_sum(a.whole() * b.col(j) for a, b in self.parts)
+        return got
 
     def whole(self):
         if self._whole is None:
             with _arb_precision(self.dps):
-                total = None
-                for a, b in self.parts:
-                    total = a * b if total is None else total + a * b
-                self._whole = total
+                self._whole = _arb_sum(a.whole() * b.whole() for a, b in self.parts)
         return self._whole
+
+
+def _arb_sum(terms):
+    total = None
+    for term in terms:
+        total = term if total is None else total + term
+    return total
+
+
+def arb_lines(x, dps: int):
+    """``x`` as something a product reads a row or a column at a time (see :class:`ArbLines`)."""
+    return x if isinstance(x, (ArbLines, ArbTransposed, ArbProducts)) else ArbLines(x, dps)
 
 
 def arb_matrix(x, dps: int):
@@ -688,7 +795,7 @@ def arb_matrix(x, dps: int):
     numbers exactly, anything else evaluated at ``dps`` digits first."""
     if isinstance(x, _flint.arb_mat):
         return x
-    if isinstance(x, ArbProducts):
+    if isinstance(x, (ArbLines, ArbTransposed, ArbProducts)):
         return x.whole()
     if is_rational(x):
         return _arb_operand(x)

@@ -590,14 +590,15 @@ class ArbOps(NumericOps):
             return _exact.arb_matrix(x, self.dps)
 
     def matmul(self, a, b):
-        with _exact.arb_precision(self.dps):  # made entry by entry until needed whole
-            return _exact.ArbProducts([(_exact.arb_matrix(a, self.dps), _exact.arb_matrix(b, self.dps))], self.dps)
+        # made entry by entry (a row of a times a column of b) until needed whole
+        return _exact.ArbProducts([(_exact.arb_lines(a, self.dps), _exact.arb_lines(b, self.dps))], self.dps)
 
     def T(self, a):
-        """``aᵀ``, made once per value (Xᵀ serves dW_Q, dW_K and dW_V)."""
+        """``aᵀ``, one per value (Xᵀ serves dW_Q, dW_K and dW_V): its rows are a's columns, read
+        when a product asks for them, and it is transposed whole only if something needs that."""
         kept = self._transposed.get(id(a))
         if kept is None or kept[0] is not a:
-            kept = self._transposed[id(a)] = (a, self.grid(a).transpose())  # (an arb_mat transposes faster than a SymPy matrix)
+            kept = self._transposed[id(a)] = (a, _exact.ArbTransposed(_exact.arb_lines(a, self.dps)))
         return kept[1]
 
     def add_row(self, m, row):

@@ -356,7 +356,8 @@ class Derivation:
                 read = (other.id, dps, "read")
                 if read not in cache:  # each input read into arb once (X serves dW_Q, dW_K, dW_V, dX)
                     if _exact.qq_entries(other.lazy) is not None:
-                        cache[read] = ops.grid(other.lazy)  # rational: read exactly
+                        # rational: read exactly, a row or a column at a time as products ask
+                        cache[read] = _exact.arb_lines(other.lazy, dps)
                     else:
                         balls = _ops.arb_structure(other.value, dps)
                         cache[read] = ops.grid(self.evaluate(other.id, dps) if balls is None else balls)

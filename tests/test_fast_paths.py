@@ -674,6 +674,82 @@ def test_rows_made_when_read_are_the_kept_rows(n_q, n_k, data):
 
 
 # --------------------------------------------------------------------------
+# 6b. The backward pass's lazy arb products: an entry, a row, a column or the whole, read a row
+#     or a column of each factor at a time, equal the exact product of the fractions
+# --------------------------------------------------------------------------
+
+
+def _qq_matrix(rng: random.Random, rows: int, cols: int):
+    entries = [[Fraction(rng.randint(-30, 30), rng.randint(1, 9)) for _ in range(cols)] for _ in range(rows)]
+    m = _exact.rational_matrix(rows, cols, [QQ(x.numerator, x.denominator) for row in entries for x in row])
+    return m, entries
+
+
+def _fraction_product(a, b):
+    return [[sum((a[i][k] * b[k][j] for k in range(len(b))), Fraction(0)) for j in range(len(b[0]))]
+            for i in range(len(a))]
+
+
+def _transpose(a):
+    return [list(col) for col in zip(*a)]
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_lazy_arb_products_equal_the_exact_products(seed):
+    """dW = Xᵀ·(dS·K) and dX = (dS·K)·Wᵀ + (dS'·K')·W'ᵀ, as the backward pass builds them with ArbOps
+    (rational factors read a row or a column at a time, a transpose never made, products of
+    products): every entry, row, column and the whole within 1e-40 of the fractions' product,
+    whatever is asked for first."""
+    from symattn import _ops
+
+    rng = random.Random(seed)
+    n, k, d = rng.randint(1, 6), rng.randint(1, 6), rng.randint(1, 6)
+    X, x = _qq_matrix(rng, n, d)
+    S1, s1 = _qq_matrix(rng, n, n)
+    S2, s2 = _qq_matrix(rng, n, n)
+    K1, k1 = _qq_matrix(rng, n, k)
+    K2, k2 = _qq_matrix(rng, n, k)
+    W1, w1 = _qq_matrix(rng, d, k)
+    W2, w2 = _qq_matrix(rng, d, k)
+    ops = _ops.ArbOps(50)
+    s1_arb = ops.grid(S1)  # a whole arb_mat, as dS is
+    dq1, dq2 = ops.matmul(s1_arb, K1), ops.matmul(ops.grid(S2), K2)
+    dW = ops.matmul(ops.T(X), dq1)
+    dX = ops.sum([ops.matmul(dq1, ops.T(W1)), ops.matmul(dq2, ops.T(W2))])
+    exact_dq1 = _fraction_product(s1, k1)
+    expected = {
+        "dW": _fraction_product(_transpose(x), exact_dq1),
+        "dX": [[p + q for p, q in zip(r1, r2)] for r1, r2 in zip(_fraction_product(exact_dq1, _transpose(w1)),
+                                                               _fraction_product(_fraction_product(s2, k2), _transpose(w2)))],
+    }
+    tolerance = mpmath.mpf(10) ** -40
+
+    def close(ball, want: Fraction) -> bool:
+        with mpmath.workdps(80):
+            return abs(_exact._arb_to_mpf(ball) - mpmath.mpf(want.numerator) / want.denominator) <= tolerance
+
+    for name, product in (("dW", dW), ("dX", dX)):
+        want = expected[name]
+        rows, cols = len(want), len(want[0])
+        order = rng.choice(["entries", "rows", "cols", "whole"])
+        if order == "rows":
+            for i in rng.sample(range(rows), min(rows, 2)):
+                line = product.row(i)
+                assert all(close(line[0, j], want[i][j]) for j in range(cols)), (name, "row", i)
+        elif order == "cols":
+            for j in rng.sample(range(cols), min(cols, 2)):
+                line = product.col(j)
+                assert all(close(line[i, 0], want[i][j]) for i in range(rows)), (name, "col", j)
+        elif order == "whole":
+            whole = product.whole()
+            assert (whole.nrows(), whole.ncols()) == (rows, cols)
+            assert all(close(whole[i, j], want[i][j]) for i in range(rows) for j in range(cols)), (name, "whole")
+        for i in range(rows):
+            for j in range(cols):
+                assert close(product[i, j], want[i][j]), (name, order, i, j)
+
+
+# --------------------------------------------------------------------------
 # 7. mpf_of_qq: correctly rounded to prec bits
 # --------------------------------------------------------------------------
 
