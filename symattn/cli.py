@@ -234,7 +234,7 @@ def _derive_text(problem: Path | None, kind: str, standalone: bool, digits: int 
     advance = progress.advance
     advance("reading the problem")
     if problem is None:
-        import pkgutil  # the package's own loader reads it: a tenth of importlib.resources' import time
+        import pkgutil  # the package's own loader reads it: a third of importlib.resources' import time
 
         source = pkgutil.get_data("symattn", "data/causal_4_tokens.yaml").decode("utf-8")
         p = _builtin(source)
