@@ -262,8 +262,9 @@ def _one_line_matrices(text: str, max_values: int | None = None, lo: int = 0,
 #
 # ``X:`` alone on its line, then a row per list item, every item at one indentation: flow rows
 # (``- [1, 2]``) or the block style ``yaml.safe_dump`` writes (``- - 1``, then ``  - 2`` below).
-# Such a list of plain numbers is cut out the same way; its placeholder ``- [ ]`` keeps the
-# list's first "-" and its extent, so the rest of the file composes as it would around the list.
+# Such a list of plain numbers is cut out the same way; its placeholder ``- []`` keeps the
+# list's first "-" and its line breaks (see _Cut), so the rest of the file composes as it would
+# around the list.
 
 # A key alone on its line, then the first item of a list on the next: "- " after ``indent``.
 # Found from its colon (a quick scan for ":"), then the line is read back to its start.
@@ -465,7 +466,7 @@ def _compose_cut(text: str, spans, cut: _Cut, file: str = "<problem>") -> yaml.N
 
 
 def _is_placeholder_list(node: yaml.SequenceNode) -> bool:
-    """Whether ``node`` is what a placeholder ``- [ ]`` composes to: a list of one empty flow list."""
+    """Whether ``node`` is what a placeholder ``- []`` composes to: a list of one empty flow list."""
     if len(node.value) != 1:
         return False
     item = node.value[0]
