@@ -277,11 +277,15 @@ def test_a_command_in_process_leaves_the_collector_alone(tmp_path):
 def test_the_console_script_freezes_its_objects_as_it_ends(tmp_path):
     """main() as the console script runs it (no arguments given) freezes the process's objects
     before interpreter shutdown, having flushed its output: the whole solution is there."""
-    probe = ("import gc, sys\nfrom symattn.cli import main\nsys.argv = ['symattn', 'derive', '--format', 'text']\n"
-             "code = main()\nprint('frozen', gc.get_freeze_count(), file=sys.stderr)\nsys.exit(code)\n")
+    probe = ("import gc, sys\nfrom symattn import cli\nwith cli._Importing():\n    from symattn import _crosscheck\n"
+             "kept = [[k] for k in range(20_000)]  # tracked objects made after the imports were frozen\n"
+             "before = gc.get_freeze_count()\nsys.argv = ['symattn', 'derive', '--format', 'text']\n"
+             "code = cli.main()\nprint('frozen', before, gc.get_freeze_count(), file=sys.stderr)\nsys.exit(code)\n")
     done = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert int(done.stderr.split("frozen ")[1].split()[0]) > 100_000
+    before, after = map(int, done.stderr.split("frozen ")[1].split()[:2])
+    assert before > 100_000  # the imports' own objects
+    assert after >= before + 20_000  # and, as main() ends, what was made since
     expected = CliRunner().invoke(cli, ["derive", "--format", "text"], prog_name="symattn")
     assert expected.exit_code == 0
     assert done.stdout == expected.stdout
