@@ -663,7 +663,8 @@ class ArbLines:
             if rational is not None:
                 self._source, self._whole = rational, None
             else:
-                self._source = self._whole = arb_matrix(m, dps)
+                with _arb_precision(dps):  # read at dps digits, not flint's 53-bit default
+                    self._source = self._whole = arb_matrix(m, dps)
         self._shape = (self._source.nrows(), self._source.ncols())
         self._row_of: dict[int, object] = {}
         self._col_of: dict[int, object] = {}
@@ -786,7 +787,10 @@ def _arb_sum(terms):
 
 def arb_lines(x, dps: int):
     """``x`` as something a product reads a row or a column at a time (see :class:`ArbLines`)."""
-    return x if isinstance(x, (ArbLines, ArbTransposed, ArbProducts)) else ArbLines(x, dps)
+    return x if isinstance(x, _LAZY_ARB) else ArbLines(x, dps)
+
+
+_LAZY_ARB = (ArbLines, ArbTransposed, ArbProducts)  # what arb_matrix makes whole and arb_lines keeps
 
 
 def arb_matrix(x, dps: int):
@@ -795,7 +799,7 @@ def arb_matrix(x, dps: int):
     numbers exactly, anything else evaluated at ``dps`` digits first."""
     if isinstance(x, _flint.arb_mat):
         return x
-    if isinstance(x, (ArbLines, ArbTransposed, ArbProducts)):
+    if isinstance(x, _LAZY_ARB):
         return x.whole()
     if is_rational(x):
         return _arb_operand(x)

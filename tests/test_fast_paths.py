@@ -749,6 +749,27 @@ def test_lazy_arb_products_equal_the_exact_products(seed):
                 assert close(product[i, j], want[i][j]), (name, order, i, j)
 
 
+def test_a_lazy_rational_factor_is_read_at_the_working_digits():
+    """A factor that is neither a rational matrix nor an arb_mat (a lazy matrix whose entries are
+    fractions, as _gradient_balls reads some stages) is read into arb at the product's digits,
+    not at flint's 53-bit default, whatever precision is set when it is read."""
+    from symattn import _ops
+
+    rng = random.Random(3)
+    fractions = [[Fraction(rng.randint(-30, 30), rng.randint(3, 9)) for _ in range(3)] for _ in range(2)]
+    qq_rows = [[QQ(f.numerator, f.denominator) for f in row] for row in fractions]
+    lazy = _exact.LazyMatrix(2, 3, lambda i, j: Rational(fractions[i][j].numerator, fractions[i][j].denominator),
+                             qq_rows=qq_rows)
+    X, x = _qq_matrix(rng, 3, 2)
+    product = _ops.ArbOps(50).matmul(lazy, X)
+    want = _fraction_product(fractions, x)
+    for i in range(2):
+        for j in range(2):
+            with mpmath.workdps(80):
+                exact = mpmath.mpf(want[i][j].numerator) / want[i][j].denominator
+                assert abs(_exact._arb_to_mpf(product[i, j]) - exact) <= mpmath.mpf(10) ** -45, (i, j)
+
+
 # --------------------------------------------------------------------------
 # 7. mpf_of_qq: correctly rounded to prec bits
 # --------------------------------------------------------------------------
