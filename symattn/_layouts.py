@@ -15,6 +15,10 @@ projection that read those heads, and b_O) from the tensors a model of that layo
 ``layer`` is the number in the tensor names (``h.0`` is layer 0); heads are counted from 1, as
 everywhere in a problem file (head 1 is the first d_head columns of Q). Only the slices needed
 are read (:mod:`symattn._safetensors`), each float its exact dyadic rational.
+
+The ``config.json`` beside the checkpoint is read as Hugging Face transformers writes it, old
+spellings and new (:class:`_Config`): what it changes in the layer's attention is applied (the
+RoPE base, head_dim, a sliding window, GPT-2's scale, BERT's is_decoder) or refused by name.
 """
 
 from __future__ import annotations
@@ -24,15 +28,14 @@ import json
 import os
 import re
 from dataclasses import dataclass, field
-from fractions import Fraction
 
 import sympy
 import yaml
 
 from . import _safetensors, _yaml
 from ._files import FileError, file_error, read_regular
-from ._numbers import is_positive
-from .rope import Rope
+from ._numbers import NumberError, check_size, is_positive, parse_number
+from .rope import DEFAULT_BASE, Rope
 
 LAYOUTS = ("gpt2", "llama", "bert")
 KEYS = ("file", "layout", "layer", "heads", "n_head", "n_kv_head", "rope_theta")
@@ -46,7 +49,8 @@ MAX_CONFIG = 1_000_000  # bytes of config.json
 class Loaded:
     """What ``from:`` fills in: each head's (W_Q, W_K, W_V, b_Q, b_K, b_V) (a bias None when the
     file has none), ``matrices`` (W_O and b_O with several heads), the K/V groups, the rotary
-    embedding and the layout's mask when the problem gives none."""
+    embedding, and the layout's mask and score scale (as the config sets them) when the problem
+    gives none."""
 
     heads: list[tuple]
     matrices: dict = field(default_factory=dict)
@@ -54,6 +58,8 @@ class Loaded:
     rope: Rope | None = None
     mask: str = "none"
     multi: bool = False
+    window: int | None = None  # the config's sliding window, when the layer applies it (mask sliding-window)
+    scale: object = None  # the config's score scale when it is not 1/√d_head (GPT-2's, exact); None: auto
 
 
 @dataclass(frozen=True)
@@ -210,7 +216,8 @@ def read_from(reader, key: yaml.Node, node: yaml.Node, fields: dict, X) -> Loade
                                        "(the number in the tensor names)", "from.layer")
         first = layout.prefixes[0] + layout.q.format(layer=layer) + ".weight"
         raise at(layout_node).error(ckpt.missing(first, f"{word} layer {layer}'s query weights"), "from.layout")
-    config = _config(reader, path, rel, where_)
+    config = _config(reader, key, path, rel, where_)
+    config.model_type(word)
     n_head = _count(reader, given, config, "n_head", ("n_head", "num_attention_heads"))
     if n_head is None:
         raise at(node).error(f"the number of heads is not in {rel!r}: give it in from (n_head: 12), or put the "
@@ -236,6 +243,16 @@ def read_from(reader, key: yaml.Node, node: yaml.Node, fields: dict, X) -> Loade
                             f"{'entry' if d_model == 1 else 'entries'}", "X")
     picked = _heads(reader, given["heads"][1], n_head, d_head)
     group = n_head // n_kv
+    window = scale = None  # what the config changes in the layer's attention, read before any slice
+    mask = layout.mask
+    if word == "llama":
+        _qk_norm(at, node, names, ckpt)
+        window = _llama_config(config, layer, X.rows, n_head, d_head, names, ckpt, "mask" in fields)
+    elif word == "gpt2":
+        scale = _gpt2_scale(config, layer, d_head, "scale" in fields)
+    elif _bert_config(config):
+        mask = "causal"  # is_decoder: a BERT decoder's self-attention is causal
+    rope = _rope(config, reader, key, given, fields, d_head) if layout.rope else None
 
     def part(proj: str, h: int) -> tuple:
         """The weights and bias of head h (0-based; for K and V, the K/V head) in projection ``proj``."""
@@ -258,7 +275,8 @@ def read_from(reader, key: yaml.Node, node: yaml.Node, fields: dict, X) -> Loade
         W_K, b_K = part("k", h // group)
         W_V, b_V = part("v", h // group)
         heads.append((W_Q, W_K, W_V, b_Q, b_K, b_V))
-    loaded = Loaded(heads, mask=layout.mask, multi=len(picked) > 1)
+    loaded = Loaded(heads, mask="sliding-window" if window else mask, multi=len(picked) > 1, window=window,
+                    scale=scale)
     if loaded.multi:
         import numpy as np
 
@@ -272,8 +290,7 @@ def read_from(reader, key: yaml.Node, node: yaml.Node, fields: dict, X) -> Loade
             loaded.matrices["b_O"] = ckpt.matrix(names["o"] + ".bias", vector=True)
         if group > 1:
             loaded.kv_heads = _groups(at, given["heads"][1], [h + 1 for h in picked], group)
-    if layout.rope:
-        loaded.rope = _rope(reader, key, given, config, fields, d_head, rel)
+    loaded.rope = rope
     return loaded
 
 
@@ -366,8 +383,9 @@ def _groups(at, node, heads: list[int], group: int) -> int | None:
     return distinct
 
 
-def _rope(reader, key, given: dict, config: dict, fields: dict, d_head: int, rel: str) -> Rope | None:
-    """LLaMA's rotary embedding: rotate_half (pairing half), θ_i = rope_theta^(−2i/d_head)."""
+def _rope(config: "_Config", reader, key, given: dict, fields: dict, d_head: int) -> Rope | None:
+    """LLaMA's rotary embedding: rotate_half (pairing half), θ_i = rope_theta^(−2i/d_head), the base
+    from ``from`` (which wins), else the config's, else 10000; the config's other RoPE settings refused."""
     at = reader.at
     if "rope" in fields:
         return None  # the problem's own rope: replaces the layout's (problem.py reads it)
@@ -376,28 +394,162 @@ def _rope(reader, key, given: dict, config: dict, fields: dict, d_head: int, rel
                                               "derived; remove backward", "backward")
     if d_head % 2:
         raise at(key).error(f"RoPE rotates pairs of components, but d_head is {d_head}", "from")
+    base = config.rope_base()
     if "rope_theta" in given:
         v = given["rope_theta"][1]
         base = reader.number(v, "from.rope_theta", use_symbols=False)
         if not is_positive(base):
             raise at(v).error(f"rope_theta must be positive, not {v.value}", "from.rope_theta")
-        return Rope("half", base=base)
-    scaling = config.get("rope_scaling")
-    if scaling:
-        kind = scaling.get("rope_type", scaling.get("type")) if isinstance(scaling, dict) else scaling
-        raise at(key).error(f"the config.json beside {rel!r} sets rope_scaling ({kind}), which symattn does not "
-                            "apply: give rope: {base: ...} in the problem to use plain RoPE angles", "from")
-    theta = config.get("rope_theta", 10000)
-    if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not theta > 0 or theta == float("inf"):
-        raise at(key).error(f"the config.json beside {rel!r} has rope_theta {theta!r}, not a positive number", "from")
-    return Rope("half", base=sympy.Rational(Fraction(theta)))
+    return Rope("half", base=sympy.Integer(DEFAULT_BASE) if base is None else base)
 
 
-def _config(reader, path, rel: str, where_) -> dict:
-    """The ``config.json`` beside the checkpoint ({} when there is none)."""
+# -- config.json --------------------------------------------------------------------------------------
+
+# The model types whose attention each layout follows, as transformers computes it: a config.json
+# of another type (Gemma 2's soft-capping, Qwen 3's normalised queries, Cohere's interleaved RoPE)
+# is refused rather than read as if it were one of these.
+MODEL_TYPES = {
+    "gpt2": ("gpt2",),
+    "llama": ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "starcoder2", "gemma"),
+    "bert": ("bert", "roberta", "xlm-roberta"),
+}
+_EVERY_LAYER_WINDOW = ("mistral", "mixtral", "starcoder2")  # sliding_window applies to every layer
+_LAYER_TYPES_WINDOW = ("qwen2", "qwen2_moe")  # only with use_sliding_window, to the layers layer_types names
+_ROPE_DICTS = ("rope_parameters", "rope_scaling")  # transformers 5's name and the older one
+_ROPE_KEYS = ("rope_type", "type", "rope_theta", "partial_rotary_factor")
+_CONSTANTS = ("NaN", "Infinity", "-Infinity")  # what Python's json reads beside JSON's numbers
+_COUNT = re.compile(r"[0-9]{1,9}")
+
+
+class _Number:
+    """A number in config.json as its JSON text, converted only where it is read and then exactly
+    (100.0 is 100, 1e6 is 10^6; never a binary float), its length bounded first."""
+
+    __slots__ = ("text",)
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+
+def _exact(v) -> sympy.Expr:
+    """The exact value of a number read from config.json (NumberError when it is none)."""
+    if not isinstance(v, _Number) or v.text in _CONSTANTS:
+        raise NumberError("not a finite number")
+    return check_size(v.text, parse_number(v.text))
+
+
+def _count_of(v) -> int | None:
+    """A whole number of at most nine digits from config.json; None when ``v`` is none."""
+    return int(v.text) if isinstance(v, _Number) and _COUNT.fullmatch(v.text) else None
+
+
+def _shown(v) -> str:
+    """A config value as a message shows it: a long one cut to a short excerpt."""
+    if isinstance(v, _Number):
+        return v.text if len(v.text) <= 40 else f"{v.text[:30]}… ({len(v.text):,} characters)"
+    if isinstance(v, str):
+        return repr(v if len(v) <= 40 else v[:30] + "…")
+    if isinstance(v, bool) or v is None:
+        return {True: "true", False: "false", None: "null"}[v]
+    return "a list" if isinstance(v, list) else "an object"
+
+
+def _same(a, b) -> bool:
+    """Whether two spellings of one setting give the same value (numbers compared exactly)."""
+    if isinstance(a, _Number) and isinstance(b, _Number):
+        if a.text == b.text:
+            return True
+        try:
+            return bool(_exact(a) == _exact(b))
+        except NumberError:
+            return False
+    return type(a) is type(b) and not isinstance(a, (_Number, list, dict)) and a == b
+
+
+class _Config:
+    """The ``config.json`` beside the checkpoint (empty when there is none): each setting read under
+    every spelling transformers writes, and every setting that changes the layer's attention in a way
+    symattn does not apply refused in one line naming it."""
+
+    def __init__(self, data: dict, rel: str, where_) -> None:
+        self.data, self.rel, self.where = data, rel, where_
+
+    def refuse(self, text: str):
+        raise self.where.error(f"the config.json beside {self.rel!r} {text}", "from")
+
+    def value(self, spelling: str):
+        """The value at a dotted ``spelling`` (rope_parameters.rope_theta); None when absent or null."""
+        v = self.data
+        for part in spelling.split("."):
+            v = v.get(part) if isinstance(v, dict) else None
+        return v
+
+    def get(self, *spellings: str) -> tuple[str | None, object]:
+        """The first spelling present and its value, refused when two spellings disagree."""
+        found = [(s, v) for s in spellings for v in [self.value(s)] if v is not None]
+        for name, v in found[1:]:
+            if not _same(found[0][1], v):
+                self.refuse(f"gives {found[0][0]} {_shown(found[0][1])} and {name} {_shown(v)}, which disagree: "
+                            "keep one")
+        return found[0] if found else (None, None)
+
+    def flag(self, name: str, default: bool) -> bool:
+        v = self.data.get(name)
+        if v is None:
+            return default
+        if not isinstance(v, bool):
+            self.refuse(f"has {name} {_shown(v)}, not true or false")
+        return v
+
+    def model_type(self, word: str) -> None:
+        v = self.data.get("model_type")
+        if v is not None and not isinstance(v, str):
+            self.refuse(f"has model_type {_shown(v)}, not a name such as {MODEL_TYPES[word][0]!r}")
+        if v is not None and v not in MODEL_TYPES[word]:
+            self.refuse(f"is for a {_shown(v)} model (model_type), whose attention symattn's {word} layout does not "
+                        f"follow: it follows {', '.join(MODEL_TYPES[word])} models")
+
+    def rope_base(self) -> sympy.Expr | None:
+        """The config's rope_theta, exactly (None when it has none), after refusing the RoPE settings
+        symattn does not apply: any rope_type but default, partial_rotary_factor but 1, other keys."""
+        for name in _ROPE_DICTS:
+            v = self.data.get(name)
+            if v is not None and not isinstance(v, dict):
+                self.refuse(f'has {name} {_shown(v)}, not an object such as {{"rope_type": "default", '
+                            '"rope_theta": 10000.0}')
+        name, kind = self.get("rope_parameters.rope_type", "rope_parameters.type", "rope_scaling.rope_type",
+                              "rope_scaling.type")
+        if kind is not None and kind != "default":
+            self.refuse(f"sets {name} {_shown(kind)}, which symattn does not apply (it applies plain RoPE, rope_type "
+                        "default): give rope: {base: ...} in the problem to use plain RoPE angles")
+        for name in _ROPE_DICTS:
+            for k in self.data.get(name) or {}:
+                if k not in _ROPE_KEYS:
+                    shown = k if len(k) <= 40 and k.isprintable() else _shown(k)
+                    self.refuse(f"sets {name}.{shown}, which symattn does not apply (it reads rope_type, rope_theta "
+                                "and partial_rotary_factor there)")
+        name, part = self.get("partial_rotary_factor", "rope_parameters.partial_rotary_factor",
+                              "rope_scaling.partial_rotary_factor")
+        if part is not None and not _same(part, _Number("1")):
+            self.refuse(f"sets {name} {_shown(part)} (RoPE on part of each head), which symattn does not apply")
+        name, theta = self.get("rope_theta", "rope_parameters.rope_theta", "rope_scaling.rope_theta")
+        if theta is None:
+            return None
+        try:
+            base = _exact(theta)
+        except NumberError:
+            base = None
+        if base is None or not is_positive(base):
+            self.refuse(f"has {name} {_shown(theta)}, not a positive number")
+        return base
+
+
+def _config(reader, key, path, rel: str, where_) -> _Config:
+    """The ``config.json`` beside the checkpoint, its numbers kept as their text."""
     cfg = path.parent / "config.json"
+    at = reader.at(key)
     if not os.path.lexists(cfg):
-        return {}
+        return _Config({}, rel, at)
     try:
         inside = reader.base_dir in cfg.resolve().parents
     except (RuntimeError, OSError):
@@ -406,28 +558,110 @@ def _config(reader, path, rel: str, where_) -> dict:
         raise where_.error(f"the config.json beside {rel!r} leads out of the problem's folder (a link?)", "from")
     try:
         data = json.loads(read_regular(cfg, MAX_CONFIG, "config.json is {size} bytes; a model's config is smaller",
-                                       noun="config file").decode("utf-8"))
+                                       noun="config file").decode("utf-8"),
+                          parse_int=_Number, parse_float=_Number, parse_constant=_Number)
     except FileError as exc:
         raise where_.error(f"the config.json beside {rel!r}: {exc}", "from") from None
     except (UnicodeDecodeError, ValueError, RecursionError):
         raise where_.error(f"the config.json beside {rel!r} is not valid JSON", "from") from None
     if not isinstance(data, dict):
         raise where_.error(f"the config.json beside {rel!r} is not a JSON object", "from")
-    return data
+    return _Config(data, rel, at)
 
 
-def _count(reader, given: dict, config: dict, name: str, config_keys: tuple[str, ...]) -> int | None:
+def _count(reader, given: dict, config: _Config, name: str, config_keys: tuple[str, ...]) -> int | None:
     """A whole number of heads from ``from`` (which wins) or the config; None when neither has it."""
     if name in given:
         return _whole(reader, given[name][1], "from." + name, f"{name} is a number of heads", least=1)
-    for k in config_keys:
-        v = config.get(k)
+    k, v = config.get(*config_keys)
+    if v is None:
+        return None
+    count = _count_of(v)
+    if count is None or count < 1:
+        raise reader.at(given["file"][1]).error(f"the config.json beside the checkpoint has {k} {_shown(v)}, not a "
+                                                "whole number from 1 to 999,999,999", "from." + name)
+    return count
+
+
+def _qk_norm(at, node, names: dict, ckpt: _File) -> None:
+    """A llama-named layer that normalises its queries or keys (Qwen 3, OLMo 2) is refused."""
+    for p, what in (("q", "queries"), ("k", "keys")):
+        name = names[p][:-len("_proj")] + "_norm.weight"
+        if name in ckpt.shapes or name in ckpt.malformed:
+            raise at(node).error(f"{ckpt.rel!r} has {name}: the layer normalises each head's {what} (QK-norm), "
+                                 "which symattn does not apply", "from.layout")
+
+
+def _llama_config(config: _Config, layer: int, n: int, n_head: int, d_head: int, names: dict, ckpt: _File,
+                  masked: bool) -> int | None:
+    """The sliding window a llama layer of ``n`` tokens applies (None: none, or one that hides no
+    key), after refusing what the config changes in the layer that symattn does not apply."""
+    name, head_dim = config.get("head_dim")
+    if head_dim is not None and _count_of(head_dim) != d_head:
+        rows = ckpt.shapes[names["q"] + ".weight"][0]
+        config.refuse(f"has head_dim {_shown(head_dim)}, but the {rows} rows of {names['q']}.weight make {n_head} "
+                      f"heads {d_head} wide: check head_dim and n_head (num_attention_heads)")
+    for k, what in (("attn_logit_softcapping", "soft-capped scores"),
+                    ("attention_multiplier", "scores scaled by it, not by 1/√d_head")):
+        name, v = config.get(k)
         if v is not None:
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise reader.at(given["file"][1]).error(f"the config.json beside the checkpoint has {k} {v!r}, not a "
-                                                        "whole number ≥ 1", "from." + name)
-            return v
-    return None
+            config.refuse(f"sets {name} {_shown(v)} ({what}), which symattn does not apply")
+    name, v = config.get("query_pre_attn_scalar")
+    if v is not None and _count_of(v) != d_head:
+        config.refuse(f"sets {name} {_shown(v)} (scores scaled by its inverse square root, not by 1/√d_head = "
+                      f"1/√{d_head}), which symattn does not apply")
+    kinds = config.data.get("layer_types")
+    kind = None
+    if kinds is not None:
+        if not isinstance(kinds, list):
+            config.refuse(f"has layer_types {_shown(kinds)}, not a list")
+        if layer >= len(kinds):
+            config.refuse(f"has layer_types with {len(kinds)} {'entry' if len(kinds) == 1 else 'entries'}, none for "
+                          f"layer {layer}")
+        kind = kinds[layer]
+        if kind not in ("full_attention", "sliding_attention"):
+            config.refuse(f"gives layer {layer} the attention type {_shown(kind)} (layer_types), which symattn does "
+                          "not apply")
+    if masked:
+        return None  # the problem's mask replaces the layout's
+    width = config.value("sliding_window")
+    model = config.data.get("model_type")
+    if width is None or (model in _LAYER_TYPES_WINDOW and not config.flag("use_sliding_window", False)):
+        return None  # transformers drops the window (sliding_window null, or Qwen 2 without use_sliding_window)
+    w = _count_of(width)
+    if not w:
+        config.refuse(f"has sliding_window {_shown(width)}, not a whole number ≥ 1 or null")
+    if w >= n:
+        return None  # query i reads keys i − w + 1 … i: with n ≤ w tokens that is every earlier key (causal)
+    if model in _EVERY_LAYER_WINDOW:
+        return w
+    if model in _LAYER_TYPES_WINDOW and kind is not None:
+        return w if kind == "sliding_attention" else None
+    why = ("it has no layer_types" if model in _LAYER_TYPES_WINDOW else
+           f"model_type {_shown(model)} does not say" if model is not None else "it has no model_type")
+    config.refuse(f"sets sliding_window {w}, which hides keys from X's {n} tokens, and symattn cannot tell whether "
+                  f"layer {layer} applies it ({why}): give mask: {{sliding-window: {w}}} or mask: causal in the "
+                  "problem")
+
+
+def _gpt2_scale(config: _Config, layer: int, d_head: int, given: bool):
+    """GPT-2's score scale when the config changes it (scale_attn_weights: false drops 1/√d_head,
+    scale_attn_by_inverse_layer_idx divides by layer + 1), exactly; None for the usual 1/√d_head or
+    when the problem gives its own scale."""
+    weights = config.flag("scale_attn_weights", True)
+    inverse = config.flag("scale_attn_by_inverse_layer_idx", False)
+    if given or (weights and not inverse):
+        return None
+    scale = (1 / sympy.sqrt(sympy.Integer(d_head)) if weights else sympy.Integer(1)) / (layer + 1 if inverse else 1)
+    return "none" if scale == 1 else scale
+
+
+def _bert_config(config: _Config) -> bool:
+    """Whether the BERT layer is a decoder's (is_decoder: causal), after refusing relative positions."""
+    name, kind = config.get("position_embedding_type")
+    if kind is not None and kind != "absolute":
+        config.refuse(f"sets {name} {_shown(kind)} (relative positions in the scores), which symattn does not apply")
+    return config.flag("is_decoder", False)
 
 
 def _whole(reader, node: yaml.Node, field: str, what: str, least: int) -> int:

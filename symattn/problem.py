@@ -588,7 +588,7 @@ class _Reader:
             key_tokens = tokens
 
         mask = self.mask(node("mask"), n_q, n_k) if loaded is None or "mask" in fields else \
-            Mask(loaded.mask, mask_rule(loaded.mask, n_q, n_k))
+            Mask(loaded.mask, mask_rule(loaded.mask, n_q, n_k, loaded.window), window=loaded.window)
         bias = None
         if "bias" in fields:
             bias = self.matrix(node("bias"), "bias", allow_neg_inf=True)
@@ -628,7 +628,7 @@ class _Reader:
             tokens=tokens,
             key_tokens=key_tokens,
             mask=mask,
-            scale=self.scale(node("scale")),
+            scale=loaded.scale if loaded is not None and loaded.scale is not None else self.scale(node("scale")),
             digits=self.digits(node("digits")),
             bias=bias,
             heads=tuple(heads),

@@ -528,7 +528,7 @@ def test_rope_scaling_is_refused(tmp_path, capsys):
                                               "rope_scaling": {"rope_type": "llama3", "factor": 8.0}})
     line = _error(tmp_path, "X: [[1, 0, 0, 0, 0, 0, 0, 0]]\nfrom: {file: model.safetensors, layout: llama, layer: 0, "
                             "heads: [1]}\n", capsys)
-    assert "sets rope_scaling (llama3)" in line
+    assert "sets rope_scaling.rope_type 'llama3', which symattn does not apply" in line, line
 
 
 # -- the worked example ---------------------------------------------------------------------------
