@@ -235,7 +235,7 @@ DERIVE = [
      "its header is not a JSON object"),
     ("st-dtype-float8", {"p.yaml": st_problem("{file: m.safetensors, tensor: w}"),
                          "m.safetensors": safetensors({"w": ("F8_E4M3", (2, 1), b"\1\2")})}, {},
-     "tensor 'w' holds F8_E4M3 values; symattn reads F16, BF16, F32, F64 and integers"),
+     "tensor 'w' holds F8_E4M3 values; symattn reads F16, BF16, F32, F64, I8, I16, I32, I64 and U8"),
     ("st-shape-1e12-squared", {"p.yaml": st_problem("{file: m.safetensors, tensor: w}"),
                                "m.safetensors": safetensors({"w": ("F32", (10 ** 12, 10 ** 12), b"\0" * 8)})}, {},
      "tensor 'w''s bytes do not fit its shape or run past the end of the file"),
