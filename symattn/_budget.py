@@ -22,10 +22,14 @@ who mean it.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 from ._errors import SymattnError
-from .problem import MAX_SIZE, Problem
 
+if TYPE_CHECKING:
+    from .problem import Problem
+
+MAX_SIZE = 1_000_000  # numbers in one problem (all its matrices); --max-size raises it and every budget
 SCORE_CELLS = 1_000_000  # rational scale, LaTeX/Markdown/text/PDF, forward pass
 SCORE_CELLS_IRRATIONAL = 40_000  # an irrational scale or symbols: the softmax in SymPy expressions
 SCORE_WORK_IRRATIONAL = 100_000  # ... and cells × d_k, as the scores' size and variety grow with d_k
