@@ -23,11 +23,10 @@ as those column slices by hand and there are no biases. Each run is
 
 What "bytes read from the checkpoint" means here, and how it is measured:
 
-* symattn reads a tensor's slice in two ways: rows of a table with ``pread`` (read
-  syscalls), and the slices of other tensors through the safetensors package, which
-  maps the file (mmap) and copies the slice out of the mapping. A count of read syscalls
-  (``rchar`` of /proc/PID/io) misses the mapped reads, and counts every other file the
-  process reads (Python's modules, the problem) too; so it is not the measure.
+* symattn reads a tensor's slice with ``pread`` (read syscalls): each wanted row, or a
+  run of whole rows at once. A count of read syscalls (``rchar`` of /proc/PID/io) would
+  miss any mapped read (mmap), and counts every other file the process reads (Python's
+  modules, the problem) too; so it is not the measure.
 * The measure is the page cache. Before each cold run the checkpoint's pages are dropped
   from the page cache (posix_fadvise DONTNEED; the file was fsync'd, so its pages are
   clean and the kernel drops them) and ``mincore`` confirms none is resident. After the

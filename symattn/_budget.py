@@ -22,10 +22,14 @@ who mean it.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 from ._errors import SymattnError
-from .problem import MAX_SIZE, Problem
 
+if TYPE_CHECKING:
+    from .problem import Problem
+
+MAX_SIZE = 1_000_000  # numbers in one problem (all its matrices); --max-size raises it and every budget
 SCORE_CELLS = 1_000_000  # rational scale, LaTeX/Markdown/text/PDF, forward pass
 SCORE_CELLS_IRRATIONAL = 40_000  # an irrational scale or symbols: the softmax in SymPy expressions
 SCORE_WORK_IRRATIONAL = 100_000  # ... and cells × d_k, as the scores' size and variety grow with d_k
@@ -82,3 +86,18 @@ def check_budget(p: Problem, kind: str, backward: bool, max_size: int = MAX_SIZE
             + f", which keeps a run to about a minute and 2 GiB; if you mean it, raise the budget with --max-size {needed}",
             file=file,
         )
+
+
+def layer_refusal(n_q: int, n_k: int, heads: int, max_size: int = MAX_SIZE) -> str | None:
+    """Why no output could take ``heads`` heads of n_q × n_k scores, or None: charged for a
+    checkpoint's layer before any of its heads is read (a header may claim 10^8 of them). The
+    budget charged is the largest any output allows (a rational scale, LaTeX, Markdown, text or
+    PDF, the forward pass); :func:`check_budget` charges the output's own once the problem is read."""
+    cells = n_q * n_k * heads
+    limit = SCORE_CELLS * max_size // MAX_SIZE
+    if cells <= limit:
+        return None
+    needed = math.ceil(MAX_SIZE * cells / SCORE_CELLS / 1000) * 1000
+    return (f"the {heads:,} heads make {cells:,} attention scores ({n_q:,} query × {n_k:,} key tokens × {heads:,} "
+            f"heads), more than the {limit:,} the size budget allows for any output, which keeps a run to about a "
+            f"minute and 2 GiB; if you mean it, raise the budget with --max-size {needed}")

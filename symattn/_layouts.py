@@ -33,7 +33,7 @@ import sympy
 import yaml
 
 from . import _safetensors, _yaml
-from ._files import FileError, file_error, read_regular
+from ._files import FileError, read_regular
 from ._numbers import NumberError, check_size, is_positive, parse_number
 from .rope import DEFAULT_BASE, Rope
 
@@ -89,63 +89,45 @@ _LAYOUT = {
 
 
 class _File:
-    """The checkpoint: its tensors' shapes (from the header) and slices read on demand, each
-    counted against the problem's size limit."""
+    """The checkpoint, open for reading: its tensors' shapes (from the header, read and checked
+    once) and slices read on demand through the one open file, each counted against the
+    problem's size limit. ``close`` it when the layer is read."""
 
     def __init__(self, reader, path, rel: str, where_) -> None:
         self.reader, self.path, self.rel, self.where = reader, path, rel, where_
-        why = file_error(path, "safetensors file")
-        if why is not None:
-            raise where_.error(f"{rel!r} {why}" if str(why).startswith("is ") else f"cannot read {rel!r}: "
-                               f"{why.strerror}", "from.file")
         try:
-            fd = os.open(os.fspath(path), os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-        except OSError as exc:
-            raise where_.error(f"cannot read {rel!r}: {exc.strerror}", "from.file") from None
-        try:
-            header, _ = _safetensors._header(fd, os.fstat(fd).st_size)
+            self.checkpoint = _safetensors.Checkpoint(path)
         except _safetensors.CheckpointError as exc:
-            raise where_.error(f"{rel!r} {exc}", "from.file") from None
-        except OSError as exc:
-            raise where_.error(f"cannot read {rel!r}: {exc.strerror or exc}", "from.file") from None
-        finally:
-            os.close(fd)
-        self.shapes: dict[str, list[int]] = {}
-        self.malformed: set[str] = set()  # entries without a shape of whole numbers
-        for k, v in header.items():
-            shape = v.get("shape") if isinstance(v, dict) else None
-            if k == "__metadata__":
-                continue
-            if isinstance(shape, list) and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0
-                                               for n in shape):
-                self.shapes[k] = shape
-            else:
-                self.malformed.add(k)
-        self.cache: dict = {}
+            text = str(exc)
+            raise where_.error(f"cannot read {rel!r}: {text[len('cannot be read: '):]}"
+                               if text.startswith("cannot be read: ") else f"{rel!r} {text}", "from.file") from None
+        self.shapes: dict[str, list[int]] = {k: list(e.shape) for k, e in self.checkpoint.tensors.items()}
+
+    def close(self) -> None:
+        self.checkpoint.close()
 
     def missing(self, name: str, what: str) -> str:
         """A tensor the layout needs is not in the file: the message, with the closest names."""
-        if name in self.malformed:
-            return f"{self.rel!r} is not a valid safetensors file: the header's entry for {name!r} is malformed"
-        names = sorted(self.shapes)
-        close = difflib.get_close_matches(name, names, n=3, cutoff=0.5)
-        hint = ("; close: " + ", ".join(repr(c) for c in close)) if close else \
-            (f"; it holds {len(names)} tensors, e.g. " + ", ".join(repr(c) for c in names[:3]) if names else
-             "; it holds no tensors")
-        return f"{self.rel!r} has no tensor {name!r} ({what}){hint}"
+        names = self.shapes.keys()
+        close = _safetensors.close_names(name, names, 0.5)
+        hint = ("; close: " + ", ".join(_safetensors.quote(c) for c in close)) if close else \
+            (f"; it holds {_safetensors.holding(len(names))}" + (", e.g. " + _safetensors.some_names(names)
+                                                                   if names else ""))
+        return f"{self.rel!r} has no tensor {_safetensors.quote(name)} ({what}){hint}"
 
-    def array(self, tensor: str, rows: str | None = None, cols: str | None = None, transpose: bool = False,
-              vector: bool = False):
-        """The NumPy array of a slice of ``tensor`` (a 1-dimensional one as a row)."""
+    def array(self, tensor: str, rows=None, cols=None, vector: bool = False):
+        """The NumPy array of the rows and columns (ranges or lists of indices; None for all) of
+        ``tensor`` (a 1-dimensional one as a row)."""
         reader = self.reader
         try:
-            array = _safetensors.read_slice(self.path, self.rel, tensor, rows, cols, reader.max_size - reader.size,
-                                            vector=vector)
+            array = self.checkpoint.read(tensor, lambda n: range(n) if rows is None else rows,
+                                         lambda n: range(n) if cols is None else cols,
+                                         reader.max_size - reader.size, vector=vector)
         except _safetensors.CheckpointError as exc:
             text = str(exc)
             raise self.where.error(text if text.startswith(("the slice", "tensor ")) else f"{self.rel!r} {text}",
                                    "from") from None
-        return array.T if transpose else array
+        return array
 
     def exact(self, array):
         """The exact matrix of an array read from the file, counted against the size limit."""
@@ -153,13 +135,26 @@ class _File:
         self.reader.count(m.rows * m.cols, self.where, "from")
         return m
 
-    def matrix(self, tensor: str, rows: str | None = None, cols: str | None = None, transpose: bool = False,
-               vector: bool = False):
-        """The exact matrix of a slice of ``tensor``, read once (heads of a K/V group share it)."""
-        key = (tensor, rows, cols, transpose)
-        if key not in self.cache:
-            self.cache[key] = self.exact(self.array(tensor, rows, cols, transpose, vector))
-        return self.cache[key]
+    def pieces(self, tensor: str, starts: list[int], width: int, along: str, transpose: bool = False,
+               vector: bool = False) -> list:
+        """The exact matrices of ``tensor``'s rows (``along="rows"``) or columns start:start + width
+        for each of ``starts``, read in one piece (the heads of a projection)."""
+        wanted = _spans(starts, width)
+        array = self.array(tensor, rows=wanted if along == "rows" else None, cols=wanted if along == "cols" else None,
+                           vector=vector)
+        out = []
+        for k in range(len(starts)):
+            part = array[k * width:(k + 1) * width] if along == "rows" else array[:, k * width:(k + 1) * width]
+            out.append(self.exact(part.T if transpose else part))
+        return out
+
+
+def _spans(starts: list[int], width: int):
+    """The indices start:start + width of each of ``starts``, in order: a range when they follow
+    one another (a run of whole heads, read at once)."""
+    if all(b - a == width for a, b in zip(starts, starts[1:])):
+        return range(starts[0], starts[-1] + width)
+    return [s + j for s in starts for j in range(width)]
 
 
 def read_from(reader, key: yaml.Node, node: yaml.Node, fields: dict, X) -> Loaded:
@@ -205,10 +200,20 @@ def read_from(reader, key: yaml.Node, node: yaml.Node, fields: dict, X) -> Loade
     if path.suffix.lower() != ".safetensors":
         raise where_.error(f"{rel!r}: from: reads a .safetensors checkpoint", "from.file")
     ckpt = _File(reader, path, rel, where_)
+    try:
+        return _layer(reader, key, node, fields, X, given, word, layout, layout_node, path, rel, where_, ckpt)
+    finally:
+        ckpt.close()
+
+
+def _layer(reader, key, node, fields, X, given, word, layout, layout_node, path, rel, where_, ckpt) -> Loaded:
+    """The rest of :func:`read_from`, with the checkpoint ``ckpt`` open: its heads read."""
+    at = reader.at
     layer_node = given["layer"][1]
     layer = _whole(reader, layer_node, "from.layer", "layer is the number in the tensor names (h.0 is layer 0)",
                    least=0)
-    found = sorted({int(m.group(1)) for n in ckpt.shapes for m in [re.search(layout.layers, n)] if m})
+    found = sorted({int(m.group(1)) for n in ckpt.shapes for m in [re.search(layout.layers, n)] if m
+                    and len(m.group(1)) <= 9})  # a longer number is no layer (layer has at most 9 digits)
     names = _names(layout, layer, ckpt)
     if names is None:
         if found and layer not in found:
@@ -253,41 +258,45 @@ def read_from(reader, key: yaml.Node, node: yaml.Node, fields: dict, X) -> Loade
     elif _bert_config(config):
         mask = "causal"  # is_decoder: a BERT decoder's self-attention is causal
     rope = _rope(config, reader, key, given, fields, d_head) if layout.rope else None
+    _charge(reader, given["heads"][1], layout, names, ckpt, picked, group, n_kv, d_model, d_head, layer, X)
+    kv = list(dict.fromkeys(h // group for h in picked))  # the K/V heads the listed heads read, each once
+    weights, biases = {}, {}
+    if layout.fused:  # Q|K|V side by side: K's columns start at d_model, V's at 2·d_model; one read of each tensor
+        starts = [off + h * d_head for off in (0, d_model, 2 * d_model) for h in picked]
+        n = len(picked)
+        for out, name, vector in ((weights, names["q"] + ".weight", False), (biases, names["q"] + ".bias", True)):
+            if name in ckpt.shapes:
+                got = ckpt.pieces(name, starts, d_head, "cols", vector=vector)
+                out.update(q=got[:n], k=got[n:2 * n], v=got[2 * n:])
+    else:
+        for proj in "qkv":
+            heads_read = picked if proj == "q" else kv
+            starts = [h * d_head for h in heads_read]
+            weights[proj] = ckpt.pieces(names[proj] + ".weight", starts, d_head, "rows", transpose=True)
+            if names[proj] + ".bias" in ckpt.shapes:
+                biases[proj] = ckpt.pieces(names[proj] + ".bias", starts, d_head, "cols", vector=True)
+    where_kv = {g: i for i, g in enumerate(kv)}
 
-    def part(proj: str, h: int) -> tuple:
-        """The weights and bias of head h (0-based; for K and V, the K/V head) in projection ``proj``."""
-        lo = h * d_head
-        span = f"{lo}:{lo + d_head}"
-        if layout.fused:  # Q|K|V side by side: K's columns start at d_model, V's at 2·d_model
-            off = {"q": 0, "k": d_model, "v": 2 * d_model}[proj] + lo
-            span = f"{off}:{off + d_head}"
-            w = ckpt.matrix(names["q"] + ".weight", cols=span)
-            bias = names["q"] + ".bias"
-        else:
-            w = ckpt.matrix(names[proj] + ".weight", rows=span, transpose=True)
-            bias = names[proj] + ".bias"
-        b = ckpt.matrix(bias, cols=span, vector=True) if bias in ckpt.shapes else None
-        return w, b
+    def part(proj: str, i: int, h: int) -> tuple:
+        """The weights and bias of the i-th listed head, head h (0-based), in projection ``proj``."""
+        k = i if proj == "q" or layout.fused else where_kv[h // group]
+        return weights[proj][k], biases[proj][k] if proj in biases else None
 
     heads = []
-    for h in picked:
-        W_Q, b_Q = part("q", h)
-        W_K, b_K = part("k", h // group)
-        W_V, b_V = part("v", h // group)
+    for i, h in enumerate(picked):
+        W_Q, b_Q = part("q", i, h)
+        W_K, b_K = part("k", i, h)
+        W_V, b_V = part("v", i, h)
         heads.append((W_Q, W_K, W_V, b_Q, b_K, b_V))
     loaded = Loaded(heads, mask="sliding-window" if window else mask, multi=len(picked) > 1, window=window,
                     scale=scale)
     if loaded.multi:
-        import numpy as np
-
-        blocks = []  # the rows of the output projection that read each listed head, in order
-        for h in picked:
-            span = f"{h * d_head}:{(h + 1) * d_head}"
-            blocks.append(ckpt.array(names["o"] + ".weight", rows=span) if layout.fused else
-                          ckpt.array(names["o"] + ".weight", cols=span, transpose=True))
-        loaded.matrices["W_O"] = ckpt.exact(np.vstack(blocks))
+        # the rows of the output projection that read each listed head, in order, in one read
+        wanted = _spans([h * d_head for h in picked], d_head)
+        loaded.matrices["W_O"] = ckpt.exact(ckpt.array(names["o"] + ".weight", rows=wanted) if layout.fused else
+                                            ckpt.array(names["o"] + ".weight", cols=wanted).T)
         if names["o"] + ".bias" in ckpt.shapes:
-            loaded.matrices["b_O"] = ckpt.matrix(names["o"] + ".bias", vector=True)
+            loaded.matrices["b_O"] = ckpt.exact(ckpt.array(names["o"] + ".bias", vector=True))
         if group > 1:
             loaded.kv_heads = _groups(at, given["heads"][1], [h + 1 for h in picked], group)
     loaded.rope = rope
@@ -330,17 +339,55 @@ def _shapes(at, node, layout: _Layout, names: dict, ckpt: _File, n_head: int, wo
     if (o_rows, o_cols) != ((heads_width, d_model) if layout.fused else (d_model, heads_width)):
         raise at(node).error(f"{names['o']}.weight is {o_rows}×{o_cols}, which does not fit queries {heads_width} wide "
                              f"and d_model = {d_model}", "from.layout")
-    for bias, width in ((names["q"] + ".bias", q_cols if layout.fused else q_rows), (names["o"] + ".bias", d_model)):
+    if not layout.fused:  # nn.Linear K and V: out × d_model; bert's as wide as the queries (llama's: n_kv_head)
+        for p in "kv":
+            rows, cols = ckpt.shapes[names[p] + ".weight"]
+            if cols != d_model or (word != "llama" and rows != heads_width):
+                want = f"{heads_width}×{d_model}" if word != "llama" else f"(n_kv_head × d_head)×{d_model}"
+                raise at(node).error(f"{names[p]}.weight is {rows}×{cols}, not {want} as queries {heads_width} wide "
+                                     f"and d_model = {d_model} need", "from.layout")
+    # every bias is a vector as long as its projection's output: Q|K|V for gpt2's c_attn, d_model for the output
+    widths = {names["q"] + ".bias": q_cols} if layout.fused else \
+        {names[p] + ".bias": ckpt.shapes[names[p] + ".weight"][0] for p in "qkv"}
+    widths[names["o"] + ".bias"] = d_model
+    for bias, width in widths.items():
         if bias in ckpt.shapes and ckpt.shapes[bias] != [width]:
             raise at(node).error(f"{bias} has shape {ckpt.shapes[bias]}, not [{width}]", "from.layout")
     return {"d_model": d_model, "d_head": d_head}
 
 
-def _heads(reader, node: yaml.Node, n_head: int, d_head: int) -> list[int]:
+def _charge(reader, node, layout: _Layout, names: dict, ckpt: _File, picked, group: int, n_kv: int, d_model: int,
+            d_head: int, layer: int, X) -> None:
+    """Refuse the listed heads before any is read when their weights are more numbers than the size
+    limit leaves, or their scores more than any output's size budget allows."""
+    from ._budget import layer_refusal
+
+    n = len(picked)
+    room = reader.max_size - reader.size
+    if n > room:  # each head reads at least its d_model × d_head ≥ 1 query weights
+        kv = n
+    else:
+        kv = n_kv if isinstance(picked, range) else len({h // group for h in picked})
+    bias = {p: (names["q"] if layout.fused else names[p]) + ".bias" in ckpt.shapes for p in "qkv"}
+    w = d_model * d_head
+    numbers = n * (w + d_head * bias["q"]) + kv * (2 * w + d_head * (bias["k"] + bias["v"]))
+    if n > 1:  # W_O's rows for the heads, and b_O
+        numbers += n * w + d_model * (names["o"] + ".bias" in ckpt.shapes)
+    if numbers > room:
+        raise reader.at(node).error(
+            f"the {n:,} heads of layer {layer} hold {numbers:,} numbers (d_model = {d_model:,}, d_head = {d_head:,}), "
+            f"more than the {room:,} the size limit of {reader.max_size:,} leaves for them; list fewer heads, or if "
+            "it is meant to be this large, raise the limit with --max-size", "from.heads")
+    why = layer_refusal(X.rows, X.rows, n, reader.max_size)
+    if why:
+        raise reader.at(node).error(why, "from.heads")
+
+
+def _heads(reader, node: yaml.Node, n_head: int, d_head: int) -> "list[int] | range":
     """The 0-based heads of ``heads: [1, 3]`` (counted from 1) or ``heads: all``."""
     at = reader.at
     if isinstance(node, yaml.ScalarNode) and node.value == "all" and not node.style:
-        return list(range(n_head))
+        return range(n_head)  # not a list: a header may claim 10^8 heads, refused before any is read
     if not isinstance(node, yaml.SequenceNode) or not node.value:
         raise at(node).error(f"heads is a list of head numbers counted from 1, such as [1, 3], or all; not "
                              f"{_yaml.kind(node)}", "from.heads")
@@ -587,7 +634,7 @@ def _qk_norm(at, node, names: dict, ckpt: _File) -> None:
     """A llama-named layer that normalises its queries or keys (Qwen 3, OLMo 2) is refused."""
     for p, what in (("q", "queries"), ("k", "keys")):
         name = names[p][:-len("_proj")] + "_norm.weight"
-        if name in ckpt.shapes or name in ckpt.malformed:
+        if name in ckpt.shapes:
             raise at(node).error(f"{ckpt.rel!r} has {name}: the layer normalises each head's {what} (QK-norm), "
                                  "which symattn does not apply", "from.layout")
 

@@ -32,8 +32,8 @@ from ._files import FileError, read_regular
 from ._exact import binary_float_matrix, is_rational, rational_matrix, scaled_integer_matrix
 from .rope import Rope
 from ._yaml import Where, where
+from ._budget import MAX_SIZE  # numbers in one problem (all its matrices); --max-size raises it
 
-MAX_SIZE = 1_000_000  # numbers in one problem (all its matrices); --max-size raises it
 BYTES_PER_NUMBER = 64  # the file-size limit is this many bytes per allowed number
 
 FIELDS = (

@@ -111,19 +111,10 @@ def test_only_the_slice_is_read(tmp_path, monkeypatch):
     read = []
     real_pread = os.pread
     monkeypatch.setattr(st.os, "pread", lambda fd, n, off: read.append(n) or real_pread(fd, n, off))
-    sliced = []
-    real = st._package_slice
-
-    def spy(path, tensor, r_lo, r_hi, c_lo, c_hi):
-        out = real(path, tensor, r_lo, r_hi, c_lo, c_hi)
-        sliced.append(out.nbytes)
-        return out
-
-    monkeypatch.setattr(st, "_package_slice", spy)
     p = load_problem(_write(tmp_path, 'X: {file: big.safetensors, tensor: w, rows: "4094:", cols: "-4:"}\n'
                                       "W_Q: [[1], [0], [0], [0]]\nW_K: [[1], [0], [0], [0]]\nW_V: [[1], [0], [0], [0]]\n"))
     assert _fractions(p.X) == [[0, 0, 0, 0], [Fraction(3, 2), Fraction(-9, 4), 3, Fraction(1, 8)]]
-    assert sum(read) < 1000 and sliced == [32]  # the header's bytes, then 2 rows × 4 float32
+    assert sum(read) < 1000 and read[2:] == [16, 16]  # the header's length and bytes, then 2 rows × 4 float32
 
 
 def test_derive_end_to_end(ckpt, capsys):
@@ -327,7 +318,6 @@ def test_embeddings_read_only_their_rows(tmp_path, monkeypatch):
     read = []
     real_pread = os.pread
     monkeypatch.setattr(st.os, "pread", lambda fd, n, off: read.append(n) or real_pread(fd, n, off))
-    monkeypatch.setattr(st, "_package_slice", None)  # not used for the rows of a table
     p = load_problem(_write(tmp_path, _qkv("{file: e.safetensors, embeddings: wte, tokens: [50256, 1, 50256]}")))
     assert p.Q.shape == (3, 80) and p.Q[0, 0] == Rational(1, 2) and p.Q[1, 79] == 0
     # Q, K and V each: the header's length and JSON, then 3 rows × 80 float32
@@ -379,3 +369,157 @@ def test_embedding_and_position_errors(tables, capsys, text, where, fragment):
     tmp_path, _ = tables
     line = _error(tmp_path, text + _HEAD, capsys)
     assert line.startswith(f"Error: P:{where}: ") and fragment in line, line
+
+
+# -- the header, checked whole for every dtype, at a bounded cost ---------------------------------
+
+
+def _raw(tmp_path, header: str, data: bytes = b"", name="h.safetensors"):
+    text = header.encode()
+    (tmp_path / name).write_bytes(struct.pack("<Q", len(text)) + text + data)
+
+
+def _one(dtype='"F32"', shape="[2, 1]", offsets="[0, 8]", rest=""):
+    return f'{{"w": {{"dtype": {dtype}, "shape": {shape}, "data_offsets": {offsets}}}{rest}}}'
+
+
+_MALFORMED = "is not a valid safetensors file: the header's entry for 'w' is malformed: "
+
+
+@pytest.mark.parametrize("header, fragment", [
+    (_one(dtype='["F32"]'), _MALFORMED + "its dtype is ['F32'], not a name such as \"F32\""),
+    (_one(dtype="32"), _MALFORMED + "its dtype is 32, not a name"),
+    (_one(dtype="null"), _MALFORMED + "its dtype is null, not a name"),
+    (_one(dtype='{"F32": 1}'), _MALFORMED + "its dtype is {...}, not a name"),
+    (_one(shape="[true, 1]"), _MALFORMED + "its shape is [true, 1], not a list of whole numbers ≥ 0"),
+    (_one(shape="[2.0, 1]"), _MALFORMED + "its shape is [2.0, 1], not a list of whole numbers"),
+    (_one(shape='["2", 1]'), _MALFORMED + "its shape is ['2', 1], not a list of whole numbers"),
+    (_one(shape="[-2, 1]"), _MALFORMED + "its shape is [-2, 1], not a list"),
+    (_one(shape="[NaN, 1]"), _MALFORMED + "its shape is [NaN, 1], not a list"),
+    (_one(shape="[18446744073709551616, 1]"), _MALFORMED + "its shape is [18446744073709551616, 1], not a list"),
+    (_one(shape="[[2], 1]"), _MALFORMED + "its shape is [[...], 1], not a list"),
+    (_one(shape="2"), _MALFORMED + "its shape is 2, not a list"),
+    (_one(shape="[1, 1, 1, 1, 1, 1, 1, 2]"), "tensor 'w' has shape [1, 1, 1, 1, ...]; a matrix is a 2-dimensional"),
+    (_one(offsets="[0, 8.0]"), _MALFORMED + "its data_offsets are [0, 8.0], not two whole numbers [start, end] ≥ 0"),
+    (_one(offsets="[0, 4, 8]"), _MALFORMED + "its data_offsets are [0, 4, 8], not two whole numbers"),
+    (_one(offsets="[8, 0]"), _MALFORMED + "its data_offsets [8, 0] end before they start"),
+    (_one(offsets='"0:8"'), _MALFORMED + "its data_offsets are '0:8', not two whole numbers"),
+    ('{"w": 5}', _MALFORMED + "it is 5, not a JSON object"),
+    ('{"w": {"dtype": "F32", "shape": [2, 1]}}', _MALFORMED + "it has no data_offsets"),
+    (_one(rest=', "__metadata__": {"format": 1}'), "its __metadata__ is {...}, not a mapping of names to strings"),
+    (_one(rest=', "__metadata__": ["pt"]'), "its __metadata__ is ['pt'], not a mapping of names to strings"),
+    (_one(rest=', "w": {"dtype": "F32", "shape": [2, 1], "data_offsets": [0, 8]}'), "its header names 'w' twice"),
+    (_one(shape="[" + "1" * 21 + ", 1]"), "its header holds a number of 21 digits; a safetensors header's numbers are "
+                                          "sizes and offsets below 2^64 (at most 20 digits)"),
+    (_one(offsets="[0, 1" + "0" * 3_000_000 + ".5]"),  # never converted: kept as an excerpt of its text
+     _MALFORMED + "its data_offsets are [0, 100000000000000000000...], not two whole numbers"),
+    (_one(offsets="[0, 8]", rest=', "v": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}'),
+     "tensor 'v''s data_offsets [4, 8] overlap another tensor's or leave a gap before them"),
+    (_one(offsets="[4, 12]"), "tensor 'w''s data_offsets [4, 12] overlap another tensor's or leave a gap before them"),
+    (_one(shape="[3, 1]"), "tensor 'w''s bytes do not fit its shape or run past the end of the file"),
+    (_one(shape="[4294967296, 4294967296, 4294967296, 4294967296]"), "tensor 'w''s bytes do not fit its shape"),
+])
+def test_every_field_of_the_header_is_checked(tmp_path, capsys, header, fragment):
+    """Each entry's dtype a name, its shape and data_offsets whole numbers below 2^64, the metadata
+    strings, no name twice, the tensors end to end: one line each, of any JSON type."""
+    _raw(tmp_path, header, b"\0" * 8)
+    line = _error(tmp_path, _qkv("{file: h.safetensors, tensor: w}"), capsys)
+    assert line.startswith("Error: P:1:") and fragment in line, line
+
+
+def test_bytes_past_the_last_tensor_are_refused(tmp_path, capsys):
+    """As the safetensors package: the header accounts for the whole file."""
+    _raw(tmp_path, _one(), b"\0" * 12)
+    line = _error(tmp_path, _qkv("{file: h.safetensors, tensor: w}"), capsys)
+    assert "it holds 4 bytes after its last tensor's (the header does not account for the whole file)" in line
+
+
+@pytest.mark.parametrize("dtype, size", [("F16", 2), ("BF16", 2), ("F32", 4), ("F64", 8), ("I32", 4), ("U8", 1)])
+def test_overlapping_tensors_are_refused_for_every_dtype(tmp_path, capsys, dtype, size):
+    """bfloat16 is read by symattn itself, as every dtype is: its offsets are checked the same."""
+    n = 2 * size
+    _raw(tmp_path, f'{{"w": {{"dtype": "{dtype}", "shape": [2, 1], "data_offsets": [0, {n}]}}, '
+                   f'"v": {{"dtype": "{dtype}", "shape": [2, 1], "data_offsets": [0, {n}]}}}}', b"\0" * n)
+    line = _error(tmp_path, _qkv("{file: h.safetensors, tensor: w}"), capsys)
+    assert f"tensor 'v''s data_offsets [0, {n}] overlap another tensor's" in line, line
+    _raw(tmp_path, f'{{"w": {{"dtype": "{dtype}", "shape": [2, 1], "data_offsets": [0, {n}]}}, '
+                   f'"v": {{"dtype": "{dtype}", "shape": [2, 1], "data_offsets": [{n}, {2 * n}]}}}}', b"\0" * 2 * n)
+    assert load_problem(_write(tmp_path, _qkv("{file: h.safetensors, tensor: v}"))).Q.shape == (2, 1)
+
+
+def test_a_dtype_safetensors_does_not_know_is_refused_only_when_read(tmp_path, capsys):
+    """A newer dtype beside the tensor read: its offsets are checked, its values never read."""
+    _raw(tmp_path, '{"w": {"dtype": "F32", "shape": [2, 1], "data_offsets": [0, 8]}, '
+                   '"z": {"dtype": "F3_NEW", "shape": [2, 1], "data_offsets": [8, 9]}}', b"\0\0\x80\x3f" + b"\0" * 5)
+    p = load_problem(_write(tmp_path, _qkv("{file: h.safetensors, tensor: w}")))
+    assert _fractions(p.Q) == [[1], [0]]
+    line = _error(tmp_path, _qkv("{file: h.safetensors, tensor: z}"), capsys)
+    assert "tensor 'z' holds F3_NEW values; symattn reads F16, BF16, F32, F64, I8, I16, I32, I64 and U8" in line
+
+
+@pytest.mark.parametrize("dtype", ["U16", "U32", "U64", "BOOL", "C64", "F8_E5M2"])
+def test_the_dtypes_read_are_named_exactly(tmp_path, capsys, dtype):
+    size = {"U16": 2, "U32": 4, "U64": 8, "BOOL": 1, "C64": 8, "F8_E5M2": 1}[dtype]
+    _raw(tmp_path, f'{{"w": {{"dtype": "{dtype}", "shape": [2, 1], "data_offsets": [0, {2 * size}]}}}}',
+         b"\0" * 2 * size)
+    line = _error(tmp_path, _qkv("{file: h.safetensors, tensor: w}"), capsys)
+    assert f"tensor 'w' holds {dtype} values; symattn reads F16, BF16, F32, F64, I8, I16, I32, I64 and U8" in line
+
+
+@pytest.mark.parametrize("spec, shape", [
+    ("X: {file: h.safetensors, tensor: w}\n", "[0, 2]"),
+    ("X: {file: h.safetensors, tensor: w}\n", "[2, 0]"),
+    ("X: {file: h.safetensors, embeddings: w, tokens: [0]}\n", "[0, 2]"),
+    ("X: [[1, 0]]\nW_Q: [[1], [0]]\nW_K: [[1], [0]]\nW_V: [[1], [0]]\nb_Q: {file: h.safetensors, tensor: w}\n", "[0]"),
+])
+def test_a_tensor_of_no_numbers_is_refused(tmp_path, capsys, spec, shape):
+    _raw(tmp_path, _one(shape=shape, offsets="[0, 0]"))
+    line = _error(tmp_path, spec, capsys)
+    assert f"tensor 'w' has shape {shape}: it holds no numbers, and a matrix has at least one row and one column" \
+        in line, line
+
+
+def test_a_long_name_is_quoted_in_part(tmp_path, capsys):
+    name = "x" * 100_000
+    _raw(tmp_path, f'{{"{name}": {{"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}}}', b"\0" * 4)
+    line = _error(tmp_path, _qkv("{file: h.safetensors, tensor: " + "y" * 5000 + "}"), capsys)
+    assert "has no tensor 'yyyyyyyy" in line and "(it holds 1 tensor, e.g. 'xxxx" in line and len(line) < 400, line
+
+
+def test_close_names_are_looked_for_among_a_bounded_set(tmp_path, monkeypatch):
+    """100,000 tensors: difflib compares the missing name with at most 1,000 of them, those of its
+    own layer first, and the header is parsed once."""
+    import symattn._safetensors as st
+
+    names = [f"model.layers.{i // 100}.mlp.experts.{i % 100}.w" for i in range(100_000)]
+    _raw(tmp_path, json.dumps({n: {"dtype": "F32", "shape": [0], "data_offsets": [0, 0]} for n in names}))
+    compared, parsed = [], []
+    real_close, real_loads = st.difflib.get_close_matches, st.json.loads
+    monkeypatch.setattr(st.difflib, "get_close_matches",
+                        lambda word, possibilities, **kw: compared.append(len(possibilities)) or
+                        real_close(word, possibilities, **kw))
+    monkeypatch.setattr(st.json, "loads", lambda *a, **kw: parsed.append(1) or real_loads(*a, **kw))
+    with st.Checkpoint(tmp_path / "h.safetensors") as f:
+        why = f.missing("model.layers.999.mlp.experts.42.v")
+    assert why.startswith("has no tensor 'model.layers.999.mlp.experts.42.v' (close: "
+                          "'model.layers.999.mlp.experts.42.w'"), why
+    assert compared == [1000] and parsed == [1]
+
+
+def test_a_header_of_too_many_values_is_refused_before_it_is_parsed(tmp_path, capsys, monkeypatch):
+    import symattn._safetensors as st
+
+    _raw(tmp_path, '{"__metadata__": {"a": "b"}, "x": [' + "[]," * (st.MAX_VALUES // 2) + "[]]}")
+    monkeypatch.setattr(st.json, "loads", None)  # never reached
+    line = _error(tmp_path, _qkv("{file: h.safetensors, tensor: w}"), capsys)
+    assert f"JSON values, more than {st.MAX_VALUES:,}; symattn reads a file of at most {st.MAX_TENSORS:,} tensors" \
+        in line, line
+
+
+def test_a_header_of_too_many_tensors_is_refused(tmp_path, capsys, monkeypatch):
+    import symattn._safetensors as st
+
+    monkeypatch.setattr(st, "MAX_TENSORS", 3)
+    _raw(tmp_path, json.dumps({f"t{i}": {"dtype": "F32", "shape": [0], "data_offsets": [0, 0]} for i in range(4)}))
+    line = _error(tmp_path, _qkv("{file: h.safetensors, tensor: t0}"), capsys)
+    assert "its header lists 4 tensors, more than the 3 symattn reads in one file" in line, line

@@ -60,6 +60,55 @@ def f32(rows: int, cols: int) -> tuple:
     return ("F32", (rows, cols), struct.pack(f"<{rows * cols}f", *range(rows * cols)))
 
 
+def raw_header(text: str, data: bytes = b"") -> bytes:
+    """A .safetensors file whose header is the JSON ``text``, then ``data``."""
+    return safetensors({}, header=text.encode()) + data
+
+
+def entry(dtype='"F32"', shape="[2, 1]", offsets="[0, 8]") -> str:
+    """A header of one tensor 'w' with the JSON fields given as text; 8 bytes of data fit the defaults."""
+    return f'{{"w": {{"dtype": {dtype}, "shape": {shape}, "data_offsets": {offsets}}}}}'
+
+
+LLAMA = "model.layers.0.self_attn."
+BERT = "bert.encoder.layer.0.attention."
+
+
+def layer_file(names: list[str], **extra) -> bytes:
+    """A layer of 2×2 float32 weights with the given names, and ``extra`` tensors (name → tensor)."""
+    return safetensors({**{n: f32(2, 2) for n in names}, **extra})
+
+
+def from_problem(layout: str, x: str = "[[1, 0], [0, 1]]", heads: str = "[1]", n_head: int = 1) -> str:
+    return f"X: {x}\nfrom: {{file: m.safetensors, layout: {layout}, layer: 0, heads: {heads}, n_head: {n_head}}}\n"
+
+
+def _llama_header(n_head: int, d_model: int, dtype: str = "I8"):
+    """A LLaMA layer of ``n_head`` heads of width 1 on d_model inputs, the data a hole (a sparse
+    file: 10^8 heads claim 400 MB that take no room on disk)."""
+    def make(path: Path) -> None:
+        shapes = {LLAMA + "q_proj.weight": [n_head, d_model], LLAMA + "k_proj.weight": [n_head, d_model],
+                  LLAMA + "v_proj.weight": [n_head, d_model], LLAMA + "o_proj.weight": [d_model, n_head]}
+        entries, end = {}, 0
+        for name, shape in shapes.items():
+            entries[name] = {"dtype": dtype, "shape": shape, "data_offsets": [end, end + n_head * d_model]}
+            end += n_head * d_model
+        text = json.dumps(entries).encode()
+        with open(path, "wb") as f:
+            f.write(struct.pack("<Q", len(text)) + text)
+            f.truncate(8 + len(text) + end)
+    return make
+
+
+def _many_tensors(count: int):
+    """A header of ``count`` empty tensors named as a mixture of experts names them."""
+    def make(path: Path) -> None:
+        text = b"{" + b",".join(b'"model.layers.%d.mlp.experts.%d.w": {"dtype": "F32", "shape": [0], '
+                                b'"data_offsets": [0, 0]}' % (i // 100, i % 100) for i in range(count)) + b"}"
+        path.write_bytes(struct.pack("<Q", len(text)) + text)
+    return make
+
+
 ST = safetensors({"wte": f32(10, 2), "c_attn": f32(2, 6), "cube": ("F32", (2, 2, 2), b"\0" * 32)})
 ST_REST = "W_K: [[1], [0]]\nW_V: [[1], [0]]\n"
 
@@ -235,7 +284,67 @@ DERIVE = [
      "its header is not a JSON object"),
     ("st-dtype-float8", {"p.yaml": st_problem("{file: m.safetensors, tensor: w}"),
                          "m.safetensors": safetensors({"w": ("F8_E4M3", (2, 1), b"\1\2")})}, {},
-     "tensor 'w' holds F8_E4M3 values; symattn reads F16, BF16, F32, F64 and integers"),
+     "tensor 'w' holds F8_E4M3 values; symattn reads F16, BF16, F32, F64, I8, I16, I32, I64 and U8"),
+    ("st-dtype-u16", {"p.yaml": st_problem("{file: m.safetensors, tensor: w}"),
+                      "m.safetensors": safetensors({"w": ("U16", (2, 1), b"\1\0\2\0")})}, {},
+     "tensor 'w' holds U16 values; symattn reads F16, BF16, F32, F64, I8, I16, I32, I64 and U8"),
+    # the header is checked whole, for every dtype alike: two tensors on the same bytes are refused
+    *((f"st-overlap-{dtype.lower()}", {"p.yaml": st_problem("{file: m.safetensors, tensor: w}"),
+                                       "m.safetensors": raw_header(
+                                           f'{{"w": {{"dtype": "{dtype}", "shape": [2, 1], "data_offsets": [0, {2 * n}]}}, '
+                                           f'"v": {{"dtype": "{dtype}", "shape": [2, 1], "data_offsets": [0, {2 * n}]}}}}',
+                                           b"\0" * 2 * n)},
+       {}, "tensor 'v''s data_offsets [0, %d] overlap another tensor's" % (2 * n)) for dtype, n in (("BF16", 2), ("F32", 4))),
+    ("st-zero-rows", {"p.yaml": st_problem("{file: m.safetensors, tensor: w}"),
+                      "m.safetensors": safetensors({"w": ("F32", (0, 2), b"")})}, {},
+     "p.yaml:2:36: W_Q: tensor 'w' has shape [0, 2]: it holds no numbers, and a matrix has at least one row and one column"),
+    ("st-zero-cols", {"p.yaml": st_problem("{file: m.safetensors, tensor: w}"),
+                      "m.safetensors": safetensors({"w": ("F32", (2, 0), b"")})}, {},
+     "tensor 'w' has shape [2, 0]: it holds no numbers"),
+    ("st-dtype-a-list", {"p.yaml": st_problem("{file: m.safetensors, tensor: w}"),
+                         "m.safetensors": raw_header(entry(dtype='["F32"]'), b"\0" * 8)}, {},
+     "the header's entry for 'w' is malformed: its dtype is ['F32'], not a name such as \"F32\""),
+    ("st-shape-a-bool", {"p.yaml": st_problem("{file: m.safetensors, tensor: w}"),
+                         "m.safetensors": raw_header(entry(shape="[true, 1]"), b"\0" * 8)}, {},
+     "the header's entry for 'w' is malformed: its shape is [true, 1], not a list of whole numbers ≥ 0"),
+    ("st-name-twice", {"p.yaml": st_problem("{file: m.safetensors, tensor: w}"),
+                       "m.safetensors": raw_header(entry()[:-1] + ', "w": {"dtype": "I32", "shape": [2, 1], '
+                                                   '"data_offsets": [0, 8]}}', b"\0" * 8)}, {},
+     "is not a valid safetensors file: its header names 'w' twice"),
+    ("st-header-3000000-digits", {"p.yaml": st_problem("{file: m.safetensors, tensor: w}"),
+                                  "m.safetensors": raw_header(entry(shape="[" + "9" * 3_000_000 + ", 1]"), b"\0" * 8)},
+     {}, "its header holds a number of 3,000,000 digits; a safetensors header's numbers are sizes and offsets below 2^64"),
+    ("st-header-88MB", {"p.yaml": st_problem("{file: m.safetensors, tensor: w}")},
+     {"m.safetensors": _many_tensors(950_000)}, "has up to 10,450,001 JSON values, more than 1,600,000; symattn "
+                                                "reads a file of at most 100,000 tensors"),
+    ("st-100000-tensors-none-named-so", {"p.yaml": st_problem("{file: m.safetensors, tensor: model.layers.5.mlp.experts.7.v}")},
+     {"m.safetensors": _many_tensors(100_000)},
+     "has no tensor 'model.layers.5.mlp.experts.7.v' (close: 'model.layers.5.mlp.experts.7.w'"),
+    # from: every bias's shape is checked before anything is read
+    ("from-llama-2d-k-bias", {"p.yaml": from_problem("llama"),
+                              "m.safetensors": layer_file([LLAMA + f"{p}_proj.weight" for p in "qkvo"],
+                                                          **{LLAMA + "k_proj.bias": f32(2, 2)})}, {},
+     "p.yaml:2:7: from.layout: model.layers.0.self_attn.k_proj.bias has shape [2, 2], not [2]"),
+    ("from-bert-2d-value-bias", {"p.yaml": from_problem("bert"),
+                                 "m.safetensors": layer_file([BERT + n + ".weight" for n in ("self.query", "self.key",
+                                                                                             "self.value", "output.dense")],
+                                                             **{BERT + "self.value.bias": f32(2, 1)})}, {},
+     "bert.encoder.layer.0.attention.self.value.bias has shape [2, 1], not [2]"),
+    ("from-layer-of-999999-digits", {"p.yaml": from_problem("gpt2", "[[1, 0]]"),
+                                     "m.safetensors": safetensors({"h." + "9" * 999_999 + ".attn.c_attn.weight": f32(2, 6)})},
+     {}, "'m.safetensors' has no tensor 'h.0.attn.c_attn.weight' (gpt2 layer 0's query weights); it holds 1 tensor, "
+         "e.g. 'h.9999999999"),
+    # heads: all of a header claiming many heads: charged before any head is read
+    ("from-10^8-heads", {"p.yaml": from_problem("llama", "[[1]]", "all", 10 ** 8)},
+     {"m.safetensors": _llama_header(10 ** 8, 1)},
+     "from.heads: the 100,000,000 heads of layer 0 hold 400,000,000 numbers (d_model = 1, d_head = 1), more than the "
+     "999,999 the size limit of 1,000,000 leaves for them"),
+    ("from-100000-heads-of-10-inputs", {"p.yaml": from_problem("llama", "[[1, 0, 0, 0, 0, 0, 0, 0, 0, 1]]", "all", 100_000)},
+     {"m.safetensors": _llama_header(100_000, 10)}, "from.heads: the 100,000 heads of layer 0 hold 4,000,000 numbers"),
+    ("from-100000-heads-of-4-tokens", {"p.yaml": from_problem("llama", "[[1], [2], [3], [4]]", "all", 100_000)},
+     {"m.safetensors": _llama_header(100_000, 1)},
+     "from.heads: the 100,000 heads make 1,600,000 attention scores (4 query × 4 key tokens × 100,000 heads), more than "
+     "the 1,000,000 the size budget allows for any output"),
     ("st-shape-1e12-squared", {"p.yaml": st_problem("{file: m.safetensors, tensor: w}"),
                                "m.safetensors": safetensors({"w": ("F32", (10 ** 12, 10 ** 12), b"\0" * 8)})}, {},
      "tensor 'w''s bytes do not fit its shape or run past the end of the file"),
@@ -310,6 +419,7 @@ def test_derive_refuses_hostile_input(tmp_path, case, files, special, fragment):
         s.close()
     line = _assert_refused(r, fragment)
     assert line.startswith(f"Error: {target}"), line
+    assert len(line) < 500, len(line)  # a hostile value is quoted in part, never whole
 
 
 @pytest.mark.parametrize(("case", "files", "special", "fragment"), CHECK, ids=[c[0] for c in CHECK])

@@ -194,22 +194,48 @@ def test_bert_heads(tmp_path, prefix):
 
 
 def test_only_the_needed_slices_are_read(tmp_path, monkeypatch):
-    """A 50-layer file: the loader reads the few slices of one head, not whole tensors."""
+    """A 50-layer file: the loader reads the few slices of one head, not whole tensors, each
+    tensor once, through one open file."""
     import symattn._safetensors as st
 
     _save(tmp_path, _gpt2_tensors(layers=50))
-    asked = []
-    real = st.read_slice
+    asked, opened = [], []
+    real, real_open = st.Checkpoint.read, st._open
 
-    def spy(path, rel, tensor, rows, cols, room, vector=False):
-        out = real(path, rel, tensor, rows, cols, room, vector=vector)
+    def spy(self, tensor, *args, **kwargs):
+        out = real(self, tensor, *args, **kwargs)
         asked.append((tensor, out.size))
         return out
 
-    monkeypatch.setattr(st, "read_slice", spy)
+    monkeypatch.setattr(st.Checkpoint, "read", spy)
+    monkeypatch.setattr(st, "_open", lambda path: opened.append(path) or real_open(path))
     _problem(tmp_path, _x(3, 16), "file: model.safetensors, layout: gpt2, layer: 37, heads: [1], n_head: 4")
-    assert {a for a, _ in asked} == {"h.37.attn.c_attn.weight", "h.37.attn.c_attn.bias"}
+    assert [a for a, _ in asked] == ["h.37.attn.c_attn.weight", "h.37.attn.c_attn.bias"]
     assert sum(n for _, n in asked) == 3 * 16 * 4 + 3 * 4
+    assert len(opened) == 1
+
+
+def test_every_head_of_a_layer_is_read_through_one_open_file(tmp_path, monkeypatch):
+    """heads: all of a grouped LLaMA layer: one open, one read of each tensor (K and V once per group)."""
+    import symattn._safetensors as st
+
+    t = _save(tmp_path, _llama_tensors(bias=True))
+    asked, opened = [], []
+    real, real_open = st.Checkpoint.read, st._open
+    monkeypatch.setattr(st.Checkpoint, "read", lambda self, tensor, *a, **k: asked.append(tensor) or
+                        real(self, tensor, *a, **k))
+    monkeypatch.setattr(st, "_open", lambda path: opened.append(path) or real_open(path))
+    p = _problem(tmp_path, _x(3, 8), "file: model.safetensors, layout: llama, layer: 1, heads: all, n_head: 4, "
+                                     "n_kv_head: 2")
+    a = "model.layers.1.self_attn."
+    assert len(opened) == 1
+    assert sorted(asked) == sorted(a + n for n in ("q_proj.weight", "q_proj.bias", "k_proj.weight", "k_proj.bias",
+                                                   "v_proj.weight", "v_proj.bias", "o_proj.weight"))
+    for h, head in enumerate(p.heads):
+        g = h // 2
+        assert _fractions(head.W_K) == _expected(t[a + "k_proj.weight"][4 * g:4 * g + 4].T)
+        assert _fractions(head.b_K) == _expected(t[a + "k_proj.bias"][None, 4 * g:4 * g + 4])
+    assert p.heads[0].W_K is p.heads[1].W_K  # a group's keys: read once, shared
 
 
 def test_explicit_rope_replaces_the_layouts(tmp_path):
@@ -643,10 +669,11 @@ def test_bfloat16_weights_and_biases_are_exact(tmp_path):
 ])
 def test_hostile_headers(tmp_path, capsys, shape, fragment):
     """Shapes the header claims are checked before anything is read or computed from them."""
-    entries = {name: {"dtype": "F32", "shape": shape, "data_offsets": [0, 0]}
-               for name in ("h.0.attn.c_attn.weight", "h.0.attn.c_proj.weight")}
+    size = 4 * shape[0] * shape[1] if all(isinstance(n, int) for n in shape) else 0  # bytes that fit the shape
+    entries = {name: {"dtype": "F32", "shape": shape, "data_offsets": [k * size, (k + 1) * size]}
+               for k, name in enumerate(("h.0.attn.c_attn.weight", "h.0.attn.c_proj.weight"))}
     header = json.dumps(entries).encode()
-    (tmp_path / "model.safetensors").write_bytes(len(header).to_bytes(8, "little") + header)
+    (tmp_path / "model.safetensors").write_bytes(len(header).to_bytes(8, "little") + header + bytes(2 * size))
     line = _error(tmp_path, X16 + "from: {file: model.safetensors, layout: gpt2, layer: 0, heads: [1], n_head: 4}\n",
                   capsys)
     assert fragment in line, line
@@ -655,3 +682,85 @@ def test_hostile_headers(tmp_path, capsys, shape, fragment):
 def test_x_is_needed(gpt2_file, capsys):
     line = _error(gpt2_file, "from: {file: model.safetensors, layout: gpt2, layer: 0, heads: [1], n_head: 4}\n", capsys)
     assert re.match(r"Error: P:1:1: X is missing: from: gives the weights; give X, the layer's input", line), line
+
+
+# -- every bias and projection checked, the layer charged, before anything is read ------------------
+
+
+_LAYER_TENSORS = {"gpt2": lambda: _gpt2_tensors(), "llama": lambda: _llama_tensors(bias=True),
+                  "bert": lambda: _bert_tensors()}
+_LAYER_SPEC = {"gpt2": ("h.0.attn.", 16, "n_head: 4"), "llama": ("model.layers.0.self_attn.", 8, "n_head: 4, n_kv_head: 2"),
+               "bert": ("bert.encoder.layer.0.attention.", 8, "n_head: 2")}
+
+
+@pytest.mark.parametrize("layout, bias, width", [
+    ("gpt2", "c_attn.bias", 48), ("gpt2", "c_proj.bias", 16),
+    ("llama", "q_proj.bias", 16), ("llama", "k_proj.bias", 8), ("llama", "v_proj.bias", 8), ("llama", "o_proj.bias", 8),
+    ("bert", "self.query.bias", 8), ("bert", "self.key.bias", 8), ("bert", "self.value.bias", 8),
+    ("bert", "output.dense.bias", 8),
+])
+@pytest.mark.parametrize("shape", ["2-D", "short"])
+def test_every_bias_of_every_layout_is_checked(tmp_path, capsys, monkeypatch, layout, bias, width, shape):
+    """A bias of the wrong shape is one line naming it, and nothing of the layer is read."""
+    import symattn._safetensors as st
+
+    prefix, d_model, heads = _LAYER_SPEC[layout]
+    t = _LAYER_TENSORS[layout]()
+    t[prefix + bias] = np.zeros((2, width // 2) if shape == "2-D" else (width - 1,), np.float32)
+    _save(tmp_path, t)
+    monkeypatch.setattr(st.Checkpoint, "read", None)  # nothing is read
+    x = json.dumps(_x(1, d_model).tolist())
+    line = _error(tmp_path, f"X: {x}\nfrom: {{file: model.safetensors, layout: {layout}, layer: 0, heads: all, "
+                            f"{heads}}}\n", capsys)
+    got = [2, width // 2] if shape == "2-D" else [width - 1]
+    assert f"from.layout: {prefix}{bias} has shape {got}, not [{width}]" in line, line
+
+
+@pytest.mark.parametrize("layout, name, shape, fragment", [
+    ("bert", "self.key.weight", (8, 6), "bert.encoder.layer.0.attention.self.key.weight is 8×6, not 8×8"),
+    ("bert", "self.value.weight", (6, 8), "bert.encoder.layer.0.attention.self.value.weight is 6×8, not 8×8"),
+    ("llama", "k_proj.weight", (8, 6), "model.layers.0.self_attn.k_proj.weight is 8×6, not (n_kv_head × d_head)×8"),
+])
+def test_keys_and_values_weights_are_checked(tmp_path, capsys, layout, name, shape, fragment):
+    prefix, d_model, heads = _LAYER_SPEC[layout]
+    t = _LAYER_TENSORS[layout]()
+    t[prefix + name] = np.zeros(shape, np.float32)
+    _save(tmp_path, t)
+    x = json.dumps(_x(1, d_model).tolist())
+    line = _error(tmp_path, f"X: {x}\nfrom: {{file: model.safetensors, layout: {layout}, layer: 0, heads: all, "
+                            f"{heads}}}\n", capsys)
+    assert fragment in line, line
+
+
+@pytest.mark.parametrize("tokens, max_size, fragment", [
+    # 4 heads of d_head 4 on d_model 16: W_Q, W_K, W_V and biases 4 × 204, W_O 256, b_O 16 = 1,088 numbers
+    (1, 1000, "the 4 heads of layer 0 hold 1,088 numbers (d_model = 16, d_head = 4), more than the 984 the size "
+              "limit of 1,000 leaves for them"),
+    # 40 tokens: 40 × 40 × 4 = 6,400 scores, more than 2,000 × 1,000,000 / 1,000,000 ... scaled by --max-size
+    (40, 2000, "the 4 heads make 6,400 attention scores (40 query × 40 key tokens × 4 heads), more than the 2,000 the "
+               "size budget allows for any output"),
+])
+def test_the_layer_is_charged_before_any_head_is_read(tmp_path, monkeypatch, tokens, max_size, fragment):
+    import symattn._safetensors as st
+    from symattn._errors import SymattnError
+
+    _save(tmp_path, _gpt2_tensors())
+    monkeypatch.setattr(st.Checkpoint, "read", None)  # nothing is read
+    path = _write(tmp_path, f"X: {json.dumps(_x(tokens, 16).tolist())}\n"
+                            "from: {file: model.safetensors, layout: gpt2, layer: 0, heads: all, n_head: 4}\n")
+    with pytest.raises(SymattnError) as err:
+        load_problem(path, max_size=max_size)
+    assert err.value.field == "from.heads" and fragment in err.value.message, err.value.message
+
+
+def test_a_layer_that_fits_is_read_whole_at_the_limit(tmp_path):
+    """The charge is the count the reading makes: a layer exactly at the limit is read."""
+    _save(tmp_path, _gpt2_tensors())
+    path = _write(tmp_path, f"X: {json.dumps(_x(1, 16).tolist())}\n"
+                            "from: {file: model.safetensors, layout: gpt2, layer: 0, heads: all, n_head: 4}\n")
+    p = load_problem(path, max_size=16 + 1088)
+    assert len(p.heads) == 4
+    from symattn._errors import SymattnError
+
+    with pytest.raises(SymattnError, match="the 4 heads of layer 0 hold 1,088 numbers"):
+        load_problem(path, max_size=16 + 1087)
