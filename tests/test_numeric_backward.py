@@ -14,7 +14,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import sympy
-from _reference import FLOAT64_UNIT_ROUNDOFF, attention_loss_rounding, central_difference_bound
 
 from symattn import load_problem
 from symattn.numeric import numeric_stages
@@ -26,6 +25,7 @@ from symattn.numeric_backward import (
     torch_gradients,
 )
 from symattn.problem import SUM_LOSS, Backward
+from _reference import FLOAT64_UNIT_ROUNDOFF, attention_loss_rounding, central_difference_bound
 
 ROOT = Path(__file__).resolve().parent.parent
 # (the backward pass through RoPE is refused: tests/test_rope.py tests those examples)
