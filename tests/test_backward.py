@@ -56,6 +56,7 @@ from symattn import SymattnError
 from symattn.cli import cli
 from symattn.problem import SUM_LOSS, Backward, parse_problem
 from _reference import allowed_grid, answers_text, fmatrix, frac, quoted, yaml_matrix
+from _reference import attention_loss_rounding, central_difference_bound
 from _reference import rounded_grid as _rounded_grid
 
 try:
@@ -752,29 +753,55 @@ def test_random_problems_cover_the_family():
         assert all(any(s.usable(i, j) for j in range(s.n_k)) for i in range(s.n_q))
 
 
-def _finite_difference(spec: Spec, leaf: str, i: int, j: int) -> mpmath.mpf:
-    h = mpmath.mpf("1e-20")
+FD_STEP = mpmath.mpf("1e-20")  # the step of the central differences of the reference, at DPS digits
+
+
+def _finite_difference(spec: Spec, leaf: str, i: int, j: int, h: mpmath.mpf) -> mpmath.mpf:
+    """∂L/∂leaf[i][j] by a central difference, divided by the step taken at the working precision."""
     base = {k: mp_matrix(v) for k, v in spec.leaves.items()}
-    values = []
+    values, points = [], []
     for sign in (1, -1):
         leaves = {k: [list(r) for r in v] for k, v in base.items()}
         leaves[leaf][i][j] += sign * h
+        points.append(leaves[leaf][i][j])
         values.append(loss_value(spec, mp_forward(spec, leaves)["O"]))
-    return (values[0] - values[1]) / (2 * h)
+    return (values[0] - values[1]) / (points[0] - points[1])
+
+
+def _rounding_stages(spec: Spec, ref: dict) -> dict:
+    """The forward matrices of the reference by stage id, the given ones and Ŝ = scale·S + M
+    included: what attention_loss_rounding weighs the gradients with."""
+    stages = dict(spec.leaves)
+    stages.update({k: v for k, v in ref.items() if not k.rpartition(".")[2].startswith(("d", "scale"))})
+    for h in range(spec.n_heads):
+        pre = spec.prefix(h)
+        S, scale = ref[pre + "S"], ref[pre + "scale"]
+        stages[pre + "S_masked"] = [
+            [S[i][j] * scale + (mpf(spec.bias[i][j]) if spec.bias is not None else 0) if spec.usable(i, j)
+             else -mpmath.inf for j in range(spec.n_k)] for i in range(spec.n_q)]
+    return stages
 
 
 @pytest.mark.parametrize("index", range(10))
 def test_reference_matches_finite_differences(index):
-    """The test's backward formulas against central differences of its own forward pass (50 digits)."""
+    """The test's backward formulas against central differences of its own forward pass (50 digits),
+    each within the bound of a central difference: from the step, a second step h/2 and the
+    rounding of the loss at the working precision (tests/_reference.py)."""
     spec = random_spec(index)
     with mpmath.workdps(DPS):
         ref = mp_backward(spec)
+        unit_roundoff = mpmath.mpf(2) ** -mpmath.mp.prec
+        gradients = {k: v for k, v in ref.items() if k.rpartition(".")[2].startswith("d")}
+        target = spec.loss[1] if spec.loss[0] == "target" else None
+        rounding = attention_loss_rounding(_rounding_stages(spec, ref), gradients, float(unit_roundoff), target)
         for leaf, matrix in spec.leaves.items():
             for i in range(len(matrix)):
                 for j in range(len(matrix[0])):
-                    fd = _finite_difference(spec, leaf, i, j)
+                    fd = _finite_difference(spec, leaf, i, j, FD_STEP)
+                    half = _finite_difference(spec, leaf, i, j, FD_STEP / 2)
+                    bound = central_difference_bound(fd, half, FD_STEP, rounding, unit_roundoff)
                     want = ref[grad_id(leaf)][i][j]
-                    assert abs(fd - want) <= mpmath.mpf("1e-15") * max(1, abs(want)), (leaf, i, j, fd, want)
+                    assert abs(fd - want) <= bound, (leaf, i, j, fd, want, bound)
 
 
 @pytest.mark.parametrize("index", range(N_RANDOM))

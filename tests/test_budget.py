@@ -8,10 +8,7 @@ is derived, so these tests are fast.
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,9 +18,9 @@ from symattn import SymattnError
 from symattn._budget import (DEARER, SCORE_CELLS, SCORE_CELLS_IRRATIONAL, SCORE_WORK_IRRATIONAL, check_budget,
                              score_cells)
 from symattn.problem import MAX_SIZE
+from _child import run_cli
 
 ROOT = Path(__file__).resolve().parent.parent
-ENV = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""), PYTHONIOENCODING="utf-8")
 
 
 def qkv(n: int, d: int, n_k: int | None = None, scale: str = "none") -> str:
@@ -118,11 +115,11 @@ def test_the_command_line_refuses_before_deriving(tmp_path, args):
     (tmp_path / "a.yaml").write_text("S: [[1]]\n", "utf-8")
     if args[0] == "check":
         args = [*args, "--backward"]
-    done = subprocess.run([sys.executable, "-m", "symattn", *args], cwd=tmp_path, capture_output=True, text=True,
-                          env=ENV, timeout=10, stdin=subprocess.DEVNULL)
-    assert done.returncode == 1, done.stderr
-    assert done.stdout == ""
-    lines = done.stderr.splitlines()
+    done = run_cli(args, cwd=tmp_path)
+    done.assert_bounded(5.0)  # CPU seconds: refused from the sizes, nothing derived
+    assert done.code == 1, done.err
+    assert done.out == ""
+    lines = done.err.splitlines()
     assert len(lines) == 1 and lines[0].startswith("Error: p.yaml: the problem has 251,001 attention scores"), lines
     assert "raise the budget with --max-size" in lines[0]
 

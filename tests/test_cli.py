@@ -15,7 +15,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +26,7 @@ from click.testing import CliRunner
 
 import symattn
 from symattn.cli import cli, main
+from _child import run_cli
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "worked_examples"
@@ -227,15 +227,12 @@ def test_derive_without_argument_prints_the_builtin_example(run):
     assert "Every stage agrees with an independent NumPy float64 evaluation" in out
 
 
-def test_builtin_example_runs_in_under_five_seconds(tmp_path):
-    start = time.perf_counter()
-    done = subprocess.run(
-        [sys.executable, "-m", "symattn", "derive"], cwd=tmp_path, capture_output=True, stdin=subprocess.DEVNULL
-    )
-    elapsed = time.perf_counter() - start
-    assert done.returncode == 0, done.stderr
-    assert BUILTIN_TITLE.encode() in done.stdout
-    assert elapsed < 5.0, f"symattn derive took {elapsed:.2f} s"
+def test_builtin_example_runs_in_under_five_cpu_seconds(tmp_path):
+    """The child's CPU time (a busy machine stretches the wall clock, not that)."""
+    r = run_cli(["derive"], cwd=tmp_path)
+    r.assert_bounded(5.0)
+    assert r.code == 0, r.err
+    assert BUILTIN_TITLE in r.out
 
 
 _GC_PROBE = """

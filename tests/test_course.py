@@ -31,6 +31,8 @@ import symattn.pdf
 from symattn.cli import cli
 
 ROOT = Path(__file__).resolve().parent.parent
+# One worker of pytest-xdist runs this file: the 64-token derivation (the big fixture) is made once.
+pytestmark = pytest.mark.xdist_group("course")
 EXAMPLES = ROOT / "worked_examples"
 EXAMPLE_FILES = sorted(EXAMPLES.glob("**/*.yaml"))  # large/ too
 FOUR = EXAMPLES / "causal_4_tokens.yaml"

@@ -13,7 +13,7 @@ content. A full-page screenshot of each page is saved in ``$SYMATTN_ARTIFACTS`` 
 needs a look (a display that scrolls sideways, the 64-token page's size and load time).
 
 Needs the ``selenium`` package, Chromium and its driver (Debian: ``apt-get install chromium
-chromium-driver``; ``.ci/run`` does it). Without them the browser tests skip; the check that the
+chromium-driver``; the README's test command does it). Without them the browser tests skip; the check that the
 registry's traces agree with the arithmetic runs anyway.
 """
 
@@ -48,6 +48,8 @@ except ImportError:  # pragma: no cover - the browser tests skip
     webdriver = None
 
 ROOT = Path(__file__).resolve().parent.parent
+# One worker of pytest-xdist runs this file: one browser, and one browser-report.txt in ARTIFACTS.
+pytestmark = pytest.mark.xdist_group("browser")
 EXAMPLE_FILES = sorted((ROOT / "worked_examples").glob("**/*.yaml"))
 EXAMPLES = {path.stem: path for path in EXAMPLE_FILES}
 ARTIFACTS = Path(os.environ.get("SYMATTN_ARTIFACTS") or ROOT / "tests" / "artifacts")

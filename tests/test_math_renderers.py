@@ -5,8 +5,8 @@ configures it, with MathJax 3 and its textmacros package, and with KaTeX
 (``throwOnError``). Every block must render without an error, and the text a reader
 sees must show each token as written, never LaTeX such as ``\\textless{}``.
 
-The Node packages are installed by ``npm ci --prefix tests/node`` (``.ci/run`` does
-it); ``SYMATTN_NODE_MODULES`` names another ``node_modules`` folder. Without node or
+The Node packages are installed by ``npm ci --prefix tests/node`` (the README's test
+command does it); ``SYMATTN_NODE_MODULES`` names another ``node_modules`` folder. Without node or
 the packages these tests are skipped.
 """
 
@@ -27,6 +27,8 @@ from symattn.render.display import NOTEBOOK_SHOWN
 from symattn.render._grid import _MATH_SPECIALS, MAX_SHOWN, shown, tex_token
 
 ROOT = Path(__file__).resolve().parent.parent
+# One worker of pytest-xdist runs this file: Node renders every document once (the rendered fixture).
+pytestmark = pytest.mark.xdist_group("node")
 EXAMPLES = ROOT / "worked_examples"
 MARKDOWN_FILES = sorted(EXAMPLES.glob("**/*.md"))
 SCRIPT = ROOT / "tests" / "node" / "render_math.mjs"

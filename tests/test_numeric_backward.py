@@ -18,24 +18,27 @@ import sympy
 from symattn import load_problem
 from symattn.numeric import numeric_stages
 from symattn.numeric_backward import (
+    _loss_matrix,
     _torch_backward,
     finite_difference_gradients,
     numeric_gradients,
     torch_gradients,
 )
 from symattn.problem import SUM_LOSS, Backward
+from _reference import FLOAT64_UNIT_ROUNDOFF, attention_loss_rounding, central_difference_bound
 
 ROOT = Path(__file__).resolve().parent.parent
 # (the backward pass through RoPE is refused: tests/test_rope.py tests those examples)
 EXAMPLES = sorted(p for p in (ROOT / "worked_examples").glob("*.yaml") if not p.stem.startswith("rope"))
 
-# Central differences with a step h = 1e-6·max(1, |x|) are O(h²) ≈ 1e-12
-# accurate, but each difference of two losses carries float64 rounding of a few
-# ulps of L, divided by 2h: about 1e-10·|L|. Observed: at most 4.3e-9 of
-# max(1, |gradient|) per stage over every case below (gradients up to ~300);
-# 1e-7 leaves a margin while still catching any real error (a wrong or
-# missing term is off by O(1)).
-FD_TOLERANCE = 1e-7
+# The step of the central differences: h = FD_EPS·max(1, |x|) for each entry x. Each
+# difference is held to the bound of _reference.central_difference_bound, from a second
+# difference at h/2 and the loss's own rounding. 1e-5 rather than symattn's default 1e-6:
+# the rounding, which dominates here, is divided by a ten times larger step, and the
+# truncation (h², seen by the second step) stays far below it. The bounds come out at about
+# 2e-8 of each stage's largest gradient (median), fifteen times the largest error seen, so a
+# wrong or missing term (off by O(1)) fails, and so does a gradient scaled by 1 + 1e-6.
+FD_EPS = 1e-5
 # NumPy and PyTorch do the same float64 arithmetic in a different order:
 # observed at most 2.6e-15 of max(1, |gradient|).
 TORCH_TOLERANCE = 1e-10
@@ -190,6 +193,34 @@ def assert_close(got: dict, want: dict, tolerance: float, who: str) -> None:
         assert error <= tolerance * scale(value), f"{who} {stage}: off by {error:.3g}"
 
 
+def finite_differences_with_bounds(p) -> tuple[dict, dict]:
+    """The central differences of every gradient stage, and for each entry how far it may be
+    from the derivative: from the same differences at half the step and a bound on the
+    rounding of the loss, from the problem's own magnitudes (tests/_reference.py)."""
+    fd = finite_difference_gradients(p, FD_EPS)
+    half = finite_difference_gradients(p, FD_EPS / 2)
+    stages = numeric_stages(p)
+    target = _loss_matrix(p) if p.backward.kind == "target" else None
+    rounding = attention_loss_rounding(stages, fd, target=target)
+    bounds = {}
+    for stage, d in fd.items():
+        pre, _, name = stage.rpartition(".")
+        x = stages[(pre + "." if pre else "") + name[1:]]  # the matrix perturbed: dW_Q -> W_Q
+        h = FD_EPS * np.maximum(1.0, np.abs(x))  # finite_difference_gradients's step, entry by entry
+        bounds[stage] = central_difference_bound(d, half[stage], h, rounding)
+    return fd, bounds
+
+
+def assert_within(got: dict, want: dict, bounds: dict, who: str) -> None:
+    assert list(got) == list(want)
+    for stage, value in want.items():
+        assert got[stage].shape == value.shape, stage
+        error = np.abs(got[stage] - value)
+        worst = np.unravel_index(np.argmax(error - bounds[stage]), error.shape)
+        assert (error <= bounds[stage]).all(), (
+            f"{who} {stage}{list(worst)}: off by {error[worst]:.3g}, bound {bounds[stage][worst]:.3g}")
+
+
 # -- the tests ----------------------------------------------------------------------
 
 
@@ -214,7 +245,8 @@ def test_stage_ids_and_shapes(source, arg):
 @pytest.mark.parametrize("source, arg", CASES)
 def test_finite_differences_agree(source, arg):
     p = problem(source, arg)
-    assert_close(finite_difference_gradients(p), numeric_gradients(p), FD_TOLERANCE, "finite differences")
+    fd, bounds = finite_differences_with_bounds(p)
+    assert_within(fd, numeric_gradients(p), bounds, "finite differences")
 
 
 @pytest.mark.parametrize("source, arg", CASES)
@@ -238,14 +270,20 @@ def test_masked_scores_have_zero_gradient_and_rows_sum_to_zero(source, arg):
     p = problem(source, arg)
     masked = np.isneginf(next(m for s, m in numeric_stages(p).items() if s.endswith("M")))
     # Σ_j a_j (da_j − da·a) = da·a − da·a = 0: softmax is shift-invariant. Observed
-    # row sums: 2.4e-15 (analytic) and 3.3e-9 (finite differences) of max(1, |dS_masked|).
-    for g, tolerance in ((numeric_gradients(p), 1e-13), (finite_difference_gradients(p), FD_TOLERANCE)):
+    # row sums: 2.4e-15 (analytic) of max(1, |dS_masked|); a finite difference's row sum is
+    # at most the sum of its entries' bounds.
+    fd, bounds = finite_differences_with_bounds(p)
+    analytic = numeric_gradients(p)
+    for g in (analytic, fd):
         for stage, grad in g.items():
             if stage.endswith(("dS_masked", "dS")):
                 assert (grad[masked] == 0).all(), stage
             if stage.endswith("dS_masked"):
-                row_sums = grad.sum(axis=1)
-                assert np.abs(row_sums).max() <= tolerance * scale(grad), (stage, row_sums)
+                row_sums = np.abs(grad.sum(axis=1))
+                if g is analytic:
+                    assert row_sums.max() <= 1e-13 * scale(grad), (stage, row_sums)
+                else:
+                    assert (row_sums <= bounds[stage].sum(axis=1)).all(), (stage, row_sums)
 
 
 def test_bias_minus_infinity_counts_as_masked():
@@ -275,11 +313,19 @@ def test_one_query_two_keys_by_hand():
         "dQ": [[w]],  # dS · K = −w·0 + w·1
         "dK": [[-w], [w], [0.0]],  # dSᵀ · Q
     }
-    for g in (numeric_gradients(p), finite_difference_gradients(p)):
-        assert list(g) == list(want)
-        for stage, value in want.items():
-            np.testing.assert_allclose(g[stage], value, rtol=1e-9, atol=1e-12, err_msg=stage)
-    assert numeric_gradients(p)["dS_masked"][0, 2] == 0.0
+    g = numeric_gradients(p)
+    assert list(g) == list(want)
+    for stage, value in want.items():
+        np.testing.assert_allclose(g[stage], value, rtol=1e-9, atol=1e-12, err_msg=stage)
+    assert g["dS_masked"][0, 2] == 0.0
+    # The central differences, within their bound; the values above carry a few roundings
+    # of their own (e, 1 + e, two divisions, a product): 8 units of their last place.
+    fd, bounds = finite_differences_with_bounds(p)
+    assert list(fd) == list(want)
+    for stage, value in want.items():
+        value = np.array(value)
+        bounds[stage] = bounds[stage] + 8 * FLOAT64_UNIT_ROUNDOFF * np.abs(value)
+    assert_within(fd, {s: np.array(v) for s, v in want.items()}, bounds, "finite differences")
 
 
 def test_scale_multiplies_dS():

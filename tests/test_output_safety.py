@@ -24,6 +24,7 @@ from click.testing import CliRunner
 from symattn._crosscheck import Mismatch
 from symattn.cli import cli
 from symattn.pdf import TEX_LINE_LIMIT, _check_line_lengths, _log_excerpt
+from _child import HANG_S
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "worked_examples" / "causal_4_tokens.yaml"
@@ -33,10 +34,10 @@ ROOT_USER = hasattr(os, "geteuid") and os.geteuid() == 0
 
 
 def child(args: list[str], cwd: Path, **kwargs) -> subprocess.CompletedProcess:
-    """``python -m symattn ARGS`` in a fresh process, under a 10 s bound."""
+    """``python -m symattn ARGS`` in a fresh process (killed only if stuck: HANG_S of wall time)."""
     kwargs.setdefault("stdout", subprocess.PIPE)
     return subprocess.run([sys.executable, "-m", "symattn", *args], cwd=cwd, stderr=subprocess.PIPE,
-                          stdin=subprocess.DEVNULL, env=ENV, timeout=10, text=True, **kwargs)
+                          stdin=subprocess.DEVNULL, env=ENV, timeout=HANG_S, text=True, **kwargs)
 
 
 def invoke(args: list[str], cwd: Path):
@@ -310,7 +311,7 @@ def test_sigterm_while_writing_removes_the_temporary_file(tmp_path):
         sys.exit(main(["derive", "-o", "out.tex"]))
     """)
     done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True,
-                          env=ENV, timeout=10)
+                          env=ENV, timeout=HANG_S)
     one_error_line(done.returncode, done.stderr, "SIGTERM")
     assert (tmp_path / "out.tex").read_text("utf-8") == "the old solution\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.tex"]

@@ -576,9 +576,9 @@ def test_spec_example_error_position():
     ],
 )
 def test_bad_entries_name_file_line_col_and_field(entry, fragment):
-    start = time.perf_counter()
+    start = time.process_time()  # CPU time: a busy machine stretches the wall clock, not this
     err = fail(f"Q: [[1, {entry}]]\nK: [[1, 1]]\nV: [[1]]\n")
-    assert time.perf_counter() - start < 2.0
+    assert time.process_time() - start < 2.0
     assert_at(err, 1, 9, "Q row 1, column 2")
     assert fragment in err.message
 
@@ -1105,10 +1105,10 @@ def test_digits_out_of_range_or_not_whole(value):
 
 
 def test_many_errors_are_fast():
-    start = time.perf_counter()
+    start = time.process_time()
     for _ in range(50):
         fail("Q: [[1, 10**10**10]]\nK: [[1, 1]]\nV: [[1]]\n")
-    assert time.perf_counter() - start < 5.0
+    assert time.process_time() - start < 5.0
 
 
 # ==========================================================================
@@ -1154,9 +1154,9 @@ def test_aliases_cannot_blow_a_small_file_up_into_millions_of_numbers():
     """A 40 kB file repeating one 4000-entry row 4000 times through an alias is refused before parsing."""
     row = "&r [" + ", ".join(["1"] * 4000) + "]"
     text = "X: [" + row + ", " + ", ".join(["*r"] * 3999) + "]\nW_Q: [[1]]\nW_K: [[1]]\nW_V: [[1]]\n"
-    start = time.perf_counter()
+    start = time.process_time()
     err = fail(text)
-    assert time.perf_counter() - start < 5
+    assert time.process_time() - start < 5
     assert_at(err, 1, 4, "X")
     assert "more than 1,000,000 numbers" in err.message and "--max-size" in err.message
 

@@ -7,7 +7,7 @@ import os
 import pty
 import subprocess
 import sys
-import time
+import types
 
 from click.testing import CliRunner
 
@@ -52,12 +52,17 @@ def test_silent_for_quick_work():
     assert out.getvalue() == ""
 
 
-def test_waits_for_the_delay_then_draws():
+def test_waits_for_the_delay_then_draws(monkeypatch):
+    import symattn._progress as progress_module
+
+    now = [100.0]  # the clock the display reads, moved by hand: a busy machine cannot move it
+    monkeypatch.setattr(progress_module, "time", types.SimpleNamespace(monotonic=lambda: now[0]))
     out = _Terminal()
     p = Progress(["a", "b"], stream=out, delay=0.05)
+    now[0] += 0.04
     p.advance("a")
     assert out.getvalue() == ""
-    time.sleep(0.06)
+    now[0] += 0.02
     p.advance("b")
     assert "2/2 b" in out.getvalue()
     p.close()
