@@ -23,6 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CAUSAL = ROOT / "worked_examples" / "causal_4_tokens.yaml"
 REST = "K: [[1, 0], [0, 1]]\nV: [[1, 2], [3, 4]]\n"
 MB = 1 << 20
+SHORT_LINE = 400  # characters in an error line: a hostile value is quoted by a short excerpt
 
 
 def problem(q_entry: str) -> str:
@@ -249,9 +250,49 @@ DERIVE = [
     ("st-embeddings-million-tokens", {"p.yaml": "X: {file: m.safetensors, embeddings: wte, tokens: ["
                                                 + "1, " * 600_000 + "1]}\n" + "W_Q: [[1], [0]]\n" + ST_REST,
                                       "m.safetensors": ST}, {}, "more numbers than the size limit allows"),
+    ("st-token-id-5000-digits", {"p.yaml": "X: {file: m.safetensors, embeddings: wte, tokens: [1, " + "7" * 5000 + "]}\n"
+                                           + "W_Q: [[1], [0]]\n" + ST_REST, "m.safetensors": ST}, {},
+     "p.yaml:1:55: X.tokens item 2: '" + "7" * 37 + "...' has 5,000 digits; a whole number here has at most 40"),
+    ("st-token-id-superscript", {"p.yaml": "X: {file: m.safetensors, embeddings: wte, tokens: [1, ²]}\n"
+                                           + "W_Q: [[1], [0]]\n" + ST_REST, "m.safetensors": ST}, {},
+     "X.tokens item 2: a token id is a whole number ≥ 0 (a row of the table, counted from 0 as the tokenizer does), "
+     "not '²'"),
+    ("st-token-id-arabic-indic", {"p.yaml": "X: {file: m.safetensors, embeddings: wte, tokens: [1, ٣]}\n"
+                                            + "W_Q: [[1], [0]]\n" + ST_REST, "m.safetensors": ST}, {},
+     "X.tokens item 2: a token id is a whole number ≥ 0 (a row of the table, counted from 0 as the tokenizer does), "
+     "not '٣'"),
     ("st-positions-too-few", {"p.yaml": "X: {file: m.safetensors, embeddings: wte, tokens: [1, 2, 3]}\n"
                                         "positions: {file: m.safetensors, tensor: c_attn}\nW_Q: [[1], [0]]\n" + ST_REST,
                               "m.safetensors": ST}, {}, "positions: tensor 'c_attn' has 2 rows, fewer than the 3 positions"),
+]
+
+# Whole numbers of a million digits (Python's conversion takes time quadratic in the length: 30 s
+# for decode or tiling.block before they were bounded), or of 5,000 (an error line must not
+# echo them in full), and digits other than 0-9.
+MILLION = "7" * 1_000_000
+MANY = "7" * 5000
+DERIVE += [
+    ("decode-million-digits", {"p.yaml": problem("1") + f"mask: causal\ndecode: {MILLION}\n"}, {},
+     "p.yaml:5:9: decode: '" + "7" * 37 + "...' has 1,000,000 digits; a whole number here has at most 40"),
+    ("tiling-block-million-digits", {"p.yaml": problem("1") + f"tiling: {{block: {MILLION}}}\n"}, {},
+     "p.yaml:4:17: tiling.block: '" + "7" * 37 + "...' has 1,000,000 digits; a whole number here has at most 40"),
+    ("tiling-rows-5000-digits", {"p.yaml": problem("1") + f"tiling: {{block: 1, rows: [{MANY}]}}\n"}, {},
+     "p.yaml:4:27: tiling.rows item 1: '" + "7" * 37 + "...' has 5,000 digits"),
+    ("digits-5000-digits", {"p.yaml": problem("1") + f"digits: {MANY}\n"}, {}, f"p.yaml:4:9: digits: '{'7' * 37}...' has 5,000"),
+    ("digits-fullwidth", {"p.yaml": problem("1") + "digits: ３\n"}, {},
+     "p.yaml:4:9: digits: digits must be a whole number from 1 to 50, not '３'"),
+    ("sliding-window-5000-digits", {"p.yaml": problem("1") + f"mask: {{sliding-window: {MANY}}}\n"}, {},
+     "p.yaml:4:24: mask: '" + "7" * 37 + "...' has 5,000 digits"),
+    ("valid-length-5000-digits", {"p.yaml": problem("1") + f"mask: {{valid-length: {MANY}}}\n"}, {},
+     "p.yaml:4:22: mask.valid-length: '" + "7" * 37 + "...' has 5,000 digits"),
+    ("kv-heads-5000-digits", {"p.yaml": "X: [[1, 0], [0, 1]]\nheads:\n  - W_Q: [[1], [0]]\n"
+                                        f"kv_heads: {MANY}\nkv:\n  - W_K: [[1], [0]]\n    W_V: [[1], [0]]\n"
+                                        "W_O: [[1]]\n"}, {},
+     "p.yaml:4:11: kv_heads: '" + "7" * 37 + "...' has 5,000 digits"),
+    ("decode-quoted-5000-digits", {"p.yaml": problem("1") + f'mask: causal\ndecode: "{MANY}"\n'}, {},
+     "p.yaml:5:9: decode: decode must be a token number from 1 to 2, not '" + "7" * 37 + "...'"),
+    ("unknown-mask-word-5000-characters", {"p.yaml": problem("1") + f"mask: causal{'x' * 5000}\n"}, {},
+     "p.yaml:4:7: mask: unknown mask 'causalxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx...'"),
 ]
 
 # `symattn check causal_4_tokens.yaml ANSWERS`: (id, files, special, fragment)
@@ -273,6 +314,13 @@ CHECK = [
     ("many-list-items", {"a.yaml": "A:\n" + "- [1]\n" * 100_000}, {}, "a.yaml: the file has 100,000 list items"),
     ("many-values", {"a.yaml": "A: {" + ", ".join(f"k{i}: 1" for i in range(6000)) + "}\n"}, {},
      "values (numbers, words and aliases)"),
+    # a head number in digits other than 0-9, or of a million digits (an explicit key: a plain
+    # one is at most 1024 characters)
+    ("stage-id-superscript", {"a.yaml": "head².S: [[1]]\n"}, {}, "a.yaml:1:1: 'head².S' is not a computed stage"),
+    ("stage-id-fullwidth", {"a.yaml": "head３.S: [[1]]\n"}, {}, "a.yaml:1:1: 'head３.S' is not a computed stage"),
+    ("stage-id-million-digits", {"a.yaml": f"? head{MILLION}.S\n: [[1]]\n"}, {},
+     "a.yaml:1:3: 'head" + "7" * 33 + "...' is not a computed stage of this problem; the stages are Q, K, V,"),
+    ("stage-id-a-list", {"a.yaml": "[S]: [[1]]\n"}, {}, "a.yaml:1:1: a stage id is a name such as S or head1.A, not a list"),
 ]
 
 
@@ -297,6 +345,7 @@ def _assert_refused(r, fragment: str) -> str:
     assert r.code == 1, f"exit {r.code}: {r.err!r}"
     line = r.one_error_line()
     assert fragment in line, line
+    assert len(line) <= SHORT_LINE, f"{len(line):,} characters: {line[:SHORT_LINE]}..."
     assert r.peak_bytes < GIB
     return line
 
@@ -347,3 +396,35 @@ def test_the_cost_of_refusing_a_30_MB_file(tmp_path):
     r = run_cli(["derive", "p.yaml", "-f", "json"], cwd=tmp_path)
     _assert_refused(r, "the row has more than 1,000,000 entries")
     assert r.seconds < 5 and r.peak_bytes < 512 * MB, (r.seconds, r.peak_bytes)
+
+
+# Whole-number options, read in the digits 0-9 alone and bounded before converting. A bad option
+# value is a usage error (exit 2, as for --digits 0); its line quotes a short excerpt.
+ARGUMENT = "9" * 100_000  # within Linux's 128 KiB for one argument
+OPTIONS = [
+    ("generate-seed-arabic-indic", ["generate", "--seed", "٣"], 2, "Invalid value for '--seed': '٣' is not a whole number"),
+    ("generate-count-fullwidth", ["generate", "--count", "３", "--out-dir", "out"], 2,
+     "Invalid value for '--count': '３' is not a whole number"),
+    ("generate-tokens-underscore", ["generate", "--tokens", "1_0"], 2,
+     "Invalid value for '--tokens': '1_0' is not a whole number"),
+    ("generate-tokens-100000-digits", ["generate", "--tokens", ARGUMENT], 2,
+     "Invalid value for '--tokens': '" + "9" * 37 + "...' has 100,000 digits; a whole number here has at most 40"),
+    ("derive-max-size-100000-digits", ["derive", "--max-size", ARGUMENT], 2, "Invalid value for '--max-size': '999"),
+    ("derive-decode-100000-digits", ["derive", "--decode", ARGUMENT], 2, "Invalid value for '--decode': '999"),
+    ("generate-range-100000-digits", ["generate", "--range", "1.." + ARGUMENT], 2,
+     "Invalid value for '--range': '999"),
+    ("generate-sliding-window-100000-digits", ["generate", "--mask", "sliding-window:" + ARGUMENT], 1,
+     "Error: --mask sliding-window:N: '999"),
+    ("generate-unknown-mask-100000-characters", ["generate", "--mask", "x" * 100_000], 1, "Error: unknown mask 'xxx"),
+]
+
+
+@pytest.mark.parametrize(("case", "args", "code", "fragment"), OPTIONS, ids=[c[0] for c in OPTIONS])
+def test_whole_number_options_are_ascii_digits_and_bounded(tmp_path, case, args, code, fragment):
+    r = run_cli(args, cwd=tmp_path)
+    assert not r.killed and "Traceback" not in r.err, r.err[-300:]
+    assert r.code == code, f"exit {r.code}: {r.err[:300]!r}"
+    line = next(x for x in r.err.splitlines() if x.startswith("Error: "))
+    assert fragment in line, line[:300]
+    assert len(line) <= SHORT_LINE, f"{len(line):,} characters: {line[:SHORT_LINE]}..."
+    assert r.out == "" and list(tmp_path.iterdir()) == []
