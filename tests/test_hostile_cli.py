@@ -428,3 +428,75 @@ def test_whole_number_options_are_ascii_digits_and_bounded(tmp_path, case, args,
     assert fragment in line, line[:300]
     assert len(line) <= SHORT_LINE, f"{len(line):,} characters: {line[:SHORT_LINE]}..."
     assert r.out == "" and list(tmp_path.iterdir()) == []
+
+
+# Angles float64 cannot hold: NumPy's reference is wrong there, and the cross-check declines with
+# the reason (never "a bug in symattn"), with no NumPy warning on the way.
+QK_3 = "Q: [[1, 0], [0, 1], [1, 1]]\nK: [[1, 0], [0, 1], [1, 1]]\nV: [[1, 2], [3, 4], [5, 6]]\n"
+QK_4 = "Q: [[1, 0, 1, 0], [0, 1, 0, 1], [1, 1, 0, 0]]\nK: [[1, 0, 0, 1], [0, 1, 1, 0], [1, 1, 1, 1]]\nV: [[1], [2], [3]]\n"
+X_4 = "X: [[1, 0, 1, 0], [0, 1, 0, 1], [1, 1, 0, 0]]\n"
+WIDE = 44  # θ_21 = base^(-42/44): 5e-324 to that power is past float64's range, so NumPy overflowed
+
+
+def _unit_rows(d: int, ones: list[int]) -> str:
+    return "[" + ", ".join("[" + ", ".join("1" if j == k else "0" for j in range(d)) + "]" for k in ones) + "]"
+
+
+def _llama_layer(d: int = 4) -> bytes:
+    """A one-head LLaMA layer of width d, weights 0, 1, 2, ... (exact in float32)."""
+    names = ("q_proj", "k_proj", "v_proj", "o_proj")
+    return safetensors({f"model.layers.0.self_attn.{n}.weight": f32(d, d) for n in names})
+
+
+ANGLES = [
+    ("rope-angle-10^30+1", {"p.yaml": QK_3 + 'rope: {angles: ["10^30 + 1"]}\n'}, "RoPE's angles",
+     "an angle as large as 2e+30 radians is rounded by up to"),
+    ("rope-angle-pi^600", {"p.yaml": QK_3 + 'rope: {angles: ["pi^600"]}\n'}, "RoPE's angles", "as large as 3.9e+298"),
+    ("rope-base-10^-300", {"p.yaml": QK_4 + 'rope: {base: "1/10^300"}\n'}, "RoPE's angles", "as large as 2e+150"),
+    ("sinusoidal-base-10^-300", {"p.yaml": X_4 + "W_Q: [[1], [0], [1], [0]]\nW_K: [[0], [1], [1], [0]]\n"
+                                 "W_V: [[1], [1], [0], [0]]\npositions: {sinusoidal: {base: \"1/10^300\"}}\n"},
+     "the sinusoidal positions' angles", "as large as 2e+150"),
+    ("rope-base-5e-324-overflowing", {"p.yaml": f"Q: {_unit_rows(WIDE, [0, WIDE - 1])}\nK: {_unit_rows(WIDE, [WIDE - 1, 0])}\n"
+                                      "V: [[1], [2]]\nrope: {base: 5e-324}\n"},
+     "RoPE's θ_i reach about 10^309", "beyond float64's range"),
+    ("rope-base-1e-330", {"p.yaml": QK_4 + "rope: {base: 1e-330}\n"}, "RoPE's base 1.00e-330",
+     "below float64's smallest number (about 4.9e-324), so NumPy would hold it as 0"),
+    ("rope-theta-5e-324-in-config", {"p.yaml": f"X: {_unit_rows(WIDE, [0])}\n"
+                                               "from: {file: model.safetensors, layout: llama, layer: 0, heads: all}\n",
+                                     "model.safetensors": _llama_layer(WIDE),
+                                     "config.json": json.dumps({"num_attention_heads": 1, "rope_theta": 5e-324})},
+     "RoPE's θ_i reach about 10^309", "beyond float64's range"),
+]
+
+
+@pytest.mark.parametrize(("case", "files", "whose", "why"), ANGLES, ids=[c[0] for c in ANGLES])
+def test_the_cross_check_declines_angles_float64_cannot_hold(tmp_path, case, files, whose, why):
+    _make(tmp_path, files, {})
+    r = run_cli(["derive", "p.yaml", "-f", "json"], cwd=tmp_path)
+    r.assert_bounded()
+    assert r.code == 0, r.err
+    check = json.loads(r.out)["crosscheck"]  # the solution, with the reason the check declined
+    assert check["passed"] is None and whose in check["skipped"] and why in check["skipped"], check
+    note, = r.err.splitlines()  # one line: no "bug in symattn", no RuntimeWarning
+    assert note == f"Note: no numeric cross-check: {check['skipped']}.", r.err
+
+
+HELD = [
+    # θ = 10^5 at positions 0, 1, 2: float64 rounds 2·10^5 by about 10^-11, well inside the tolerance
+    ("rope-angle-10^5", {"p.yaml": QK_3 + 'rope: {angles: ["10^5"]}\n'}),
+    # JSON's 5e-324 is 2^-1074, which float64 holds exactly (a subnormal), and θ_1 = base^(-1/2) = 2^537
+    ("rope-theta-2^-1074-in-config", {"p.yaml": X_4 + "from: {file: model.safetensors, layout: llama, layer: 0, heads: all}\n",
+                                      "model.safetensors": _llama_layer(),
+                                      "config.json": json.dumps({"num_attention_heads": 1, "rope_theta": 5e-324})}),
+]
+
+
+@pytest.mark.parametrize(("case", "files"), HELD, ids=[c[0] for c in HELD])
+def test_angles_float64_holds_well_enough_are_still_cross_checked(tmp_path, case, files):
+    """NumPy is compared (and agrees) where float64 holds the angles: only angles beyond that are declined."""
+    _make(tmp_path, files, {})
+    r = run_cli(["derive", "p.yaml", "-f", "json"], cwd=tmp_path)
+    r.assert_bounded()
+    assert r.code == 0 and r.err == "", r.err
+    check = json.loads(r.out)["crosscheck"]
+    assert check["passed"] is True and "skipped" not in check, check
