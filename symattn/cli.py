@@ -122,8 +122,8 @@ def _stage_list(ctx, param, value: str | None) -> frozenset[str] | None:
 
 
 @cli.command()
-@click.argument("problem", required=False, type=click.Path(dir_okay=False, path_type=Path))
-@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
+@click.argument("problem", required=False, type=click.Path(path_type=Path))  # a folder: one Error line (exit 1)
+@click.option("-o", "--output", type=click.Path(path_type=Path),
               help="Where to write; the format follows the suffix (.tex, .md, .json, .txt, .pdf, .html). "
                    "Default: standard output.")
 @click.option("-f", "--format", "fmt", type=click.Choice(["latex", "markdown", "text", "json", "html"]),
@@ -151,7 +151,7 @@ def _stage_list(ctx, param, value: str | None) -> frozenset[str] | None:
               help="The size budget: the most numbers a problem file may hold in all its matrices together; "
                    "the budget for its attention scores (by default 1,000,000 for LaTeX, Markdown and text, "
                    "less for JSON, the backward pass or an irrational scale) grows in proportion.")
-@click.option("--plot", type=click.Path(dir_okay=False, path_type=Path),
+@click.option("--plot", type=click.Path(path_type=Path),
               help="Also draw the attention weights as a labelled heat map (.png, .svg or .pdf; needs pip install 'symattn[plot]').")
 @click.option("--backward", is_flag=True,
               help="Also derive the gradients (dO back to dX): the file's backward: section, else the loss L = Σ O.")
@@ -182,6 +182,7 @@ def derive(problem: Path | None, output: Path | None, fmt: str | None, standalon
     from . import _errors
 
     try:
+        _check_outputs(output, plot)  # a folder first: it has no format to tell
         kind = _output_kind(output, fmt)
         if ask is not None and not exercise:
             raise click.UsageError("--ask goes with --exercise")
@@ -342,7 +343,7 @@ csv gives a spreadsheet, --format json everything.
 
 
 @cli.command(help=_ANSWERS_HELP)
-@click.argument("problem", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("problem", type=click.Path(path_type=Path))
 @click.argument("answers", nargs=-1, required=True, type=click.Path(path_type=Path))  # a folder is reported per file
 @click.option("-f", "--format", "fmt", type=click.Choice(["text", "markdown", "latex", "json", "csv"]), default="text",
               show_default=True, help="Report format (csv: one line per answers file).")
@@ -484,14 +485,14 @@ class _RecordingCommand(click.Command):
 @click.option("--range", "range_", callback=_range, metavar="LOW..HIGH", help="Entry range (default by level: 0..1, -1..1, -2..2).")
 @click.option("--words", help='Token labels, e.g. "the cat sat down".')
 @click.option("--seed", type=_WholeRange(min=0), default=0, show_default=True, help="The same seed always gives the same file.")
-@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), help="Where to write one problem (default: standard output).")
+@click.option("-o", "--output", type=click.Path(path_type=Path), help="Where to write one problem (default: standard output).")
 @click.option("--count", type=_WholeRange(1, 500), help="Write this many variants into --out-dir.")
-@click.option("--out-dir", type=click.Path(file_okay=False, path_type=Path), help="Folder for --count variants and their index.csv.")
+@click.option("--out-dir", type=click.Path(path_type=Path), help="Folder for --count variants and their index.csv.")
 @click.option("--sheets", type=click.Choice(["pdf", "html"]), is_flag=False, flag_value="pdf",
               help="With --count: each variant's exercise and solution as PDF (LaTeX without pdflatex); "
                    "--sheets html writes them as web pages.")
 @click.option("--force", is_flag=True, help="With --count: replace files of the same names already in --out-dir (without it they are listed and nothing is written).")
-@click.option("--from", "base", type=click.Path(dir_okay=False, path_type=Path), help="Keep the structure of this problem and draw new numbers.")
+@click.option("--from", "base", type=click.Path(path_type=Path), help="Keep the structure of this problem and draw new numbers.")
 @click.option("--vary", type=click.Choice(["weights", "inputs"]), default="weights", show_default=True, help="With --from: what gets new numbers.")
 def generate(tokens, d_model, d_k, d_v, mask, heads, cross, no_scale, level, range_, words, seed, output, count,
              out_dir, sheets, force, base, vary) -> None:
@@ -528,6 +529,7 @@ def _generate(o: dict) -> None:
         from .problem import parse_problem
 
     base = None
+    _check_outputs(o["output"])
     if o["output"] is not None and o["base"] is not None and _same_file(o["output"], o["base"]):
         raise click.ClickException(f"{o['output']} is the --from problem itself; choose another output path")
     if o["base"] is not None:
@@ -745,6 +747,16 @@ def _is_stream(path: Path) -> bool:
     except OSError:
         return False
     return stat.S_ISCHR(mode) or stat.S_ISFIFO(mode)
+
+
+def _check_outputs(*paths: Path | None) -> None:
+    """Refuse an output path symattn would not write (a folder, a socket, ...) before any work: one
+    ``Error:`` line, as every other bad path gets (see symattn._output)."""
+    from ._output import check_output
+
+    for path in paths:
+        if path is not None:
+            check_output(path)
 
 
 def _same_file(a: Path, b: Path) -> bool:

@@ -500,3 +500,35 @@ def test_angles_float64_holds_well_enough_are_still_cross_checked(tmp_path, case
     assert r.code == 0 and r.err == "", r.err
     check = json.loads(r.out)["crosscheck"]
     assert check["passed"] is True and "skipped" not in check, check
+
+
+# Paths of the wrong kind: one Error line and exit 1, as every other bad path gets (not click's
+# usage text and exit 2), before any work, and nothing written. Made at test time: a folder
+# "d" (and "d.tex"), a file "f".
+PATHS = [
+    ("derive-o-folder", ["derive", "-o", "d"], "Error: d: is a folder; symattn writes regular files"),
+    ("derive-o-folder-with-a-suffix", ["derive", "-o", "d.tex"], "Error: d.tex: is a folder; symattn writes regular files"),
+    ("derive-json-o-folder", ["derive", "-f", "json", "-o", "d"], "Error: d: is a folder; symattn writes regular files"),
+    ("derive-plot-folder", ["derive", "--plot", "d", "-o", "out.tex"], "Error: d: is a folder; symattn writes regular files"),
+    ("derive-o-under-a-file", ["derive", "-o", "f/out.tex"], "Error: f/out.tex: cannot write there: Not a directory"),
+    ("derive-problem-folder", ["derive", "d", "-o", "out.tex"], "Error: d: is a folder, not a problem file"),
+    ("check-problem-folder", ["check", "d", "f"], "Error: d: is a folder, not a problem file"),
+    ("check-answers-folder", ["check", CAUSAL, "d"], "Error: d: is a folder, not an answers file"),
+    ("generate-o-folder", ["generate", "-o", "d"], "Error: d: is a folder; symattn writes regular files"),
+    ("generate-out-dir-file", ["generate", "--count", "2", "--out-dir", "f"], "Error: f: is not a folder"),
+    ("generate-out-dir-under-a-file", ["generate", "--count", "2", "--out-dir", "f/variants"], "Error: f/variants: /"),
+    ("generate-from-folder", ["generate", "--from", "d", "-o", "out.yaml"], "Error: d: is a folder, not a problem file"),
+]
+
+
+@pytest.mark.parametrize(("case", "args", "line"), PATHS, ids=[c[0] for c in PATHS])
+def test_a_path_of_the_wrong_kind_is_one_error_line(tmp_path, case, args, line):
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d.tex").mkdir()
+    (tmp_path / "f").write_text("a file\n", encoding="utf-8")
+    r = run_cli(args, cwd=tmp_path)
+    r.assert_bounded()
+    assert r.code == 1 and r.out == "", (r.code, r.err)
+    assert r.one_error_line().startswith(line), r.err
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["d", "d.tex", "f"]  # nothing half-written
+    assert (tmp_path / "f").read_text(encoding="utf-8") == "a file\n"
