@@ -57,6 +57,28 @@ def whole_number(text: str, max_digits: int = MAX_WHOLE_DIGITS, signed: bool = F
     return int(text)
 
 
+# Unicode's bidirectional controls (the Arabic letter mark, the left-to-right and right-to-left
+# marks, embeddings, overrides and isolates): invisible, they reorder the text around them, so
+# a token holding U+202E could make what a student reads differ from what was derived.
+BIDI_CONTROLS = "\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069"
+_BIDI = re.compile(f"[{BIDI_CONTROLS}]")
+
+
+def bidi_name(ch: str) -> str:
+    """How a bidirectional control is shown: ``U+202E``."""
+    return f"U+{ord(ch):04X}"
+
+
+def show_bidi(text: str) -> str:
+    """``text`` with each bidirectional control shown as ``⟨U+202E⟩``, so that it reorders nothing;
+    every renderer a person reads uses it (the JSON keeps a token's text exact: it is data).
+
+    >>> show_bidi("ab\u202ecd")
+    'ab⟨U+202E⟩cd'
+    """
+    return _BIDI.sub(lambda m: f"⟨{bidi_name(m.group())}⟩", text) if _BIDI.search(text) else text
+
+
 def excerpt(text: str, limit: int = 40) -> str:
     """``text`` quoted (``repr``: control and bidirectional characters escaped), cut to its
     first characters when longer than ``limit``: a hostile value is never echoed in full.

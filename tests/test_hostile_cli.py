@@ -532,3 +532,67 @@ def test_a_path_of_the_wrong_kind_is_one_error_line(tmp_path, case, args, line):
     assert r.one_error_line().startswith(line), r.err
     assert sorted(p.name for p in tmp_path.rglob("*")) == ["d", "d.tex", "f"]  # nothing half-written
     assert (tmp_path / "f").read_text(encoding="utf-8") == "a file\n"
+
+
+# Bidirectional controls in a title or a token (a right-to-left override would make "c‮at" read
+# "cta" in a page): shown as ⟨U+202E⟩ in everything a person reads, never obeyed; the JSON keeps
+# the text exact, as data.
+BIDI = "\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069"
+BIDI_PROBLEM = ('title: "Order \\u202Eevil\\u202C test"\n'
+                'tokens: ["The", "c\\u202Eat", "\\u2067sat\\u2069", "' + "".join(f"\\u{ord(c):04X}" for c in BIDI) + 'x"]\n'
+                "X: [[1, 0], [0, 1], [1, 1], [0, 2]]\nW_Q: [[1, 0], [0, 1]]\nW_K: [[1, 0], [0, 1]]\nW_V: [[1, 0], [0, 1]]\n"
+                "mask: causal\n")
+
+
+@pytest.mark.parametrize("fmt", ["html", "markdown", "text", "latex", "json"])
+def test_bidirectional_controls_are_shown_not_obeyed(tmp_path, fmt):
+    (tmp_path / "p.yaml").write_text(BIDI_PROBLEM, encoding="utf-8")
+    r = run_cli(["derive", "p.yaml", "-f", fmt], cwd=tmp_path)
+    r.assert_bounded()
+    assert r.code == 0 and r.err == "", r.err
+    if fmt == "json":
+        assert json.loads(r.out)["title"] == "Order \u202eevil\u202c test"  # data: the text as written
+        return
+    assert not any(c in r.out for c in BIDI), [hex(ord(c)) for c in BIDI if c in r.out]
+    shown = {"html": "⟨U+202E⟩", "markdown": "⟨U+202E⟩", "text": "⟨U+202E⟩",
+             "latex": r"\ensuremath{\langle}U+202E\ensuremath{\rangle}"}[fmt]
+    assert f"Order {shown}evil" in r.out  # the title
+    if fmt == "html":
+        assert "<title>Order ⟨U+202E⟩evil⟨U+202C⟩ test</title>" in r.out
+        assert "c⟨U+202E⟩at" in r.out and "⟨U+2067⟩sat⟨U+2069⟩" in r.out  # the tokens, in prose and tables
+    if fmt == "text":
+        lines = r.out.splitlines()
+        assert lines[1] == "=" * len(lines[0])  # the title's rule as long as the title shown
+        grid = [line for line in lines if line.startswith(("    The ", "    c⟨U+202E⟩at ", "    ⟨U+2067⟩sat⟨U+2069⟩ "))]
+        assert len({line.index(" [") for line in grid}) == 1, grid  # the rows stay aligned
+        assert "".join(f"⟨U+{ord(c):04X}⟩" for c in BIDI) + "x" in r.out
+    if fmt in ("latex", "markdown"):  # a token in math: {\langle}\text{U+202E}{\rangle}, as MathJax and KaTeX print it
+        assert r"\text{c}{\langle}\text{U+202E}{\rangle}\text{at}" in r.out
+
+
+def test_bidirectional_controls_are_shown_in_the_heat_map(monkeypatch):
+    """The heat map's tick labels (drawn by matplotlib, which reorders nothing itself but prints
+    what it is given): the tokens with their controls shown."""
+    pytest.importorskip("matplotlib")
+    import matplotlib.axes
+
+    import symattn
+    from symattn.plot import plot_weights
+
+    ticks = []
+    real = matplotlib.axes.Axes.set_xticks, matplotlib.axes.Axes.set_yticks
+
+    def recording(which):
+        def set_ticks(self, positions, labels=None, **kw):
+            ticks.append(list(labels))
+            return real[which](self, positions, labels=labels, **kw)
+        return set_ticks
+
+    monkeypatch.setattr(matplotlib.axes.Axes, "set_xticks", recording(0))
+    monkeypatch.setattr(matplotlib.axes.Axes, "set_yticks", recording(1))
+    problem = ('tokens: ["The", "c\\u202Eat", "\\u2067sat\\u2069"]\nX: [[1, 0], [0, 1], [1, 1]]\n'
+               "W_Q: [[1, 0], [0, 1]]\nW_K: [[1, 0], [0, 1]]\nW_V: [[1, 0], [0, 1]]\nmask: causal\n")
+    image = plot_weights(symattn.derive(symattn.load_problem(problem)), ".png")
+    assert image.startswith(b"\x89PNG")
+    want = ["The", "c⟨U+202E⟩at", "⟨U+2067⟩sat⟨U+2069⟩"]
+    assert ticks == [want, want]
