@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+import sympy
 
 from . import stages
 from .derivation import Derivation
@@ -107,6 +108,9 @@ def _crosscheck(derivation: Derivation, tolerance: float, torch: bool) -> CrossC
         return CrossCheck({}, tolerance, (), skipped=SKIPPED_NO_VALUES)
     if _beyond_float64(derivation):
         return CrossCheck({}, tolerance, (), skipped=SKIPPED_TOO_LARGE)
+    angles = _float64_angles(derivation, tolerance)
+    if angles.cannot is not None:  # NumPy would overflow or hold the base as 0 (with RuntimeWarnings)
+        return CrossCheck({}, tolerance, (), skipped=angles.cannot)
     p = derivation.problem
     reference = numeric_stages(p)
     fd_check = None
@@ -123,7 +127,7 @@ def _crosscheck(derivation: Derivation, tolerance: float, torch: bool) -> CrossC
     numpy_check = compare(derivation, reference, tolerance, "numpy float64", every=True)
     numpy_check = dataclasses.replace(numpy_check, finite_differences=fd_check)
     if not torch:
-        return _precision(derivation, numpy_check)
+        return _precision(derivation, numpy_check, angles)
     from .torch_check import torch_stages
 
     torch_reference = torch_stages(p)
@@ -133,7 +137,7 @@ def _crosscheck(derivation: Derivation, tolerance: float, torch: bool) -> CrossC
         torch_reference.update(torch_gradients(p))
     torch_check = compare(derivation, torch_reference, tolerance,
                           "torch scaled_dot_product_attention float64")
-    return _precision(derivation, dataclasses.replace(numpy_check, torch=torch_check))
+    return _precision(derivation, dataclasses.replace(numpy_check, torch=torch_check), angles)
 
 
 _EPS = 2.0 ** -52  # float64's spacing at 1
@@ -141,9 +145,13 @@ _SCORES = (stages.S, stages.S_SCALED, stages.S_MASKED)
 _LINEAR_SLACK = 2.0 ** 8  # rounding accumulated along a product, a generous bound
 
 
-def _precision(derivation: Derivation, check: CrossCheck) -> CrossCheck:
+def _precision(derivation: Derivation, check: CrossCheck, angles: "_Angles | None" = None) -> CrossCheck:
     """``check``, or, when every difference is what float64's rounding of numbers this large
     can make, the check marked skipped with that reason (the exact values are not in doubt).
+
+    Angles first (``angles``, see :func:`_float64_angles`): when float64's rounding of RoPE's or
+    the sinusoidal positions' angles can move an entry by more than the tolerance, every
+    difference at a stage computed from the angles is excused by that.
 
     Two scores of 10^20 + 4 and 10^20 are the same float64, so NumPy gives the two keys equal
     weights; that is NumPy lacking the precision, not the derivation being wrong. A weight (or
@@ -154,6 +162,9 @@ def _precision(derivation: Derivation, check: CrossCheck) -> CrossCheck:
     mismatches = check.all_mismatches
     if not mismatches:
         return check
+    if angles is not None and angles.doubt is not None and all(m.stage in angles.stages for m in mismatches):
+        return dataclasses.replace(check, skipped=f"{angles.doubt} (at {mismatches[0]}); the exact derivation "
+                                                  "does not depend on float64")
     largest = 0.0  # the largest finite magnitude of the stages so far
     score = 0.0  # the largest finite score
     worst_stage: dict[str, float] = {}
@@ -190,6 +201,124 @@ def _precision(derivation: Derivation, check: CrossCheck) -> CrossCheck:
         f"(at {first}); the exact derivation does not depend on float64"
     )
     return dataclasses.replace(check, skipped=reason)
+
+
+_U = 2.0 ** -53  # float64's unit roundoff: a correctly rounded operation is off by at most this, relatively
+_LN_MAX = math.log(float(np.finfo(np.float64).max))  # about 709.78: ln of the largest float64
+# Roundings in one angle of the float64 references (numeric.py, torch_check.py) besides the
+# base's own, each relative and at most u: the exponent -2i/d (it multiplies ln(base) in the
+# power: the term u·|ln base|), the power (within 1 ulp, 2u), the reciprocal of torch's
+# 1/base^(2i/d), and the product p·θ (given angles: the product alone).
+_ANGLE_ROUNDINGS = 4
+
+
+@dataclass(frozen=True)
+class _Angles:
+    """What float64 makes of the problem's angles. ``cannot``: why NumPy cannot follow them at all
+    (a base float64 rounds to 0, a θ_i or an angle beyond its range), or None. ``doubt``: why
+    the reference's entries computed from the angles can be off by more than the tolerance, or
+    None. ``stages``: the ids of the stages computed from the angles."""
+
+    cannot: str | None = None
+    doubt: str | None = None
+    stages: frozenset = frozenset()
+
+
+def _float64_angles(derivation: Derivation, tolerance: float) -> _Angles:
+    """How far the float64 references can follow RoPE's angles p·θ_i (θ_i = base^(−2i/d_k), or
+    given) and the sinusoidal positions' p/base^(2i/d), p = 0 … n − 1.
+
+    The references turn each angle into cos and sin, which are known only as well as the angle
+    is: to first order in u = 2^-53, an angle φ = p·θ_i is rounded by at most
+    ``δ = (ε + (4 + |ln base|)·u)·|φ|``, where ε is the base's own rounding to float64 (worked
+    out exactly: at most u for a normal float64, up to 1 below 2.2e-308; 2u for a given angle)
+    and the rest are the roundings of :data:`_ANGLE_ROUNDINGS`, the exponent's amplified by
+    the power. Turning a pair (x_a, x_b) of norm r by δ too much moves each of its two entries
+    by at most r·δ (a chord is shorter than its arc); a sinusoidal entry moves by at most δ.
+    Where that exceeds what the comparison allows (the tolerance times max(1, |entry|)),
+    differences from the angles are no sign of a bug: ``doubt`` says so. An angle of 10^30 rad
+    is rounded by about 10^14 rad, so its cosine is anyone's guess.
+
+    A base float64 rounds to 0, or a θ_i or angle past its largest number (about 1.8e308,
+    which NumPy would turn into inf, then NaN, with RuntimeWarnings), is ``cannot``, decided
+    from the exact values' logarithms before NumPy sees them.
+    """
+    p = derivation.problem
+    parts = []  # (whose angles, the base or None, the given angles or None, the ids of the stages they turn)
+    if p.rope is not None:
+        ids = [s.id for s in derivation.steps if stages.split_id(s.id)[1] in (stages.Q_ROT, stages.K_ROT)]
+        parts.append(("RoPE's", p.rope.base, p.rope.angles, ids))
+    if p.positions is not None and p.positions.kind == "sinusoidal":
+        parts.append(("the sinusoidal positions'", p.positions.base, None, [stages.PE]))
+    if not parts:
+        return _Angles()
+    doubt = None
+    for whose, base, given, ids in parts:
+        if base is not None and float(base) == 0:
+            return _Angles(cannot=f"{whose} base {sympy.N(base, 3)!s} is below float64's smallest number "
+                                  "(about 4.9e-324), so NumPy would hold it as 0")
+        ln_base = 0.0 if base is None else math.log(float(base))
+        per_radian = rounding_per_radian(base)
+        for sid in ids:
+            rows, d = derivation.step(sid).shape
+            if given is not None:
+                ln_theta = [_ln_abs(a) for a in given]
+            else:  # θ_i = base^(−2i/d): RoPE's pairs i < d/2, the sinusoidal columns' i < ⌈d/2⌉
+                ln_theta = [-(2 * i / d) * ln_base for i in range((d + 1) // 2 if sid == stages.PE else d // 2)]
+            ln_last = math.log(rows - 1) if rows > 1 else -math.inf  # the last position, p = n − 1
+            worst = max(ln_theta) + ln_last
+            for name, ln in (("θ_i", max(ln_theta)), ("angles", worst)):
+                if ln > _LN_MAX:
+                    return _Angles(cannot=f"{whose} {name} reach about 10^{ln / math.log(10):.0f} radians, beyond "
+                                          "float64's range (about 1.8e308)")
+            if doubt is not None or worst == -math.inf:
+                continue
+            theta = np.exp(np.array(ln_theta))  # finite: each ln θ_i is at most ln(max float64)
+            delta = per_radian * np.arange(rows, dtype=np.float64)[:, None] * theta[None, :]  # (position, i)
+            values = derivation.approx(sid)
+            if sid == stages.PE:
+                moved = delta > tolerance  # |sin|, |cos| ≤ 1: the comparison allows the tolerance
+            else:
+                first, second = (list(c) for c in zip(*p.rope.pairs(d)))  # the pairs' components, pair by pair
+                r = np.hypot(values[:, first], values[:, second])  # a turn keeps a pair's norm
+                smaller = np.minimum(np.abs(values[:, first]), np.abs(values[:, second]))
+                moved = r * delta > tolerance * np.maximum(1.0, smaller)  # for the pair's stricter entry
+            if moved.any():
+                largest = float(np.exp(worst))
+                doubt = (f"float64 cannot hold {whose} angles closely enough: an angle as large as {largest:.3g} "
+                         f"radians is rounded by up to {float(delta.max()):.3g} radians, which moves the entries "
+                         "computed from it by more than the tolerance")
+    if doubt is None:
+        return _Angles()
+    return _Angles(doubt=doubt, stages=frozenset(_from_angles(derivation)))
+
+
+def rounding_per_radian(base) -> float:
+    """δ/|φ|: how far the float64 references may round an angle φ, per radian of it, to first
+    order in u = 2^-53 (see :func:`_float64_angles`): ε + (4 + |ln base|)·u, ε the base's own
+    rounding to float64, worked out exactly (at most u for a normal float64, more for a
+    subnormal one; a base float64 holds exactly, such as 2^-1074, has none). ``base`` None:
+    given angles, each rounded from SymPy within 1 ulp (ε = 2u)."""
+    if base is None:
+        return (2 + _ANGLE_ROUNDINGS) * _U
+    b = float(base)
+    rounded = float(abs(sympy.Rational(b) - base) / base)
+    return rounded + (_ANGLE_ROUNDINGS + abs(math.log(b))) * _U
+
+
+def _from_angles(derivation: Derivation) -> list[str]:
+    """The ids of the stages computed from the angles: everything from the rotation (or the
+    positions) on but the given matrices, and, with RoPE, what does not read a rotation: Q, K
+    and V, the mask, and V's cache."""
+    p = derivation.problem
+    before = {stages.Q, stages.K, stages.V, stages.M, stages.V_CACHE} if p.positions is None else set()
+    return [s.id for s in derivation.steps if not s.given and stages.split_id(s.id)[1] not in before]
+
+
+def _ln_abs(x) -> float:
+    """ln|x| of an exact angle (−inf for 0), from 20 digits of its value."""
+    value = abs(sympy.N(x, 20))
+    return -math.inf if value == 0 else float(sympy.log(value).evalf(20))
 
 
 def _fd_size(p) -> int:

@@ -8,13 +8,11 @@ kept by the reader to label the rows (``#464``) when the problem gives no ``toke
 
 from __future__ import annotations
 
-import re
-
 import yaml
 
 from . import _safetensors, _yaml
+from ._text import LongNumber, whole_number
 
-_ID = re.compile(r"[0-9]+")  # ASCII digits only
 _KEYS = ("file", "embeddings", "tokens", "cols")
 _USAGE = "rows of an embedding table take file, embeddings, tokens and cols"
 
@@ -41,11 +39,15 @@ def embedding_rows(reader, keys: dict, path, rel: str, where_, name: str, did_yo
             f"the token ids are a list such as [464, 3797, 3332], not {_yaml.kind(ids_node)}", field)
     ids = []
     for i, item in enumerate(ids_node.value):
-        if not (isinstance(item, yaml.ScalarNode) and not item.style and _ID.fullmatch(item.value)):
+        try:
+            token = whole_number(item.value) if isinstance(item, yaml.ScalarNode) and not item.style else None
+        except LongNumber as exc:
+            raise reader.at(item).error(str(exc), item_field(field, i)) from None
+        if token is None:
             raise reader.at(item).error(
                 f"a token id is a whole number ≥ 0 (a row of the table, counted from 0 as the tokenizer "
                 f"does), not {_yaml.kind(item)}", item_field(field, i))
-        ids.append(int(item.value))
+        ids.append(token)
     cols = None
     if "cols" in keys:
         v = keys["cols"][1]

@@ -28,6 +28,7 @@ import flint
 import sympy
 
 from ._sympy import QQMatrix, flint_matrix, is_rational_matrix, qq_dense
+from ._text import excerpt as _short
 
 # Limits that keep a small hostile entry from costing a large amount of work.
 MAX_TEXT = 2000  # characters in one entry
@@ -176,10 +177,6 @@ def _syntax_reason(exc: Exception) -> str:
     if isinstance(exc, SyntaxError) and exc.msg:
         return exc.msg
     return str(exc) or "invalid syntax"
-
-
-def _short(text: str) -> str:
-    return repr(text if len(text) <= 40 else text[:37] + "...")
 
 
 MAX_MAGNITUDE = sympy.Integer(10) ** 300  # float64 ends near 1.8e308; the numeric check must follow

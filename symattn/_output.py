@@ -74,6 +74,25 @@ def _fail(path: Path, what: str) -> click.ClickException:
     return click.ClickException(f"{path}: {what}")
 
 
+def check_output(path: Path) -> str | None:
+    """What ``path`` is when :func:`write_file` writes into it in place (``"a character device"``
+    or ``"a FIFO"``), else None; a folder, a block device or a socket is refused with one
+    ``Error:`` line (exit 1). The command line asks this before any work, so a wrong ``-o``
+    costs no derivation and leaves nothing behind."""
+    try:
+        st = os.stat(path)  # follows links
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise _fail(path, f"cannot write there: {exc.strerror or exc}") from None
+    kind = _kind(st.st_mode)
+    if kind in ("a character device", "a FIFO"):
+        return kind
+    if kind is not None:
+        raise _fail(path, f"is {kind}; symattn writes regular files, devices such as /dev/null and FIFOs")
+    return None
+
+
 def write_file(path: Path, data) -> None:
     """Write ``data`` to ``path`` all at once: a failure leaves the old file untouched.
 
@@ -84,19 +103,10 @@ def write_file(path: Path, data) -> None:
     place; a folder, a block device or a socket is refused (see the module's
     documentation).
     """
-    try:
-        st = os.stat(path)  # follows links
-    except FileNotFoundError:
-        st = None
-    except OSError as exc:
-        raise _fail(path, f"cannot write there: {exc.strerror or exc}") from None
-    if st is not None:
-        kind = _kind(st.st_mode)
-        if kind in ("a character device", "a FIFO"):
-            _write_in_place(path, data, kind)
-            return
-        if kind is not None:
-            raise _fail(path, f"is {kind}; symattn writes regular files, devices such as /dev/null and FIFOs")
+    kind = check_output(path)
+    if kind is not None:
+        _write_in_place(path, data, kind)
+        return
     target = Path(os.path.realpath(path))  # a link's target, so the link itself is not replaced
     folder = target.parent
     if not folder.is_dir():
@@ -217,6 +227,15 @@ class Batch:
         self.names = names
         self.force = force
         self.tmp: str | None = None
+        # a folder, or a path to one still to be made: refused before anything is made
+        if folder.exists() and not folder.is_dir():
+            raise _fail(folder, "is not a folder")
+        where = folder.resolve()
+        while not where.is_dir():  # the nearest folder that exists: the rest is made when the batch is moved in
+            if where.exists():
+                raise _fail(folder, f"{where} is not a folder")
+            where = where.parent
+        self.where = where
         existing = []
         for name in names:
             try:
@@ -238,15 +257,8 @@ class Batch:
 
     def __enter__(self) -> "Batch":
         folder = self.folder
-        if folder.exists() and not folder.is_dir():
-            raise _fail(folder, "is not a folder")
-        where = folder.resolve()
-        while not where.is_dir():  # the nearest folder that exists: the rest is made when the batch is moved in
-            if where.exists():
-                raise _fail(folder, f"{where} is not a folder")
-            where = where.parent
         try:
-            self.tmp = tempfile.mkdtemp(prefix=f".{folder.resolve().name}.", suffix=".tmp", dir=where)
+            self.tmp = tempfile.mkdtemp(prefix=f".{folder.resolve().name}.", suffix=".tmp", dir=self.where)
         except OSError as exc:
             raise _fail(folder, f"cannot write there: {exc.strerror or exc}") from None
         _TEMPS.add(self.tmp)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import yaml
 
 from ._errors import SymattnError
+from ._text import excerpt
 
 # Plain data, and the tags PyYAML's resolver gives plain scalars on its own
 # ('=' is !!value, 2024-05-01 is !!timestamp, '<<' is !!merge): symattn reads
@@ -668,4 +669,4 @@ def kind(node: yaml.Node) -> str:
         return "a mapping"
     if is_null(node):
         return "empty"
-    return repr(node.value)
+    return excerpt(node.value)

@@ -48,6 +48,7 @@ from . import _yaml, stages
 from ._errors import SymattnError
 from ._files import FileError, read_regular
 from ._numbers import NumberError, parse_number
+from ._text import excerpt
 from ._ops import NumericOps, Undefined
 from .derivation import Derivation
 
@@ -58,6 +59,7 @@ ANSWER_BYTES_PER_ENTRY = 64
 MAX_WRONG_SHOWN = 5
 _DECIMAL = re.compile(r"[-+]?(?:[0-9]+\.[0-9]*|\.[0-9]+|[0-9]+(?=[eE]))(?:[eE][-+]?[0-9]+)?\Z")
 _E = {"e": sympy.E}
+_LONGEST_ID = 100  # characters: a longer key is no misspelt stage id, and difflib is not run over it
 NINF = mpmath.ninf
 
 Grid = list[list[mpmath.mpf]]
@@ -238,7 +240,9 @@ def parse_answers(text: str, name: str, derivation: Derivation) -> dict[str, Ans
     out: dict[str, Answer] = {}
     for key, node in root.value:
         where = _yaml.where(name, key)
-        stage = getattr(key, "value", None)
+        if not isinstance(key, yaml.ScalarNode):
+            raise where.error(f"a stage id is a name such as S or head1.A, not {_yaml.kind(key)}")
+        stage = key.value
         if stage not in ids and derivation.problem.backward is None and stages.split_id(str(stage))[1] in stages.GRADIENT_NAMES:
             raise where.error(
                 f"{stage} is a gradient of the backward pass, which this problem does not derive; "
@@ -256,7 +260,8 @@ def parse_answers(text: str, name: str, derivation: Derivation) -> dict[str, Ans
                               f"{stages.stage_id(kind, shared)} (a group's keys and values are written once, "
                               "with its first head)")
         if stage not in ids:
-            raise where.error(f"{stage!r} is not a computed stage of this problem{stages.did_you_mean(stage, ids)}; "
+            hint = stages.did_you_mean(stage, ids) if len(stage) <= _LONGEST_ID else ""
+            raise where.error(f"{excerpt(stage)} is not a computed stage of this problem{hint}; "
                               f"the stages are {', '.join(ids)}")
         if stage in out:
             raise where.error(f"{stage} is answered twice")
@@ -295,7 +300,7 @@ def _read_entry(name: str, field_name: str, node) -> Entry:
     except NumberError as exc:
         raise where.error(str(exc), field_name) from None
     if value.free_symbols:
-        raise where.error(f"{text!r} is not a number", field_name)
+        raise where.error(f"{excerpt(text)} is not a number", field_name)
     half = None
     if _DECIMAL.match(text):
         mantissa, _, exponent = text.lower().partition("e")

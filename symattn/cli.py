@@ -45,6 +45,34 @@ class _Importing:
                 gc.enable()
 
 
+class _WholeText:
+    """Click's integer types reading the text with :func:`symattn._text.whole_number`: the digits
+    0-9 alone, and no more of them than any count or seed has, checked before the conversion
+    (Python's guard on long integers is lifted in :func:`_main`). Click would take '٣' or
+    '1_000' and spend seconds on, then print in full, a 100,000-digit argument."""
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, str):
+            from ._text import LongNumber, excerpt, whole_number
+
+            try:
+                number = whole_number(value.strip(" "), signed=True)
+            except LongNumber as exc:
+                self.fail(str(exc), param, ctx)
+            if number is None:
+                self.fail(f"{excerpt(value)} is not a whole number", param, ctx)
+            value = number
+        return super().convert(value, param, ctx)
+
+
+class _Whole(_WholeText, click.types.IntParamType):
+    pass
+
+
+class _WholeRange(_WholeText, click.IntRange):
+    pass
+
+
 _SUFFIXES = {".tex": "latex", ".md": "markdown", ".markdown": "markdown", ".json": "json", ".txt": "text", ".pdf": "pdf",
              ".html": "html", ".htm": "html"}
 
@@ -94,8 +122,8 @@ def _stage_list(ctx, param, value: str | None) -> frozenset[str] | None:
 
 
 @cli.command()
-@click.argument("problem", required=False, type=click.Path(dir_okay=False, path_type=Path))
-@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
+@click.argument("problem", required=False, type=click.Path(path_type=Path))  # a folder: one Error line (exit 1)
+@click.option("-o", "--output", type=click.Path(path_type=Path),
               help="Where to write; the format follows the suffix (.tex, .md, .json, .txt, .pdf, .html). "
                    "Default: standard output.")
 @click.option("-f", "--format", "fmt", type=click.Choice(["latex", "markdown", "text", "json", "html"]),
@@ -103,12 +131,12 @@ def _stage_list(ctx, param, value: str | None) -> frozenset[str] | None:
 @click.option("--standalone/--fragment", default=True, show_default=True,
               help="A complete compilable LaTeX document, or only the steps (for \\input); for HTML, a whole page "
                    "or the part to paste into another page (its style and script included).")
-@click.option("--digits", type=click.IntRange(1, 50), help="Significant digits of the decimal approximations (default: the problem's, else 4).")
+@click.option("--digits", type=_WholeRange(1, 50), help="Significant digits of the decimal approximations (default: the problem's, else 4).")
 @click.option("--check", "check_with", type=click.Choice(["numpy", "torch"]), default="numpy", show_default=True,
               help="Cross-check against NumPy float64; 'torch' also compares every head's weights and output "
                    "with PyTorch's scaled_dot_product_attention (needs pip install 'symattn[torch]').")
 @click.option("--no-check", is_flag=True, help="Skip the numeric cross-check.")
-@click.option("--max-shown", type=click.IntRange(3, 1000), default=8, show_default=True,
+@click.option("--max-shown", type=_WholeRange(3, 1000), default=8, show_default=True,
               help="Above this many rows or columns a matrix is shown elided: first rows and columns, dots, the last.")
 @click.option("--from", "first", metavar="STAGE", callback=lambda ctx, param, value: _stage_name(value, "--from"),
               help="Start the worked solution at this stage (its inputs are stated as given).")
@@ -119,17 +147,17 @@ def _stage_list(ctx, param, value: str | None) -> frozenset[str] | None:
                    "(LaTeX, Markdown, PDF or HTML); the normal derivation is its solution, with the same numbering.")
 @click.option("--ask", callback=_stage_list, metavar="IDS",
               help="With --exercise: the stages to ask for, e.g. Q,S_scaled,A,O (default: every computed stage).")
-@click.option("--max-size", type=click.IntRange(min=1), default=1_000_000, show_default=True,
+@click.option("--max-size", type=_WholeRange(min=1), default=1_000_000, show_default=True,
               help="The size budget: the most numbers a problem file may hold in all its matrices together; "
                    "the budget for its attention scores (by default 1,000,000 for LaTeX, Markdown and text, "
                    "less for JSON, the backward pass or an irrational scale) grows in proportion.")
-@click.option("--plot", type=click.Path(dir_okay=False, path_type=Path),
+@click.option("--plot", type=click.Path(path_type=Path),
               help="Also draw the attention weights as a labelled heat map (.png, .svg or .pdf; needs pip install 'symattn[plot]').")
 @click.option("--backward", is_flag=True,
               help="Also derive the gradients (dO back to dX): the file's backward: section, else the loss L = Σ O.")
-@click.option("--tiled", type=click.IntRange(min=1), metavar="B",
+@click.option("--tiled", type=_WholeRange(min=1), metavar="B",
               help="Also derive FlashAttention's online softmax over blocks of B keys (the file's tiling: rows are kept).")
-@click.option("--decode", type=int, metavar="T",
+@click.option("--decode", type=_Whole(), metavar="T",
               help="Also decode token T (from 1) from the KV cache and prove its row equals row T of the full "
                    "causal computation (causal self-attention only; overrides the file's decode:).")
 def derive(problem: Path | None, output: Path | None, fmt: str | None, standalone: bool, digits: int | None,
@@ -154,6 +182,7 @@ def derive(problem: Path | None, output: Path | None, fmt: str | None, standalon
     from . import _errors
 
     try:
+        _check_outputs(output, plot)  # a folder first: it has no format to tell
         kind = _output_kind(output, fmt)
         if ask is not None and not exercise:
             raise click.UsageError("--ask goes with --exercise")
@@ -314,7 +343,7 @@ csv gives a spreadsheet, --format json everything.
 
 
 @cli.command(help=_ANSWERS_HELP)
-@click.argument("problem", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("problem", type=click.Path(path_type=Path))
 @click.argument("answers", nargs=-1, required=True, type=click.Path(path_type=Path))  # a folder is reported per file
 @click.option("-f", "--format", "fmt", type=click.Choice(["text", "markdown", "latex", "json", "csv"]), default="text",
               show_default=True, help="Report format (csv: one line per answers file).")
@@ -324,9 +353,9 @@ csv gives a spreadsheet, --format json everything.
                    "format's rounding; auto accepts a stage when every entry of it fits one format; exact never does.")
 @click.option("--backward", is_flag=True,
               help="Mark gradient stages too (dV, dA, ...): the file's backward: section, else the loss L = Σ O.")
-@click.option("--tiled", type=click.IntRange(min=1), metavar="B",
+@click.option("--tiled", type=_WholeRange(min=1), metavar="B",
               help="Mark the online softmax's stages too (m_tiled, l_tiled, acc_tiled, O_tiled) over blocks of B keys.")
-@click.option("--max-size", type=click.IntRange(min=1), default=1_000_000, show_default=True,
+@click.option("--max-size", type=_WholeRange(min=1), default=1_000_000, show_default=True,
               help="The size budget: the most numbers the problem may hold (the budget for its scores grows with it).")
 def check(problem: Path, answers: tuple[Path, ...], fmt: str, tolerance: float | None, precision: str,
           backward: bool, tiled: int | None, max_size: int) -> None:
@@ -420,11 +449,16 @@ def _batch(results, fmt: str, derivation) -> None:
 def _range(ctx, param, value: str | None) -> tuple[int, int] | None:
     if value is None:
         return None
+    from ._text import LongNumber, excerpt, whole_number
+
     parts = value.replace("..", " ").split()
     try:
-        lo, hi = (int(x) for x in parts)
-    except ValueError:
-        raise click.BadParameter(f"{value!r}: write the range as LOW..HIGH, e.g. -2..2") from None
+        ends = [whole_number(x, signed=True) for x in parts]
+    except LongNumber as exc:
+        raise click.BadParameter(str(exc)) from None
+    if len(ends) != 2 or None in ends:
+        raise click.BadParameter(f"{excerpt(value)}: write the range as LOW..HIGH, e.g. -2..2")
+    lo, hi = ends
     return lo, hi
 
 
@@ -437,28 +471,28 @@ class _RecordingCommand(click.Command):
 
 
 @cli.command(cls=_RecordingCommand)
-@click.option("--tokens", type=int, default=4, show_default=True, help="Number of query tokens n.")
-@click.option("--d-model", type=int, default=4, show_default=True)
-@click.option("--d-k", type=int, default=4, show_default=True, help="Query/key width (a perfect square keeps the scale rational).")
-@click.option("--d-v", type=int, default=4, show_default=True)
+@click.option("--tokens", type=_Whole(), default=4, show_default=True, help="Number of query tokens n.")
+@click.option("--d-model", type=_Whole(), default=4, show_default=True)
+@click.option("--d-k", type=_Whole(), default=4, show_default=True, help="Query/key width (a perfect square keeps the scale rational).")
+@click.option("--d-v", type=_Whole(), default=4, show_default=True)
 @click.option("--mask", default="causal", show_default=True,
               help="none, causal, causal-bottom-right, sliding-window:W or padding:P (the last P keys hidden).")
-@click.option("--heads", type=int, default=1, show_default=True, help="Several heads get W_O.")
-@click.option("--cross", "cross", type=int, metavar="N_K", help="Cross-attention with N_K context tokens.")
+@click.option("--heads", type=_Whole(), default=1, show_default=True, help="Several heads get W_O.")
+@click.option("--cross", "cross", type=_Whole(), metavar="N_K", help="Cross-attention with N_K context tokens.")
 @click.option("--no-scale", is_flag=True, help="Write scale: none (no division by √d_k).")
 @click.option("--level", type=click.Choice(["easy", "medium", "hard"]), default="easy", show_default=True,
               help="Difficulty: the guarantees of each level are in symattn.generate's documentation.")
 @click.option("--range", "range_", callback=_range, metavar="LOW..HIGH", help="Entry range (default by level: 0..1, -1..1, -2..2).")
 @click.option("--words", help='Token labels, e.g. "the cat sat down".')
-@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True, help="The same seed always gives the same file.")
-@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), help="Where to write one problem (default: standard output).")
-@click.option("--count", type=click.IntRange(1, 500), help="Write this many variants into --out-dir.")
-@click.option("--out-dir", type=click.Path(file_okay=False, path_type=Path), help="Folder for --count variants and their index.csv.")
+@click.option("--seed", type=_WholeRange(min=0), default=0, show_default=True, help="The same seed always gives the same file.")
+@click.option("-o", "--output", type=click.Path(path_type=Path), help="Where to write one problem (default: standard output).")
+@click.option("--count", type=_WholeRange(1, 500), help="Write this many variants into --out-dir.")
+@click.option("--out-dir", type=click.Path(path_type=Path), help="Folder for --count variants and their index.csv.")
 @click.option("--sheets", type=click.Choice(["pdf", "html"]), is_flag=False, flag_value="pdf",
               help="With --count: each variant's exercise and solution as PDF (LaTeX without pdflatex); "
                    "--sheets html writes them as web pages.")
 @click.option("--force", is_flag=True, help="With --count: replace files of the same names already in --out-dir (without it they are listed and nothing is written).")
-@click.option("--from", "base", type=click.Path(dir_okay=False, path_type=Path), help="Keep the structure of this problem and draw new numbers.")
+@click.option("--from", "base", type=click.Path(path_type=Path), help="Keep the structure of this problem and draw new numbers.")
 @click.option("--vary", type=click.Choice(["weights", "inputs"]), default="weights", show_default=True, help="With --from: what gets new numbers.")
 def generate(tokens, d_model, d_k, d_v, mask, heads, cross, no_scale, level, range_, words, seed, output, count,
              out_dir, sheets, force, base, vary) -> None:
@@ -495,6 +529,7 @@ def _generate(o: dict) -> None:
         from .problem import parse_problem
 
     base = None
+    _check_outputs(o["output"])
     if o["output"] is not None and o["base"] is not None and _same_file(o["output"], o["base"]):
         raise click.ClickException(f"{o['output']} is the --from problem itself; choose another output path")
     if o["base"] is not None:
@@ -712,6 +747,16 @@ def _is_stream(path: Path) -> bool:
     except OSError:
         return False
     return stat.S_ISCHR(mode) or stat.S_ISFIFO(mode)
+
+
+def _check_outputs(*paths: Path | None) -> None:
+    """Refuse an output path symattn would not write (a folder, a socket, ...) before any work: one
+    ``Error:`` line, as every other bad path gets (see symattn._output)."""
+    from ._output import check_output
+
+    for path in paths:
+        if path is not None:
+            check_output(path)
 
 
 def _same_file(a: Path, b: Path) -> bool:

@@ -23,13 +23,13 @@ bounds PROJ and SCORE are 4 and 8 (easy), 6 and 16 (medium), 12 and 48 (hard).
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass, replace
 from fractions import Fraction
 
 import numpy as np
 
 from ._errors import SymattnError
+from ._text import LongNumber, excerpt, whole_number
 from .problem import mask_rule
 
 LEVELS = {
@@ -119,23 +119,29 @@ def allowed(spec: Spec) -> list[list[bool]]:
     kind, colon, arg = spec.mask.partition(":")
     if colon and kind in ("none", "causal", "causal-bottom-right"):
         raise SymattnError(f"the mask {kind} takes no argument; write --mask {kind}")
-    if kind in ("sliding-window", "padding") and not re.fullmatch(r"[0-9]+", arg):
-        raise SymattnError(f"--mask {kind}:N needs a whole number N, not {arg!r}")
+    width = None
+    if kind in ("sliding-window", "padding"):
+        try:
+            width = whole_number(arg)
+        except LongNumber as exc:
+            raise SymattnError(f"--mask {kind}:N: {exc}") from None
+        if width is None:
+            raise SymattnError(f"--mask {kind}:N needs a whole number N, not {excerpt(arg)}")
     if kind in ("none", "causal", "causal-bottom-right"):
         grid = mask_rule(kind, n_q, n_k)
-    elif kind == "sliding-window" and int(arg) >= 1:
-        grid = mask_rule(kind, n_q, n_k, int(arg))
+    elif kind == "sliding-window" and width >= 1:
+        grid = mask_rule(kind, n_q, n_k, width)
     elif kind == "padding":
-        if not 1 <= int(arg) < n_k:
+        if not 1 <= width < n_k:
             raise SymattnError(f"--mask padding:{arg} must hide from 1 to {n_k - 1} of the {n_k} keys")
-        grid = [[j < n_k - int(arg) for j in range(n_k)] for i in range(n_q)]
+        grid = [[j < n_k - width for j in range(n_k)] for i in range(n_q)]
     else:
         import difflib
 
         close = difflib.get_close_matches(kind, ["none", "causal", "causal-bottom-right", "sliding-window", "padding"], n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         raise SymattnError(
-            f"unknown mask {spec.mask!r}{hint}; choose none, causal, causal-bottom-right, sliding-window:W or padding:P"
+            f"unknown mask {excerpt(spec.mask)}{hint}; choose none, causal, causal-bottom-right, sliding-window:W or padding:P"
         )
     for i, row in enumerate(grid):
         if not any(row):

@@ -7,6 +7,7 @@ import math
 
 from . import stages
 from ._errors import SymattnError
+from ._text import show_bidi
 from .derivation import Derivation
 
 _MAX_LABELS = 32  # tick labels on an axis before they are thinned out
@@ -54,9 +55,9 @@ def plot_weights(d: Derivation, suffix: str = ".png") -> bytes:
                     ax.text(j, i, f"{values[i, j]:.2f}", ha="center", va="center", fontsize=8,
                             color="white" if values[i, j] > 0.6 else "black")
         xs, ys = range(0, n_k, step_k), range(0, n_q, step_q)
-        ax.set_xticks(xs, labels=[step.cols[j] for j in xs], rotation=45 if n_k > 6 else 0,
+        ax.set_xticks(xs, labels=[show_bidi(step.cols[j]) for j in xs], rotation=45 if n_k > 6 else 0,
                       ha="right" if n_k > 6 else "center", fontsize=font)
-        ax.set_yticks(ys, labels=[step.rows[i] for i in ys], fontsize=font)
+        ax.set_yticks(ys, labels=[show_bidi(step.rows[i]) for i in ys], fontsize=font)
         ax.set_xlabel("key" + (f" (one token in {step_k} labelled)" if step_k > 1 else ""))
         ax.set_ylabel("query" + (f" (one token in {step_q} labelled)" if step_q > 1 else ""))
         ax.set_title(f"Head {step.head}: weights A" if step.head else "Attention weights A")

@@ -27,6 +27,7 @@ from sympy import QQ
 from . import _yaml
 from ._errors import SymattnError
 from ._numbers import NumberError, check_size, is_positive, parse_decimal, parse_number
+from ._text import LongNumber, excerpt, whole_number
 from . import _safetensors
 from ._files import FileError, read_regular
 from ._exact import binary_float_matrix, is_rational, rational_matrix, scaled_integer_matrix
@@ -73,7 +74,6 @@ MASK_WORDS = ("none", "causal", "causal-bottom-right")
 BIAS_NAMES = ("b_Q", "b_K", "b_V")  # a head's projection biases (b_O is the layer's)
 
 Matrix = sympy.ImmutableMatrix
-_WHOLE = re.compile(r"[0-9]+")  # ASCII digits only: str.isdigit() also accepts '²'
 _NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
 _RESERVED = {"sqrt", "exp", "log", "e", "inf", "nan", "oo"}
 
@@ -427,7 +427,7 @@ class _Reader:
                 raise self.at(key).error("a field name must be a plain word such as X or W_Q")
             name = key.value
             if name not in FIELDS:
-                raise self.at(key).error(f"unknown field {name!r}{_did_you_mean(name, FIELDS)}")
+                raise self.at(key).error(f"unknown field {excerpt(name)}{_did_you_mean(name, FIELDS)}")
             if name in fields:
                 first = self.at(fields[name][0])
                 raise self.at(key).error(f"the field {name!r} is given twice (first at line {first.line})")
@@ -655,7 +655,7 @@ class _Reader:
             return Backward("dO", self.sized(self.matrix(value, "backward.dO"), value, "backward.dO", n_q, d_out))
         if name != "loss":
             hint = _did_you_mean(str(name), ("dO", "loss"))
-            raise self.at(key).error(f"unknown entry {name!r} in backward{hint}; {usage}", "backward")
+            raise self.at(key).error(f"unknown entry {excerpt(name)} in backward{hint}; {usage}", "backward")
         if isinstance(value, yaml.ScalarNode) and value.value == "sum":
             return Backward("sum")
         if isinstance(value, yaml.MappingNode) and len(value.value) == 1:
@@ -666,7 +666,7 @@ class _Reader:
                 return Backward(kind, self.sized(self.matrix(matrix_node, field), matrix_node, field, n_q, d_out))
             hint = _did_you_mean(str(kind), ("weights", "target"))
             raise self.at(kind_node).error(
-                f"unknown loss {kind!r}{hint}; write loss: sum, loss: {{weights: [[...]]}} or loss: {{target: [[...]]}}",
+                f"unknown loss {excerpt(kind)}{hint}; write loss: sum, loss: {{weights: [[...]]}} or loss: {{target: [[...]]}}",
                 "backward.loss",
             )
         hint = _did_you_mean(str(value.value), ("sum",)) if isinstance(value, yaml.ScalarNode) else ""
@@ -715,9 +715,21 @@ class _Reader:
 
     def whole(self, node: yaml.Node, field: str, what: str) -> int:
         """A whole number ≥ 1 written plainly (``2``, not ``2.0`` or ``"2"``)."""
-        if isinstance(node, yaml.ScalarNode) and not node.style and _WHOLE.fullmatch(node.value) and int(node.value) >= 1:
-            return int(node.value)
+        value = self.plain_whole(node, field)
+        if value is not None and value >= 1:
+            return value
         raise self.at(node).error(f"{what} must be a whole number ≥ 1, not {_yaml.kind(node)}", field)
+
+    def plain_whole(self, node: yaml.Node, field: str) -> int | None:
+        """The whole number ``node`` writes plainly in the digits 0-9 (``2``; not ``2.0``, ``"2"``
+        or ``²``), else None; one with more digits than any count has is refused here, before
+        it is converted."""
+        if not (isinstance(node, yaml.ScalarNode) and not node.style):
+            return None
+        try:
+            return whole_number(node.value)
+        except LongNumber as exc:
+            raise self.at(node).error(str(exc), field) from None
     def positions(self, node: yaml.Node, key: yaml.Node, X: Matrix | None) -> Positions:
         """``positions: sinusoidal``, ``{sinusoidal: {base: b}}`` or a matrix of learned positions."""
         usage = "use sinusoidal, {sinusoidal: {base: 100}} or a matrix of learned positions [[...], ...]"
@@ -801,7 +813,7 @@ class _Reader:
                             "; with kv_heads, b_K and b_V go under kv, once per group"
                             if field == "heads" and name in ("b_K", "b_V") else "")
                     raise self.at(k).error(
-                        f"unknown field {name!r} in {what_one}{'' if hint else _did_you_mean(str(name), names + optional)}; "
+                        f"unknown field {excerpt(name)} in {what_one}{'' if hint else _did_you_mean(str(name), names + optional)}; "
                         f"{what_one} has {listed}{hint}",
                         _item(field, h),
                     )
@@ -854,10 +866,9 @@ class _Reader:
         if "heads" not in fields:
             raise self.at(key).error(
                 "kv_heads groups the query heads of a multi-head problem: it needs heads (and W_O)", "kv_heads")
-        if not (isinstance(node, yaml.ScalarNode) and not node.style and _WHOLE.fullmatch(node.value)
-                and int(node.value) >= 1):
+        g = self.plain_whole(node, "kv_heads")
+        if g is None or g < 1:
             raise self.at(node).error(f"kv_heads must be a whole number of at least 1, not {_yaml.kind(node)}", "kv_heads")
-        g = int(node.value)
         heads = fields["heads"][1]
         h = len(heads.value) if isinstance(heads, yaml.SequenceNode) else 0
         if h and h % g:
@@ -881,12 +892,13 @@ class _Reader:
 
     def decode(self, node: yaml.Node, n: int, mask: "Mask", cross: bool, bias: bool) -> int:
         """``decode: t``: the token (1-based) whose row is decoded from the KV cache."""
-        if not (isinstance(node, yaml.ScalarNode) and not node.style and _WHOLE.fullmatch(node.value)):
+        t = self.plain_whole(node, "decode")
+        if t is None:
             raise self.at(node).error(f"decode must be a token number from 1 to {n}, not {_yaml.kind(node)}", "decode")
-        problem = decode_problem(int(node.value), n, mask, cross, bias)
+        problem = decode_problem(t, n, mask, cross, bias)
         if problem:
             raise self.at(node).error(problem, "decode")
-        return int(node.value)
+        return t
 
     def read_symbols(self, node) -> dict[str, sympy.Symbol]:
         if node is None:
@@ -921,7 +933,7 @@ class _Reader:
             if name not in self.symbols:
                 declared = ", ".join(self.symbols) or "none"
                 raise self.at(k).error(
-                    f"{name!r} is not a declared symbol (declared: {declared}){_did_you_mean(str(name), self.symbols)}",
+                    f"{excerpt(name)} is not a declared symbol (declared: {declared}){_did_you_mean(str(name), self.symbols)}",
                     "values",
                 )
             symbol = self.symbols[name]
@@ -964,10 +976,9 @@ class _Reader:
     def digits(self, node) -> int:
         if node is None:
             return 4
-        if isinstance(node, yaml.ScalarNode) and not node.style and _WHOLE.fullmatch(node.value):
-            value = int(node.value)
-            if 1 <= value <= 50:
-                return value
+        value = self.plain_whole(node, "digits")
+        if value is not None and 1 <= value <= 50:
+            return value
         raise self.at(node).error(f"digits must be a whole number from 1 to 50, not {_yaml.kind(node)}", "digits")
 
     def scale(self, node):
@@ -1001,7 +1012,7 @@ class _Reader:
             self.read_numbers[key] = value
         if value.free_symbols and not use_symbols:
             names = ", ".join(sorted(s.name for s in value.free_symbols))
-            raise self.at(node).error(f"{node.value!r} holds the symbol(s) {names}; this must be a plain number", field)
+            raise self.at(node).error(f"{excerpt(node.value)} holds the symbol(s) {names}; this must be a plain number", field)
         return value
 
     # -- matrices ------------------------------------------------------------
@@ -1275,7 +1286,7 @@ class _Reader:
                 example = "{padding: [1, 1, 1, 0]}" if word == "padding" else "{valid-length: 3}"
                 raise self.at(node).error(f"{word} needs its keys: write {example}", "mask")
             raise self.at(node).error(
-                f"unknown mask {word!r}{_did_you_mean(word, MASK_WORDS + ('sliding-window',))}; "
+                f"unknown mask {excerpt(word)}{_did_you_mean(word, MASK_WORDS + ('sliding-window',))}; "
                 "use none, causal, causal-bottom-right, {sliding-window: w}, {padding: [1, 1, 0]}, "
                 "{valid-length: n}, a list of these or a 0/1 matrix",
                 "mask",
@@ -1283,8 +1294,8 @@ class _Reader:
         if isinstance(node, yaml.MappingNode):
             if len(node.value) == 1 and node.value[0][0].value == "sliding-window":
                 w_node = node.value[0][1]
-                if isinstance(w_node, yaml.ScalarNode) and not w_node.style and _WHOLE.fullmatch(w_node.value) and int(w_node.value) >= 1:
-                    w = int(w_node.value)
+                w = self.plain_whole(w_node, "mask")
+                if w is not None and w >= 1:
                     return Mask("sliding-window", mask_rule("sliding-window", n_q, n_k, w), window=w)
                 raise self.at(w_node).error(f"the window must be a whole number ≥ 1, not {_yaml.kind(w_node)}", "mask")
             if len(node.value) == 1 and node.value[0][0].value == "file":
@@ -1329,9 +1340,8 @@ class _Reader:
                     f"{'is' if n_k == 1 else 'are'} {n_k} {_plural(n_k, 'key')}: give one 0/1 entry per key", field)
             return Mask("padding", tuple(keys for _ in range(n_q)), keys=keys)
         field += ".valid-length"
-        if isinstance(value, yaml.ScalarNode) and not value.style and _WHOLE.fullmatch(value.value) and \
-                1 <= int(value.value) <= n_k:
-            n = int(value.value)
+        n = self.plain_whole(value, field)
+        if n is not None and 1 <= n <= n_k:
             keys = tuple(j < n for j in range(n_k))
             return Mask("valid-length", tuple(keys for _ in range(n_q)), keys=keys, valid_length=n)
         raise self.at(value).error(

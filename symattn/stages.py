@@ -24,6 +24,7 @@ PyTorch references can take their stage ids from it.
 from __future__ import annotations
 
 import difflib
+import re
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterator
 
@@ -54,6 +55,7 @@ O_T_DIFF, DECODE_COST = "o_t_diff", "step_cost"
 SHARED_KV = frozenset({"W_K", "W_V", "b_K", "b_V", "K", "V", "K_rot", "K_T", "K_cache", "V_cache"})
 
 _HEAD_PREFIX = "head"
+_HEAD_NUMBER = re.compile(r"[0-9]{1,9}")
 
 # What a matrix's rows or columns stand for: the query tokens, the key tokens, or numbered
 # dimensions (any other value: its letter, "d" gives d1, d2, ...).
@@ -77,7 +79,9 @@ def stage_id(name: str, head: int | None = None) -> str:
 def split_id(id: str) -> tuple[int | None, str]:
     """``(head, name)`` of a stage id: ``"head2.A"`` → ``(2, "A")``, ``"O"`` → ``(None, "O")``."""
     prefix, dot, name = id.partition(".")
-    if dot and prefix.startswith(_HEAD_PREFIX) and prefix[len(_HEAD_PREFIX):].isdigit():
+    # The digits 0-9 only ('²' passes str.isdigit() and breaks int()), and few of them: an id
+    # from an answers file with a million-digit head number is no head's, and is not converted.
+    if dot and prefix.startswith(_HEAD_PREFIX) and _HEAD_NUMBER.fullmatch(prefix, len(_HEAD_PREFIX)):
         return int(prefix[len(_HEAD_PREFIX):]), name
     return None, id
 

@@ -182,3 +182,99 @@ def test_comparison_in_blocks_of_rows_is_the_whole_comparison(monkeypatch):
 
     assert seen(rows) == seen(whole) and rows.per_stage == whole.per_stage
     assert whole.per_stage["S"] == math.inf and whole.per_stage["A"] == math.inf
+
+
+# -- angles float64 cannot hold ----------------------------------------------------------------
+
+U = 2.0 ** -53
+EVALUATION = 8 * U  # cos, sin (the reference's) and atan2 (reading the angle back), each within 1 ulp
+
+
+def _exact_angle_error(turned, positions, thetas) -> list[tuple[float, float]]:
+    """(|error of the reference's angle, mod 2π|, |exact angle|) for each position and pair,
+    the reference's angle read back from its cos and sin (columns a and b of ``turned``) and
+    the exact p·θ_i worked out by mpmath to 60 digits beyond the angle's size."""
+    import mpmath
+
+    out = []
+    for p in positions:
+        for i, theta in enumerate(thetas):
+            exact = sympy.Integer(p) * theta
+            digits = 60 + max(0, int(sympy.log(abs(sympy.N(exact, 20)) + 1, 10)))
+            with mpmath.workdps(digits):
+                phi = mpmath.mpmathify(sympy.N(exact, digits))
+                got = mpmath.atan2(turned[p][i][1], turned[p][i][0])
+                off = (got - phi + mpmath.pi) % (2 * mpmath.pi) - mpmath.pi
+                out.append((abs(float(off)), abs(float(phi))))
+    return out
+
+
+# (base or given angles, d, positions): the bound is far below π in each. Widths that are not
+# powers of two: there the exponents -2i/d are rounded too, and ln(base) amplifies that.
+ROPE_BOUNDS = [
+    (sympy.Integer(10000), 128, 8192),
+    (sympy.Integer(500000), 120, 8192),
+    (sympy.Integer(10), 96, 4096),
+    (sympy.Rational(1, 7), 12, 2048),  # 1/7 is rounded to float64, and θ_i grow with i
+    (sympy.Rational(37, 10), 100, 4096),
+    ((10 ** 5 + sympy.Rational(1, 3), 1000 * sympy.pi ** 2), 4, 4096),
+]
+
+
+@pytest.mark.parametrize("reference", ["numpy", "torch"])
+@pytest.mark.parametrize(("base", "d", "n"), ROPE_BOUNDS, ids=["10000", "500000", "10", "1/7", "3.7", "given"])
+def test_the_angle_rounding_bound_holds_for_the_references_own_rope(reference, base, d, n):
+    """The bound the cross-check declines by (rounding_per_radian) against what the reference
+    code really does: its rotation of (1, 0) pairs gives cos and sin of its float64 angles,
+    whose error mod 2π must stay within δ = rounding_per_radian·|φ| (plus their evaluation)."""
+    import numpy as np
+
+    from symattn._crosscheck import rounding_per_radian
+    from symattn.rope import Rope
+
+    given = isinstance(base, tuple)
+    rope = Rope("half", angles=base) if given else Rope("half", base=base)
+    x = np.zeros((n, d))
+    x[:, : d // 2] = 1.0  # pair i is (x_i, x_{i+d/2}) = (1, 0): turned, (cos φ, sin φ)
+    if reference == "numpy":
+        out = symattn.numeric._rope(x, rope)
+    else:
+        torch = pytest.importorskip("torch")
+        from symattn.torch_check import _rope
+
+        out = _rope(torch, torch.tensor(x, dtype=torch.float64), rope).numpy()
+    turned = [[(out[p, i], out[p, i + d // 2]) for i in range(d // 2)] for p in range(n)]
+    per_radian = rounding_per_radian(None if given else base)
+    positions = sorted({1, 2, 3, 100, n // 2 + 1, n - 1})
+    for error, phi in _exact_angle_error(turned, positions, rope.thetas(d)):
+        bound = per_radian * phi + EVALUATION
+        assert bound < 1e-6, bound  # a bound that says something
+        assert error <= bound, (error, phi, bound)
+
+
+@pytest.mark.parametrize(("base", "d", "n"), [(sympy.Integer(10000), 120, 4096), (sympy.Rational(1, 7), 12, 2048)],
+                         ids=["10000", "1/7"])
+def test_the_angle_rounding_bound_holds_for_the_sinusoidal_positions(base, d, n):
+    """The same for numeric.sinusoidal_positions: sin in column 2i, cos in 2i + 1, of p/base^(2i/d)."""
+    from symattn._crosscheck import rounding_per_radian
+
+    pe = symattn.numeric.sinusoidal_positions(n, d, float(base))
+    turned = [[(pe[p, 2 * i + 1], pe[p, 2 * i]) for i in range(d // 2)] for p in range(n)]
+    thetas = [sympy.Pow(base, sympy.Rational(-2 * i, d)) for i in range(d // 2)]
+    per_radian = rounding_per_radian(base)
+    for error, phi in _exact_angle_error(turned, sorted({1, 2, 3, 100, n // 2 + 1, n - 1}), thetas):
+        bound = per_radian * phi + EVALUATION
+        assert bound < 1e-6 and error <= bound, (error, phi, bound)
+
+
+def test_angles_float64_cannot_hold_excuse_no_difference_before_them():
+    """θ = 10^30 + 1 leaves NumPy's rotated entries anyone's guess, so differences from Q_rot on
+    are excused; a wrong V, which no angle touches, still fails the check."""
+    d = derive("Q: [[1, 0], [0, 1], [1, 1]]\nK: [[1, 0], [0, 1], [1, 1]]\nV: [[1, 2], [3, 4], [5, 6]]\n"
+               'rope: {angles: ["10^30 + 1"]}\n')
+    declined = symattn.crosscheck(d)
+    assert declined.passed is None and "RoPE's angles" in declined.skipped
+    bad = corrupt(d, "V", sympy.ImmutableMatrix([[1, 2], [3, 4], [5, 7]]))
+    result = symattn.crosscheck(bad)
+    assert result.passed is False and result.skipped is None
+    assert {m.stage for m in result.mismatches} >= {"V"}

@@ -23,6 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CAUSAL = ROOT / "worked_examples" / "causal_4_tokens.yaml"
 REST = "K: [[1, 0], [0, 1]]\nV: [[1, 2], [3, 4]]\n"
 MB = 1 << 20
+SHORT_LINE = 400  # characters in an error line: a hostile value is quoted by a short excerpt
 
 
 def problem(q_entry: str) -> str:
@@ -358,9 +359,49 @@ DERIVE = [
     ("st-embeddings-million-tokens", {"p.yaml": "X: {file: m.safetensors, embeddings: wte, tokens: ["
                                                 + "1, " * 600_000 + "1]}\n" + "W_Q: [[1], [0]]\n" + ST_REST,
                                       "m.safetensors": ST}, {}, "more numbers than the size limit allows"),
+    ("st-token-id-5000-digits", {"p.yaml": "X: {file: m.safetensors, embeddings: wte, tokens: [1, " + "7" * 5000 + "]}\n"
+                                           + "W_Q: [[1], [0]]\n" + ST_REST, "m.safetensors": ST}, {},
+     "p.yaml:1:55: X.tokens item 2: '" + "7" * 37 + "...' has 5,000 digits; a whole number here has at most 40"),
+    ("st-token-id-superscript", {"p.yaml": "X: {file: m.safetensors, embeddings: wte, tokens: [1, ²]}\n"
+                                           + "W_Q: [[1], [0]]\n" + ST_REST, "m.safetensors": ST}, {},
+     "X.tokens item 2: a token id is a whole number ≥ 0 (a row of the table, counted from 0 as the tokenizer does), "
+     "not '²'"),
+    ("st-token-id-arabic-indic", {"p.yaml": "X: {file: m.safetensors, embeddings: wte, tokens: [1, ٣]}\n"
+                                            + "W_Q: [[1], [0]]\n" + ST_REST, "m.safetensors": ST}, {},
+     "X.tokens item 2: a token id is a whole number ≥ 0 (a row of the table, counted from 0 as the tokenizer does), "
+     "not '٣'"),
     ("st-positions-too-few", {"p.yaml": "X: {file: m.safetensors, embeddings: wte, tokens: [1, 2, 3]}\n"
                                         "positions: {file: m.safetensors, tensor: c_attn}\nW_Q: [[1], [0]]\n" + ST_REST,
                               "m.safetensors": ST}, {}, "positions: tensor 'c_attn' has 2 rows, fewer than the 3 positions"),
+]
+
+# Whole numbers of a million digits (Python's conversion takes time quadratic in the length: 30 s
+# for decode or tiling.block before they were bounded), or of 5,000 (an error line must not
+# echo them in full), and digits other than 0-9.
+MILLION = "7" * 1_000_000
+MANY = "7" * 5000
+DERIVE += [
+    ("decode-million-digits", {"p.yaml": problem("1") + f"mask: causal\ndecode: {MILLION}\n"}, {},
+     "p.yaml:5:9: decode: '" + "7" * 37 + "...' has 1,000,000 digits; a whole number here has at most 40"),
+    ("tiling-block-million-digits", {"p.yaml": problem("1") + f"tiling: {{block: {MILLION}}}\n"}, {},
+     "p.yaml:4:17: tiling.block: '" + "7" * 37 + "...' has 1,000,000 digits; a whole number here has at most 40"),
+    ("tiling-rows-5000-digits", {"p.yaml": problem("1") + f"tiling: {{block: 1, rows: [{MANY}]}}\n"}, {},
+     "p.yaml:4:27: tiling.rows item 1: '" + "7" * 37 + "...' has 5,000 digits"),
+    ("digits-5000-digits", {"p.yaml": problem("1") + f"digits: {MANY}\n"}, {}, f"p.yaml:4:9: digits: '{'7' * 37}...' has 5,000"),
+    ("digits-fullwidth", {"p.yaml": problem("1") + "digits: ３\n"}, {},
+     "p.yaml:4:9: digits: digits must be a whole number from 1 to 50, not '３'"),
+    ("sliding-window-5000-digits", {"p.yaml": problem("1") + f"mask: {{sliding-window: {MANY}}}\n"}, {},
+     "p.yaml:4:24: mask: '" + "7" * 37 + "...' has 5,000 digits"),
+    ("valid-length-5000-digits", {"p.yaml": problem("1") + f"mask: {{valid-length: {MANY}}}\n"}, {},
+     "p.yaml:4:22: mask.valid-length: '" + "7" * 37 + "...' has 5,000 digits"),
+    ("kv-heads-5000-digits", {"p.yaml": "X: [[1, 0], [0, 1]]\nheads:\n  - W_Q: [[1], [0]]\n"
+                                        f"kv_heads: {MANY}\nkv:\n  - W_K: [[1], [0]]\n    W_V: [[1], [0]]\n"
+                                        "W_O: [[1]]\n"}, {},
+     "p.yaml:4:11: kv_heads: '" + "7" * 37 + "...' has 5,000 digits"),
+    ("decode-quoted-5000-digits", {"p.yaml": problem("1") + f'mask: causal\ndecode: "{MANY}"\n'}, {},
+     "p.yaml:5:9: decode: decode must be a token number from 1 to 2, not '" + "7" * 37 + "...'"),
+    ("unknown-mask-word-5000-characters", {"p.yaml": problem("1") + f"mask: causal{'x' * 5000}\n"}, {},
+     "p.yaml:4:7: mask: unknown mask 'causalxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx...'"),
 ]
 
 # `symattn check causal_4_tokens.yaml ANSWERS`: (id, files, special, fragment)
@@ -382,6 +423,13 @@ CHECK = [
     ("many-list-items", {"a.yaml": "A:\n" + "- [1]\n" * 100_000}, {}, "a.yaml: the file has 100,000 list items"),
     ("many-values", {"a.yaml": "A: {" + ", ".join(f"k{i}: 1" for i in range(6000)) + "}\n"}, {},
      "values (numbers, words and aliases)"),
+    # a head number in digits other than 0-9, or of a million digits (an explicit key: a plain
+    # one is at most 1024 characters)
+    ("stage-id-superscript", {"a.yaml": "head².S: [[1]]\n"}, {}, "a.yaml:1:1: 'head².S' is not a computed stage"),
+    ("stage-id-fullwidth", {"a.yaml": "head３.S: [[1]]\n"}, {}, "a.yaml:1:1: 'head３.S' is not a computed stage"),
+    ("stage-id-million-digits", {"a.yaml": f"? head{MILLION}.S\n: [[1]]\n"}, {},
+     "a.yaml:1:3: 'head" + "7" * 33 + "...' is not a computed stage of this problem; the stages are Q, K, V,"),
+    ("stage-id-a-list", {"a.yaml": "[S]: [[1]]\n"}, {}, "a.yaml:1:1: a stage id is a name such as S or head1.A, not a list"),
 ]
 
 
@@ -406,6 +454,7 @@ def _assert_refused(r, fragment: str) -> str:
     assert r.code == 1, f"exit {r.code}: {r.err!r}"
     line = r.one_error_line()
     assert fragment in line, line
+    assert len(line) <= SHORT_LINE, f"{len(line):,} characters: {line[:SHORT_LINE]}..."
     assert r.peak_bytes < GIB
     return line
 
@@ -457,3 +506,203 @@ def test_the_cost_of_refusing_a_30_MB_file(tmp_path):
     r = run_cli(["derive", "p.yaml", "-f", "json"], cwd=tmp_path)
     _assert_refused(r, "the row has more than 1,000,000 entries")
     assert r.cpu_seconds < 5 and r.peak_bytes < 512 * MB, (r.cpu_seconds, r.peak_bytes)
+
+
+# Whole-number options, read in the digits 0-9 alone and bounded before converting. A bad option
+# value is a usage error (exit 2, as for --digits 0); its line quotes a short excerpt.
+ARGUMENT = "9" * 100_000  # within Linux's 128 KiB for one argument
+OPTIONS = [
+    ("generate-seed-arabic-indic", ["generate", "--seed", "٣"], 2, "Invalid value for '--seed': '٣' is not a whole number"),
+    ("generate-count-fullwidth", ["generate", "--count", "３", "--out-dir", "out"], 2,
+     "Invalid value for '--count': '３' is not a whole number"),
+    ("generate-tokens-underscore", ["generate", "--tokens", "1_0"], 2,
+     "Invalid value for '--tokens': '1_0' is not a whole number"),
+    ("generate-tokens-100000-digits", ["generate", "--tokens", ARGUMENT], 2,
+     "Invalid value for '--tokens': '" + "9" * 37 + "...' has 100,000 digits; a whole number here has at most 40"),
+    ("derive-max-size-100000-digits", ["derive", "--max-size", ARGUMENT], 2, "Invalid value for '--max-size': '999"),
+    ("derive-decode-100000-digits", ["derive", "--decode", ARGUMENT], 2, "Invalid value for '--decode': '999"),
+    ("generate-range-100000-digits", ["generate", "--range", "1.." + ARGUMENT], 2,
+     "Invalid value for '--range': '999"),
+    ("generate-sliding-window-100000-digits", ["generate", "--mask", "sliding-window:" + ARGUMENT], 1,
+     "Error: --mask sliding-window:N: '999"),
+    ("generate-unknown-mask-100000-characters", ["generate", "--mask", "x" * 100_000], 1, "Error: unknown mask 'xxx"),
+]
+
+
+@pytest.mark.parametrize(("case", "args", "code", "fragment"), OPTIONS, ids=[c[0] for c in OPTIONS])
+def test_whole_number_options_are_ascii_digits_and_bounded(tmp_path, case, args, code, fragment):
+    r = run_cli(args, cwd=tmp_path)
+    assert not r.killed and "Traceback" not in r.err, r.err[-300:]
+    assert r.code == code, f"exit {r.code}: {r.err[:300]!r}"
+    line = next(x for x in r.err.splitlines() if x.startswith("Error: "))
+    assert fragment in line, line[:300]
+    assert len(line) <= SHORT_LINE, f"{len(line):,} characters: {line[:SHORT_LINE]}..."
+    assert r.out == "" and list(tmp_path.iterdir()) == []
+
+
+# Angles float64 cannot hold: NumPy's reference is wrong there, and the cross-check declines with
+# the reason (never "a bug in symattn"), with no NumPy warning on the way.
+QK_3 = "Q: [[1, 0], [0, 1], [1, 1]]\nK: [[1, 0], [0, 1], [1, 1]]\nV: [[1, 2], [3, 4], [5, 6]]\n"
+QK_4 = "Q: [[1, 0, 1, 0], [0, 1, 0, 1], [1, 1, 0, 0]]\nK: [[1, 0, 0, 1], [0, 1, 1, 0], [1, 1, 1, 1]]\nV: [[1], [2], [3]]\n"
+X_4 = "X: [[1, 0, 1, 0], [0, 1, 0, 1], [1, 1, 0, 0]]\n"
+WIDE = 44  # θ_21 = base^(-42/44): 5e-324 to that power is past float64's range, so NumPy overflowed
+
+
+def _unit_rows(d: int, ones: list[int]) -> str:
+    return "[" + ", ".join("[" + ", ".join("1" if j == k else "0" for j in range(d)) + "]" for k in ones) + "]"
+
+
+def _llama_layer(d: int = 4) -> bytes:
+    """A one-head LLaMA layer of width d, weights 0, 1, 2, ... (exact in float32)."""
+    names = ("q_proj", "k_proj", "v_proj", "o_proj")
+    return safetensors({f"model.layers.0.self_attn.{n}.weight": f32(d, d) for n in names})
+
+
+ANGLES = [
+    ("rope-angle-10^30+1", {"p.yaml": QK_3 + 'rope: {angles: ["10^30 + 1"]}\n'}, "RoPE's angles",
+     "an angle as large as 2e+30 radians is rounded by up to"),
+    ("rope-angle-pi^600", {"p.yaml": QK_3 + 'rope: {angles: ["pi^600"]}\n'}, "RoPE's angles", "as large as 3.9e+298"),
+    ("rope-base-10^-300", {"p.yaml": QK_4 + 'rope: {base: "1/10^300"}\n'}, "RoPE's angles", "as large as 2e+150"),
+    ("sinusoidal-base-10^-300", {"p.yaml": X_4 + "W_Q: [[1], [0], [1], [0]]\nW_K: [[0], [1], [1], [0]]\n"
+                                 "W_V: [[1], [1], [0], [0]]\npositions: {sinusoidal: {base: \"1/10^300\"}}\n"},
+     "the sinusoidal positions' angles", "as large as 2e+150"),
+    ("rope-base-5e-324-overflowing", {"p.yaml": f"Q: {_unit_rows(WIDE, [0, WIDE - 1])}\nK: {_unit_rows(WIDE, [WIDE - 1, 0])}\n"
+                                      "V: [[1], [2]]\nrope: {base: 5e-324}\n"},
+     "RoPE's θ_i reach about 10^309", "beyond float64's range"),
+    ("rope-base-1e-330", {"p.yaml": QK_4 + "rope: {base: 1e-330}\n"}, "RoPE's base 1.00e-330",
+     "below float64's smallest number (about 4.9e-324), so NumPy would hold it as 0"),
+    ("rope-theta-5e-324-in-config", {"p.yaml": f"X: {_unit_rows(WIDE, [0])}\n"
+                                               "from: {file: model.safetensors, layout: llama, layer: 0, heads: all}\n",
+                                     "model.safetensors": _llama_layer(WIDE),
+                                     "config.json": json.dumps({"num_attention_heads": 1, "rope_theta": 5e-324})},
+     "RoPE's θ_i reach about 10^309", "beyond float64's range"),
+]
+
+
+@pytest.mark.parametrize(("case", "files", "whose", "why"), ANGLES, ids=[c[0] for c in ANGLES])
+def test_the_cross_check_declines_angles_float64_cannot_hold(tmp_path, case, files, whose, why):
+    _make(tmp_path, files, {})
+    r = run_cli(["derive", "p.yaml", "-f", "json"], cwd=tmp_path)
+    r.assert_bounded()
+    assert r.code == 0, r.err
+    check = json.loads(r.out)["crosscheck"]  # the solution, with the reason the check declined
+    assert check["passed"] is None and whose in check["skipped"] and why in check["skipped"], check
+    note, = r.err.splitlines()  # one line: no "bug in symattn", no RuntimeWarning
+    assert note == f"Note: no numeric cross-check: {check['skipped']}.", r.err
+
+
+HELD = [
+    # θ = 10^5 at positions 0, 1, 2: float64 rounds 2·10^5 by about 10^-11, well inside the tolerance
+    ("rope-angle-10^5", {"p.yaml": QK_3 + 'rope: {angles: ["10^5"]}\n'}),
+    # JSON's 5e-324 is 2^-1074, which float64 holds exactly (a subnormal), and θ_1 = base^(-1/2) = 2^537
+    ("rope-theta-2^-1074-in-config", {"p.yaml": X_4 + "from: {file: model.safetensors, layout: llama, layer: 0, heads: all}\n",
+                                      "model.safetensors": _llama_layer(),
+                                      "config.json": json.dumps({"num_attention_heads": 1, "rope_theta": 5e-324})}),
+]
+
+
+@pytest.mark.parametrize(("case", "files"), HELD, ids=[c[0] for c in HELD])
+def test_angles_float64_holds_well_enough_are_still_cross_checked(tmp_path, case, files):
+    """NumPy is compared (and agrees) where float64 holds the angles: only angles beyond that are declined."""
+    _make(tmp_path, files, {})
+    r = run_cli(["derive", "p.yaml", "-f", "json"], cwd=tmp_path)
+    r.assert_bounded()
+    assert r.code == 0 and r.err == "", r.err
+    check = json.loads(r.out)["crosscheck"]
+    assert check["passed"] is True and "skipped" not in check, check
+
+
+# Paths of the wrong kind: one Error line and exit 1, as every other bad path gets (not click's
+# usage text and exit 2), before any work, and nothing written. Made at test time: a folder
+# "d" (and "d.tex"), a file "f".
+PATHS = [
+    ("derive-o-folder", ["derive", "-o", "d"], "Error: d: is a folder; symattn writes regular files"),
+    ("derive-o-folder-with-a-suffix", ["derive", "-o", "d.tex"], "Error: d.tex: is a folder; symattn writes regular files"),
+    ("derive-json-o-folder", ["derive", "-f", "json", "-o", "d"], "Error: d: is a folder; symattn writes regular files"),
+    ("derive-plot-folder", ["derive", "--plot", "d", "-o", "out.tex"], "Error: d: is a folder; symattn writes regular files"),
+    ("derive-o-under-a-file", ["derive", "-o", "f/out.tex"], "Error: f/out.tex: cannot write there: Not a directory"),
+    ("derive-problem-folder", ["derive", "d", "-o", "out.tex"], "Error: d: is a folder, not a problem file"),
+    ("check-problem-folder", ["check", "d", "f"], "Error: d: is a folder, not a problem file"),
+    ("check-answers-folder", ["check", CAUSAL, "d"], "Error: d: is a folder, not an answers file"),
+    ("generate-o-folder", ["generate", "-o", "d"], "Error: d: is a folder; symattn writes regular files"),
+    ("generate-out-dir-file", ["generate", "--count", "2", "--out-dir", "f"], "Error: f: is not a folder"),
+    ("generate-out-dir-under-a-file", ["generate", "--count", "2", "--out-dir", "f/variants"], "Error: f/variants: /"),
+    ("generate-from-folder", ["generate", "--from", "d", "-o", "out.yaml"], "Error: d: is a folder, not a problem file"),
+]
+
+
+@pytest.mark.parametrize(("case", "args", "line"), PATHS, ids=[c[0] for c in PATHS])
+def test_a_path_of_the_wrong_kind_is_one_error_line(tmp_path, case, args, line):
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d.tex").mkdir()
+    (tmp_path / "f").write_text("a file\n", encoding="utf-8")
+    r = run_cli(args, cwd=tmp_path)
+    r.assert_bounded()
+    assert r.code == 1 and r.out == "", (r.code, r.err)
+    assert r.one_error_line().startswith(line), r.err
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["d", "d.tex", "f"]  # nothing half-written
+    assert (tmp_path / "f").read_text(encoding="utf-8") == "a file\n"
+
+
+# Bidirectional controls in a title or a token (a right-to-left override would make "c‮at" read
+# "cta" in a page): shown as ⟨U+202E⟩ in everything a person reads, never obeyed; the JSON keeps
+# the text exact, as data.
+BIDI = "\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069"
+BIDI_PROBLEM = ('title: "Order \\u202Eevil\\u202C test"\n'
+                'tokens: ["The", "c\\u202Eat", "\\u2067sat\\u2069", "' + "".join(f"\\u{ord(c):04X}" for c in BIDI) + 'x"]\n'
+                "X: [[1, 0], [0, 1], [1, 1], [0, 2]]\nW_Q: [[1, 0], [0, 1]]\nW_K: [[1, 0], [0, 1]]\nW_V: [[1, 0], [0, 1]]\n"
+                "mask: causal\n")
+
+
+@pytest.mark.parametrize("fmt", ["html", "markdown", "text", "latex", "json"])
+def test_bidirectional_controls_are_shown_not_obeyed(tmp_path, fmt):
+    (tmp_path / "p.yaml").write_text(BIDI_PROBLEM, encoding="utf-8")
+    r = run_cli(["derive", "p.yaml", "-f", fmt], cwd=tmp_path)
+    r.assert_bounded()
+    assert r.code == 0 and r.err == "", r.err
+    if fmt == "json":
+        assert json.loads(r.out)["title"] == "Order \u202eevil\u202c test"  # data: the text as written
+        return
+    assert not any(c in r.out for c in BIDI), [hex(ord(c)) for c in BIDI if c in r.out]
+    shown = {"html": "⟨U+202E⟩", "markdown": "⟨U+202E⟩", "text": "⟨U+202E⟩",
+             "latex": r"\ensuremath{\langle}U+202E\ensuremath{\rangle}"}[fmt]
+    assert f"Order {shown}evil" in r.out  # the title
+    if fmt == "html":
+        assert "<title>Order ⟨U+202E⟩evil⟨U+202C⟩ test</title>" in r.out
+        assert "c⟨U+202E⟩at" in r.out and "⟨U+2067⟩sat⟨U+2069⟩" in r.out  # the tokens, in prose and tables
+    if fmt == "text":
+        lines = r.out.splitlines()
+        assert lines[1] == "=" * len(lines[0])  # the title's rule as long as the title shown
+        grid = [line for line in lines if line.startswith(("    The ", "    c⟨U+202E⟩at ", "    ⟨U+2067⟩sat⟨U+2069⟩ "))]
+        assert len({line.index(" [") for line in grid}) == 1, grid  # the rows stay aligned
+        assert "".join(f"⟨U+{ord(c):04X}⟩" for c in BIDI) + "x" in r.out
+    if fmt in ("latex", "markdown"):  # a token in math: {\langle}\text{U+202E}{\rangle}, as MathJax and KaTeX print it
+        assert r"\text{c}{\langle}\text{U+202E}{\rangle}\text{at}" in r.out
+
+
+def test_bidirectional_controls_are_shown_in_the_heat_map(monkeypatch):
+    """The heat map's tick labels (drawn by matplotlib, which reorders nothing itself but prints
+    what it is given): the tokens with their controls shown."""
+    pytest.importorskip("matplotlib")
+    import matplotlib.axes
+
+    import symattn
+    from symattn.plot import plot_weights
+
+    ticks = []
+    real = matplotlib.axes.Axes.set_xticks, matplotlib.axes.Axes.set_yticks
+
+    def recording(which):
+        def set_ticks(self, positions, labels=None, **kw):
+            ticks.append(list(labels))
+            return real[which](self, positions, labels=labels, **kw)
+        return set_ticks
+
+    monkeypatch.setattr(matplotlib.axes.Axes, "set_xticks", recording(0))
+    monkeypatch.setattr(matplotlib.axes.Axes, "set_yticks", recording(1))
+    problem = ('tokens: ["The", "c\\u202Eat", "\\u2067sat\\u2069"]\nX: [[1, 0], [0, 1], [1, 1]]\n'
+               "W_Q: [[1, 0], [0, 1]]\nW_K: [[1, 0], [0, 1]]\nW_V: [[1, 0], [0, 1]]\nmask: causal\n")
+    image = plot_weights(symattn.derive(symattn.load_problem(problem)), ".png")
+    assert image.startswith(b"\x89PNG")
+    want = ["The", "c⟨U+202E⟩at", "⟨U+2067⟩sat⟨U+2069⟩"]
+    assert ticks == [want, want]

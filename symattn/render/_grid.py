@@ -14,6 +14,7 @@ import functools
 
 from typing import Callable, Sequence
 
+from .._text import BIDI_CONTROLS, bidi_name
 from ._fractions import display_fractions, has_fraction
 from ._layout import needs_strut, strut, width
 
@@ -75,6 +76,8 @@ def escape_tex(text: str) -> str:
             out.append(_SPECIALS[ch])
         elif ch in _SYMBOLS:
             out.append(_SYMBOLS[ch])
+        elif ch in BIDI_CONTROLS:  # shown, as every renderer shows them, never obeyed
+            out.append(f"\\ensuremath{{\\langle}}{bidi_name(ch)}\\ensuremath{{\\rangle}}")
         elif ord(ch) < 32 or 127 <= ord(ch) < 160:  # control characters
             out.append(" ")
         elif ord(ch) > 255:
@@ -107,6 +110,7 @@ _MATH_SPECIALS = {
     "|": "{|}",
     "…": "{\\ldots}",
     **{ch: "{" + tex[len("\\ensuremath{"):-1] + "}" for ch, tex in _SYMBOLS.items() if tex.startswith("\\ensuremath{")},
+    **{ch: f"{{\\langle}}\\text{{{bidi_name(ch)}}}{{\\rangle}}" for ch in BIDI_CONTROLS},  # ⟨U+202E⟩
 }
 _TEXT_AS_IS = "–—"  # inputenc knows them; escape_tex writes them as LaTeX's -- and --- instead
 

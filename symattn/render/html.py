@@ -25,6 +25,7 @@ import re
 from typing import TYPE_CHECKING, Callable
 
 from .. import stages as registry
+from .._text import show_bidi
 from . import prose
 from ._blocks import Block, Jacobian, Matrix, Normalisers, Tiles, blocks
 from ._grid import MAX_SHOWN, shown
@@ -44,7 +45,7 @@ def escape(text: str) -> str:
     >>> escape('"><img src=x onerror=alert(1)>')
     '&quot;&gt;&lt;img src=x onerror=alert(1)&gt;'
     """
-    text = "".join(" " if (ord(ch) < 32 and ch not in "\t\n") or 127 <= ord(ch) < 160 else ch for ch in text)
+    text = "".join(" " if (ord(ch) < 32 and ch not in "\t\n") or 127 <= ord(ch) < 160 else ch for ch in show_bidi(text))
     return html.escape(text, quote=True)
 
 

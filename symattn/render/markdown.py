@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
+from .._text import show_bidi
 from . import prose
 from ._blocks import blocks
 from ._grid import MAX_SHOWN
@@ -21,7 +22,7 @@ def escape(text: str) -> str:
     >>> escape("*bold* <b>")
     '\\\\*bold\\\\* \\\\<b\\\\>'
     """
-    return _MD_SPECIAL.sub(r"\\\1", text.replace("\n", " "))
+    return _MD_SPECIAL.sub(r"\\\1", show_bidi(text).replace("\n", " "))
 
 
 def _prose(text: str) -> str:

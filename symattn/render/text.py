@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Callable
 import sympy
 
 from .. import stages as registry
+from .._text import show_bidi
 from . import prose
 from ._blocks import JACOBIAN_ENTRY, check_sentence
 from ._grid import MAX_SHOWN, shown
@@ -33,8 +34,8 @@ if TYPE_CHECKING:
 def _grid(row_labels, col_labels, cell: Callable[[int, int], str], max_shown: int, indent: str = "    ") -> list[str]:
     """The matrix as aligned text: row labels, column labels, elided above ``max_shown``."""
     rows, cols = shown(len(row_labels), max_shown), shown(len(col_labels), max_shown)
-    labels = ["⋮" if i is None else row_labels[i] for i in rows]
-    heads = ["…" if j is None else col_labels[j] for j in cols]
+    labels = ["⋮" if i is None else show_bidi(row_labels[i]) for i in rows]  # shown before they are measured
+    heads = ["…" if j is None else show_bidi(col_labels[j]) for j in cols]
     cells = [["⋱" if i is None and j is None else "⋮" if i is None else "…" if j is None else cell(i, j)
               for j in cols] for i in rows]
     label_w = max(len(r) for r in labels)
@@ -141,7 +142,8 @@ def render_text(
     d = derivation
     digits = digits or d.problem.digits
     chosen = {s.id for s in select(d, first, last)}
-    out = [d.problem.title, "=" * len(d.problem.title), ""]
+    title = show_bidi(d.problem.title)
+    out = [title, "=" * len(title), ""]
     out.append("Attention(Q, K, V) = softmax(Q·Kᵀ / √d_k + M)·V")
     out.append("")
     for stage in stages(d):
@@ -173,4 +175,5 @@ def render_text(
             out.append("")
     if check is not None:
         out.append(prose.plain(check_sentence(check)))
-    return "\n".join(out).rstrip() + "\n"
+    # a bidirectional control in a token or the title is shown, never obeyed (symattn writes none)
+    return show_bidi("\n".join(out).rstrip() + "\n")
