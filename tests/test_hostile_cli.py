@@ -291,6 +291,10 @@ DERIVE += [
      "p.yaml:4:11: kv_heads: '" + "7" * 37 + "...' has 5,000 digits"),
     ("decode-quoted-5000-digits", {"p.yaml": problem("1") + f'mask: causal\ndecode: "{MANY}"\n'}, {},
      "p.yaml:5:9: decode: decode must be a token number from 1 to 2, not '" + "7" * 37 + "...'"),
+    ("from-layer-5000-digits", {"p.yaml": "X: [[1, 0], [0, 1]]\nfrom: {file: m.safetensors, layout: gpt2, "
+                                          f"layer: {MANY}, heads: [1]}}\n", "m.safetensors": ST}, {},
+     "p.yaml:2:50: from.layer: layer is the number in the tensor names (h.0 is layer 0): a whole number ≥ 0, not '"
+     + "7" * 37 + "...'"),
     ("unknown-mask-word-5000-characters", {"p.yaml": problem("1") + f"mask: causal{'x' * 5000}\n"}, {},
      "p.yaml:4:7: mask: unknown mask 'causalxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx...'"),
 ]
