@@ -295,6 +295,13 @@ DERIVE += [
                                           f"layer: {MANY}, heads: [1]}}\n", "m.safetensors": ST}, {},
      "p.yaml:2:50: from.layer: layer is the number in the tensor names (h.0 is layer 0): a whole number ≥ 0, not '"
      + "7" * 37 + "...'"),
+    ("rope-pairing-5000-characters", {"p.yaml": problem("1") + f"rope: {{pairing: {'h' * 5000}}}\n"}, {},
+     "p.yaml:4:17: rope.pairing: unknown pairing '" + "h" * 37 + "...'"),
+    ("symbol-5000-characters-twice", {"p.yaml": problem("1") + f"symbols: [{'a' * 5000}, {'a' * 5000}]\n"}, {},
+     "symbols item 2: the symbol '" + "a" * 37 + "...' is declared twice"),
+    ("fully-masked-query-5000-characters", {"p.yaml": problem("1") + f"tokens: [{'t' * 5000}, u]\n"
+                                            "mask: [[0, 0], [1, 1]]\n"}, {},
+     "(row 1 is the query '" + "t" * 37 + "...')"),
     ("unknown-mask-word-5000-characters", {"p.yaml": problem("1") + f"mask: causal{'x' * 5000}\n"}, {},
      "p.yaml:4:7: mask: unknown mask 'causalxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx...'"),
 ]
