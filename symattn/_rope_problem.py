@@ -13,6 +13,7 @@ import yaml
 
 from . import _yaml
 from ._numbers import NumberError, is_positive, parse_number
+from ._text import excerpt
 from .rope import DEFAULT_BASE, DEFAULT_PAIRING, PAIRINGS, Rope
 
 KEYS = ("base", "angles", "pairing")
@@ -34,7 +35,7 @@ def read_rope(reader, key: yaml.Node, node: yaml.Node, d_ks: list[int], n_q: int
     for k, v in node.value:
         name = k.value if isinstance(k, yaml.ScalarNode) else None
         if name not in KEYS:
-            raise at(k).error(f"unknown rope setting {_yaml.kind(k) if name is None else repr(name)}"
+            raise at(k).error(f"unknown rope setting {_yaml.kind(k) if name is None else excerpt(name)}"
                               f"{_hint(name, KEYS)}; the settings are base, angles and pairing", "rope")
         if name in given:
             raise at(k).error(f"rope.{name} is given twice", "rope")
@@ -58,7 +59,7 @@ def read_rope(reader, key: yaml.Node, node: yaml.Node, d_ks: list[int], n_q: int
         p = given["pairing"]
         word = p.value if isinstance(p, yaml.ScalarNode) and not _yaml.is_null(p) else None
         if word not in PAIRINGS:
-            what = repr(word) if word is not None else _yaml.kind(p)
+            what = excerpt(word) if word is not None else _yaml.kind(p)
             raise at(p).error(f"unknown pairing {what}{_hint(word, PAIRINGS)}; use half (Hugging Face's "
                               "rotate_half: i with i + d_k/2) or interleaved (RoFormer: 2i with 2i + 1)",
                               "rope.pairing")

@@ -918,7 +918,7 @@ class _Reader:
                     f"{name!r} is taken (a function, constant or SymPy name); choose another name such as {name}_1", field
                 )
             if name in out:
-                raise self.at(item).error(f"the symbol {name!r} is declared twice", field)
+                raise self.at(item).error(f"the symbol {excerpt(name)} is declared twice", field)
             out[name] = sympy.Symbol(name)
         return out
 
@@ -938,7 +938,7 @@ class _Reader:
                 )
             symbol = self.symbols[name]
             if symbol in out:
-                raise self.at(k).error(f"{name!r} is given twice", "values")
+                raise self.at(k).error(f"{excerpt(name)} is given twice", "values")
             value = self.number(v, f"values.{name}", use_symbols=False)
             out[symbol] = value
         return out
@@ -1402,7 +1402,7 @@ class _Reader:
                 raise self.at(node).error(
                     f"{by} row {i + 1} with no key to attend to; "
                     "its softmax would be 0/0. Allow at least one key in every row"
-                    + (f" (row {i + 1} is the query {tokens[i]!r})" if i < len(tokens) else ""),
+                    + (f" (row {i + 1} is the query {excerpt(tokens[i])})" if i < len(tokens) else ""),
                     field,
                 )
 

@@ -400,6 +400,17 @@ DERIVE += [
      "p.yaml:4:11: kv_heads: '" + "7" * 37 + "...' has 5,000 digits"),
     ("decode-quoted-5000-digits", {"p.yaml": problem("1") + f'mask: causal\ndecode: "{MANY}"\n'}, {},
      "p.yaml:5:9: decode: decode must be a token number from 1 to 2, not '" + "7" * 37 + "...'"),
+    ("from-layer-5000-digits", {"p.yaml": "X: [[1, 0], [0, 1]]\nfrom: {file: m.safetensors, layout: gpt2, "
+                                          f"layer: {MANY}, heads: [1]}}\n", "m.safetensors": ST}, {},
+     "p.yaml:2:50: from.layer: layer is the number in the tensor names (h.0 is layer 0): a whole number ≥ 0, not '"
+     + "7" * 37 + "...'"),
+    ("rope-pairing-5000-characters", {"p.yaml": problem("1") + f"rope: {{pairing: {'h' * 5000}}}\n"}, {},
+     "p.yaml:4:17: rope.pairing: unknown pairing '" + "h" * 37 + "...'"),
+    ("symbol-5000-characters-twice", {"p.yaml": problem("1") + f"symbols: [{'a' * 5000}, {'a' * 5000}]\n"}, {},
+     "symbols item 2: the symbol '" + "a" * 37 + "...' is declared twice"),
+    ("fully-masked-query-5000-characters", {"p.yaml": problem("1") + f"tokens: [{'t' * 5000}, u]\n"
+                                            "mask: [[0, 0], [1, 1]]\n"}, {},
+     "(row 1 is the query '" + "t" * 37 + "...')"),
     ("unknown-mask-word-5000-characters", {"p.yaml": problem("1") + f"mask: causal{'x' * 5000}\n"}, {},
      "p.yaml:4:7: mask: unknown mask 'causalxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx...'"),
 ]
@@ -706,3 +717,81 @@ def test_bidirectional_controls_are_shown_in_the_heat_map(monkeypatch):
     assert image.startswith(b"\x89PNG")
     want = ["The", "c⟨U+202E⟩at", "⟨U+2067⟩sat⟨U+2069⟩"]
     assert ticks == [want, want]
+
+
+# -- SIGTERM in the middle of a long run ------------------------------------------------------------
+# The child's CPU time is read from /proc as it runs: the signal is sent once it has done that much
+# work, and what it costs to stop is the CPU time it uses after the signal. No clock is read, so a
+# busy machine changes nothing.
+AFTER_SIGTERM_CPU_S = 1.0  # stopping takes about 0.05 s: the handler runs at the next bytecode
+
+
+def _cpu_s(pid: int) -> float:
+    """The user and system CPU seconds process ``pid`` has used so far (Linux's /proc)."""
+    with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _sigterm_after(args: list[str], cwd: Path, cpu_s: float):
+    """Run ``python -m symattn ARGS``, SIGTERM it once it has used ``cpu_s`` CPU seconds; returns
+    (exit code, stderr, CPU seconds used after the signal, or None when it ended before)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from _child import ROOT as CHECKOUT
+
+    env = dict(os.environ, PYTHONPATH=str(CHECKOUT), NO_COLOR="1", OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
+    with open(cwd / ".stderr", "w+b") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "symattn", *map(str, args)], cwd=cwd, env=env,
+                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err)
+        sent = None
+        while True:
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                break
+            if sent is None and _cpu_s(proc.pid) >= cpu_s:
+                sent = _cpu_s(proc.pid)
+                proc.send_signal(signal.SIGTERM)
+            time.sleep(0.01)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        err.seek(0)
+        text = err.read().decode("utf-8", "replace")
+    os.remove(cwd / ".stderr")
+    return proc.returncode, text, None if sent is None else usage.ru_utime + usage.ru_stime - sent
+
+
+def _causal_problem(n: int, d: int = 4) -> str:
+    import random
+
+    draw = random.Random(1)
+    rows = lambda: "[" + ", ".join("[" + ", ".join(str(draw.randint(-2, 2)) for _ in range(d)) + "]"
+                                   for _ in range(n)) + "]"
+    return f"Q: {rows()}\nK: {rows()}\nV: {rows()}\nmask: causal\n"
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads the child's CPU time from /proc")
+def test_sigterm_stops_a_long_derivation_at_once(tmp_path):
+    """960 causal tokens (921,600 scores, within the budget): about 7 CPU seconds of derivation,
+    stopped after one: it exits 1 with one line, and no output file or temporary file is left."""
+    (tmp_path / "p.yaml").write_text(_causal_problem(960), encoding="utf-8")
+    code, err, after = _sigterm_after(["derive", "p.yaml", "-o", "out.txt"], tmp_path, cpu_s=1.0)
+    if after is None:
+        pytest.skip(f"the derivation ended before it had used 1 CPU second (exit {code})")
+    assert after < AFTER_SIGTERM_CPU_S, f"{after:.2f} CPU seconds after SIGTERM"
+    assert code == 1 and err == "Error: stopped by SIGTERM; no output file was left half-written\n", (code, err)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["p.yaml"]
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads the child's CPU time from /proc")
+def test_sigterm_is_not_held_up_by_a_long_number(tmp_path):
+    """A million-digit tiling.block was converted in one C call of 30 CPU seconds that no signal
+    interrupts. Bounded, it is refused within about 2 CPU seconds of reading the file; a SIGTERM
+    sent at 3 seconds, if it is still running, stops it at once."""
+    (tmp_path / "p.yaml").write_text(problem("1") + f"tiling: {{block: {MILLION}}}\n", encoding="utf-8")
+    code, err, after = _sigterm_after(["derive", "p.yaml", "-o", "out.txt"], tmp_path, cpu_s=3.0)
+    assert after is None or after < AFTER_SIGTERM_CPU_S, f"{after:.2f} CPU seconds after SIGTERM"
+    assert code == 1 and len(err.splitlines()) == 1 and err.startswith("Error: "), (code, err[:300])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["p.yaml"]
