@@ -248,6 +248,8 @@ def _layer(reader, key, node, fields, X, given, word, layout, layout_node, path,
                             f"{'entry' if d_model == 1 else 'entries'}", "X")
     picked = _heads(reader, given["heads"][1], n_head, d_head)
     group = n_head // n_kv
+    # the budget first, before the config's checks and before any slice is read
+    _charge(reader, given["heads"][1], layout, names, ckpt, picked, group, n_kv, d_model, d_head, layer, X)
     window = scale = None  # what the config changes in the layer's attention, read before any slice
     mask = layout.mask
     if word == "llama":
@@ -258,7 +260,6 @@ def _layer(reader, key, node, fields, X, given, word, layout, layout_node, path,
     elif _bert_config(config):
         mask = "causal"  # is_decoder: a BERT decoder's self-attention is causal
     rope = _rope(config, reader, key, given, fields, d_head) if layout.rope else None
-    _charge(reader, given["heads"][1], layout, names, ckpt, picked, group, n_kv, d_model, d_head, layer, X)
     kv = list(dict.fromkeys(h // group for h in picked))  # the K/V heads the listed heads read, each once
     weights, biases = {}, {}
     if layout.fused:  # Q|K|V side by side: K's columns start at d_model, V's at 2·d_model; one read of each tensor

@@ -605,10 +605,12 @@ def test_the_cross_check_declines_angles_float64_cannot_hold(tmp_path, case, fil
 HELD = [
     # θ = 10^5 at positions 0, 1, 2: float64 rounds 2·10^5 by about 10^-11, well inside the tolerance
     ("rope-angle-10^5", {"p.yaml": QK_3 + 'rope: {angles: ["10^5"]}\n'}),
-    # JSON's 5e-324 is 2^-1074, which float64 holds exactly (a subnormal), and θ_1 = base^(-1/2) = 2^537
-    ("rope-theta-2^-1074-in-config", {"p.yaml": X_4 + "from: {file: model.safetensors, layout: llama, layer: 0, heads: all}\n",
-                                      "model.safetensors": _llama_layer(),
-                                      "config.json": json.dumps({"num_attention_heads": 1, "rope_theta": 5e-324})}),
+    # a config's rope_theta is read from its JSON text (0.5 is 1/2): θ_1 = base^(-1/2) = √2, small
+    # angles that float64 holds, so the layer is compared. (Its 5e-324 is 5/10^324, not float64's
+    # 2^-1074: θ_1 near 4.5·10^161 is declined, as "rope-theta-5e-324-in-config" above is.)
+    ("rope-theta-1/2-in-config", {"p.yaml": X_4 + "from: {file: model.safetensors, layout: llama, layer: 0, heads: all}\n",
+                                  "model.safetensors": _llama_layer(),
+                                  "config.json": json.dumps({"num_attention_heads": 1, "rope_theta": 0.5})}),
 ]
 
 
