@@ -25,7 +25,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from symattn._budget import DEARER, SCORE_CELLS, SCORE_CELLS_IRRATIONAL, SCORE_WORK_IRRATIONAL  # noqa: E402
+from symattn._budget import (DEARER, HEADS, PDF_HEADS, ROPE_WORK, SCORE_CELLS, SCORE_CELLS_IRRATIONAL,  # noqa: E402
+                             SCORE_WORK_IRRATIONAL)
 
 
 def qkv(n: int, d: int, scale: str = "none") -> str:
@@ -40,8 +41,25 @@ def qkv(n: int, d: int, scale: str = "none") -> str:
     return f"mask: causal\nscale: {scale}\nQ: {mat()}\nK: {mat()}\nV: {mat()}\n"
 
 
+def rope(n: int, d: int, scale: str = "none") -> str:
+    """Q, K and V as :func:`qkv` makes them, turned by RoPE with base 10000 (cos 1, sin 1, ...)."""
+    return "rope: {base: 10000}\n" + qkv(n, d, scale)
+
+
+def heads(count: int, d: int, scale: str = "none") -> str:
+    """``count`` heads of width ``d`` on two tokens (d_model 2): the cost of a head of its own."""
+    w = "[" + ", ".join(["[" + ", ".join(["1"] * d) + "]"] * 2) + "]"
+    head = f"  - {{W_Q: {w}, W_K: {w}, W_V: {w}}}\n"
+    w_o = "[" + ", ".join(["[1, 0]"] * (count * d)) + "]"
+    return f"mask: causal\nscale: {scale}\nX: [[1, 2], [3, 1]]\nheads:\n{head * count}W_O: {w_o}\n"
+
+
+MAKERS = {"rope": rope, "heads": heads}
+
+
 def rows() -> list[tuple[str, int, int, str, list[str]]]:
-    """(name, n, d, scale, extra arguments): the largest problem each default accepts.
+    """(name, n, d, scale, extra arguments): the largest problem each default accepts (a name
+    starting "rope" or "heads" is made by that function of :data:`MAKERS`, its n the heads).
 
     One size up is one token more, except where that stays within the budget: the numbers row
     grows to 578 x 578 (beyond 1,000,000 numbers), the wide row's d_k by two (still irrational)."""
@@ -51,6 +69,7 @@ def rows() -> list[tuple[str, int, int, str, list[str]]]:
     back_json_side = int((SCORE_CELLS // DEARER // DEARER) ** 0.5)
     irr_side = int(SCORE_CELLS_IRRATIONAL ** 0.5)
     irr_d = SCORE_WORK_IRRATIONAL // (irr_side * irr_side)  # 2 at the defaults
+    rope_side = int((ROPE_WORK // 4) ** 0.5)
     wide_d = SCORE_WORK_IRRATIONAL // 100 - 1  # 10 tokens: as wide a d_k as the score terms allow
     while int(wide_d ** 0.5) ** 2 == wide_d:
         wide_d -= 1  # keep the scale irrational
@@ -69,6 +88,12 @@ def rows() -> list[tuple[str, int, int, str, list[str]]]:
          ["-o", "out.json"]),
         (f"irrational scale, backward: {irr_side // 2} tokens, d_k = {irr_d}", irr_side // 2, irr_d, "auto",
          ["--backward", "-o", "out.tex"]),
+        (f"rope, base 10000: {rope_side} tokens, d_k = 4", rope_side, 4, "auto", ["-o", "out.tex"]),
+        (f"heads, LaTeX: {HEADS} heads of 2 tokens, d_k = 1", HEADS, 1, "none", ["-o", "out.tex"]),
+        (f"heads, PDF: {PDF_HEADS} heads of 2 tokens, d_k = 1", PDF_HEADS, 1, "none", ["-o", "out.pdf"]),
+        (f"heads, web page: {HEADS // DEARER} heads of 2 tokens, d_k = 1", HEADS // DEARER, 1, "none",
+         ["-o", "out.html"]),
+        (f"heads, JSON: {HEADS // DEARER} heads of 2 tokens, d_k = 1", HEADS // DEARER, 1, "none", ["-o", "out.json"]),
     ]
 
 
@@ -110,10 +135,11 @@ def main() -> None:
     for name, n, d, scale, extra in rows():
         if o.only and not any(w in name for w in o.only.split(",")):
             continue
-        (folder / "p.yaml").write_text(qkv(n, d, scale), "utf-8")
+        make = MAKERS.get(name.split(",")[0], qkv)
+        (folder / "p.yaml").write_text(make(n, d, scale), "utf-8")
         seconds, peak, code, last = run(["derive", "p.yaml", *extra], folder, o.timeout)
         up = (578, 578) if name.startswith("numbers") else (n, d + 2) if n == 10 else (n + 1, d)
-        (folder / "p.yaml").write_text(qkv(*up, scale), "utf-8")
+        (folder / "p.yaml").write_text(make(*up, scale), "utf-8")
         refused_in, _, refused_code, refusal = run(["derive", "p.yaml", *extra], folder, 60)
         refused = refused_code == 1 and ("size budget" in refusal or "size limit" in refusal)
         print(f"{name:58s} {seconds:7.1f} s {peak:7.0f} MiB  exit {code}"

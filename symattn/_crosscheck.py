@@ -19,8 +19,8 @@ from .numeric import numeric_stages
 
 TOLERANCE = 1e-9  # relative to max(1, |value|): float64 at these sizes is far better
 PRECISION = 30  # digits of the exact values' evaluation
-FD_TOLERANCE = 1e-6  # central differences carry float64 rounding / step: about 1e-9 in practice
-FD_MAX_ENTRIES = 20_000  # beyond this the finite differences would take longer than the derivation
+FD_STEP = 1e-6  # the central differences' step, relative to each entry (and half of it, for their bound)
+FD_MAX_ENTRIES = 10_000  # beyond this the finite differences (two steps) would take longer than the derivation
 SKIPPED_TOO_LARGE = "some exact values exceed float64's range (about 1.8e308), so NumPy cannot follow them"
 SKIPPED_NO_VALUES = (
     "the problem has symbols without values; give values: {name: number} to check it numerically"
@@ -115,14 +115,13 @@ def _crosscheck(derivation: Derivation, tolerance: float, torch: bool) -> CrossC
     reference = numeric_stages(p)
     fd_check = None
     if p.backward is not None:
-        from .numeric_backward import finite_difference_gradients, numeric_gradients
+        from .numeric_backward import numeric_gradients
 
         reference.update(numeric_gradients(p))
         if _fd_size(p) <= FD_MAX_ENTRIES:
-            fd_check = compare(derivation, finite_difference_gradients(p), FD_TOLERANCE,
-                               "central finite differences of the numpy forward pass")
+            fd_check = _finite_differences(derivation)
         else:
-            fd_check = CrossCheck({}, FD_TOLERANCE, (), reference="central finite differences",
+            fd_check = CrossCheck({}, 0.0, (), reference="central finite differences",
                                   skipped=f"more than {FD_MAX_ENTRIES:,} entries to perturb one by one")
     numpy_check = compare(derivation, reference, tolerance, "numpy float64", every=True)
     numpy_check = dataclasses.replace(numpy_check, finite_differences=fd_check)
@@ -348,13 +347,34 @@ def _beyond_float64(derivation: Derivation) -> bool:
     return False
 
 
-def compare(derivation: Derivation, reference: dict, tolerance: float, name: str, every: bool = False) -> CrossCheck:
+def _finite_differences(derivation: Derivation) -> CrossCheck:
+    """The exact gradients against central differences of the NumPy forward pass, each entry
+    held to its own bound (:mod:`symattn._fd_bound`: truncation from the step and half of it,
+    the loss's rounding over the step), plus two units of roundoff of the exact value's own
+    rounding to float64. The check's ``tolerance`` is the largest of those bounds."""
+    from ._fd_bound import FLOAT64_UNIT_ROUNDOFF, finite_differences_with_bounds
+
+    ids = derivation.ids
+    exact = {i: derivation.approx(i) for i in ids}
+    gradients = {i: exact[i] for i in ids if i.rpartition(".")[2].startswith("d")}
+    stages = {i: v for i, v in exact.items() if i not in gradients}
+    fd, bounds = finite_differences_with_bounds(derivation.problem, FD_STEP, gradients, stages)
+    for stage in bounds:
+        if stage in exact:
+            bounds[stage] = bounds[stage] + 2 * FLOAT64_UNIT_ROUNDOFF * np.abs(np.where(np.isfinite(exact[stage]), exact[stage], 0))
+    largest = max((float(np.max(b)) for b in bounds.values() if np.size(b)), default=0.0)
+    return compare(derivation, fd, largest, "central finite differences of the numpy forward pass", bounds=bounds)
+
+
+def compare(derivation: Derivation, reference: dict, tolerance: float, name: str, every: bool = False,
+            bounds: dict | None = None) -> CrossCheck:
     """Compare the exact stages with ``reference`` (stage id → float64 array).
 
     The exact values are rounded to float64 from their fractions or their 30-digit
     values (an error of half a unit in the last place, far below the tolerance).
-    With ``every``, the reference must have every stage; otherwise the stages it
-    has are compared.
+    An entry differs by more than ``tolerance`` relative to max(1, |exact|), or with
+    ``bounds`` (stage id → array) by more than its own bound. With ``every``, the
+    reference must have every stage; otherwise the stages it has are compared.
     """
     per_stage: dict[str, float] = {}
     mismatches: list[Mismatch] = []
@@ -369,9 +389,11 @@ def compare(derivation: Derivation, reference: dict, tolerance: float, name: str
         if numeric.shape != exact.shape:
             raise AssertionError(f"stage {step.id}: shapes differ {numeric.shape}")
         worst = 0.0
+        bound = None if bounds is None else np.broadcast_to(np.asarray(bounds[step.id], dtype=np.float64), exact.shape)
         for first in range(0, exact.shape[0], _COMPARE_ROWS):  # a block of rows at a time: bounded temporaries
             rows = slice(first, first + _COMPARE_ROWS)
-            worst = max(worst, _compare_block(exact[rows], numeric[rows], first, tolerance, step.id, name, mismatches))
+            worst = max(worst, _compare_block(exact[rows], numeric[rows], first, tolerance, step.id, name, mismatches,
+                                              None if bound is None else bound[rows]))
         per_stage[step.id] = worst
     return CrossCheck(per_stage, tolerance, tuple(mismatches), reference=name)
 
@@ -379,8 +401,10 @@ def compare(derivation: Derivation, reference: dict, tolerance: float, name: str
 _COMPARE_ROWS = 256
 
 
-def _compare_block(exact, numeric, first: int, tolerance: float, stage: str, name: str, mismatches: list) -> float:
-    """The largest difference of a block of rows starting at row ``first``; its mismatches appended."""
+def _compare_block(exact, numeric, first: int, tolerance: float, stage: str, name: str, mismatches: list,
+                   bound=None) -> float:
+    """The largest difference of a block of rows starting at row ``first``; its mismatches appended
+    (an entry's allowance ``tolerance``·max(1, |exact|), or its ``bound``)."""
     e_inf, n_inf = np.isinf(exact), np.isinf(numeric)
     # An infinity must meet the same infinity in the same place.
     inf_bad = (e_inf | n_inf) & ~(e_inf & n_inf & (np.sign(exact) == np.sign(numeric)))
@@ -388,7 +412,9 @@ def _compare_block(exact, numeric, first: int, tolerance: float, stage: str, nam
     with np.errstate(invalid="ignore"):
         error = np.where(finite, np.abs(exact - numeric), 0.0)
     error[np.isnan(error)] = np.inf  # NumPy gave NaN
-    bad = finite & (error > tolerance * np.maximum(1.0, np.abs(exact)))
+    with np.errstate(invalid="ignore"):
+        allowed = tolerance * np.maximum(1.0, np.abs(exact)) if bound is None else bound
+    bad = finite & (error > allowed)
     worst = float(error.max()) if error.size else 0.0
     if inf_bad.any():
         worst = math.inf

@@ -14,6 +14,8 @@ expression tree.
 
 from __future__ import annotations
 
+import bisect
+
 import contextlib
 import functools
 import math
@@ -330,7 +332,7 @@ def hstack(*parts) -> "LazyMatrix | Matrix":
         col += part.cols
 
     def entry(i: int, j: int) -> sympy.Expr:
-        h = max(k for k, s in enumerate(starts) if s <= j)
+        h = bisect.bisect_right(starts, j) - 1  # the part holding column j (a concat of many heads)
         return parts[h][i, j - starts[h]]
 
     return LazyMatrix(parts[0].rows, col, entry)

@@ -36,6 +36,7 @@ from . import _safetensors, _yaml
 from ._files import FileError, read_regular
 from ._numbers import NumberError, check_size, is_positive, parse_number
 from .rope import DEFAULT_BASE, Rope
+from ._text import excerpt, quote_path
 
 LAYOUTS = ("gpt2", "llama", "bert")
 KEYS = ("file", "layout", "layer", "heads", "n_head", "n_kv_head", "rope_theta")
@@ -99,8 +100,8 @@ class _File:
             self.checkpoint = _safetensors.Checkpoint(path)
         except _safetensors.CheckpointError as exc:
             text = str(exc)
-            raise where_.error(f"cannot read {rel!r}: {text[len('cannot be read: '):]}"
-                               if text.startswith("cannot be read: ") else f"{rel!r} {text}", "from.file") from None
+            raise where_.error(f"cannot read {quote_path(rel)}: {text[len('cannot be read: '):]}"
+                               if text.startswith("cannot be read: ") else f"{quote_path(rel)} {text}", "from.file") from None
         self.shapes: dict[str, list[int]] = {k: list(e.shape) for k, e in self.checkpoint.tensors.items()}
 
     def close(self) -> None:
@@ -113,7 +114,7 @@ class _File:
         hint = ("; close: " + ", ".join(_safetensors.quote(c) for c in close)) if close else \
             (f"; it holds {_safetensors.holding(len(names))}" + (", e.g. " + _safetensors.some_names(names)
                                                                    if names else ""))
-        return f"{self.rel!r} has no tensor {_safetensors.quote(name)} ({what}){hint}"
+        return f"{quote_path(self.rel)} has no tensor {_safetensors.quote(name)} ({what}){hint}"
 
     def array(self, tensor: str, rows=None, cols=None, vector: bool = False):
         """The NumPy array of the rows and columns (ranges or lists of indices; None for all) of
@@ -125,7 +126,7 @@ class _File:
                                          reader.max_size - reader.size, vector=vector)
         except _safetensors.CheckpointError as exc:
             text = str(exc)
-            raise self.where.error(text if text.startswith(("the slice", "tensor ")) else f"{self.rel!r} {text}",
+            raise self.where.error(text if text.startswith(("the slice", "tensor ")) else f"{quote_path(self.rel)} {text}",
                                    "from") from None
         return array
 
@@ -189,7 +190,7 @@ def read_from(reader, key: yaml.Node, node: yaml.Node, fields: dict, X) -> Loade
     if word not in LAYOUTS:
         close = difflib.get_close_matches(str(word).lower(), LAYOUTS, n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
-        what = repr(word) if word is not None else _yaml.kind(layout_node)
+        what = excerpt(word) if word is not None else _yaml.kind(layout_node)
         raise at(layout_node).error(f"unknown layout {what}{hint}; the layouts are {', '.join(LAYOUTS)}",
                                     "from.layout")
     layout = _LAYOUT[word]
@@ -198,7 +199,7 @@ def read_from(reader, key: yaml.Node, node: yaml.Node, fields: dict, X) -> Loade
     if refusal:
         raise where_.error(refusal, "from.file")
     if path.suffix.lower() != ".safetensors":
-        raise where_.error(f"{rel!r}: from: reads a .safetensors checkpoint", "from.file")
+        raise where_.error(f"{quote_path(rel)}: from: reads a .safetensors checkpoint", "from.file")
     ckpt = _File(reader, path, rel, where_)
     try:
         return _layer(reader, key, node, fields, X, given, word, layout, layout_node, path, rel, where_, ckpt)
@@ -217,7 +218,7 @@ def _layer(reader, key, node, fields, X, given, word, layout, layout_node, path,
     names = _names(layout, layer, ckpt)
     if names is None:
         if found and layer not in found:
-            raise at(layer_node).error(f"layer {layer} is out of range: {rel!r} holds layers {found[0]} to {found[-1]} "
+            raise at(layer_node).error(f"layer {layer} is out of range: {quote_path(rel)} holds layers {found[0]} to {found[-1]} "
                                        "(the number in the tensor names)", "from.layer")
         first = layout.prefixes[0] + layout.q.format(layer=layer) + ".weight"
         raise at(layout_node).error(ckpt.missing(first, f"{word} layer {layer}'s query weights"), "from.layout")
@@ -225,7 +226,7 @@ def _layer(reader, key, node, fields, X, given, word, layout, layout_node, path,
     config.model_type(word)
     n_head = _count(reader, given, config, "n_head", ("n_head", "num_attention_heads"))
     if n_head is None:
-        raise at(node).error(f"the number of heads is not in {rel!r}: give it in from (n_head: 12), or put the "
+        raise at(node).error(f"the number of heads is not in {quote_path(rel)}: give it in from (n_head: 12), or put the "
                              "model's config.json beside the checkpoint", "from.n_head")
     W = _shapes(at, node, layout, names, ckpt, n_head, word)
     d_model, d_head = W["d_model"], W["d_head"]
@@ -244,7 +245,7 @@ def _layer(reader, key, node, fields, X, given, word, layout, layout_node, path,
         raise at(given["n_kv_head"][0]).error(f"n_kv_head is for the llama layout; {word} heads each have their own "
                                               "keys and values", "from.n_kv_head")
     if X.cols != d_model:
-        raise at(key).error(f"X is {X.rows}×{X.cols} but layer {layer} of {rel!r} takes rows of d_model = {d_model} "
+        raise at(key).error(f"X is {X.rows}×{X.cols} but layer {layer} of {quote_path(rel)} takes rows of d_model = {d_model} "
                             f"{'entry' if d_model == 1 else 'entries'}", "X")
     picked = _heads(reader, given["heads"][1], n_head, d_head)
     group = n_head // n_kv
@@ -523,7 +524,7 @@ class _Config:
         self.data, self.rel, self.where = data, rel, where_
 
     def refuse(self, text: str):
-        raise self.where.error(f"the config.json beside {self.rel!r} {text}", "from")
+        raise self.where.error(f"the config.json beside {quote_path(self.rel)} {text}", "from")
 
     def value(self, spelling: str):
         """The value at a dotted ``spelling`` (rope_parameters.rope_theta); None when absent or null."""
@@ -603,17 +604,17 @@ def _config(reader, key, path, rel: str, where_) -> _Config:
     except (RuntimeError, OSError):
         inside = False
     if not inside:
-        raise where_.error(f"the config.json beside {rel!r} leads out of the problem's folder (a link?)", "from")
+        raise where_.error(f"the config.json beside {quote_path(rel)} leads out of the problem's folder (a link?)", "from")
     try:
         data = json.loads(read_regular(cfg, MAX_CONFIG, "config.json is {size} bytes; a model's config is smaller",
                                        noun="config file").decode("utf-8"),
                           parse_int=_Number, parse_float=_Number, parse_constant=_Number)
     except FileError as exc:
-        raise where_.error(f"the config.json beside {rel!r}: {exc}", "from") from None
+        raise where_.error(f"the config.json beside {quote_path(rel)}: {exc}", "from") from None
     except (UnicodeDecodeError, ValueError, RecursionError):
-        raise where_.error(f"the config.json beside {rel!r} is not valid JSON", "from") from None
+        raise where_.error(f"the config.json beside {quote_path(rel)} is not valid JSON", "from") from None
     if not isinstance(data, dict):
-        raise where_.error(f"the config.json beside {rel!r} is not a JSON object", "from")
+        raise where_.error(f"the config.json beside {quote_path(rel)} is not a JSON object", "from")
     return _Config(data, rel, at)
 
 
@@ -636,7 +637,7 @@ def _qk_norm(at, node, names: dict, ckpt: _File) -> None:
     for p, what in (("q", "queries"), ("k", "keys")):
         name = names[p][:-len("_proj")] + "_norm.weight"
         if name in ckpt.shapes:
-            raise at(node).error(f"{ckpt.rel!r} has {name}: the layer normalises each head's {what} (QK-norm), "
+            raise at(node).error(f"{quote_path(ckpt.rel)} has {name}: the layer normalises each head's {what} (QK-norm), "
                                  "which symattn does not apply", "from.layout")
 
 

@@ -66,13 +66,14 @@ def parse_decimal(text: str) -> sympy.Rational:
     """
     text = text.strip()
     if not _DEC_RE.match(text):
-        raise NumberError(f"{text!r} is not a decimal number")
+        raise NumberError(f"{_short(text)} is not a decimal number")
     mantissa, _, exponent = text.lower().partition("e")
     if sum(c.isdigit() for c in mantissa) > MAX_DIGITS:
         raise NumberError(
             f"{_short(text)} has more than {MAX_DIGITS} digits; write it as a fraction or round it"
         )
-    if exponent and abs(int(exponent)) > MAX_EXPONENT_TEN:
+    # the exponent's digits are bounded before int() reads them (its cost grows with their square)
+    if exponent and (len(exponent.lstrip("+-").lstrip("0")) > 4 or abs(int(exponent)) > MAX_EXPONENT_TEN):
         raise NumberError(
             f"{_short(text)}: the power of ten is larger than {MAX_EXPONENT_TEN}; use a smaller number"
         )

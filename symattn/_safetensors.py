@@ -32,8 +32,9 @@ from typing import NamedTuple
 
 from ._files import file_error
 
-_SLICE = re.compile(r"\s*([+-]?\d+)?\s*(?::\s*([+-]?\d+)?\s*(?::\s*([+-]?\d+)?\s*)?)?\Z")
-_INDEX = re.compile(r"\s*[+-]?\d+\s*\Z")
+# ASCII digits only: \d would take ٣ (Arabic-Indic three) as 3
+_SLICE = re.compile(r"\s*([+-]?[0-9]+)?\s*(?::\s*([+-]?[0-9]+)?\s*(?::\s*([+-]?[0-9]+)?\s*)?)?\Z")
+_INDEX = re.compile(r"\s*[+-]?[0-9]+\s*\Z")
 _NUMBERS = re.compile(r"\d+")
 MAX_HEADER = 100_000_000  # bytes: as the safetensors package allows
 # A model's file holds hundreds to a few thousand tensors (GPT-2 about 150, a shard of a

@@ -88,3 +88,9 @@ def excerpt(text: str, limit: int = 40) -> str:
     """
     text = text if isinstance(text, str) else str(text)
     return repr(text if len(text) <= limit else text[:limit - 3] + "...")
+
+
+def quote_path(path) -> str:
+    """A path the problem names, quoted for a message: whole up to 120 characters (a real path
+    fits), else cut like :func:`excerpt`."""
+    return excerpt(str(path), 120)

@@ -152,10 +152,7 @@ class Step:
         """``V`` of the output made from this step's softmax rows in the same derivation (its
         float64 values come in the same pass as the weights'), or None."""
         derivation = self.derivation
-        for step in (derivation.steps if derivation is not None else ()):
-            if isinstance(step.value, _ops.Output) and step.value.rows is self.value.rows:
-                return step.value.values
-        return None
+        return None if derivation is None else derivation._outputs_by_rows.get(id(self.value.rows))
 
     def entry_value(self, i: int, j: int, dps: int, subs) -> "mpmath.mpf | None":
         """Entry (i, j) of the weights or the output alone (from one row of the softmax); else None."""
@@ -225,6 +222,12 @@ class Derivation:
         from .render import display
 
         return display.derivation_latex(self)
+
+    @cached_property
+    def _outputs_by_rows(self) -> dict[int, object]:
+        """``V`` of each output, by the identity of the softmax rows it is made from (looked up
+        once per softmax step, so a derivation of many heads is not quadratic in their count)."""
+        return {id(s.value.rows): s.value.values for s in reversed(self.steps) if isinstance(s.value, _ops.Output)}
 
     @cached_property
     def _by_id(self) -> dict[str, Step]:

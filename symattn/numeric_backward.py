@@ -60,7 +60,7 @@ def _stage_ids(p: Problem) -> list[str]:
 
 def _has_bias(p: Problem, gradient: str) -> bool:
     """Whether the heads have the bias whose gradient is ``gradient`` (db_Q, db_K, db_V)."""
-    return any(getattr(h, gradient[1:]) is not None for h in p.heads)
+    return gradient[1:] in p.head_biases
 
 
 def _biases(p: Problem, weights) -> tuple:

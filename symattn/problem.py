@@ -27,7 +27,7 @@ from sympy import QQ
 from . import _yaml
 from ._errors import SymattnError
 from ._numbers import NumberError, check_size, is_positive, parse_decimal, parse_number
-from ._text import LongNumber, excerpt, whole_number
+from ._text import LongNumber, excerpt, quote_path, whole_number
 from . import _safetensors
 from ._files import FileError, read_regular
 from ._exact import binary_float_matrix, is_rational, rational_matrix, scaled_integer_matrix
@@ -274,6 +274,13 @@ class Problem:
     def projected(self) -> bool:
         """True when Q, K, V are computed from X and weights (not given)."""
         return self.X is not None
+
+    @functools.cached_property
+    def head_biases(self) -> frozenset[str]:
+        """The biases the heads have (of ``b_Q``, ``b_K``, ``b_V``): the heads give a bias all or
+        none, so asked once, not once per head (a problem may have thousands of heads)."""
+        return frozenset(key for key in ("b_Q", "b_K", "b_V")
+                         if self.projected and any(getattr(h, key, None) is not None for h in self.heads))
 
     def _single(self, name: str) -> Matrix | None:
         if not self.projected or self.multi_head:
@@ -1126,18 +1133,18 @@ class _Reader:
             raise self.at(keys[extra[0]][0]).error(
                 f"{extra[0]}: is for a tensor of a .safetensors file; a .npy or .csv file is read whole", name)
         if suffix not in (".csv", ".npy"):
-            raise where_.error(f"{rel!r}: a matrix file must end in .npy, .csv or .safetensors", name)
+            raise where_.error(f"{quote_path(rel)}: a matrix file must end in .npy, .csv or .safetensors", name)
         try:
             data = read_regular(path, BYTES_PER_NUMBER * self.max_size,
-                                f"{rel!r} is {{size}} bytes, beyond the size limit; raise it with --max-size",
+                                f"{quote_path(rel)} is {{size}} bytes, beyond the size limit; raise it with --max-size",
                                 noun="matrix file")
         except FileError as exc:
             if str(exc).startswith(repr(rel)):
                 raise where_.error(str(exc), name) from None
             if str(exc).startswith("is "):  # a folder, a FIFO, a device, a socket
-                raise where_.error(f"{rel!r} {exc}", name) from None
+                raise where_.error(f"{quote_path(rel)} {exc}", name) from None
             how = " as a .npy file" if suffix == ".npy" else ""
-            raise where_.error(f"cannot read {rel!r}{how}: {exc.strerror}", name) from None
+            raise where_.error(f"cannot read {quote_path(rel)}{how}: {exc.strerror}", name) from None
         m = self._read_csv(data, rel, where_, name) if suffix == ".csv" else self._read_npy(data, rel, where_, name, vector)
         self.count(m.rows * m.cols, where_, name)
         return m
@@ -1152,16 +1159,16 @@ class _Reader:
         if self.base_dir is None:
             raise where_.error("matrices from files need the problem to be read from a file", name)
         if "\x00" in rel:
-            raise where_.error(f"{rel!r}: the file name holds a NUL byte; no file is named so", name)
+            raise where_.error(f"{quote_path(rel)}: the file name holds a NUL byte; no file is named so", name)
         if os.path.isabs(rel) or ".." in Path(rel).parts:
-            raise where_.error(f"{rel!r} must be a path inside the problem's folder (no absolute paths, no ..)", name)
+            raise where_.error(f"{quote_path(rel)} must be a path inside the problem's folder (no absolute paths, no ..)", name)
         try:
             path = (self.base_dir / rel).resolve()
         except (RuntimeError, OSError):  # Python before 3.13 raises RuntimeError for a loop of links
-            raise where_.error(f"cannot read {rel!r}: the path is a loop of symbolic links; it leads to no file",
+            raise where_.error(f"cannot read {quote_path(rel)}: the path is a loop of symbolic links; it leads to no file",
                                name) from None
         if self.base_dir not in path.parents:
-            raise where_.error(f"{rel!r} leaves the problem's folder", name)
+            raise where_.error(f"{quote_path(rel)} leaves the problem's folder", name)
         return path, rel, where_
 
     def checkpoint_matrix(self, keys: dict, path: Path, rel: str, where_: Where, name: str, vector: bool = False,
@@ -1182,7 +1189,7 @@ class _Reader:
                     "a tensor of a .safetensors file takes file, tensor, rows, cols and transpose "
                     "(or file, embeddings, tokens and cols for rows of an embedding table)", name)
         if "tensor" not in keys:
-            raise where_.error(f"{rel!r}: a .safetensors file holds many tensors; name one with tensor:", name)
+            raise where_.error(f"{quote_path(rel)}: a .safetensors file holds many tensors; name one with tensor:", name)
         texts = {}
         for k in ("tensor", "rows", "cols"):
             if k in keys:
@@ -1206,9 +1213,9 @@ class _Reader:
             if field is not None:
                 raise self.at(keys[field][1]).error(text, name) from None
             if text.startswith("has no tensor") or text.startswith("tensor "):
-                raise self.at(keys["tensor"][1]).error(f"{rel!r} {text}" if text.startswith("has") else text,
+                raise self.at(keys["tensor"][1]).error(f"{quote_path(rel)} {text}" if text.startswith("has") else text,
                                                        name) from None
-            raise where_.error(f"{rel!r} {text}" if not text.startswith("the slice") else text, name) from None
+            raise where_.error(f"{quote_path(rel)} {text}" if not text.startswith("the slice") else text, name) from None
         if transpose:
             array = array.T
         return self.checkpoint_array(array, keys["tensor"][1], rel, where_, name)
@@ -1226,9 +1233,9 @@ class _Reader:
         if array.dtype.kind in "iu":
             return rational_matrix(array.shape[0], array.shape[1], [QQ(int(v)) for v in array.ravel().tolist()])
         if not np_isfinite(array):
-            raise where_.error(f"{rel!r}: the slice holds NaN or infinite values", name)
+            raise where_.error(f"{quote_path(rel)}: the slice holds NaN or infinite values", name)
         if np_largest(array) > 1e300:
-            raise where_.error(f"{rel!r}: the slice holds a value larger than 10^300 in size; use smaller numbers", name)
+            raise where_.error(f"{quote_path(rel)}: the slice holds a value larger than 10^300 in size; use smaller numbers", name)
         return binary_float_matrix(array)
 
     def _read_csv(self, data: bytes, rel: str, where_: Where, name: str) -> Matrix:
@@ -1238,31 +1245,31 @@ class _Reader:
             return fast
         rows = _csv_rows(text, rel, where_, name)
         if not rows:
-            raise where_.error(f"{rel!r} holds no numbers", name)
+            raise where_.error(f"{quote_path(rel)} holds no numbers", name)
         width = len(rows[0])
         out = []
         for i, row in enumerate(rows):
             if len(row) != width:
-                raise where_.error(f"{rel!r} line {i + 1} has {len(row)} entries but line 1 has {width}", name)
+                raise where_.error(f"{quote_path(rel)} line {i + 1} has {len(row)} entries but line 1 has {width}", name)
             try:
                 out.append([check_size(c, parse_decimal(c)) for c in row])
             except NumberError as exc:
-                raise where_.error(f"{rel!r} line {i + 1}: {exc}", name) from None
+                raise where_.error(f"{quote_path(rel)} line {i + 1}: {exc}", name) from None
         return Matrix(out)
 
     def _read_npy(self, data: bytes, rel: str, where_: Where, name: str, vector: bool = False) -> Matrix:
         array = _npy_array(data, rel, where_, name, self.max_size - self.size, vector)
         if array.ndim != 2 or 0 in array.shape:
-            raise where_.error(f"{rel!r} holds a {array.ndim}-dimensional array of shape {array.shape}; a matrix is 2-dimensional", name)
+            raise where_.error(f"{quote_path(rel)} holds a {array.ndim}-dimensional array of shape {array.shape}; a matrix is 2-dimensional", name)
         rows, cols = array.shape
         if array.dtype.kind in "iu":
             return rational_matrix(rows, cols, [QQ(int(v)) for v in array.ravel().tolist()])
         if array.dtype.kind != "f":
-            raise where_.error(f"{rel!r} holds {array.dtype} values; expected integers or floats", name)
+            raise where_.error(f"{quote_path(rel)} holds {array.dtype} values; expected integers or floats", name)
         if not np_isfinite(array):
-            raise where_.error(f"{rel!r} holds NaN or infinite values", name)
+            raise where_.error(f"{quote_path(rel)} holds NaN or infinite values", name)
         if np_largest(array) > 1e300:
-            raise where_.error(f"{rel!r} holds a value larger than 10^300 in size; use smaller numbers", name)
+            raise where_.error(f"{quote_path(rel)} holds a value larger than 10^300 in size; use smaller numbers", name)
         # A binary float is exactly a dyadic rational: take that, not its decimal print.
         return binary_float_matrix(array)
 
@@ -1673,13 +1680,13 @@ def _did_you_mean(word: str, choices: Iterable[str]) -> str:
 def _csv_text(data: bytes, rel: str, where_: Where, name: str) -> str:
     """The text of a .csv file, which must be UTF-8 (a UTF-8 byte-order mark is allowed)."""
     if data.startswith((b"\xff\xfe", b"\xfe\xff")):
-        raise where_.error(f"{rel!r} is UTF-16 text; symattn expects UTF-8: save it as UTF-8 (CSV UTF-8)", name)
+        raise where_.error(f"{quote_path(rel)} is UTF-16 text; symattn expects UTF-8: save it as UTF-8 (CSV UTF-8)", name)
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         line = data.count(b"\n", 0, exc.start) + 1
         raise where_.error(
-            f"{rel!r} is not UTF-8 text (bad byte 0x{data[exc.start]:02X} on line {line}, at byte offset {exc.start}); "
+            f"{quote_path(rel)} is not UTF-8 text (bad byte 0x{data[exc.start]:02X} on line {line}, at byte offset {exc.start}); "
             "symattn expects UTF-8: save it as UTF-8 (CSV UTF-8)",
             name,
         ) from None
@@ -1706,7 +1713,7 @@ def _csv_rows(text: str, rel: str, where_: Where, name: str) -> list[list[str]]:
     """The non-blank rows of a .csv file's text."""
     if "\x00" in text:
         line = text.count("\n", 0, text.index("\x00")) + 1
-        raise where_.error(f"{rel!r} line {line} holds a NUL byte; it is not a text file", name)
+        raise where_.error(f"{quote_path(rel)} line {line} holds a NUL byte; it is not a text file", name)
     reader = csv.reader(io.StringIO(text))
     rows = []
     try:
@@ -1717,7 +1724,7 @@ def _csv_rows(text: str, rel: str, where_: Where, name: str) -> list[list[str]]:
         reason = str(exc)
         if "field larger than field limit" in reason:
             reason = f"an entry is longer than {csv.field_size_limit():,} characters"
-        raise where_.error(f"{rel!r} line {reader.line_num}: {reason}", name) from None
+        raise where_.error(f"{quote_path(rel)} line {reader.line_num}: {reason}", name) from None
     return rows
 
 
@@ -1736,10 +1743,10 @@ def _npy_array(data: bytes, rel: str, where_: Where, name: str, room: int, vecto
     import numpy as np
 
     def bad(what: str) -> SymattnError:
-        return where_.error(f"{rel!r} is not a valid .npy file: {what}", name)
+        return where_.error(f"{quote_path(rel)} is not a valid .npy file: {what}", name)
 
     if not data:
-        raise where_.error(f"{rel!r} is empty; a .npy file holds a header and an array (written by numpy.save)", name)
+        raise where_.error(f"{quote_path(rel)} is empty; a .npy file holds a header and an array (written by numpy.save)", name)
     if data.startswith(b"PK\x03\x04"):
         raise bad("it is a zip archive (an .npz file?); save a single matrix with numpy.save")
     if not data.startswith(_NPY_MAGIC) or len(data) < 8:
@@ -1776,21 +1783,21 @@ def _npy_array(data: bytes, rel: str, where_: Where, name: str, room: int, vecto
         shape = (1, shape[0])
     if len(shape) != 2 or 0 in shape:
         raise where_.error(
-            f"{rel!r} holds a {len(shape)}-dimensional array of shape {_short_repr(shape)}; a matrix is 2-dimensional"
-            if len(shape) != 2 else f"{rel!r} holds an empty array of shape {shape}; a matrix needs numbers",
+            f"{quote_path(rel)} holds a {len(shape)}-dimensional array of shape {_short_repr(shape)}; a matrix is 2-dimensional"
+            if len(shape) != 2 else f"{quote_path(rel)} holds an empty array of shape {shape}; a matrix needs numbers",
             name,
         )
     count = shape[0] * shape[1]
     if count > room:
         raise where_.error(
-            f"{rel!r} holds a {shape[0]:,}×{shape[1]:,} matrix: more numbers than the size limit allows; "
+            f"{quote_path(rel)} holds a {shape[0]:,}×{shape[1]:,} matrix: more numbers than the size limit allows; "
             "if it is meant to be this large, raise the limit with --max-size",
             name,
         )
     if dtype.hasobject or dtype.kind not in "iufb" or dtype.subdtype is not None or dtype.names:
-        raise where_.error(f"{rel!r} holds {dtype} values; expected integers or floats", name)
+        raise where_.error(f"{quote_path(rel)} holds {dtype} values; expected integers or floats", name)
     if dtype.kind == "b":
-        raise where_.error(f"{rel!r} holds bool values; expected integers or floats", name)
+        raise where_.error(f"{quote_path(rel)} holds bool values; expected integers or floats", name)
     need = count * dtype.itemsize
     have = len(data) - start - length
     if have < need:

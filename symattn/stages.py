@@ -201,7 +201,7 @@ class Context:
         b_O, or a head's b_Q, b_K, b_V (the heads of a problem give a bias all or none)."""
         if key == B_O:
             return getattr(self.p, "b_O", None) is not None
-        return self.projected and any(getattr(h, key, None) is not None for h in self.p.heads)
+        return key in self.p.head_biases
 
     def bias(self, key: str):
         """This head's bias ``key`` (b_Q, b_K, b_V) or the layer's b_O; None without one."""
@@ -996,6 +996,15 @@ def _projection_row(key: str, order: int, title: str) -> Kind:
     )
 
 
+def _few(heads, show, dots: str, most: int = 8) -> list[str]:
+    """``show(h)`` for each head, or for the first two and the last with ``dots`` between when there
+    are more than ``most`` (a formula of 256 heads is one line, and LaTeX's matrices hold 64 columns)."""
+    heads = list(heads)
+    if len(heads) <= most:
+        return [show(h) for h in heads]
+    return [show(heads[0]), show(heads[1]), dots, show(heads[-1])]
+
+
 def _bias_row(key: str, order: float, title: str) -> Kind:
     """A projection's given bias, one 1 × d row (b_Q, b_K, b_V per head; b_O of the layer)."""
     letter = key[-1]
@@ -1312,10 +1321,10 @@ KINDS: tuple[Kind, ...] = (
     # several heads: concatenate, then project
     Kind(CONCAT, CONCAT, 16, "concat", "Concatenate the heads", _WHY[CONCAT],
          lambda c: ("\\operatorname{concat} = \\begin{bmatrix} "
-                    + " & ".join(f"O^{{({h})}}" for h in c.heads) + " \\end{bmatrix}",
-                    "concat = [" + " | ".join(stage_id(O, h) for h in c.heads) + "]"),
+                    + " & ".join(_few(c.heads, lambda h: f"O^{{({h})}}", "\\cdots")) + " \\end{bmatrix}",
+                    "concat = [" + " | ".join(_few(c.heads, lambda h: stage_id(O, h), "…")) + "]"),
          (QUERIES, "c"),
-         lambda sh, r, c: f"{c.p.n_q}×({' + '.join(str(sh(O, h)[1]) for h in c.heads)}) = {r[0]}×{r[1]} (n_q × h·d_v)",
+         lambda sh, r, c: f"{c.p.n_q}×({' + '.join(_few(c.heads, lambda h: str(sh(O, h)[1]), '…'))}) = {r[0]}×{r[1]} (n_q × h·d_v)",
          inputs=("heads",), relation=lambda ops, v, c: ops.hstack([v(O, h) for h in c.heads]),
          when=lambda c: c.multi, tex="\\operatorname{concat}", by_relation=True,
          shows=frozenset({"heads_sum"}), mistakes=(_transposed(CONCAT),)),

@@ -16,7 +16,6 @@ from decimal import ROUND_HALF_UP, Decimal
 from fractions import Fraction
 
 import mpmath
-import numpy as np
 
 
 def frac(text: str, values: dict[str, Fraction] | None = None) -> Fraction:
@@ -109,98 +108,8 @@ def answers_text(stages: dict[str, list[list[str]]]) -> str:
 
 
 # -- central finite differences: how far one may be from the derivative ---------------------
+# The bound is symattn's own (its cross-check of --backward uses it too); its derivation is in
+# symattn/_fd_bound.py, and the tests here hold their differences to it.
 
-FLOAT64_UNIT_ROUNDOFF = 2.0 ** -53
-EXP_ULPS = 4  # exp's error in units in the last place: libm gives 1, NumPy's SIMD loops a few
-
-
-def central_difference_bound(d_h, d_half, h, rounding, unit_roundoff=FLOAT64_UNIT_ROUNDOFF):
-    """How far the central difference ``d_h`` = (f(x + h) − f(x − h)) / 2h may be from f′(x).
-
-    ``d_half`` is the same difference with the step h/2, and ``rounding`` bounds the error of
-    one evaluation of f in its arithmetic. Two errors add up:
-
-    - truncation: d(h) = f′ + c·h² + r·c·h² (r·c·h² the terms in h⁴ and beyond), so
-      d(h) − d(h/2) = c·h²·(3/4 + 15r/16), and 2·|d(h) − d(h/2)| ≥ |c·h²·(1 + r)| while
-      |r| ≤ 1/2 (Richardson; 4/3 would do for the h² term alone). That difference also holds
-      both steps' rounding (below: at most rounding/h + 2·rounding/h), so its double adds at
-      most 6·rounding/h;
-    - rounding: f(x ± h) are each off by at most ``rounding``: (δ₊ + δ₋)/2h ≤ rounding/h.
-
-    Together 2·|d(h) − d(h/2)| + 7·rounding/h, and 3·u·|d(h)| for the difference's own
-    subtraction, step and division. Works entrywise on NumPy arrays (an array ``h`` gives
-    each entry its own step) and on mpmath numbers (with their ``unit_roundoff``).
-    """
-    if isinstance(d_h, np.ndarray):
-        return 2 * np.abs(d_h - d_half) + 7 * rounding / h + 3 * unit_roundoff * np.abs(d_h)
-    return 2 * abs(d_h - d_half) + 7 * rounding / h + 3 * unit_roundoff * abs(d_h)
-
-
-def _gamma(n: int, unit_roundoff: float) -> float:
-    """γₙ = n·u / (1 − n·u): the relative error of n roundings (Higham, §3.1)."""
-    assert n * unit_roundoff < 0.5, (n, unit_roundoff)
-    return n * unit_roundoff / (1 - n * unit_roundoff)
-
-
-def _magnitude(kind: str, value: np.ndarray) -> np.ndarray:
-    """|value|, and for the softmax's input Ŝ (−∞ where masked) |Ŝ| + |Ŝ − m| + EXP_ULPS on
-    its finite entries: Ŝ = scale·S + M rounds by |Ŝ|, z = Ŝ − m by |z|, and exp(z) with
-    EXP_ULPS ulps is exp(z + δ) with |δ| ≤ EXP_ULPS·u. Masked entries count 0."""
-    value = np.asarray(value, dtype=float)
-    if kind != "S_masked":
-        return np.abs(value)
-    finite = np.isfinite(value)
-    top = np.where(finite, value, -np.inf).max(axis=1, keepdims=True)
-    return np.where(finite, np.abs(np.where(finite, value, 0)) + np.abs(np.where(finite, value - top, 0))
-                    + EXP_ULPS, 0.0)
-
-
-def _roundings(kind: str, value: np.ndarray, final: bool) -> int:
-    """How many units of roundoff the pass puts on a stage, relative to its magnitude: the
-    inner products are put on one operand each (W in X·W, Q in Q·Kᵀ, A in A·V, W_O in
-    concat·W_O), as backward stability allows (Higham, ch. 3)."""
-    rows, cols = np.shape(value)
-    if kind in ("W_Q", "W_K", "W_V", "W_O"):
-        return rows                     # an inner product of that many terms
-    if kind == "Q":
-        return cols + 1                 # S = Q·Kᵀ, d_k terms; the bias b_Q added
-    if kind in ("K", "V", "S", "S_masked", "X", "X_pos"):
-        return 1                        # a bias added, the scale, M added (and z, exp: _magnitude), PE added
-    if kind == "A":
-        return 2 * cols + 1             # the softmax's sum and division, then A·V
-    if kind == "O" and final:
-        return rows * cols + 2          # b_O added, and the loss: its n terms summed, each formed
-    return 0                            # a copy (a head's O in concat), a bias (counted where added)
-
-
-def attention_loss_rounding(stages: dict, gradients: dict, unit_roundoff: float = FLOAT64_UNIT_ROUNDOFF,
-                            target=None) -> float:
-    """A first-order bound on the rounding error of one evaluation of an attention loss.
-
-    ``stages`` holds the forward matrices by symattn's stage ids (``Q``, ``S``, ``S_masked``,
-    ``A``, ``O``, ``head1.W_Q``, ``X_pos``, ...; values as floats), ``gradients`` the loss's
-    gradient with respect to each (``dQ``, ``head1.dW_Q``, ...), ``target`` the T of
-    ``loss: target``. Each operation of the pass is backward stable: its result is exact for
-    an operand changed by a relative γ_n (an inner product of n terms) or u (a scale, a bias,
-    the softmax's division, the loss's own terms). To first order L then moves by at most
-    that relative change times Σ |∂L/∂stage|·|stage|: the sum over the stages of
-    γ_k·Σ |gradient|·|stage| with k from ``_roundings`` (the softmax's input also carries
-    exp's error, see ``_magnitude``). Terms of order u² are left out.
-    """
-    total = 0.0
-    for gid, g in gradients.items():
-        pre, _, name = gid.rpartition(".")
-        assert name.startswith("d"), gid
-        kind = name[1:]
-        of = (pre + "." if pre else "") + kind
-        if kind == "X" and "X_pos" in stages:  # X_pos = X + PE feeds the projections
-            of = "X_pos"
-        value = np.asarray(stages[of], dtype=float)
-        if of == "O" and target is not None:  # ½‖O − T‖²: O − T rounds by |O − T| ≤ |O| + |T|
-            magnitude = np.abs(value) + np.abs(np.asarray(target, dtype=float))
-        else:
-            magnitude = _magnitude(kind, value)
-        g = np.asarray(g, dtype=float)
-        assert g.shape == magnitude.shape, (gid, g.shape, magnitude.shape)
-        total += _gamma(_roundings(kind, value, final=of == "O"), unit_roundoff) * float(np.sum(np.abs(g) * magnitude))
-    return total
+from symattn._fd_bound import (EXP_ULPS, FLOAT64_UNIT_ROUNDOFF, attention_loss_rounding,  # noqa: E402,F401
+                               central_difference_bound)

@@ -15,8 +15,8 @@ import pytest
 
 import symattn
 from symattn import SymattnError
-from symattn._budget import (DEARER, SCORE_CELLS, SCORE_CELLS_IRRATIONAL, SCORE_WORK_IRRATIONAL, check_budget,
-                             score_cells)
+from symattn._budget import (DEARER, HEADS, PDF_HEADS, ROPE_WORK, SCORE_CELLS, SCORE_CELLS_IRRATIONAL, SCORE_WORK_IRRATIONAL,
+                             check_budget, layer_refusal, score_cells)
 from symattn.problem import MAX_SIZE
 from _child import run_cli
 
@@ -38,6 +38,7 @@ def test_defaults_are_what_the_readme_says():
     readme = (ROOT / "README.md").read_text("utf-8")
     assert f"{SCORE_CELLS:,}" in readme and f"{SCORE_CELLS_IRRATIONAL:,}" in readme
     assert f"{SCORE_WORK_IRRATIONAL:,}" in readme
+    assert f"{ROPE_WORK:,}" in readme and f"{HEADS:,}" in readme and f"{PDF_HEADS:,} in a PDF" in readme
 
 
 @pytest.mark.parametrize("kind, backward, limit", [
@@ -104,6 +105,66 @@ def test_every_head_counts():
     assert score_cells(p) == 3 * 600 * 600
     with pytest.raises(SymattnError, match="× 3 heads"):
         check_budget(p, "latex", False)
+
+
+def rope_problem(n: int, d: int, rope: str):
+    return symattn.load_problem(f"rope: {rope}\n" + qkv(n, d))
+
+
+def test_rope_with_a_base_is_budgeted_by_rotated_score_terms():
+    """A base's angles (θ_1 = 1) keep cos 1, sin 1, ... in every score: 35 tokens with d_k = 4 is
+    4,900 rotated score terms, within 5,000; 36 tokens (5,184) is not."""
+    check_budget(rope_problem(35, 4, "{base: 10000}"), "latex", False)
+    with pytest.raises(SymattnError) as info:
+        check_budget(rope_problem(36, 4, "{base: 10000}"), "latex", False, file="p.yaml")
+    message = str(info.value)
+    assert "5,184 rotated score terms (1,296 attention scores × d_k = 4, with RoPE's cos and sin kept exact)" in message
+    assert f"more than the {ROPE_WORK:,} the size budget allows," in message
+    assert "--max-size 1037000" in message  # 5,184 / 5,000 of the default, rounded up to a thousand
+    check_budget(rope_problem(36, 4, "{base: 10000}"), "latex", False, max_size=1_037_000)
+    with pytest.raises(SymattnError, match="more than the 1,250 the size budget allows with JSON"):
+        check_budget(rope_problem(18, 4, "{base: 10000}"), "json", False)  # 1,296 terms
+
+
+def test_rope_angles_that_sympy_evaluates_are_not_charged_as_transcendental():
+    """π/6 and π/3 give algebraic cosines (√3/2): the ordinary budgets apply; angles 1/2 and 1/3
+    (cos 1/2 stays) are charged like a base, and so is a mixture."""
+    check_budget(rope_problem(36, 4, '{angles: ["pi/6", "pi/3"]}'), "latex", False)
+    for angles in ('["1/2", "1/3"]', '["pi/6", "1/3"]'):
+        with pytest.raises(SymattnError, match="rotated score terms"):
+            check_budget(rope_problem(36, 4, f"{{angles: {angles}}}"), "latex", False)
+
+
+def many_heads(count: int) -> str:
+    head = "{W_Q: [[1], [1]], W_K: [[1], [1]], W_V: [[1], [1]]}"
+    w_o = "[" + ", ".join(["[1, 0]"] * count) + "]"
+    return f"X: [[1, 2], [3, 1]]\nscale: none\nheads: [{', '.join([head] * count)}]\nW_O: {w_o}\n"
+
+
+def test_heads_have_a_budget_of_their_own():
+    """Each head has a fixed cost (its stages and steps) however small its scores: 4,097 heads of
+    two tokens are 16,388 scores, far within the score budget, and still refused."""
+    check_budget(symattn.load_problem(many_heads(HEADS)), "latex", False)
+    p = symattn.load_problem(many_heads(HEADS + 1))
+    with pytest.raises(SymattnError) as info:
+        check_budget(p, "latex", False, file="p.yaml")
+    assert f"the problem has {HEADS + 1:,} heads, each with stages of its own, more than the {HEADS:,}" in str(info.value)
+    with pytest.raises(SymattnError, match=f"more than the {HEADS // DEARER:,} the size budget allows with JSON"):
+        check_budget(symattn.load_problem(many_heads(HEADS // DEARER + 1)), "json", False)
+    check_budget(symattn.load_problem(many_heads(PDF_HEADS)), "pdf", False)
+    with pytest.raises(SymattnError, match=f"{PDF_HEADS + 1:,} heads, each with stages of its own and pages of a PDF, "
+                                           f"more than the {PDF_HEADS:,} the size budget allows"):
+        check_budget(symattn.load_problem(many_heads(PDF_HEADS + 1)), "pdf", False)
+    check_budget(symattn.load_problem(many_heads(HEADS // DEARER)), "html", False)
+    with pytest.raises(SymattnError, match="and sections of a web page, more than the 1,024"):
+        check_budget(symattn.load_problem(many_heads(HEADS // DEARER + 1)), "html", False)
+
+
+def test_a_checkpoints_layer_is_charged_for_its_heads_before_any_is_read():
+    assert layer_refusal(2, 2, HEADS) is None
+    why = layer_refusal(2, 2, HEADS + 1)
+    assert why.startswith(f"the layer's {HEADS + 1:,} heads are more than the {HEADS:,} the size budget allows")
+    assert layer_refusal(2, 2, HEADS + 1, max_size=2 * 1_000_000) is None
 
 
 @pytest.mark.parametrize("args", [["derive", "p.yaml", "-f", "json"], ["derive", "p.yaml", "--backward"],

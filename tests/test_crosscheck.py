@@ -278,3 +278,55 @@ def test_angles_float64_cannot_hold_excuse_no_difference_before_them():
     result = symattn.crosscheck(bad)
     assert result.passed is False and result.skipped is None
     assert {m.stage for m in result.mismatches} >= {"V"}
+
+
+# -- the gradients against central finite differences: each entry held to its own bound --------
+
+LARGE_VALUES = """Q: [[1, 0], [0, 1], [1, 1]]
+K: [[1, 0], [0, 1], [1, 1]]
+V: [[1000000000, 1000000000], [1000000000, 1000000000], [1000000001, 1000000000]]
+mask: causal
+backward:
+  loss: sum
+"""
+
+
+def test_a_large_loss_over_a_small_step_widens_the_bound_instead_of_failing():
+    """L = Σ O is about 6·10^9, so each loss carries a rounding of about 10^-6 and the step of
+    the scores' differences (10^-6) turns it into about 1: the differences of dS_masked are far
+    from the exact values (a fixed tolerance of 10^-6 called this a bug in symattn). The bound
+    from the step and the loss's rounding covers them, and the check passes."""
+    from symattn._crosscheck import FD_STEP
+    from symattn.numeric_backward import finite_difference_gradients
+
+    d = derive(LARGE_VALUES)
+    fd = finite_difference_gradients(d.problem, FD_STEP)
+    exact = d.approx("dS_masked")
+    assert abs(fd["dS_masked"] - exact).max() > 1e-3  # rounding, not the derivation, is off
+    check = symattn.crosscheck(d)
+    assert check.passed, check.all_mismatches[:3]
+    assert check.finite_differences.tolerance > 1e-3  # and the check says how loose it had to be
+
+
+def test_the_bound_stays_tight_and_catches_a_wrong_gradient(monkeypatch):
+    """On the worked example every bound is below 10^-6, so a gradient off by 10^-4 in one entry
+    is a mismatch naming that entry (counted from 1)."""
+    from symattn._crosscheck import _finite_differences
+    from symattn.derivation import Derivation
+
+    d = derive((ROOT / "worked_examples" / "backward_causal.yaml").read_text("utf-8"))
+    good = _finite_differences(d)
+    assert good.passed and 0 < good.tolerance < 1e-6
+    approx = Derivation.approx
+
+    def off(self, stage_id):
+        value = approx(self, stage_id)
+        if stage_id == "dQ":
+            value = value.copy()
+            value[1, 0] += 1e-4
+        return value
+
+    monkeypatch.setattr(Derivation, "approx", off)
+    bad = _finite_differences(d)
+    assert [(m.stage, m.row, m.col) for m in bad.mismatches] == [("dQ", 1, 0)]
+    assert str(bad.mismatches[0]).startswith("dQ[2,1]: exact value")

@@ -344,7 +344,12 @@ DERIVE = [
      {"m.safetensors": _llama_header(100_000, 10)}, "from.heads: the 100,000 heads of layer 0 hold 4,000,000 numbers"),
     ("from-100000-heads-of-4-tokens", {"p.yaml": from_problem("llama", "[[1], [2], [3], [4]]", "all", 100_000)},
      {"m.safetensors": _llama_header(100_000, 1)},
-     "from.heads: the 100,000 heads make 1,600,000 attention scores (4 query × 4 key tokens × 100,000 heads), more than "
+     "from.heads: the layer's 100,000 heads are more than the 4,096 the size budget allows for any output (each head "
+     "has stages of its own), which keeps a run to about a minute and 2 GiB; list fewer heads, or if you mean it, "
+     "raise the budget with --max-size 24415000"),
+    ("from-101-heads-of-100-tokens", {"p.yaml": from_problem("llama", "[" + ", ".join(["[1]"] * 100) + "]", "all", 101)},
+     {"m.safetensors": _llama_header(101, 1)},
+     "from.heads: the 101 heads make 1,010,000 attention scores (100 query × 100 key tokens × 101 heads), more than "
      "the 1,000,000 the size budget allows for any output"),
     ("st-shape-1e12-squared", {"p.yaml": st_problem("{file: m.safetensors, tensor: w}"),
                                "m.safetensors": safetensors({"w": ("F32", (10 ** 12, 10 ** 12), b"\0" * 8)})}, {},
@@ -400,6 +405,15 @@ DERIVE += [
      "p.yaml:4:11: kv_heads: '" + "7" * 37 + "...' has 5,000 digits"),
     ("decode-quoted-5000-digits", {"p.yaml": problem("1") + f'mask: causal\ndecode: "{MANY}"\n'}, {},
      "p.yaml:5:9: decode: decode must be a token number from 1 to 2, not '" + "7" * 37 + "...'"),
+    # a path, a layout word or a slice the checkpoint cannot take: quoted by an excerpt
+    ("file-path-100000-characters", {"p.yaml": st_problem("{file: " + "a" * 100_000 + ".npy}")}, {},
+     "p.yaml:2:13: W_Q: cannot read '" + "a" * 117 + "...' as a .npy file"),
+    ("from-layout-100000-characters", {"p.yaml": "X: [[1, 0], [0, 1]]\nfrom: {file: m.safetensors, layout: "
+                                                 + "b" * 100_000 + ", layer: 0, heads: [1]}\n", "m.safetensors": ST},
+     {}, "p.yaml:2:37: from.layout: unknown layout '" + "b" * 37 + "...'; the layouts are gpt2, llama, bert"),
+    ("st-slice-arabic-indic-digit", {"p.yaml": st_problem("{file: m.safetensors, tensor: c_attn, cols: '\u0663:4'}"),
+                                     "m.safetensors": ST}, {},
+     "cols: '\u0663:4' is not a slice like \"0:64\""),
     ("from-layer-5000-digits", {"p.yaml": "X: [[1, 0], [0, 1]]\nfrom: {file: m.safetensors, layout: gpt2, "
                                           f"layer: {MANY}, heads: [1]}}\n", "m.safetensors": ST}, {},
      "p.yaml:2:50: from.layer: layer is the number in the tensor names (h.0 is layer 0): a whole number ≥ 0, not '"

@@ -394,6 +394,7 @@ def check_sentence(check) -> str:
         else:
             sentence += (
                 f" The gradients agree with central finite differences of the NumPy forward pass: "
-                f"the largest difference is {fd.max_abs_error:.1e} (tolerance {fd.tolerance:.0e})."
+                f"the largest difference is {fd.max_abs_error:.1e}, each entry within its own bound from the "
+                f"step and the loss's rounding (the largest {fd.tolerance:.1e})."
             )
     return sentence
