@@ -305,3 +305,18 @@ def test_markdown_shows_html_entities_literally():
     # CommonMark reads a backslash-escaped '&' as itself, so no entity is formed
     assert re.search(r"(?<!\\)&", first) is None, first
     assert first == "# AT\\&amp;T \\&lt;b\\&gt;"
+
+
+def test_the_concat_formula_of_many_heads_fits_a_latex_matrix():
+    """amsmath's matrices hold MaxMatrixCols columns (64 here): the concat formula of 70 heads
+    names the first two, ⋯ and the last, in LaTeX, text and the size line."""
+    head = "{W_Q: [[1], [1]], W_K: [[1], [1]], W_V: [[1], [1]]}"
+    source = (f"X: [[1, 2], [3, 1]]\nscale: none\nheads: [{', '.join([head] * 70)}]\n"
+              f"W_O: [{', '.join(['[1, 0]'] * 70)}]\n")
+    d = symattn.derive(symattn.load_problem(source))
+    tex = symattn.render_latex(d)
+    formula = re.search(r"\\operatorname\{concat\} = \\begin\{bmatrix\}(.*?)\\end\{bmatrix\}", tex).group(1)
+    assert [part.strip() for part in formula.split("&")] == ["O^{(1)}", "O^{(2)}", "\\cdots", "O^{(70)}"]
+    text = symattn.render_text(d)
+    assert "concat = [head1.O | head2.O | … | head70.O]" in text
+    assert "2×(1 + 1 + … + 1) = 2×70" in text
