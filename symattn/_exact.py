@@ -15,7 +15,6 @@ expression tree.
 from __future__ import annotations
 
 import bisect
-
 import contextlib
 import functools
 import math
