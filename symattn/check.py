@@ -102,14 +102,14 @@ class ClassMarking:
         """Every set read and every stage of it right."""
         return all(f.marking is not None and f.marking.passed for f in self.files)
 
-    def _rows(self) -> list[tuple[str, Marking | None, str | None]]:
+    def _triples(self) -> list[tuple[str, Marking | None, str | None]]:
         return [(f.name, f.marking, f.error) for f in self.files]
 
     def __str__(self) -> str:
-        return check_reports.class_text(self._rows(), list(self.ids), list(self.summary))
+        return check_reports.class_text(self._triples(), list(self.ids), list(self.summary))
 
     def to_csv(self) -> str:
-        return check_reports.class_csv(self._rows(), list(self.ids))
+        return check_reports.class_csv(self._triples(), list(self.ids))
 
     def to_json(self) -> str:
         out = {"files": [{"file": f.name, **(f.marking.as_dict() if f.marking else {"error": f.error})} for f in self.files],
@@ -181,14 +181,15 @@ def _is_folder(path: str | os.PathLike) -> bool:
 
 def _precision(precision) -> None:
     if precision not in PRECISIONS:
-        raise SymattnError(f"precision {excerpt(repr(precision))} is not one of {', '.join(PRECISIONS)}")
+        shown = excerpt(precision if isinstance(precision, str) else repr(precision))
+        raise SymattnError(f"precision {shown} is not one of {', '.join(PRECISIONS)}")
 
 
 def _tolerance(value):
     """A tolerance as the marker compares with it (exactly, for a float as for a Fraction)."""
     if value is None:
         return None
-    wrong = f"a tolerance is a number, 0 or more, not {excerpt(repr(value))}"
+    wrong = f"a tolerance is a number, 0 or more, not {excerpt(value if isinstance(value, str) else repr(value))}"
     if isinstance(value, bool) or not isinstance(value, (numbers.Real, decimal.Decimal)):
         raise SymattnError(wrong, field="tolerance")
     if isinstance(value, numbers.Rational):

@@ -325,7 +325,8 @@ class _Values:
         if isinstance(value, numbers.Integral):
             return _digits(int(value))
         if isinstance(value, numbers.Rational):
-            return f"{_digits(int(value.numerator))}/{_digits(int(value.denominator))}"
+            top, bottom = _digits(int(value.numerator)), _digits(int(value.denominator))
+            return top if bottom == "1" else f"{top}/{bottom}"
         if isinstance(value, float):
             return repr(value)  # the shortest decimal that is this float: what was typed
         if isinstance(value, (numbers.Real, decimal.Decimal)):
