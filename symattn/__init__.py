@@ -11,6 +11,10 @@ from importlib import import_module as _import_module
 # The public names, imported on first use: `symattn --help` need not load SymPy.
 _EXPORTS = {
     "SymattnError": "._errors",
+    "ClassMarking": ".check",
+    "Marking": ".check",
+    "check": ".check",
+    "check_class": ".check",
     "CrossCheck": "._crosscheck",
     "crosscheck": "._crosscheck",
     "Derivation": ".derivation",
@@ -28,7 +32,9 @@ _EXPORTS = {
 
 def __getattr__(name: str):
     if name in _EXPORTS:
-        value = getattr(_import_module(_EXPORTS[name], __name__), name)
+        module = _import_module(_EXPORTS[name], __name__)
+        # a module named as its function is the module itself, callable: symattn.check (see symattn/check.py)
+        value = module if module.__name__ == f"{__name__}.{name}" else getattr(module, name)
         globals()[name] = value
         return value
     raise AttributeError(f"module 'symattn' has no attribute {name!r}")
@@ -41,11 +47,15 @@ def __dir__() -> list[str]:
 __version__ = "0.1.0"
 
 __all__ = [
+    "ClassMarking",
     "CrossCheck",
     "Derivation",
+    "Marking",
     "Problem",
     "Step",
     "SymattnError",
+    "check",
+    "check_class",
     "crosscheck",
     "derive",
     "load_problem",

@@ -10,7 +10,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 
-from .check import MAX_WRONG_SHOWN, Diagnosis, Marking, StageMark, WrongEntry, entry_name
+from .marker import MAX_WRONG_SHOWN, Diagnosis, Marking, StageMark, WrongEntry, entry_name
 
 _RULE_WORDS = {
     "exact": "exact",
@@ -156,3 +156,74 @@ def summary_text(summary: list[StageSummary]) -> str:
     lines = ["  ".join([r[0].ljust(widths[0])] + [v.rjust(w) for v, w in zip(r[1:4], widths[1:])] + [r[4]]).rstrip()
              for r in [head, *rows]]
     return "\n".join(lines) + "\n"
+
+
+def class_text(files: list[tuple[str, Marking | None, str | None]], ids: list[str], summary: list[StageSummary]) -> str:
+    """A line per answers file (``name``, its marking or the error that stopped it), the counts,
+    then the class stage by stage."""
+    def verdicts(m):
+        return {s.id: s.status for s in m.stages} if m is not None else {}
+
+    lines = []
+    for p, m, e in files:
+        if m is None:
+            lines.append(f"{p}: ERROR {e}")
+            continue
+        wrong = [s.id for s in m.stages if s.status == "wrong"]
+        follows = [s.id for s in m.stages if s.status == "follows"]
+        line = f"{p}: {'all right' if m.passed else 'wrong: ' + ', '.join(wrong) if wrong else 'right with follow-through'}"
+        if follows:
+            line += f" (follows: {', '.join(follows)})"
+        lines.append(line)
+    right = {i: sum(verdicts(m).get(i) == "right" for _, m, _ in files) for i in ids}
+    answered = {i: sum(i in verdicts(m) for _, m, _ in files) for i in ids}
+    lines.append(f"\n{sum(m is not None and m.passed for _, m, _ in files)} of {len(files)} files all right")
+    lines.append("right per stage: " + ", ".join(f"{i} {right[i]}/{answered[i]}" for i in ids))
+    return "\n".join(lines) + "\n" + "\nThe class, stage by stage:\n" + summary_text(summary)
+
+
+def class_csv(files: list[tuple[str, Marking | None, str | None]], ids: list[str]) -> str:
+    """A row per answers file: whether it passed, each stage's verdict, the error that stopped it."""
+    import csv
+    import io
+
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(["file", "passed", *ids, "error"])
+    for p, m, e in files:
+        v = {s.id: s.status for s in m.stages} if m is not None else {}
+        writer.writerow([str(p), "" if m is None else str(m.passed).lower(), *(v.get(i, "") for i in ids), e or ""])
+    return buf.getvalue()
+
+
+def report_html(m: Marking) -> str:
+    """A marking as a small HTML table (a notebook shows it): stage, verdict, details."""
+    from .render.html import escape
+
+    rows = []
+    for s in m.stages:
+        verdict = {"right": "✓ right", "follows": "✓ follows", "wrong": "✗ wrong"}[s.status]
+        details = [escape(d) for d in (s.note, s.status != "wrong" and rules_sentence(s)) if d]
+        for w in s.wrong[:MAX_WRONG_SHOWN]:
+            details.append(f"{escape(entry_name(s.id, w.row, w.col))}: you wrote {escape(w.given)}, "
+                           f"expected {escape(w.expected + _approx(w))}")
+        if s.wrong_count > MAX_WRONG_SHOWN:
+            details.append(f"… and {s.wrong_count - MAX_WRONG_SHOWN} more")
+        if s.diagnosis:
+            details.append(f"likely cause: {escape(s.diagnosis.text)}")
+        rows.append(f"<tr><td>{escape(s.id)}</td><td>{verdict}</td><td>{'<br>'.join(details)}</td></tr>")
+    return _table(("stage", "verdict", "details"), rows)
+
+
+def summary_html(summary: list[StageSummary]) -> str:
+    """The class summary as a small HTML table."""
+    from .render.html import escape
+
+    rows = [f"<tr><td>{escape(s.id)}</td><td>{s.right}</td><td>{s.follows}</td><td>{s.wrong}</td>"
+            f"<td>{escape(f'{s.diagnosis} ({s.diagnosis_count})') if s.diagnosis else ''}</td></tr>" for s in summary]
+    return _table(("stage", "right", "follows", "wrong", "most common diagnosis"), rows)
+
+
+def _table(head: tuple[str, ...], rows: list[str]) -> str:
+    return ("<table><thead><tr>" + "".join(f"<th>{h}</th>" for h in head) + "</tr></thead><tbody>"
+            + "".join(rows) + "</tbody></table>")

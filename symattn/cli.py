@@ -359,91 +359,32 @@ csv gives a spreadsheet, --format json everything.
               help="The size budget: the most numbers the problem may hold (the budget for its scores grows with it).")
 def check(problem: Path, answers: tuple[Path, ...], fmt: str, tolerance: float | None, precision: str,
           backward: bool, tiled: int | None, max_size: int) -> None:
-    import json as _json
-
     with _Importing():
+        from . import check as _check
+        from . import check_class, load_problem
         from . import derive as _derive
-        from . import load_problem
+        from ._budget import check_budget
         from ._errors import SymattnError
-        from .check import load_answers, mark
-        from .check_reports import report_latex, report_markdown, report_text
 
     try:
-        from ._budget import check_budget
-
         p = load_problem(problem, max_size=max_size)
         if tiled is not None:
             p = with_tiling(p, tiled)
         p = with_backward(p) if backward else p
         check_budget(p, "text", p.backward is not None, max_size, file=str(problem))
         d = _derive(p)
+        if len(answers) == 1 and fmt != "csv":
+            marking = _check(d, answers[0], precision=precision, tolerance=tolerance)
+        else:
+            marked = check_class(d, [(str(path), path) for path in answers], precision=precision, tolerance=tolerance)
     except SymattnError as exc:
         raise click.ClickException(str(exc)) from None
-    results = []
-    for path in answers:
-        if path.is_dir():
-            results.append((path, None, f"{path}: is a folder, not an answers file"))
-            continue
-        try:
-            results.append((path, mark(d, load_answers(path, d), tolerance, str(path), precision), None))
-        except SymattnError as exc:
-            results.append((path, None, str(exc)))
     if len(answers) == 1 and fmt != "csv":
-        path, marking, error = results[0]
-        if error:
-            raise click.ClickException(error)
-        if fmt == "json":
-            _echo(_json.dumps(marking.as_dict(), indent=2, ensure_ascii=False))
-        else:
-            _echo({"text": report_text, "markdown": report_markdown, "latex": report_latex}[fmt](marking), nl=False)
+        _echo({"text": marking.__str__, "markdown": marking.to_markdown, "latex": marking.to_latex,
+               "json": marking.to_json}[fmt](), nl=False)
         click.get_current_context().exit(0 if marking.passed else 1)
-    _batch(results, fmt, d)
-    click.get_current_context().exit(0 if all(m is not None and m.passed for _, m, _ in results) else 1)
-
-
-def _batch(results, fmt: str, derivation) -> None:
-    """One line per answers file, then a summary; failures to read a file are reported and the rest still marked."""
-    import csv
-    import io
-    import json as _json
-
-    from .check_reports import class_summary, summary_text
-
-    def verdicts(m):
-        return {s.id: s.status for s in m.stages} if m is not None else {}
-
-    seen = {stage_id for _, m, _ in results for stage_id in verdicts(m)}
-    ids = [step.id for step in derivation.steps if step.id in seen]  # in the formula's order
-    summary = class_summary([m for _, m, _ in results if m is not None], ids)
-    if fmt == "json":
-        out = {"files": [{"file": str(p), **(m.as_dict() if m else {"error": e})} for p, m, e in results],
-               "summary": [s.as_dict() for s in summary]}
-        _echo(_json.dumps(out, indent=2, ensure_ascii=False))
-        return
-    if fmt == "csv":
-        buf = io.StringIO()
-        writer = csv.writer(buf, lineterminator="\n")
-        writer.writerow(["file", "passed", *ids, "error"])
-        for p, m, e in results:
-            v = verdicts(m)
-            writer.writerow([str(p), "" if m is None else str(m.passed).lower(), *(v.get(i, "") for i in ids), e or ""])
-        _echo(buf.getvalue(), nl=False)
-        return
-    for p, m, e in results:
-        if m is None:
-            _echo(f"{p}: ERROR {e}")
-            continue
-        wrong = [s.id for s in m.stages if s.status == "wrong"]
-        follows = [s.id for s in m.stages if s.status == "follows"]
-        line = f"{p}: {'all right' if m.passed else 'wrong: ' + ', '.join(wrong) if wrong else 'right with follow-through'}"
-        if follows:
-            line += f" (follows: {', '.join(follows)})"
-        _echo(line)
-    right = {i: sum(verdicts(m).get(i) == "right" for _, m, _ in results) for i in ids}
-    answered = {i: sum(i in verdicts(m) for _, m, _ in results) for i in ids}
-    _echo(f"\n{sum(m is not None and m.passed for _, m, _ in results)} of {len(results)} files all right")
-    _echo("right per stage: " + ", ".join(f"{i} {right[i]}/{answered[i]}" for i in ids))
-    _echo("\nThe class, stage by stage:\n" + summary_text(summary), nl=False)
+    _echo({"json": marked.to_json, "csv": marked.to_csv}.get(fmt, marked.__str__)(), nl=False)
+    click.get_current_context().exit(0 if marked.passed else 1)
 
 
 def _range(ctx, param, value: str | None) -> tuple[int, int] | None:
