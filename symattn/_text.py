@@ -94,3 +94,15 @@ def quote_path(path) -> str:
     """A path the problem names, quoted for a message: whole up to 120 characters (a real path
     fits), else cut like :func:`excerpt`."""
     return excerpt(str(path), 120)
+
+
+def shown(value) -> str:
+    """A Python value a library call was given, for a message: text by :func:`excerpt`, anything
+    else by a bounded ``repr`` (``reprlib``), never in full.
+
+    >>> shown("2"), shown(2.0), shown(list(range(100)))
+    ("'2'", '2.0', '[0, 1, 2, 3, 4, 5, ...]')
+    """
+    import reprlib
+
+    return excerpt(value) if isinstance(value, str) else excerpt(reprlib.repr(value))[1:-1]

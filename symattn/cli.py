@@ -253,6 +253,7 @@ def _derive_text(problem: Path | None, kind: str, standalone: bool, digits: int 
         from ._crosscheck import crosscheck as _cc
         from . import derive as _derive
         from . import load_problem
+        from .passes import with_backward, with_decode, with_tiling
         from .render import render
         from ._errors import SymattnError
 
@@ -277,8 +278,6 @@ def _derive_text(problem: Path | None, kind: str, standalone: bool, digits: int 
     if tiled is not None:
         p = with_tiling(p, tiled)
     if decode is not None:
-        from .problem import with_decode
-
         p = with_decode(p, decode)
     if problem is not None:
         from ._budget import check_budget
@@ -365,6 +364,7 @@ def check(problem: Path, answers: tuple[Path, ...], fmt: str, tolerance: float |
         from . import derive as _derive
         from ._budget import check_budget
         from ._errors import SymattnError
+        from .passes import with_backward, with_tiling
 
     try:
         p = load_problem(problem, max_size=max_size)
@@ -451,171 +451,60 @@ def generate(tokens, d_model, d_k, d_v, mask, heads, cross, no_scale, level, ran
       symattn generate --count 30 --out-dir variants/ --sheets html
       symattn generate --from problem.yaml --vary weights --seed 3
     """
-    from . import _errors
-
-    try:
-        _generate(locals())
-    except _errors.SymattnError as exc:
-        raise click.ClickException(str(exc)) from None
-
-
-def _generate(o: dict) -> None:
     import shlex
 
-    with _Importing():
-        from . import derive, load_problem
-        from ._crosscheck import crosscheck
-        from ._errors import SymattnError
-        from .generate import Spec, generate as draw_problem, from_problem, to_yaml
-        from .problem import parse_problem
-
-    base = None
-    _check_outputs(o["output"])
-    if o["output"] is not None and o["base"] is not None and _same_file(o["output"], o["base"]):
-        raise click.ClickException(f"{o['output']} is the --from problem itself; choose another output path")
-    if o["base"] is not None:
-        with _inputs() as read:
-            loaded = load_problem(o["base"])
-        _refuse_input(o["output"], read, "one of the --from problem's input files")
-        if o["out_dir"] is not None and o["count"] is not None:
-            for name in [f"variant-{k:02d}.yaml" for k in range(1, o["count"] + 1)] + ["index.csv"]:
-                _refuse_input(o["out_dir"] / name, read, "one of the --from problem's input files", o["base"],
-                              "the --from problem itself")
-        spec, base = from_problem(loaded)
-        # new numbers come from the range of the part that varies (and the level's)
-        if o["vary"] == "weights":
-            entries = [w for h in base.heads for w in h] + ([base.W_O] if base.W_O is not None else [])
-        else:
-            entries = [base.X] + ([base.context] if base.context is not None else [])
-        lo, hi = o["range_"] or {"easy": (0, 1), "medium": (-1, 1), "hard": (-2, 2)}[o["level"]]
-        lo, hi = min([lo] + [int(e.min()) for e in entries]), max([hi] + [int(e.max()) for e in entries])
-        levels = {"easy": (4, 8), "medium": (6, 16), "hard": (12, 48)}
-        bounds = tuple(max(a, b) for a, b in zip(spec.bounds, levels[o["level"]]))
-        spec = Spec(**{**spec.__dict__, "level": o["level"], "range": (lo, hi), "vary": o["vary"], "bounds": bounds})
-    else:
-        spec = Spec(
-            tokens=o["tokens"], d_model=o["d_model"], d_k=o["d_k"], d_v=o["d_v"], mask=o["mask"], heads=o["heads"],
-            cross=o["cross"], scale=not o["no_scale"], level=o["level"], range=o["range_"],
-            words=tuple(o["words"].split()) if o["words"] else None,
-        )
-    argv = click.get_current_context().meta.get("symattn.argv", [])
-    command = " ".join(["symattn generate", *(shlex.quote(a) for a in argv)])
-    count = o["count"]
-    if count is None:
-        if o["sheets"] or o["out_dir"] or o["force"]:
-            raise click.UsageError("--out-dir, --sheets and --force go with --count")
-        drawn = draw_problem(spec, o["seed"], base)
-        text = to_yaml(spec, drawn, command, f"Attention exercise (seed {o['seed']})")
-        _verify(parse_problem(text, "<generated>"), derive, crosscheck)
-        if o["output"] is None:
-            _echo(text, nl=False)
-        else:
-            _write_atomic(o["output"], text.encode("utf-8"))
-        return
-    if o["out_dir"] is None:
-        raise click.UsageError("--count needs --out-dir")
-    if o["output"] is not None:
-        raise click.UsageError("with --count the files go into --out-dir, not -o")
-    folder = o["out_dir"]
-    names = [f"variant-{k:02d}.yaml" for k in range(1, count + 1)] + ["index.csv"]
-    if o["sheets"]:
-        suffix = _sheet_suffix(o["sheets"])
-        names += [f"variant-{k:02d}-{part}{suffix}" for k in range(1, count + 1) for part in ("exercise", "solution")]
-    if o["base"] is not None:
-        for name in names:
-            if _same_file(folder / name, o["base"]):
-                raise click.ClickException(f"{folder / name} is the --from problem itself; choose another --out-dir")
-    from ._output import Batch
-
-    with Batch(folder, names, o["force"]) as batch:
-        seen: set = set()
-        index = ["variant,seed,file"]
-        spare = o["seed"] + count  # seeds after the batch's own, for variants that come out alike
-        for k in range(1, count + 1):
-            # Each variant is exactly what its seed gives alone, so index.csv reproduces it; one equal
-            # to an earlier variant takes the next spare seed instead.
-            seed = o["seed"] + k - 1
-            drawn = draw_problem(spec, seed, base)
-            tries = 0
-            while drawn.key() in seen:
-                tries += 1
-                if tries > 1000:
-                    raise SymattnError(f"only {k - 1} different problems were found for these options; "
-                                       "ask for fewer (nothing was written)")
-                seed, spare = spare, spare + 1
-                drawn = draw_problem(spec, seed, base)
-            seen.add(drawn.key())
-            name = f"variant-{k:02d}"
-            text = to_yaml(spec, drawn, f"{command}  (variant {k} of {count}, seed {seed})",
-                           f"Attention exercise, variant {k}")
-            problem = parse_problem(text, f"{name}.yaml")
-            d = _verify(problem, derive, crosscheck)
-            batch.write(f"{name}.yaml", text.encode("utf-8"))
-            if o["sheets"]:
-                _sheets(d, name, batch, o["sheets"])
-            index.append(f"{k},{seed},{name}.yaml")
-        batch.write("index.csv", ("\n".join(index) + "\n").encode("utf-8"))
-    click.echo(f"wrote {count} variants to {folder}" + (" with their exercise and solution sheets" if o["sheets"] else ""), err=True)
-
-
-def _verify(problem, derive, crosscheck):
-    """A generated problem must derive and pass the cross-check before it is written."""
-    d = derive(problem)
-    result = crosscheck(d)
-    if not result.passed:  # a bug in the generator or the derivation, never the user's doing
-        raise RuntimeError(f"a generated problem failed the cross-check: {result.all_mismatches[0]}")
-    return d
-
-
-def _sheet_suffix(kind: str = "pdf") -> str:
-    """Sheets are web pages with --sheets html; else PDFs when pdflatex is installed, or their LaTeX."""
-    import shutil as _shutil
-
-    if kind == "html":
-        return ".html"
-    return ".pdf" if _shutil.which("pdflatex") else ".tex"
-
-
-def _sheets(d, name: str, batch, kind: str = "pdf") -> None:
-    from .render import render_html, render_latex
-
-    if kind == "html":
-        for part, exercise in (("exercise", True), ("solution", False)):
-            batch.write(f"{name}-{part}.html", render_html(d, exercise=exercise).encode("utf-8"))
-        return
-    exercise = render_latex(d, exercise=True)
-    solution = render_latex(d)
-    for part, source in (("exercise", exercise), ("solution", solution)):
-        file = f"{name}-{part}{_sheet_suffix()}"
-        if file.endswith(".pdf"):
-            from .pdf import latex_to_pdf
-
-            batch.write(file, latex_to_pdf(source))
-        else:
-            batch.write(file, source.encode("utf-8"))
-
-
-def with_backward(p):
-    """``p`` with a backward pass: its own ``backward:`` section, else the loss L = Σ O."""
-    import dataclasses
-
-    from .problem import SUM_LOSS
-
-    return p if p.backward is not None else dataclasses.replace(p, backward=SUM_LOSS)
-
-
-def with_tiling(p, block: int):
-    """``p`` with the online softmax over blocks of ``block`` keys (the file's ``tiling: rows`` kept)."""
-    import dataclasses
-
     from ._errors import SymattnError
-    from .problem import Tiling
 
-    if p.symbols:
-        raise SymattnError("the tiled softmax needs numbers: the running maximum of scores with symbols cannot be "
-                           "decided; remove symbols or --tiled", file=p.source, field="--tiled")
-    rows = p.tiling.rows if p.tiling is not None else None
-    return dataclasses.replace(p, tiling=Tiling(block, rows))
+    try:
+        with _Importing():
+            from .exercise_batch import check_folder, exercise_files, generate as make, write_exercises
+            from .problem import load_problem
+        _check_outputs(output)
+        if output is not None and base is not None and _same_file(output, base):
+            raise click.ClickException(f"{output} is the --from problem itself; choose another output path")
+        loaded = None
+        if base is not None:
+            with _inputs() as read:
+                loaded = load_problem(base)
+            _refuse_input(output, read, "one of the --from problem's input files")
+            for name in exercise_files(count)[:count + 1] if out_dir is not None and count is not None else ():
+                _refuse_input(out_dir / name, read, "one of the --from problem's input files", base,
+                              "the --from problem itself")
+        if count is None and (sheets or out_dir or force):
+            raise click.UsageError("--out-dir, --sheets and --force go with --count")
+        if count is not None and out_dir is None:
+            raise click.UsageError("--count needs --out-dir")
+        if count is not None and output is not None:
+            raise click.UsageError("with --count the files go into --out-dir, not -o")
+        for name in exercise_files(count, sheets) if count is not None and base is not None else ():
+            if _same_file(out_dir / name, base):
+                raise click.ClickException(f"{out_dir / name} is the --from problem itself; choose another --out-dir")
+        if count is not None:
+            check_folder(out_dir, count, sheets, force)  # files already there: refused before any work
+        argv = click.get_current_context().meta.get("symattn.argv", [])
+        shape = {} if base is not None else dict(tokens=tokens, d_model=d_model, d_k=d_k, d_v=d_v, mask=mask,
+                                                 heads=heads, cross=cross, scale=not no_scale, words=words)
+        problems = make(count or 1, seed=seed, level=level, range=range_, base=loaded, vary=vary,
+                        numbered=count is not None,
+                        command=" ".join(["symattn generate", *(shlex.quote(a) for a in argv)]), **shape)
+        if count is None:
+            text = problems[0].to_yaml()
+            _echo(text, nl=False) if output is None else _write_atomic(output, text.encode("utf-8"))
+            return
+        write_exercises(problems, out_dir, sheets=sheets, force=force)
+    except SymattnError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"wrote {count} variants to {out_dir}" + (" with their exercise and solution sheets" if sheets else ""),
+               err=True)
+
+
+def __getattr__(name: str):
+    """``with_backward`` and ``with_tiling``, now in :mod:`symattn.passes`, for code that takes them from here."""
+    if name in ("with_backward", "with_tiling"):
+        from . import passes
+
+        return getattr(passes, name)
+    raise AttributeError(f"module 'symattn.cli' has no attribute {name!r}")
 
 
 def _builtin(source: str):

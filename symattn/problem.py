@@ -1641,6 +1641,9 @@ def decode_problem(t: int, n: int, mask: Mask, cross: bool, bias: bool) -> str |
 
 def with_decode(problem: Problem, t: int) -> Problem:
     """``problem`` decoding token ``t`` (``--decode t``), checked as the ``decode`` field is."""
+    if isinstance(t, bool) or not isinstance(t, int):
+        raise SymattnError(f"the token to decode is a whole number from 1, not {excerpt(repr(t))}",
+                           file=problem.source, field="--decode")
     wrong = decode_problem(t, problem.n_q, problem.mask, problem.context is not None, problem.bias is not None)
     if wrong:
         raise SymattnError(wrong, file=problem.source, field="--decode")

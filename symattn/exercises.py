@@ -1,28 +1,14 @@
-"""Fresh exercises with hand-friendly numbers, reproducible from a seed.
+"""Fresh exercises with hand-friendly numbers, reproducible from a seed: the specification
+(:class:`Spec`), the drawing, the guarantees of each level (:func:`niceness`, documented with
+:func:`symattn.generate`) and the problem file text (:func:`to_yaml`).
 
-Every generated problem meets the guarantees of its level, checked by
-:func:`niceness` before anything is written:
-
-========  ==========================================================================
-level     guarantees
-========  ==========================================================================
-all       entries of X, context and the weights are integers in the range; Q, K, V
-          and the scores are integers with |Q|, |K|, |V| ≤ PROJ and |S| ≤ SCORE of
-          the level; no row is fully masked; in each head some softmax row that
-          has a choice is not uniform; no two variants of a batch are equal
-easy      scaled scores are integers; every softmax row has at most two distinct
-          exponents (so each weight is 1/k or e^(−x)/(a + b·e^(−x)))
-medium    scaled scores are integers, halves or thirds
-hard      scaled scores exact (a d_k that is not a perfect square gives √ terms)
-========  ==========================================================================
-
-The default ranges are 0..1 (easy), -1..1 (medium) and -2..2 (hard); the
-bounds PROJ and SCORE are 4 and 8 (easy), 6 and 16 (medium), 12 and 48 (hard).
+:mod:`symattn.exercise_batch` builds on these: distinct variants of a batch and their folder.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, replace
 from fractions import Fraction
 
@@ -39,6 +25,7 @@ LEVELS = {
     "hard": ((-2, 2), 12, 48, None),
 }
 MAX_TRIES = 200_000
+_LINE_BREAK = re.compile("\r\n|[\r\n\x85\u2028\u2029]")  # what YAML reads as the end of a line
 DEFAULT_WORDS = ("the", "cat", "sat", "on", "a", "warm", "mat", "today", "and", "then", "slept", "well")
 
 
@@ -245,7 +232,8 @@ def to_yaml(spec: Spec, drawn: Drawn, command: str, title: str) -> str:
 
     words = spec.words or DEFAULT_WORDS
     tokens = [words[i] if i < len(words) else f"t{i + 1}" for i in range(spec.tokens)]
-    out = [f"# Made by: {command}", f"# Level {spec.level}: see `symattn generate --help` for its guarantees.", f"title: {_quote(title)}"]
+    made_by = "\n#   ".join(_LINE_BREAK.split(command))  # a line break in an argument stays in the comment
+    out = [f"# Made by: {made_by}", f"# Level {spec.level}: see `symattn generate --help` for its guarantees.", f"title: {_quote(title)}"]
     out.append("tokens: [" + ", ".join(_quote(t) for t in tokens) + "]")
     out.append("X:\n" + matrix(drawn.X))
     if drawn.context is not None:
