@@ -411,6 +411,10 @@ class _RecordingCommand(click.Command):
         return super().parse_args(ctx, args)
 
 
+# what --from takes from its problem instead (so giving one of them with --from is refused)
+_SHAPE_OPTIONS = ("tokens", "d_model", "d_k", "d_v", "mask", "heads", "cross", "no_scale", "words")
+
+
 @cli.command(cls=_RecordingCommand)
 @click.option("--tokens", type=_Whole(), default=4, show_default=True, help="Number of query tokens n.")
 @click.option("--d-model", type=_Whole(), default=4, show_default=True)
@@ -470,6 +474,13 @@ def generate(tokens, d_model, d_k, d_v, mask, heads, cross, no_scale, level, ran
             for name in exercise_files(count)[:count + 1] if out_dir is not None and count is not None else ():
                 _refuse_input(out_dir / name, read, "one of the --from problem's input files", base,
                               "the --from problem itself")
+        if base is not None:  # the structure comes from the problem: a shape option would be ignored, so refuse it
+            ctx = click.get_current_context()
+            given = [f"--{name.replace('_', '-')}" for name in _SHAPE_OPTIONS
+                     if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE]
+            if given:
+                raise click.UsageError(f"{', '.join(given)} cannot go with --from: the problem's own shape, mask, heads "
+                                       "and words are kept (--vary, --level, --range and --seed choose the new numbers)")
         if count is None and (sheets or out_dir or force):
             raise click.UsageError("--out-dir, --sheets and --force go with --count")
         if count is not None and out_dir is None:

@@ -620,6 +620,19 @@ def test_from_vary_weights_keeps_inputs_tokens_and_mask(tmp_path: Path, seed: in
     assert symattn.crosscheck(d).passed
 
 
+@pytest.mark.parametrize("flags", [["--tokens", "3"], ["--mask", "none"], ["--no-scale"], ["--d-k", "2", "--heads", "2"],
+                                   ["--words", "a b c d"], ["--tokens", "4"]])
+def test_from_refuses_the_shape_options_it_would_ignore(tmp_path: Path, flags: list) -> None:
+    """--from keeps the problem's shape, mask, heads and words: a shape option beside it would be
+    silently ignored (even one equal to the default, --tokens 4), so it is a usage error naming it."""
+    out = tmp_path / "v.yaml"
+    result = invoke(["generate", "--from", str(CAUSAL_4), "--seed", "1", *flags, "-o", str(out)])
+    assert result.exit_code == 2, result.output
+    named = [f for f in flags if f.startswith("--")]
+    assert f"{', '.join(named)} cannot go with --from" in result.output
+    assert not out.exists()
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_from_vary_inputs_keeps_weights(tmp_path: Path, seed: int) -> None:
     base = yaml.safe_load(CAUSAL_4.read_text("utf-8"))
