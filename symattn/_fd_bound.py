@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import stages as st
+
 FLOAT64_UNIT_ROUNDOFF = 2.0 ** -53
 EXP_ULPS = 4  # exp's error in units in the last place: libm gives 1, NumPy's SIMD loops a few
 
@@ -50,7 +52,7 @@ def _magnitude(kind: str, value: np.ndarray) -> np.ndarray:
     its finite entries: Ŝ = scale·S + M rounds by |Ŝ|, z = Ŝ − m by |z|, and exp(z) with
     EXP_ULPS ulps is exp(z + δ) with |δ| ≤ EXP_ULPS·u. Masked entries count 0."""
     value = np.asarray(value, dtype=float)
-    if kind != "S_masked":
+    if kind != st.S_MASKED:
         return np.abs(value)
     finite = np.isfinite(value)
     top = np.where(finite, value, -np.inf).max(axis=1, keepdims=True)
@@ -63,15 +65,15 @@ def _roundings(kind: str, value: np.ndarray, final: bool) -> int:
     inner products are put on one operand each (W in X·W, Q in Q·Kᵀ, A in A·V, W_O in
     concat·W_O), as backward stability allows (Higham, ch. 3)."""
     rows, cols = np.shape(value)
-    if kind in ("W_Q", "W_K", "W_V", "W_O"):
+    if kind in (st.W_Q, st.W_K, st.W_V, st.W_O):
         return rows                     # an inner product of that many terms
-    if kind == "Q":
+    if kind == st.Q:
         return cols + 1                 # S = Q·Kᵀ, d_k terms; the bias b_Q added
-    if kind in ("K", "V", "S", "S_masked", "X", "X_pos"):
+    if kind in (st.K, st.V, st.S, st.S_MASKED, st.X, st.X_POS):
         return 1                        # a bias added, the scale, M added (and z, exp: _magnitude), PE added
-    if kind == "A":
+    if kind == st.A:
         return 2 * cols + 1             # the softmax's sum and division, then A·V
-    if kind == "O" and final:
+    if kind == st.O and final:
         return rows * cols + 2          # b_O added, and the loss: its n terms summed, each formed
     return 0                            # a copy (a head's O in concat), a bias (counted where added)
 
@@ -96,16 +98,16 @@ def attention_loss_rounding(stages: dict, gradients: dict, unit_roundoff: float 
         assert name.startswith("d"), gid
         kind = name[1:]
         of = (pre + "." if pre else "") + kind
-        if kind == "X" and "X_pos" in stages:  # X_pos = X + PE feeds the projections
-            of = "X_pos"
+        if kind == st.X and st.X_POS in stages:  # X_pos = X + PE feeds the projections
+            of = st.X_POS
         value = np.asarray(stages[of], dtype=float)
-        if of == "O" and target is not None:  # ½‖O − T‖²: O − T rounds by |O − T| ≤ |O| + |T|
+        if of == st.O and target is not None:  # ½‖O − T‖²: O − T rounds by |O − T| ≤ |O| + |T|
             magnitude = np.abs(value) + np.abs(np.asarray(target, dtype=float))
         else:
             magnitude = _magnitude(kind, value)
         g = np.asarray(g, dtype=float)
         assert g.shape == magnitude.shape, (gid, g.shape, magnitude.shape)
-        total += _gamma(_roundings(kind, value, final=of == "O"), unit_roundoff) * float(np.sum(np.abs(g) * magnitude))
+        total += _gamma(_roundings(kind, value, final=of == st.O), unit_roundoff) * float(np.sum(np.abs(g) * magnitude))
     return total
 
 

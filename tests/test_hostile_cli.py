@@ -801,6 +801,60 @@ def test_sigterm_stops_a_long_derivation_at_once(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["p.yaml"]
 
 
+_SWALLOWS_ONCE = """
+import sys, time
+from symattn import cli
+
+def spin(cpu_s):
+    end = time.process_time() + cpu_s
+    while time.process_time() < end:
+        pass
+
+def swallowing(args):
+    try:
+        spin(30)  # the signal lands here: its exception is lost, as a library's bare except or a finaliser loses it
+    except BaseException:
+        pass
+    spin(30)
+    return 0
+
+cli._main = swallowing
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads the child's CPU time from /proc")
+def test_sigterm_is_raised_again_when_its_exception_is_lost(tmp_path):
+    """The first SIGTERM's exception is swallowed; a timer of CPU time raises it again within
+    0.1 CPU seconds, so the run still stops at once with its one line (it ran 30 seconds more)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from _child import ROOT as CHECKOUT
+
+    env = dict(os.environ, PYTHONPATH=str(CHECKOUT))
+    proc = subprocess.Popen([sys.executable, "-c", _SWALLOWS_ONCE], cwd=tmp_path, env=env, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    sent = None
+    while True:
+        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+        if pid:
+            break
+        if sent is None and _cpu_s(proc.pid) >= 1.0:
+            sent = _cpu_s(proc.pid)
+            proc.send_signal(signal.SIGTERM)
+        time.sleep(0.01)
+    err = proc.stderr.read().decode("utf-8", "replace")
+    proc.stderr.close()
+    assert sent is not None
+    after = usage.ru_utime + usage.ru_stime - sent
+    assert after < AFTER_SIGTERM_CPU_S, f"{after:.2f} CPU seconds after SIGTERM"
+    assert os.waitstatus_to_exitcode(status) == 1
+    assert err == "Error: stopped by SIGTERM; no output file was left half-written\n", err
+
+
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads the child's CPU time from /proc")
 def test_sigterm_is_not_held_up_by_a_long_number(tmp_path):
     """A million-digit tiling.block was converted in one C call of 30 CPU seconds that no signal
