@@ -59,6 +59,12 @@ def _symbolic(p: Problem) -> bool:
     return any(not getattr(s, "is_Rational", False) for s in scales)
 
 
+def _needed(charges) -> int:
+    """The --max-size that admits every ``(used, budget)`` of ``charges``: each budget grows with
+    it in proportion, rounded up to a thousand."""
+    return max(math.ceil(MAX_SIZE * used / budget / 1000) * 1000 for used, budget in charges)
+
+
 def _transcendental_rope(p: Problem) -> bool:
     """Whether the problem's RoPE angles have cosines SymPy cannot evaluate (a base gives θ_1 = 1)."""
     import sympy
@@ -103,7 +109,7 @@ def check_budget(p: Problem, kind: str, backward: bool, max_size: int = MAX_SIZE
         allowed = PDF_HEADS if kind == "pdf" else HEADS // DEARER if kind == "html" else HEADS
         checks.append((len(p.heads), allowed, f"{len(p.heads):,} heads, each with stages of its own{pages}", False))
     # the --max-size to suggest admits the problem under every budget, not only the first one it exceeds
-    needed = max(math.ceil(MAX_SIZE * used / (budget // divisor) / 1000) * 1000 for used, budget, _, _ in checks)
+    needed = _needed((used, budget // divisor) for used, budget, _, _ in checks)
     for used, budget, what, in_sympy in checks:
         budget //= divisor
         limit = budget * max_size // MAX_SIZE
@@ -128,7 +134,7 @@ def layer_refusal(n_q: int, n_k: int, heads: int, max_size: int = MAX_SIZE) -> s
     limit = SCORE_CELLS * max_size // MAX_SIZE
     head_limit = HEADS * max_size // MAX_SIZE
     # the --max-size to suggest admits the layer under both budgets
-    needed = max(math.ceil(MAX_SIZE * used / budget / 1000) * 1000 for used, budget in ((cells, SCORE_CELLS), (heads, HEADS)))
+    needed = _needed(((cells, SCORE_CELLS), (heads, HEADS)))
     if heads > head_limit:
         return (f"the layer's {heads:,} heads are more than the {head_limit:,} the size budget allows for any output "
                 f"(each head has stages of its own), which keeps a run to about a minute and 2 GiB; list fewer heads, "

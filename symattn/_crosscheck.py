@@ -354,9 +354,8 @@ def _finite_differences(derivation: Derivation) -> CrossCheck:
     rounding to float64. The check's ``tolerance`` is the largest of those bounds."""
     from ._fd_bound import FLOAT64_UNIT_ROUNDOFF, finite_differences_with_bounds
 
-    ids = derivation.ids
-    exact = {i: derivation.approx(i) for i in ids}
-    gradients = {i: exact[i] for i in ids if i.rpartition(".")[2].startswith("d")}
+    exact = {i: derivation.approx(i) for i in derivation.ids}
+    gradients = {s.id: exact[s.id] for s in derivation.steps if s.kind_of is not None and s.kind_of.gradient}
     stages = {i: v for i, v in exact.items() if i not in gradients}
     fd, bounds = finite_differences_with_bounds(derivation.problem, FD_STEP, gradients, stages)
     for stage in bounds:

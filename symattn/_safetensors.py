@@ -31,6 +31,7 @@ import struct
 from typing import NamedTuple
 
 from ._files import file_error
+from ._text import excerpt
 
 # ASCII digits only: \d would take ٣ (Arabic-Indic three) as 3
 _SLICE = re.compile(r"\s*([+-]?[0-9]+)?\s*(?::\s*([+-]?[0-9]+)?\s*(?::\s*([+-]?[0-9]+)?\s*)?)?\Z")
@@ -60,7 +61,7 @@ class CheckpointError(Exception):
 
 def quote(name: str) -> str:
     """``name`` quoted for a message, cut to its first characters when it is long."""
-    return repr(name) if len(name) <= _NAME else repr(name[:_NAME - 3] + "...")
+    return excerpt(name, _NAME)
 
 
 def parse_slice(text: str, n: int, what: str) -> range:
