@@ -5,7 +5,7 @@ Run: python benchmarks/stress_limits.py            (every row, a few minutes)
 Options: --timeout S (per row, default 300), --keep DIR (keep the problem files).
 
 Not a timed test: it prints one line per row (the command, seconds, peak MiB
-of the child process, exit code) so the defaults of symattn._budget can be
+of the child process, exit code) so the defaults of symattn.problem.budget can be
 judged against their aim, every accepted problem in about a minute and 2 GiB
 on a 2-core machine. Each row is the largest problem of its kind that the
 default --max-size still accepts, and the row after it (one token more)
@@ -25,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from symattn._budget import (DEARER, HEADS, PDF_HEADS, ROPE_WORK, SCORE_CELLS, SCORE_CELLS_IRRATIONAL,  # noqa: E402
+from symattn.problem.budget import (DEARER, HEADS, PDF_HEADS, ROPE_WORK, SCORE_CELLS, SCORE_CELLS_IRRATIONAL,  # noqa: E402
                              SCORE_WORK_IRRATIONAL)
 
 

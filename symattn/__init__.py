@@ -10,22 +10,22 @@ from importlib import import_module as _import_module
 
 # The public names, imported on first use: `symattn --help` need not load SymPy.
 _EXPORTS = {
-    "SymattnError": "._errors",
+    "SymattnError": ".errors",
     "ClassMarking": ".check",
     "Marking": ".check",
     "check": ".check",
     "check_class": ".check",
-    "CrossCheck": "._crosscheck",
-    "crosscheck": "._crosscheck",
-    "Derivation": ".derivation",
-    "GeneratedProblem": ".exercise_batch",
-    "generate": ".exercise_batch",
-    "write_exercises": ".exercise_batch",
-    "with_backward": ".passes",
-    "with_decode": ".passes",
-    "with_tiling": ".passes",
-    "Step": ".derivation",
-    "derive": ".derivation",
+    "CrossCheck": ".reference.crosscheck",
+    "crosscheck": ".reference.crosscheck",
+    "Derivation": ".exact.derivation",
+    "GeneratedProblem": ".generate",
+    "generate": ".generate",
+    "write_exercises": ".generate.batch",
+    "with_backward": ".problem.passes",
+    "with_decode": ".problem.passes",
+    "with_tiling": ".problem.passes",
+    "Step": ".exact.derivation",
+    "derive": ".exact.derivation",
     "Problem": ".problem",
     "load_problem": ".problem",
     "render_html": ".render",
@@ -39,7 +39,7 @@ _EXPORTS = {
 def __getattr__(name: str):
     if name in _EXPORTS:
         module = _import_module(_EXPORTS[name], __name__)
-        # a module named as its function is the module itself, callable: symattn.check (see symattn/check.py)
+        # a module named as its function is the module itself, callable: symattn.check (see symattn/check/__init__.py)
         value = module if module.__name__ == f"{__name__}.{name}" else getattr(module, name)
         globals()[name] = value
         return value

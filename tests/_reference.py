@@ -109,7 +109,7 @@ def answers_text(stages: dict[str, list[list[str]]]) -> str:
 
 # -- central finite differences: how far one may be from the derivative ---------------------
 # The bound is symattn's own (its cross-check of --backward uses it too); its derivation is in
-# symattn/_fd_bound.py, and the tests here hold their differences to it.
+# symattn/reference/fd_bound.py, and the tests here hold their differences to it.
 
-from symattn._fd_bound import (EXP_ULPS, FLOAT64_UNIT_ROUNDOFF, attention_loss_rounding,  # noqa: E402,F401
+from symattn.reference.fd_bound import (EXP_ULPS, FLOAT64_UNIT_ROUNDOFF, attention_loss_rounding,  # noqa: E402,F401
                                central_difference_bound)

@@ -13,9 +13,9 @@ import pytest
 PACKAGE = Path(__file__).resolve().parent.parent / "symattn"
 
 # The one module allowed to touch SymPy's private internals.
-SYMPY_MODULE = "symattn._sympy"
+SYMPY_MODULE = "symattn.numbers.sympy_internals"
 
-# SymPy's private attributes that symattn has used (and keeps in symattn._sympy): reading or
+# SymPy's private attributes that symattn has used (and keeps in symattn.numbers.sympy_internals): reading or
 # setting any of them elsewhere is a use of SymPy internals.
 SYMPY_PRIVATE_ATTRIBUTES = frozenset({
     "_fromrep", "_rep", "_args", "_mhash", "_assumptions", "_from_args", "_addsort",
@@ -75,7 +75,7 @@ def _internals_outside_the_sympy_module() -> list[str]:
 def test_only_the_sympy_module_imports_sympy_internals():
     problems = _internals_outside_the_sympy_module()
     assert not problems, (
-        "SymPy's private internals are used outside symattn/_sympy.py (put them there, behind a"
+        "SymPy's private internals are used outside symattn/numbers/sympy_internals.py (put them there, behind a"
         " small function):\n  " + "\n  ".join(problems)
     )
 
@@ -125,7 +125,7 @@ def _targets(node: ast.stmt, importer: str, modules: dict[str, Path]) -> set[str
     if isinstance(node, ast.Import):
         for alias in node.names:
             name = alias.name
-            while name and name not in modules:  # import symattn.render._grid -> that module
+            while name and name not in modules:  # import symattn.render.grid -> that module
                 name = name.rpartition(".")[0]
             if name:
                 targets.add(name)
@@ -141,7 +141,7 @@ def _targets(node: ast.stmt, importer: str, modules: dict[str, Path]) -> set[str
         return targets
     for alias in node.names:
         if f"{module}.{alias.name}" in modules:
-            targets.add(f"{module}.{alias.name}")  # from . import _exact -> symattn._exact
+            targets.add(f"{module}.{alias.name}")  # from . import _exact -> symattn.exact.matrices
         else:
             targets.add(module)  # from .render import render_latex -> symattn.render (its __init__)
     return targets

@@ -54,7 +54,7 @@ from click.testing import CliRunner
 import symattn
 from symattn import SymattnError
 from symattn.cli import cli
-from symattn.problem import SUM_LOSS, Backward, parse_problem
+from symattn.problem.core import SUM_LOSS, Backward, parse_problem
 from _reference import allowed_grid, answers_text, fmatrix, frac, quoted, yaml_matrix
 from _reference import attention_loss_rounding, central_difference_bound
 from _reference import rounded_grid as _rounded_grid
@@ -1660,8 +1660,9 @@ def test_big_gradients_are_shown_in_decimals_and_stay_exact_on_request(tmp_path)
 
 def _mpmath_relation(d, step, dps):
     """The gradient by its relation with NumericOps (mpmath rows) on the earlier stages' values."""
-    from symattn import _exact as exact_module
-    from symattn import _ops, stages
+    from symattn.exact import matrices as exact_module
+    from symattn.exact import ops as _ops
+    from symattn.stages import core as stages
 
     c = stages.Context(d.problem, step.head)
     ops = _ops.NumericOps(dps, d.problem.substitutions)
@@ -1707,8 +1708,8 @@ def test_gradients_on_arb_matrices_and_in_float64_match_mpmath_at_60_digits(seed
     import numpy as np
 
     from symattn import derive
-    from symattn._errors import SymattnError
-    from symattn.problem import parse_problem
+    from symattn.errors import SymattnError
+    from symattn.problem.core import parse_problem
 
     try:
         d = derive(parse_problem(_random_backward_problem(seed), "r.yaml"))

@@ -22,8 +22,8 @@ import yaml
 import symattn
 from symattn import SymattnError, derive, load_problem
 from symattn.check import mark, parse_answers
-from symattn.numeric import numeric_stages
-from symattn.numeric_backward import numeric_gradients
+from symattn.reference.numeric import numeric_stages
+from symattn.reference.numeric_backward import numeric_gradients
 
 from test_latex import compile_latex, pdf_text
 

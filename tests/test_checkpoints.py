@@ -19,7 +19,7 @@ from sympy import Rational
 safetensors_numpy = pytest.importorskip("safetensors.numpy")
 
 from symattn.cli import main  # noqa: E402
-from symattn.problem import load_problem  # noqa: E402
+from symattn.problem.core import load_problem  # noqa: E402
 
 
 def _write(tmp_path, text, name="p.yaml"):
@@ -106,7 +106,7 @@ def test_only_the_slice_is_read(tmp_path, monkeypatch):
     big[4095, 4092:4096] = [1.5, -2.25, 3.0, 0.125]
     safetensors_numpy.save_file({"w": big}, str(tmp_path / "big.safetensors"))
     del big
-    import symattn._safetensors as st
+    import symattn.problem.checkpoints.safetensors as st
 
     read = []
     real_pread = os.pread
@@ -313,7 +313,7 @@ def test_embeddings_read_only_their_rows(tmp_path, monkeypatch):
     table[50256] = 0.5
     safetensors_numpy.save_file({"wte": table}, str(tmp_path / "e.safetensors"))
     del table
-    import symattn._safetensors as st
+    import symattn.problem.checkpoints.safetensors as st
 
     read = []
     real_pread = os.pread
@@ -341,7 +341,7 @@ def test_learned_positions_from_a_table_gpt2_input(tables):
     want = (wte(ids) + wpe(torch.arange(3))).numpy()
     got = np.array([[float(v) for v in row] for row in d.evaluate("X_pos", 20)])
     np.testing.assert_array_equal(got, want)  # sums of float32 and float16 values: exact in float64
-    from symattn._exact import fmpq_matrix
+    from symattn.exact.matrices import fmpq_matrix
 
     # X + PE of numbers is one flint matrix, so Q = X_pos·W_Q is a flint product (a GPT-2 head in a second)
     assert fmpq_matrix(d.step("X_pos").lazy) is not None and fmpq_matrix(d.step("Q").lazy) is not None
@@ -489,7 +489,7 @@ def test_a_long_name_is_quoted_in_part(tmp_path, capsys):
 def test_close_names_are_looked_for_among_a_bounded_set(tmp_path, monkeypatch):
     """100,000 tensors: difflib compares the missing name with at most 1,000 of them, those of its
     own layer first, and the header is parsed once."""
-    import symattn._safetensors as st
+    import symattn.problem.checkpoints.safetensors as st
 
     names = [f"model.layers.{i // 100}.mlp.experts.{i % 100}.w" for i in range(100_000)]
     _raw(tmp_path, json.dumps({n: {"dtype": "F32", "shape": [0], "data_offsets": [0, 0]} for n in names}))
@@ -507,7 +507,7 @@ def test_close_names_are_looked_for_among_a_bounded_set(tmp_path, monkeypatch):
 
 
 def test_a_header_of_too_many_values_is_refused_before_it_is_parsed(tmp_path, capsys, monkeypatch):
-    import symattn._safetensors as st
+    import symattn.problem.checkpoints.safetensors as st
 
     _raw(tmp_path, '{"__metadata__": {"a": "b"}, "x": [' + "[]," * (st.MAX_VALUES // 2) + "[]]}")
     monkeypatch.setattr(st.json, "loads", None)  # never reached
@@ -517,7 +517,7 @@ def test_a_header_of_too_many_values_is_refused_before_it_is_parsed(tmp_path, ca
 
 
 def test_a_header_of_too_many_tensors_is_refused(tmp_path, capsys, monkeypatch):
-    import symattn._safetensors as st
+    import symattn.problem.checkpoints.safetensors as st
 
     monkeypatch.setattr(st, "MAX_TENSORS", 3)
     _raw(tmp_path, json.dumps({f"t{i}": {"dtype": "F32", "shape": [0], "data_offsets": [0, 0]} for i in range(4)}))

@@ -27,7 +27,7 @@ import yaml
 from click.testing import CliRunner
 
 import symattn
-import symattn.pdf
+import symattn.render.pdf
 from symattn.cli import cli
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -819,7 +819,7 @@ def which_without(*missing):
 
 @pytest.fixture
 def commands(monkeypatch):
-    """Records the commands symattn.pdf runs (and still runs them)."""
+    """Records the commands symattn.render.pdf runs (and still runs them)."""
     seen: list[list[str]] = []
     real = subprocess.run
 
@@ -827,13 +827,13 @@ def commands(monkeypatch):
         seen.append([str(c) for c in command])
         return real(command, *args, **kwargs)
 
-    monkeypatch.setattr(symattn.pdf.subprocess, "run", spy)
+    monkeypatch.setattr(symattn.render.pdf.subprocess, "run", spy)
     return seen
 
 
 def test_pdf_without_latexmk_is_made_with_pdflatex(tmp_path, monkeypatch, commands):
     pdflatex = need_pdflatex()
-    monkeypatch.setattr(symattn.pdf.shutil, "which", which_without("latexmk"))
+    monkeypatch.setattr(symattn.render.pdf.shutil, "which", which_without("latexmk"))
     out = tmp_path / "solution.pdf"
     r = run_cli("derive", FOUR, "-o", out)
     assert r.code == 0, r.stderr
@@ -852,9 +852,9 @@ def test_broken_latex_error_quotes_the_log(monkeypatch, commands, path):
         if LATEXMK is None:
             pytest.skip("latexmk is not installed")
     else:
-        monkeypatch.setattr(symattn.pdf.shutil, "which", which_without("latexmk"))
+        monkeypatch.setattr(symattn.render.pdf.shutil, "which", which_without("latexmk"))
     with pytest.raises(symattn.SymattnError) as info:
-        symattn.pdf.latex_to_pdf(BROKEN)
+        symattn.render.pdf.latex_to_pdf(BROKEN)
     assert commands and commands[0][0] == (LATEXMK if path == "latexmk" else pdflatex)
     message = str(info.value)
     assert "! Undefined control sequence" in message
@@ -863,9 +863,9 @@ def test_broken_latex_error_quotes_the_log(monkeypatch, commands, path):
 
 
 def test_no_pdflatex_names_the_package_to_install(tmp_path, monkeypatch, commands):
-    monkeypatch.setattr(symattn.pdf.shutil, "which", which_without("latexmk", "pdflatex"))
+    monkeypatch.setattr(symattn.render.pdf.shutil, "which", which_without("latexmk", "pdflatex"))
     with pytest.raises(symattn.SymattnError, match="texlive-latex-base"):
-        symattn.pdf.latex_to_pdf(BROKEN)
+        symattn.render.pdf.latex_to_pdf(BROKEN)
     r = run_cli("derive", FOUR, "-o", tmp_path / "solution.pdf")
     assert r.code == 1
     assert "texlive-latex-base" in r.stderr
@@ -898,7 +898,7 @@ def test_derivation_repr_markdown_is_the_markdown_rendering():
 def test_step_repr_latex_writes_the_solutions_forms():
     """A step in a notebook is written as the worked solution writes it: each weight e^{…}/Z_i
     (never SymPy's nests such as 1/((e^{-2} + 1) e^{2})), with the rows' m_i and Z_i beneath."""
-    from symattn.render._tex import form_tex
+    from symattn.render.matrices import form_tex
     from symattn.render.entries import entry_forms
 
     d = derivation_of(FOUR)

@@ -12,8 +12,8 @@ import pytest
 import sympy
 
 import symattn
-import symattn.numeric
-from symattn._crosscheck import TOLERANCE
+import symattn.reference.numeric
+from symattn.reference.crosscheck import TOLERANCE
 
 ROOT = Path(__file__).resolve().parent.parent
 # Single-head examples: the corruption tests name stages without a head prefix
@@ -60,9 +60,9 @@ def test_crosscheck_passes_on_every_worked_example(path):
 @pytest.mark.parametrize("path", EXAMPLES, ids=EXAMPLE_IDS)
 def test_numeric_reference_has_every_stage(path):
     d = derive(path)
-    stages = symattn.numeric.numeric_stages(d.problem)
+    stages = symattn.reference.numeric.numeric_stages(d.problem)
     if d.problem.backward is not None:  # the gradients have their own NumPy reference
-        from symattn.numeric_backward import numeric_gradients
+        from symattn.reference.numeric_backward import numeric_gradients
 
         stages.update(numeric_gradients(d.problem))
     assert set(d.ids) <= set(stages)
@@ -141,33 +141,33 @@ def _imported_modules(source: str) -> set[str]:
 
 
 def test_numeric_reference_never_imports_the_exact_path():
-    source = inspect.getsource(symattn.numeric)
+    source = inspect.getsource(symattn.reference.numeric)
     imported = _imported_modules(source)
-    forbidden = [n for n in imported if n.split(".")[-1] in ("_exact", "derivation") or n.endswith(("._exact", ".derivation"))]
-    assert not forbidden, f"symattn.numeric imports {forbidden}"
-    func = inspect.getsource(symattn.numeric.numeric_stages)
+    forbidden = [n for n in imported if {"exact", "derivation"} & set(n.split("."))]
+    assert not forbidden, f"symattn.reference.numeric imports {forbidden}"
+    func = inspect.getsource(symattn.reference.numeric.numeric_stages)
     assert "_exact" not in func and "derivation" not in func and "Derivation" not in func
     # nothing of the exact path leaks in through the module's globals
-    for value in vars(symattn.numeric).values():
+    for value in vars(symattn.reference.numeric).values():
         mod = getattr(value, "__module__", None) or getattr(value, "__name__", "")
-        assert mod not in ("symattn._exact", "symattn.derivation"), value
+        assert mod not in ("symattn.exact.matrices", "symattn.exact.derivation"), value
 
 
 def test_import_checker_would_see_such_imports():
     """The checker above is not vacuous."""
-    for line in ("from ._exact import matmul", "from . import _exact", "from .derivation import Derivation",
-                 "import symattn._exact", "from symattn import derivation"):
+    for line in ("from ..exact.matrices import matmul", "from ..exact import matrices", "from ..exact.derivation import Derivation",
+                 "import symattn.exact.matrices", "from symattn.exact import derivation", "from .. import exact"):
         imported = _imported_modules(line)
-        assert any(n.split(".")[-1] in ("_exact", "derivation") for n in imported), (line, imported)
+        assert any({"exact", "derivation"} & set(n.split(".")) for n in imported), (line, imported)
 
 
 def test_comparison_in_blocks_of_rows_is_the_whole_comparison(monkeypatch):
     """The comparison runs a block of rows at a time (bounded temporaries for long contexts): with
     blocks of one row it finds the same differences, in the same order, as in one block."""
-    from symattn import _crosscheck
+    from symattn.reference import crosscheck as _crosscheck
 
     d = derive((ROOT / "worked_examples" / "causal_4_tokens.yaml").read_text("utf-8"))
-    reference = symattn.numeric.numeric_stages(d.problem)
+    reference = symattn.reference.numeric.numeric_stages(d.problem)
     A, S = reference["A"].copy(), reference["S"].copy()
     A[1, 0] += 1e-3  # a weight off
     A[3, 2] = math.nan  # NumPy gave NaN
@@ -229,18 +229,18 @@ def test_the_angle_rounding_bound_holds_for_the_references_own_rope(reference, b
     whose error mod 2π must stay within δ = rounding_per_radian·|φ| (plus their evaluation)."""
     import numpy as np
 
-    from symattn._crosscheck import rounding_per_radian
-    from symattn.rope import Rope
+    from symattn.reference.crosscheck import rounding_per_radian
+    from symattn.problem.rope import Rope
 
     given = isinstance(base, tuple)
     rope = Rope("half", angles=base) if given else Rope("half", base=base)
     x = np.zeros((n, d))
     x[:, : d // 2] = 1.0  # pair i is (x_i, x_{i+d/2}) = (1, 0): turned, (cos φ, sin φ)
     if reference == "numpy":
-        out = symattn.numeric._rope(x, rope)
+        out = symattn.reference.numeric._rope(x, rope)
     else:
         torch = pytest.importorskip("torch")
-        from symattn.torch_check import _rope
+        from symattn.reference.pytorch import _rope
 
         out = _rope(torch, torch.tensor(x, dtype=torch.float64), rope).numpy()
     turned = [[(out[p, i], out[p, i + d // 2]) for i in range(d // 2)] for p in range(n)]
@@ -256,9 +256,9 @@ def test_the_angle_rounding_bound_holds_for_the_references_own_rope(reference, b
                          ids=["10000", "1/7"])
 def test_the_angle_rounding_bound_holds_for_the_sinusoidal_positions(base, d, n):
     """The same for numeric.sinusoidal_positions: sin in column 2i, cos in 2i + 1, of p/base^(2i/d)."""
-    from symattn._crosscheck import rounding_per_radian
+    from symattn.reference.crosscheck import rounding_per_radian
 
-    pe = symattn.numeric.sinusoidal_positions(n, d, float(base))
+    pe = symattn.reference.numeric.sinusoidal_positions(n, d, float(base))
     turned = [[(pe[p, 2 * i + 1], pe[p, 2 * i]) for i in range(d // 2)] for p in range(n)]
     thetas = [sympy.Pow(base, sympy.Rational(-2 * i, d)) for i in range(d // 2)]
     per_radian = rounding_per_radian(base)
@@ -296,8 +296,8 @@ def test_a_large_loss_over_a_small_step_widens_the_bound_instead_of_failing():
     the scores' differences (10^-6) turns it into about 1: the differences of dS_masked are far
     from the exact values (a fixed tolerance of 10^-6 called this a bug in symattn). The bound
     from the step and the loss's rounding covers them, and the check passes."""
-    from symattn._crosscheck import FD_STEP
-    from symattn.numeric_backward import finite_difference_gradients
+    from symattn.reference.crosscheck import FD_STEP
+    from symattn.reference.numeric_backward import finite_difference_gradients
 
     d = derive(LARGE_VALUES)
     fd = finite_difference_gradients(d.problem, FD_STEP)
@@ -311,8 +311,8 @@ def test_a_large_loss_over_a_small_step_widens_the_bound_instead_of_failing():
 def test_the_bound_stays_tight_and_catches_a_wrong_gradient(monkeypatch):
     """On the worked example every bound is below 10^-6, so a gradient off by 10^-4 in one entry
     is a mismatch naming that entry (counted from 1)."""
-    from symattn._crosscheck import _finite_differences
-    from symattn.derivation import Derivation
+    from symattn.reference.crosscheck import _finite_differences
+    from symattn.exact.derivation import Derivation
 
     d = derive((ROOT / "worked_examples" / "backward_causal.yaml").read_text("utf-8"))
     good = _finite_differences(d)

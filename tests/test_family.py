@@ -39,7 +39,7 @@ from click.testing import CliRunner
 import symattn
 from symattn import SymattnError
 from symattn.cli import cli
-from symattn.problem import parse_problem
+from symattn.problem.core import parse_problem
 from _reference import allowed_grid, fmatmul, fmatrix, frac, quoted, yaml_matrix
 
 try:
@@ -824,7 +824,7 @@ def test_error_message(name):
 
 def test_shapes_are_checked_before_any_arithmetic(monkeypatch):
     """The shape error comes out of reading the problem; no product is ever attempted."""
-    import symattn._exact as exact
+    import symattn.exact.matrices as exact
 
     def forbidden(*args, **kwargs):
         raise AssertionError("arithmetic before the shapes were checked")

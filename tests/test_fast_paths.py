@@ -27,12 +27,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sympy import QQ, ImmutableMatrix, Rational
 
-from symattn import _exact, _yaml
-from symattn._errors import SymattnError
-from symattn._exact import QQMatrix, SoftmaxRow
-from symattn._numbers import rationals_float64
-from symattn.problem import parse_problem
-from symattn.render._print import (
+from symattn.exact import matrices as _exact
+from symattn.problem import located_yaml as _yaml
+from symattn.errors import SymattnError
+from symattn.exact.matrices import QQMatrix, SoftmaxRow
+from symattn.numbers.parse import rationals_float64
+from symattn.problem.core import parse_problem
+from symattn.render.numbers import (
     exp_parts_tex,
     exp_parts_text,
     exp_sum_tex,
@@ -50,7 +51,7 @@ CASES = settings(
 )
 FEW = settings(CASES, max_examples=60)
 # A test given ``reader`` runs twice: with the plain readers of decimals, and with the NumPy
-# reader (symattn.problem._decimal_numerators) taking every matrix, however small (it starts at
+# reader (symattn.problem.core._decimal_numerators) taking every matrix, however small (it starts at
 # 256 entries, past these random problems' sizes).
 PATCHED = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture]
 
@@ -58,7 +59,7 @@ PATCHED = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.functio
 @pytest.fixture(params=["plain reader", "numpy reader"])
 def reader(request, monkeypatch):
     if request.param == "numpy reader":
-        from symattn import problem as _problem
+        from symattn.problem import core as _problem
 
         monkeypatch.setattr(_problem, "_NUMPY_FROM", 0)
     return request.param
@@ -346,7 +347,7 @@ def test_rationals_float64_cases(flat):
 def test_rationals_float64_by_blocks_of_rows(shape, block):
     """A big matrix is rounded a block of rows at a time, each block by its own way (one division,
     binary scaling, or each fraction): still every entry correctly rounded."""
-    from symattn import _numbers
+    from symattn.numbers import parse as _numbers
 
     rows, cols, flat = shape
     saved, _numbers._FLOAT_BLOCK = _numbers._FLOAT_BLOCK, block
@@ -700,7 +701,7 @@ def test_lazy_arb_products_equal_the_exact_products(seed):
     (rational factors read a row or a column at a time, a transpose never made, products of
     products): every entry, row, column and the whole within 1e-40 of the fractions' product,
     whatever is asked for first."""
-    from symattn import _ops
+    from symattn.exact import ops as _ops
 
     rng = random.Random(seed)
     n, k, d = rng.randint(1, 6), rng.randint(1, 6), rng.randint(1, 6)
@@ -753,7 +754,7 @@ def test_a_lazy_rational_factor_is_read_at_the_working_digits():
     """A factor that is neither a rational matrix nor an arb_mat (a lazy matrix whose entries are
     fractions, as _gradient_balls reads some stages) is read into arb at the product's digits,
     not at flint's 53-bit default, whatever precision is set when it is read."""
-    from symattn import _ops
+    from symattn.exact import ops as _ops
 
     rng = random.Random(3)
     fractions = [[Fraction(rng.randint(-30, 30), rng.randint(3, 9)) for _ in range(3)] for _ in range(2)]
@@ -1234,8 +1235,8 @@ def test_rows_the_reader_checked_are_read_as_unchecked_ones(seed, monkeypatch):
     reader's own match; with powers of ten written out (as yaml.safe_dump writes 1.0e-05) and
     blanks around the commas, the matrix and its kept float64 are those of the checked path and
     each entry's own Fraction."""
-    from symattn import problem as _problem
-    from symattn._numbers import matrix_float64
+    from symattn.problem import core as _problem
+    from symattn.numbers.parse import matrix_float64
 
     monkeypatch.setattr(_problem, "_NUMPY_FROM", 0)
     rng = random.Random(seed)
@@ -1265,8 +1266,8 @@ def test_mixed_decimals_are_read_as_their_fractions(seed, monkeypatch):
     """Rows of numbers with differing counts of decimals (how safe_dump writes weights, or exact
     multiples of 1/1024) read with NumPy: every entry is its own Fraction, and the float64 the
     matrix keeps for the cross-check is that Fraction correctly rounded."""
-    from symattn import problem as _problem
-    from symattn._numbers import matrix_float64
+    from symattn.problem import core as _problem
+    from symattn.numbers.parse import matrix_float64
 
     monkeypatch.setattr(_problem, "_NUMPY_FROM", 0)  # small matrices too, so each case is quick
     rng = random.Random(seed)
@@ -1294,8 +1295,8 @@ def test_mixed_decimals_are_read_as_their_fractions(seed, monkeypatch):
 def test_a_large_matrix_of_decimals_is_read_with_numpy_and_keeps_its_floats():
     """At the size the NumPy reader starts (and above), uniform and mixed decimals and integers:
     the entries and the kept float64 are each entry's own."""
-    from symattn import problem as _problem
-    from symattn._numbers import _FLOAT64
+    from symattn.problem import core as _problem
+    from symattn.numbers.parse import _FLOAT64
 
     rng = random.Random(11)
     for rows, cols, style in [(16, 16, "uniform"), (20, 30, "mixed"), (17, 17, "integers")]:
@@ -1318,13 +1319,13 @@ def test_a_large_matrix_of_decimals_is_read_with_numpy_and_keeps_its_floats():
 @pytest.mark.parametrize("text", ["1.,2", ".5,1", "1e5,2", "--1,2", "1.2.3,4", "1,,2", "1 2,3", "+1,2", "0x1,2",
                                   "1,2,", "1\t,2", "1/2,3"])
 def test_mixed_decimals_refuse_anything_else(text):
-    from symattn import problem as _problem
+    from symattn.problem import core as _problem
 
     assert _problem._decimal_numerators(text) is None
 
 
 def test_int64s_reads_what_split_reads():
-    from symattn import problem as _problem
+    from symattn.problem import core as _problem
 
     text = "999999999999999999,-999999999999999999,0,-0,-5,7,9007199254740993"
     assert _problem._int64s(text, 7).tolist() == [int(x) for x in text.split(",")]
@@ -1673,7 +1674,7 @@ def csv_outcome(text: str, fast: bool):
     import tempfile
     from pathlib import Path
 
-    from symattn import problem as problem_module
+    from symattn.problem import core as problem_module
 
     with tempfile.TemporaryDirectory() as folder, pytest.MonkeyPatch.context() as mp:
         if not fast:

@@ -1,6 +1,6 @@
 """``symattn generate``: hand-friendly exercises from a seed.
 
-Nothing here trusts the generator's own checks (``symattn.exercises.niceness``).
+Nothing here trusts the generator's own checks (``symattn.generate.exercises.niceness``).
 Every generated file is read back as YAML text with ``yaml.safe_load`` and the
 guarantees of its level, as documented in the docstring of
 ``symattn.generate``, are recomputed by hand with integer arithmetic and
@@ -56,7 +56,7 @@ from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
 import symattn
-import symattn.exercises as gen
+import symattn.generate.exercises as gen
 from symattn import SymattnError
 from symattn.cli import cli, main
 
@@ -69,7 +69,7 @@ PROJ = {"easy": 4, "medium": 6, "hard": 12}
 SCORE = {"easy": 8, "medium": 16, "hard": 48}
 DENOMINATORS = {"easy": {1}, "medium": {1, 2, 3}, "hard": None}
 
-# The generator tries up to symattn.exercises.MAX_TRIES candidates (200,000) before it
+# The generator tries up to symattn.generate.exercises.MAX_TRIES candidates (200,000) before it
 # gives up with a SymattnError. A few shapes (easy, two heads, 4-5 tokens, d_model 4)
 # need hundreds of thousands of tries, i.e. many seconds. The property tests lower the
 # limit so that the file runs in well under a minute; giving up is then the documented

@@ -714,7 +714,7 @@ def test_bidirectional_controls_are_shown_in_the_heat_map(monkeypatch):
     import matplotlib.axes
 
     import symattn
-    from symattn.plot import plot_weights
+    from symattn.render.plot import plot_weights
 
     ticks = []
     real = matplotlib.axes.Axes.set_xticks, matplotlib.axes.Axes.set_yticks

@@ -310,7 +310,7 @@ def test_fragment_and_part_of_the_pipeline():
 
 
 def test_mathml_sets_signs_and_symbols_as_latex_does_and_lets_only_math_through():
-    from symattn.render._mathml import MathMLError, _check, mathml
+    from symattn.render.mathml import MathMLError, _check, mathml
 
     sign = '<mo form="prefix">&#x02212;</mo>'
     assert mathml("-3").count(sign) == 1

@@ -27,11 +27,11 @@ from hypothesis import strategies as st
 from sympy import QQ, Rational
 
 from symattn import derive, load_problem
-from symattn._crosscheck import crosscheck
-from symattn._exact import SoftmaxRow, mpf_of_qq
-from symattn._sympy import exp_term_order_key, rational_order_key
+from symattn.reference.crosscheck import crosscheck
+from symattn.exact.matrices import SoftmaxRow, mpf_of_qq
+from symattn.numbers.sympy_internals import exp_term_order_key, rational_order_key
 from symattn.cli import with_backward
-from symattn.problem import parse_problem
+from symattn.problem.core import parse_problem
 from symattn.render import json as js
 from symattn.render.entries import written_exactly
 
@@ -406,13 +406,13 @@ def test_stages_whose_entries_repeat_are_written_as_each_entry_alone(pool):
 
 
 def _ex_fmpq(m):
-    from symattn import _exact
+    from symattn.exact import matrices as _exact
 
     return _exact.fmpq_matrix(m)
 
 
 def _ex_scaled(m):
-    from symattn import _exact
+    from symattn.exact import matrices as _exact
 
     return _exact.scaled_integers(m)
 
@@ -440,7 +440,7 @@ def test_repeated_entries_are_looked_up_where_they_are():
 
 
 def test_streamed_text_is_handed_on_a_megabyte_at_a_time():
-    from symattn import _output
+    from symattn import writing as _output
 
     pieces = [("x" * k) + "é" for k in range(0, 6000, 7)]  # about 2.6 million characters
     chunks: list[str] = []
@@ -471,7 +471,7 @@ def test_cli_writes_the_same_document_to_a_file_and_to_standard_output(tmp_path,
 
 
 def test_a_failure_while_streaming_leaves_the_existing_output_untouched(tmp_path, capsys, monkeypatch):
-    from symattn._errors import SymattnError
+    from symattn.errors import SymattnError
     from symattn.cli import main
 
     def failing(derivation, write, *, check=None):

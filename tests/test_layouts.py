@@ -19,7 +19,7 @@ safetensors_numpy = pytest.importorskip("safetensors.numpy")
 
 import symattn  # noqa: E402
 from symattn.cli import main  # noqa: E402
-from symattn.problem import load_problem  # noqa: E402
+from symattn.problem.core import load_problem  # noqa: E402
 from test_checkpoints import _error, _fractions, _write  # noqa: E402  (one line at the field; exact entries)
 
 def _expected(array):
@@ -196,7 +196,7 @@ def test_bert_heads(tmp_path, prefix):
 def test_only_the_needed_slices_are_read(tmp_path, monkeypatch):
     """A 50-layer file: the loader reads the few slices of one head, not whole tensors, each
     tensor once, through one open file."""
-    import symattn._safetensors as st
+    import symattn.problem.checkpoints.safetensors as st
 
     _save(tmp_path, _gpt2_tensors(layers=50))
     asked, opened = [], []
@@ -217,7 +217,7 @@ def test_only_the_needed_slices_are_read(tmp_path, monkeypatch):
 
 def test_every_head_of_a_layer_is_read_through_one_open_file(tmp_path, monkeypatch):
     """heads: all of a grouped LLaMA layer: one open, one read of each tensor (K and V once per group)."""
-    import symattn._safetensors as st
+    import symattn.problem.checkpoints.safetensors as st
 
     t = _save(tmp_path, _llama_tensors(bias=True))
     asked, opened = [], []
@@ -702,7 +702,7 @@ _LAYER_SPEC = {"gpt2": ("h.0.attn.", 16, "n_head: 4"), "llama": ("model.layers.0
 @pytest.mark.parametrize("shape", ["2-D", "short"])
 def test_every_bias_of_every_layout_is_checked(tmp_path, capsys, monkeypatch, layout, bias, width, shape):
     """A bias of the wrong shape is one line naming it, and nothing of the layer is read."""
-    import symattn._safetensors as st
+    import symattn.problem.checkpoints.safetensors as st
 
     prefix, d_model, heads = _LAYER_SPEC[layout]
     t = _LAYER_TENSORS[layout]()
@@ -741,8 +741,8 @@ def test_keys_and_values_weights_are_checked(tmp_path, capsys, layout, name, sha
                "size budget allows for any output"),
 ])
 def test_the_layer_is_charged_before_any_head_is_read(tmp_path, monkeypatch, tokens, max_size, fragment):
-    import symattn._safetensors as st
-    from symattn._errors import SymattnError
+    import symattn.problem.checkpoints.safetensors as st
+    from symattn.errors import SymattnError
 
     _save(tmp_path, _gpt2_tensors())
     monkeypatch.setattr(st.Checkpoint, "read", None)  # nothing is read
@@ -760,7 +760,7 @@ def test_a_layer_that_fits_is_read_whole_at_the_limit(tmp_path):
                             "from: {file: model.safetensors, layout: gpt2, layer: 0, heads: all, n_head: 4}\n")
     p = load_problem(path, max_size=16 + 1088)
     assert len(p.heads) == 4
-    from symattn._errors import SymattnError
+    from symattn.errors import SymattnError
 
     with pytest.raises(SymattnError, match="the 4 heads of layer 0 hold 1,088 numbers"):
         load_problem(path, max_size=16 + 1087)

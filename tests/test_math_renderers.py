@@ -24,7 +24,7 @@ import yaml
 
 import symattn
 from symattn.render.display import NOTEBOOK_SHOWN
-from symattn.render._grid import _MATH_SPECIALS, MAX_SHOWN, shown, tex_token
+from symattn.render.grid import _MATH_SPECIALS, MAX_SHOWN, shown, tex_token
 
 ROOT = Path(__file__).resolve().parent.parent
 # One worker of pytest-xdist runs this file: Node renders every document once (the rendered fixture).

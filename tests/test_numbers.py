@@ -1,4 +1,4 @@
-"""Tests for symattn._numbers: exact numbers from the text a user wrote.
+"""Tests for symattn.numbers.parse: exact numbers from the text a user wrote.
 
 Run with:
     python -m pytest tests/test_numbers.py -p no:cacheprovider -o addopts=""
@@ -15,8 +15,8 @@ from sympy import E, Integer, Rational, Symbol, exp, log, sqrt
 
 
 
-from symattn import _numbers
-from symattn._numbers import NumberError, is_neg_inf_text, parse_decimal, parse_number
+from symattn.numbers import parse as _numbers
+from symattn.numbers.parse import NumberError, is_neg_inf_text, parse_decimal, parse_number
 
 
 def rejected(text: str, **kwargs) -> str:

@@ -16,15 +16,15 @@ import pytest
 import sympy
 
 from symattn import load_problem
-from symattn.numeric import numeric_stages
-from symattn.numeric_backward import (
+from symattn.reference.numeric import numeric_stages
+from symattn.reference.numeric_backward import (
     _loss_matrix,
     _torch_backward,
     finite_difference_gradients,
     numeric_gradients,
     torch_gradients,
 )
-from symattn.problem import SUM_LOSS, Backward
+from symattn.problem.core import SUM_LOSS, Backward
 from _reference import FLOAT64_UNIT_ROUNDOFF, attention_loss_rounding, central_difference_bound
 
 ROOT = Path(__file__).resolve().parent.parent

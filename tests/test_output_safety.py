@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from symattn._crosscheck import Mismatch
+from symattn.reference.crosscheck import Mismatch
 from symattn.cli import cli
-from symattn.pdf import TEX_LINE_LIMIT, _check_line_lengths, _log_excerpt
+from symattn.render.pdf import TEX_LINE_LIMIT, _check_line_lengths, _log_excerpt
 from _child import HANG_S
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -299,7 +299,7 @@ def test_sigterm_while_writing_removes_the_temporary_file(tmp_path):
     (tmp_path / "out.tex").write_text("the old solution\n", "utf-8")
     script = textwrap.dedent("""
         import os, signal, sys
-        import symattn._output as out
+        import symattn.writing as out
         real = out.os.chmod
         def chmod(path, mode):  # the temporary file is written; now the signal comes
             os.kill(os.getpid(), signal.SIGTERM)
@@ -347,7 +347,7 @@ def test_a_real_mismatch_is_still_reported():
     import numpy as np
 
     import symattn
-    from symattn._crosscheck import _precision, compare
+    from symattn.reference.crosscheck import _precision, compare
 
     d = symattn.derive(symattn.load_problem(SMALL))
     reference = {s.id: np.asarray(d.approx(s.id), dtype=float) for s in d.steps}

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 import symattn
-from symattn.pdf import compile_latex, display_scales
-from symattn.render._layout import MIN_SCALE
+from symattn.render.pdf import compile_latex, display_scales
+from symattn.render.measure import MIN_SCALE
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = sorted((ROOT / "worked_examples").glob("**/*.yaml"))
@@ -138,7 +138,7 @@ def test_the_64_token_heat_map_is_slide_sized():
     pytest.importorskip("matplotlib")
     import struct
 
-    from symattn.plot import plot_weights
+    from symattn.render.plot import plot_weights
 
     d = symattn.derive(symattn.load_problem(ROOT / "worked_examples" / "large" / "causal_64_tokens.yaml"))
     png = plot_weights(d, ".png")

@@ -1,4 +1,4 @@
-"""Tests for symattn.problem: reading and validating problem files.
+"""Tests for symattn.problem.core: reading and validating problem files.
 
 The binding contract is the problem-format specification. Every line and
 column below was counted by hand in the YAML written inline in the test
@@ -20,8 +20,8 @@ from sympy import ImmutableMatrix, Integer, Rational, sqrt
 
 
 
-from symattn._errors import SymattnError
-from symattn.problem import Mask, Problem, load_problem, parse_problem
+from symattn.errors import SymattnError
+from symattn.problem.core import Mask, Problem, load_problem, parse_problem
 
 T, F = True, False
 

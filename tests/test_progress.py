@@ -11,7 +11,7 @@ import types
 
 from click.testing import CliRunner
 
-from symattn._progress import Progress
+from symattn.cli.progress import Progress
 from symattn.cli import cli
 
 
@@ -53,7 +53,7 @@ def test_silent_for_quick_work():
 
 
 def test_waits_for_the_delay_then_draws(monkeypatch):
-    import symattn._progress as progress_module
+    import symattn.cli.progress as progress_module
 
     now = [100.0]  # the clock the display reads, moved by hand: a busy machine cannot move it
     monkeypatch.setattr(progress_module, "time", types.SimpleNamespace(monotonic=lambda: now[0]))
@@ -76,12 +76,12 @@ def test_cli_prints_no_progress_into_pipes_and_captured_output():
 
 def test_real_terminal_gets_the_bar_on_stderr(tmp_path):
     """Through the real entry point under a pseudo-terminal: stage names appear on stderr, stdout stays clean."""
-    import symattn._progress as progress_module
+    import symattn.cli.progress as progress_module
 
     # A one-second delay would make the test slow; the environment cannot change it, so the
     # child lowers it itself before running the command.
     code = (
-        "import symattn._progress as p; p.Progress.__init__.__defaults__ = (None, 0.0, None);"
+        "import symattn.cli.progress as p; p.Progress.__init__.__defaults__ = (None, 0.0, None);"
         "from symattn.cli import main; main(['derive', '-o', %r])" % str(tmp_path / "out.tex")
     )
     assert progress_module.Progress.__init__.__defaults__ == (None, 1.0, None)

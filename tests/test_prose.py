@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 import symattn
-from symattn.problem import parse_problem
+from symattn.problem.core import parse_problem
 from symattn.render import prose
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "worked_examples"
@@ -44,7 +44,7 @@ def all_derivations():
 
 def sentences(d):
     """Every sentence of prose a worked solution of ``d`` prints (why texts, paragraphs)."""
-    from symattn.render._blocks import blocks
+    from symattn.render.blocks import blocks
 
     for block in blocks(d):
         if block.kind == "step":

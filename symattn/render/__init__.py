@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ._tex import exact_tex_matrix_of_step as step_latex
+from .matrices import exact_tex_matrix_of_step as step_latex
 from .latex import render_latex
 from .outline import select
 

@@ -11,14 +11,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from . import prose
-from ._blocks import check_sentence
-from ._tex import approx_tex_matrix, exact_tex_matrix, normaliser_lines
+from .blocks import check_sentence
+from .matrices import approx_tex_matrix, exact_tex_matrix, normaliser_lines
 from .entries import TOO_LONG, entry_forms, needs_decimals, written_exactly
 from .markdown import escape as md_escape
 from .text import _grid, _normalisers, form_text
 
 if TYPE_CHECKING:
-    from ..derivation import Derivation, Step
+    from ..exact.derivation import Derivation, Step
 
 SUMMARY_WIDTH = 160  # a summary line is cut to this many characters
 NOTEBOOK_SHOWN = 6  # rows or columns a step's matrix shows in a notebook before it is elided
@@ -129,7 +129,7 @@ def step_latex(step: Step) -> str:
     derivation writes its exact entries in full)."""
     d = step.derivation
     if d is None:
-        from ._tex import exact_tex_matrix_of_step
+        from .matrices import exact_tex_matrix_of_step
 
         return f"$$ {step.formula} = {exact_tex_matrix_of_step(step, NOTEBOOK_SHOWN)} $$"
     if not written_exactly(step):

@@ -12,12 +12,12 @@ from typing import TYPE_CHECKING, Callable
 
 import sympy
 
-from .. import _exact
-from .. import stages as registry
-from ._print import NEG_INF, is_plain_integer
+from ..exact import matrices as _exact
+from ..stages import core as registry
+from .numbers import NEG_INF, is_plain_integer
 
 if TYPE_CHECKING:
-    from ..derivation import Derivation, Step
+    from ..exact.derivation import Derivation, Step
 
 
 @dataclass(frozen=True)

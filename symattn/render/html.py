@@ -7,7 +7,7 @@ cross-check. Math is MathML (:mod:`._mathml`), which browsers render natively. M
 HTML tables whose cells carry their stage id, row and column (``data-stage``, ``data-row``,
 ``data-col``, 0-based as in the JSON), so a small inline script can show which entries make
 which: pointing at an entry (mouse or keyboard) highlights the rows and columns of its inputs
-that made it (the registry's :data:`~symattn.stages.TRACES`) and explains it (the dot product,
+that made it (the registry's :data:`~symattn.stages.core.TRACES`) and explains it (the dot product,
 the row's ``m_i`` and ``Z_i``, the weighted sum). Without the script the page is complete and
 static. The weights are shaded as in the PDF, masked cells hatched, and a heat map of each
 softmax step is drawn as inline SVG.
@@ -24,19 +24,19 @@ import html
 import re
 from typing import TYPE_CHECKING, Callable
 
-from .. import stages as registry
-from .._text import show_bidi
+from ..stages import core as registry
+from ..text import show_bidi
 from . import prose
-from ._blocks import Block, Jacobian, Matrix, Normalisers, Tiles, blocks
-from ._grid import MAX_SHOWN, shown
-from ._mathml import mathml
-from ._print import DPS, NEG_INF, _tex_decimal, tex
-from ._tex import form_tex, normaliser_tex, worked_dot_tex
-from ._page import PAGE_SCRIPT, PAGE_STYLE
+from .blocks import Block, Jacobian, Matrix, Normalisers, Tiles, blocks
+from .grid import MAX_SHOWN, shown
+from .mathml import mathml
+from .numbers import DPS, NEG_INF, _tex_decimal, tex
+from .matrices import form_tex, normaliser_tex, worked_dot_tex
+from .page_style import PAGE_SCRIPT, PAGE_STYLE
 from .entries import entry_forms, jacobian_form, needs_decimals, written_exactly
 
 if TYPE_CHECKING:
-    from ..derivation import Derivation, Step
+    from ..exact.derivation import Derivation, Step
 
 
 def escape(text: str) -> str:
@@ -461,6 +461,6 @@ def _grey(w: float) -> str:
 
 
 def _plain_decimal(x, digits: int) -> str:
-    from ._print import decimal
+    from .numbers import decimal
 
     return decimal(x, digits)

@@ -23,16 +23,16 @@ import sympy
 from sympy.printing.precedence import PRECEDENCE, precedence
 from sympy.printing.str import StrPrinter
 
-from .. import _exact as _ex
-from .. import stages as registry
-from .._exact import LazyMatrix
-from .._sympy import exp_term_order_key, rational_order_key
-from ._print import NEG_INF, qq_text
+from ..exact import matrices as _ex
+from ..stages import core as registry
+from ..exact.matrices import LazyMatrix
+from ..numbers.sympy_internals import exp_term_order_key, rational_order_key
+from .numbers import NEG_INF, qq_text
 from .entries import written_exactly
 from .rope import rope_json
 
 if TYPE_CHECKING:
-    from ..derivation import Derivation, Step
+    from ..exact.derivation import Derivation, Step
 
 
 def _approx(v) -> float | None:
@@ -111,7 +111,7 @@ def _exact(x: sympy.Expr, printer: StrPrinter | None = None) -> str:
 
 def _numbers_only(m: sympy.Matrix) -> list[list]:
     """Decimals where an entry holds no symbol (None where it does): symbols without values."""
-    from .._exact import to_mpf
+    from ..exact.matrices import to_mpf
 
     return [[None if m[i, j].free_symbols else to_mpf(m[i, j], 30) for j in range(m.cols)] for i in range(m.rows)]
 
@@ -133,7 +133,7 @@ class _RowText:
     "none") writes ``row.weight(j)`` and ``row.weighted_sum(column)``.
 
     Z_i's text and each power ``exp(x)`` are made once. A numerator's terms are put in SymPy's
-    canonical order (:func:`symattn._sympy.exp_term_order_key`): the number first, then each
+    canonical order (:func:`symattn.numbers.sympy_internals.exp_term_order_key`): the number first, then each
     ``c·e^x`` by c and x, then each ``e^x`` by x. Exponents are keyed by ``(p, q)`` (hashing
     flint's fmpq goes through a Fraction).
     """
@@ -531,7 +531,7 @@ def as_dict(derivation: "Derivation", *, check=None) -> dict:
         head, _, exact, approx, _ = _stage_parts(d, step, printer)
         stages.append({**head, "exact": None if exact is None else list(exact), "approx": list(approx)})
         if "tiles" in step.shows:  # the online softmax's recurrence, row by row (rows 0-based)
-            from .._exact import to_mpf
+            from ..exact.matrices import to_mpf
             from . import tiles
 
             stages[-1]["recurrence"] = tiles.as_json(

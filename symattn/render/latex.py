@@ -5,12 +5,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from . import prose
-from ._blocks import blocks
-from ._grid import MAX_SHOWN
-from ._grid import escape_tex as escape
+from .blocks import blocks
+from .grid import MAX_SHOWN
+from .grid import escape_tex as escape
 
 if TYPE_CHECKING:
-    from ..derivation import Derivation
+    from ..exact.derivation import Derivation
 
 def _prose(text: str) -> str:
     """symattn's own sentences: the marked math (⟦…⟧, see :mod:`.prose`) as inline math, the rest escaped."""
@@ -20,7 +20,7 @@ def _prose(text: str) -> str:
 # Lets a fragment compile in a document that does not load colortbl (then unshaded).
 # \symattnfit scales a display wider than the line down to fit, never below 0.85 (the renderer
 # splits wider matrices into column blocks first), and writes each display's natural width to
-# the log ("symattn: display <width> of <line width>"), from which symattn.pdf.display_scales
+# the log ("symattn: display <width> of <line width>"), from which symattn.render.pdf.display_scales
 # reads the factors used.
 _FRAGMENT_HEADER = r"""% symattn worked solution, for \input in a document that loads amsmath and amssymb (and colortbl for shading)
 \providecommand{\cellcolor}[2][]{}

@@ -5,13 +5,13 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
-from .._text import show_bidi
+from ..text import show_bidi
 from . import prose
-from ._blocks import blocks
-from ._grid import MAX_SHOWN
+from .blocks import blocks
+from .grid import MAX_SHOWN
 
 if TYPE_CHECKING:
-    from ..derivation import Derivation
+    from ..exact.derivation import Derivation
 
 _MD_SPECIAL = re.compile(r"([\\`*_\[\]<>#|~$&])")
 

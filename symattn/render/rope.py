@@ -8,12 +8,13 @@ from typing import TYPE_CHECKING
 
 import sympy
 
-from .. import rope as _rope, stages
+from ..problem import rope as _rope
+from ..stages import core as stages
 from . import prose
-from ._print import tex, text_entry
+from .numbers import tex, text_entry
 
 if TYPE_CHECKING:
-    from ..derivation import Derivation, Step
+    from ..exact.derivation import Derivation, Step
 
 
 def _context(d: Derivation, step: Step) -> stages.Context:

@@ -6,12 +6,12 @@ from typing import TYPE_CHECKING, Callable
 
 import sympy
 
-from .. import stages as registry
-from .._text import show_bidi
+from ..stages import core as registry
+from ..text import show_bidi
 from . import prose
-from ._blocks import JACOBIAN_ENTRY, check_sentence
-from ._grid import MAX_SHOWN, shown
-from ._print import DPS, MAX_CELL_TERMS, MAX_TERMS, decimal, exp_parts_text, exp_sum_text, text_entry, value_text
+from .blocks import JACOBIAN_ENTRY, check_sentence
+from .grid import MAX_SHOWN, shown
+from .numbers import DPS, MAX_CELL_TERMS, MAX_TERMS, decimal, exp_parts_text, exp_sum_text, text_entry, value_text
 from .entries import (
     TOO_LONG,
     EntryForm,
@@ -28,7 +28,7 @@ from .outline import select, stages
 from .rope import rope_text
 
 if TYPE_CHECKING:
-    from ..derivation import Derivation, Step
+    from ..exact.derivation import Derivation, Step
 
 
 def _grid(row_labels, col_labels, cell: Callable[[int, int], str], max_shown: int, indent: str = "    ") -> list[str]:

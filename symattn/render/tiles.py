@@ -2,7 +2,7 @@
 worked query row (block b, the keys it holds, m⁽ᵇ⁾, the rescale factor, ℓ⁽ᵇ⁾, acc⁽ᵇ⁾) and the
 exact difference between the tiled output row and row i of A·V.
 
-The rows come again from the exact pass of :mod:`symattn._tiled` on the step's own inputs
+The rows come again from the exact pass of :mod:`symattn.exact.tiled` on the step's own inputs
 (the masked scores and the values), so every format shows the same numbers as the stages.
 """
 
@@ -13,13 +13,13 @@ from typing import TYPE_CHECKING
 
 import sympy
 
-from .. import _tiled
-from .. import stages as registry
-from ._grid import shown
-from ._print import MAX_CELL_TERMS, MAX_TERMS, NEG_INF, exp_sum_tex, exp_sum_text, tex, text_entry
+from ..exact import tiled as _tiled
+from ..stages import core as registry
+from .grid import shown
+from .numbers import MAX_CELL_TERMS, MAX_TERMS, NEG_INF, exp_sum_tex, exp_sum_text, tex, text_entry
 
 if TYPE_CHECKING:
-    from ..derivation import Derivation, Step
+    from ..exact.derivation import Derivation, Step
 
 
 @dataclass(frozen=True)
@@ -148,7 +148,7 @@ def output_tex(step: Step, w: WorkedRow, max_shown: int) -> str:
     """``o_i = acc⁽ᴺ⁾/ℓ⁽ᴺ⁾ = (…)`` and the difference from row i of A·V, simplified: ``= (0, 0)``."""
     i, n = w.row + 1, len(w.tiled.steps)
     out = w.tiled.output
-    from ._tex import sums_tex
+    from .matrices import sums_tex
 
     return (f"o^{{\\text{{tiled}}}}_{{{i}}} = \\frac{{\\mathrm{{acc}}^{{({n})}}}}{{\\ell^{{({n})}}}} = "
             + _vector_tex(out, max_shown, sums_tex))

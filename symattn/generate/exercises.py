@@ -1,0 +1,323 @@
+"""Fresh exercises with hand-friendly numbers, reproducible from a seed: the specification
+(:class:`Spec`), the drawing, the guarantees of each level (:func:`niceness`, documented with
+:func:`symattn.generate`) and the problem file text (:func:`to_yaml`).
+
+:mod:`symattn.generate.batch` builds on these: distinct variants of a batch and their folder.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, replace
+from fractions import Fraction
+
+import numpy as np
+
+from ..errors import SymattnError
+from ..text import LongNumber, excerpt, whole_number
+from ..problem.core import mask_rule
+
+LEVELS = {
+    # range, |projection| bound, |score| bound, allowed denominators of scaled scores
+    "easy": ((0, 1), 4, 8, (1,)),
+    "medium": ((-1, 1), 6, 16, (1, 2, 3)),
+    "hard": ((-2, 2), 12, 48, None),
+}
+MAX_TRIES = 200_000
+_LINE_BREAK = re.compile("\r\n|[\r\n\x85\u2028\u2029]")  # what YAML reads as the end of a line
+DEFAULT_WORDS = ("the", "cat", "sat", "on", "a", "warm", "mat", "today", "and", "then", "slept", "well")
+
+
+@dataclass(frozen=True)
+class Spec:
+    """What to generate."""
+
+    tokens: int = 4
+    d_model: int = 4
+    d_k: int = 4
+    d_v: int = 4
+    mask: str = "causal"  # none, causal, causal-bottom-right, sliding-window:W, padding:P
+    heads: int = 1
+    cross: int | None = None  # n_k of a context (cross-attention)
+    scale: bool = True
+    level: str = "easy"
+    range: tuple[int, int] | None = None
+    words: tuple[str, ...] | None = None
+    vary: str | None = None  # with a base problem: "weights" or "inputs"
+    extra: tuple[str, ...] = ()  # YAML lines kept from a base problem (an exact scale, a bias)
+    bounds: tuple[int, int] | None = None  # |projection| and |score| bounds instead of the level's
+
+    @property
+    def proj_score_bounds(self) -> tuple[int, int]:
+        return self.bounds or LEVELS[self.level][1:3]
+
+    @property
+    def lo_hi(self) -> tuple[int, int]:
+        return self.range or LEVELS[self.level][0]
+
+    @property
+    def n_k(self) -> int:
+        return self.cross or self.tokens
+
+
+@dataclass(frozen=True)
+class Drawn:
+    """The integer matrices of one generated problem."""
+
+    X: np.ndarray
+    context: np.ndarray | None
+    heads: tuple[tuple[np.ndarray, np.ndarray, np.ndarray], ...]
+    W_O: np.ndarray | None
+
+    def key(self) -> tuple:
+        parts = [self.X] + ([self.context] if self.context is not None else []) + [w for h in self.heads for w in h]
+        if self.W_O is not None:
+            parts.append(self.W_O)
+        return tuple(tuple(map(int, p.ravel())) + (p.shape,) for p in parts)
+
+
+def validate(spec: Spec) -> None:
+    """Reject option combinations that cannot be generated, with the reason."""
+    if spec.level not in LEVELS:
+        raise SymattnError(f"unknown level {spec.level!r}; choose easy, medium or hard")
+    for name in ("tokens", "d_model", "d_k", "d_v", "heads"):
+        value = getattr(spec, name)
+        if not 1 <= value <= 16:
+            raise SymattnError(f"--{name.replace('_', '-')} must be from 1 to 16 for a hand exercise, not {value}")
+    if spec.cross is not None and not 1 <= spec.cross <= 16:
+        raise SymattnError(f"--cross must be from 1 to 16, not {spec.cross}")
+    lo, hi = spec.lo_hi
+    if lo > hi:
+        raise SymattnError(f"--range {lo}..{hi}: the low end is above the high end; write LOW..HIGH")
+    if max(abs(lo), abs(hi)) > 9:
+        raise SymattnError(f"--range {lo}..{hi} must be a range of small integers (at most 9 in size)")
+    if spec.scale and spec.level != "hard" and math.isqrt(spec.d_k) ** 2 != spec.d_k:
+        raise SymattnError(
+            f"d_k = {spec.d_k} is not a perfect square, so the scaled scores carry √{spec.d_k}; "
+            "use --level hard, --no-scale, or a d_k such as 1, 4 or 9"
+        )
+    allowed(spec)  # raises for a bad mask
+
+
+def allowed(spec: Spec) -> list[list[bool]]:
+    """The mask of the spec as a boolean matrix (query i, key j)."""
+    n_q, n_k = spec.tokens, spec.n_k
+    kind, colon, arg = spec.mask.partition(":")
+    if colon and kind in ("none", "causal", "causal-bottom-right"):
+        raise SymattnError(f"the mask {kind} takes no argument; write --mask {kind}")
+    width = None
+    if kind in ("sliding-window", "padding"):
+        try:
+            width = whole_number(arg)
+        except LongNumber as exc:
+            raise SymattnError(f"--mask {kind}:N: {exc}") from None
+        if width is None:
+            raise SymattnError(f"--mask {kind}:N needs a whole number N, not {excerpt(arg)}")
+    if kind in ("none", "causal", "causal-bottom-right"):
+        grid = mask_rule(kind, n_q, n_k)
+    elif kind == "sliding-window" and width >= 1:
+        grid = mask_rule(kind, n_q, n_k, width)
+    elif kind == "padding":
+        if not 1 <= width < n_k:
+            raise SymattnError(f"--mask padding:{arg} must hide from 1 to {n_k - 1} of the {n_k} keys")
+        grid = [[j < n_k - width for j in range(n_k)] for i in range(n_q)]
+    else:
+        import difflib
+
+        close = difflib.get_close_matches(kind, ["none", "causal", "causal-bottom-right", "sliding-window", "padding"], n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise SymattnError(
+            f"unknown mask {excerpt(spec.mask)}{hint}; choose none, causal, causal-bottom-right, sliding-window:W or padding:P"
+        )
+    for i, row in enumerate(grid):
+        if not any(row):
+            raise SymattnError(f"the mask {spec.mask} leaves query {i + 1} with no key to attend to; choose another mask or shape")
+    return grid
+
+
+def niceness(spec: Spec, drawn: Drawn) -> str | None:
+    """The first guarantee of the spec's level that ``drawn`` breaks, or None when it meets them all."""
+    denominators = LEVELS[spec.level][3]
+    proj_bound, score_bound = spec.proj_score_bounds
+    lo, hi = spec.lo_hi
+    inputs = [drawn.X] + ([drawn.context] if drawn.context is not None else [])
+    weights = [w for h in drawn.heads for w in h] + ([drawn.W_O] if drawn.W_O is not None else [])
+    drawn_now = {"weights": weights, "inputs": inputs}.get(spec.vary, inputs + weights)  # --from keeps the rest
+    for m in drawn_now:
+        if m.min() < lo or m.max() > hi:
+            return f"an entry is outside the range {lo}..{hi}"
+    mask = np.array(allowed(spec))
+    C = drawn.context if drawn.context is not None else drawn.X
+    for W_Q, W_K, W_V in drawn.heads:
+        Q, K, V = drawn.X @ W_Q, C @ W_K, C @ W_V
+        if max(abs(Q).max(), abs(K).max(), abs(V).max()) > proj_bound:
+            return f"a projection is larger than {proj_bound} in size"
+        S = Q @ K.T
+        if abs(S).max() > score_bound:
+            return f"a score is larger than {score_bound} in size"
+        if spec.scale:
+            root = math.isqrt(W_Q.shape[1])
+            if denominators is not None:
+                if math.isqrt(W_Q.shape[1]) ** 2 != W_Q.shape[1]:
+                    return "d_k is not a perfect square"
+                for s in S.ravel():
+                    if Fraction(int(s), root).denominator not in denominators:
+                        return f"a scaled score is not {'an integer' if denominators == (1,) else 'an integer, half or third'}"
+        distinct = [len({int(s) for s, ok in zip(S[i], mask[i]) if ok}) for i in range(S.shape[0])]
+        if spec.level == "easy" and max(distinct) > 2:
+            return "a softmax row has more than two distinct exponents"
+        if max(distinct) < 2 and max(len(row) for row in mask.tolist()) > 1 and sum(mask.ravel()) > mask.shape[0]:
+            return "every softmax row is uniform (nothing to compute)"
+    return None
+
+
+def draw(spec: Spec, rng: np.random.Generator, base: Drawn | None = None) -> Drawn:
+    """One candidate: fresh integers in the range (with ``base``, only the varied part is new)."""
+    lo, hi = spec.lo_hi
+
+    def ints(rows: int, cols: int) -> np.ndarray:
+        return rng.integers(lo, hi + 1, size=(rows, cols), dtype=np.int64)
+
+    if base is not None and spec.vary == "weights":
+        X, context = base.X, base.context
+    else:
+        X = ints(spec.tokens, spec.d_model)
+        context = ints(spec.cross, spec.d_model) if spec.cross else None
+    if base is not None and spec.vary == "inputs":
+        return replace(base, X=X, context=context)
+    # (d_k, d_v) of each head: the base problem's when varying one
+    shapes = [(W_Q.shape[1], W_V.shape[1]) for W_Q, _, W_V in base.heads] if base is not None else None
+    heads = []
+    for h in range(spec.heads):
+        d_k, d_v = shapes[h] if shapes else (spec.d_k, spec.d_v)
+        heads.append((ints(spec.d_model, d_k), ints(spec.d_model, d_k), ints(spec.d_model, d_v)))
+    W_O = None
+    if spec.heads > 1:
+        width = sum(h[2].shape[1] for h in heads)
+        d_out = base.W_O.shape[1] if base is not None and base.W_O is not None else heads[0][2].shape[1]
+        W_O = ints(width, d_out)
+    return Drawn(X, context, tuple(heads), W_O)
+
+
+def generate(spec: Spec, seed: int, base: Drawn | None = None, avoid: set | None = None) -> Drawn:
+    """The first candidate from ``seed`` that meets every guarantee (and is not in ``avoid``).
+
+    A variant of ``base`` is never the base itself.
+    """
+    validate(spec)
+    if seed < 0:
+        raise SymattnError(f"the seed must be 0 or more, not {seed}")
+    avoid = set(avoid or ())
+    if base is not None:
+        avoid.add(base.key())
+    rng = np.random.default_rng(seed)
+    reason = None
+    for _ in range(MAX_TRIES):
+        drawn = draw(spec, rng, base)
+        reason = niceness(spec, drawn)
+        if reason is None and (avoid is None or drawn.key() not in avoid):
+            return drawn
+    raise SymattnError(
+        f"no problem met the {spec.level} guarantees in {MAX_TRIES:,} tries (last failure: {reason}); "
+        "try a smaller size, another --range or --level"
+    )
+
+
+def to_yaml(spec: Spec, drawn: Drawn, command: str, title: str) -> str:
+    """The problem file text: a comment header with the command that made it, then the fields."""
+
+    def matrix(m: np.ndarray, indent: str = "  ") -> str:
+        return "\n".join(f"{indent}- [{', '.join(str(int(v)) for v in row)}]" for row in m)
+
+    words = spec.words or DEFAULT_WORDS
+    tokens = [words[i] if i < len(words) else f"t{i + 1}" for i in range(spec.tokens)]
+    made_by = "\n#   ".join(_LINE_BREAK.split(command))  # a line break in an argument stays in the comment
+    out = [f"# Made by: {made_by}", f"# Level {spec.level}: see `symattn generate --help` for its guarantees.", f"title: {_quote(title)}"]
+    out.append("tokens: [" + ", ".join(_quote(t) for t in tokens) + "]")
+    out.append("X:\n" + matrix(drawn.X))
+    if drawn.context is not None:
+        ctx_words = words[spec.tokens:] if spec.words else DEFAULT_WORDS[::-1]
+        ctx = [ctx_words[j] if j < len(ctx_words) else f"c{j + 1}" for j in range(spec.cross)]
+        out.append("context_tokens: [" + ", ".join(_quote(t) for t in ctx) + "]")
+        out.append("context:\n" + matrix(drawn.context))
+    if spec.heads == 1:
+        W_Q, W_K, W_V = drawn.heads[0]
+        out += ["W_Q:\n" + matrix(W_Q), "W_K:\n" + matrix(W_K), "W_V:\n" + matrix(W_V)]
+    else:
+        out.append("heads:")
+        for W_Q, W_K, W_V in drawn.heads:
+            out.append("  - W_Q:\n" + matrix(W_Q, "      ") + "\n    W_K:\n" + matrix(W_K, "      ") + "\n    W_V:\n" + matrix(W_V, "      "))
+        out.append("W_O:\n" + matrix(drawn.W_O))
+    kind, _, arg = spec.mask.partition(":")
+    if kind == "sliding-window":
+        out.append(f"mask: {{sliding-window: {arg}}}")
+    elif kind == "padding":
+        out.append("mask:\n" + matrix(np.array(allowed(spec), dtype=int)))
+    else:
+        out.append(f"mask: {kind}")
+    if not spec.scale:
+        out.append("scale: none")
+    out.extend(spec.extra)
+    return "\n".join(out) + "\n"
+
+
+def from_problem(problem) -> tuple[Spec, Drawn]:
+    """The structure and integers of an existing problem, for --from (integer entries only)."""
+    import sympy
+
+    def arr(m):
+        if not all(isinstance(x, sympy.Integer) for x in m):
+            raise SymattnError(f"{problem.source}: --from needs integer entries to vary (hand-friendly problems)")
+        return np.array(m.tolist(), dtype=np.int64)
+
+    if not problem.projected:
+        raise SymattnError(f"{problem.source}: --from needs a problem with X and weights (not Q, K, V given)")
+    if problem.positions is not None:
+        raise SymattnError(f"{problem.source}: --from does not vary problems with positions (remove positions: first)")
+    if problem.kv_heads:
+        raise SymattnError(f"{problem.source}: --from does not vary grouped-query problems (kv_heads) yet")
+    mask = problem.mask
+    if mask.kind == "sliding-window":
+        kind = f"sliding-window:{mask.window}"
+    elif mask.kind in ("matrix", "padding", "valid-length"):
+        last = [row.index(False) if False in row else len(row) for row in mask.allowed]
+        if len(set(last)) != 1 or any(any(row[last[0]:]) for row in mask.allowed):
+            raise SymattnError(f"{problem.source}: --from supports padding masks (the last keys hidden) among mask matrices")
+        kind = f"padding:{problem.n_k - last[0]}"
+    elif mask.kind == "combined":
+        raise SymattnError(f"{problem.source}: --from supports one mask, not a list of masks")
+    else:
+        kind = mask.kind
+    heads = tuple((arr(h.W_Q), arr(h.W_K), arr(h.W_V)) for h in problem.heads)
+    drawn = Drawn(arr(problem.X), arr(problem.context) if problem.context is not None else None, heads,
+                  arr(problem.W_O) if problem.W_O is not None else None)
+    # the base problem's own sizes are acceptable for its variants
+    C = drawn.context if drawn.context is not None else drawn.X
+    proj = max(int(abs(m).max()) for W_Q, W_K, W_V in heads for m in (drawn.X @ W_Q, C @ W_K, C @ W_V))
+    score = max(int(abs((drawn.X @ W_Q) @ (C @ W_K).T).max()) for W_Q, W_K, _ in heads)
+    extra = []
+    if not isinstance(problem.scale, str):
+        extra.append(f"scale: {_quote(sympy.sstr(problem.scale))}")
+    if problem.bias is not None:
+        def entry(x):
+            if x == sympy.S.NegativeInfinity:
+                return "-inf"
+            return str(x) if isinstance(x, sympy.Integer) else _quote(sympy.sstr(x))
+
+        rows = ["  - [" + ", ".join(entry(x) for x in row) + "]" for row in problem.bias.tolist()]
+        extra.append("bias:\n" + "\n".join(rows))
+    if problem.decode is not None:
+        extra.append(f"decode: {problem.decode}")
+    spec = Spec(
+        extra=tuple(extra),
+        bounds=(proj, score),
+        tokens=problem.n_q, d_model=problem.d_model, d_k=problem.d_k, d_v=problem.d_v, mask=kind,
+        heads=len(heads), cross=problem.n_k if problem.context is not None else None,
+        scale=problem.scale != "none", words=problem.tokens + (problem.key_tokens if problem.context is not None else ()),
+    )
+    return spec, drawn
+
+
+def _quote(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'

@@ -1,0 +1,1 @@
+"""Checkpoints: safetensors files read by symattn itself, and the model layouts they come in."""

@@ -1,0 +1,113 @@
+"""A problem with one more pass to derive: the backward pass, FlashAttention's online softmax
+over blocks of keys, or decoding one token from the KV cache.
+
+>>> import symattn
+>>> p = symattn.load_problem("Q: [[0, 0]]\\nK: [[1, 0], [0, 1]]\\nV: [[2], [4]]\\n")
+>>> symattn.with_backward(p, {"weights": [["1/2"]]}).backward.matrix
+Matrix([[1/2]])
+>>> symattn.with_tiling(p, 1).tiling
+Tiling(block=1, rows=None)
+
+Each returns a new :class:`~symattn.problem.core.Problem` (problems are frozen); the command line's
+``--backward``, ``--tiled B`` and ``--decode T`` are these calls.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from fractions import Fraction
+
+import sympy
+
+from ..errors import SymattnError
+from ..numbers.parse import NumberError, check_size, parse_number
+from ..text import excerpt, shown
+from .core import SUM_LOSS, Backward, Matrix, Problem, Tiling, _entry, _row, with_decode
+
+__all__ = ["with_backward", "with_decode", "with_tiling"]
+
+_LOSSES = "sum, {'weights': rows} or {'target': rows}"
+
+
+def with_backward(problem: Problem, loss=None) -> Problem:
+    """``problem`` with its backward pass derived too, from the loss ``loss``.
+
+    ``loss`` is what a problem file's ``backward: {loss: ...}`` takes: ``"sum"`` (L = Σ O),
+    ``{"weights": rows}`` (L = Σ W ∘ O) or ``{"target": rows}`` (L = ½‖O − T‖²), with one entry
+    per output entry, each an int, a :class:`fractions.Fraction`, an exact SymPy number or a
+    string as in a problem file (``"1/2"``, ``"0.25"``, ``"exp(2)"``). None (``--backward``) keeps
+    the problem's own ``backward:`` section, else takes L = Σ O.
+    """
+    if loss is None:
+        return problem if problem.backward is not None else dataclasses.replace(problem, backward=SUM_LOSS)
+    return dataclasses.replace(problem, backward=_loss(problem, loss))
+
+
+def with_tiling(problem: Problem, block: int) -> Problem:
+    """``problem`` with the online softmax over blocks of ``block`` keys (``--tiled B``); the rows
+    its ``tiling:`` section works block by block are kept."""
+    if isinstance(block, bool) or not isinstance(block, int) or block < 1:
+        raise SymattnError(f"the block must be a whole number of keys, 1 or more, not {shown(block)}",
+                           field="--tiled")
+    if problem.symbols:
+        raise SymattnError("the tiled softmax needs numbers: the running maximum of scores with symbols cannot be "
+                           "decided; remove symbols or --tiled", file=problem.source, field="--tiled")
+    rows = problem.tiling.rows if problem.tiling is not None else None
+    return dataclasses.replace(problem, tiling=Tiling(block, rows))
+
+
+def _loss(problem: Problem, loss) -> Backward:
+    """The :class:`Backward` of a ``loss`` given in Python, checked as ``backward: {loss: ...}`` is."""
+    if isinstance(loss, str):
+        if loss == "sum":
+            return SUM_LOSS
+        raise SymattnError(f"unknown loss {excerpt(loss)}; give {_LOSSES}", field="loss")
+    if not isinstance(loss, dict) or len(loss) != 1:
+        raise SymattnError(f"the loss is {_LOSSES}, not {shown(loss)}", field="loss")
+    ((kind, rows),) = loss.items()
+    if kind not in ("weights", "target"):
+        raise SymattnError(f"unknown loss {shown(kind)}; give {_LOSSES}", field="loss")
+    return Backward(kind, _output_matrix(problem, rows, f"loss.{kind}"))
+
+
+def _output_matrix(problem: Problem, rows, name: str) -> Matrix:
+    """``rows`` as an exact matrix of the output's shape (sizes checked before any entry is read)."""
+    n_q, d_out = problem.n_q, problem.d_out
+    shape = f"the output O is {n_q}×{d_out}: it needs one entry per output entry"
+    if not isinstance(rows, (list, tuple)) or len(rows) != n_q:
+        count = _count(len(rows), "row") if isinstance(rows, (list, tuple)) else shown(rows)
+        raise SymattnError(f"{count} given, but {shape}: a list of {_count(n_q, 'row')}", field=name)
+    symbols = {s.name: s for s in problem.symbols}
+    values = []
+    for i, row in enumerate(rows):
+        if not isinstance(row, (list, tuple)) or len(row) != d_out:
+            count = _count(len(row), "entry") if isinstance(row, (list, tuple)) else shown(row)
+            raise SymattnError(f"{count} given, but {shape}", field=_row(name, i))
+        values.append([_number(x, symbols, _entry(name, i, j)) for j, x in enumerate(row)])
+    return Matrix(values)
+
+
+def _count(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word[:-1]}ies" if word.endswith("y") else f"{n} {word}s"
+
+
+def _number(x, symbols: dict, field: str) -> sympy.Expr:
+    """One exact entry: an int, a Fraction, an exact SymPy number or a problem file's text."""
+    if isinstance(x, bool) or isinstance(x, float) or isinstance(x, sympy.Float):
+        what = "a boolean" if isinstance(x, bool) else "a binary float, which is not exact"
+        raise SymattnError(f"{shown(x)} is {what}; give an int, a Fraction or the number as text such as "
+                           "'0.1' or '1/3'", field=field)
+    if isinstance(x, int):
+        return sympy.Integer(x)
+    if isinstance(x, Fraction):
+        return sympy.Rational(x.numerator, x.denominator)
+    if isinstance(x, str):
+        try:
+            return check_size(x, parse_number(x, symbols=symbols))
+        except NumberError as exc:
+            raise SymattnError(str(exc), field=field) from None
+    if isinstance(x, sympy.Expr) and not x.has(sympy.Float) and x.is_finite is not False \
+            and x.free_symbols <= set(symbols.values()):
+        return x
+    raise SymattnError(f"{shown(x)} is not a number; give an int, a Fraction or the number as text",
+                       field=field)

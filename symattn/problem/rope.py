@@ -1,0 +1,159 @@
+"""Rotary position embeddings (RoPE), exactly: the angles, the two pairings and the rotation.
+
+RoPE rotates each pair of a query's (and a key's) components by the angle ``p·θ_i``, where
+``p`` is the token's position (0 for the first token, as the libraries count) and
+``θ_i = base^{-2i/d_k}`` for pair ``i = 0 … d_k/2 − 1`` (or angles the problem gives, such as
+π/6, whose cosines and sines are exact algebraic numbers). Which components make pair ``i`` is
+the *pairing*:
+
+- ``half`` (GPT-NeoX, LLaMA in Hugging Face, ``rotate_half``): component ``i`` with ``i + d_k/2``;
+- ``interleaved`` (the RoFormer paper, Meta's original LLaMA code): ``2i`` with ``2i + 1``.
+
+A pair ``(x_a, x_b)`` at angle φ becomes ``(x_a cos φ − x_b sin φ, x_a sin φ + x_b cos φ)``.
+Everything here is exact (SymPy); the independent NumPy rotation is in :mod:`symattn.reference.numeric`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import sympy
+from sympy import QQ
+
+PAIRINGS = ("half", "interleaved")
+DEFAULT_PAIRING = "half"
+DEFAULT_BASE = 10000
+
+
+@dataclass(frozen=True)
+class Rope:
+    """A problem's rotary embedding: the pairing and either the base or the angles θ_i."""
+
+    pairing: str = DEFAULT_PAIRING
+    base: sympy.Expr | None = None  # θ_i = base^(−2i/d_k); None when the angles are given
+    angles: tuple[sympy.Expr, ...] | None = None
+
+    def thetas(self, d_k: int) -> tuple[sympy.Expr, ...]:
+        """θ_0 … θ_{d_k/2 − 1}, exactly."""
+        if self.angles is not None:
+            return self.angles
+        return tuple(sympy.Pow(self.base, sympy.Rational(-2 * i, d_k)) for i in range(d_k // 2))
+
+    def pairs(self, d_k: int) -> list[tuple[int, int]]:
+        """The 0-based components ``(a, b)`` of each pair, pair by pair."""
+        return pairs(d_k, self.pairing)
+
+    def rule(self) -> str:
+        """The angles in words (math marked ⟦…⟧, see symattn.render.prose)."""
+        if self.angles is not None:
+            return "the angles are given: " + ", ".join(
+                f"⟦\\theta_{{{i + 1}}} = {sympy.latex(a)}⟧" for i, a in enumerate(self.angles))
+        return f"⟦\\theta_i = {sympy.latex(self.base)}^{{-2(i-1)/d_k}}⟧ for pair ⟦i = 1, \\dots, d_k/2⟧"
+
+
+def pairs(d_k: int, pairing: str) -> list[tuple[int, int]]:
+    """The 0-based components of each pair: half pairs i with i + d_k/2, interleaved 2i with 2i + 1."""
+    half = d_k // 2
+    if pairing == "half":
+        return [(i, i + half) for i in range(half)]
+    return [(2 * i, 2 * i + 1) for i in range(half)]
+
+
+def other(pairing: str) -> str:
+    """The other pairing (a student's classic swap)."""
+    return "interleaved" if pairing == "half" else "half"
+
+
+def cos_sin(angle: sympy.Expr) -> tuple[sympy.Expr, sympy.Expr]:
+    """cos and sin of an exact angle, exactly (SymPy evaluates π/6 to √3/2; cos(1) stays cos(1))."""
+    return sympy.cos(angle), sympy.sin(angle)
+
+
+def rotate(m, thetas, pair_list, positions=None, sign: int = 1):
+    """Row ``p`` of ``m`` (at position ``positions[p]``, default ``p``) with each pair rotated by
+    ``sign·position·θ_i``, exactly; a rational result is a rational matrix (the fast paths keep
+    it)."""
+    from ..numbers.matrices import rational_matrix, tidy
+
+    rows, cols = m.rows, m.cols
+    out = [[None] * cols for _ in range(rows)]
+    for r in range(rows):
+        p = r if positions is None else positions[r]
+        for k in range(cols):
+            out[r][k] = m[r, k]  # a component in no pair (none when d_k is even) stays
+        for (a, b), theta in zip(pair_list, thetas):
+            c, s = cos_sin(sign * p * theta)
+            xa, xb = m[r, a], m[r, b]
+            out[r][a] = tidy(xa * c - xb * s)
+            out[r][b] = tidy(xa * s + xb * c)
+    flat = [x for row in out for x in row]
+    if all(isinstance(x, sympy.Rational) for x in flat):
+        return rational_matrix(rows, cols, [QQ(int(x.p), int(x.q)) for x in flat])
+    return sympy.ImmutableMatrix(out)
+
+
+# -- what the worked solution shows ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One token's rotation of one pair, as a 2×2 block: ``(out_a, out_b) = R(angle)·(x_a, x_b)``."""
+
+    token: int  # 0-based row (its position)
+    pair: int  # 0-based pair
+    a: int  # 0-based components
+    b: int
+    angle: sympy.Expr  # position·θ_pair
+    cos: sympy.Expr
+    sin: sympy.Expr
+    x: tuple[sympy.Expr, sympy.Expr]
+    out: tuple[sympy.Expr, sympy.Expr]
+
+
+def turn(rope: Rope, before, after, d_k: int) -> Turn:
+    """The second token's first pair (the first token's, with one token), from the matrices
+    before and after the rotation."""
+    r = 1 if before.rows > 1 else 0
+    a, b = rope.pairs(d_k)[0]
+    angle = r * rope.thetas(d_k)[0]
+    c, s = cos_sin(angle)
+    return Turn(r, 0, a, b, angle, c, s, (before[r, a], before[r, b]), (after[r, a], after[r, b]))
+
+
+@dataclass(frozen=True)
+class Relative:
+    """The property that makes RoPE, for the query at position ``p`` and the key at ``r``:
+    ``q_p^rot · k_r^rot`` (the score) equals ``q_p · R((r − p)θ) k_r`` exactly."""
+
+    query: int  # 0-based positions
+    key: int
+    q: tuple[sympy.Expr, ...]  # the unrotated query and key
+    k: tuple[sympy.Expr, ...]
+    k_relative: tuple[sympy.Expr, ...]  # R((r − p)θ)·k_r
+    score: sympy.Expr  # q_p^rot · k_r^rot, the entry of S
+    relative: sympy.Expr  # q_p · R((r − p)θ) k_r
+    difference: sympy.Expr  # score − relative, simplified (0)
+
+    @property
+    def offset(self) -> int:
+        return self.key - self.query
+
+
+def relative(rope: Rope, Q, K, S, d_k: int) -> "Relative | None":
+    """The property for the last query and the key before it (None with a single token)."""
+    from ..numbers.matrices import tidy, tidy_trig
+
+    n = min(Q.rows, K.rows)
+    if n < 2:
+        return None
+    p, r = n - 1, n - 2
+    k_row = sympy.ImmutableMatrix([[K[r, c] for c in range(K.cols)]])
+    k_rel = rotate(k_row, rope.thetas(d_k), rope.pairs(d_k), [r - p])
+    k_rel = tuple(k_rel[0, c] for c in range(K.cols))
+    q = tuple(Q[p, c] for c in range(Q.cols))
+    value = tidy_trig(tidy(sympy.Add(*[x * y for x, y in zip(q, k_rel)])))
+    score = S[p, r]
+    difference = tidy_trig(tidy(score - value))
+    if difference != 0:
+        difference = sympy.simplify(difference)
+    return Relative(p, r, q, tuple(K[r, c] for c in range(K.cols)), k_rel, score, value, difference)

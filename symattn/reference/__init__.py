@@ -1,0 +1,1 @@
+"""The independent references every derivation is checked against: NumPy, PyTorch, finite differences."""

@@ -1,0 +1,206 @@
+"""An independent float64 evaluation of attention with NumPy.
+
+This module never imports the exact code path: it starts again from the
+problem's input matrices, written the way a practitioner would in NumPy,
+with the max-subtraction softmax so large scores do not overflow. The
+cross-check compares its stages with the exact ones, stage by stage.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import sympy
+
+from ..stages import core as st
+from ..numbers.parse import matrix_float64
+from ..problem.core import Problem
+
+
+def _f64(m, subs=None) -> np.ndarray:
+    """An exact SymPy matrix as float64 (the only place exact meets binary floats); −∞ stays −∞."""
+    values = matrix_float64(m)  # rationals: each entry correctly rounded (once for a QQMatrix)
+    if values is not None:
+        return values.copy()  # the caller's own (a shared one is read-only)
+    if subs:
+        m = m.xreplace(subs)
+    return np.array(
+        [[-np.inf if x == sympy.S.NegativeInfinity else float(x) for x in row] for row in m.tolist()],
+        dtype=np.float64,
+    )
+
+
+def _bias(out: dict, stage: str, row, subs) -> np.ndarray:
+    """A projection's bias (1 × d) in float64, kept under its stage id; NumPy broadcasts it over the rows."""
+    b = out[stage] = _f64(row, subs)
+    return b
+
+
+def _rope(x: np.ndarray, rope) -> np.ndarray:
+    """Rotary embeddings in float64, as the libraries write them: row p (position p, from 0) with
+    each pair of components turned by p·θ_i; half pairs i with i + d/2 (rotate_half), interleaved
+    2i with 2i + 1."""
+    n, d = x.shape
+    if rope.angles is not None:
+        theta = np.array([float(a) for a in rope.angles])
+    else:
+        theta = float(rope.base) ** (-np.arange(0, d, 2, dtype=np.float64) / d)
+    phi = np.arange(n, dtype=np.float64)[:, None] * theta[None, :]    # (n, d/2)
+    cos, sin = np.cos(phi), np.sin(phi)
+    if rope.pairing == "half":
+        a, b = x[:, : d // 2], x[:, d // 2:]
+        return np.concatenate([a * cos - b * sin, a * sin + b * cos], axis=1)
+    a, b = x[:, 0::2], x[:, 1::2]
+    out = np.empty_like(x)
+    out[:, 0::2], out[:, 1::2] = a * cos - b * sin, a * sin + b * cos
+    return out
+
+
+def _online_softmax(Z: np.ndarray, V: np.ndarray, block: int):
+    """FlashAttention's one pass over the keys in blocks, as its kernels run it: per query a running
+    maximum m, a running sum l and an accumulator acc (rescaled by exp(m_old − m_new) whenever the
+    maximum grows). Returns m and l after each block, and acc after the last."""
+    n_q, n_k = Z.shape
+    starts = range(0, n_k, block)
+    m_all = np.full((n_q, len(starts)), -np.inf)
+    l_all = np.zeros((n_q, len(starts)))
+    m = np.full(n_q, -np.inf)
+    l = np.zeros(n_q)
+    acc = np.zeros((n_q, V.shape[1]))
+    for b, start in enumerate(starts):
+        Zb, Vb = Z[:, start:start + block], V[start:start + block]
+        m_new = np.maximum(m, Zb.max(axis=1))
+        seen = np.isfinite(m_new)                                # rows with an allowed key so far
+        safe = np.where(seen, m_new, 0.0)
+        alpha = np.where(np.isfinite(m), np.exp(m - safe), 0.0)  # exp(-inf - m) = 0 at the start
+        P = np.where(seen[:, None], np.exp(Zb - safe[:, None]), 0.0)  # exp(-inf) = 0: masked keys
+        l = alpha * l + P.sum(axis=1)
+        acc = alpha[:, None] * acc + P @ Vb
+        m = m_new
+        m_all[:, b], l_all[:, b] = m, l
+    return m_all, l_all, acc
+
+
+def sinusoidal_positions(n: int, d: int, base: float) -> np.ndarray:
+    """The sinusoidal encodings of positions 0..n−1 in float64, as the original transformer's
+    papers and tutorials write them: sin in the even columns, cos in the odd ones."""
+    position = np.arange(n, dtype=np.float64)[:, None]             # p = 0, 1, ..., n − 1
+    two_i = np.arange(0, d, 2, dtype=np.float64)                   # 2i = 0, 2, 4, ...
+    angle = position / np.power(base, two_i / d)                  # (n, ⌈d/2⌉)
+    pe = np.zeros((n, d))
+    pe[:, 0::2] = np.sin(angle)
+    pe[:, 1::2] = np.cos(angle[:, : d // 2])
+    return pe
+
+
+def positions_f64(p: Problem) -> "np.ndarray | None":
+    """The problem's positional encodings PE in float64 (None without positions)."""
+    if p.positions is None:
+        return None
+    if p.positions.kind == "sinusoidal":
+        return sinusoidal_positions(p.X.rows, p.X.cols, float(p.positions.base))
+    return _f64(p.positions.matrix)
+
+
+def numeric_stages(p: Problem) -> dict[str, np.ndarray]:
+    """Every stage of ``softmax(Q Kᵀ·scale + M) V`` in float64, by stage id.
+
+    Symbols take the problem's ``values``; the caller checks they are all given.
+    """
+    subs = p.substitutions or None
+    out: dict[str, np.ndarray] = {}
+    allowed = np.array(p.mask.allowed, dtype=bool)
+    M = np.where(allowed, 0.0, -np.inf)
+    if p.bias is not None:
+        M = M + _f64(p.bias, subs)
+
+    def head(prefix, Q: np.ndarray, K: np.ndarray, V: np.ndarray, kv_prefix=None) -> np.ndarray:
+        d_k = Q.shape[1]
+        if p.scale == "auto":
+            factor = 1.0 / np.sqrt(d_k)
+        elif p.scale == "none":
+            factor = 1.0
+        else:
+            factor = float(p.scale)
+        if p.rope is not None:  # RoPE: the scores compare the rotated queries and keys
+            Q = out[prefix(st.Q_ROT)] = _rope(Q, p.rope)
+            K = out[prefix(st.K_ROT)] = _rope(K, p.rope)
+        out[(kv_prefix or prefix)(st.K_T)] = K.T
+        S = out[prefix(st.S)] = Q @ K.T                         # (n_q, d_k) @ (d_k, n_k)
+        S_scaled = out[prefix(st.S_SCALED)] = S * factor
+        out[prefix(st.M)] = M
+        Z = out[prefix(st.S_MASKED)] = S_scaled + M
+        m = Z.max(axis=1, keepdims=True)                        # finite: no row is fully masked
+        E = Z - m
+        np.exp(E, out=E)                                        # exp(-inf) = 0 for masked positions
+        A = out[prefix(st.A)] = np.divide(E, E.sum(axis=1, keepdims=True), out=E)  # in place: one n² array
+        O = out[prefix(st.O)] = A @ V                           # (n_q, n_k) @ (n_k, d_v)
+        if p.tiling is not None:
+            m, l, acc = _online_softmax(Z, V, p.tiling.block)
+            out[prefix(st.M_TILED)], out[prefix(st.L_TILED)], out[prefix(st.ACC_TILED)] = m, l, acc
+            out[prefix(st.O_TILED)] = acc / l[:, -1:]
+        if p.decode is not None:
+            decode(prefix, kv_prefix or prefix, Q, K, V, factor, O)
+        return O
+
+    def decode(prefix, kv_prefix, Q, K, V, factor, O) -> None:
+        """Token t's row from the cache of keys and values 1..t (t counted from 1)."""
+        t = p.decode
+        K_cache = out[kv_prefix(st.K_CACHE)] = K[:t]            # (t, d_k)
+        V_cache = out[kv_prefix(st.V_CACHE)] = V[:t]            # (t, d_v)
+        q = out[prefix(st.Q_T)] = Q[t - 1:t]                    # (1, d_k)
+        s = out[prefix(st.S_T)] = (q @ K_cache.T) * factor      # (1, t): no mask, the cache holds keys 1..t
+        e = np.exp(s - s.max())
+        a = out[prefix(st.A_T)] = e / e.sum()
+        o = out[prefix(st.O_T)] = a @ V_cache                   # (1, d_v)
+        out[prefix(st.O_T_DIFF)] = o - O[t - 1:t]
+        d_k, d_v = Q.shape[1], V.shape[1]
+        steps = np.arange(1, p.n_q + 1)
+        out[st.DECODE_COST] = np.stack([steps * d_k, steps * d_v, steps**2 * d_k, steps**2 * d_v], axis=1).astype(float)
+
+    if not p.projected:
+        Q = out[st.Q] = _f64(p.Q, subs)
+        K = out[st.K] = _f64(p.K, subs)
+        V = out[st.V] = _f64(p.V, subs)
+        head(st.stage_id, Q, K, V)
+        return out
+    X = out[st.X] = _f64(p.X, subs)
+    PE = positions_f64(p)
+    if PE is not None:
+        out[st.PE] = PE
+        X = out[st.X_POS] = X + PE                              # the projections read X + PE
+    C = X
+    if p.context is not None:
+        C = out[st.CONTEXT] = _f64(p.context, subs)
+    outputs = []
+    n_heads = len(p.heads)
+    per_group = n_heads // (p.kv_heads or n_heads)  # query heads sharing one K/V head (1: no sharing)
+    for h, weights in enumerate(p.heads, 1):
+        prefix = functools.partial(st.stage_id, head=h if p.multi_head else None)  # this head's ids
+        W_Q = out[prefix(st.W_Q)] = _f64(weights.W_Q, subs)
+        Q = X @ W_Q                                             # (n_q, d_model) @ (d_model, d_k)
+        if weights.b_Q is not None:                             # a bias row, broadcast over the rows
+            Q = Q + _bias(out, prefix(st.B_Q), weights.b_Q, subs)
+        out[prefix(st.Q)] = Q
+        first = (h - 1) // per_group * per_group + 1            # query head q (0-based) reads K/V head q // per_group
+        if h == first:  # the group's K and V, under its first head's ids
+            kv_prefix = prefix
+            W_K = out[prefix(st.W_K)] = _f64(weights.W_K, subs)
+            W_V = out[prefix(st.W_V)] = _f64(weights.W_V, subs)
+            K = C @ W_K                                         # (n_k, d_model) @ (d_model, d_k)
+            V = C @ W_V                                         # (n_k, d_model) @ (d_model, d_v)
+            if weights.b_K is not None:
+                K = K + _bias(out, prefix(st.B_K), weights.b_K, subs)
+            if weights.b_V is not None:
+                V = V + _bias(out, prefix(st.B_V), weights.b_V, subs)
+            out[prefix(st.K)], out[prefix(st.V)] = K, V
+        outputs.append(head(prefix, Q, K, V, kv_prefix))
+    if p.multi_head:
+        concat = out[st.CONCAT] = np.concatenate(outputs, axis=1)  # (n_q, h·d_v)
+        W_O = out[st.W_O] = _f64(p.W_O, subs)
+        O = concat @ W_O                                         # (n_q, h·d_v) @ (h·d_v, d_out)
+        if p.b_O is not None:
+            O = O + _bias(out, st.B_O, p.b_O, subs)
+        out[st.O] = O
+    return out

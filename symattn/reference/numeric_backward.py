@@ -1,0 +1,378 @@
+"""Independent float64 references for the backward pass of attention.
+
+Three ways to the gradients of the problem's loss, none of which touches the
+exact code path: each starts again from the problem's input matrices.
+
+- :func:`numeric_gradients`: the chain rule by hand in NumPy, stage by stage;
+- :func:`finite_difference_gradients`: central differences of a NumPy forward
+  pass and the loss, taken "from each stage on";
+- :func:`torch_gradients`: PyTorch autograd through ``scaled_dot_product_attention``.
+
+All three return the same stage ids (``pre`` is ``headN.`` with ``heads``):
+``dO``; with heads ``dW_O``, ``dconcat`` and each ``headN.dO``; per head
+``pre+dV``, ``pre+dA``, ``pre+dS_masked`` (w.r.t. Ŝ = scale·S + M),
+``pre+dS`` (w.r.t. S = Q Kᵀ), ``pre+dQ``, ``pre+dK`` and, with X and weights,
+``pre+dW_Q``, ``pre+dW_K``, ``pre+dW_V`` (and ``pre+db_Q``, ``pre+db_K``,
+``pre+db_V`` for the biases the problem has; ``db_O`` with ``b_O``); then
+``dX`` and, for cross-attention, ``dcontext``.
+
+Masked positions (where M is −∞, from the mask or the bias) have exactly 0 in
+``dS_masked`` and ``dS``: no perturbation of a score there changes the loss.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+import numpy as np
+
+from ..stages import core as st
+
+from .numeric import _f64, numeric_stages, positions_f64
+from ..problem.core import Problem
+
+
+def _factor(p: Problem, d_k: int) -> float:
+    """The scale factor of a head with this d_k, as ``numeric_stages`` computes it."""
+    if p.scale == "auto":
+        return 1.0 / np.sqrt(d_k)
+    if p.scale == "none":
+        return 1.0
+    return float(p.scale)
+
+
+def _prefixes(p: Problem) -> list:
+    """For each head, the function that names its stages (``head1.dQ``, ... with heads, else ``dQ``)."""
+    if not p.multi_head:
+        return [st.stage_id]
+    return [functools.partial(st.stage_id, head=h) for h in range(1, len(p.heads) + 1)]
+
+
+def _stage_ids(p: Problem) -> list[str]:
+    """The gradient stage ids of a problem, in the order of the backward pass, head by head."""
+    planned = [x for x in st.plan(p) if x.kind.gradient]
+    first = next((k for k, x in enumerate(planned) if x.head is not None), len(planned))
+    layer = [x.id for x in planned if x.head is None]
+    heads = [x.id for h in range(1, len(p.heads) + 1) for x in planned if x.head == h]
+    return layer[:first] + heads + layer[first:]
+
+
+def _has_bias(p: Problem, gradient: str) -> bool:
+    """Whether the heads have the bias whose gradient is ``gradient`` (db_Q, db_K, db_V)."""
+    return gradient[1:] in p.head_biases
+
+
+def _biases(p: Problem, weights) -> tuple:
+    """A head's (b_Q, b_K, b_V) in float64, 0 for a bias it does not have."""
+    subs = p.substitutions or None
+    return tuple(0.0 if b is None else _f64(b, subs) for b in (weights.b_Q, weights.b_K, weights.b_V))
+
+
+def _loss_matrix(p: Problem) -> np.ndarray | None:
+    """The backward section's matrix (dO, W or T) in float64; None for ``loss: sum``."""
+    if p.backward is None:
+        raise ValueError(
+            "the problem has no backward section; set one, e.g. "
+            "dataclasses.replace(p, backward=symattn.problem.core.SUM_LOSS)"
+        )
+    if p.backward.matrix is None:
+        return None
+    return _f64(p.backward.matrix, p.substitutions or None)
+
+
+def _loss(kind: str, G, O):
+    """The loss L(O) of a backward section; works on NumPy arrays and torch tensors alike.
+
+    With a given dO the loss is the linear L = Σ dO ∘ O, whose gradient is dO.
+    """
+    if kind == "sum":
+        return O.sum()
+    if kind == "target":
+        return 0.5 * ((O - G) ** 2).sum()  # ½‖O − T‖²
+    return (G * O).sum()  # L = Σ W ∘ O, or dO given
+
+
+def _softmax(Z: np.ndarray) -> np.ndarray:
+    """Row softmax with the max subtracted; −∞ entries get weight 0."""
+    E = np.exp(Z - Z.max(axis=1, keepdims=True))
+    return E / E.sum(axis=1, keepdims=True)
+
+
+# -- analytic backprop ---------------------------------------------------------
+
+
+def numeric_gradients(p: Problem) -> dict[str, np.ndarray]:
+    """Every gradient stage by backprop written out in NumPy float64, by stage id.
+
+    The forward values are ``numeric_stages``'s; the problem needs a backward section.
+    """
+    G = _loss_matrix(p)
+    fwd = numeric_stages(p)
+    out: dict[str, np.ndarray] = {}
+    if p.backward.kind == "sum":                                # L = Σ O
+        dO = np.ones_like(fwd[st.O])
+    elif p.backward.kind == "target":                           # L = ½‖O − T‖²
+        dO = fwd[st.O] - G
+    else:                                                       # dO given, or L = Σ W ∘ O
+        dO = G
+    out[st.DO] = dO                                              # (n_q, d_out)
+
+    prefixes = _prefixes(p)
+    if p.multi_head:
+        W_O = fwd[st.W_O]
+        out[st.DW_O] = fwd[st.CONCAT].T @ dO                      # (h·d_v, n_q) @ (n_q, d_out)
+        if p.b_O is not None:
+            out[st.DB_O] = dO.sum(axis=0, keepdims=True)         # b_O is on every row: the column sums
+        dconcat = out[st.DCONCAT] = dO @ W_O.T                   # (n_q, d_out) @ (d_out, h·d_v)
+        widths = [fwd[pre(st.V)].shape[1] for pre in prefixes]
+        blocks = np.split(dconcat, np.cumsum(widths)[:-1], axis=1)
+    else:
+        blocks = [dO]
+
+    if p.projected:
+        X = fwd.get(st.X_POS, fwd[st.X])                        # X + PE when positions are added
+        C = fwd.get(st.CONTEXT, X)
+        dX = np.zeros_like(X)
+        dC = np.zeros_like(C)                                   # the keys' and values' path
+    for pre, dO_h in zip(prefixes, blocks):
+        if p.multi_head:
+            out[pre(st.DO)] = dO_h                              # (n_q, d_v): this head's columns
+        Q, K, V, A = (fwd[pre(name)] for name in (st.Q, st.K, st.V, st.A))
+        dV = out[pre(st.DV)] = A.T @ dO_h                       # (n_k, n_q) @ (n_q, d_v)
+        dA = out[pre(st.DA)] = dO_h @ V.T                       # (n_q, d_v) @ (d_v, n_k)
+        # Softmax backward, row by row: a ∘ (da − da·a); A is exactly 0 where masked.
+        dZ = out[pre(st.DS_MASKED)] = A * (dA - (dA * A).sum(axis=1, keepdims=True))
+        dS = out[pre(st.DS)] = _factor(p, Q.shape[1]) * dZ      # Ŝ = scale·S + M
+        dQ = out[pre(st.DQ)] = dS @ K                           # (n_q, n_k) @ (n_k, d_k)
+        dK = out[pre(st.DK)] = dS.T @ Q                         # (n_k, n_q) @ (n_q, d_k)
+        if p.projected:
+            W_Q, W_K, W_V = (fwd[pre(name)] for name in (st.W_Q, st.W_K, st.W_V))
+            out[pre(st.DW_Q)] = X.T @ dQ                        # (d_model, n_q) @ (n_q, d_k)
+            out[pre(st.DW_K)] = C.T @ dK                        # (d_model, n_k) @ (n_k, d_k)
+            out[pre(st.DW_V)] = C.T @ dV                        # (d_model, n_k) @ (n_k, d_v)
+            for name, grad in ((st.DB_Q, dQ), (st.DB_K, dK), (st.DB_V, dV)):
+                if _has_bias(p, name):                          # a bias is on every row: the column sums
+                    out[pre(name)] = grad.sum(axis=0, keepdims=True)
+            dX += dQ @ W_Q.T                                    # (n_q, d_k) @ (d_k, d_model)
+            dC += dK @ W_K.T + dV @ W_V.T                       # (n_k, d_k) @ (d_k, d_model), ...
+    if p.projected:
+        if p.context is None:
+            out[st.DX] = dX + dC                                 # X gives queries, keys and values
+        else:
+            out[st.DX] = dX
+            out[st.DCONTEXT] = dC
+    return out
+
+
+# -- finite differences ----------------------------------------------------------
+
+
+def _central(f: Callable[[np.ndarray], float], x: np.ndarray, eps: float, skip: np.ndarray | None = None) -> np.ndarray:
+    """∂f/∂x by central differences, one entry at a time; entries where ``skip`` is True are 0.
+
+    The step is relative to the entry, h = eps·max(1, |x_ij|), and the divisor is the
+    step actually taken in float64 ((x + h) − (x − h)), so the rounding of x ± h adds no error.
+    """
+    grad = np.zeros_like(x)
+    for ij in np.ndindex(x.shape):
+        if skip is not None and skip[ij]:
+            continue
+        h = eps * max(1.0, abs(x[ij]))
+        up, down = x.copy(), x.copy()
+        up[ij] += h
+        down[ij] -= h
+        grad[ij] = (f(up) - f(down)) / (up[ij] - down[ij])
+    return grad
+
+
+def finite_difference_gradients(p: Problem, eps: float = 1e-6) -> dict[str, np.ndarray]:
+    """Every gradient stage by central differences of the NumPy forward pass and loss.
+
+    For each stage the loss is written as a function of that stage alone, the
+    rest held at its forward value ("from this stage on"): L(O), L(W_O),
+    L(concat), L(O_h), L(V), L(A), L(Ŝ), L(S), L(Q), L(K), L(W_·), L(X),
+    L(context). Masked entries of Ŝ and S (−∞ in M) are not perturbed: their value is 0.
+
+    The step is relative to each entry (see :func:`_central`). Central
+    differences are O(h²) accurate, but each difference of two losses carries
+    float64 rounding of about 1e-16·|L|, divided by the step: with the default
+    eps = 1e-6 they agree with :func:`numeric_gradients` to about 1e-9 of
+    max(1, |gradient|) on the worked examples.
+    """
+    G = _loss_matrix(p)
+    fwd = numeric_stages(p)
+    prefixes = _prefixes(p)
+    M = fwd[prefixes[0](st.M)]                                  # the same for every head
+    masked = np.isneginf(M)                                     # from the mask or a −∞ bias
+    out: dict[str, np.ndarray] = {}
+
+    def loss(O: np.ndarray) -> float:                           # L(O), O the final output
+        return _loss(p.backward.kind, G, O)
+
+    def attend(Q: np.ndarray, K: np.ndarray, V: np.ndarray) -> np.ndarray:
+        return _softmax(Q @ K.T * _factor(p, Q.shape[1]) + M) @ V
+
+    out[st.DO] = _central(loss, fwd[st.O], eps)
+    if p.multi_head:
+        W_O, concat = fwd[st.W_O], fwd[st.CONCAT]
+        b_O = fwd.get(st.B_O, 0.0)
+        out[st.DW_O] = _central(lambda W: loss(concat @ W + b_O), W_O, eps)
+        if p.b_O is not None:
+            out[st.DB_O] = _central(lambda b: loss(concat @ W_O + b), b_O, eps)
+        out[st.DCONCAT] = _central(lambda c: loss(c @ W_O + b_O), concat, eps)
+        ends = np.cumsum([fwd[pre(st.V)].shape[1] for pre in prefixes])
+
+    def head(h: int, pre) -> None:
+        Q, K, V = fwd[pre(st.Q)], fwd[pre(st.K)], fwd[pre(st.V)]
+        factor = _factor(p, Q.shape[1])
+
+        def L_O(O_h):                                           # this head's output in concat
+            if not p.multi_head:
+                return loss(O_h)
+            c = concat.copy()
+            c[:, ends[h] - O_h.shape[1]:ends[h]] = O_h
+            return loss(c @ W_O + b_O)
+
+        def L_A(A):
+            return L_O(A @ V)
+
+        def L_Shat(Z):
+            return L_A(_softmax(Z))
+
+        def L_S(S):
+            return L_Shat(S * factor + M)
+
+        if p.multi_head:
+            out[pre(st.DO)] = _central(L_O, fwd[pre(st.O)], eps)
+        out[pre(st.DV)] = _central(lambda V_: L_O(attend(Q, K, V_)), V, eps)
+        out[pre(st.DA)] = _central(L_A, fwd[pre(st.A)], eps)
+        out[pre(st.DS_MASKED)] = _central(L_Shat, fwd[pre(st.S_MASKED)], eps, skip=masked)
+        out[pre(st.DS)] = _central(L_S, fwd[pre(st.S)], eps, skip=masked)
+        out[pre(st.DQ)] = _central(lambda Q_: L_O(attend(Q_, K, V)), Q, eps)
+        out[pre(st.DK)] = _central(lambda K_: L_O(attend(Q, K_, V)), K, eps)
+        if p.projected:
+            X = fwd.get(st.X_POS, fwd[st.X])
+            C = fwd.get(st.CONTEXT, X)
+            bq, bk, bv = _biases(p, p.heads[h])
+            out[pre(st.DW_Q)] = _central(lambda W: L_O(attend(X @ W + bq, K, V)), fwd[pre(st.W_Q)], eps)
+            out[pre(st.DW_K)] = _central(lambda W: L_O(attend(Q, C @ W + bk, V)), fwd[pre(st.W_K)], eps)
+            out[pre(st.DW_V)] = _central(lambda W: L_O(attend(Q, K, C @ W + bv)), fwd[pre(st.W_V)], eps)
+            if _has_bias(p, st.DB_Q):
+                out[pre(st.DB_Q)] = _central(lambda b: L_O(attend(X @ fwd[pre(st.W_Q)] + b, K, V)), bq, eps)
+            if _has_bias(p, st.DB_K):
+                out[pre(st.DB_K)] = _central(lambda b: L_O(attend(Q, C @ fwd[pre(st.W_K)] + b, V)), bk, eps)
+            if _has_bias(p, st.DB_V):
+                out[pre(st.DB_V)] = _central(lambda b: L_O(attend(Q, K, C @ fwd[pre(st.W_V)] + b)), bv, eps)
+
+    for h, pre in enumerate(prefixes):
+        head(h, pre)
+
+    if p.projected:
+        def L_inputs(X: np.ndarray, C: np.ndarray) -> float:    # the whole forward pass
+            outputs = []
+            for pre, weights in zip(prefixes, p.heads):
+                bq, bk, bv = _biases(p, weights)
+                outputs.append(attend(X @ fwd[pre(st.W_Q)] + bq, C @ fwd[pre(st.W_K)] + bk, C @ fwd[pre(st.W_V)] + bv))
+            if p.multi_head:
+                return loss(np.concatenate(outputs, axis=1) @ fwd[st.W_O] + fwd.get(st.B_O, 0.0))
+            return loss(outputs[0])
+
+        X = fwd[st.X]
+        PE = fwd.get(st.PE, 0.0)                                # X_pos = X + PE: perturb X, add PE
+        if p.context is None:                                   # X gives queries, keys and values
+            out[st.DX] = _central(lambda X_: L_inputs(X_ + PE, X_ + PE), X, eps)
+        else:
+            C = fwd[st.CONTEXT]
+            out[st.DX] = _central(lambda X_: L_inputs(X_ + PE, C), X, eps)
+            out[st.DCONTEXT] = _central(lambda C_: L_inputs(X + PE, C_), C, eps)
+    return out
+
+
+# -- PyTorch autograd --------------------------------------------------------------
+
+
+def torch_gradients(p: Problem) -> dict[str, np.ndarray]:
+    """Every gradient stage from PyTorch autograd in float64, by stage id.
+
+    The forward pass goes through ``torch.nn.functional.scaled_dot_product_attention``
+    with the mask (and bias) as a float ``attn_mask`` (0 allowed, −∞ masked);
+    the loss's ``backward()`` gives the leaves' ``.grad`` (Q, K, V, or X,
+    context, each head's weights and W_O) and, by ``retain_grad()``, the
+    intermediates' (O, concat, each head's O, Q, K, V).
+
+    SDPA fuses the scores and the weights away, so ``dA``, ``dS_masked`` and
+    ``dS`` are not reachable through it: they come from a second, manual graph
+    of the same forward pass (Q Kᵀ, ·scale + M, softmax, · V), each
+    intermediate with ``retain_grad()``. Its other gradients are the same as
+    the SDPA graph's (the tests compare the two).
+    """
+    fused = _torch_backward(p, fused=True)
+    manual = _torch_backward(p, fused=False)
+    return {stage: fused[stage] if stage in fused else manual[stage] for stage in _stage_ids(p)}
+
+
+def _torch_backward(p: Problem, fused: bool) -> dict[str, np.ndarray]:
+    """The gradients one torch graph reaches: through SDPA (``fused``) or written out."""
+    from .pytorch import _torch  # PyTorch is optional: imported only when asked for
+
+    torch = _torch()
+    F = torch.nn.functional
+    subs = p.substitutions or None
+    kept = {}                                                   # stage id -> the tensor whose .grad it is
+
+    def leaf(stage: str, m):
+        t = kept[stage] = torch.from_numpy(_f64(m, subs)).requires_grad_()
+        return t
+
+    def keep(stage: str, t):
+        t.retain_grad()
+        kept[stage] = t
+        return t
+
+    allowed = torch.tensor(p.mask.allowed, dtype=torch.bool)
+    M = torch.zeros(allowed.shape, dtype=torch.float64).masked_fill(~allowed, float("-inf"))
+    if p.bias is not None:
+        M = M + torch.from_numpy(_f64(p.bias, subs))
+
+    def head(pre, Q, K, V):
+        """One head's output: (n_q, d_k), (n_k, d_k), (n_k, d_v) -> (n_q, d_v)."""
+        factor = _factor(p, Q.shape[1])
+        if fused:                                               # a batch of one
+            return F.scaled_dot_product_attention(Q[None], K[None], V[None], attn_mask=M, scale=factor)[0]
+        S = keep(pre(st.DS), Q @ K.T)
+        Z = keep(pre(st.DS_MASKED), S * factor + M)
+        A = keep(pre(st.DA), torch.softmax(Z, dim=1))
+        return A @ V
+
+    if not p.projected:
+        O = keep(st.DO, head(st.stage_id, leaf(st.DQ, p.Q), leaf(st.DK, p.K), leaf(st.DV, p.V)))
+    else:
+        X = leaf(st.DX, p.X)
+        PE = positions_f64(p)
+        if PE is not None:
+            X = X + torch.from_numpy(PE)                        # X_pos = X + PE; dX flows through unchanged
+        C = X if p.context is None else leaf(st.DCONTEXT, p.context)
+        outputs = []
+        for pre, weights in zip(_prefixes(p), p.heads):
+            projected = []
+            for inp, grad, dw, db, w, b in ((X, st.DQ, st.DW_Q, st.DB_Q, weights.W_Q, weights.b_Q),
+                                            (C, st.DK, st.DW_K, st.DB_K, weights.W_K, weights.b_K),
+                                            (C, st.DV, st.DW_V, st.DB_V, weights.W_V, weights.b_V)):
+                if b is None:
+                    y = inp @ leaf(pre(dw), w)
+                else:  # nn.Linear's x·Wᵀ + b, with the problem's W stored in × out
+                    y = F.linear(inp, leaf(pre(dw), w).T, leaf(pre(db), b)[0])
+                projected.append(keep(pre(grad), y))
+            outputs.append(keep(pre(st.DO), head(pre, *projected)))
+        if p.multi_head:
+            concat = keep(st.DCONCAT, torch.cat(outputs, dim=1))
+            if p.b_O is None:
+                O = keep(st.DO, concat @ leaf(st.DW_O, p.W_O))
+            else:
+                O = keep(st.DO, F.linear(concat, leaf(st.DW_O, p.W_O).T, leaf(st.DB_O, p.b_O)[0]))
+        else:
+            O = outputs[0]
+    G = _loss_matrix(p)
+    _loss(p.backward.kind, None if G is None else torch.from_numpy(G), O).backward()
+    return {stage: t.grad.numpy() for stage, t in kept.items()}

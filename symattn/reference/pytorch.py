@@ -1,0 +1,120 @@
+"""The reference practitioners trust: PyTorch's ``scaled_dot_product_attention``.
+
+Independent of the exact code path: it starts from the problem's inputs in
+float64 and asks PyTorch for each head's weights and output (the weights by
+attending to the identity matrix as values), then concatenates and projects
+with ``W_O``. PyTorch is an optional extra: ``pip install 'symattn[torch]'``.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from ..stages import core as st
+from ..errors import SymattnError
+from .numeric import _f64, positions_f64
+from ..problem.core import Problem
+
+INSTALL_HINT = "pip install 'symattn[torch]'"
+
+
+def _torch():
+    try:
+        import torch
+    except ImportError:
+        raise SymattnError(f"the PyTorch cross-check needs PyTorch, which is not installed; {INSTALL_HINT}") from None
+    return torch
+
+
+def _rope(torch, x, rope):
+    """Rotary embeddings as the two codebases write them: Hugging Face's ``x·cos + rotate_half(x)·sin``
+    (half) and Meta's LLaMA, pairs as complex numbers times ``e^{i p θ}`` (interleaved)."""
+    n, d = x.shape
+    if rope.angles is not None:
+        theta = torch.tensor([float(a) for a in rope.angles], dtype=torch.float64)
+    else:
+        theta = 1.0 / (float(rope.base) ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+    freqs = torch.outer(torch.arange(n, dtype=torch.float64), theta)
+    if rope.pairing == "half":
+        emb = torch.cat((freqs, freqs), dim=-1)
+        rotated_half = torch.cat((-x[:, d // 2:], x[:, : d // 2]), dim=-1)
+        return x * emb.cos() + rotated_half * emb.sin()
+    pairs = torch.view_as_complex(x.reshape(n, d // 2, 2).contiguous())
+    return torch.view_as_real(pairs * torch.polar(torch.ones_like(freqs), freqs)).reshape(n, d)
+
+
+def torch_stages(p: Problem) -> dict[str, np.ndarray]:
+    """Each head's ``A`` and ``O`` (and with heads, the projected ``O``) from PyTorch in float64."""
+    torch = _torch()
+    F = torch.nn.functional
+    subs = p.substitutions or None
+
+    def t(m):
+        return torch.from_numpy(_f64(m, subs))
+
+    def linear(x, W, b):
+        """x·W + b as nn.Linear computes it (its weight is stored out × in: Wᵀ)."""
+        return F.linear(x, t(W).T, None if b is None else t(b)[0])
+
+    allowed = torch.tensor(p.mask.allowed, dtype=torch.bool)
+    attn_mask = torch.zeros(allowed.shape, dtype=torch.float64).masked_fill(~allowed, float("-inf"))
+    if p.bias is not None:
+        attn_mask = attn_mask + t(p.bias)
+    out: dict[str, np.ndarray] = {}
+
+    def head(prefix: str, Q, K, V):
+        if p.rope is not None:
+            Q, K = _rope(torch, Q, p.rope), _rope(torch, K, p.rope)
+        d_k = Q.shape[1]
+        scale = {"auto": d_k**-0.5, "none": 1.0}.get(p.scale) if isinstance(p.scale, str) else float(p.scale)
+        eye = torch.eye(K.shape[0], dtype=torch.float64)
+        A = F.scaled_dot_product_attention(Q[None], K[None], eye[None], attn_mask=attn_mask, scale=scale)[0]
+        O = F.scaled_dot_product_attention(Q[None], K[None], V[None], attn_mask=attn_mask, scale=scale)[0]
+        out[prefix(st.A)] = A.numpy()
+        out[prefix(st.O)] = O.numpy()
+        return O
+
+    def grouped(X, C):
+        """Grouped-query attention as PyTorch does it: every query head stacked, each K/V group once
+        (its first head's weights), and SDPA's ``enable_gqa=True`` repeating them."""
+        n_heads = len(p.heads)
+        per_group = n_heads // p.kv_heads
+        def rot(x):  # RoPE turns each head's queries and each group's keys (LLaMA's order: rotate, then share)
+            return _rope(torch, x, p.rope) if p.rope is not None else x
+
+        Q = torch.stack([rot(linear(X, w.W_Q, w.b_Q)) for w in p.heads])        # (h, n_q, d_k)
+        firsts = p.heads[::per_group]
+        K = torch.stack([rot(linear(C, w.W_K, w.b_K)) for w in firsts])         # (g, n_k, d_k)
+        V = torch.stack([linear(C, w.W_V, w.b_V) for w in firsts])              # (g, n_k, d_v)
+        d_k = Q.shape[-1]
+        scale = {"auto": d_k**-0.5, "none": 1.0}.get(p.scale) if isinstance(p.scale, str) else float(p.scale)
+        eye = torch.eye(K.shape[1], dtype=torch.float64).expand(p.kv_heads, -1, -1)
+        A = F.scaled_dot_product_attention(Q, K, eye, attn_mask=attn_mask, scale=scale, enable_gqa=True)
+        O = F.scaled_dot_product_attention(Q, K, V, attn_mask=attn_mask, scale=scale, enable_gqa=True)
+        for h in range(n_heads):
+            out[st.stage_id(st.A, h + 1)] = A[h].numpy()
+            out[st.stage_id(st.O, h + 1)] = O[h].numpy()
+        return list(O)
+
+    with torch.no_grad():
+        if not p.projected:
+            head(st.stage_id, t(p.Q), t(p.K), t(p.V))
+            return out
+        X = t(p.X)
+        PE = positions_f64(p)
+        if PE is not None:
+            X = X + torch.from_numpy(PE)                        # the projections read X + PE
+        C = t(p.context) if p.context is not None else X
+        if p.kv_heads:
+            outputs = grouped(X, C)
+        else:
+            outputs = []
+            for h, weights in enumerate(p.heads, 1):
+                prefix = functools.partial(st.stage_id, head=h if p.multi_head else None)  # this head's ids
+                outputs.append(head(prefix, linear(X, weights.W_Q, weights.b_Q), linear(C, weights.W_K, weights.b_K),
+                                    linear(C, weights.W_V, weights.b_V)))
+        if p.multi_head:
+            out[st.O] = linear(torch.cat(outputs, dim=1), p.W_O, p.b_O).numpy()
+    return out

@@ -1,0 +1,199 @@
+"""LaTeX matrices of a step: exact, in decimals (optionally shaded), and the lines worked beside them."""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING
+
+import sympy
+
+from .grid import MAX_SHOWN, grid, grid_blocks, shown, tex_token
+from .numbers import (
+    DPS,
+    MAX_CELL_TERMS,
+    MAX_TERMS,
+    _tex_decimal,
+    exp_parts_tex,
+    exp_sum_tex,
+    factor_tex,
+    tex,
+    value_tex,
+)
+from ..stages.core import O_T, TOKEN_AXES
+from .entries import EntryForm, Over, entry_forms, normaliser_is_number, quotient
+
+if TYPE_CHECKING:
+    from ..exact.derivation import Derivation, Step
+
+
+def _labels(step: Step) -> tuple[list[str] | None, list[str] | None]:
+    """Row and column labels for a matrix: tokens as written (``tex_token``), dimensions as math."""
+    if not step.kind_of.labelled:  # weights
+        return None, None
+    tokens = lambda names: [tex_token(n) for n in names]  # noqa: E731
+    dims = lambda names: [re.sub(r"([a-z])([0-9]+)", r"\1_{\2}", n) for n in names]  # noqa: E731
+    rows, cols = ((tokens if axis in TOKEN_AXES else dims)(names) for axis, names in zip(step.axes, (step.rows, step.cols)))
+    return rows, cols
+
+
+def exact_tex_matrix(d: Derivation, step: Step, max_shown: int = MAX_SHOWN) -> str:
+    return exact_tex_blocks(d, step, max_shown)[0][1]
+
+
+def exact_tex_blocks(d: Derivation, step: Step, max_shown: int = MAX_SHOWN, budget: float | None = None):
+    """The exact matrix in column blocks of estimated width at most ``budget`` (see ``grid_blocks``)."""
+    rows, cols = step.shape
+    form = entry_forms(d, step)
+    row_labels, col_labels = _labels(step)
+    return grid_blocks(rows, cols, lambda i, j: form_tex(form(i, j)), max_shown=max_shown,
+                       row_labels=row_labels, col_labels=col_labels, budget=budget)
+
+
+def form_tex(form: EntryForm) -> str:
+    """LaTeX of an entry written as ``form``: fractions over Z_i (Z_i², a head's Z^{(h)}_i)."""
+    if form.heads:  # a head's numerator keeps all its MAX_TERMS, however wide the matrix
+        terms = [("-" if over.negative else "") + _over_tex(over, MAX_TERMS) for over in form.over]
+        if form.value is not None:
+            terms.insert(0, value_tex(form.value))
+        return " + ".join(terms).replace("+ -", "- ")
+    if form.sums:
+        return sums_tex(form.value)
+    if not form.over:
+        return value_tex(form.value)
+    # Inside a wide matrix a numerator keeps fewer terms (MAX_CELL_TERMS).
+    return _over_tex(form.over[0], MAX_CELL_TERMS if form.wide else MAX_TERMS)
+
+
+def sums_tex(x) -> str:
+    """A sum of c·e^x terms (the largest exponent first), or a quotient of two such sums."""
+    split = quotient(x)
+    if split is not None:
+        return f"\\dfrac{{{_sum_tex(split[0])}}}{{{_sum_tex(split[1])}}}"
+    return _sum_tex(x)
+
+
+def _sum_tex(x) -> str:
+    return exp_sum_tex(x) if x.has(sympy.exp) else value_tex(x)
+
+
+def _over_tex(over: Over, max_terms: int) -> str:
+    if over.parts:
+        top = exp_parts_tex(list(over.numerator), max_terms)
+    else:
+        top = exp_sum_tex(over.numerator, max_terms)
+    if over.head is not None:
+        z = f"Z^{{({over.head})}}_{{{over.row + 1}}}"
+    else:
+        z = f"Z_{{{over.row + 1}}}" + ("^{2}" if over.squared else "")
+    return f"\\dfrac{{{top}}}{{{z}}}"
+
+
+def exact_tex_matrix_of_step(step: Step, max_shown: int = MAX_SHOWN) -> str:
+    """A step's exact matrix on its own, every entry written out in full (no Z_i to refer to)."""
+    rows, cols = step.shape
+    row_labels, col_labels = _labels(step)
+    return grid(rows, cols, lambda i, j: tex(step.lazy[i, j]), max_shown=max_shown,
+                row_labels=row_labels, col_labels=col_labels)
+
+
+def approx_tex_matrix(d: Derivation, step: Step, digits: int, max_shown: int = MAX_SHOWN, shade: bool = False) -> str:
+    """Decimals of a step; with ``shade``, the weights' cells are shaded by size (LaTeX's colortbl)."""
+    return approx_tex_blocks(d, step, digits, max_shown, shade)[0][1]
+
+
+def approx_tex_blocks(d: Derivation, step: Step, digits: int, max_shown: int = MAX_SHOWN, shade: bool = False,
+                      budget: float | None = None):
+    """The same in column blocks of estimated width at most ``budget`` (see ``grid_blocks``)."""
+    value = d.entry_values(step.id, max(digits + 5, DPS))
+    rows, cols = step.shape
+    row_labels, col_labels = _labels(step)
+    shading = None
+    if shade and step.is_softmax:
+        shading = lambda i, j: _shade(step.softmax[i].raw[j] is None, value(i, j))  # noqa: E731
+    return grid_blocks(
+        rows, cols, lambda i, j: _tex_decimal(value(i, j), digits), max_shown=max_shown,
+        row_labels=row_labels, col_labels=col_labels, shade=shading, budget=budget,
+    )
+
+
+def _shade(masked: bool, weight) -> str:
+    """A grey proportional to the weight (readable printed in black and white); masked cells greyed out."""
+    if masked:
+        return "\\color[gray]{0.6}"
+    level = 1 - 0.5 * float(weight)
+    return f"\\cellcolor[gray]{{{level:.2f}}}"
+
+
+def normaliser_lines(d: Derivation, step: Step, digits: int, max_shown: int = MAX_SHOWN) -> list[str]:
+    """``m_i`` and ``Z_i`` of every drawn row whose normaliser is not a plain number, as one
+    ``aligned`` block (its ``=`` signs in line); no block when every normaliser is a number."""
+    lines = []
+    for i in shown(len(step.softmax), max_shown):
+        if i is None:
+            lines.append("\\vdots & & \\vdots &")
+            continue
+        if normaliser_is_number(step.softmax[i]):
+            continue
+        m, z = normaliser_tex(d, step, i, digits)
+        lines.append(f"{m.replace(' = ', ' &= ', 1)}, & {z.replace(' = ', ' &= ', 1)}")
+    if not any("&=" in line for line in lines):
+        return []
+    return ["\\begin{aligned} " + " \\\\ ".join(lines) + " \\end{aligned}"]
+
+
+def normaliser_tex(d: Derivation, step: Step, i: int, digits: int) -> tuple[str, str]:
+    """Row ``i``'s ``m_i = …`` and ``Z_i = … ≈ …`` (the decimal when the problem can be evaluated)."""
+    row = step.softmax[i]
+    m = f"m_{{{i + 1}}} = {tex(row.maximum)}"
+    z = (
+        f"Z_{{{i + 1}}} = \\sum_k e^{{\\hat{{S}}_{{{i + 1}k}} - m_{{{i + 1}}}}} = "
+        f"{exp_parts_tex(row.numerator_parts()) if row.rational else exp_sum_tex(row.normaliser)}"
+    )
+    subs = d.problem.substitutions
+    if subs is not None:
+        z += f" \\approx {_tex_decimal(row.evaluate_normaliser(max(digits + 5, DPS), subs), digits)}"
+    return m, z
+
+
+def worked_dot_tex(dot) -> str:
+    products = [f"{factor_tex(a)} \\cdot {factor_tex(b)}" for a, b in dot.terms]
+    if len(products) > MAX_TERMS:
+        products = products[:3] + ["\\cdots"] + products[-1:]
+    products = " + ".join(products)
+    left = _vec_name(dot.left)
+    right = _vec_name(dot.right)
+    if getattr(dot, "bias", None) is not None:  # Q = X W_Q + b_Q: the bias entry is added
+        right += f" + b_{{{dot.target},{dot.j + 1}}}"
+        products += f" + {factor_tex(dot.bias)}"
+    return (
+        f"{_sub(dot.target, dot.i, dot.j)} = {left} \\cdot {right} = {products} = {tex(dot.value)}"
+    )
+
+
+def _vec_name(name: str) -> str:
+    # "q_1" -> "q_{1}", "W_Q[:,1]" -> "W_{Q}[:,1]"
+    m = re.fullmatch(r"([A-Za-z])_([A-Za-z0-9]+)(.*)", name)
+    if not m:
+        return name
+    return f"{m.group(1)}_{{{m.group(2)}}}{m.group(3)}"
+
+
+def _sub(name: str, i: int, j: int) -> str:
+    return f"{name}_{{{i + 1}{j + 1}}}" if max(i, j) < 9 else f"{name}_{{{i + 1},{j + 1}}}"
+
+
+def weighted_sum_tex(d: Derivation, step: Step, digits: int) -> str | None:
+    """The last output row worked as a weighted average of value rows, in decimals."""
+    values = step.values
+    if values is None or values.rows > 6:
+        return None
+    i = len(step.softmax) - 1  # only this row is shown: only this row is evaluated
+    terms = []
+    for j, a in enumerate(step.softmax[i].evaluate(max(digits + 5, DPS), d.problem.substitutions)):
+        if a == 0:
+            continue
+        v = grid(1, values.cols, lambda _, c: tex(values[j, c]), max_shown=MAX_SHOWN)
+        terms.append(f"{_tex_decimal(a, digits)}\\,{v}")
+    if step.key == O_T:  # the decoded row: its weights a_t over the cached values
+        return "o_t = \\sum_j a_{t,j}\\, v_j \\approx " + " + ".join(terms)
+    return f"o_{{{i + 1}}} = \\sum_j A_{{{i + 1}j}}\\, v_j \\approx " + " + ".join(terms)

@@ -1,0 +1,189 @@
+"""Numbers as the renderers write them: decimals, exact entries, sums of ``c·e^x`` terms.
+
+Every function has a LaTeX form (``*_tex``) and a plain-text form (``*_text``) where both are
+needed; the ``qq_*`` and ``exp_parts_*`` forms write QQ numbers without building a SymPy number.
+"""
+
+from __future__ import annotations
+
+import re
+
+import mpmath
+import sympy
+
+from .latex_tokens import inline_script_fractions, script_tex
+
+NEG_INF = sympy.S.NegativeInfinity
+# Decimals are rounded from values worked to this many digits: the cross-check's own, so each
+# stage is evaluated once.
+DPS = 30
+
+
+def decimal(x: mpmath.mpf, digits: int) -> str:
+    """``x`` to ``digits`` significant figures, without trailing zeros.
+
+    >>> decimal(mpmath.mpf(1) / 3, 4)
+    '0.3333'
+    >>> decimal(mpmath.mpf(2), 4)
+    '2'
+    """
+    if mpmath.isinf(x):
+        return "-inf" if x < 0 else "inf"
+    if x == 0:
+        return "0"
+    text = mpmath.nstr(x, digits, min_fixed=-5, max_fixed=digits + 1, strip_zeros=True)
+    if text.endswith(".0"):
+        text = text[:-2]
+    return text
+
+
+def is_plain_integer(x: sympy.Expr) -> bool:
+    return isinstance(x, sympy.Integer)
+
+
+def tex(x: sympy.Expr) -> str:
+    """LaTeX of one exact entry."""
+    if isinstance(x, sympy.Rational):
+        return qq_tex(x)  # what sympy.latex writes, without its printer
+    if x == NEG_INF:
+        return "-\\infty"
+    # fractions in exponents inline (e^{-3 \\sqrt{2}/2}): a \\frac there is too small to read
+    return inline_script_fractions(sympy.latex(x))
+
+
+def qq_tex(x) -> str:
+    """LaTeX of a rational (a SymPy Rational or a QQ number), exactly as ``sympy.latex`` writes it."""
+    p, q = int(x.numerator), int(x.denominator)
+    if q == 1:
+        return str(p)
+    return f"- \\frac{{{-p}}}{{{q}}}" if p < 0 else f"\\frac{{{p}}}{{{q}}}"
+
+
+def qq_text(x) -> str:
+    """Plain text of a rational, exactly as ``sympy.sstr`` writes it."""
+    p, q = int(x.numerator), int(x.denominator)
+    return str(p) if q == 1 else f"{p}/{q}"
+
+
+def _exp_split(term: sympy.Expr) -> tuple[sympy.Expr, sympy.Expr] | None:
+    """``term`` as ``(c, x)`` with ``term = c·e^x`` and ``c`` free of exponentials, if it is one."""
+    coeff, exponent = [], []
+    for f in sympy.Mul.make_args(term):
+        if isinstance(f, sympy.exp):
+            exponent.append(f.args[0])
+        elif f is sympy.E:
+            exponent.append(sympy.Integer(1))
+        elif f.has(sympy.exp) or f.has(sympy.E):
+            return None
+        else:
+            coeff.append(f)
+    return sympy.Mul(*coeff), sympy.Add(*exponent)
+
+
+def exp_sum_tex(expr: sympy.Expr, max_terms: int = 6) -> str:
+    """A sum of terms ``c·e^x`` in LaTeX, the largest exponent first.
+
+    >>> exp_sum_tex(2*sympy.exp(-2) + 1 + sympy.exp(-1))
+    '1 + e^{-1} + 2 e^{-2}'
+    """
+    return _exp_sum(expr, tex, lambda x: f"e^{{{script_tex(tex(x))}}}", "\\left({}\\right)", " ", "\\cdots", max_terms)
+
+
+def exp_sum_text(expr: sympy.Expr, max_terms: int = 6) -> str:
+    """The same in plain text.
+
+    >>> exp_sum_text(2*sympy.exp(-2) + 1 + sympy.exp(-1))
+    '1 + exp(-1) + 2*exp(-2)'
+    """
+    return _exp_sum(expr, text_entry, lambda x: f"exp({text_entry(x)})", "({})", "*", "...", max_terms)
+
+
+def text_entry(x: sympy.Expr) -> str:
+    """Plain text of one exact entry (``sympify`` reads it back)."""
+    return "-inf" if x == NEG_INF else sympy.sstr(x, order="none")
+
+
+def value_tex(x) -> str:
+    """LaTeX of an exact entry given as a SymPy expression or as a QQ number."""
+    return tex(x) if isinstance(x, sympy.Basic) else qq_tex(x)
+
+
+def value_text(x) -> str:
+    """Plain text of the same."""
+    return text_entry(x) if isinstance(x, sympy.Basic) else qq_text(x)
+
+
+MAX_TERMS = 6  # terms of a sum written before it is elided
+MAX_CELL_TERMS = 3  # the same inside a matrix of more than four columns
+
+
+def _exp_sum(expr, show, power_of, paren: str, times: str, ellipsis: str, max_terms: int = 6) -> str:
+    parts = []
+    for term in sympy.Add.make_args(expr):
+        split = _exp_split(term)
+        if split is None:
+            return show(expr)
+        parts.append(split)
+    parts.sort(key=lambda cx: -float(cx[1]) if cx[1].is_number else 0.0)
+    return _exp_parts(parts, show, power_of, paren, times, ellipsis, max_terms)
+
+
+def exp_parts_tex(parts: list, max_terms: int = 6) -> str:
+    """LaTeX of ``Σ c·e^x`` from exact ``(c, x)`` pairs in QQ, already in order (see
+    ``SoftmaxRow.numerator_parts``): what :func:`exp_sum_tex` writes for the same sum."""
+    return _exp_parts(parts, qq_tex, lambda x: f"e^{{{script_tex(qq_tex(x))}}}", "\\left({}\\right)", " ", "\\cdots", max_terms)
+
+
+def exp_parts_text(parts: list, max_terms: int = 6) -> str:
+    """Plain text of the same (what :func:`exp_sum_text` writes)."""
+    return _exp_parts(parts, qq_text, lambda x: f"exp({qq_text(x)})", "({})", "*", "...", max_terms)
+
+
+def _exp_parts(parts: list, show, power_of, paren: str, times: str, ellipsis: str, max_terms: int) -> str:
+    if not parts:
+        return "0"
+    if len(parts) > max_terms:  # a long sum: its first terms and its last (the JSON has every term)
+        parts = parts[: max_terms // 2] + [None] + parts[-1:]
+    out = ""
+    for k, part in enumerate(parts):
+        if part is None:
+            out += f" + {ellipsis}"
+            continue
+        c, x = part
+        power = "" if x == 0 else power_of(x)
+        if not power:
+            body = show(c)
+        elif c == 1:
+            body = power
+        elif c == -1:
+            body = "-" + power
+        elif isinstance(c, sympy.Add):
+            body = paren.format(show(c)) + times + power
+        else:
+            body = show(c) + times + power
+        if k and body.startswith("-"):
+            out += " - " + body[1:]
+        elif k:
+            out += " + " + body
+        else:
+            out += body
+    return out
+
+
+def _tex_decimal(v, digits: int) -> str:
+    if mpmath.isinf(v):
+        return "-\\infty"
+    text = decimal(v, digits)
+    m = re.fullmatch(r"(-?[0-9.]+)e([-+]?)0*([0-9]+)", text)
+    if m:
+        sign = "-" if m.group(2) == "-" else ""
+        return f"{m.group(1)}\\times 10^{{{sign}{m.group(3)}}}"
+    return text
+
+
+def factor_tex(x: sympy.Expr) -> str:
+    """An entry as a factor in a product: negatives and sums in parentheses."""
+    s = tex(x)
+    if s.startswith("-") or isinstance(x, sympy.Add):
+        return f"\\left({s}\\right)"
+    return s
