@@ -1,4 +1,5 @@
-"""Whole numbers from what a user typed, and short excerpts of it for messages.
+"""Whole numbers from what a user typed, short excerpts of it for messages, and the hint for a
+misspelt name ("did you mean ...?").
 
 symattn lifts Python's 4,300-digit guard on converting between integers and text (exact
 results are printed in full), so every whole number a user writes, in a problem file, an
@@ -106,3 +107,15 @@ def shown(value) -> str:
     import reprlib
 
     return excerpt(value) if isinstance(value, str) else excerpt(reprlib.repr(value))[1:-1]
+
+
+def did_you_mean(word: str, choices) -> str:
+    """`` (did you mean 'S_scaled'?)`` for a close match among ``choices``, else ``""``.
+
+    >>> did_you_mean("S_scald", ["S", "S_scaled"]), did_you_mean("zzz", ["S"])
+    (" (did you mean 'S_scaled'?)", '')
+    """
+    import difflib
+
+    close = difflib.get_close_matches(str(word), list(choices), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""

@@ -1662,7 +1662,7 @@ def _mpmath_relation(d, step, dps):
     """The gradient by its relation with NumericOps (mpmath rows) on the earlier stages' values."""
     from symattn.exact import matrices as exact_module
     from symattn.exact import ops as _ops
-    from symattn.stages import core as stages
+    from symattn import stages
 
     c = stages.Context(d.problem, step.head)
     ops = _ops.NumericOps(dps, d.problem.substitutions)

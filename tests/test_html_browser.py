@@ -33,7 +33,7 @@ import pytest
 import yaml
 
 import symattn
-from symattn.stages import core as registry
+from symattn import stages as registry
 from symattn.render.page_style import PAGE_SCRIPT
 from symattn.render.html import render_html
 
@@ -61,7 +61,7 @@ CHROMIUM = next((shutil.which(n) for n in ("chromium", "chromium-browser", "goog
 CHROMEDRIVER = shutil.which("chromedriver")
 
 # Which input entries make entry (i, j) of a stage, for each ``how`` of ``data-traces``
-# (symattn.stages.core.TRACES): (row, col) of an input entry -> whether it is one of them.
+# (symattn.stages.traces.TRACES): (row, col) of an input entry -> whether it is one of them.
 RULES = {
     "row": lambda i, j, r, c: r == i,
     "col": lambda i, j, r, c: c == j,

@@ -10,7 +10,7 @@ import mpmath
 import pytest
 
 import symattn
-from symattn.stages import core as stages
+from symattn import stages
 from symattn.problem.core import SUM_LOSS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -130,8 +130,10 @@ def test_the_cli_suggests_a_stage_name(tmp_path):
 # problem.py and generate.py read and write the problem file, whose fields (X, W_Q, ...) share
 # their names with the input stages; they name fields, not stages (as _layouts.py, which fills
 # them from a checkpoint for the from: field).
-# the modules that read or name a problem's fields (paths inside the package)
-_FIELD_MODULES = {"problem/core.py", "generate/exercises.py", "stages/core.py", "problem/checkpoints/layouts.py"}
+# the modules that read or name a problem's fields, and the registry's own modules (paths inside the package)
+_FIELD_MODULES = {"problem/core.py", "generate/exercises.py", "problem/checkpoints/layouts.py"} | {
+    f"stages/{name}.py" for name in
+    ("__init__", "ids", "kinds", "registry", "rows", "formulas", "why", "relations", "outline")}
 _NAMES = set(stages.NAMES) | {k.key for k in stages.KINDS}
 
 

@@ -18,7 +18,7 @@ import sympy
 import yaml
 
 import symattn
-from symattn.stages import core as stages
+from symattn import stages
 from symattn.check import load_answers, mark
 from symattn.cli import main
 

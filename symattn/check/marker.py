@@ -48,11 +48,11 @@ import sympy
 import yaml
 
 from ..problem import located_yaml as _yaml
-from ..stages import core as stages
+from .. import stages
 from ..errors import SymattnError
 from ..reading import FileError, read_regular
 from ..numbers.parse import MAX_TEXT, NumberError, parse_number
-from ..text import excerpt
+from ..text import did_you_mean, excerpt
 from ..exact.ops import NumericOps, Undefined
 from ..exact.derivation import Derivation
 
@@ -379,7 +379,7 @@ def _read_answers(items, values, derivation: Derivation) -> dict[str, Answer]:
                               f"{stages.stage_id(kind, shared)} (a group's keys and values are written once, "
                               "with its first head)")
         if stage not in ids:
-            hint = stages.did_you_mean(stage, ids) if len(stage) <= _LONGEST_ID else ""
+            hint = did_you_mean(stage, ids) if len(stage) <= _LONGEST_ID else ""
             raise where.error(f"{excerpt(stage)} is not a computed stage of this problem{hint}; "
                               f"the stages are {', '.join(ids)}")
         if stage in out:

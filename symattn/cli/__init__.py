@@ -93,7 +93,7 @@ def cli(ctx: click.Context, debug: bool) -> None:
 
 def _kinds() -> tuple[str, ...]:
     """The stage names --from, --to and --ask take (with heads they apply to every head)."""
-    from ..stages.core import NAMES
+    from ..stages.names import NAMES
 
     return NAMES
 
@@ -102,7 +102,7 @@ def _stage_name(value: str | None, option: str) -> str | None:
     """A stage name for --from or --to, with a did-you-mean when it is not one."""
     if value is None or value in _kinds():
         return value
-    from ..stages.core import unknown_stage
+    from ..stages.names import unknown_stage
 
     raise click.BadParameter(unknown_stage(value, _kinds()), param_hint=f"'{option}'")
 
@@ -114,7 +114,7 @@ def _stage_list(ctx, param, value: str | None) -> frozenset[str] | None:
     kinds = _kinds()
     unknown = [n for n in names if n not in kinds]
     if unknown or not names:
-        from ..stages.core import did_you_mean
+        from ..text import did_you_mean
 
         hint = did_you_mean(unknown[0], kinds) if unknown else ""
         raise click.BadParameter(f"{', '.join(unknown) or 'nothing'}{hint}: choose from {', '.join(kinds)}")

@@ -1,6 +1,6 @@
 """The exact derivation: a :class:`Problem` in, an immutable :class:`Derivation` out.
 
-:func:`derive` walks the stage registry (:mod:`symattn.stages.core`) in the order of the
+:func:`derive` walks the stage registry (:mod:`symattn.stages.registry`) in the order of the
 formula ``softmax(Q Kᵀ / √d_k + M) V`` and, with a backward pass, back from dL/dO to
 the inputs. Each stage is a :class:`Step` with a stable id (``"S_scaled"``, or
 ``"head2.S_scaled"`` with several heads), a title, one sentence of why, the relation,
@@ -18,11 +18,12 @@ import mpmath
 
 from . import matrices as _exact
 from . import ops as _ops
-from ..stages import core as stages
+from .. import stages
 from ..errors import SymattnError
 from .matrices import LazyMatrix, Matrix, SoftmaxRow
 from ..problem.core import Problem
-from ..stages.core import Dot, Kind
+from ..stages.kinds import Dot, Kind
+from ..text import did_you_mean
 
 Values = list[list[mpmath.mpf]]
 
@@ -240,7 +241,7 @@ class Derivation:
         try:
             return self._by_id[id]
         except KeyError:
-            raise SymattnError(f"this problem has no stage {id!r}{stages.did_you_mean(id, self.ids)}; "
+            raise SymattnError(f"this problem has no stage {id!r}{did_you_mean(id, self.ids)}; "
                                f"its stages are {', '.join(self.ids)}") from None
 
     @property

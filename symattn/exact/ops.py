@@ -1,6 +1,6 @@
 """The operations the stage relations are written in, twice: exactly and numerically.
 
-A relation in :mod:`symattn.stages.core` says, for instance, ``ops.matmul(ops.T(v(A)), v(dO))``.
+A relation in :mod:`symattn.stages.registry` says, for instance, ``ops.matmul(ops.T(v(A)), v(dO))``.
 :class:`ExactOps` runs it on exact values (SymPy and flint matrices, the softmax kept as
 structure), :class:`NumericOps` on values at high precision (lists of mpmath rows, or a
 rational matrix read straight into arb). The exact side keeps three structures that the

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import sympy
 
-from ..stages import core as stages
+from .. import stages
 from ..exact.derivation import Derivation
 from .numeric import numeric_stages
 

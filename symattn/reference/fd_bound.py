@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..stages import core as st
+from .. import stages as st
 
 FLOAT64_UNIT_ROUNDOFF = 2.0 ** -53
 EXP_ULPS = 4  # exp's error in units in the last place: libm gives 1, NumPy's SIMD loops a few

@@ -13,7 +13,7 @@ import functools
 import numpy as np
 import sympy
 
-from ..stages import core as st
+from .. import stages as st
 from ..numbers.parse import matrix_float64
 from ..problem.core import Problem
 

@@ -27,7 +27,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ..stages import core as st
+from .. import stages as st
 
 from .numeric import _f64, numeric_stages, positions_f64
 from ..problem.core import Problem

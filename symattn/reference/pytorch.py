@@ -12,7 +12,7 @@ import functools
 
 import numpy as np
 
-from ..stages import core as st
+from .. import stages as st
 from ..errors import SymattnError
 from .numeric import _f64, positions_f64
 from ..problem.core import Problem

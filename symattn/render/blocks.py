@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..stages import core as registry
+from .. import stages as registry
 from . import prose
 from .grid import MAX_SHOWN, grid, grid_blocks, tex_token
 from .measure import LINE_WIDTH, SPLIT_WIDTH, answer_box, width

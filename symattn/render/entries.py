@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Callable
 import sympy
 
 from ..exact import matrices as _exact
-from ..stages import core as registry
+from .. import stages as registry
 from .numbers import NEG_INF, is_plain_integer
 
 if TYPE_CHECKING:

@@ -7,7 +7,7 @@ cross-check. Math is MathML (:mod:`._mathml`), which browsers render natively. M
 HTML tables whose cells carry their stage id, row and column (``data-stage``, ``data-row``,
 ``data-col``, 0-based as in the JSON), so a small inline script can show which entries make
 which: pointing at an entry (mouse or keyboard) highlights the rows and columns of its inputs
-that made it (the registry's :data:`~symattn.stages.core.TRACES`) and explains it (the dot product,
+that made it (the registry's :data:`~symattn.stages.traces.TRACES`) and explains it (the dot product,
 the row's ``m_i`` and ``Z_i``, the weighted sum). Without the script the page is complete and
 static. The weights are shaded as in the PDF, masked cells hatched, and a heat map of each
 softmax step is drawn as inline SVG.
@@ -24,7 +24,7 @@ import html
 import re
 from typing import TYPE_CHECKING, Callable
 
-from ..stages import core as registry
+from .. import stages as registry
 from ..text import show_bidi
 from . import prose
 from .blocks import Block, Jacobian, Matrix, Normalisers, Tiles, blocks

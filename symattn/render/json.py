@@ -24,7 +24,7 @@ from sympy.printing.precedence import PRECEDENCE, precedence
 from sympy.printing.str import StrPrinter
 
 from ..exact import matrices as _ex
-from ..stages import core as registry
+from .. import stages as registry
 from ..exact.matrices import LazyMatrix
 from ..numbers.sympy_internals import exp_term_order_key, rational_order_key
 from .numbers import NEG_INF, qq_text

@@ -19,7 +19,7 @@ from .numbers import (
     tex,
     value_tex,
 )
-from ..stages.core import O_T, TOKEN_AXES
+from ..stages.ids import O_T, TOKEN_AXES
 from .entries import EntryForm, Over, entry_forms, normaliser_is_number, quotient
 
 if TYPE_CHECKING:

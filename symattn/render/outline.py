@@ -1,7 +1,7 @@
 """The outline of a worked solution: its numbered stages, and which steps a selection shows.
 
 Which stages there are, their titles and numbers come from the stage registry
-(:func:`symattn.stages.core.sections`); this module groups a derivation's steps under them.
+(:func:`symattn.stages.outline.sections`); this module groups a derivation's steps under them.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..stages import core as registry
+from .. import stages as registry
 from ..errors import SymattnError
 
 if TYPE_CHECKING:

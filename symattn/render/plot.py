@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 import math
 
-from ..stages import core as stages
+from .. import stages
 from ..errors import SymattnError
 from ..text import show_bidi
 from ..exact.derivation import Derivation

@@ -22,7 +22,7 @@ import re
 import unicodedata
 from typing import Callable
 
-from ..stages.core import KINDS
+from ..stages.registry import KINDS
 
 OPEN, CLOSE = "⟦", "⟧"
 _PIECE = re.compile(f"{OPEN}(.*?){CLOSE}", re.S)

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import sympy
 
 from ..problem import rope as _rope
-from ..stages import core as stages
+from .. import stages
 from . import prose
 from .numbers import tex, text_entry
 

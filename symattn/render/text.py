@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Callable
 
 import sympy
 
-from ..stages import core as registry
+from .. import stages as registry
 from ..text import show_bidi
 from . import prose
 from .blocks import JACOBIAN_ENTRY, check_sentence

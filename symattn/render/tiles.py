@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import sympy
 
 from ..exact import tiled as _tiled
-from ..stages import core as registry
+from .. import stages as registry
 from .grid import shown
 from .numbers import MAX_CELL_TERMS, MAX_TERMS, NEG_INF, exp_sum_tex, exp_sum_text, tex, text_entry
 

@@ -1,7 +1,53 @@
-"""The stages: the registry of every stage symattn derives, in formula order, and their texts."""
+"""The stages: the registry of every stage symattn derives, in formula order, and their texts.
+
+Read the modules in this order:
+
+- :mod:`~symattn.stages.ids`: the stage keys (``S_SCALED = "S_scaled"``), the axes, and the
+  stage ids (``stage_id``, ``split_id``: ``"head2.S_scaled"``);
+- :mod:`~symattn.stages.kinds`: what a row is made of (``Kind``, ``Context``, ``Mistake``, ...);
+- :mod:`~symattn.stages.registry`: the table itself, ``KINDS``, one row per stage kind in the
+  order of the formula, each with its relation and shape in a comment;
+- what the rows are written with: :mod:`~symattn.stages.why` (the why texts),
+  :mod:`~symattn.stages.formulas`, :mod:`~symattn.stages.shapes` (the shape notes),
+  :mod:`~symattn.stages.mistakes` (the common mistakes), :mod:`~symattn.stages.relations`,
+  :mod:`~symattn.stages.worked` (entries worked as dot products), :mod:`~symattn.stages.groups`
+  (grouped-query attention) and :mod:`~symattn.stages.rows` (builders for families of rows);
+- :mod:`~symattn.stages.plan`: a problem's stages in order, and the ids a row's inputs stand for;
+- :mod:`~symattn.stages.traces`: which input entries make an entry (the web page's highlights);
+- :mod:`~symattn.stages.outline`: the numbered steps of a worked solution;
+- :mod:`~symattn.stages.names`: the stage names users write (--from, --to, --ask).
+
+This package imports nothing of the exact engine, so the independent NumPy and PyTorch
+references can take their stage ids from it.
+"""
 
 from __future__ import annotations
 
-from .core import BY_KEY, KINDS, NAMES, Kind, plan, resolve, sections
+from .groups import kv_cache_size, kv_groups
+from .ids import (
+    A, A_T, ACC_TILED, B_K, B_O, B_Q, B_V, BIASES, CACHED, CONCAT, CONTEXT, COST_COLUMNS, COSTS, DA, DB_K,
+    DB_O, DB_Q, DB_V, DCONCAT, DCONTEXT, DECODE_COST, DK, DO, DO_HEAD, DQ, DS, DS_MASKED, DV, DW_K, DW_O,
+    DW_Q, DW_V, DX, K, K_CACHE, K_ROT, K_T, KEYS, L_TILED, M, M_TILED, NEW, O, O_FINAL, O_T, O_T_DIFF,
+    O_TILED, PE, Q, Q_ROT, Q_T, QUERIES, S, S_MASKED, S_SCALED, S_T, SHARED_KV, STEPS, TOKEN_AXES, V,
+    V_CACHE, W_K, W_O, W_Q, W_V, X, X_POS, split_id, stage_id,
+)
+from .kinds import Context, Dot, Kind, Mistake, Section
+from .names import GRADIENT_NAMES, NAMES, TILED_NAMES, order_of, unknown_stage
+from .outline import SECTIONS, section_of, sections
+from .plan import Planned, input_ids, plan, resolve
+from .registry import BY_KEY, KINDS
+from .traces import TRACES, traces
+from .worked import dot_at
 
-__all__ = ["BY_KEY", "KINDS", "NAMES", "Kind", "plan", "resolve", "sections"]
+__all__ = [
+    "A", "A_T", "ACC_TILED", "B_K", "B_O", "B_Q", "B_V", "BIASES", "BY_KEY", "CACHED", "CONCAT", "CONTEXT",
+    "COST_COLUMNS", "COSTS", "DA", "DB_K", "DB_O", "DB_Q", "DB_V", "DCONCAT", "DCONTEXT", "DECODE_COST", "DK",
+    "DO", "DO_HEAD", "DQ", "DS", "DS_MASKED", "DV", "DW_K", "DW_O", "DW_Q", "DW_V", "DX", "GRADIENT_NAMES",
+    "K", "K_CACHE", "K_ROT", "K_T", "KEYS", "KINDS", "L_TILED", "M", "M_TILED", "NAMES", "NEW", "O",
+    "O_FINAL", "O_T", "O_T_DIFF", "O_TILED", "PE", "Q", "Q_ROT", "Q_T", "QUERIES", "S", "S_MASKED",
+    "S_SCALED", "S_T", "SECTIONS", "SHARED_KV", "STEPS", "TILED_NAMES", "TOKEN_AXES", "TRACES", "V",
+    "V_CACHE", "W_K", "W_O", "W_Q", "W_V", "X", "X_POS",
+    "Context", "Dot", "Kind", "Mistake", "Planned", "Section",
+    "dot_at", "input_ids", "kv_cache_size", "kv_groups", "order_of", "plan", "resolve", "section_of",
+    "sections", "split_id", "stage_id", "traces", "unknown_stage",
+]

@@ -1,0 +1,68 @@
+"""Stage keys and stage ids: the names every other module uses for the stages.
+
+A key names a row of the registry (:mod:`symattn.stages.registry`); ``name`` (the id without a
+head prefix) is what users write. Two rows share a name: the output O of a head and the
+projected output of several heads (key "O_final"), and the upstream gradient dO and each head's
+share of it (key "dO_head").
+
+Stage ids are made and split here only: ``"S_scaled"``, or ``"head2.S_scaled"`` when the
+problem has several heads (:func:`stage_id`, :func:`split_id`). The axes (what a matrix's rows
+and columns stand for) are named here too.
+"""
+
+from __future__ import annotations
+
+import re
+
+
+X, CONTEXT, W_Q, W_K, W_V, Q, K, V = "X", "context", "W_Q", "W_K", "W_V", "Q", "K", "V"
+K_T, S, S_SCALED, M, S_MASKED, A, O = "K_T", "S", "S_scaled", "M", "S_masked", "A", "O"
+CONCAT, W_O, O_FINAL = "concat", "W_O", "O_final"
+DO, DW_O, DCONCAT, DO_HEAD = "dO", "dW_O", "dconcat", "dO_head"
+DV, DA, DS_MASKED, DS, DQ, DK = "dV", "dA", "dS_masked", "dS", "dQ", "dK"
+DW_Q, DW_K, DW_V, DX, DCONTEXT = "dW_Q", "dW_K", "dW_V", "dX", "dcontext"
+Q_ROT, K_ROT = "Q_rot", "K_rot"  # the queries and keys rotated by RoPE
+# FlashAttention's online softmax (``tiling:`` / ``--tiled B``)
+M_TILED, L_TILED, ACC_TILED, O_TILED = "m_tiled", "l_tiled", "acc_tiled", "O_tiled"
+PE, X_POS = "PE", "X_pos"
+# the projections' biases (Q = X W_Q + b_Q, ...; O = concat W_O + b_O) and their gradients
+B_Q, B_K, B_V, B_O = "b_Q", "b_K", "b_V", "b_O"
+DB_Q, DB_K, DB_V, DB_O = "db_Q", "db_K", "db_V", "db_O"
+BIASES = {Q: B_Q, K: B_K, V: B_V, O_FINAL: B_O}  # each projection's bias
+# decoding one token from the KV cache (decode: t)
+K_CACHE, V_CACHE, Q_T, S_T, A_T, O_T = "K_cache", "V_cache", "q_t", "s_t", "a_t", "o_t"
+O_T_DIFF, DECODE_COST = "o_t_diff", "step_cost"
+# With kv_heads (grouped-query attention) these stages exist once per K/V group, under the id of
+# the group's first query head (head1.K for group 1); the group's other heads read them.
+SHARED_KV = frozenset({"W_K", "W_V", "b_K", "b_V", "K", "V", "K_rot", "K_T", "K_cache", "V_cache"})
+
+_HEAD_PREFIX = "head"
+_HEAD_NUMBER = re.compile(r"[0-9]{1,9}")
+
+# What a matrix's rows or columns stand for: the query tokens, the key tokens, or numbered
+# dimensions (any other value: its letter, "d" gives d1, d2, ...).
+QUERIES, KEYS = "queries", "keys"
+# A decoding step's axes: the cached key tokens 1..t, the new query token t alone, and the
+# columns of the cost table.
+CACHED, NEW, STEPS, COSTS = "cached", "new", "steps", "costs"
+TOKEN_AXES = (QUERIES, KEYS, CACHED, NEW, STEPS, COSTS)  # axes labelled by tokens (or words), not d1, d2, ...
+COST_COLUMNS = ("scores (cache)", "output (cache)", "scores (full)", "outputs (full)")
+
+
+def stage_id(name: str, head: int | None = None) -> str:
+    """The id of stage ``name`` in head ``head`` (1-based; None: a single head or the whole layer).
+
+    >>> stage_id("S_scaled"), stage_id("A", 2)
+    ('S_scaled', 'head2.A')
+    """
+    return name if head is None else f"{_HEAD_PREFIX}{head}.{name}"
+
+
+def split_id(id: str) -> tuple[int | None, str]:
+    """``(head, name)`` of a stage id: ``"head2.A"`` → ``(2, "A")``, ``"O"`` → ``(None, "O")``."""
+    prefix, dot, name = id.partition(".")
+    # The digits 0-9 only ('²' passes str.isdigit() and breaks int()), and few of them: an id
+    # from an answers file with a million-digit head number is no head's, and is not converted.
+    if dot and prefix.startswith(_HEAD_PREFIX) and _HEAD_NUMBER.fullmatch(prefix, len(_HEAD_PREFIX)):
+        return int(prefix[len(_HEAD_PREFIX):]), name
+    return None, id

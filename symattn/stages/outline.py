@@ -1,0 +1,59 @@
+"""The outline of a worked solution: its numbered steps, in order, and the step of each stage."""
+
+from __future__ import annotations
+
+from .ids import K
+from .kinds import Context, Kind, Section, tiled
+from .plan import per_head_blocks
+
+
+# The numbered steps of a worked solution, in order.
+SECTIONS: tuple[Section, ...] = (
+    Section("given", "The input: queries, keys and values given", applies=lambda c: not c.projected),
+    Section("input", "The input", applies=lambda c: c.projected),
+    Section("positions", "Add the positions", applies=lambda c: c.positions),
+    Section("project", "Project to queries, keys and values", per_head=True, applies=lambda c: c.projected,
+            retitle=lambda c: (f"Project to queries (K/V of group {c.p.kv_group(c.head)} above)"
+                               if c.reads(K, c.head) != c.head else None)),
+    Section("rotate", "Rotate the queries and keys (RoPE)", per_head=True, applies=lambda c: c.rope is not None),
+    Section("transpose", "Transpose the keys", per_head=True),
+    Section("scores", "Score every query against every key", per_head=True),
+    Section("scale", "Scale the scores", per_head=True),
+    Section("mask", "Apply the mask", per_head=True),
+    Section("softmax", "Softmax on each row", per_head=True),
+    Section("output", "Weighted sum of the values", per_head=True),
+    Section("tiled", "The same output in one pass: FlashAttention's online softmax", per_head=True,
+            applies=lambda c: tiled(c)),
+    Section("decode", "Decode the new token from the KV cache", per_head=True, applies=lambda c: c.t is not None),
+    Section("step_cost", "The cost of a decoding step", applies=lambda c: c.t is not None),
+    Section("concat", "Concatenate the heads", applies=lambda c: c.multi),
+    Section("projection", "Output projection", applies=lambda c: c.multi),
+    Section("b_upstream", "Backward: the upstream gradient", backward=True),
+    Section("b_projection", "Back through the output projection", backward=True, applies=lambda c: c.multi),
+    Section("b_head", "This head's upstream gradient", backward=True, per_head=True, applies=lambda c: c.multi),
+    Section("b_weighted_sum", "Back through the weighted sum", backward=True, per_head=True),
+    Section("b_softmax", "Back through the softmax", backward=True, per_head=True),
+    Section("b_scaling", "Back through the scaling", backward=True, per_head=True),
+    Section("b_qk", "Back to the queries and keys", backward=True, per_head=True),
+    Section("b_weights", "Back to the projection weights", backward=True, per_head=True),
+    Section("b_input", "Back to the input", backward=True),
+)
+
+
+def sections(problem) -> list[tuple[Section, int, int | None]]:
+    """The numbered steps of the worked solution: (section, number, head), in order.
+
+    Forward steps are numbered 1, 2, ... over the steps this problem has (with several heads
+    each head repeats its numbers); the backward steps continue after the last forward one.
+    """
+    c = Context(problem)
+    forward = [s for s in SECTIONS if not s.backward and s.applies(c)]
+    backward = [s for s in SECTIONS if s.backward and s.applies(c)]
+    number = {s.key: n for n, s in enumerate(forward, 1)}
+    number.update({s.key: len(forward) + n for n, s in enumerate(backward, 1)})
+    multi = c.heads if c.multi else [None]
+    return [(s, number[s.key], h) for s, h in per_head_blocks(forward + backward, lambda s: s.per_head and c.multi, multi)]
+
+
+def section_of(kind: Kind, c: Context) -> str:
+    return kind.section(c) if callable(kind.section) else kind.section

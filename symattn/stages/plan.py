@@ -1,0 +1,80 @@
+"""A problem's stages: the rows of the registry that apply to it, once per head for the per-head
+rows, with their ids (:func:`plan`); and the stage ids a row's input keys stand for
+(:func:`resolve`, :func:`input_ids`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+from .ids import B_K, B_O, B_Q, B_V, DO, DO_HEAD, K, K_ROT, O, Q, Q_ROT, stage_id
+from .kinds import Context, Kind
+from .registry import BY_KEY, KINDS
+from .relations import input_paths
+
+
+@dataclass(frozen=True)
+class Planned:
+    """One stage of a problem: its row, its head and its id."""
+
+    kind: Kind
+    head: int | None
+    id: str
+    c: Context
+
+
+def per_head_blocks(items: list, per_head: Callable, heads: list) -> Iterator[tuple[Any, int | None]]:
+    """``items`` in order, each run of per-head items (the same truthy ``per_head``) repeated for
+    every head in turn."""
+    k = 0
+    while k < len(items):
+        if not per_head(items[k]):
+            yield items[k], None
+            k += 1
+            continue
+        end = k
+        while end < len(items) and per_head(items[end]) == per_head(items[k]):
+            end += 1
+        for h in heads:
+            for item in items[k:end]:
+                yield item, h
+        k = end
+
+
+def plan(problem) -> list[Planned]:
+    """The stages of ``problem`` in the order they are derived (the JSON contract's order)."""
+    c = Context(problem)
+    out = []
+    for kind, h in per_head_blocks([k for k in KINDS if k.when(c)], lambda k: k.per_head, c.heads):
+        if c.reads(kind.key, h) != h:
+            continue  # a grouped head reads its group's keys and values: shown once, with the group's first head
+        out.append(Planned(kind, h, stage_id(kind.name, h), c.at(h)))
+    return out
+
+
+def resolve(key: str, c: Context, head: "int | None | object" = ...) -> list[str]:
+    """The stage ids an input key stands for in context ``c`` (another head's with ``head``)."""
+    if key == "kv":
+        key = c.kv
+    if key in ("q_in", "k_in"):  # what the scores read: the rotated queries and keys under RoPE
+        key = {"q_in": Q_ROT, "k_in": K_ROT}[key] if c.rope is not None else {"q_in": Q, "k_in": K}[key]
+    if key == "xq":
+        key = c.xq
+    if key == "output":
+        key = c.output
+    if key == "heads":
+        return [stage_id(O, h) for h in c.heads]
+    if key in (B_Q, B_K, B_V, B_O) and not c.has_bias(key):
+        return []  # no bias: the projection is the product alone
+    h = c.head if head is ... else head
+    if key == DO and c.multi and h is not None:
+        key = DO_HEAD  # inside a head, the upstream gradient is the head's share of it
+    kind = BY_KEY[key]
+    return [stage_id(kind.name, c.reads(key, h) if kind.per_head and c.multi else None)]
+
+
+def input_ids(kind: Kind, c: Context) -> list[str]:
+    """The ids of the stages ``kind`` is computed from, in context ``c``."""
+    if "paths" in kind.inputs:
+        return [i for g, w, h in input_paths(c, kind.key) for i in resolve(g, c, h) + resolve(w, c, h)]
+    return [i for key in kind.inputs for i in resolve(key, c)]

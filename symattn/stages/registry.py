@@ -1,0 +1,367 @@
+"""The stage registry: every stage symattn derives, one row each, in the order of the formula.
+
+Each stage kind is one :class:`~symattn.stages.kinds.Kind` row: its id, its place in the
+formula, its title and one sentence of why, how its rows and columns are labelled, whether it
+is a gradient, and its **relation**: one definition of how its value follows from its inputs,
+written against a small set of operations (``ops``: ``matmul``, ``T``, ``scale``,
+``softmax``, ...). The same relation is run three ways:
+
+- exactly, by :func:`symattn.derive` (SymPy and flint values, softmax kept as structure);
+- at high precision, when a stage is evaluated from its inputs' values (mpmath);
+- on a student's own earlier answers, by ``symattn check``'s follow-through marking.
+
+A relation reads its inputs through ``v(key)`` (``v(key, head)`` for another head's stage) and
+the problem's constants through ``c`` (a :class:`~symattn.stages.kinds.Context`). The common
+mistakes of a stage (``mistakes``) are relations too, run on the exact values.
+
+The comment above each row gives its relation and its shape.
+"""
+
+from __future__ import annotations
+
+from .formulas import (
+    dO_formula, dO_head_formula, dS_formula, dX_formula, dcontext_formula, few, k_t_formula, masked_formula,
+    pe_formula, rot_tex, rot_text, s_formula, s_t_formula, scale_formula,
+)
+from .ids import (
+    A, ACC_TILED, A_T, B_K, B_O, B_Q, B_V, CACHED, CONCAT, CONTEXT, COSTS, DA, DB_K, DB_O, DB_Q, DB_V,
+    DCONCAT, DCONTEXT, DECODE_COST, DK, DO, DO_HEAD, DQ, DS, DS_MASKED, DV, DW_K, DW_O, DW_Q, DW_V, DX, K,
+    KEYS, K_CACHE, K_T, L_TILED, M, M_TILED, NEW, O, O_FINAL, O_T, O_TILED, O_T_DIFF, PE, Q, QUERIES, Q_T, S,
+    STEPS, S_MASKED, S_SCALED, S_T, V, V_CACHE, W_K, W_O, W_Q, W_V, X, X_POS, stage_id,
+)
+from .kinds import Kind, Mistake, decoding, tiled
+from .mistakes import (
+    BLOCK_MAX, BY_D_K, FUTURE_KEY, MASK_MISSING, NO_RESCALE, NO_SCALING, ROPE_O_MISTAKES,
+    ROPE_SCORE_MISTAKES, SCALE_MISSING_DQDK, by_d_k, future_weights, output_without_rescale, pe_slip,
+    score_variants, square_product, transposed,
+)
+from .relations import dO_relation, decode_cost_rows, head_block, input_gradient, output_projection, row_t
+from .rows import (
+    bias_gradient, bias_row, given_title, projection_row, rope_rows, weight_gradient, weights_row,
+)
+from .shapes import flip, is_square, plain, prod
+from .why import WHY, dX_why, decode_why, k_t_why, mask_why, pe_why, reads_note, s_why, scale_why
+from .worked import worked_score
+
+
+KINDS: tuple[Kind, ...] = (
+    # 1 the input
+    # X given  (n × d_model; n_q × d_model with a context)
+    Kind(X, X, 1, "input", given_title("Query-side tokens", "Input tokens"),
+         lambda c: WHY["X_cross"] if c.cross else WHY[X], ("X", "X"), (QUERIES, "d"),
+         lambda sh, r, c: plain(r, "n_q × d_model" if c.cross else "n × d_model"),
+         source=lambda c: c.p.X, when=lambda c: c.projected),
+    # C given  (n_k × d_model)
+    Kind(CONTEXT, CONTEXT, 2, "input", "Context tokens (the key and value side)", WHY[CONTEXT], ("C", "C"),
+         (KEYS, "d"), lambda sh, r, c: plain(r, "n_k × d_model"), source=lambda c: c.p.context,
+         when=lambda c: c.cross),
+    # positional encodings, added to X before the projections
+    # PE = sin and cos of p / base^(2i/d), or learned and given  (n_q × d_model)
+    Kind(PE, PE, 2.3, "positions",
+         lambda c: "Sinusoidal positional encodings" if c.p.positions.kind == "sinusoidal" else "Learned positions",
+         pe_why, pe_formula, (QUERIES, "d"), lambda sh, r, c: plain(r, "n_q × d_model, one row per position"),
+         relation=lambda ops, v, c: ops.given(c.p.positions.matrix),
+         source=lambda c: c.p.positions.matrix if c.p.positions.kind == "learned" else None,
+         when=lambda c: c.positions,
+         mistakes=(Mistake("sin and cos swapped: the even columns 2i take the sine, the odd ones the cosine",
+                           pe_slip(swap=True)),
+                   Mistake("positions counted from 1: the first token is at p = 0", pe_slip(start=1)),
+                   Mistake("exponent k/d with the column number k instead of 2i/d (the sine and cosine of a "
+                           "pair share one frequency)", pe_slip(pairs=False)))),
+    # X_pos = X + PE  (n_q × d_model)
+    Kind(X_POS, X_POS, 2.6, "positions", "Add the positions to the tokens",
+         "Each token's row gets its position's row of ⟦PE⟧ added, entry by entry; the projections read ⟦X_{pos}⟧ "
+         "instead of ⟦X⟧, so the same word at two positions gives two different queries, keys and values.",
+         ("X_{pos} = X + PE", "X_pos = X + PE"), (QUERIES, "d"), lambda sh, r, c: plain(r, "like X"),
+         inputs=(X, PE), relation=lambda ops, v, c: ops.sum([v(X), v(PE)]), when=lambda c: c.positions,
+         mistakes=(Mistake("the positions were not added: X_pos = X", lambda ops, ex, c: ex(X)),)),
+    # 2 projections (weights first, as the JSON contract lists them)
+    weights_row(W_Q, 3, "Query weights"),  # W_Q given  (d_model × d_k)
+    weights_row(W_K, 5, "Key weights"),  # W_K given  (d_model × d_k)
+    weights_row(W_V, 7, "Value weights"),  # W_V given  (d_model × d_v)
+    bias_row(B_Q, 3.5, "Query bias"),  # b_Q given  (1 × d_k)
+    bias_row(B_K, 5.5, "Key bias"),  # b_K given  (1 × d_k)
+    bias_row(B_V, 7.5, "Value bias"),  # b_V given  (1 × d_v)
+    projection_row(Q, 4, "Query projection"),  # Q = X·W_Q + b_Q, or given  (n_q × d_k)
+    projection_row(K, 6, "Key projection"),  # K = X·W_K + b_K (C·W_K + b_K with a context), or given  (n_k × d_k)
+    projection_row(V, 8, "Value projection"),  # V = X·W_V + b_V (C·W_V + b_V with a context), or given  (n_k × d_v)
+    # 3 to 8: one head, scores to output
+    *rope_rows(),  # Q_rot, K_rot = each pair of q_p, k_p turned by p·θ_i  (n_q × d_k, n_k × d_k)
+    # K_T = Kᵀ (K_rotᵀ with RoPE)  (d_k × n_k)
+    Kind(K_T, K_T, 9, "transpose", "Transpose the keys", k_t_why, k_t_formula, ("k", KEYS),
+         lambda sh, r, c: f"{r[1]}×{r[0]} → {r[0]}×{r[1]} (d_k × n_k)",
+         inputs=("k_in",), relation=lambda ops, v, c: ops.T(v("k_in")), per_head=True, tex="K^{\\top}", slips=True),
+    # S = Q·Kᵀ (Q_rot·K_rotᵀ with RoPE)  (n_q × n_k)
+    Kind(S, S, 10, "scores", "Scores", lambda c: s_why(c) + reads_note(c, K_T), s_formula, (QUERIES, KEYS),
+         lambda sh, r, c: prod(sh("q_in"), sh(K_T), "n_q × n_k"),
+         inputs=("q_in", K_T), relation=lambda ops, v, c: ops.matmul(v("q_in"), v(K_T)), per_head=True, slips=True,
+         worked=worked_score, shows=frozenset({"rope_relative"}),
+         mistakes=(
+             Mistake("K·Qᵀ instead of Q·Kᵀ (the scores are transposed)",
+                     lambda ops, ex, c: ops.matmul(ex("k_in"), ops.T(ex("q_in")))),
+             Mistake("Q·K instead of Q·Kᵀ (K was not transposed)",
+                     lambda ops, ex, c: ops.matmul(ex("q_in"), ex("k_in")) if len(ex("q_in")[0]) == len(ex("k_in")) else None),
+             *ROPE_SCORE_MISTAKES,
+         )),
+    # S_scaled = S / √d_k, or S times the problem's scale  (n_q × n_k)
+    Kind(S_SCALED, S_SCALED, 11, "scale", "Scale the scores", scale_why, scale_formula, (QUERIES, KEYS),
+         lambda sh, r, c: plain(r, "n_q × n_k"),
+         inputs=(S,), relation=lambda ops, v, c: ops.scale(v(S), c.factor), per_head=True,
+         tex="\\frac{S}{\\sqrt{d_k}}",
+         mistakes=(Mistake(NO_SCALING, lambda ops, ex, c: ex(S)), Mistake(BY_D_K, by_d_k))),
+    # M = the mask (0 or −∞), plus the bias  (n_q × n_k)
+    Kind(M, M, 12, "mask", "The mask", mask_why,
+         lambda c: ("M = M_{\\text{mask}} + B", "M = mask + bias") if c.p.bias is not None else ("M", "M"),
+         (QUERIES, KEYS), lambda sh, r, c: plain(r, "n_q × n_k"),
+         relation=lambda ops, v, c: ops.mask(c.p.mask.allowed, c.p.bias), per_head=True,
+         shows=frozenset({"mask_parts"})),
+    # Ŝ = S_scaled + M  (n_q × n_k)
+    Kind(S_MASKED, S_MASKED, 13, "mask", "Add the mask", WHY[S_MASKED], masked_formula, (QUERIES, KEYS),
+         lambda sh, r, c: plain(r, "n_q × n_k"),
+         inputs=(S_SCALED, M), relation=lambda ops, v, c: ops.add_mask(v(S_SCALED), v(M)), per_head=True,
+         tex="\\hat{S}",
+         mistakes=(Mistake(MASK_MISSING, lambda ops, ex, c: ex(S_SCALED)),
+                   Mistake(NO_SCALING, lambda ops, ex, c: ops.add_mask(ex(S), ex(M))),
+                   Mistake(BY_D_K, lambda ops, ex, c: ops.add_mask(by_d_k(ops, ex, c), ex(M))))),
+    # A = softmax(Ŝ), row by row  (n_q × n_k)
+    Kind(A, A, 14, "softmax", "Softmax on each row", WHY[A],
+         ("A = \\operatorname{softmax}(\\hat{S})",
+          "A[i,j] = exp(Ŝ[i,j] − m_i) / Z_i,  m_i = max_k Ŝ[i,k],  Z_i = Σ_k exp(Ŝ[i,k] − m_i)"),
+         (QUERIES, KEYS), lambda sh, r, c: f"{r[0]}×{r[1]} (n_q × n_k), each row sums to 1",
+         inputs=(S_MASKED,), relation=lambda ops, v, c: ops.softmax(v(S_MASKED)), per_head=True,
+         shows=frozenset({"softmax"}), mistakes=score_variants(A),
+         note=lambda value: WHY["A_max"] if all(r.is_max for r in value.rows) else WHY["A_symbolic"]),
+    # O = A·V  (n_q × d_v)
+    Kind(O, O, 15, "output", "Weighted sum of the values", lambda c: WHY[O] + reads_note(c, V), ("O = A\\,V", "O = A·V"), (QUERIES, "v"),
+         lambda sh, r, c: f"({sh(A)[0]}×{sh(A)[1]})·({sh(V)[0]}×{sh(V)[1]}) → {r[0]}×{r[1]} (n_q × d_v)",
+         inputs=(A, V), relation=lambda ops, v, c: ops.matmul(v(A), v(V)), per_head=True,
+         shows=frozenset({"weighted_sum"}),
+         mistakes=score_variants(O) + (
+             Mistake("Aᵀ·V instead of A·V (the weights were transposed)",
+                     lambda ops, ex, c: ops.matmul(ops.T(ex(A)), ex(V)) if is_square(ex(A)) else None),
+             transposed(O),
+             *ROPE_O_MISTAKES,
+         )),
+    # FlashAttention's online softmax: the same weighted sum in one pass over blocks of keys
+    # m(b) = max(m(b−1), max of block b of Ŝ)  (n_q × blocks)
+    Kind(M_TILED, M_TILED, 15.02, "tiled", "Running maximum, block by block",
+         lambda c: WHY[M_TILED].format(B=c.p.tiling.block),
+         ("m^{(b)} = \\max\\bigl(m^{(b-1)},\\ \\max_{j \\in b} \\hat{S}_{ij}\\bigr)",
+          "m(b) = max(m(b−1), max_{j in block b} Ŝ[i,j]),  m(0) = −∞"),
+         (QUERIES, "b"), lambda sh, r, c: plain(r, "n_q × blocks"),
+         inputs=(S_MASKED,), relation=lambda ops, v, c: ops.tiled_max(v(S_MASKED), c.p.tiling.block),
+         when=tiled, per_head=True, tex="m",
+         mistakes=(Mistake(BLOCK_MAX, lambda ops, ex, c: ops.tiled_max(ex(S_MASKED), c.p.tiling.block, running=False)),)),
+    # ℓ(b) = e^(m(b−1) − m(b))·ℓ(b−1) + Σ_(j in b) e^(Ŝ_ij − m(b))  (n_q × blocks)
+    Kind(L_TILED, L_TILED, 15.04, "tiled", "Running sum, rescaled at each new maximum", WHY[L_TILED].format(),
+         ("\\ell^{(b)} = e^{m^{(b-1)} - m^{(b)}}\\,\\ell^{(b-1)} + \\sum_{j \\in b} e^{\\hat{S}_{ij} - m^{(b)}}",
+          "ℓ(b) = exp(m(b−1) − m(b))·ℓ(b−1) + Σ_{j in block b} exp(Ŝ[i,j] − m(b)),  ℓ(0) = 0"),
+         (QUERIES, "b"), lambda sh, r, c: plain(r, "n_q × blocks") + "; the last column is Z_i",
+         inputs=(S_MASKED, M_TILED),
+         relation=lambda ops, v, c: ops.tiled_sums(v(S_MASKED), v(M_TILED), c.p.tiling.block),
+         when=tiled, per_head=True, tex="\\ell", shows=frozenset({"exp_sums"}),
+         mistakes=(Mistake(NO_RESCALE, lambda ops, ex, c: ops.tiled_sums(ex(S_MASKED), ex(M_TILED), c.p.tiling.block,
+                                                                      rescale=False)),)),
+    # acc(b) = e^(m(b−1) − m(b))·acc(b−1) + Σ_(j in b) e^(Ŝ_ij − m(b))·v_j  (n_q × d_v)
+    Kind(ACC_TILED, ACC_TILED, 15.06, "tiled", "Accumulator after the last block", WHY[ACC_TILED].format(),
+         ("\\mathrm{acc}^{(b)} = e^{m^{(b-1)} - m^{(b)}}\\,\\mathrm{acc}^{(b-1)} + \\sum_{j \\in b} e^{\\hat{S}_{ij} - m^{(b)}}\\, v_j",
+          "acc(b) = exp(m(b−1) − m(b))·acc(b−1) + Σ_{j in block b} exp(Ŝ[i,j] − m(b))·v_j,  acc(0) = 0"),
+         (QUERIES, "v"), lambda sh, r, c: plain(r, "n_q × d_v") + "; the accumulator after the last block",
+         inputs=(S_MASKED, M_TILED, V),
+         relation=lambda ops, v, c: ops.tiled_acc(v(S_MASKED), v(M_TILED), v(V), c.p.tiling.block),
+         when=tiled, per_head=True, tex="\\mathrm{acc}", shows=frozenset({"exp_sums"}),
+         mistakes=(Mistake(NO_RESCALE, lambda ops, ex, c: ops.tiled_acc(ex(S_MASKED), ex(M_TILED), ex(V), c.p.tiling.block,
+                                                                      rescale=False)),)),
+    # O_tiled = acc / ℓ after the last block  (n_q × d_v)
+    Kind(O_TILED, O_TILED, 15.08, "tiled", "Output of the tiled pass", WHY[O_TILED].format(),
+         ("O^{\\text{tiled}}_i = \\mathrm{acc}_i^{(N)} / \\ell_i^{(N)}", "O_tiled[i] = acc(N)[i] / ℓ(N)[i]"),
+         (QUERIES, "v"), lambda sh, r, c: plain(r, "n_q × d_v") + "; equal to O",
+         inputs=(ACC_TILED, L_TILED), relation=lambda ops, v, c: ops.tiled_output(v(ACC_TILED), v(L_TILED)),
+         when=tiled, per_head=True, tex="O^{\\text{tiled}}", shows=frozenset({"tiles", "exp_sums"}),
+         mistakes=(Mistake(NO_RESCALE, output_without_rescale),
+                   Mistake("the accumulator was not divided by the running sum ℓ at the end",
+                           lambda ops, ex, c: ex(ACC_TILED)))),
+    # decoding one token from the KV cache
+    # K_cache = K[1..t, :]  (t × d_k)
+    Kind(K_CACHE, K_CACHE, 15.1, "decode", "The key cache", decode_why(K_CACHE),
+         lambda c: (f"K_{{\\mathrm{{cache}}}} = {rot_tex(c, 'K')}_{{1..{c.t},\\,:}}",
+                    f"K_cache = {rot_text(c, 'K')}[1..{c.t}, :]"), (CACHED, "k"),
+         lambda sh, r, c: plain(r, "t × d_k"), inputs=("k_in",), relation=lambda ops, v, c: ops.rows(v("k_in"), 0, c.t),
+         when=decoding, per_head=True, tex="K_{\\mathrm{cache}}"),
+    # V_cache = V[1..t, :]  (t × d_v)
+    Kind(V_CACHE, V_CACHE, 15.2, "decode", "The value cache", decode_why(V_CACHE),
+         lambda c: (f"V_{{\\mathrm{{cache}}}} = V_{{1..{c.t},\\,:}}", f"V_cache = V[1..{c.t}, :]"), (CACHED, "v"),
+         lambda sh, r, c: plain(r, "t × d_v"), inputs=(V,), relation=lambda ops, v, c: ops.rows(v(V), 0, c.t),
+         when=decoding, per_head=True, tex="V_{\\mathrm{cache}}"),
+    # q_t = Q[t, :]  (1 × d_k)
+    Kind(Q_T, Q_T, 15.3, "decode", "The new token's query", decode_why(Q_T),
+         lambda c: (f"q_t = {rot_tex(c, 'Q')}_{{{c.t},\\,:}}", f"q_t = {rot_text(c, 'Q')}[{c.t}, :]"), (NEW, "q"),
+         lambda sh, r, c: plain(r, "1 × d_k"), inputs=("q_in",), relation=lambda ops, v, c: row_t(ops, v("q_in"), c),
+         when=decoding, per_head=True, tex="q_t"),
+    # s_t = scale·q_t·K_cacheᵀ  (1 × t)
+    Kind(S_T, S_T, 15.4, "decode", "Its scores against the cache", decode_why(S_T), s_t_formula, (NEW, CACHED),
+         lambda sh, r, c: prod(sh(Q_T), flip(sh(K_CACHE)), "1 × t") + ", scaled",
+         inputs=(Q_T, K_CACHE),
+         relation=lambda ops, v, c: ops.scale(ops.matmul(v(Q_T), ops.T(v(K_CACHE))), c.factor),
+         when=decoding, per_head=True, tex="s_t",
+         mistakes=(Mistake(NO_SCALING, lambda ops, ex, c: ops.matmul(ex(Q_T), ops.T(ex(K_CACHE)))),)),
+    # a_t = softmax(s_t)  (1 × t)
+    Kind(A_T, A_T, 15.5, "decode", "Its weights", decode_why(A_T),
+         ("a_t = \\operatorname{softmax}(s_t)", "a_t = softmax(s_t)"), (NEW, CACHED),
+         lambda sh, r, c: f"{r[0]}×{r[1]} (1 × t), sums to 1", inputs=(S_T,),
+         relation=lambda ops, v, c: ops.softmax(ops.add_mask(v(S_T), ops.mask(((True,) * c.t,), None))),
+         when=decoding, per_head=True, tex="a_t", shows=frozenset({"softmax"}),
+         mistakes=(Mistake(FUTURE_KEY, lambda ops, ex, c: ops.block(future_weights(ops, ex, c), 0, c.t)
+                           if c.t < c.p.n_k else None),)),
+    # o_t = a_t·V_cache  (1 × d_v)
+    Kind(O_T, O_T, 15.6, "decode", "Its output", decode_why(O_T), ("o_t = a_t\\,V_{\\mathrm{cache}}", "o_t = a_t·V_cache"),
+         (NEW, "v"), lambda sh, r, c: prod(sh(A_T), sh(V_CACHE), "1 × d_v"), inputs=(A_T, V_CACHE),
+         relation=lambda ops, v, c: ops.matmul(v(A_T), v(V_CACHE)), when=decoding, per_head=True, tex="o_t",
+         shows=frozenset({"weighted_sum"}),
+         mistakes=(Mistake(FUTURE_KEY, lambda ops, ex, c: ops.matmul(future_weights(ops, ex, c), ex(V))
+                           if c.t < c.p.n_k else None),)),
+    # o_t − O[t, :]  (1 × d_v, exactly 0)
+    Kind(O_T_DIFF, O_T_DIFF, 15.7, "decode", "The same as row t of the full computation", decode_why(O_T_DIFF),
+         lambda c: (f"o_t - O_{{{c.t},:}}", f"o_t − O[{c.t}, :]"), (NEW, "v"),
+         lambda sh, r, c: plain(r, "1 × d_v") + ", exactly 0", inputs=(O_T, O),
+         relation=lambda ops, v, c: ops.sub(v(O_T), row_t(ops, v(O), c)), when=decoding, per_head=True,
+         tex="o_t - O_{t,:}"),
+    # cost(t) = (t·d_k, t·d_v, t²·d_k, t²·d_v) for t = 1..n  (n_q × 4)
+    Kind(DECODE_COST, DECODE_COST, 15.8, "step_cost", "The cost of a decoding step", decode_why(DECODE_COST),
+         ("\\text{cost}", "cost(t) = (t·d_k, t·d_v, t²·d_k, t²·d_v)"), (STEPS, COSTS),
+         lambda sh, r, c: plain(r, "one row per decoding step t = 1..n: from the cache, then recomputed in full"),
+         relation=lambda ops, v, c: ops.table(decode_cost_rows(c)), when=decoding, tex="\\text{cost}"),
+    # several heads: concatenate, then project
+    # concat = [O⁽¹⁾ | O⁽²⁾ | … | O⁽ʰ⁾]  (n_q × h·d_v)
+    Kind(CONCAT, CONCAT, 16, "concat", "Concatenate the heads", WHY[CONCAT],
+         lambda c: ("\\operatorname{concat} = \\begin{bmatrix} "
+                    + " & ".join(few(c.heads, lambda h: f"O^{{({h})}}", "\\cdots")) + " \\end{bmatrix}",
+                    "concat = [" + " | ".join(few(c.heads, lambda h: stage_id(O, h), "…")) + "]"),
+         (QUERIES, "c"),
+         lambda sh, r, c: f"{c.p.n_q}×({' + '.join(few(c.heads, lambda h: str(sh(O, h)[1]), '…'))}) = {r[0]}×{r[1]} (n_q × h·d_v)",
+         inputs=("heads",), relation=lambda ops, v, c: ops.hstack([v(O, h) for h in c.heads]),
+         when=lambda c: c.multi, tex="\\operatorname{concat}", by_relation=True,
+         shows=frozenset({"heads_sum"}), mistakes=(transposed(CONCAT),)),
+    # W_O given  (h·d_v × d_out)
+    Kind(W_O, W_O, 17, "projection", "Output weights", WHY[W_O], ("W_{O}", "W_O"), ("c", "o"),
+         lambda sh, r, c: plain(r, "h·d_v × d_out"), source=lambda c: c.p.W_O, when=lambda c: c.multi,
+         labelled=False),
+    bias_row(B_O, 17.5, "Output bias"),  # b_O given  (1 × d_out)
+    # O = concat·W_O + b_O  (n_q × d_out)
+    Kind(O_FINAL, O, 18, "projection", "Output projection",
+         lambda c: WHY[O_FINAL] + (WHY["bias_added"].format(L="O") if c.has_bias(B_O) else ""),
+         lambda c: (("O = \\operatorname{concat}\\,W_O + b_O", "O = concat·W_O + b_O") if c.has_bias(B_O)
+                    else ("O = \\operatorname{concat}\\,W_O", "O = concat·W_O")), (QUERIES, "o"),
+         lambda sh, r, c: prod(sh(CONCAT), sh(W_O), "n_q × d_out")
+         + (f", plus b_O (1×{sh(B_O)[1]}) on every row" if c.has_bias(B_O) else ""),
+         inputs=(CONCAT, W_O, B_O), relation=output_projection,
+         when=lambda c: c.multi, by_relation=True, shows=frozenset({"heads_sum"}),
+         mistakes=(transposed(O_FINAL),
+                   Mistake("the bias b_O was not added: O = concat·W_O alone",
+                           lambda ops, ex, c: ops.matmul(ex(CONCAT), ex(W_O)) if c.has_bias(B_O) else None))),
+    # the backward pass: the upstream gradient, then back through the output projection
+    # dO = ∂L/∂O  (n_q × d_out)
+    Kind(DO, DO, 19, "b_upstream", "The upstream gradient",
+         lambda c: WHY[DO] + " Here " + c.loss.describe() + ".", dO_formula,
+         lambda c: (QUERIES, "o" if c.multi else "v"), lambda sh, r, c: plain(r, "like O"),
+         inputs=("output",), relation=dO_relation, when=lambda c: c.loss is not None, gradient=True,
+         short=lambda ops, value, c: c.loss.kind != "target"),
+    # dW_O = concatᵀ·dO  (h·d_v × d_out)
+    Kind(DW_O, DW_O, 20, "b_projection", "Gradient of the output weights", WHY[DW_O],
+         ("dW_O = \\operatorname{concat}^{\\top} dO", "dW_O = concatᵀ·dO"), ("c", "o"),
+         lambda sh, r, c: prod(flip(sh(CONCAT)), sh(DO), "like W_O"),
+         inputs=(CONCAT, DO), relation=lambda ops, v, c: ops.matmul(ops.T(v(CONCAT)), v(DO)),
+         when=lambda c: c.multi and c.loss is not None, gradient=True, labelled=False,
+         mistakes=(transposed(DW_O, square_only=True),)),
+    bias_gradient(DB_O, 20.5),  # db_O = 1ᵀ·dO, the column sums of dO  (1 × d_out)
+    # dconcat = dO·W_Oᵀ  (n_q × h·d_v)
+    Kind(DCONCAT, DCONCAT, 21, "b_projection", "Gradient of the concatenation", WHY[DCONCAT],
+         ("d\\operatorname{concat} = dO\\,W_O^{\\top}", "dconcat = dO·W_Oᵀ"), (QUERIES, "c"),
+         lambda sh, r, c: prod(sh(DO), flip(sh(W_O)), "like concat"),
+         inputs=(DO, W_O), relation=lambda ops, v, c: ops.matmul(v(DO), ops.T(v(W_O))),
+         when=lambda c: c.multi and c.loss is not None, gradient=True, tex="d\\operatorname{concat}",
+         mistakes=(transposed(DCONCAT, square_only=True),)),
+    # each head, backwards
+    # dO⁽ʰ⁾ = this head's columns of dconcat  (n_q × d_v)
+    Kind(DO_HEAD, DO, 19, "b_head", "This head's upstream gradient", WHY[DO_HEAD], dO_head_formula,
+         (QUERIES, "v"), lambda sh, r, c: plain(r, "like this head's O"),
+         inputs=(DCONCAT,), relation=lambda ops, v, c: ops.block(v(DCONCAT), *head_block(c)),
+         when=lambda c: c.multi and c.loss is not None, per_head="shares", gradient=True),
+    # dV = Aᵀ·dO  (n_k × d_v)
+    Kind(DV, DV, 22, "b_weighted_sum", "Gradient of the values", WHY[DV], ("dV = A^{\\top} dO", "dV = Aᵀ·dO"),
+         (KEYS, "v"), lambda sh, r, c: prod(flip(sh(A)), sh(DO), "like V"),
+         inputs=(A, DO), relation=lambda ops, v, c: ops.matmul(ops.T(v(A)), v(DO)),
+         when=lambda c: c.loss is not None, per_head=True, gradient=True,
+         mistakes=(square_product("A·dO instead of Aᵀ·dO (the weights were not transposed)",
+                                  lambda ops, ex: ex(A), lambda ops, ex: ex(DO), lambda ex: is_square(ex(A))),
+                   transposed(DV, square_only=True))),
+    # dA = dO·Vᵀ  (n_q × n_k)
+    Kind(DA, DA, 23, "b_weighted_sum", "Gradient of the weights", WHY[DA], ("dA = dO\\,V^{\\top}", "dA = dO·Vᵀ"),
+         (QUERIES, KEYS), lambda sh, r, c: prod(sh(DO), flip(sh(V)), "like A"),
+         inputs=(DO, V), relation=lambda ops, v, c: ops.matmul(v(DO), ops.T(v(V))),
+         when=lambda c: c.loss is not None, per_head=True, gradient=True,
+         short=lambda ops, value, c: ops.is_rational(value),
+         mistakes=(square_product("dO·V instead of dO·Vᵀ (V was not transposed)",
+                                  lambda ops, ex: ex(DO), lambda ops, ex: ex(V),
+                                  lambda ex: len(ex(V)) == len(ex(DO)[0]) and len(ex(V)[0]) == len(ex(DO))),
+                   transposed(DA, square_only=True))),
+    # dŜ_ij = a_ij·(dA_ij − Σ_k a_ik·dA_ik)  (n_q × n_k)
+    Kind(DS_MASKED, DS_MASKED, 24, "b_softmax", "Back through the softmax", WHY[DS_MASKED],
+         ("d\\hat{S}_{ij} = a_{ij}\\Big(dA_{ij} - \\sum_k a_{ik}\\,dA_{ik}\\Big)",
+          "dŜ[i,j] = a_ij·(dA[i,j] − Σ_k a_ik·dA[i,k])"),
+         (QUERIES, KEYS), lambda sh, r, c: plain(r, "like Ŝ") + "; each row sums to 0",
+         inputs=(A, DA), relation=lambda ops, v, c: ops.softmax_backward(v(A), v(DA)),
+         when=lambda c: c.loss is not None, per_head=True, gradient=True, tex="d\\hat{S}",
+         shows=frozenset({"jacobian"}),
+         mistakes=(Mistake("Jacobian diagonal only: a_ij(1 − a_ij)·dA_ij drops the off-diagonal terms −a_ij·a_ik "
+                           "(each weight also depends on the other scores of its row)",
+                           lambda ops, ex, c: ops.jacobian_diagonal(ex(A), ex(DA))),
+                   transposed(DS_MASKED, square_only=True))),
+    # dS = scale·dŜ  (n_q × n_k)
+    Kind(DS, DS, 25, "b_scaling", "Back through the scaling",
+         lambda c: WHY["dS_none"] if c.p.scale == "none" else WHY[DS], dS_formula,
+         (QUERIES, KEYS), lambda sh, r, c: plain(r, "like S"),
+         inputs=(DS_MASKED,), relation=lambda ops, v, c: ops.scale(v(DS_MASKED), c.factor),
+         when=lambda c: c.loss is not None, per_head=True, gradient=True,
+         mistakes=(Mistake("the scale factor is missing: dS = dŜ, but the scores were scaled before the softmax",
+                           lambda ops, ex, c: ex(DS_MASKED)),
+                   transposed(DS, square_only=True))),
+    # dQ = dS·K  (n_q × d_k)
+    Kind(DQ, DQ, 26, "b_qk", "Gradient of the queries", WHY[DQ], ("dQ = dS\\,K", "dQ = dS·K"), (QUERIES, "q"),
+         lambda sh, r, c: prod(sh(DS), sh(K), "like Q"),
+         inputs=(DS, K), relation=lambda ops, v, c: ops.matmul(v(DS), v(K)),
+         when=lambda c: c.loss is not None, per_head=True, gradient=True,
+         mistakes=(Mistake(SCALE_MISSING_DQDK, lambda ops, ex, c: ops.matmul(ex(DS_MASKED), ex(K))),
+                   square_product("dSᵀ·K instead of dS·K (dS was transposed)",
+                                  lambda ops, ex: ops.T(ex(DS)), lambda ops, ex: ex(K), lambda ex: is_square(ex(DS))),
+                   transposed(DQ, square_only=True))),
+    # dK = dSᵀ·Q  (n_k × d_k)
+    Kind(DK, DK, 27, "b_qk", "Gradient of the keys", WHY[DK], ("dK = dS^{\\top} Q", "dK = dSᵀ·Q"), (KEYS, "k"),
+         lambda sh, r, c: prod(flip(sh(DS)), sh(Q), "like K"),
+         inputs=(DS, Q), relation=lambda ops, v, c: ops.matmul(ops.T(v(DS)), v(Q)),
+         when=lambda c: c.loss is not None, per_head=True, gradient=True,
+         mistakes=(Mistake(SCALE_MISSING_DQDK, lambda ops, ex, c: ops.matmul(ops.T(ex(DS_MASKED)), ex(Q))),
+                   square_product("dS·Q instead of dSᵀ·Q (dS was not transposed)",
+                                  lambda ops, ex: ex(DS), lambda ops, ex: ex(Q), lambda ex: is_square(ex(DS))),
+                   transposed(DK, square_only=True))),
+    weight_gradient(DW_Q, 28, "query"),  # dW_Q = Xᵀ·dQ  (d_model × d_k)
+    weight_gradient(DW_K, 29, "key"),  # dW_K = Xᵀ·dK (Cᵀ·dK with a context)  (d_model × d_k)
+    weight_gradient(DW_V, 30, "value"),  # dW_V = Xᵀ·dV (Cᵀ·dV with a context)  (d_model × d_v)
+    bias_gradient(DB_Q, 30.2),  # db_Q = 1ᵀ·dQ  (1 × d_k)
+    bias_gradient(DB_K, 30.4),  # db_K = 1ᵀ·dK, exactly 0  (1 × d_k)
+    bias_gradient(DB_V, 30.6),  # db_V = 1ᵀ·dV  (1 × d_v)
+    # back to the input
+    # dX = Σ_h (dQ·W_Qᵀ + dK·W_Kᵀ + dV·W_Vᵀ)  (n × d_model)
+    Kind(DX, DX, 31, "b_input", "Gradient of the input", dX_why, dX_formula, (QUERIES, "d"),
+         lambda sh, r, c: plain(r, "like X"), inputs=("paths",), relation=input_gradient(DX),
+         when=lambda c: c.projected and c.loss is not None, gradient=True,
+         mistakes=(transposed(DX, square_only=True),)),
+    # dC = Σ_h (dK·W_Kᵀ + dV·W_Vᵀ)  (n_k × d_model)
+    Kind(DCONTEXT, DCONTEXT, 32, "b_input", "Gradient of the context",
+         lambda c: WHY[DCONTEXT] + (WHY["dX_heads"] if c.multi else ""), dcontext_formula, (KEYS, "d"),
+         lambda sh, r, c: plain(r, "like the context"), inputs=("paths",), relation=input_gradient(DCONTEXT),
+         when=lambda c: c.projected and c.cross and c.loss is not None, gradient=True, tex="dC"),
+)
+
+
+BY_KEY: dict[str, Kind] = {k.key: k for k in KINDS}

@@ -1,0 +1,56 @@
+"""The relations too long for a lambda in the table: the upstream gradient, a head's block of the
+concatenation, the input's gradient along all its paths, the output projection and the decoded row."""
+
+from __future__ import annotations
+
+from .ids import B_O, CONCAT, DCONTEXT, DK, DQ, DV, W_K, W_O, W_Q, W_V
+from .kinds import Context, Relation
+
+
+def dO_relation(ops, v, c: Context):
+    loss = c.loss
+    if loss.kind == "sum":
+        return ops.ones(c.p.n_q, c.p.d_out)
+    if loss.kind in ("weights", "dO"):
+        return ops.given(loss.matrix)
+    return ops.sub(v(c.output), ops.given(loss.matrix))  # L = ½‖O − T‖²
+
+
+def head_block(c: Context) -> tuple[int, int]:
+    """Where this head's columns sit in the concatenation: (first, width)."""
+    widths = [h.d_v for h in c.p.heads]
+    k = (c.head or 1) - 1
+    return sum(widths[:k]), widths[k]
+
+
+def input_paths(c: Context, kind: str) -> list[tuple[str, str, int | None]]:
+    """(gradient, weights, head) of every path to X (``kind`` dX) or to the context (dcontext),
+    heads' query paths first."""
+    heads = c.heads
+    if kind == DCONTEXT:
+        return [(g, w, h) for h in heads for g, w in ((DK, W_K), (DV, W_V))]
+    paths = [(DQ, W_Q, h) for h in heads]
+    if not c.cross:
+        paths += [(g, w, h) for h in heads for g, w in ((DK, W_K), (DV, W_V))]
+    return paths
+
+
+def input_gradient(kind: str) -> Relation:
+    def relation(ops, v, c: Context):
+        return ops.sum([ops.matmul(v(g, h), ops.T(v(w, h))) for g, w, h in input_paths(c, kind)])
+
+    return relation
+
+
+def output_projection(ops, v, c: Context):
+    product = ops.matmul(v(CONCAT), v(W_O))
+    return ops.add_row(product, v(B_O)) if c.has_bias(B_O) else product
+
+
+def row_t(ops, m, c: Context):
+    return ops.rows(m, c.t - 1, 1)
+
+
+def decode_cost_rows(c: Context) -> list[list[int]]:
+    d_k, d_v = c.d_k, c.d_v
+    return [[t * d_k, t * d_v, t * t * d_k, t * t * d_v] for t in range(1, c.p.n_q + 1)]

@@ -1,0 +1,64 @@
+"""Which entries of its inputs make each entry of a stage (the web page highlights them)."""
+
+from __future__ import annotations
+
+from .ids import (
+    A, ACC_TILED, A_T, B_K, B_O, B_Q, B_V, CONCAT, DA, DB_K, DB_O, DB_Q, DB_V, DK, DO, DQ, DS, DS_MASKED, DV,
+    DW_K, DW_Q, DW_V, K, K_CACHE, K_ROT, K_T, L_TILED, M, M_TILED, O, O_FINAL, O_T, O_TILED, O_T_DIFF, PE, Q,
+    Q_ROT, S, S_MASKED, S_SCALED, S_T, V, V_CACHE, W_K, W_O, W_Q, W_V, X, X_POS,
+)
+from .kinds import Context, Kind
+from .plan import resolve
+
+
+# Which entries of its inputs make an entry (i, j) of a stage: ``row`` (row i of the input),
+# ``col`` (column j), ``row_j`` (row j: the input is transposed in the product, as V in
+# dA = dO Vᵀ), ``col_i`` (column i: as A in dV = Aᵀ dO), ``entry`` (entry (i, j)) or ``T``
+# (entry (j, i)). The web page highlights them when a reader points at the entry. Input keys as
+# in ``Kind.inputs``.
+TRACES: dict[str, tuple[tuple[str, str], ...]] = {
+    PE: (),
+    X_POS: ((X, "entry"), (PE, "entry")),
+    Q: (("xq", "row"), (W_Q, "col"), (B_Q, "col")),
+    K: (("kv", "row"), (W_K, "col"), (B_K, "col")),
+    V: (("kv", "row"), (W_V, "col"), (B_V, "col")),
+    Q_ROT: ((Q, "row"),),
+    K_ROT: ((K, "row"),),
+    K_T: (("k_in", "T"),),
+    S: (("q_in", "row"), (K_T, "col")),
+    S_SCALED: ((S, "entry"),),
+    S_MASKED: ((S_SCALED, "entry"), (M, "entry")),
+    A: ((S_MASKED, "row"),),
+    O: ((A, "row"), (V, "col")),
+    M_TILED: ((S_MASKED, "row"),),
+    L_TILED: ((S_MASKED, "row"), (M_TILED, "row")),
+    ACC_TILED: ((S_MASKED, "row"), (M_TILED, "row"), (V, "col")),
+    O_TILED: ((ACC_TILED, "entry"), (L_TILED, "row")),
+    O_FINAL: ((CONCAT, "row"), (W_O, "col"), (B_O, "col")),
+    DB_O: ((DO, "col"),),
+    DB_Q: ((DQ, "col"),),
+    DB_K: ((DK, "col"),),
+    DB_V: ((DV, "col"),),
+    DV: ((A, "col_i"), (DO, "col")),
+    DA: ((DO, "row"), (V, "row_j")),
+    DS_MASKED: ((A, "row"), (DA, "row")),
+    DS: ((DS_MASKED, "entry"),),
+    DQ: ((DS, "row"), (K, "col")),
+    DK: ((DS, "col_i"), (Q, "col")),
+    DW_Q: (("xq", "col_i"), (DQ, "col")),
+    DW_K: (("kv", "col_i"), (DK, "col")),
+    DW_V: (("kv", "col_i"), (DV, "col")),
+    K_CACHE: (("k_in", "entry"),),
+    V_CACHE: ((V, "entry"),),
+    A_T: ((S_T, "row"),),
+    O_T: ((A_T, "row"), (V_CACHE, "col")),
+    O_T_DIFF: ((O_T, "entry"),),
+}
+
+
+def traces(kind: Kind, c: Context) -> list[tuple[str, str]]:
+    """``(stage id, how)`` for each input entry that makes an entry of ``kind`` (see TRACES);
+    empty when the stage is given."""
+    if kind.is_given(c):
+        return []
+    return [(i, how) for key, how in TRACES.get(kind.key, ()) for i in resolve(key, c)]
