@@ -11,7 +11,7 @@ import pytest
 
 import symattn
 from symattn.stages import core as stages
-from symattn.problem.core import SUM_LOSS
+from symattn.problem.model import SUM_LOSS
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = sorted((ROOT / "worked_examples").glob("*.yaml"))

@@ -21,7 +21,7 @@ from . import ops as _ops
 from ..stages import core as stages
 from ..errors import SymattnError
 from .matrices import LazyMatrix, Matrix, SoftmaxRow
-from ..problem.core import Problem
+from ..problem.model import Problem
 from ..stages.core import Dot, Kind
 
 Values = list[list[mpmath.mpf]]

@@ -18,7 +18,8 @@ from typing import Sequence
 from ..errors import SymattnError
 from ..text import excerpt, shown
 from .exercises import LEVELS, Spec, from_problem, generate as _draw, to_yaml
-from ..problem.core import Problem, load_problem, parse_problem
+from ..problem.load import load_problem, parse_problem
+from ..problem.model import Problem
 
 __all__ = ["GeneratedProblem", "exercise_files", "generate", "write_exercises"]
 

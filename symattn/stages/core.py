@@ -23,10 +23,11 @@ PyTorch references can take their stage ids from it.
 
 from __future__ import annotations
 
-import difflib
 import re
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterator
+
+from ..text import did_you_mean
 
 # -- the stage kinds, by key ------------------------------------------------------------
 # A key names a row of the table; ``name`` (the id without a head prefix) is what users write.
@@ -1625,12 +1626,6 @@ def order_of(name: str, problem=None) -> int:
     if name == O and problem is not None and problem.multi_head:
         return BY_KEY[O_FINAL].order
     return min(k.order for k in KINDS if k.name == name)
-
-
-def did_you_mean(word: str, choices) -> str:
-    """`` (did you mean 'S_scaled'?)`` for a close match, else ``""``."""
-    close = difflib.get_close_matches(str(word), list(choices), n=1)
-    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def unknown_stage(word: str, choices) -> str:
