@@ -29,6 +29,7 @@ from sympy import QQ, ImmutableMatrix, Rational
 
 from symattn.exact import matrices as _exact
 from symattn.problem import located_yaml as _yaml
+from symattn.problem import matrix_spans
 from symattn.errors import SymattnError
 from symattn.exact.matrices import QQMatrix, SoftmaxRow
 from symattn.numbers.parse import rationals_float64
@@ -878,7 +879,7 @@ def node_at(node, line: int, column: int, seen=None):
 
 def compose_without_cut(text: str):
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(_yaml, "_flow_matrices", lambda text, max_values=None: [])
+        mp.setattr(matrix_spans, "flow_matrices", lambda text, max_values=None: [])
         return _yaml.compose(text, "f.yaml")
 
 
@@ -1075,7 +1076,7 @@ def test_the_cut_text_keeps_line_breaks_not_blanks():
     marks are still the whole text's (check_cut)."""
     rows = "\n".join(f"- [{', '.join(str(i * 100 + j) for j in range(50))}]" for i in range(40))
     text = f"title: t\nX:\n{rows}\nY: [[{'], ['.join(', '.join(['0.5'] * 50) for _ in range(40))}]]  # c\nZ: 1\n"
-    spans = _yaml._flow_matrices(text)
+    spans = matrix_spans.flow_matrices(text)
     cut = _yaml._Cut(text, spans)
     assert len(spans) == 2
     assert cut.text.count("\n") == text.count("\n")
@@ -1089,7 +1090,7 @@ def test_the_cut_text_keeps_line_breaks_not_blanks():
 def test_odd_breaks_as_the_pattern_finds_them(text):
     """_odd_breaks counts CRs against CRLFs instead of a regular expression at every character;
     the pattern it replaced is the reference."""
-    assert _yaml._odd_breaks(text) == (re.search("\r(?!\n)|[\x85\u2028\u2029\ufeff]", text) is not None)
+    assert matrix_spans._odd_breaks(text) == (re.search("\r(?!\n)|[\x85\u2028\u2029\ufeff]", text) is not None)
 
 
 @pytest.mark.parametrize("brk", ["\r", "\r\n", "\x85", "\u2028", "\u2029"])
@@ -1127,7 +1128,7 @@ def parse_outcome(text: str, cut: bool, max_size: int | None = None):
     kwargs = {} if max_size is None else {"max_size": max_size}
     with pytest.MonkeyPatch.context() as mp:
         if not cut:
-            mp.setattr(_yaml, "_flow_matrices", lambda text, max_values=None: [])
+            mp.setattr(matrix_spans, "flow_matrices", lambda text, max_values=None: [])
         try:
             return "ok", summary(parse_problem(text, "f.yaml", **kwargs))
         except SymattnError as exc:
@@ -1733,7 +1734,7 @@ def test_scans_keep_no_state_per_item(text):
 
     tracemalloc.start()
     try:
-        _yaml._flow_matrices(text, 10**8)
+        matrix_spans.flow_matrices(text, 10**8)
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()

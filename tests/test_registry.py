@@ -127,11 +127,14 @@ def test_the_cli_suggests_a_stage_name(tmp_path):
 
 # -- nothing outside the registry spells a stage id -----------------------------------------
 
-# problem.py and generate.py read and write the problem file, whose fields (X, W_Q, ...) share
-# their names with the input stages; they name fields, not stages (as _layouts.py, which fills
-# them from a checkpoint for the from: field).
+# The problem's data model and the reader's modules for the top-level fields, the layer's matrices
+# and the backward pass (dO: ...) read the problem file, and generate writes it, whose fields (X,
+# W_Q, ...) share their names with the input stages; they name fields, not stages (as
+# checkpoints/layouts.py, which fills them from a checkpoint for the from: field).
 # the modules that read or name a problem's fields (paths inside the package)
-_FIELD_MODULES = {"problem/core.py", "generate/exercises.py", "stages/core.py", "problem/checkpoints/layouts.py"}
+_FIELD_MODULES = {"problem/model.py", "problem/reader/fields.py", "problem/reader/document.py",
+                  "problem/reader/layer.py", "problem/reader/passes.py", "problem/checkpoints/layouts.py",
+                  "generate/exercises.py", "stages/core.py"}
 _NAMES = set(stages.NAMES) | {k.key for k in stages.KINDS}
 
 
