@@ -114,7 +114,7 @@ def _stage_list(ctx, param, value: str | None) -> frozenset[str] | None:
     kinds = _kinds()
     unknown = [n for n in names if n not in kinds]
     if unknown or not names:
-        from ..stages.core import did_you_mean
+        from ..text import did_you_mean
 
         hint = did_you_mean(unknown[0], kinds) if unknown else ""
         raise click.BadParameter(f"{', '.join(unknown) or 'nothing'}{hint}: choose from {', '.join(kinds)}")

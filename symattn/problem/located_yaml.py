@@ -62,8 +62,9 @@ _CLoader = _fast_loader()
 class FlowMatrix(yaml.SequenceNode):
     """A matrix of plain numbers cut out of the text: ``rows`` holds each row's text between
     its brackets, every entry matched as a plain number (as :mod:`.matrix_spans` finds them),
-    unless the matrix has more entries than the file may hold values (then it is refused for its size from the rows' text alone). ``value`` (the
-    usual row and entry nodes) is composed on first use."""
+    unless the matrix has more entries than the file may hold values (then it is refused for its
+    size from the rows' text alone). ``value`` (the usual row and entry nodes) is composed on
+    first use."""
 
     def __init__(self, rows: list[str], text: str, start: int, end: int, start_mark, end_mark,
                  file: str = "<problem>") -> None:

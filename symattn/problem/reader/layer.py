@@ -237,9 +237,9 @@ class LayerFields:
                             if field == "heads" and name in ("W_K", "W_V") else
                             "; with kv_heads, b_K and b_V go under kv, once per group"
                             if field == "heads" and name in ("b_K", "b_V") else "")
+                    close = "" if hint else did_you_mean(str(name), names + optional, ignore_case=True)
                     raise self.at(k).error(
-                        f"unknown field {excerpt(name)} in {what_one}{'' if hint else did_you_mean(str(name), names + optional, ignore_case=True)}; "
-                        f"{what_one} has {listed}{hint}",
+                        f"unknown field {excerpt(name)} in {what_one}{close}; {what_one} has {listed}{hint}",
                         item_field(field, h),
                     )
                 if name in nodes:
