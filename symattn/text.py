@@ -109,13 +109,19 @@ def shown(value) -> str:
     return excerpt(value) if isinstance(value, str) else excerpt(reprlib.repr(value))[1:-1]
 
 
-def did_you_mean(word: str, choices) -> str:
-    """`` (did you mean 'S_scaled'?)`` for a close match among ``choices``, else ``""``.
+def did_you_mean(word, choices, *, ignore_case: bool = False) -> str:
+    """`` (did you mean 'S_scaled'?)`` for the closest of ``choices`` to ``word``, else ``""``;
+    ``ignore_case``: a choice that is ``word`` but for case is named first.
 
-    >>> did_you_mean("S_scald", ["S", "S_scaled"]), did_you_mean("zzz", ["S"])
-    (" (did you mean 'S_scaled'?)", '')
+    >>> did_you_mean("S_scaed", ["S", "S_scaled"]), did_you_mean("x", ["X"], ignore_case=True)
+    (" (did you mean 'S_scaled'?)", " (did you mean 'X'?)")
     """
     import difflib
 
-    close = difflib.get_close_matches(str(word), list(choices), n=1)
+    choices = list(choices)
+    if ignore_case and isinstance(word, str):
+        lowered = {c.lower(): c for c in choices}
+        if word.lower() in lowered:
+            return f" (did you mean {lowered[word.lower()]!r}?)"
+    close = difflib.get_close_matches(str(word), choices, n=1)
     return f" (did you mean {close[0]!r}?)" if close else ""

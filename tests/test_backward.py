@@ -54,7 +54,8 @@ from click.testing import CliRunner
 import symattn
 from symattn import SymattnError
 from symattn.cli import cli
-from symattn.problem.core import SUM_LOSS, Backward, parse_problem
+from symattn.problem.load import parse_problem
+from symattn.problem.model import SUM_LOSS, Backward
 from _reference import allowed_grid, answers_text, fmatrix, frac, quoted, yaml_matrix
 from _reference import attention_loss_rounding, central_difference_bound
 from _reference import rounded_grid as _rounded_grid
@@ -1709,7 +1710,7 @@ def test_gradients_on_arb_matrices_and_in_float64_match_mpmath_at_60_digits(seed
 
     from symattn import derive
     from symattn.errors import SymattnError
-    from symattn.problem.core import parse_problem
+    from symattn.problem.load import parse_problem
 
     try:
         d = derive(parse_problem(_random_backward_problem(seed), "r.yaml"))

@@ -17,7 +17,7 @@ import symattn
 from symattn import SymattnError
 from symattn.problem.budget import (DEARER, HEADS, PDF_HEADS, ROPE_WORK, SCORE_CELLS, SCORE_CELLS_IRRATIONAL, SCORE_WORK_IRRATIONAL,
                              check_budget, layer_refusal, score_cells)
-from symattn.problem.core import MAX_SIZE
+from symattn.problem.budget import MAX_SIZE
 from _child import run_cli
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -19,7 +19,7 @@ from sympy import Rational
 safetensors_numpy = pytest.importorskip("safetensors.numpy")
 
 from symattn.cli import main  # noqa: E402
-from symattn.problem.core import load_problem  # noqa: E402
+from symattn.problem.load import load_problem  # noqa: E402
 
 
 def _write(tmp_path, text, name="p.yaml"):

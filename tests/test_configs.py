@@ -25,7 +25,7 @@ import sympy
 
 import symattn
 from _child import run_cli
-from symattn.problem.core import load_problem
+from symattn.problem.load import load_problem
 from test_checkpoints import _error, _write
 from test_layouts import _bert_tensors, _gpt2_tensors, _llama_tensors, _save, _values, _x
 

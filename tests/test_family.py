@@ -39,7 +39,7 @@ from click.testing import CliRunner
 import symattn
 from symattn import SymattnError
 from symattn.cli import cli
-from symattn.problem.core import parse_problem
+from symattn.problem.load import parse_problem
 from _reference import allowed_grid, fmatmul, fmatrix, frac, quoted, yaml_matrix
 
 try:

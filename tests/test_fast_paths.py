@@ -29,10 +29,11 @@ from sympy import QQ, ImmutableMatrix, Rational
 
 from symattn.exact import matrices as _exact
 from symattn.problem import located_yaml as _yaml
+from symattn.problem import matrix_spans
 from symattn.errors import SymattnError
 from symattn.exact.matrices import QQMatrix, SoftmaxRow
 from symattn.numbers.parse import rationals_float64
-from symattn.problem.core import parse_problem
+from symattn.problem.load import parse_problem
 from symattn.render.numbers import (
     exp_parts_tex,
     exp_parts_text,
@@ -51,7 +52,7 @@ CASES = settings(
 )
 FEW = settings(CASES, max_examples=60)
 # A test given ``reader`` runs twice: with the plain readers of decimals, and with the NumPy
-# reader (symattn.problem.core._decimal_numerators) taking every matrix, however small (it starts at
+# reader (symattn.problem.plain_numbers._decimal_numerators) taking every matrix, however small (it starts at
 # 256 entries, past these random problems' sizes).
 PATCHED = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture]
 
@@ -59,7 +60,7 @@ PATCHED = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.functio
 @pytest.fixture(params=["plain reader", "numpy reader"])
 def reader(request, monkeypatch):
     if request.param == "numpy reader":
-        from symattn.problem import core as _problem
+        from symattn.problem import plain_numbers as _problem
 
         monkeypatch.setattr(_problem, "_NUMPY_FROM", 0)
     return request.param
@@ -878,7 +879,7 @@ def node_at(node, line: int, column: int, seen=None):
 
 def compose_without_cut(text: str):
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(_yaml, "_flow_matrices", lambda text, max_values=None: [])
+        mp.setattr(matrix_spans, "flow_matrices", lambda text, max_values=None: [])
         return _yaml.compose(text, "f.yaml")
 
 
@@ -1075,7 +1076,7 @@ def test_the_cut_text_keeps_line_breaks_not_blanks():
     marks are still the whole text's (check_cut)."""
     rows = "\n".join(f"- [{', '.join(str(i * 100 + j) for j in range(50))}]" for i in range(40))
     text = f"title: t\nX:\n{rows}\nY: [[{'], ['.join(', '.join(['0.5'] * 50) for _ in range(40))}]]  # c\nZ: 1\n"
-    spans = _yaml._flow_matrices(text)
+    spans = matrix_spans.flow_matrices(text)
     cut = _yaml._Cut(text, spans)
     assert len(spans) == 2
     assert cut.text.count("\n") == text.count("\n")
@@ -1089,7 +1090,7 @@ def test_the_cut_text_keeps_line_breaks_not_blanks():
 def test_odd_breaks_as_the_pattern_finds_them(text):
     """_odd_breaks counts CRs against CRLFs instead of a regular expression at every character;
     the pattern it replaced is the reference."""
-    assert _yaml._odd_breaks(text) == (re.search("\r(?!\n)|[\x85\u2028\u2029\ufeff]", text) is not None)
+    assert matrix_spans._odd_breaks(text) == (re.search("\r(?!\n)|[\x85\u2028\u2029\ufeff]", text) is not None)
 
 
 @pytest.mark.parametrize("brk", ["\r", "\r\n", "\x85", "\u2028", "\u2029"])
@@ -1127,7 +1128,7 @@ def parse_outcome(text: str, cut: bool, max_size: int | None = None):
     kwargs = {} if max_size is None else {"max_size": max_size}
     with pytest.MonkeyPatch.context() as mp:
         if not cut:
-            mp.setattr(_yaml, "_flow_matrices", lambda text, max_values=None: [])
+            mp.setattr(matrix_spans, "flow_matrices", lambda text, max_values=None: [])
         try:
             return "ok", summary(parse_problem(text, "f.yaml", **kwargs))
         except SymattnError as exc:
@@ -1235,7 +1236,7 @@ def test_rows_the_reader_checked_are_read_as_unchecked_ones(seed, monkeypatch):
     reader's own match; with powers of ten written out (as yaml.safe_dump writes 1.0e-05) and
     blanks around the commas, the matrix and its kept float64 are those of the checked path and
     each entry's own Fraction."""
-    from symattn.problem import core as _problem
+    from symattn.problem import plain_numbers as _problem
     from symattn.numbers.parse import matrix_float64
 
     monkeypatch.setattr(_problem, "_NUMPY_FROM", 0)
@@ -1250,8 +1251,8 @@ def test_rows_the_reader_checked_are_read_as_unchecked_ones(seed, monkeypatch):
 
     entries = [[entry() for _ in range(cols)] for _ in range(rows)]
     text_rows = [rng.choice([",", ", ", " ,  "]).join(row) for row in entries]
-    checked = _problem._flow_rational_matrix(text_rows, checked=True)
-    plain = _problem._flow_rational_matrix(text_rows)
+    checked = _problem.flow_rational_matrix(text_rows, checked=True)
+    plain = _problem.flow_rational_matrix(text_rows)
     flat = [Fraction(e) for row in entries for e in row]
     assert [checked[i, j] for i in range(rows) for j in range(cols)] == [Rational(x.numerator, x.denominator) for x in flat]
     assert checked == plain
@@ -1266,7 +1267,7 @@ def test_mixed_decimals_are_read_as_their_fractions(seed, monkeypatch):
     """Rows of numbers with differing counts of decimals (how safe_dump writes weights, or exact
     multiples of 1/1024) read with NumPy: every entry is its own Fraction, and the float64 the
     matrix keeps for the cross-check is that Fraction correctly rounded."""
-    from symattn.problem import core as _problem
+    from symattn.problem import plain_numbers as _problem
     from symattn.numbers.parse import matrix_float64
 
     monkeypatch.setattr(_problem, "_NUMPY_FROM", 0)  # small matrices too, so each case is quick
@@ -1285,7 +1286,7 @@ def test_mixed_decimals_are_read_as_their_fractions(seed, monkeypatch):
         numerators, got = read
         assert got == decimals
         assert numerators.tolist() == [x * 10**decimals for x in flat]
-    m = _problem._flow_rational_matrix([", ".join(row) for row in entries])
+    m = _problem.flow_rational_matrix([", ".join(row) for row in entries])
     assert m is not None
     assert [m[i, j] for i in range(rows) for j in range(cols)] == [Rational(x.numerator, x.denominator) for x in flat]
     kept = matrix_float64(m)
@@ -1295,7 +1296,7 @@ def test_mixed_decimals_are_read_as_their_fractions(seed, monkeypatch):
 def test_a_large_matrix_of_decimals_is_read_with_numpy_and_keeps_its_floats():
     """At the size the NumPy reader starts (and above), uniform and mixed decimals and integers:
     the entries and the kept float64 are each entry's own."""
-    from symattn.problem import core as _problem
+    from symattn.problem import plain_numbers as _problem
     from symattn.numbers.parse import _FLOAT64
 
     rng = random.Random(11)
@@ -1308,7 +1309,7 @@ def test_a_large_matrix_of_decimals_is_read_with_numpy_and_keeps_its_floats():
                         for _ in range(cols)] for _ in range(rows)]  # scaled: at most 13 digits, below 2^53
         else:
             entries = [[str(rng.randint(-10**6, 10**6)) for _ in range(cols)] for _ in range(rows)]
-        m = _problem._flow_rational_matrix([", ".join(row) for row in entries])
+        m = _problem.flow_rational_matrix([", ".join(row) for row in entries])
         flat = [Fraction(e) for row in entries for e in row]
         assert [m[i, j] for i in range(rows) for j in range(cols)] == [Rational(x.numerator, x.denominator)
                                                                        for x in flat], style
@@ -1319,13 +1320,13 @@ def test_a_large_matrix_of_decimals_is_read_with_numpy_and_keeps_its_floats():
 @pytest.mark.parametrize("text", ["1.,2", ".5,1", "1e5,2", "--1,2", "1.2.3,4", "1,,2", "1 2,3", "+1,2", "0x1,2",
                                   "1,2,", "1\t,2", "1/2,3"])
 def test_mixed_decimals_refuse_anything_else(text):
-    from symattn.problem import core as _problem
+    from symattn.problem import plain_numbers as _problem
 
     assert _problem._decimal_numerators(text) is None
 
 
 def test_int64s_reads_what_split_reads():
-    from symattn.problem import core as _problem
+    from symattn.problem import plain_numbers as _problem
 
     text = "999999999999999999,-999999999999999999,0,-0,-5,7,9007199254740993"
     assert _problem._int64s(text, 7).tolist() == [int(x) for x in text.split(",")]
@@ -1674,7 +1675,7 @@ def csv_outcome(text: str, fast: bool):
     import tempfile
     from pathlib import Path
 
-    from symattn.problem import core as problem_module
+    from symattn.problem import tables as problem_module
 
     with tempfile.TemporaryDirectory() as folder, pytest.MonkeyPatch.context() as mp:
         if not fast:
@@ -1733,7 +1734,7 @@ def test_scans_keep_no_state_per_item(text):
 
     tracemalloc.start()
     try:
-        _yaml._flow_matrices(text, 10**8)
+        matrix_spans.flow_matrices(text, 10**8)
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()

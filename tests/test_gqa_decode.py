@@ -23,7 +23,7 @@ from click.testing import CliRunner
 
 import symattn
 from symattn.cli import cli
-from symattn.problem.core import with_decode
+from symattn.problem.passes import with_decode
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "worked_examples"

@@ -15,7 +15,7 @@ import pytest
 import sympy
 
 import symattn
-from symattn.problem.core import SUM_LOSS
+from symattn.problem.model import SUM_LOSS
 from symattn.render.entries import entry_form
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "worked_examples"

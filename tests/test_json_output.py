@@ -31,7 +31,7 @@ from symattn.reference.crosscheck import crosscheck
 from symattn.exact.matrices import SoftmaxRow, mpf_of_qq
 from symattn.numbers.sympy_internals import exp_term_order_key, rational_order_key
 from symattn.cli import with_backward
-from symattn.problem.core import parse_problem
+from symattn.problem.load import parse_problem
 from symattn.render import json as js
 from symattn.render.entries import written_exactly
 

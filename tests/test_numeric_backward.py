@@ -24,7 +24,7 @@ from symattn.reference.numeric_backward import (
     numeric_gradients,
     torch_gradients,
 )
-from symattn.problem.core import SUM_LOSS, Backward
+from symattn.problem.model import SUM_LOSS, Backward
 from _reference import FLOAT64_UNIT_ROUNDOFF, attention_loss_rounding, central_difference_bound
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -1,4 +1,4 @@
-"""Tests for symattn.problem.core: reading and validating problem files.
+"""Tests for symattn.problem (its reader, symattn.problem.reader): reading and validating problem files.
 
 The binding contract is the problem-format specification. Every line and
 column below was counted by hand in the YAML written inline in the test
@@ -21,7 +21,9 @@ from sympy import ImmutableMatrix, Integer, Rational, sqrt
 
 
 from symattn.errors import SymattnError
-from symattn.problem.core import Mask, Problem, load_problem, parse_problem
+from symattn.problem.load import load_problem, parse_problem
+from symattn.problem.masks import Mask
+from symattn.problem.model import Problem
 
 T, F = True, False
 

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 import symattn
-from symattn.problem.core import parse_problem
+from symattn.problem.load import parse_problem
 from symattn.render import prose
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "worked_examples"

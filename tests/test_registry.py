@@ -11,7 +11,7 @@ import pytest
 
 import symattn
 from symattn import stages
-from symattn.problem.core import SUM_LOSS
+from symattn.problem.model import SUM_LOSS
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = sorted((ROOT / "worked_examples").glob("*.yaml"))
@@ -127,11 +127,14 @@ def test_the_cli_suggests_a_stage_name(tmp_path):
 
 # -- nothing outside the registry spells a stage id -----------------------------------------
 
-# problem.py and generate.py read and write the problem file, whose fields (X, W_Q, ...) share
-# their names with the input stages; they name fields, not stages (as _layouts.py, which fills
-# them from a checkpoint for the from: field).
-# the modules that read or name a problem's fields, and the registry's own modules (paths inside the package)
-_FIELD_MODULES = {"problem/core.py", "generate/exercises.py", "problem/checkpoints/layouts.py"} | {
+# The problem's data model and the reader's modules for the top-level fields, the layer's matrices
+# and the backward pass (dO: ...) read the problem file, and generate writes it, whose fields (X,
+# W_Q, ...) share their names with the input stages; they name fields, not stages (as
+# checkpoints/layouts.py, which fills them from a checkpoint for the from: field). The registry's
+# own modules spell the ids by right.
+_FIELD_MODULES = {"problem/model.py", "problem/reader/fields.py", "problem/reader/document.py",
+                  "problem/reader/layer.py", "problem/reader/passes.py", "problem/checkpoints/layouts.py",
+                  "generate/exercises.py"} | {
     f"stages/{name}.py" for name in
     ("__init__", "ids", "kinds", "registry", "rows", "formulas", "why", "relations", "outline")}
 _NAMES = set(stages.NAMES) | {k.key for k in stages.KINDS}

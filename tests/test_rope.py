@@ -253,7 +253,7 @@ def test_q_and_k_given_directly_are_rotated():
 
 def test_backward_through_rope_is_refused():
     p = symattn.load_problem(EXACT)
-    from symattn.problem.core import SUM_LOSS
+    from symattn.problem.model import SUM_LOSS
 
     with pytest.raises(symattn.SymattnError, match="backward pass through RoPE"):
         symattn.derive(dataclasses.replace(p, backward=SUM_LOSS))

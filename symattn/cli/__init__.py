@@ -462,7 +462,7 @@ def generate(tokens, d_model, d_k, d_v, mask, heads, cross, no_scale, level, ran
     try:
         with _Importing():
             from ..generate.batch import check_folder, exercise_files, generate as make, write_exercises
-            from ..problem.core import load_problem
+            from ..problem.load import load_problem
         _check_outputs(output)
         if output is not None and base is not None and _same_file(output, base):
             raise click.ClickException(f"{output} is the --from problem itself; choose another output path")
@@ -519,7 +519,7 @@ def __getattr__(name: str):
 
 
 def _builtin(source: str):
-    from ..problem.core import parse_problem
+    from ..problem.load import parse_problem
 
     return parse_problem(source, "causal_4_tokens.yaml")
 

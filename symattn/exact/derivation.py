@@ -21,7 +21,7 @@ from . import ops as _ops
 from .. import stages
 from ..errors import SymattnError
 from .matrices import LazyMatrix, Matrix, SoftmaxRow
-from ..problem.core import Problem
+from ..problem.model import Problem
 from ..stages.kinds import Dot, Kind
 from ..text import did_you_mean
 

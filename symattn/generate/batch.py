@@ -18,7 +18,8 @@ from typing import Sequence
 from ..errors import SymattnError
 from ..text import excerpt, shown
 from .exercises import LEVELS, Spec, from_problem, generate as _draw, to_yaml
-from ..problem.core import Problem, load_problem, parse_problem
+from ..problem.load import load_problem, parse_problem
+from ..problem.model import Problem
 
 __all__ = ["GeneratedProblem", "exercise_files", "generate", "write_exercises"]
 
@@ -33,7 +34,7 @@ _SHAPE = {"tokens": 4, "d_model": 4, "d_k": 4, "d_v": 4, "mask": "causal", "head
 
 
 class GeneratedProblem(Problem):
-    """A :class:`~symattn.problem.core.Problem` made by :func:`generate`, with the text of its problem
+    """A :class:`~symattn.problem.model.Problem` made by :func:`generate`, with the text of its problem
     file (:meth:`to_yaml`), the seed it was drawn from (``seed``) and its number in the batch
     (``variant``: 1, 2, ...; None for a problem on its own, as ``symattn generate`` without
     ``--count`` writes it)."""

@@ -16,7 +16,7 @@ import numpy as np
 
 from ..errors import SymattnError
 from ..text import LongNumber, excerpt, whole_number
-from ..problem.core import mask_rule
+from ..problem.masks import mask_rule
 
 LEVELS = {
     # range, |projection| bound, |score| bound, allowed denominators of scaled scores

@@ -6,8 +6,10 @@ checked where it is written, and a refusal names the file, line, column and fiel
 
 from __future__ import annotations
 
-from .core import (Backward, Head, Mask, Positions, Problem, Tiling, decode_problem, load_problem,
-                   parse_problem, with_decode)
+from .load import load_problem, parse_problem
+from .masks import Mask
+from .model import Backward, Head, Positions, Problem, Tiling
+from .passes import decode_problem, with_decode
 
 __all__ = ["Backward", "Head", "Mask", "Positions", "Problem", "Tiling", "decode_problem", "load_problem",
            "parse_problem", "with_decode"]

@@ -34,9 +34,10 @@ from typing import TYPE_CHECKING
 from ..errors import SymattnError
 
 if TYPE_CHECKING:
-    from .core import Problem
+    from .model import Problem
 
 MAX_SIZE = 1_000_000  # numbers in one problem (all its matrices); --max-size raises it and every budget
+BYTES_PER_NUMBER = 64  # the file-size limit is this many bytes per allowed number
 SCORE_CELLS = 1_000_000  # rational scale, LaTeX/Markdown/text/PDF, forward pass
 SCORE_CELLS_IRRATIONAL = 40_000  # an irrational scale or symbols: the softmax in SymPy expressions
 SCORE_WORK_IRRATIONAL = 100_000  # ... and cells × d_k, as the scores' size and variety grow with d_k
@@ -44,6 +45,12 @@ ROPE_WORK = 5_000  # cells × d_k with RoPE angles whose cosines stay transcende
 HEADS = 4_096  # heads of one problem: each has a fixed cost of its own
 PDF_HEADS = 256  # ... in a PDF, where pdflatex typesets three pages a head (about 0.2 s)
 DEARER = 4  # JSON, and the backward pass, each divide the budget by this
+
+
+def max_values(max_size: int) -> int:
+    """The most YAML values (scalars and aliases) a problem file of ``max_size`` numbers may
+    hold: every number, a label per number, and room for the other fields."""
+    return 2 * max_size + 10_000
 
 
 def score_cells(p: Problem) -> int:

@@ -8,7 +8,7 @@ Matrix([[1/2]])
 >>> symattn.with_tiling(p, 1).tiling
 Tiling(block=1, rows=None)
 
-Each returns a new :class:`~symattn.problem.core.Problem` (problems are frozen); the command line's
+Each returns a new :class:`~symattn.problem.model.Problem` (problems are frozen); the command line's
 ``--backward``, ``--tiled B`` and ``--decode T`` are these calls.
 """
 
@@ -22,9 +22,11 @@ import sympy
 from ..errors import SymattnError
 from ..numbers.parse import NumberError, check_size, parse_number
 from ..text import excerpt, shown
-from .core import SUM_LOSS, Backward, Matrix, Problem, Tiling, _entry, _row, with_decode
+from .masks import Mask
+from .model import SUM_LOSS, Backward, Matrix, Problem, Tiling
+from .places import entry_field, row_field
 
-__all__ = ["with_backward", "with_decode", "with_tiling"]
+__all__ = ["decode_problem", "with_backward", "with_decode", "with_tiling"]
 
 _LOSSES = "sum, {'weights': rows} or {'target': rows}"
 
@@ -56,6 +58,32 @@ def with_tiling(problem: Problem, block: int) -> Problem:
     return dataclasses.replace(problem, tiling=Tiling(block, rows))
 
 
+
+def decode_problem(t: int, n: int, mask: Mask, cross: bool, bias: bool) -> str | None:
+    """What is wrong with decoding token ``t`` (1-based) of ``n``, or None."""
+    if cross:
+        return ("decoding from a KV cache is for causal self-attention; this problem is cross-attention "
+                "(context), whose keys do not grow one token at a time")
+    if mask.kind != "causal":
+        return (f"decoding from a KV cache needs the causal mask (mask: causal); this problem's mask is "
+                f"{mask.kind}, so token {t}'s row would not be the cache's row")
+    if bias:
+        return "decoding with a bias is not supported; remove bias or decode"
+    if not 1 <= t <= n:
+        return f"token {t} is out of range: there are {n} tokens, so give a token number from 1 to {n}"
+    return None
+
+
+def with_decode(problem: Problem, t: int) -> Problem:
+    """``problem`` decoding token ``t`` (``--decode t``), checked as the ``decode`` field is."""
+    if isinstance(t, bool) or not isinstance(t, int):
+        raise SymattnError(f"the token to decode is a whole number from 1, not {excerpt(repr(t))}",
+                           file=problem.source, field="--decode")
+    wrong = decode_problem(t, problem.n_q, problem.mask, problem.context is not None, problem.bias is not None)
+    if wrong:
+        raise SymattnError(wrong, file=problem.source, field="--decode")
+    return dataclasses.replace(problem, decode=t)
+
 def _loss(problem: Problem, loss) -> Backward:
     """The :class:`Backward` of a ``loss`` given in Python, checked as ``backward: {loss: ...}`` is."""
     if isinstance(loss, str):
@@ -82,8 +110,8 @@ def _output_matrix(problem: Problem, rows, name: str) -> Matrix:
     for i, row in enumerate(rows):
         if not isinstance(row, (list, tuple)) or len(row) != d_out:
             count = _count(len(row), "entry") if isinstance(row, (list, tuple)) else shown(row)
-            raise SymattnError(f"{count} given, but {shape}", field=_row(name, i))
-        values.append([_number(x, symbols, _entry(name, i, j)) for j, x in enumerate(row)])
+            raise SymattnError(f"{count} given, but {shape}", field=row_field(name, i))
+        values.append([_number(x, symbols, entry_field(name, i, j)) for j, x in enumerate(row)])
     return Matrix(values)
 
 

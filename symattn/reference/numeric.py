@@ -15,7 +15,7 @@ import sympy
 
 from .. import stages as st
 from ..numbers.parse import matrix_float64
-from ..problem.core import Problem
+from ..problem.model import Problem
 
 
 def _f64(m, subs=None) -> np.ndarray:

@@ -30,7 +30,7 @@ import numpy as np
 from .. import stages as st
 
 from .numeric import _f64, numeric_stages, positions_f64
-from ..problem.core import Problem
+from ..problem.model import Problem
 
 
 def _factor(p: Problem, d_k: int) -> float:
@@ -74,7 +74,7 @@ def _loss_matrix(p: Problem) -> np.ndarray | None:
     if p.backward is None:
         raise ValueError(
             "the problem has no backward section; set one, e.g. "
-            "dataclasses.replace(p, backward=symattn.problem.core.SUM_LOSS)"
+            "dataclasses.replace(p, backward=symattn.problem.model.SUM_LOSS)"
         )
     if p.backward.matrix is None:
         return None

@@ -15,7 +15,7 @@ import numpy as np
 from .. import stages as st
 from ..errors import SymattnError
 from .numeric import _f64, positions_f64
-from ..problem.core import Problem
+from ..problem.model import Problem
 
 INSTALL_HINT = "pip install 'symattn[torch]'"
 

@@ -20,7 +20,7 @@ class Context:
     """The problem's constants as one stage sees them: the problem, the head (1-based, or None
     for a single head and for the whole layer) and that head's sizes and scale factor."""
 
-    p: Any  # symattn.problem.core.Problem
+    p: Any  # symattn.problem.model.Problem
     head: int | None = None
 
     @property
@@ -71,7 +71,7 @@ class Context:
 
     @property
     def weights(self):
-        """This head's weights (a :class:`symattn.problem.core.Head`), or None when Q, K, V are given."""
+        """This head's weights (a :class:`symattn.problem.model.Head`), or None when Q, K, V are given."""
         if not self.projected:
             return None
         return self.p.heads[(self.head or 1) - 1]

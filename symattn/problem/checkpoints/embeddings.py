@@ -12,18 +12,18 @@ import yaml
 
 from ..checkpoints import safetensors as _safetensors
 from .. import located_yaml as _yaml
-from ...text import LongNumber, whole_number
+from ...text import LongNumber, did_you_mean, whole_number
+from ..places import item_field
 
 _KEYS = ("file", "embeddings", "tokens", "cols")
 _USAGE = "rows of an embedding table take file, embeddings, tokens and cols"
 
 
-def embedding_rows(reader, keys: dict, path, rel: str, where_, name: str, did_you_mean, item_field):
-    """The NumPy rows of ``keys``' embedding table for its token ids; errors at their field
-    (``did_you_mean`` and ``item_field`` are the problem reader's hint and field namers)."""
+def embedding_rows(reader, keys: dict, path, rel: str, where_, name: str):
+    """The NumPy rows of ``keys``' embedding table for its token ids; errors at their field."""
     for k in keys:
         if k not in _KEYS:
-            hint = did_you_mean(k, _KEYS[1:])
+            hint = did_you_mean(k, _KEYS[1:], ignore_case=True)
             why = " (a tensor's slice is {file, tensor, rows, cols})" if k in ("tensor", "rows", "transpose") else ""
             raise reader.at(keys[k][0]).error(f"{k}: unknown key{hint}; {_USAGE}{why}", name)
     table = keys["embeddings"][1]

@@ -6,28 +6,21 @@ every mistake is one error line with the file, line, column and field.
 
 from __future__ import annotations
 
-import difflib
-
 import sympy
 import yaml
 
-from . import located_yaml as _yaml
-from ..numbers.parse import NumberError, is_positive, parse_number
-from ..text import excerpt
-from .rope import DEFAULT_BASE, DEFAULT_PAIRING, PAIRINGS, Rope
+from .. import located_yaml as _yaml
+from ...numbers.parse import NumberError, is_positive, parse_number
+from ...text import did_you_mean, excerpt
+from ..rope import DEFAULT_BASE, DEFAULT_PAIRING, PAIRINGS, Rope
 
 KEYS = ("base", "angles", "pairing")
 USAGE = 'rope: {base: 10000} or rope: {angles: ["pi/6", "pi/3"]}, with pairing: half or interleaved'
 
 
-def _hint(word: str, choices) -> str:
-    close = difflib.get_close_matches(str(word), list(choices), n=1)
-    return f" (did you mean {close[0]!r}?)" if close else ""
-
-
 def read_rope(reader, key: yaml.Node, node: yaml.Node, d_ks: list[int], n_q: int, n_k: int, *,
               multi: bool, cross: bool, backward: bool) -> Rope:
-    """The problem's :class:`Rope` from the ``rope:`` node (``reader`` is problem.py's reader)."""
+    """The problem's :class:`Rope` from the ``rope:`` node (``reader`` is the problem's :class:`~symattn.problem.reader.document.Reader`)."""
     at = reader.at
     if not isinstance(node, yaml.MappingNode):
         raise at(node).error(f"{USAGE}; not {_yaml.kind(node)}", "rope")
@@ -36,7 +29,7 @@ def read_rope(reader, key: yaml.Node, node: yaml.Node, d_ks: list[int], n_q: int
         name = k.value if isinstance(k, yaml.ScalarNode) else None
         if name not in KEYS:
             raise at(k).error(f"unknown rope setting {_yaml.kind(k) if name is None else excerpt(name)}"
-                              f"{_hint(name, KEYS)}; the settings are base, angles and pairing", "rope")
+                              f"{did_you_mean(name, KEYS)}; the settings are base, angles and pairing", "rope")
         if name in given:
             raise at(k).error(f"rope.{name} is given twice", "rope")
         given[name] = v
@@ -60,7 +53,7 @@ def read_rope(reader, key: yaml.Node, node: yaml.Node, d_ks: list[int], n_q: int
         word = p.value if isinstance(p, yaml.ScalarNode) and not _yaml.is_null(p) else None
         if word not in PAIRINGS:
             what = excerpt(word) if word is not None else _yaml.kind(p)
-            raise at(p).error(f"unknown pairing {what}{_hint(word, PAIRINGS)}; use half (Hugging Face's "
+            raise at(p).error(f"unknown pairing {what}{did_you_mean(word, PAIRINGS)}; use half (Hugging Face's "
                               "rotate_half: i with i + d_k/2) or interleaved (RoFormer: 2i with 2i + 1)",
                               "rope.pairing")
         pairing = word

@@ -1,0 +1,244 @@
+"""The data model: a validated problem (:class:`Problem`) and its parts, every matrix entry an
+exact SymPy number. Problems are frozen; :mod:`symattn.problem.passes` makes changed copies."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import sympy
+
+from .masks import Mask
+from .rope import Rope
+
+BIAS_NAMES = ("b_Q", "b_K", "b_V")  # a head's projection biases (b_O is the layer's)
+
+Matrix = sympy.ImmutableMatrix
+
+SINUSOIDAL_BASE = 10000  # the original transformer's base
+
+
+def sinusoidal_encoding(n: int, d: int, base: sympy.Expr, start: int = 0, swap: bool = False,
+                        pairs: bool = True) -> Matrix:
+    """The exact sinusoidal encodings of positions ``start``, ``start + 1``, ... (one row each):
+    ``PE[p, 2i] = sin(p / base^(2i/d))`` and ``PE[p, 2i+1] = cos(p / base^(2i/d))``.
+
+    ``swap`` puts cos in the even columns and sin in the odd ones, ``pairs=False`` uses the column
+    number k instead of 2i in the exponent: the common slips, for ``symattn check``."""
+    base = sympy.sympify(base)
+
+    def entry(p: int, k: int) -> sympy.Expr:
+        angle = sympy.Integer(p + start) / base ** sympy.Rational(2 * (k // 2) if pairs else k, d)
+        return (sympy.cos if (k % 2 == 1) != swap else sympy.sin)(angle)
+
+    return Matrix(n, d, entry)
+
+
+@dataclass(frozen=True)
+class Positions:
+    """Positional encodings added to X before the projections.
+
+    ``kind`` is ``sinusoidal`` (``matrix`` computed exactly from ``base``) or ``learned`` (``matrix``
+    given, GPT-2 style); ``matrix`` has one row per query token (position p = 0, 1, ...) and
+    d_model columns.
+    """
+
+    kind: str
+    matrix: Matrix
+    base: sympy.Expr | None = None
+
+    def variant(self, **slip) -> Matrix | None:
+        """The sinusoidal encodings with one of :func:`sinusoidal_encoding`'s slips; None when learned."""
+        if self.kind != "sinusoidal":
+            return None
+        return sinusoidal_encoding(self.matrix.rows, self.matrix.cols, self.base, **slip)
+
+
+@dataclass(frozen=True)
+class Head:
+    """One attention head's weights, and its projection biases (1 × d rows added to every row of
+    X·W; None: no bias)."""
+
+    W_Q: Matrix
+    W_K: Matrix
+    W_V: Matrix
+    b_Q: Matrix | None = None
+    b_K: Matrix | None = None
+    b_V: Matrix | None = None
+
+    @property
+    def d_k(self) -> int:
+        return self.W_Q.cols
+
+    @property
+    def d_v(self) -> int:
+        return self.W_V.cols
+
+
+@dataclass(frozen=True)
+class Backward:
+    """Where the backward pass starts: the upstream gradient dL/dO.
+
+    ``kind`` is ``"dO"`` (the matrix is dL/dO itself), ``"sum"`` (L = Σ O,
+    so dL/dO is all ones; no matrix), ``"weights"`` (L = Σ W ∘ O, the matrix
+    is W) or ``"target"`` (L = ½‖O − T‖², the matrix is T).
+    """
+
+    kind: str
+    matrix: Matrix | None = None
+
+    def describe(self) -> str:
+        """The loss in words, for the worked solution (math marked ⟦…⟧, see symattn.render.prose)."""
+        d = "⟦\\partial L/\\partial O⟧"
+        return {
+            "dO": f"the upstream gradient {d} is given",
+            "sum": f"the loss is ⟦L = \\sum O⟧ (the sum of every output entry), so {d} is all ones",
+            "weights": "the loss is ⟦L = \\sum W \\circ O⟧ (each output entry times its weight), so "
+                       "⟦\\partial L/\\partial O = W⟧",
+            "target": "the loss is ⟦L = \\tfrac{1}{2}\\|O - T\\|^2⟧ (squared distance to the target ⟦T⟧), so "
+                      "⟦\\partial L/\\partial O = O - T⟧",
+        }[self.kind]
+
+
+SUM_LOSS = Backward("sum")
+
+
+@dataclass(frozen=True)
+class Tiling:
+    """FlashAttention's online softmax: the keys in blocks of ``block``; ``rows`` are the query
+    rows worked block by block in the solution (0-based; None: every row)."""
+
+    block: int
+    rows: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True)
+class Problem:
+    """A validated attention problem; every matrix entry is an exact SymPy number.
+
+    Either ``X`` with ``heads`` (one head from the top-level weights, or the
+    ``heads`` field with ``W_O``), or ``Q``, ``K``, ``V`` given directly.
+    """
+
+    source: str
+    title: str
+    tokens: tuple[str, ...]
+    key_tokens: tuple[str, ...]
+    mask: Mask
+    scale: sympy.Expr | str  # "auto", "none" or an exact number
+    digits: int
+    X: Matrix | None = None
+    context: Matrix | None = None
+    heads: tuple[Head, ...] = ()
+    multi_head: bool = False  # the heads field was used (stage ids get head1. ...)
+    W_O: Matrix | None = None
+    b_O: Matrix | None = None  # the output projection's bias, 1 × d_out; None: none
+    Q: Matrix | None = None
+    K: Matrix | None = None
+    V: Matrix | None = None
+    bias: Matrix | None = None
+    symbols: tuple[sympy.Symbol, ...] = ()
+    values: tuple[tuple[sympy.Symbol, sympy.Expr], ...] = ()
+    backward: Backward | None = None  # the upstream gradient; None: forward pass only
+    rope: Rope | None = None  # rotary position embeddings of the queries and keys; None: none
+    tiling: Tiling | None = None  # the online (tiled) softmax; None: not derived
+    positions: Positions | None = None  # positional encodings added to X; None: X as given
+    kv_heads: int | None = None  # grouped-query attention: the heads share K/V in this many groups
+    decode: int | None = None  # decode only this token's row from a KV cache (1-based)
+
+    def kv_group(self, head: int) -> int:
+        """The K/V group (1-based) that query head ``head`` (1-based) reads: heads
+        ``(g−1)·h/g + 1 … g·h/g`` share group g (PyTorch's ``enable_gqa`` and Hugging Face's
+        ``repeat_kv`` order)."""
+        if not self.kv_heads:
+            return head
+        return (head - 1) // (len(self.heads) // self.kv_heads) + 1
+
+    def kv_leader(self, head: int) -> int:
+        """The first query head of ``head``'s K/V group: the head whose ids hold the group's K and V."""
+        if not self.kv_heads:
+            return head
+        return (self.kv_group(head) - 1) * (len(self.heads) // self.kv_heads) + 1
+
+    @property
+    def projected(self) -> bool:
+        """True when Q, K, V are computed from X and weights (not given)."""
+        return self.X is not None
+
+    @functools.cached_property
+    def head_biases(self) -> frozenset[str]:
+        """The biases the heads have (of ``b_Q``, ``b_K``, ``b_V``): the heads give a bias all or
+        none, so asked once, not once per head (a problem may have thousands of heads)."""
+        return frozenset(key for key in ("b_Q", "b_K", "b_V")
+                         if self.projected and any(getattr(h, key, None) is not None for h in self.heads))
+
+    def _single(self, name: str) -> Matrix | None:
+        if not self.projected or self.multi_head:
+            return None
+        return getattr(self.heads[0], name)
+
+    @property
+    def W_Q(self) -> Matrix | None:
+        """The query weights of a single-head problem (None with ``heads`` or Q, K, V given)."""
+        return self._single("W_Q")
+
+    @property
+    def W_K(self) -> Matrix | None:
+        return self._single("W_K")
+
+    @property
+    def W_V(self) -> Matrix | None:
+        return self._single("W_V")
+
+    @property
+    def n_q(self) -> int:
+        return (self.X if self.projected else self.Q).rows
+
+    @property
+    def n_k(self) -> int:
+        if self.projected:
+            return (self.context if self.context is not None else self.X).rows
+        return self.K.rows
+
+    @property
+    def d_model(self) -> int | None:
+        return self.X.cols if self.projected else None
+
+    @property
+    def d_k(self) -> int:
+        """d_k of the (first) head."""
+        return self.heads[0].d_k if self.projected else self.Q.cols
+
+    @property
+    def d_v(self) -> int:
+        """d_v of the (first) head."""
+        return self.heads[0].d_v if self.projected else self.V.cols
+
+    def scale_for(self, d_k: int) -> sympy.Expr:
+        """The exact factor the scores of a head with this d_k are multiplied by."""
+        if self.scale == "auto":
+            return 1 / sympy.sqrt(sympy.Integer(d_k))
+        if self.scale == "none":
+            return sympy.Integer(1)
+        return self.scale
+
+    @property
+    def scale_value(self) -> sympy.Expr:
+        """The exact scale factor of the (first) head."""
+        return self.scale_for(self.d_k)
+
+    @property
+    def d_out(self) -> int:
+        """The width of the final output O."""
+        if self.W_O is not None:
+            return self.W_O.cols
+        return self.d_v
+
+    @property
+    def substitutions(self) -> dict[sympy.Symbol, sympy.Expr] | None:
+        """Numbers for every symbol (for the numeric cross-check), or None if some are missing."""
+        given = dict(self.values)
+        if any(s not in given for s in self.symbols):
+            return None
+        return given
+

@@ -1,0 +1,154 @@
+"""The problem reader: a problem file's YAML, field by field, into a
+:class:`~symattn.problem.model.Problem`.
+
+:class:`Reader` holds what reading one file keeps (its name and folder, the numbers read so far
+against the size limit, the declared symbols); each family of fields is read by its own part
+(:mod:`.scalars`, :mod:`.matrices`, :mod:`.layer`, :mod:`.masks`, :mod:`.positions`,
+:mod:`.passes`, :mod:`.rope`, and :mod:`symattn.problem.checkpoints` for ``from:``), and the rules
+between families are the functions below.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import sympy
+import yaml
+
+from .. import located_yaml as _yaml
+from ...errors import SymattnError
+from ..budget import MAX_SIZE, max_values
+from ..located_yaml import Where, where
+from ..masks import Mask, mask_rule
+from ..model import Matrix, Problem
+from ..places import shape_text
+from .fields import Fields, key_of, node_of, read_fields
+from .layer import Layer, LayerFields, read_layer
+from .masks import MaskFields
+from .matrices import MatrixFields
+from .passes import PassFields
+from .positions import PositionFields
+from .scalars import ScalarFields
+
+
+class Reader(ScalarFields, MatrixFields, LayerFields, MaskFields, PositionFields, PassFields):
+    """Reads one problem file: ``Reader(file, base_dir, max_size).read(text)``."""
+
+    def __init__(self, file: str, base_dir: Path | None, max_size: int = MAX_SIZE) -> None:
+        self.file = file
+        self.base_dir = base_dir
+        self.max_size = max_size
+        self.size = 0  # numbers read so far
+        self.symbols: dict[str, sympy.Symbol] = {}
+        self.read_numbers: dict[tuple[str, bool], sympy.Expr] = {}  # entries read so far, by text
+        self.token_ids: dict[str, list[int]] = {}  # X or context looked up in an embedding table: the ids
+
+    def read(self, text: str) -> Problem:
+        if "\x00" in text:
+            raise SymattnError("the file holds a NUL byte; it is not a text file", file=self.file)
+        root = _yaml.compose(text, self.file, max_values=max_values(self.max_size))
+        if root is None or _yaml.is_null(root):
+            raise SymattnError("the file is empty; a problem needs at least X and the weights, or Q, K and V", file=self.file)
+        _yaml.check_tags(root, self.file)
+        if not isinstance(root, yaml.MappingNode):
+            raise self.at(root).error(
+                f"a problem file is a mapping of fields (X:, W_Q:, ...), not {_yaml.kind(root)}"
+            )
+        return self.build(root, read_fields(self, root))
+
+    def at(self, node: yaml.Node) -> Where:
+        return where(self.file, node)
+
+    def build(self, root: yaml.MappingNode, fields: Fields) -> Problem:
+        self.symbols = self.read_symbols(node_of(fields, "symbols"))
+        values = self.read_values(node_of(fields, "values"))
+        layer = read_layer(self, root, fields)
+        tokens, key_tokens = read_labels(self, fields, layer)
+        mask, bias = read_mask_and_bias(self, root, fields, layer, tokens)
+        passes = read_passes(self, fields, layer, mask, bias)
+        loaded = layer.loaded
+        return Problem(
+            source=self.file,
+            title=self.title(node_of(fields, "title")),
+            tokens=tokens,
+            key_tokens=key_tokens,
+            mask=mask,
+            scale=loaded.scale if loaded is not None and loaded.scale is not None else self.scale(node_of(fields, "scale")),
+            digits=self.digits(node_of(fields, "digits")),
+            bias=bias,
+            heads=tuple(layer.heads),
+            multi_head="heads" in fields or (loaded is not None and loaded.multi),
+            symbols=tuple(self.symbols.values()),
+            values=tuple(values.items()),
+            kv_heads=layer.kv_heads,
+            **passes,
+            **layer.matrices,
+        )
+
+
+def read_labels(reader: Reader, fields: Fields, layer: Layer) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The labels of the queries' rows and of the keys' rows (the queries' own in self-attention)."""
+    if "context_tokens" in fields and "context" not in fields:
+        raise reader.at(key_of(fields, "context_tokens")).error(
+            "context_tokens label the rows of context, which is not given")
+    n_q, n_k = layer.n_q, layer.n_k
+    tokens = reader.labels(node_of(fields, "tokens"), "tokens", n_q, "X" if not layer.direct else "Q", "t",
+                           reader.token_ids.get("X"))
+    if "context" in fields:
+        key_tokens = reader.labels(node_of(fields, "context_tokens"), "context_tokens", n_k, "context", "c",
+                                   reader.token_ids.get("context"))
+    elif layer.direct and n_k != n_q:
+        key_tokens = tuple(f"k_{j + 1}" for j in range(n_k))
+    else:
+        key_tokens = tokens
+    return tokens, key_tokens
+
+
+def read_mask_and_bias(reader: Reader, root: yaml.MappingNode, fields: Fields, layer: Layer,
+                       tokens: tuple[str, ...]) -> tuple[Mask, Matrix | None]:
+    """The mask (the checkpoint layout's when ``from:`` gives one and the problem none) and the
+    bias, which together must leave every query a key to attend to."""
+    n_q, n_k, loaded = layer.n_q, layer.n_k, layer.loaded
+    mask = reader.mask(node_of(fields, "mask"), n_q, n_k) if loaded is None or "mask" in fields else \
+        Mask(loaded.mask, mask_rule(loaded.mask, n_q, n_k, loaded.window), window=loaded.window)
+    bias = None
+    if "bias" in fields:
+        bias = reader.matrix(node_of(fields, "bias"), "bias", allow_neg_inf=True)
+        if bias.shape != (n_q, n_k):
+            raise reader.at(node_of(fields, "bias")).error(
+                f"bias is {shape_text(bias)} but the scores are {n_q}×{n_k}: bias needs one entry per query and key",
+                "bias",
+            )
+    reader.check_rows_attend(mask, bias, node_of(fields, "mask") or root, node_of(fields, "bias"), tokens)
+    return mask, bias
+
+
+def read_passes(reader: Reader, fields: Fields, layer: Layer, mask: Mask, bias: Matrix | None) -> dict:
+    """The fields around the attention itself: positions, backward, rope, tiling and decode, each
+    checked against the layer and the others."""
+    matrices, heads, n_q, n_k = layer.matrices, layer.heads, layer.n_q, layer.n_k
+    positions = reader.positions(node_of(fields, "positions"), key_of(fields, "positions"), matrices.get("X")) \
+        if "positions" in fields else None
+    d_out = matrices["W_O"].cols if "W_O" in matrices else (heads[0].d_v if heads else matrices["V"].cols)
+    backward = reader.backward(node_of(fields, "backward"), n_q, d_out) if "backward" in fields else None
+    rope = None
+    if "rope" in fields:
+        from .rope import read_rope
+
+        d_ks = [h.d_k for h in heads] if heads else [matrices["Q"].cols]
+        rope = read_rope(reader, key_of(fields, "rope"), node_of(fields, "rope"), d_ks, n_q, n_k,
+                         multi="heads" in fields, cross="context" in fields, backward="backward" in fields)
+    elif layer.loaded is not None:
+        rope = layer.loaded.rope
+    tiling = reader.tiling(node_of(fields, "tiling"), n_q) if "tiling" in fields else None
+    if tiling is not None and reader.symbols:
+        raise reader.at(key_of(fields, "tiling")).error(
+            "the tiled softmax needs numbers: the running maximum of scores with symbols cannot be decided; "
+            "remove symbols or tiling", "tiling")
+    if layer.kv_heads and backward is not None:
+        raise reader.at(key_of(fields, "backward")).error(
+            "the backward pass of grouped-query attention (kv_heads) is not supported yet", "backward")
+    decode = None
+    if "decode" in fields:
+        decode = reader.decode(node_of(fields, "decode"), n_q, mask, "context" in fields, bias is not None)
+    return {"backward": backward, "rope": rope, "tiling": tiling, "positions": positions, "decode": decode}
