@@ -18,9 +18,9 @@ import sympy
 from symattn import load_problem
 from symattn.reference.numeric import numeric_stages
 from symattn.reference.numeric_backward import (
-    _loss_matrix,
     _torch_backward,
     finite_difference_gradients,
+    loss_matrix,
     numeric_gradients,
     torch_gradients,
 )
@@ -200,7 +200,7 @@ def finite_differences_with_bounds(p) -> tuple[dict, dict]:
     fd = finite_difference_gradients(p, FD_EPS)
     half = finite_difference_gradients(p, FD_EPS / 2)
     stages = numeric_stages(p)
-    target = _loss_matrix(p) if p.backward.kind == "target" else None
+    target = loss_matrix(p) if p.backward.kind == "target" else None
     rounding = attention_loss_rounding(stages, fd, target=target)
     bounds = {}
     for stage, d in fd.items():

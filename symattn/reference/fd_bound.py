@@ -120,12 +120,12 @@ def finite_differences_with_bounds(p, eps: float, gradients: dict | None = None,
     ``gradients`` (the exact ones, in float64) or else with the differences themselves, and the
     forward ``stages`` (by stage id; the NumPy pass's when not given)."""
     from .numeric import numeric_stages
-    from .numeric_backward import _loss_matrix, finite_difference_gradients
+    from .numeric_backward import finite_difference_gradients, loss_matrix
 
     fd = finite_difference_gradients(p, eps)
     half = finite_difference_gradients(p, eps / 2)
     stages = numeric_stages(p) if stages is None else stages
-    target = _loss_matrix(p) if p.backward.kind == "target" else None
+    target = loss_matrix(p) if p.backward.kind == "target" else None
     weights = {g: (gradients[g] if gradients is not None and g in gradients else d) for g, d in fd.items()}
     rounding = attention_loss_rounding(stages, weights, target=target)
     bounds = {}

@@ -18,7 +18,7 @@ from ..numbers.parse import matrix_float64
 from ..problem.model import Problem
 
 
-def _f64(m, subs=None) -> np.ndarray:
+def to_float64(m, subs=None) -> np.ndarray:
     """An exact SymPy matrix as float64 (the only place exact meets binary floats); −∞ stays −∞."""
     values = matrix_float64(m)  # rationals: each entry correctly rounded (once for a QQMatrix)
     if values is not None:
@@ -33,7 +33,7 @@ def _f64(m, subs=None) -> np.ndarray:
 
 def _bias(out: dict, stage: str, row, subs) -> np.ndarray:
     """A projection's bias (1 × d) in float64, kept under its stage id; NumPy broadcasts it over the rows."""
-    b = out[stage] = _f64(row, subs)
+    b = out[stage] = to_float64(row, subs)
     return b
 
 
@@ -100,7 +100,125 @@ def positions_f64(p: Problem) -> "np.ndarray | None":
         return None
     if p.positions.kind == "sinusoidal":
         return sinusoidal_positions(p.X.rows, p.X.cols, float(p.positions.base))
-    return _f64(p.positions.matrix)
+    return to_float64(p.positions.matrix)
+
+
+def scale_factor(p: Problem, d_k: int) -> float:
+    """The factor the scores are multiplied by in a head with this d_k."""
+    if p.scale == "auto":
+        return 1.0 / np.sqrt(d_k)
+    if p.scale == "none":
+        return 1.0
+    return float(p.scale)
+
+
+def _mask_f64(p: Problem, subs) -> np.ndarray:
+    """M in float64: 0 where allowed, −∞ where masked, plus the bias if the problem has one."""
+    allowed = np.array(p.mask.allowed, dtype=bool)
+    M = np.where(allowed, 0.0, -np.inf)
+    if p.bias is not None:
+        M = M + to_float64(p.bias, subs)
+    return M
+
+
+def _head(p: Problem, out: dict, M: np.ndarray, prefix, Q: np.ndarray, K: np.ndarray, V: np.ndarray,
+          kv_prefix=None) -> np.ndarray:
+    """One head's stages, from its Q, K and V to its output O (returned)."""
+    factor = scale_factor(p, Q.shape[1])
+    if p.rope is not None:  # RoPE: the scores compare the rotated queries and keys
+        Q = out[prefix(st.Q_ROT)] = _rope(Q, p.rope)
+        K = out[prefix(st.K_ROT)] = _rope(K, p.rope)
+    out[(kv_prefix or prefix)(st.K_T)] = K.T
+    S = out[prefix(st.S)] = Q @ K.T                         # (n_q, d_k) @ (d_k, n_k)
+    S_scaled = out[prefix(st.S_SCALED)] = S * factor
+    out[prefix(st.M)] = M
+    Z = out[prefix(st.S_MASKED)] = S_scaled + M
+    m = Z.max(axis=1, keepdims=True)                        # finite: no row is fully masked
+    E = Z - m
+    np.exp(E, out=E)                                        # exp(-inf) = 0 for masked positions
+    A = out[prefix(st.A)] = np.divide(E, E.sum(axis=1, keepdims=True), out=E)  # in place: one n² array
+    O = out[prefix(st.O)] = A @ V                           # (n_q, n_k) @ (n_k, d_v)
+    if p.tiling is not None:
+        m, l, acc = _online_softmax(Z, V, p.tiling.block)
+        out[prefix(st.M_TILED)], out[prefix(st.L_TILED)], out[prefix(st.ACC_TILED)] = m, l, acc
+        out[prefix(st.O_TILED)] = acc / l[:, -1:]
+    if p.decode is not None:
+        _decode(p, out, prefix, kv_prefix or prefix, Q, K, V, factor, O)
+    return O
+
+
+def _decode(p: Problem, out: dict, prefix, kv_prefix, Q, K, V, factor, O) -> None:
+    """Token t's row from the cache of keys and values 1..t (t counted from 1)."""
+    t = p.decode
+    K_cache = out[kv_prefix(st.K_CACHE)] = K[:t]            # (t, d_k)
+    V_cache = out[kv_prefix(st.V_CACHE)] = V[:t]            # (t, d_v)
+    q = out[prefix(st.Q_T)] = Q[t - 1:t]                    # (1, d_k)
+    s = out[prefix(st.S_T)] = (q @ K_cache.T) * factor      # (1, t): no mask, the cache holds keys 1..t
+    e = np.exp(s - s.max())
+    a = out[prefix(st.A_T)] = e / e.sum()
+    o = out[prefix(st.O_T)] = a @ V_cache                   # (1, d_v)
+    out[prefix(st.O_T_DIFF)] = o - O[t - 1:t]
+    d_k, d_v = Q.shape[1], V.shape[1]
+    steps = np.arange(1, p.n_q + 1)
+    out[st.DECODE_COST] = np.stack([steps * d_k, steps * d_v, steps**2 * d_k, steps**2 * d_v], axis=1).astype(float)
+
+
+def _layer_inputs(p: Problem, out: dict, subs) -> tuple[np.ndarray, np.ndarray]:
+    """The projections' inputs: X (plus PE with positions) for the queries, and the context (X
+    itself without cross-attention) for the keys and values."""
+    X = out[st.X] = to_float64(p.X, subs)
+    PE = positions_f64(p)
+    if PE is not None:
+        out[st.PE] = PE
+        X = out[st.X_POS] = X + PE                              # the projections read X + PE
+    C = X
+    if p.context is not None:
+        C = out[st.CONTEXT] = to_float64(p.context, subs)
+    return X, C
+
+
+def _projected_heads(p: Problem, out: dict, M: np.ndarray, X: np.ndarray, C: np.ndarray, subs) -> list[np.ndarray]:
+    """Every head's projections and stages; returns the heads' outputs, in order."""
+    outputs = []
+    n_heads = len(p.heads)
+    per_group = n_heads // (p.kv_heads or n_heads)  # query heads sharing one K/V head (1: no sharing)
+    for h, weights in enumerate(p.heads, 1):
+        prefix = functools.partial(st.stage_id, head=h if p.multi_head else None)  # this head's ids
+        W_Q = out[prefix(st.W_Q)] = to_float64(weights.W_Q, subs)
+        Q = X @ W_Q                                             # (n_q, d_model) @ (d_model, d_k)
+        if weights.b_Q is not None:                             # a bias row, broadcast over the rows
+            Q = Q + _bias(out, prefix(st.B_Q), weights.b_Q, subs)
+        out[prefix(st.Q)] = Q
+        first = (h - 1) // per_group * per_group + 1            # query head q (0-based) reads K/V head q // per_group
+        if h == first:  # the group's K and V, under its first head's ids
+            kv_prefix = prefix
+            K, V = _keys_and_values(out, prefix, weights, C, subs)
+        outputs.append(_head(p, out, M, prefix, Q, K, V, kv_prefix))
+    return outputs
+
+
+def _keys_and_values(out: dict, prefix, weights, C: np.ndarray, subs) -> tuple[np.ndarray, np.ndarray]:
+    """A K/V group's K and V from the context, under its first head's ids."""
+    W_K = out[prefix(st.W_K)] = to_float64(weights.W_K, subs)
+    W_V = out[prefix(st.W_V)] = to_float64(weights.W_V, subs)
+    K = C @ W_K                                                 # (n_k, d_model) @ (d_model, d_k)
+    V = C @ W_V                                                 # (n_k, d_model) @ (d_model, d_v)
+    if weights.b_K is not None:
+        K = K + _bias(out, prefix(st.B_K), weights.b_K, subs)
+    if weights.b_V is not None:
+        V = V + _bias(out, prefix(st.B_V), weights.b_V, subs)
+    out[prefix(st.K)], out[prefix(st.V)] = K, V
+    return K, V
+
+
+def _output_projection(p: Problem, out: dict, outputs: list[np.ndarray], subs) -> None:
+    """The heads' outputs side by side, times W_O (plus b_O): the layer's output O."""
+    concat = out[st.CONCAT] = np.concatenate(outputs, axis=1)  # (n_q, h·d_v)
+    W_O = out[st.W_O] = to_float64(p.W_O, subs)
+    O = concat @ W_O                                             # (n_q, h·d_v) @ (h·d_v, d_out)
+    if p.b_O is not None:
+        O = O + _bias(out, st.B_O, p.b_O, subs)
+    out[st.O] = O
 
 
 def numeric_stages(p: Problem) -> dict[str, np.ndarray]:
@@ -110,97 +228,15 @@ def numeric_stages(p: Problem) -> dict[str, np.ndarray]:
     """
     subs = p.substitutions or None
     out: dict[str, np.ndarray] = {}
-    allowed = np.array(p.mask.allowed, dtype=bool)
-    M = np.where(allowed, 0.0, -np.inf)
-    if p.bias is not None:
-        M = M + _f64(p.bias, subs)
-
-    def head(prefix, Q: np.ndarray, K: np.ndarray, V: np.ndarray, kv_prefix=None) -> np.ndarray:
-        d_k = Q.shape[1]
-        if p.scale == "auto":
-            factor = 1.0 / np.sqrt(d_k)
-        elif p.scale == "none":
-            factor = 1.0
-        else:
-            factor = float(p.scale)
-        if p.rope is not None:  # RoPE: the scores compare the rotated queries and keys
-            Q = out[prefix(st.Q_ROT)] = _rope(Q, p.rope)
-            K = out[prefix(st.K_ROT)] = _rope(K, p.rope)
-        out[(kv_prefix or prefix)(st.K_T)] = K.T
-        S = out[prefix(st.S)] = Q @ K.T                         # (n_q, d_k) @ (d_k, n_k)
-        S_scaled = out[prefix(st.S_SCALED)] = S * factor
-        out[prefix(st.M)] = M
-        Z = out[prefix(st.S_MASKED)] = S_scaled + M
-        m = Z.max(axis=1, keepdims=True)                        # finite: no row is fully masked
-        E = Z - m
-        np.exp(E, out=E)                                        # exp(-inf) = 0 for masked positions
-        A = out[prefix(st.A)] = np.divide(E, E.sum(axis=1, keepdims=True), out=E)  # in place: one n² array
-        O = out[prefix(st.O)] = A @ V                           # (n_q, n_k) @ (n_k, d_v)
-        if p.tiling is not None:
-            m, l, acc = _online_softmax(Z, V, p.tiling.block)
-            out[prefix(st.M_TILED)], out[prefix(st.L_TILED)], out[prefix(st.ACC_TILED)] = m, l, acc
-            out[prefix(st.O_TILED)] = acc / l[:, -1:]
-        if p.decode is not None:
-            decode(prefix, kv_prefix or prefix, Q, K, V, factor, O)
-        return O
-
-    def decode(prefix, kv_prefix, Q, K, V, factor, O) -> None:
-        """Token t's row from the cache of keys and values 1..t (t counted from 1)."""
-        t = p.decode
-        K_cache = out[kv_prefix(st.K_CACHE)] = K[:t]            # (t, d_k)
-        V_cache = out[kv_prefix(st.V_CACHE)] = V[:t]            # (t, d_v)
-        q = out[prefix(st.Q_T)] = Q[t - 1:t]                    # (1, d_k)
-        s = out[prefix(st.S_T)] = (q @ K_cache.T) * factor      # (1, t): no mask, the cache holds keys 1..t
-        e = np.exp(s - s.max())
-        a = out[prefix(st.A_T)] = e / e.sum()
-        o = out[prefix(st.O_T)] = a @ V_cache                   # (1, d_v)
-        out[prefix(st.O_T_DIFF)] = o - O[t - 1:t]
-        d_k, d_v = Q.shape[1], V.shape[1]
-        steps = np.arange(1, p.n_q + 1)
-        out[st.DECODE_COST] = np.stack([steps * d_k, steps * d_v, steps**2 * d_k, steps**2 * d_v], axis=1).astype(float)
-
+    M = _mask_f64(p, subs)
     if not p.projected:
-        Q = out[st.Q] = _f64(p.Q, subs)
-        K = out[st.K] = _f64(p.K, subs)
-        V = out[st.V] = _f64(p.V, subs)
-        head(st.stage_id, Q, K, V)
+        Q = out[st.Q] = to_float64(p.Q, subs)
+        K = out[st.K] = to_float64(p.K, subs)
+        V = out[st.V] = to_float64(p.V, subs)
+        _head(p, out, M, st.stage_id, Q, K, V)
         return out
-    X = out[st.X] = _f64(p.X, subs)
-    PE = positions_f64(p)
-    if PE is not None:
-        out[st.PE] = PE
-        X = out[st.X_POS] = X + PE                              # the projections read X + PE
-    C = X
-    if p.context is not None:
-        C = out[st.CONTEXT] = _f64(p.context, subs)
-    outputs = []
-    n_heads = len(p.heads)
-    per_group = n_heads // (p.kv_heads or n_heads)  # query heads sharing one K/V head (1: no sharing)
-    for h, weights in enumerate(p.heads, 1):
-        prefix = functools.partial(st.stage_id, head=h if p.multi_head else None)  # this head's ids
-        W_Q = out[prefix(st.W_Q)] = _f64(weights.W_Q, subs)
-        Q = X @ W_Q                                             # (n_q, d_model) @ (d_model, d_k)
-        if weights.b_Q is not None:                             # a bias row, broadcast over the rows
-            Q = Q + _bias(out, prefix(st.B_Q), weights.b_Q, subs)
-        out[prefix(st.Q)] = Q
-        first = (h - 1) // per_group * per_group + 1            # query head q (0-based) reads K/V head q // per_group
-        if h == first:  # the group's K and V, under its first head's ids
-            kv_prefix = prefix
-            W_K = out[prefix(st.W_K)] = _f64(weights.W_K, subs)
-            W_V = out[prefix(st.W_V)] = _f64(weights.W_V, subs)
-            K = C @ W_K                                         # (n_k, d_model) @ (d_model, d_k)
-            V = C @ W_V                                         # (n_k, d_model) @ (d_model, d_v)
-            if weights.b_K is not None:
-                K = K + _bias(out, prefix(st.B_K), weights.b_K, subs)
-            if weights.b_V is not None:
-                V = V + _bias(out, prefix(st.B_V), weights.b_V, subs)
-            out[prefix(st.K)], out[prefix(st.V)] = K, V
-        outputs.append(head(prefix, Q, K, V, kv_prefix))
+    X, C = _layer_inputs(p, out, subs)
+    outputs = _projected_heads(p, out, M, X, C, subs)
     if p.multi_head:
-        concat = out[st.CONCAT] = np.concatenate(outputs, axis=1)  # (n_q, h·d_v)
-        W_O = out[st.W_O] = _f64(p.W_O, subs)
-        O = concat @ W_O                                         # (n_q, h·d_v) @ (h·d_v, d_out)
-        if p.b_O is not None:
-            O = O + _bias(out, st.B_O, p.b_O, subs)
-        out[st.O] = O
+        _output_projection(p, out, outputs, subs)
     return out

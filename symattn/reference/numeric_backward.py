@@ -22,6 +22,7 @@ Masked positions (where M is −∞, from the mask or the bias) have exactly 0 i
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable
 
@@ -29,17 +30,8 @@ import numpy as np
 
 from .. import stages as st
 
-from .numeric import _f64, numeric_stages, positions_f64
+from .numeric import numeric_stages, positions_f64, scale_factor, to_float64
 from ..problem.model import Problem
-
-
-def _factor(p: Problem, d_k: int) -> float:
-    """The scale factor of a head with this d_k, as ``numeric_stages`` computes it."""
-    if p.scale == "auto":
-        return 1.0 / np.sqrt(d_k)
-    if p.scale == "none":
-        return 1.0
-    return float(p.scale)
 
 
 def _prefixes(p: Problem) -> list:
@@ -66,10 +58,10 @@ def _has_bias(p: Problem, gradient: str) -> bool:
 def _biases(p: Problem, weights) -> tuple:
     """A head's (b_Q, b_K, b_V) in float64, 0 for a bias it does not have."""
     subs = p.substitutions or None
-    return tuple(0.0 if b is None else _f64(b, subs) for b in (weights.b_Q, weights.b_K, weights.b_V))
+    return tuple(0.0 if b is None else to_float64(b, subs) for b in (weights.b_Q, weights.b_K, weights.b_V))
 
 
-def _loss_matrix(p: Problem) -> np.ndarray | None:
+def loss_matrix(p: Problem) -> np.ndarray | None:
     """The backward section's matrix (dO, W or T) in float64; None for ``loss: sum``."""
     if p.backward is None:
         raise ValueError(
@@ -78,7 +70,7 @@ def _loss_matrix(p: Problem) -> np.ndarray | None:
         )
     if p.backward.matrix is None:
         return None
-    return _f64(p.backward.matrix, p.substitutions or None)
+    return to_float64(p.backward.matrix, p.substitutions or None)
 
 
 def _loss(kind: str, G, O):
@@ -107,7 +99,7 @@ def numeric_gradients(p: Problem) -> dict[str, np.ndarray]:
 
     The forward values are ``numeric_stages``'s; the problem needs a backward section.
     """
-    G = _loss_matrix(p)
+    G = loss_matrix(p)
     fwd = numeric_stages(p)
     out: dict[str, np.ndarray] = {}
     if p.backward.kind == "sum":                                # L = Σ O
@@ -143,7 +135,7 @@ def numeric_gradients(p: Problem) -> dict[str, np.ndarray]:
         dA = out[pre(st.DA)] = dO_h @ V.T                       # (n_q, d_v) @ (d_v, n_k)
         # Softmax backward, row by row: a ∘ (da − da·a); A is exactly 0 where masked.
         dZ = out[pre(st.DS_MASKED)] = A * (dA - (dA * A).sum(axis=1, keepdims=True))
-        dS = out[pre(st.DS)] = _factor(p, Q.shape[1]) * dZ      # Ŝ = scale·S + M
+        dS = out[pre(st.DS)] = scale_factor(p, Q.shape[1]) * dZ  # Ŝ = scale·S + M
         dQ = out[pre(st.DQ)] = dS @ K                           # (n_q, n_k) @ (n_k, d_k)
         dK = out[pre(st.DK)] = dS.T @ Q                         # (n_k, n_q) @ (n_q, d_k)
         if p.projected:
@@ -200,39 +192,74 @@ def finite_difference_gradients(p: Problem, eps: float = 1e-6) -> dict[str, np.n
     eps = 1e-6 they agree with :func:`numeric_gradients` to about 1e-9 of
     max(1, |gradient|) on the worked examples.
     """
-    G = _loss_matrix(p)
     fwd = numeric_stages(p)
     prefixes = _prefixes(p)
-    M = fwd[prefixes[0](st.M)]                                  # the same for every head
-    masked = np.isneginf(M)                                     # from the mask or a −∞ bias
+    onward = _FromEachStage(p, eps, loss_matrix(p), fwd, prefixes, fwd[prefixes[0](st.M)])  # M: the same for every head
     out: dict[str, np.ndarray] = {}
+    onward.output_layer(out)
+    for h, pre in enumerate(prefixes):
+        onward.head(out, h, pre)
+    if p.projected:
+        onward.inputs(out)
+    return out
 
-    def loss(O: np.ndarray) -> float:                           # L(O), O the final output
-        return _loss(p.backward.kind, G, O)
 
-    def attend(Q: np.ndarray, K: np.ndarray, V: np.ndarray) -> np.ndarray:
-        return _softmax(Q @ K.T * _factor(p, Q.shape[1]) + M) @ V
+@dataclasses.dataclass
+class _FromEachStage:
+    """The loss as a function of one stage at a time, the rest held at its forward value ``fwd``,
+    and its central differences (step ``eps``) stage by stage."""
 
-    out[st.DO] = _central(loss, fwd[st.O], eps)
-    if p.multi_head:
+    p: Problem
+    eps: float
+    G: np.ndarray | None                                        # the loss's matrix (None for sum)
+    fwd: dict[str, np.ndarray]
+    prefixes: list
+    M: np.ndarray
+
+    def central(self, f: Callable[[np.ndarray], float], x: np.ndarray, skip: np.ndarray | None = None) -> np.ndarray:
+        return _central(f, x, self.eps, skip)
+
+    def loss(self, O: np.ndarray) -> float:                     # L(O), O the final output
+        return _loss(self.p.backward.kind, self.G, O)
+
+    def attend(self, Q: np.ndarray, K: np.ndarray, V: np.ndarray) -> np.ndarray:
+        return _softmax(Q @ K.T * scale_factor(self.p, Q.shape[1]) + self.M) @ V
+
+    def output_layer(self, out: dict) -> None:
+        """dO and, with heads, dW_O (db_O) and dconcat."""
+        fwd, loss = self.fwd, self.loss
+        out[st.DO] = self.central(loss, fwd[st.O])
+        if not self.p.multi_head:
+            return
         W_O, concat = fwd[st.W_O], fwd[st.CONCAT]
         b_O = fwd.get(st.B_O, 0.0)
-        out[st.DW_O] = _central(lambda W: loss(concat @ W + b_O), W_O, eps)
-        if p.b_O is not None:
-            out[st.DB_O] = _central(lambda b: loss(concat @ W_O + b), b_O, eps)
-        out[st.DCONCAT] = _central(lambda c: loss(c @ W_O + b_O), concat, eps)
-        ends = np.cumsum([fwd[pre(st.V)].shape[1] for pre in prefixes])
+        out[st.DW_O] = self.central(lambda W: loss(concat @ W + b_O), W_O)
+        if self.p.b_O is not None:
+            out[st.DB_O] = self.central(lambda b: loss(concat @ W_O + b), b_O)
+        out[st.DCONCAT] = self.central(lambda c: loss(c @ W_O + b_O), concat)
 
-    def head(h: int, pre) -> None:
-        Q, K, V = fwd[pre(st.Q)], fwd[pre(st.K)], fwd[pre(st.V)]
-        factor = _factor(p, Q.shape[1])
+    def head_output_loss(self, h: int) -> Callable[[np.ndarray], float]:
+        """L(O_h): the loss as a function of head h's output (0-based), in its columns of concat."""
+        if not self.p.multi_head:
+            return self.loss
+        fwd = self.fwd
+        W_O, concat = fwd[st.W_O], fwd[st.CONCAT]
+        b_O = fwd.get(st.B_O, 0.0)
+        end = np.cumsum([fwd[pre(st.V)].shape[1] for pre in self.prefixes])[h]
 
-        def L_O(O_h):                                           # this head's output in concat
-            if not p.multi_head:
-                return loss(O_h)
+        def L_O(O_h):
             c = concat.copy()
-            c[:, ends[h] - O_h.shape[1]:ends[h]] = O_h
-            return loss(c @ W_O + b_O)
+            c[:, end - O_h.shape[1]:end] = O_h
+            return self.loss(c @ W_O + b_O)
+        return L_O
+
+    def head(self, out: dict, h: int, pre) -> None:
+        """Head h's (0-based) gradients: dO_h with heads, dV, dA, dŜ, dS, dQ, dK, and its weights'."""
+        fwd, attend, central = self.fwd, self.attend, self.central
+        Q, K, V = fwd[pre(st.Q)], fwd[pre(st.K)], fwd[pre(st.V)]
+        factor = scale_factor(self.p, Q.shape[1])
+        masked = np.isneginf(self.M)                            # from the mask or a −∞ bias
+        L_O = self.head_output_loss(h)
 
         def L_A(A):
             return L_O(A @ V)
@@ -241,52 +268,58 @@ def finite_difference_gradients(p: Problem, eps: float = 1e-6) -> dict[str, np.n
             return L_A(_softmax(Z))
 
         def L_S(S):
-            return L_Shat(S * factor + M)
+            return L_Shat(S * factor + self.M)
 
+        if self.p.multi_head:
+            out[pre(st.DO)] = central(L_O, fwd[pre(st.O)])
+        out[pre(st.DV)] = central(lambda V_: L_O(attend(Q, K, V_)), V)
+        out[pre(st.DA)] = central(L_A, fwd[pre(st.A)])
+        out[pre(st.DS_MASKED)] = central(L_Shat, fwd[pre(st.S_MASKED)], skip=masked)
+        out[pre(st.DS)] = central(L_S, fwd[pre(st.S)], skip=masked)
+        out[pre(st.DQ)] = central(lambda Q_: L_O(attend(Q_, K, V)), Q)
+        out[pre(st.DK)] = central(lambda K_: L_O(attend(Q, K_, V)), K)
+        if self.p.projected:
+            self.projections(out, h, pre, L_O)
+
+    def projections(self, out: dict, h: int, pre, L_O: Callable[[np.ndarray], float]) -> None:
+        """Head h's (0-based) dW_Q, dW_K, dW_V and the gradients of the biases it has."""
+        p, fwd, attend, central = self.p, self.fwd, self.attend, self.central
+        Q, K, V = fwd[pre(st.Q)], fwd[pre(st.K)], fwd[pre(st.V)]
+        X = fwd.get(st.X_POS, fwd[st.X])
+        C = fwd.get(st.CONTEXT, X)
+        bq, bk, bv = _biases(p, p.heads[h])
+        out[pre(st.DW_Q)] = central(lambda W: L_O(attend(X @ W + bq, K, V)), fwd[pre(st.W_Q)])
+        out[pre(st.DW_K)] = central(lambda W: L_O(attend(Q, C @ W + bk, V)), fwd[pre(st.W_K)])
+        out[pre(st.DW_V)] = central(lambda W: L_O(attend(Q, K, C @ W + bv)), fwd[pre(st.W_V)])
+        if _has_bias(p, st.DB_Q):
+            out[pre(st.DB_Q)] = central(lambda b: L_O(attend(X @ fwd[pre(st.W_Q)] + b, K, V)), bq)
+        if _has_bias(p, st.DB_K):
+            out[pre(st.DB_K)] = central(lambda b: L_O(attend(Q, C @ fwd[pre(st.W_K)] + b, V)), bk)
+        if _has_bias(p, st.DB_V):
+            out[pre(st.DB_V)] = central(lambda b: L_O(attend(Q, K, C @ fwd[pre(st.W_V)] + b)), bv)
+
+    def whole_pass_loss(self, X: np.ndarray, C: np.ndarray) -> float:
+        """The loss through the whole forward pass from the projections' inputs X and C."""
+        p, fwd = self.p, self.fwd
+        outputs = []
+        for pre, weights in zip(self.prefixes, p.heads):
+            bq, bk, bv = _biases(p, weights)
+            outputs.append(self.attend(X @ fwd[pre(st.W_Q)] + bq, C @ fwd[pre(st.W_K)] + bk, C @ fwd[pre(st.W_V)] + bv))
         if p.multi_head:
-            out[pre(st.DO)] = _central(L_O, fwd[pre(st.O)], eps)
-        out[pre(st.DV)] = _central(lambda V_: L_O(attend(Q, K, V_)), V, eps)
-        out[pre(st.DA)] = _central(L_A, fwd[pre(st.A)], eps)
-        out[pre(st.DS_MASKED)] = _central(L_Shat, fwd[pre(st.S_MASKED)], eps, skip=masked)
-        out[pre(st.DS)] = _central(L_S, fwd[pre(st.S)], eps, skip=masked)
-        out[pre(st.DQ)] = _central(lambda Q_: L_O(attend(Q_, K, V)), Q, eps)
-        out[pre(st.DK)] = _central(lambda K_: L_O(attend(Q, K_, V)), K, eps)
-        if p.projected:
-            X = fwd.get(st.X_POS, fwd[st.X])
-            C = fwd.get(st.CONTEXT, X)
-            bq, bk, bv = _biases(p, p.heads[h])
-            out[pre(st.DW_Q)] = _central(lambda W: L_O(attend(X @ W + bq, K, V)), fwd[pre(st.W_Q)], eps)
-            out[pre(st.DW_K)] = _central(lambda W: L_O(attend(Q, C @ W + bk, V)), fwd[pre(st.W_K)], eps)
-            out[pre(st.DW_V)] = _central(lambda W: L_O(attend(Q, K, C @ W + bv)), fwd[pre(st.W_V)], eps)
-            if _has_bias(p, st.DB_Q):
-                out[pre(st.DB_Q)] = _central(lambda b: L_O(attend(X @ fwd[pre(st.W_Q)] + b, K, V)), bq, eps)
-            if _has_bias(p, st.DB_K):
-                out[pre(st.DB_K)] = _central(lambda b: L_O(attend(Q, C @ fwd[pre(st.W_K)] + b, V)), bk, eps)
-            if _has_bias(p, st.DB_V):
-                out[pre(st.DB_V)] = _central(lambda b: L_O(attend(Q, K, C @ fwd[pre(st.W_V)] + b)), bv, eps)
+            return self.loss(np.concatenate(outputs, axis=1) @ fwd[st.W_O] + fwd.get(st.B_O, 0.0))
+        return self.loss(outputs[0])
 
-    for h, pre in enumerate(prefixes):
-        head(h, pre)
-
-    if p.projected:
-        def L_inputs(X: np.ndarray, C: np.ndarray) -> float:    # the whole forward pass
-            outputs = []
-            for pre, weights in zip(prefixes, p.heads):
-                bq, bk, bv = _biases(p, weights)
-                outputs.append(attend(X @ fwd[pre(st.W_Q)] + bq, C @ fwd[pre(st.W_K)] + bk, C @ fwd[pre(st.W_V)] + bv))
-            if p.multi_head:
-                return loss(np.concatenate(outputs, axis=1) @ fwd[st.W_O] + fwd.get(st.B_O, 0.0))
-            return loss(outputs[0])
-
-        X = fwd[st.X]
-        PE = fwd.get(st.PE, 0.0)                                # X_pos = X + PE: perturb X, add PE
-        if p.context is None:                                   # X gives queries, keys and values
-            out[st.DX] = _central(lambda X_: L_inputs(X_ + PE, X_ + PE), X, eps)
+    def inputs(self, out: dict) -> None:
+        """dX and, for cross-attention, dcontext."""
+        L_inputs, central = self.whole_pass_loss, self.central
+        X = self.fwd[st.X]
+        PE = self.fwd.get(st.PE, 0.0)                           # X_pos = X + PE: perturb X, add PE
+        if self.p.context is None:                              # X gives queries, keys and values
+            out[st.DX] = central(lambda X_: L_inputs(X_ + PE, X_ + PE), X)
         else:
-            C = fwd[st.CONTEXT]
-            out[st.DX] = _central(lambda X_: L_inputs(X_ + PE, C), X, eps)
-            out[st.DCONTEXT] = _central(lambda C_: L_inputs(X + PE, C_), C, eps)
-    return out
+            C = self.fwd[st.CONTEXT]
+            out[st.DX] = central(lambda X_: L_inputs(X_ + PE, C), X)
+            out[st.DCONTEXT] = central(lambda C_: L_inputs(X + PE, C_), C)
 
 
 # -- PyTorch autograd --------------------------------------------------------------
@@ -314,15 +347,15 @@ def torch_gradients(p: Problem) -> dict[str, np.ndarray]:
 
 def _torch_backward(p: Problem, fused: bool) -> dict[str, np.ndarray]:
     """The gradients one torch graph reaches: through SDPA (``fused``) or written out."""
-    from .pytorch import _torch  # PyTorch is optional: imported only when asked for
+    from .pytorch import import_torch  # PyTorch is optional: imported only when asked for
 
-    torch = _torch()
+    torch = import_torch()
     F = torch.nn.functional
     subs = p.substitutions or None
     kept = {}                                                   # stage id -> the tensor whose .grad it is
 
     def leaf(stage: str, m):
-        t = kept[stage] = torch.from_numpy(_f64(m, subs)).requires_grad_()
+        t = kept[stage] = torch.from_numpy(to_float64(m, subs)).requires_grad_()
         return t
 
     def keep(stage: str, t):
@@ -333,11 +366,11 @@ def _torch_backward(p: Problem, fused: bool) -> dict[str, np.ndarray]:
     allowed = torch.tensor(p.mask.allowed, dtype=torch.bool)
     M = torch.zeros(allowed.shape, dtype=torch.float64).masked_fill(~allowed, float("-inf"))
     if p.bias is not None:
-        M = M + torch.from_numpy(_f64(p.bias, subs))
+        M = M + torch.from_numpy(to_float64(p.bias, subs))
 
     def head(pre, Q, K, V):
         """One head's output: (n_q, d_k), (n_k, d_k), (n_k, d_v) -> (n_q, d_v)."""
-        factor = _factor(p, Q.shape[1])
+        factor = scale_factor(p, Q.shape[1])
         if fused:                                               # a batch of one
             return F.scaled_dot_product_attention(Q[None], K[None], V[None], attn_mask=M, scale=factor)[0]
         S = keep(pre(st.DS), Q @ K.T)
@@ -373,6 +406,6 @@ def _torch_backward(p: Problem, fused: bool) -> dict[str, np.ndarray]:
                 O = keep(st.DO, F.linear(concat, leaf(st.DW_O, p.W_O).T, leaf(st.DB_O, p.b_O)[0]))
         else:
             O = outputs[0]
-    G = _loss_matrix(p)
+    G = loss_matrix(p)
     _loss(p.backward.kind, None if G is None else torch.from_numpy(G), O).backward()
     return {stage: t.grad.numpy() for stage, t in kept.items()}

@@ -14,13 +14,14 @@ import numpy as np
 
 from .. import stages as st
 from ..errors import SymattnError
-from .numeric import _f64, positions_f64
+from .numeric import positions_f64, to_float64
 from ..problem.model import Problem
 
 INSTALL_HINT = "pip install 'symattn[torch]'"
 
 
-def _torch():
+def import_torch():
+    """PyTorch, imported (a SymattnError saying how to install it when it is missing)."""
     try:
         import torch
     except ImportError:
@@ -47,12 +48,12 @@ def _rope(torch, x, rope):
 
 def torch_stages(p: Problem) -> dict[str, np.ndarray]:
     """Each head's ``A`` and ``O`` (and with heads, the projected ``O``) from PyTorch in float64."""
-    torch = _torch()
+    torch = import_torch()
     F = torch.nn.functional
     subs = p.substitutions or None
 
     def t(m):
-        return torch.from_numpy(_f64(m, subs))
+        return torch.from_numpy(to_float64(m, subs))
 
     def linear(x, W, b):
         """x·W + b as nn.Linear computes it (its weight is stored out × in: Wᵀ)."""
