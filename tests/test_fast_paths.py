@@ -532,7 +532,7 @@ def _random_sum(rng: random.Random) -> sympy.Expr:
 
 def test_json_printer_writes_what_sstr_writes():
     """The JSON writer's printer (sums remembered, c·e^x written directly) gives sympy.sstr's text."""
-    from symattn.render.json import _exact as json_exact
+    from symattn.render.json_entries import exact_text as json_exact
 
     rng = random.Random(11)
     for _ in range(1500):

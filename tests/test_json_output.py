@@ -33,6 +33,7 @@ from symattn.numbers.sympy_internals import exp_term_order_key, rational_order_k
 from symattn.cli import with_backward
 from symattn.problem.load import parse_problem
 from symattn.render import json as js
+from symattn.render import json_entries as je
 from symattn.render.entries import written_exactly
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -48,15 +49,15 @@ CASES = settings(max_examples=200, deadline=None, derandomize=True, database=Non
 def general_document(d, check=None) -> str:
     """The JSON as symattn wrote it entry by entry through SymPy: ``step.lazy[i, j]`` printed by
     the StrPrinter (``sstr``, order "none"), each decimal rounded from its 30-digit value."""
-    printer = js._Printer(row.normaliser for step in d.steps if step.softmax
+    printer = je._Printer(row.normaliser for step in d.steps if step.softmax
                           for row in step.softmax if not row.normaliser_is_number)
     stages = []
     for step in d.steps:
         m = step.lazy
-        values = d.evaluate(step.id, 30) if d.can_evaluate else js._numbers_only(m)
+        values = d.evaluate(step.id, 30) if d.can_evaluate else je._numbers_only(m)
         stages.append({
             "id": step.id, "title": step.title, "shape": list(step.shape),
-            "exact": ([[js._exact(m[i, j], printer) for j in range(m.cols)] for i in range(m.rows)]
+            "exact": ([[je.exact_text(m[i, j], printer) for j in range(m.cols)] for i in range(m.rows)]
                       if written_exactly(step) else None),
             "approx": [[None if v is None or mpmath.isinf(v) else float(v) for v in row] for row in values],
         })
@@ -244,7 +245,7 @@ def same_value(text: str, x) -> bool:
 @given(rows())
 def test_row_texts_are_sympys(case):
     row, columns = case
-    text = js._RowText(row)
+    text = je._RowText(row)
     for j in range(len(row.raw)):
         assert text.weight(j) == sstr(row.weight(j))
     for column in columns:
@@ -252,11 +253,11 @@ def test_row_texts_are_sympys(case):
         expected = sstr(row.weighted_sum(values))
         qq = [QQ(v.numerator, v.denominator) for v in column]
         assert text.output(qq) == expected, (row.raw, column)
-        assert text.fast_output(js._Column(qq)) == expected, (row.raw, column)
+        assert text.fast_output(je._Column(qq)) == expected, (row.raw, column)
         assert same_value(expected, row.weighted_sum(values))
     # every column at once, each put in order by one NumPy sort of the row
     expected = [sstr(row.weighted_sum([Rational(v.numerator, v.denominator) for v in column])) for column in columns]
-    assert text.outputs(js._Columns([[QQ(v.numerator, v.denominator) for v in column] for column in columns])) == expected
+    assert text.outputs(je._Columns([[QQ(v.numerator, v.denominator) for v in column] for column in columns])) == expected
 
 
 def test_order_keys_sort_as_sympys_sums():
@@ -304,8 +305,8 @@ def test_rounding_once_is_rounding_twice_within_the_bounds():
         with mpmath.workdps(40):
             twice = float(mpf_of_qq(x))
         assert twice == p / q, (p, q)
-        assert js._once_is_twice([[x]])
-    assert not js._once_is_twice([[QQ(1, 2**81)]]) and not js._once_is_twice([[QQ(2**129, 3)]])
+        assert je._once_is_twice([[x]])
+    assert not je._once_is_twice([[QQ(1, 2**81)]]) and not je._once_is_twice([[QQ(2**129, 3)]])
 
 
 def test_rounding_twice_can_differ_beyond_the_bounds():
@@ -316,7 +317,7 @@ def test_rounding_twice_can_differ_beyond_the_bounds():
     with mpmath.workdps(40):
         twice = float(mpf_of_qq(QQ(p, q)))
     assert p / q == 1 + 2**-52 and twice == 1.0
-    assert not js._once_is_twice([[QQ(p, q)]])
+    assert not je._once_is_twice([[QQ(p, q)]])
 
 
 # -- a model-shaped problem: each sampled entry against the softmax structure -------------------
@@ -396,7 +397,7 @@ def test_stages_whose_entries_repeat_are_written_as_each_entry_alone(pool):
     are made once per distinct value and looked up, and the document is the general path's."""
     d = derive(parse_problem(_repeating_problem(16, 16, 4, pool, seed=len(pool)), "repeats.yaml"))
     x = d.step("X").lazy
-    fractions = js._Fractions.of(x, _ex_fmpq(x))
+    fractions = je._Fractions.of(x, _ex_fmpq(x))
     assert (fractions._repeated is not None) == (pool[0] != "12345678901234567890.5")
     # X read as int64 numerators (256 entries: the NumPy reader), unless past 18 digits
     assert (_ex_scaled(x) is not None) == (pool[0] != "12345678901234567890.5")
@@ -428,7 +429,7 @@ def test_repeated_entries_are_looked_up_where_they_are():
     rows, cols = 9, 13
     entries = [[rng.choice(pool) for _ in range(cols)] for _ in range(rows)]
     dense = flint.fmpq_mat(rows, cols, [flint.fmpq(x.numerator, x.denominator) for row in entries for x in row])
-    fractions = js._Fractions.of(None, dense)
+    fractions = je._Fractions.of(None, dense)
     assert fractions._repeated is not None
     texts = fractions.texts()
     values = np.array([[float(x) for x in row] for row in entries])
@@ -436,7 +437,7 @@ def test_repeated_entries_are_looked_up_where_they_are():
     for i, row in enumerate(entries):
         assert texts(i) == [str(x) for x in row]
         assert floats(i) == [json.dumps(float(x)) for x in row]
-    assert js._Fractions.of(None, flint.fmpq_mat(2, 40, list(range(80))))._repeated is None  # all distinct
+    assert je._Fractions.of(None, flint.fmpq_mat(2, 40, list(range(80))))._repeated is None  # all distinct
 
 
 def test_streamed_text_is_handed_on_a_megabyte_at_a_time():

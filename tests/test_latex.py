@@ -195,10 +195,10 @@ def test_special_tokens_label_the_matrices_as_written(tmp_path):
 
 def test_every_character_of_a_token_compiles(tmp_path):
     """Each character tex_token writes as math, and a few it keeps as text, in T1 and OT1 documents."""
-    from symattn.render.grid import _MATH_SPECIALS, tex_token
+    from symattn.render.escape import MATH_SPECIALS, tex_token
     from symattn.render.latex import _PREAMBLE
 
-    math = " \\; ".join(tex_token(f"a{ch}b") for ch in [*_MATH_SPECIALS, *"–—é猫\x07'\"`-", "--"])
+    math = " \\; ".join(tex_token(f"a{ch}b") for ch in [*MATH_SPECIALS, *"–—é猫\x07'\"`-", "--"])
     body = f"\\begin{{document}}\n\\[ {math} \\]\n\\end{{document}}\n"
     compile_latex(tmp_path / "t1", "tokens", _PREAMBLE + body)
     compile_latex(tmp_path / "ot1", "tokens", "\\documentclass{article}\n\\usepackage{amsmath,amssymb}\n" + body)

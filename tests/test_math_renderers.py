@@ -24,7 +24,8 @@ import yaml
 
 import symattn
 from symattn.render.display import NOTEBOOK_SHOWN
-from symattn.render.grid import _MATH_SPECIALS, MAX_SHOWN, shown, tex_token
+from symattn.render.escape import MATH_SPECIALS, tex_token
+from symattn.render.grid import MAX_SHOWN, shown
 
 ROOT = Path(__file__).resolve().parent.parent
 # One worker of pytest-xdist runs this file: Node renders every document once (the rendered fixture).
@@ -217,7 +218,7 @@ def test_more_tokens_render(rendered):
 def test_every_character_of_a_token_renders():
     """Each character tex_token writes as math, and a few it keeps as text."""
     render = node_renderer()
-    chars = [*_MATH_SPECIALS, *"–—é猫\x07'\"`-", "--"]
+    chars = [*MATH_SPECIALS, *"–—é猫\x07'\"`-", "--"]
     results = render([tex_token(f"a{ch}b") for ch in chars])
     for ch, result in zip(chars, results):
         for renderer in RENDERERS:

@@ -69,7 +69,7 @@ def report_text(m: Marking, max_wrong: int = MAX_WRONG_SHOWN) -> str:
 
 
 def report_markdown(m: Marking) -> str:
-    from ..render.markdown import escape
+    from ..render.escape import escape_markdown as escape
 
     lines = ["| stage | verdict | details |", "|---|---|---|"]
     for s in m.stages:
@@ -84,7 +84,7 @@ def report_markdown(m: Marking) -> str:
 
 
 def report_latex(m: Marking) -> str:
-    from ..render.grid import escape_tex
+    from ..render.escape import escape_tex
 
     rows = []
     for s in m.stages:
@@ -198,7 +198,7 @@ def class_csv(files: list[tuple[str, Marking | None, str | None]], ids: list[str
 
 def report_html(m: Marking) -> str:
     """A marking as a small HTML table (a notebook shows it): stage, verdict, details."""
-    from ..render.html import escape
+    from ..render.escape import escape_html as escape
 
     rows = []
     for s in m.stages:
@@ -217,7 +217,7 @@ def report_html(m: Marking) -> str:
 
 def summary_html(summary: list[StageSummary]) -> str:
     """The class summary as a small HTML table."""
-    from ..render.html import escape
+    from ..render.escape import escape_html as escape
 
     rows = [f"<tr><td>{escape(s.id)}</td><td>{s.right}</td><td>{s.follows}</td><td>{s.wrong}</td>"
             f"<td>{escape(f'{s.diagnosis} ({s.diagnosis_count})') if s.diagnosis else ''}</td></tr>" for s in summary]

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Iterator
+from typing import ClassVar, Iterator
 
 import mpmath
 
@@ -171,60 +171,27 @@ class Step:
         """The derivation this step belongs to (None for a step made on its own)."""
         return self.__dict__.get("_derivation")
 
-    @property
-    def why_text(self) -> str:
-        """The why in plain Unicode (``why`` marks its math ``⟦…⟧``, see :mod:`symattn.render.prose`)."""
-        from ..render import prose
-
-        return prose.plain(self.why)
-
-    def __repr__(self) -> str:
-        """One line: id, title, relation and shape (``print(step)`` shows its entries)."""
-        from ..render import display
-
-        return display.step_repr(self)
-
-    def __str__(self) -> str:
-        """The step as the text worked solution writes it: entries over ``Z_i``, the ``Z_i`` lines."""
-        from ..render import display
-
-        return display.step_text(self)
-
-    def _repr_latex_(self) -> str:
-        """In a notebook: the step's relation and matrix in the worked solution's forms, as display math."""
-        from ..render import display
-
-        return display.step_latex(self)
-
-    def _repr_markdown_(self) -> str:
-        from ..render import display
-
-        return display.step_markdown(self)
-
 
 @dataclass(frozen=True)
 class Derivation:
-    """Every stage of one attention problem, exactly."""
+    """Every stage of one attention problem, exactly.
+
+    ``last_check`` is the result of the last :func:`symattn.crosscheck` of this derivation (None
+    until one has run): the cross-check records it there (:meth:`record_check`), and a
+    derivation's summary and notebook page report it. How a derivation and its steps show
+    themselves (``repr``, a notebook's displays) is the render side's
+    (:class:`symattn.render.display.Derivation`, what :func:`symattn.derive` builds).
+    """
 
     problem: Problem
     steps: tuple[Step, ...]
+    # a symattn.CrossCheck (the cross-check comes after the derivation: exact/ does not import it)
+    last_check: object = field(default=None, init=False, compare=False, repr=False)
+    step_class: ClassVar[type[Step]] = Step  # what :func:`derive` makes each stage with
 
     def __post_init__(self) -> None:
         for step in self.steps:  # a step shows itself with its derivation's normalisers and decimals
             step.__dict__.setdefault("_derivation", self)
-
-    def __repr__(self) -> str:
-        """A few short lines: title, sizes, the stage ids, the cross-check's result or how to run it."""
-        from ..render import display
-
-        return display.summary(self)
-
-    def _repr_latex_(self) -> str:
-        """Display math for a frontend without Markdown (and nbconvert's LaTeX export): the
-        formula and the output."""
-        from ..render import display
-
-        return display.derivation_latex(self)
 
     @cached_property
     def _outputs_by_rows(self) -> dict[int, object]:
@@ -248,21 +215,12 @@ class Derivation:
     def ids(self) -> tuple[str, ...]:
         return tuple(s.id for s in self.steps)
 
-    def _repr_markdown_(self) -> str:
-        """In a notebook, a derivation shows its whole worked solution."""
-        from ..render import render_markdown
-
-        return render_markdown(self)
-
-    def _repr_html_(self) -> str:
-        """The worked solution as the web page draws it (MathML, no MathJax needed): what Jupyter,
-        JupyterLab and VS Code show, with the cross-check's result once it has run."""
-        from ..render.html import render_html
-
-        return render_html(self, check=self.__dict__.get("last_check"), fragment=True)
-
     def __iter__(self) -> Iterator[Step]:
         return iter(self.steps)
+
+    def record_check(self, check) -> None:
+        """Keep ``check`` as :attr:`last_check` (what :func:`symattn.crosscheck` does with its result)."""
+        object.__setattr__(self, "last_check", check)  # the one field set after the derivation is made
 
     @property
     def dims(self) -> dict:
@@ -486,9 +444,13 @@ def _float(x: mpmath.mpf) -> float:
     return float("nan") if math.isinf(value) and not mpmath.isinf(x) else value
 
 
-def derive(problem: Problem, *, on_step=None) -> Derivation:
+def derive(problem: Problem, *, on_step=None, cls: type[Derivation] = Derivation) -> Derivation:
     """Derive every stage of ``softmax(Q Kᵀ·scale + M) V`` exactly (and, with a backward
     section, every gradient), stage by stage as the registry lists them.
+
+    ``cls`` is the class of the derivation made (a subclass of :class:`Derivation`), its stages
+    made with its ``step_class``: :func:`symattn.derive` makes the one that shows itself in a
+    terminal and a notebook.
 
     >>> from symattn import load_problem
     >>> p = load_problem("Q: [[1, 0]]\\nK: [[1, 0], [0, 1]]\\nV: [[1], [2]]\\nscale: none\\n")
@@ -504,7 +466,7 @@ def derive(problem: Problem, *, on_step=None) -> Derivation:
     steps: list[Step] = []
     for planned in stages.plan(problem):
         try:
-            step = _step(planned, values)
+            step = _step(planned, values, cls.step_class)
         except SymattnError as exc:
             if exc.file is not None:
                 raise
@@ -513,10 +475,10 @@ def derive(problem: Problem, *, on_step=None) -> Derivation:
         steps.append(step)
         if on_step is not None:
             on_step(step.id)  # the progress display
-    return Derivation(problem, tuple(steps))
+    return cls(problem, tuple(steps))
 
 
-def _step(planned: stages.Planned, values: dict) -> Step:
+def _step(planned: stages.Planned, values: dict, step_class: type[Step] = Step) -> Step:
     """One stage: its exact value (given, or by its relation on the earlier values) and how it is shown."""
     kind, c, p = planned.kind, planned.c, planned.c.p
 
@@ -534,7 +496,7 @@ def _step(planned: stages.Planned, values: dict) -> Step:
         written = p.n_q * p.n_k <= EXACT_LIMIT or (kind.short is not None and kind.short(ops, result, c))
     matrix = _ops.matrix_of(result)
     axes = kind.text("axes", c)
-    return Step(
+    return step_class(
         planned.id, kind.text("title", c), why, formula, formula_text,
         kind.shape(lambda key, head=...: _ops.shape_of(value(key, head)), shape, c),
         *(_labels(axis, n, p) for axis, n in zip(axes, shape)),

@@ -95,11 +95,11 @@ def crosscheck(derivation: Derivation, tolerance: float = TOLERANCE, *, torch: b
     With ``torch=True`` the weights and outputs are also compared with PyTorch's
     ``scaled_dot_product_attention`` in float64 (``CrossCheck.torch``). A
     problem with symbols is compared at its ``values``; without values the
-    check is skipped (``passed`` is None and ``skipped`` says why). The derivation remembers
-    the last result, for its summary (``repr(derivation)``).
+    check is skipped (``passed`` is None and ``skipped`` says why). The result is recorded as
+    the derivation's ``last_check``, which its summary (``repr(derivation)``) and notebook page report.
     """
     result = _crosscheck(derivation, tolerance, torch)
-    derivation.__dict__["last_check"] = result  # a cache on the frozen derivation, like its values
+    derivation.record_check(result)
     return result
 
 

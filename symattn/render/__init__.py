@@ -1,16 +1,29 @@
-"""Renderers: each reads a :class:`~symattn.Derivation` and returns text."""
+"""Renderers: each reads a :class:`~symattn.Derivation` and returns text.
+
+``symattn.render`` is this package; calling it calls :func:`render`:
+
+>>> import symattn
+>>> d = symattn.derive(symattn.load_problem("Q: [[0, 0]]\\nK: [[1, 0], [0, 1]]\\nV: [[2], [4]]\\n"))
+>>> print(symattn.render(d, "text", symattn.RenderOptions(first="O")).splitlines()[-1])
+    t_1 [ 3]
+"""
 
 from __future__ import annotations
 
+import sys
+import types
+from dataclasses import fields, replace
+
 from .matrices import exact_tex_matrix_of_step as step_latex
 from .latex import render_latex
+from .options import FORMATS, RenderOptions
 from .outline import select
-
-FORMATS = ("latex", "markdown", "text", "json", "html")
 
 # The other formats' modules are imported when first used (the web page's MathML converter alone
 # takes a tenth of a second to import): symattn.render.render_html and the others still work.
 _LAZY = {"render_html": ".html", "render_json": ".json", "render_markdown": ".markdown", "render_text": ".text"}
+_MODULES = {"latex": ".latex", "markdown": ".markdown", "text": ".text", "json": ".json", "html": ".html"}
+_OPTIONS = tuple(f.name for f in fields(RenderOptions))
 
 
 def __getattr__(name: str):
@@ -21,31 +34,39 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def render(derivation, format: str = "latex", *, standalone: bool = True, digits=None, check=None, **layout) -> str:
-    """The derivation in ``format`` (one of ``latex``, ``markdown``, ``text``, ``json``, ``html``).
+def render(derivation, format: str = "latex", options: RenderOptions | None = None, **keywords) -> str:
+    """The derivation in ``format`` (one of ``latex``, ``markdown``, ``text``, ``json``, ``html``),
+    written with ``options`` (a :class:`RenderOptions`; None: the defaults).
 
-    ``layout`` takes ``max_shown``, ``first``, ``last`` (all but JSON) and
-    ``exercise``, ``ask`` (LaTeX, Markdown and HTML).
+    The options can be given as keywords too (``standalone``, ``digits``, ``check``, ``max_shown``,
+    ``first``, ``last``, ``exercise``, ``ask``); with ``options`` they replace its values. An
+    unknown format, a bad value or an option the format does not read (``exercise`` for text or
+    JSON; ``max_shown``, ``first``, ``last`` for JSON) is refused with a ValueError.
     """
-    if format == "latex":
-        return render_latex(derivation, standalone=standalone, digits=digits, check=check, **layout)
-    if format == "markdown":
-        from .markdown import render_markdown
+    from importlib import import_module
 
-        return render_markdown(derivation, digits=digits, check=check, **layout)
-    if format == "text":
-        from .text import render_text
+    if options is not None and not isinstance(options, RenderOptions):
+        raise ValueError(f"options must be a symattn.RenderOptions (or None), not {type(options).__name__}")
+    unknown = [k for k in keywords if k not in _OPTIONS]
+    if unknown:
+        from ..text import did_you_mean
 
-        return render_text(derivation, digits=digits, check=check, **layout)
-    if format == "json":
-        from .json import render_json
-
-        return render_json(derivation, check=check)
-    if format == "html":
-        from .html import render_html
-
-        return render_html(derivation, digits=digits, check=check, fragment=not standalone, **layout)
-    raise ValueError(f"unknown format {format!r}; choose one of {', '.join(FORMATS)}")
+        raise TypeError(f"render() got an unexpected keyword argument {unknown[0]!r}"
+                        f"{did_you_mean(unknown[0], _OPTIONS)}; the options are {', '.join(_OPTIONS)}")
+    options = replace(options or RenderOptions(), **keywords)
+    options.refuse_unused(format)
+    return import_module(_MODULES[format], __name__).document(derivation, options)
 
 
-__all__ = ["FORMATS", "render", "render_html", "render_json", "render_latex", "render_markdown", "render_text", "select", "step_latex"]
+class _CallableModule(types.ModuleType):
+    """``symattn.render`` is this package, however it was reached; calling it calls :func:`render`."""
+
+    def __call__(self, derivation, format: str = "latex", options: RenderOptions | None = None, **keywords) -> str:
+        return render(derivation, format, options, **keywords)
+
+
+sys.modules[__name__].__class__ = _CallableModule
+
+
+__all__ = ["FORMATS", "RenderOptions", "render", "render_html", "render_json", "render_latex", "render_markdown",
+           "render_text", "select", "step_latex"]

@@ -7,7 +7,8 @@ from typing import TYPE_CHECKING
 
 from .. import stages as registry
 from . import prose
-from .grid import MAX_SHOWN, grid, grid_blocks, tex_token
+from .escape import tex_token
+from .grid import MAX_SHOWN, grid, grid_blocks
 from .measure import LINE_WIDTH, SPLIT_WIDTH, answer_box, width
 from .numbers import tex
 from .matrices import (
@@ -20,6 +21,7 @@ from .matrices import (
     worked_dot_tex,
 )
 from .entries import TOO_LONG, entry_forms, jacobian_form, jacobian_row, needs_decimals, written_exactly
+from .options import RenderOptions
 from .outline import _given_inputs, select, stages
 from .rope import rope_blocks
 
@@ -80,20 +82,9 @@ class Tiles:
     row: int
 
 
-def blocks(
-    d: Derivation,
-    digits: int | None = None,
-    check=None,
-    *,
-    max_shown: int = MAX_SHOWN,
-    shade: bool = False,
-    first: str | None = None,
-    last: str | None = None,
-    exercise: bool = False,
-    ask: frozenset[str] | None = None,
-    split: bool = True,
-) -> list[Block]:
-    """The worked solution of ``d``, renderer-neutral (``shade`` needs LaTeX's colortbl).
+def blocks(d: Derivation, options: RenderOptions | None = None, *, shade: bool = False, split: bool = True) -> list[Block]:
+    """The worked solution of ``d`` written with ``options``, renderer-neutral (``shade`` needs
+    LaTeX's colortbl).
 
     ``split`` cuts a matrix too wide for a page into column blocks (a web page scrolls instead).
 
@@ -101,8 +92,10 @@ def blocks(
     first shown step are stated as given). ``exercise`` writes the problem
     with empty boxes for the asked stage kinds instead of their values.
     """
+    options = options or RenderOptions()
     p = d.problem
-    digits = digits or p.digits
+    digits = options.digits or p.digits
+    max_shown, first, last, exercise, ask = options.max_shown, options.first, options.last, options.exercise, options.ask
     chosen = select(d, first, last)
     out: list[Block] = [Block("para", _intro(d)), Block("math", _FORMULA)]
     givens = _given_inputs(d, chosen)
@@ -110,25 +103,8 @@ def blocks(
         givens = [s for s in d.steps if s.given] + [s for s in givens if not s.given]
         chosen = [s for s in chosen if not s.given and (ask is None or s.kind in ask)]
     if givens:
-        out.append(Block("section", "Given"))
-        for group in _side_by_side(d, givens, max_shown):
-            if len(group) > 1:  # small weight matrices share a line, so the page is not mostly white
-                notes = "; ".join(f"{step.title} ({step.id}), {step.shape_note}" for step in group)
-                out.append(Block("para", notes + ":"))
-                out.append(Block("math", ",\\qquad ".join(
-                    f"{_short_name(step)} = {exact_tex_blocks(d, step, max_shown)[0][1]}" for step in group),
-                    source=tuple(Matrix(f"{_short_name(step)} = ", step, "exact") for step in group)))
-                continue
-            step = group[0]
-            out.append(Block("para", f"{step.title} ({step.id}), {step.shape_note}:"))
-            lhs = f"{_short_name(step)} = "
-            out += _displays(lhs, step, lambda b: exact_tex_blocks(d, step, max_shown, b), "exact", split)
-        if exercise and p.bias is not None:
-            n_q, n_k = p.bias.shape
-            out.append(Block("para", f"The bias B, {n_q}×{n_k}, added to the mask:"))
-            out.append(Block("math", "B = " + grid(n_q, n_k, lambda i, j: tex(p.bias[i, j]), max_shown=max_shown)))
+        out += _given_blocks(d, givens, max_shown, exercise, split)
     chosen_ids = {s.id for s in chosen}
-    evaluable = d.can_evaluate
     for stage in stages(d):
         steps = [s for s in stage.steps if s.id in chosen_ids]
         if not steps:
@@ -143,36 +119,68 @@ def blocks(
                 out.append(Block("para", f"Shape: {step.shape_note}."))
                 out += _displays(f"{step.formula} = ", step, lambda b: _boxes(d, step, max_shown, digits, b),
                                  "answer", split)
-                continue
-            if "softmax" in step.shows:
-                out.append(Block("math", _SOFTMAX_DEF))
-            if not written_exactly(step):
-                out.append(Block("math", step.formula))
-                out.append(Block("para", TOO_LONG))
             else:
-                lhs = f"{step.formula} = {_parts_tex(p, step, max_shown)}"
-                out += _displays(lhs, step, lambda b: exact_tex_blocks(d, step, max_shown, b), "exact", split)
-            out.append(Block("para", f"Shape: {step.shape_note}."))
-            for dot in step.worked:
-                out.append(Block("math", worked_dot_tex(dot)))
-            out += [Block(kind, text) for kind, text in rope_blocks(d, step)]
-            if "softmax" in step.shows:
-                for line in normaliser_lines(d, step, digits, max_shown):
-                    out.append(Block("math", line, source=Normalisers(step)))
-            if "jacobian" in step.shows:
-                out += jacobian_blocks(step, max_shown)
-            if "weighted_sum" in step.shows and step.softmax and evaluable:
-                line = weighted_sum_tex(d, step, digits)
-                if line:
-                    out.append(Block("math", line))
-            if needs_decimals(step) and evaluable:
-                out += _displays(f"{_short_name(step)} \\approx ", step,
-                                 lambda b: approx_tex_blocks(d, step, digits, max_shown, shade, b), "decimal", split)
-            if "tiles" in step.shows:
-                out += tile_blocks(d, step, max_shown)
-    if check is not None and not exercise:
+                out += _step_blocks(d, step, digits, max_shown, shade, split)
+    if options.check is not None and not exercise:
         out.append(Block("section", "Cross-check"))
-        out.append(Block("para", check_sentence(check)))
+        out.append(Block("para", check_sentence(options.check)))
+    return out
+
+
+def _given_blocks(d: Derivation, givens: list, max_shown: int, exercise: bool, split: bool) -> list[Block]:
+    """The section that states the given matrices (with an exercise, the bias too)."""
+    p = d.problem
+    out = [Block("section", "Given")]
+    for group in _side_by_side(d, givens, max_shown):
+        if len(group) > 1:  # small weight matrices share a line, so the page is not mostly white
+            notes = "; ".join(f"{step.title} ({step.id}), {step.shape_note}" for step in group)
+            out.append(Block("para", notes + ":"))
+            out.append(Block("math", ",\\qquad ".join(
+                f"{_short_name(step)} = {exact_tex_blocks(d, step, max_shown)[0][1]}" for step in group),
+                source=tuple(Matrix(f"{_short_name(step)} = ", step, "exact") for step in group)))
+            continue
+        step = group[0]
+        out.append(Block("para", f"{step.title} ({step.id}), {step.shape_note}:"))
+        lhs = f"{_short_name(step)} = "
+        out += _displays(lhs, step, lambda b: exact_tex_blocks(d, step, max_shown, b), "exact", split)
+    if exercise and p.bias is not None:
+        n_q, n_k = p.bias.shape
+        out.append(Block("para", f"The bias B, {n_q}×{n_k}, added to the mask:"))
+        out.append(Block("math", "B = " + grid(n_q, n_k, lambda i, j: tex(p.bias[i, j]), max_shown=max_shown)))
+    return out
+
+
+def _step_blocks(d: Derivation, step: Step, digits: int, max_shown: int, shade: bool, split: bool) -> list[Block]:
+    """A computed step of the worked solution, after its title: its matrix and how it is made."""
+    p = d.problem
+    evaluable = d.can_evaluate
+    out: list[Block] = []
+    if "softmax" in step.shows:
+        out.append(Block("math", _SOFTMAX_DEF))
+    if not written_exactly(step):
+        out.append(Block("math", step.formula))
+        out.append(Block("para", TOO_LONG))
+    else:
+        lhs = f"{step.formula} = {_parts_tex(p, step, max_shown)}"
+        out += _displays(lhs, step, lambda b: exact_tex_blocks(d, step, max_shown, b), "exact", split)
+    out.append(Block("para", f"Shape: {step.shape_note}."))
+    for dot in step.worked:
+        out.append(Block("math", worked_dot_tex(dot)))
+    out += [Block(kind, text) for kind, text in rope_blocks(d, step)]
+    if "softmax" in step.shows:
+        for line in normaliser_lines(d, step, digits, max_shown):
+            out.append(Block("math", line, source=Normalisers(step)))
+    if "jacobian" in step.shows:
+        out += jacobian_blocks(step, max_shown)
+    if "weighted_sum" in step.shows and step.softmax and evaluable:
+        line = weighted_sum_tex(d, step, digits)
+        if line:
+            out.append(Block("math", line))
+    if needs_decimals(step) and evaluable:
+        out += _displays(f"{_short_name(step)} \\approx ", step,
+                         lambda b: approx_tex_blocks(d, step, digits, max_shown, shade, b), "decimal", split)
+    if "tiles" in step.shows:
+        out += tile_blocks(d, step, max_shown)
     return out
 
 

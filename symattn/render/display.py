@@ -1,24 +1,23 @@
 """How a derivation and a step show themselves in a terminal and a notebook.
 
-A :class:`~symattn.Derivation` shows a few lines of summary as text (``repr``) and its worked
-solution as Markdown; a :class:`~symattn.Step` shows its matrix in the worked solution's forms
+:class:`Derivation` and :class:`Step` are the exact ones (:mod:`symattn.exact.derivation`) with
+these displays; :func:`derive` makes them, and is :func:`symattn.derive`. A derivation shows a
+few lines of summary as text (``repr``), its worked solution as Markdown and, in Jupyter,
+JupyterLab and VS Code, as the web page; a step shows its matrix in the worked solution's forms
 (softmax entries over ``Z_i``, gradients over ``Z_i²``, with the ``m_i``, ``Z_i`` lines), never
 raw SymPy nests such as ``1/((e^{-√2} + 1) e^{√2})``.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
+from ..exact import derivation as exact
+from ..problem.model import Problem
 from . import prose
 from .blocks import check_sentence
 from .matrices import approx_tex_matrix, exact_tex_matrix, normaliser_lines
 from .entries import TOO_LONG, entry_forms, needs_decimals, written_exactly
-from .markdown import escape as md_escape
+from .escape import escape_markdown
 from .text import _grid, _normalisers, form_text
-
-if TYPE_CHECKING:
-    from ..exact.derivation import Derivation, Step
 
 SUMMARY_WIDTH = 160  # a summary line is cut to this many characters
 NOTEBOOK_SHOWN = 6  # rows or columns a step's matrix shows in a notebook before it is elided
@@ -58,7 +57,7 @@ def summary(d: Derivation) -> str:
         f"  sizes: {_dims(d)}; mask: {prose.plain(p.mask.rule())}",
         f"  stages ({passes}): " + _ids(d.ids, SUMMARY_WIDTH - len(passes) - 12),
     ]
-    check = d.__dict__.get("last_check")
+    check = d.last_check
     if check is None:
         lines.append("  cross-check: not run; symattn.crosscheck(d) compares every stage with NumPy")
     else:
@@ -147,7 +146,7 @@ def step_markdown(step: Step) -> str:
     """Title, why, the matrix (and its decimals), the shape."""
     from .markdown import _prose
 
-    parts = [f"**{md_escape(step.title)}** ({md_escape(step.id)}). {_prose(step.why)}", step_latex(step)]
+    parts = [f"**{escape_markdown(step.title)}** ({escape_markdown(step.id)}). {_prose(step.why)}", step_latex(step)]
     d = step.derivation
     if d is not None and written_exactly(step) and needs_decimals(step) and d.can_evaluate:
         parts.append(f"$$ {step.kind_of.symbol} \\approx "
@@ -156,4 +155,76 @@ def step_markdown(step: Step) -> str:
     return "\n\n".join(parts)
 
 
-__all__ = ["derivation_latex", "step_latex", "step_markdown", "step_repr", "step_text", "summary"]
+# -- the classes symattn.derive makes ---------------------------------------------------------
+
+
+class Step(exact.Step):
+    """One stage of the derivation (see :class:`symattn.exact.derivation.Step`), which shows
+    itself: ``repr`` one line, ``print`` its entries as the text solution writes them, and in a
+    notebook its relation and matrix."""
+
+    @property
+    def why_text(self) -> str:
+        """The why in plain Unicode (``why`` marks its math ``⟦…⟧``, see :mod:`symattn.render.prose`)."""
+        return prose.plain(self.why)
+
+    def __repr__(self) -> str:
+        """One line: id, title, relation and shape (``print(step)`` shows its entries)."""
+        return step_repr(self)
+
+    def __str__(self) -> str:
+        """The step as the text worked solution writes it: entries over ``Z_i``, the ``Z_i`` lines."""
+        return step_text(self)
+
+    def _repr_latex_(self) -> str:
+        """In a notebook: the step's relation and matrix in the worked solution's forms, as display math."""
+        return step_latex(self)
+
+    def _repr_markdown_(self) -> str:
+        return step_markdown(self)
+
+
+class Derivation(exact.Derivation):
+    """Every stage of one attention problem, exactly (see :class:`symattn.exact.derivation.Derivation`),
+    which shows itself: ``repr`` a few lines, and in a notebook its worked solution."""
+
+    step_class = Step
+
+    def __repr__(self) -> str:
+        """A few short lines: title, sizes, the stage ids, the cross-check's result or how to run it."""
+        return summary(self)
+
+    def _repr_latex_(self) -> str:
+        """Display math for a frontend without Markdown (and nbconvert's LaTeX export): the
+        formula and the output."""
+        return derivation_latex(self)
+
+    def _repr_markdown_(self) -> str:
+        """In a notebook, a derivation shows its whole worked solution."""
+        from .markdown import render_markdown
+
+        return render_markdown(self)
+
+    def _repr_html_(self) -> str:
+        """The worked solution as the web page draws it (MathML, no MathJax needed): what Jupyter,
+        JupyterLab and VS Code show, with the cross-check's result once it has run."""
+        from .html import render_html
+
+        return render_html(self, check=self.last_check, fragment=True)
+
+
+def derive(problem: Problem, *, on_step=None) -> Derivation:
+    """Derive every stage of ``softmax(Q Kᵀ·scale + M) V`` exactly (and, with a backward
+    section, every gradient): :func:`symattn.exact.derivation.derive`, making a :class:`Derivation`
+    that shows itself. ``on_step(id)`` is called after each stage.
+
+    >>> from symattn import load_problem
+    >>> d = derive(load_problem("Q: [[1, 0]]\\nK: [[1, 0], [0, 1]]\\nV: [[1], [2]]\\nscale: none\\n"))
+    >>> repr(d).splitlines()[0], d.step("A").exact
+    ('<symattn.Derivation: Scaled dot-product attention>', Matrix([[1/(exp(-1) + 1), exp(-1)/(exp(-1) + 1)]]))
+    """
+    return exact.derive(problem, on_step=on_step, cls=Derivation)
+
+
+__all__ = ["Derivation", "Step", "derivation_latex", "derive", "step_latex", "step_markdown", "step_repr",
+           "step_text", "summary"]

@@ -20,15 +20,15 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import html
 import re
 from typing import TYPE_CHECKING, Callable
 
 from .. import stages as registry
-from ..text import show_bidi
 from . import prose
 from .blocks import Block, Jacobian, Matrix, Normalisers, Tiles, blocks
+from .escape import escape_html
 from .grid import MAX_SHOWN, shown
+from .options import RenderOptions
 from .mathml import mathml
 from .numbers import DPS, NEG_INF, _tex_decimal, tex
 from .matrices import form_tex, normaliser_tex, worked_dot_tex
@@ -39,19 +39,9 @@ if TYPE_CHECKING:
     from ..exact.derivation import Derivation, Step
 
 
-def escape(text: str) -> str:
-    """User text as HTML text (quotes too, so it is safe in an attribute).
-
-    >>> escape('"><img src=x onerror=alert(1)>')
-    '&quot;&gt;&lt;img src=x onerror=alert(1)&gt;'
-    """
-    text = "".join(" " if (ord(ch) < 32 and ch not in "\t\n") or 127 <= ord(ch) < 160 else ch for ch in show_bidi(text))
-    return html.escape(text, quote=True)
-
-
 def _prose(text: str) -> str:
     """symattn's own sentences: the marked math (⟦…⟧, see :mod:`.prose`) as inline MathML, the rest escaped."""
-    return prose.render(text, escape, mathml)
+    return prose.render(text, escape_html, mathml)
 
 
 def _hash(text: str) -> str:
@@ -80,21 +70,27 @@ def render_html(
     """The worked solution as a web page (or, with ``exercise``, the exercise sheet).
 
     ``fragment`` gives the part inside ``<body>``, style and script included, for a notebook's
-    ``text/html`` display.
+    ``text/html`` display. This is :func:`document` with these options (see
+    :class:`~symattn.RenderOptions`; ``fragment`` is ``standalone=False``).
     """
+    return document(derivation, RenderOptions(not fragment, digits, check, max_shown, first, last, exercise, ask))
+
+
+def document(derivation: Derivation, options: RenderOptions) -> str:
+    """The worked solution as a web page, or with ``options.standalone`` False the part inside
+    ``<body>``, style and script included (a notebook's ``text/html`` display)."""
     d = derivation
-    digits = digits or d.problem.digits
-    parts = blocks(d, digits, check, max_shown=max_shown, first=first, last=last, exercise=exercise, ask=ask,
-                   split=False)
-    page = _Page(d, digits, max_shown, exercise)
+    digits, exercise = options.digits or d.problem.digits, options.exercise
+    parts = blocks(d, options, split=False)
+    page = _Page(d, digits, options.max_shown, exercise)
     title = ("Exercise: " if exercise else "") + d.problem.title
     body = page.body(parts)
     main = (
         f'<div class="symattn-page">\n<style>{PAGE_STYLE}</style>\n'
-        f"<header><h1>{escape(title)}</h1>\n{page.toc()}\n{page.toggle()}</header>\n"
+        f"<header><h1>{escape_html(title)}</h1>\n{page.toc()}\n{page.toggle()}</header>\n"
         f"<main>\n{body}\n</main>\n<script>{PAGE_SCRIPT}</script>\n</div>\n"
     )
-    if fragment:
+    if not options.standalone:
         return main
     csp = CSP.format(style=_hash(PAGE_STYLE), script=_hash(PAGE_SCRIPT))
     return (
@@ -102,7 +98,7 @@ def render_html(
         f'<meta http-equiv="Content-Security-Policy" content="{csp}">\n'
         '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
         '<meta name="generator" content="symattn">\n'
-        f"<title>{escape(title)}</title>\n</head>\n<body>\n{main}</body>\n</html>\n"
+        f"<title>{escape_html(title)}</title>\n</head>\n<body>\n{main}</body>\n</html>\n"
     )
 
 
@@ -121,7 +117,7 @@ class _Page:
     # -- the page's parts --------------------------------------------------------------------
 
     def toc(self) -> str:
-        items = "\n".join(f'<li><a href="#{id}">{escape(text)}</a></li>' for id, text in self.sections)
+        items = "\n".join(f'<li><a href="#{id}">{escape_html(text)}</a></li>' for id, text in self.sections)
         return f'<nav class="toc" aria-label="Contents"><h2>Contents</h2>\n<ol>\n{items}\n</ol></nav>'
 
     def toggle(self) -> str:
@@ -139,10 +135,10 @@ class _Page:
                     out.append("</section>")
                 id = self._section_id(block.text)
                 self.sections.append((id, block.text))
-                out.append(f'<section id="{id}" aria-labelledby="{id}-h">\n<h2 id="{id}-h">{escape(block.text)}</h2>')
+                out.append(f'<section id="{id}" aria-labelledby="{id}-h">\n<h2 id="{id}-h">{escape_html(block.text)}</h2>')
                 open_section = True
             elif block.kind == "step":
-                out.append(f'<h3>{escape(block.text)}</h3>\n<p class="why">{_prose(block.extra)}</p>')
+                out.append(f'<h3>{escape_html(block.text)}</h3>\n<p class="why">{_prose(block.extra)}</p>')
             elif block.kind == "para":
                 out.append(f"<p>{_prose(block.text)}</p>")
             else:
@@ -227,7 +223,7 @@ class _Page:
                 rows.append('<tr><td class="gap" colspan="3">⋮</td></tr>')
                 continue
             m, z = normaliser_tex(self.d, step, i, self.digits)
-            label = escape(step.rows[i])
+            label = escape_html(step.rows[i])
             rows.append(f'<tr><th scope="row">{label}</th><td>{mathml(m)}</td><td>{mathml(z)}</td></tr>')
         caption = "Each row's maximum and normaliser"
         return (f'<div class="display"><table class="normalisers"><caption>{caption}</caption>'
@@ -239,7 +235,7 @@ class _Page:
         n = len(row.raw)
         idx = shown(n, self.max_shown)
         cells = lambda j, k: mathml(form_tex(jacobian_form(row, i, j, k)))  # noqa: E731
-        body = _plain_table(idx, idx, cells, [escape(c) for c in step.cols], [escape(c) for c in step.cols])
+        body = _plain_table(idx, idx, cells, [escape_html(c) for c in step.cols], [escape_html(c) for c in step.cols])
         return f'<div class="lhs">{mathml(source.lhs.rstrip(), True)}</div>{body}'
 
     def tiles(self, source: Tiles) -> str:
@@ -250,8 +246,8 @@ class _Page:
         cells = tiles.table_cells(w, self.max_shown)
         idx = shown(len(cells), self.max_shown)
         body = _plain_table(idx, list(range(5)), lambda r, k: mathml(cells[r][k + 1]) if cells[r][k + 1] else "",
-                            [escape(r[0]) for r in cells], [mathml(h) for h in tiles.HEADINGS_TEX[1:]])
-        caption = f"Row {source.row + 1} ({escape(source.step.rows[source.row])}), block by block"
+                            [escape_html(r[0]) for r in cells], [mathml(h) for h in tiles.HEADINGS_TEX[1:]])
+        caption = f"Row {source.row + 1} ({escape_html(source.step.rows[source.row])}), block by block"
         return body.replace('<table class="matrix plain">',
                             f'<table class="matrix plain tiles"><caption>{caption}</caption>', 1)
 
@@ -316,8 +312,8 @@ def _names(step: Step) -> tuple[list[str], list[str]]:
     """Row and column labels as HTML: tokens as text, dimensions as d<sub>1</sub>."""
     def label(axis: str, names: list[str]) -> list[str]:
         if axis in registry.TOKEN_AXES:
-            return [escape(n) for n in names]
-        return [re.sub(r"^([a-z]+)([0-9]+)$", r"\1<sub>\2</sub>", escape(n)) for n in names]
+            return [escape_html(n) for n in names]
+        return [re.sub(r"^([a-z]+)([0-9]+)$", r"\1<sub>\2</sub>", escape_html(n)) for n in names]
 
     return label(step.axes[0], list(step.rows)), label(step.axes[1], list(step.cols))
 
@@ -333,14 +329,14 @@ def _table(step: Step, form: str, rows, cols, cell, decimal, *, masked, shade, t
     row_names, col_names = _names(step)
     trace = " ".join(f"{id}:{how}" for id, how in traces)
     names = ", ".join(f"{_TRACED[how]} of {id}" for id, how in traces)
-    attrs = [f'class="matrix {form}{"" if labelled else " bracketed"}"', f'data-stage="{escape(step.id)}"',
+    attrs = [f'class="matrix {form}{"" if labelled else " bracketed"}"', f'data-stage="{escape_html(step.id)}"',
              f'data-form="{form}"']
     if trace:
-        attrs.append(f'data-traces="{escape(trace)}"')
+        attrs.append(f'data-traces="{escape_html(trace)}"')
     label = f"{step.id}, {step.shape[0]}×{step.shape[1]}, {'decimals' if form == 'decimal' else form}"
     if trace:
         label += f"; entry (i, j) is made from {names}"
-    attrs.append(f'aria-label="{escape(label)}"')
+    attrs.append(f'aria-label="{escape_html(label)}"')
     out = [f"<table {' '.join(attrs)}>"]
     if labelled:
         head = "".join('<th scope="col" class="gap">⋯</th>' if j is None else f'<th scope="col">{col_names[j]}</th>'
@@ -381,7 +377,7 @@ def _table(step: Step, form: str, rows, cols, cell, decimal, *, masked, shade, t
         out.append("<tr>" + "".join(cells) + "</tr>")
     out.append("</tbody></table>")
     if trace:
-        out.append(f'<div class="explain" data-for="{escape(step.id)}" aria-live="polite"></div>')
+        out.append(f'<div class="explain" data-for="{escape_html(step.id)}" aria-live="polite"></div>')
         out += templates
     return "".join(out)
 
@@ -417,18 +413,18 @@ def _heatmap(step: Step, value, digits: int, max_shown: int, number: int) -> str
     out = [
         f'<figure class="heatmap"><svg xmlns="http://www.w3.org/2000/svg" role="img" width="{width}" height="{height}" '
         f'viewBox="0 0 {width} {height}" aria-labelledby="{pattern}-t">',
-        f'<title id="{pattern}-t">Heat map of {escape(step.id)}: darker is a larger weight; hatched cells are masked</title>',
+        f'<title id="{pattern}-t">Heat map of {escape_html(step.id)}: darker is a larger weight; hatched cells are masked</title>',
         f'<defs><pattern id="{pattern}" width="6" height="6" patternUnits="userSpaceOnUse" patternTransform="rotate(45)">'
         '<rect width="6" height="6" fill="#fff"/><line x1="0" y1="0" x2="0" y2="6" stroke="#888" stroke-width="2"/>'
         "</pattern></defs>",
     ]
     for k, j in enumerate(cols):
         x = label_w + _CELL * k + _CELL / 2
-        text = "⋯" if j is None else escape(_cut(step.cols[j]))
+        text = "⋯" if j is None else escape_html(_cut(step.cols[j]))
         out.append(f'<text x="{x:g}" y="{top - 6}" transform="rotate(-45 {x:g} {top - 6})" class="col">{text}</text>')
     for r, i in enumerate(rows):
         y = top + _CELL * r
-        text = "⋮" if i is None else escape(_cut(step.rows[i]))
+        text = "⋮" if i is None else escape_html(_cut(step.rows[i]))
         out.append(f'<text x="{label_w - 6}" y="{y + _CELL / 2 + 4:g}" class="row">{text}</text>')
         for k, j in enumerate(cols):
             x = label_w + _CELL * k
@@ -439,13 +435,13 @@ def _heatmap(step: Step, value, digits: int, max_shown: int, number: int) -> str
             shown_value = "masked" if masked else _plain_decimal(value(i, j), digits)
             fill = f"url(#{pattern})" if masked else _grey(w)
             tip = f"row {i + 1} ({step.rows[i]}), column {j + 1} ({step.cols[j]}): {shown_value}"
-            out.append(f'<g><title>{escape(tip)}</title><rect x="{x}" y="{y}" width="{_CELL}" height="{_CELL}" '
+            out.append(f'<g><title>{escape_html(tip)}</title><rect x="{x}" y="{y}" width="{_CELL}" height="{_CELL}" '
                        f'fill="{fill}" stroke="#fff"/>')
             if not masked:
                 out.append(f'<text x="{x + _CELL / 2:g}" y="{y + _CELL / 2 + 4:g}" class="v">'
-                           f"{escape(_plain_decimal(value(i, j), 2))}</text>")
+                           f"{escape_html(_plain_decimal(value(i, j), 2))}</text>")
             out.append("</g>")
-    out.append(f"</svg><figcaption>The weights of {escape(step.id)} as a heat map: darker is larger; "
+    out.append(f"</svg><figcaption>The weights of {escape_html(step.id)} as a heat map: darker is larger; "
                "hatched cells are masked (weight exactly 0).</figcaption></figure>")
     return "".join(out)
 

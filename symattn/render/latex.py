@@ -7,14 +7,16 @@ from typing import TYPE_CHECKING
 from . import prose
 from .blocks import blocks
 from .grid import MAX_SHOWN
-from .grid import escape_tex as escape
+from .escape import escape_tex
+from .options import RenderOptions
 
 if TYPE_CHECKING:
     from ..exact.derivation import Derivation
 
+
 def _prose(text: str) -> str:
     """symattn's own sentences: the marked math (⟦…⟧, see :mod:`.prose`) as inline math, the rest escaped."""
-    return prose.render(text, escape, prose.latex)
+    return prose.render(text, escape_tex, prose.latex)
 
 
 # Lets a fragment compile in a document that does not load colortbl (then unshaded).
@@ -55,15 +57,19 @@ def render_latex(
     exercise: bool = False,
     ask: frozenset[str] | None = None,
 ) -> str:
-    """The worked solution as LaTeX (a full document unless ``standalone=False``).
+    """The worked solution as LaTeX (a full document unless ``standalone=False``): :func:`document`
+    with these options (see :class:`~symattn.RenderOptions`)."""
+    return document(derivation, RenderOptions(standalone, digits, check, max_shown, first, last, exercise, ask))
+
+
+def document(derivation: Derivation, options: RenderOptions) -> str:
+    """The worked solution as LaTeX (a full document unless ``options.standalone`` is False).
 
     The weights are shaded by size with colortbl; a fragment \\input into a
     document without colortbl still compiles, unshaded.
     """
     lines: list[str] = []
-    parts = blocks(
-        derivation, digits, check, max_shown=max_shown, shade=True, first=first, last=last, exercise=exercise, ask=ask
-    )
+    parts = blocks(derivation, options, shade=True)
     for k, block in enumerate(parts):
         if block.kind == "section":
             lines.append(f"\\section*{{{_prose(block.text)}}}")
@@ -79,9 +85,10 @@ def render_latex(
         lines.append("")
     body = "\n".join(lines).rstrip() + "\n"
     body = _FRAGMENT_HEADER + body  # the standalone document holds the fragment as it is
-    if not standalone:
+    if not options.standalone:
         return body
-    title = escape(("Exercise: " if exercise else "") + derivation.problem.title)
+    exercise = options.exercise
+    title = escape_tex(("Exercise: " if exercise else "") + derivation.problem.title)
     # an exercise sheet has a compact heading: room for its answer boxes, no near-empty last page
     heading = (f"{{\\centering\\Large\\bfseries {title}\\par}}\n\\medskip\n" if exercise
                else f"\\title{{{title}}}\n\\date{{}}\n\\begin{{document}}\n\\maketitle\n")

@@ -2,32 +2,21 @@
 
 from __future__ import annotations
 
-import re
 from typing import TYPE_CHECKING
 
-from ..text import show_bidi
 from . import prose
 from .blocks import blocks
+from .escape import escape_markdown
 from .grid import MAX_SHOWN
+from .options import RenderOptions
 
 if TYPE_CHECKING:
     from ..exact.derivation import Derivation
 
-_MD_SPECIAL = re.compile(r"([\\`*_\[\]<>#|~$&])")
-
-
-def escape(text: str) -> str:
-    """User text shown literally in Markdown (no links, emphasis, HTML or math).
-
-    >>> escape("*bold* <b>")
-    '\\\\*bold\\\\* \\\\<b\\\\>'
-    """
-    return _MD_SPECIAL.sub(r"\\\1", show_bidi(text).replace("\n", " "))
-
 
 def _prose(text: str) -> str:
     """symattn's own sentences: the marked math (⟦…⟧, see :mod:`.prose`) as inline ``$…$``, the rest escaped."""
-    return prose.render(text, escape, prose.markdown)
+    return prose.render(text, escape_markdown, prose.markdown)
 
 
 def render_markdown(
@@ -41,15 +30,22 @@ def render_markdown(
     exercise: bool = False,
     ask: frozenset[str] | None = None,
 ) -> str:
-    """The worked solution as Markdown (or, with ``exercise``, the exercise sheet)."""
-    title = ("Exercise: " if exercise else "") + derivation.problem.title
-    lines = [f"# {escape(title)}", ""]
-    parts = blocks(derivation, digits, check, max_shown=max_shown, first=first, last=last, exercise=exercise, ask=ask)
+    """The worked solution as Markdown (or, with ``exercise``, the exercise sheet): :func:`document`
+    with these options (see :class:`~symattn.RenderOptions`)."""
+    return document(derivation, RenderOptions(digits=digits, check=check, max_shown=max_shown, first=first, last=last,
+                                              exercise=exercise, ask=ask))
+
+
+def document(derivation: Derivation, options: RenderOptions) -> str:
+    """The worked solution as Markdown (or, with ``options.exercise``, the exercise sheet)."""
+    title = ("Exercise: " if options.exercise else "") + derivation.problem.title
+    lines = [f"# {escape_markdown(title)}", ""]
+    parts = blocks(derivation, options)
     for block in parts:
         if block.kind == "section":
-            lines.append(f"## {escape(block.text)}")
+            lines.append(f"## {escape_markdown(block.text)}")
         elif block.kind == "step":
-            lines.append(f"**{escape(block.text)}.** {_prose(block.extra)}")
+            lines.append(f"**{escape_markdown(block.text)}.** {_prose(block.extra)}")
         elif block.kind == "para":
             lines.append(_prose(block.text))
         else:

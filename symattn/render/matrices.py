@@ -7,7 +7,8 @@ from typing import TYPE_CHECKING
 
 import sympy
 
-from .grid import MAX_SHOWN, grid, grid_blocks, shown, tex_token
+from .escape import tex_token
+from .grid import MAX_SHOWN, grid, grid_blocks, shown
 from .numbers import (
     DPS,
     MAX_CELL_TERMS,

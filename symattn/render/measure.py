@@ -78,54 +78,10 @@ def _width(tex: str, scale: float = 1.0) -> float:
             prev_op = False
             continue
         if ch == "\\":
-            m = _CMD.match(tex, k)
-            if m is None:  # a backslash ending the text: an estimate never fails
-                total += 5.0 * scale
-                k += 1
-                continue
-            name = m.group(1)
-            k = m.end()
-            if name in ("frac", "dfrac", "tfrac"):
-                num, k = _group(tex, k)
-                den, k = _group(tex, k)
-                s = scale * (0.7 if name == "tfrac" else 1.0)
-                total += max(_width(num, s), _width(den, s)) + 2 * _NULLDELIM
-            elif name == "sqrt":
-                _, k = _optional(tex, k)
-                body, k = _group(tex, k)
-                total += (8.5 + _width(body, 1.0)) * scale
-            elif name in _TEXT:
-                body, k = _group(tex, k)
-                visible = len(re.sub(r"[{}]", "", re.sub(r"\\[A-Za-z]+(\{\})? ?", "#", body)))
-                total += (visible * 5.0 + (2 * _REL if name == "operatorname" else 0)) * scale
-            elif name in ("hphantom", "phantom", "hat", "boxed", "mathit", "bar", "tilde", "overline"):
-                body, k = _group(tex, k)
-                total += _width(body, scale) + (2 * 3.3 + 0.8 if name == "boxed" else 0)
-            elif name in _IGNORED_ONE_ARG:
-                _, k = _optional(tex, k)
-                _, k = _group(tex, k)
-            elif name == "rule":
-                _, k = _optional(tex, k)
-                w, k = _group(tex, k)
-                _, k = _group(tex, k)
-            elif name in ("left", "right", "big", "Big", "bigg", "Bigg", "bigl", "bigr"):
-                delim, k = _group(tex, k)
-                total += 0.0 if delim == "." else 4.3 * scale
-            elif name == "begin":
-                env, k = _group(tex, k)
-                end = tex.find("\\end{" + env + "}", k)
-                end = len(tex) if end < 0 else end
-                body = tex[k:end]
-                k = end + len("\\end{" + env + "}")
-                total += _environment_width(env, body) * scale
-            elif name == "\\":
-                pass
-            else:
-                total += _WIDTHS.get(name, 6.0) * scale
-                if name in ("cdot", "times", "approx", "le", "ge", "to", "circ", "in", "mid"):
-                    prev_op = True
-                    continue
-            prev_op = False
+            w, k, op = _command(tex, k, scale)
+            total += w
+            if op is not None:
+                prev_op = op
             continue
         if ch in "+-":
             total += (8.5 + (0 if prev_op else 2 * _BIN)) * scale
@@ -138,6 +94,57 @@ def _width(tex: str, scale: float = 1.0) -> float:
             prev_op = ch in "(["
         k += 1
     return total
+
+
+_OPERATORS = ("cdot", "times", "approx", "le", "ge", "to", "circ", "in", "mid")  # a sign after them is a sign
+
+
+def _command(tex: str, k: int, scale: float) -> tuple[float, int, bool | None]:
+    """The width of the command at ``tex[k]`` (a backslash), where it ends, and whether what
+    follows it comes after an operator (None: as before it, for a lone backslash)."""
+    m = _CMD.match(tex, k)
+    if m is None:  # a backslash ending the text: an estimate never fails
+        return 5.0 * scale, k + 1, None
+    name = m.group(1)
+    k = m.end()
+    w = 0.0
+    if name in ("frac", "dfrac", "tfrac"):
+        num, k = _group(tex, k)
+        den, k = _group(tex, k)
+        s = scale * (0.7 if name == "tfrac" else 1.0)
+        w = max(_width(num, s), _width(den, s)) + 2 * _NULLDELIM
+    elif name == "sqrt":
+        _, k = _optional(tex, k)
+        body, k = _group(tex, k)
+        w = (8.5 + _width(body, 1.0)) * scale
+    elif name in _TEXT:
+        body, k = _group(tex, k)
+        visible = len(re.sub(r"[{}]", "", re.sub(r"\\[A-Za-z]+(\{\})? ?", "#", body)))
+        w = (visible * 5.0 + (2 * _REL if name == "operatorname" else 0)) * scale
+    elif name in ("hphantom", "phantom", "hat", "boxed", "mathit", "bar", "tilde", "overline"):
+        body, k = _group(tex, k)
+        w = _width(body, scale) + (2 * 3.3 + 0.8 if name == "boxed" else 0)
+    elif name in _IGNORED_ONE_ARG:
+        _, k = _optional(tex, k)
+        _, k = _group(tex, k)
+    elif name == "rule":
+        _, k = _optional(tex, k)
+        _, k = _group(tex, k)
+        _, k = _group(tex, k)
+    elif name in ("left", "right", "big", "Big", "bigg", "Bigg", "bigl", "bigr"):
+        delim, k = _group(tex, k)
+        w = 0.0 if delim == "." else 4.3 * scale
+    elif name == "begin":
+        env, k = _group(tex, k)
+        end = tex.find("\\end{" + env + "}", k)
+        end = len(tex) if end < 0 else end
+        body = tex[k:end]
+        k = end + len("\\end{" + env + "}")
+        w = _environment_width(env, body) * scale
+    elif name != "\\":
+        w = _WIDTHS.get(name, 6.0) * scale
+        return w, k, name in _OPERATORS
+    return w, k, False
 
 
 def _char(ch: str) -> float:

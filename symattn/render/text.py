@@ -12,6 +12,7 @@ from . import prose
 from .blocks import JACOBIAN_ENTRY, check_sentence
 from .grid import MAX_SHOWN, shown
 from .numbers import DPS, MAX_CELL_TERMS, MAX_TERMS, decimal, exp_parts_text, exp_sum_text, text_entry, value_text
+from .options import RenderOptions
 from .entries import (
     TOO_LONG,
     EntryForm,
@@ -138,10 +139,16 @@ def render_text(
     first: str | None = None,
     last: str | None = None,
 ) -> str:
+    """The worked solution as plain text: :func:`document` with these options (see
+    :class:`~symattn.RenderOptions`)."""
+    return document(derivation, RenderOptions(digits=digits, check=check, max_shown=max_shown, first=first, last=last))
+
+
+def document(derivation: Derivation, options: RenderOptions) -> str:
     """The worked solution as plain text."""
     d = derivation
-    digits = digits or d.problem.digits
-    chosen = {s.id for s in select(d, first, last)}
+    digits, max_shown = options.digits or d.problem.digits, options.max_shown
+    chosen = {s.id for s in select(d, options.first, options.last)}
     title = show_bidi(d.problem.title)
     out = [title, "=" * len(title), ""]
     out.append("Attention(Q, K, V) = softmax(Q·Kᵀ / √d_k + M)·V")
@@ -173,7 +180,7 @@ def render_text(
             if "tiles" in step.shows:
                 out.extend(_tiles(d, step, max_shown))
             out.append("")
-    if check is not None:
-        out.append(prose.plain(check_sentence(check)))
+    if options.check is not None:
+        out.append(prose.plain(check_sentence(options.check)))
     # a bidirectional control in a token or the title is shown, never obeyed (symattn writes none)
     return show_bidi("\n".join(out).rstrip() + "\n")
