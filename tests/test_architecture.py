@@ -161,7 +161,7 @@ def _targets(node: ast.stmt, importer: str, modules: dict[str, Path]) -> set[str
         return targets
     for alias in node.names:
         if f"{module}.{alias.name}" in modules:
-            targets.add(f"{module}.{alias.name}")  # from . import _exact -> symattn.exact.matrices
+            targets.add(f"{module}.{alias.name}")  # from . import lazy -> symattn.exact.lazy
         else:
             targets.add(module)  # from .render import render_latex -> symattn.render (its __init__)
     return targets

@@ -1661,16 +1661,17 @@ def test_big_gradients_are_shown_in_decimals_and_stay_exact_on_request(tmp_path)
 
 def _mpmath_relation(d, step, dps):
     """The gradient by its relation with NumericOps (mpmath rows) on the earlier stages' values."""
-    from symattn.exact import matrices as exact_module
-    from symattn.exact import ops as _ops
+    from symattn.exact import lazy as exact_module
+    from symattn.exact.numeric_ops import NumericOps
+    from symattn.numbers.matrices import is_rational
     from symattn import stages
 
     c = stages.Context(d.problem, step.head)
-    ops = _ops.NumericOps(dps, d.problem.substitutions)
+    ops = NumericOps(dps, d.problem.substitutions)
 
     def value(key, head=...):
         other = d.step(stages.resolve(key, c, head)[0])
-        if exact_module.is_rational(other.lazy):
+        if is_rational(other.lazy):
             return other.lazy
         if other.kind_of is not None and other.kind_of.gradient and exact_module.qq_entries(other.lazy) is None:
             return _mpmath_relation(d, other, dps)

@@ -341,7 +341,7 @@ def test_learned_positions_from_a_table_gpt2_input(tables):
     want = (wte(ids) + wpe(torch.arange(3))).numpy()
     got = np.array([[float(v) for v in row] for row in d.evaluate("X_pos", 20)])
     np.testing.assert_array_equal(got, want)  # sums of float32 and float16 values: exact in float64
-    from symattn.exact.matrices import fmpq_matrix
+    from symattn.exact.lazy import fmpq_matrix
 
     # X + PE of numbers is one flint matrix, so Q = X_pos·W_Q is a flint product (a GPT-2 head in a second)
     assert fmpq_matrix(d.step("X_pos").lazy) is not None and fmpq_matrix(d.step("Q").lazy) is not None

@@ -150,13 +150,13 @@ def test_numeric_reference_never_imports_the_exact_path():
     # nothing of the exact path leaks in through the module's globals
     for value in vars(symattn.reference.numeric).values():
         mod = getattr(value, "__module__", None) or getattr(value, "__name__", "")
-        assert mod not in ("symattn.exact.matrices", "symattn.exact.derivation"), value
+        assert not mod.startswith("symattn.exact"), value
 
 
 def test_import_checker_would_see_such_imports():
     """The checker above is not vacuous."""
-    for line in ("from ..exact.matrices import matmul", "from ..exact import matrices", "from ..exact.derivation import Derivation",
-                 "import symattn.exact.matrices", "from symattn.exact import derivation", "from .. import exact"):
+    for line in ("from ..exact.products import matmul", "from ..exact import products", "from ..exact.derivation import Derivation",
+                 "import symattn.exact.products", "from symattn.exact import derivation", "from .. import exact"):
         imported = _imported_modules(line)
         assert any({"exact", "derivation"} & set(n.split(".")) for n in imported), (line, imported)
 

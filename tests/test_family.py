@@ -824,7 +824,7 @@ def test_error_message(name):
 
 def test_shapes_are_checked_before_any_arithmetic(monkeypatch):
     """The shape error comes out of reading the problem; no product is ever attempted."""
-    import symattn.exact.matrices as exact
+    import symattn.exact.products as exact
 
     def forbidden(*args, **kwargs):
         raise AssertionError("arithmetic before the shapes were checked")

@@ -28,7 +28,8 @@ from sympy import QQ, Rational
 
 from symattn import derive, load_problem
 from symattn.reference.crosscheck import crosscheck
-from symattn.exact.matrices import SoftmaxRow, mpf_of_qq
+from symattn.exact.evaluation import mpf_of_qq
+from symattn.exact.softmax import SoftmaxRow
 from symattn.numbers.sympy_internals import exp_term_order_key, rational_order_key
 from symattn.cli import with_backward
 from symattn.problem.load import parse_problem
@@ -407,15 +408,15 @@ def test_stages_whose_entries_repeat_are_written_as_each_entry_alone(pool):
 
 
 def _ex_fmpq(m):
-    from symattn.exact import matrices as _exact
+    from symattn.exact.lazy import fmpq_matrix
 
-    return _exact.fmpq_matrix(m)
+    return fmpq_matrix(m)
 
 
 def _ex_scaled(m):
-    from symattn.exact import matrices as _exact
+    from symattn.numbers.matrices import scaled_integers
 
-    return _exact.scaled_integers(m)
+    return scaled_integers(m)
 
 
 def test_repeated_entries_are_looked_up_where_they_are():

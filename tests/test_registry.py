@@ -72,7 +72,7 @@ def test_relations_read_only_their_declared_inputs(derivation):
             read.extend(ids)
             return derivation.step(ids[0]).value
 
-        from symattn.exact.ops import ExactOps
+        from symattn.exact.exact_ops import ExactOps
 
         kind.relation(ExactOps(expand=not kind.gradient), value, c)
         assert set(read) <= set(stages.input_ids(kind, c)), (step.id, read)

@@ -53,7 +53,8 @@ from ..errors import SymattnError
 from ..reading import FileError, read_regular
 from ..numbers.parse import MAX_TEXT, NumberError, parse_number
 from ..text import did_you_mean, excerpt
-from ..exact.ops import NumericOps, Undefined
+from ..exact.numeric_ops import NumericOps
+from ..exact.ops import Undefined
 from ..exact.derivation import Derivation
 
 DPS = 30
@@ -436,7 +437,7 @@ def _read_entry(values, field_name: str, node) -> Entry:
 
 
 def _mp(x: sympy.Expr) -> mpmath.mpf:
-    from ..exact.matrices import to_mpf
+    from ..exact.evaluation import to_mpf
 
     with mpmath.workdps(DPS + 10):
         return to_mpf(x, DPS)

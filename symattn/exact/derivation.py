@@ -16,11 +16,20 @@ from typing import ClassVar, Iterator
 
 import mpmath
 
-from . import matrices as _exact
-from . import ops as _ops
+from . import arb as _arb
+from . import evaluation as _evaluation
+from . import lazy as _lazy
+from . import softmax as _softmax
+from . import structures as _structures
 from .. import stages
 from ..errors import SymattnError
-from .matrices import LazyMatrix, Matrix, SoftmaxRow
+from ..numbers.matrices import Matrix, is_rational
+from .arb_ops import ArbOps
+from .exact_ops import ExactOps
+from .float_ops import FloatOps
+from .lazy import LazyMatrix
+from .numeric_ops import NumericOps
+from .softmax import SoftmaxRow
 from ..problem.model import Problem
 from ..stages.kinds import Dot, Kind
 from ..text import did_you_mean
@@ -88,40 +97,40 @@ class Step:
     @property
     def is_softmax(self) -> bool:
         """Whether the step is the softmax weights themselves (each entry e^{z_ij − m_i} / Z_i)."""
-        return isinstance(self.value, _ops.Softmax)
+        return isinstance(self.value, _structures.Softmax)
 
     @property
     def softmax(self) -> tuple[SoftmaxRow, ...]:
         """The softmax rows of ``A`` and ``O`` (empty for every other step)."""
-        return self.value.rows if isinstance(self.value, (_ops.Softmax, _ops.Output)) else ()
+        return self.value.rows if isinstance(self.value, (_structures.Softmax, _structures.Output)) else ()
 
     @property
     def values(self) -> Matrix | None:
         """``V``, for the output ``O = A·V`` kept over the softmax rows; else None."""
-        return self.value.values if isinstance(self.value, _ops.Output) else None
+        return self.value.values if isinstance(self.value, _structures.Output) else None
 
     @property
     def jacobian(self) -> tuple[SoftmaxRow, ...]:
         """The softmax rows a gradient over ``Z_i²`` is written with (empty for other steps)."""
-        return self.value.rows if isinstance(self.value, _ops.OverZ2) else ()
+        return self.value.rows if isinstance(self.value, _structures.OverZ2) else ()
 
     @property
     def over_rows(self):
         """For a sum over the softmax rows (``dV = Aᵀ dO``, ``dK = dSᵀ Q`` and what follows from
         them), ``(i, j) →`` ``(plain, [(r, power, numerator over Z_r^power), ...])``; None for every
         other step."""
-        return self.value.fractions if isinstance(self.value, _ops.OverRows) else None
+        return self.value.fractions if isinstance(self.value, _structures.OverRows) else None
 
     @property
     def over_z_squared(self):
         """For a gradient through the softmax, ``(i, j) →`` the numerator of entry (i, j) written
         over ``Z_i²``; None for every other step."""
-        return self.value.top if isinstance(self.value, _ops.OverZ2) else None
+        return self.value.top if isinstance(self.value, _structures.OverZ2) else None
 
     @cached_property
     def lazy(self) -> "Matrix | LazyMatrix":
         """The exact matrix, with entries built only when read (renderers show corners of big ones)."""
-        return _ops.matrix_of(self.value)
+        return _structures.matrix_of(self.value)
 
     @cached_property
     def exact(self) -> Matrix:
@@ -138,16 +147,16 @@ class Step:
         """The columns of ``V`` as QQ numbers, for an output over the softmax rows with rational V; else None."""
         if self.values is None:
             return None
-        qq = _exact.qq_entries(self.values)
+        qq = _lazy.qq_entries(self.values)
         return None if qq is None else [list(col) for col in zip(*qq)]
 
     def floats(self, dps: int) -> "list[list[float]] | None":
         """Float64 values straight from arb, for rational weights and outputs; else None."""
-        if isinstance(self.value, _ops.Softmax):
-            both = _exact.softmax_floats(self.softmax, self._output_values(), dps)
+        if isinstance(self.value, _structures.Softmax):
+            both = _softmax.softmax_floats(self.softmax, self._output_values(), dps)
             return None if both is None else both[0]
-        if isinstance(self.value, _ops.Output):
-            both = _exact.softmax_floats(self.softmax, self.values, dps)
+        if isinstance(self.value, _structures.Output):
+            both = _softmax.softmax_floats(self.softmax, self.values, dps)
             return None if both is None or both[1] is None else both[1]
         return None
 
@@ -159,12 +168,12 @@ class Step:
 
     def entry_value(self, i: int, j: int, dps: int, subs) -> "mpmath.mpf | None":
         """Entry (i, j) of the weights or the output alone (from one row of the softmax); else None."""
-        if isinstance(self.value, _ops.Softmax):
+        if isinstance(self.value, _structures.Softmax):
             return self.softmax[i].evaluate(dps, subs)[j]
         columns = self.value_columns
         if columns is None:
             return None
-        return _exact.weighted_value(self.softmax[i], columns[j], dps)
+        return _softmax.weighted_value(self.softmax[i], columns[j], dps)
 
     @property
     def derivation(self) -> "Derivation | None":
@@ -197,7 +206,7 @@ class Derivation:
     def _outputs_by_rows(self) -> dict[int, object]:
         """``V`` of each output, by the identity of the softmax rows it is made from (looked up
         once per softmax step, so a derivation of many heads is not quadratic in their count)."""
-        return {id(s.value.rows): s.value.values for s in reversed(self.steps) if isinstance(s.value, _ops.Output)}
+        return {id(s.value.rows): s.value.values for s in reversed(self.steps) if isinstance(s.value, _structures.Output)}
 
     @cached_property
     def _by_id(self) -> dict[str, Step]:
@@ -268,15 +277,15 @@ class Derivation:
         return cache[key]
 
     def _evaluate(self, step: Step, dps: int, subs) -> Values:
-        structured = _ops.evaluate_structure(step.value, dps, subs)
+        structured = _structures.evaluate_structure(step.value, dps, subs)
         if structured is not None:
             return structured
         exact = step.lazy
         kind = step.kind_of
         if kind is None or not (kind.gradient or kind.by_relation):
-            return _exact.evaluate(exact, dps, subs)
-        if kind.gradient and _exact.qq_entries(exact) is not None:
-            return _exact.evaluate(exact, dps)  # rationals: their values, not a rounded product's
+            return _evaluation.evaluate(exact, dps, subs)
+        if kind.gradient and _lazy.qq_entries(exact) is not None:
+            return _evaluation.evaluate(exact, dps)  # rationals: their values, not a rounded product's
         values = self.by_relation(step, dps)
         if kind.gradient and step.written_exactly and exact.rows * exact.cols <= ZERO_CHECK_LIMIT:
             # A sum that cancels exactly (its exact entry is 0) is 0 in decimals too, not the
@@ -290,13 +299,13 @@ class Derivation:
         (a rational stage is read exactly)."""
         balls = self._gradient_balls(step, dps)
         if balls is not None:
-            return _exact.arb_rows(balls)
+            return _arb.arb_rows(balls)
         kind, c = step.kind_of, stages.Context(self.problem, step.head)
-        ops = _ops.NumericOps(dps, self.problem.substitutions)
+        ops = NumericOps(dps, self.problem.substitutions)
 
         def value(key: str, head=...):
             other = self.step(stages.resolve(key, c, head)[0])
-            return other.lazy if _exact.is_rational(other.lazy) else self.evaluate(other.id, dps)
+            return other.lazy if is_rational(other.lazy) else self.evaluate(other.id, dps)
 
         return ops.grid(kind.relation(ops, value, c))
 
@@ -310,7 +319,7 @@ class Derivation:
         key = (step.id, dps)
         if key not in cache:
             c = stages.Context(self.problem, step.head)
-            ops = cache.setdefault(("ops", dps), _ops.ArbOps(dps))  # one for every gradient: it keeps transposes
+            ops = cache.setdefault(("ops", dps), ArbOps(dps))  # one for every gradient: it keeps transposes
 
             def value(key: str, head=...):
                 other = self.step(stages.resolve(key, c, head)[0])
@@ -319,17 +328,17 @@ class Derivation:
                     return balls
                 read = (other.id, dps, "read")
                 if read not in cache:  # each input read into arb once (X serves dW_Q, dW_K, dW_V, dX)
-                    if _exact.qq_entries(other.lazy) is not None:
+                    if _lazy.qq_entries(other.lazy) is not None:
                         # rational: read exactly, a row or a column at a time as products ask
-                        cache[read] = _exact.arb_lines(other.lazy, dps)
+                        cache[read] = _arb.arb_lines(other.lazy, dps)
                     else:
-                        balls = _ops.arb_structure(other.value, dps)
+                        balls = _structures.arb_structure(other.value, dps)
                         cache[read] = ops.grid(self.evaluate(other.id, dps) if balls is None else balls)
                 return cache[read]
 
             balls = kind.relation(ops, value, c)
             # A product is kept as one until needed whole (a corner shown is a corner computed).
-            cache[key] = balls if isinstance(balls, _exact.ArbProducts) else ops.grid(balls)
+            cache[key] = balls if isinstance(balls, _arb.ArbProducts) else ops.grid(balls)
         return cache[key]
 
     def entry_values(self, id: str, dps: int = 30):
@@ -337,14 +346,14 @@ class Derivation:
         when the stage is rational (a renderer showing the corner of a big matrix), and
         reads :meth:`evaluate` otherwise."""
         step = self.step(id)
-        qq = _exact.qq_entries(step.lazy)
+        qq = _lazy.qq_entries(step.lazy)
         if qq is None and (id, dps) not in self.__dict__.get("_evaluated", {}):
             balls = self._gradient_balls(step, dps)
             if balls is not None:  # a gradient: only the entries shown made mpmath numbers
                 exact, zeros = step.lazy, step.written_exactly and step.lazy.rows * step.lazy.cols <= ZERO_CHECK_LIMIT
 
                 def entry(i: int, j: int) -> mpmath.mpf:
-                    return mpmath.mpf(0) if zeros and exact[i, j] == 0 else _exact.arb_rows_entry(balls, i, j)
+                    return mpmath.mpf(0) if zeros and exact[i, j] == 0 else _arb.arb_rows_entry(balls, i, j)
 
                 return entry
         if qq is None or self.problem.symbols:
@@ -363,7 +372,7 @@ class Derivation:
 
         def value(i: int, j: int) -> mpmath.mpf:
             x = qq[i][j]
-            return mpmath.ninf if x is None else _exact.mpf_of_qq(x, prec)
+            return mpmath.ninf if x is None else _evaluation.mpf_of_qq(x, prec)
 
         return value
 
@@ -380,7 +389,7 @@ class Derivation:
             values = None
             if not self.problem.symbols:  # rationals rounded once; rational softmax rows from arb
                 step = self.step(id)
-                values = _exact.approx(step.lazy)
+                values = _evaluation.approx(step.lazy)
                 if values is None:
                     values = step.floats(30)
                 if values is None:  # a gradient: its 30-digit arb values rounded, no mpmath number made
@@ -405,7 +414,7 @@ class Derivation:
             return None
         values = self._float_relation(step)
         if values is None:
-            values = _exact.arb_floats(self._gradient_balls(step, 30))
+            values = _arb.arb_floats(self._gradient_balls(step, 30))
         exact = step.lazy
         if step.written_exactly and exact.rows * exact.cols <= ZERO_CHECK_LIMIT:
             values = [[0.0 if exact[i, j] == 0 else v for j, v in enumerate(row)] for i, row in enumerate(values)]
@@ -417,7 +426,7 @@ class Derivation:
         import numpy
 
         c = stages.Context(self.problem, step.head)
-        ops = _ops.FloatOps()
+        ops = FloatOps()
         inputs_ok = True
 
         def value(key: str, head=...):
@@ -486,19 +495,19 @@ def _step(planned: stages.Planned, values: dict, step_class: type[Step] = Step) 
         return values[stages.resolve(key, c, head)[0]]
 
     given = kind.is_given(c)
-    ops = _ops.ExactOps(expand=not kind.gradient)
+    ops = ExactOps(expand=not kind.gradient)
     result = kind.source(c) if given else kind.relation(ops, value, c)
-    shape = _ops.shape_of(result)
+    shape = _structures.shape_of(result)
     why = kind.text("why", c) + (kind.note(result) if kind.note is not None and not given else "")
     formula, formula_text = kind.text("formula", c)
     written = True
     if kind.gradient:
         written = p.n_q * p.n_k <= EXACT_LIMIT or (kind.short is not None and kind.short(ops, result, c))
-    matrix = _ops.matrix_of(result)
+    matrix = _structures.matrix_of(result)
     axes = kind.text("axes", c)
     return step_class(
         planned.id, kind.text("title", c), why, formula, formula_text,
-        kind.shape(lambda key, head=...: _ops.shape_of(value(key, head)), shape, c),
+        kind.shape(lambda key, head=...: _structures.shape_of(value(key, head)), shape, c),
         *(_labels(axis, n, p) for axis, n in zip(axes, shape)),
         worked=kind.worked(value, matrix, c) if kind.worked is not None and not given else (),
         value=result, given=given, kind_of=kind, written_exactly=written, axes=axes,

@@ -24,7 +24,8 @@ from dataclasses import dataclass
 import mpmath
 import sympy
 
-from .matrices import NEG_INF, row_max, tidy
+from ..numbers.matrices import NEG_INF, tidy
+from .evaluation import row_max
 
 NINF = mpmath.ninf
 

@@ -2,7 +2,7 @@
 as the dyadic rationals they are, and the canonical form of an exact entry.
 
 These are what a problem's matrices are made of; the stages' arithmetic on them is in
-:mod:`symattn.exact.matrices`.
+:mod:`symattn.exact.products` and its neighbours.
 """
 
 from __future__ import annotations

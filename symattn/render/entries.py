@@ -11,9 +11,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
 import sympy
+from sympy import QQ
 
-from ..exact import matrices as _exact
+from ..exact.lazy import all_integers, qq_entries
 from .. import stages as registry
+from ..numbers.matrices import is_rational
 from .numbers import NEG_INF, is_plain_integer
 
 if TYPE_CHECKING:
@@ -153,18 +155,18 @@ def needs_decimals(step: Step) -> bool:
     """Whether decimals help: some entry is not an integer or −∞, and none holds a symbol."""
     if not written_exactly(step):
         return True
-    if _exact.is_rational(step.lazy):  # rationals: one common denominator, no SymPy number
-        return not _exact.all_integers(step.lazy)
-    qq = _exact.qq_entries(step.lazy)
+    if is_rational(step.lazy):  # rationals: one common denominator, no SymPy number
+        return not all_integers(step.lazy)
+    qq = qq_entries(step.lazy)
     if qq is not None:  # rationals: read the denominators, build no SymPy number
         return any(x is not None and x.denominator != 1 for row in qq for x in row)
     values = step.values  # V, for the output step
     if (step.softmax and len(step.rows) * len(step.cols) > _BIG and all(r.rational for r in step.softmax)
-            and (values is None or _exact.is_rational(values))):
+            and (values is None or is_rational(values))):
         # A weight is 0 or 1 only in a row with a single allowed key; with more, weights are fractions.
         if any(sum(e is not None for e in r.raw) > 1 for r in step.softmax):
             return True
-        return values is not None and not _exact.all_integers(values)
+        return values is not None and not all_integers(values)
     entries = list(_entries(step))
     if any(x.free_symbols for x in entries):
         return False
@@ -202,7 +204,7 @@ def numerator_parts(step: Step, i: int, j: int) -> list | None:
     if not row.rational or normaliser_is_number(row):
         return None
     if step.is_softmax:
-        return [] if row.raw[j] is None else [(_exact.QQ(1), row.raw[j])]
+        return [] if row.raw[j] is None else [(QQ(1), row.raw[j])]
     columns = step.value_columns
     return None if columns is None else row.numerator_parts(columns[j])
 
@@ -223,7 +225,7 @@ def _rational_entries(step: Step) -> "list[list] | None":
     """The QQ entries (None for −∞) of a rational step that is written entry by entry, else None."""
     if step.softmax or step.over_z_squared is not None or step.over_rows is not None:
         return None
-    return _exact.qq_entries(step.lazy)
+    return qq_entries(step.lazy)
 
 
 def head_parts(d: Derivation, step: Step, i: int, j: int) -> list[tuple[int, sympy.Expr, bool]]:

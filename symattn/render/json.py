@@ -29,7 +29,7 @@ def as_dict(derivation: "Derivation", *, check=None) -> dict:
         head, _, exact, approx, _ = stage_parts(d, step, printer)
         stages.append({**head, "exact": None if exact is None else list(exact), "approx": list(approx)})
         if "tiles" in step.shows:  # the online softmax's recurrence, row by row (rows 0-based)
-            from ..exact.matrices import to_mpf
+            from ..exact.evaluation import to_mpf
             from . import tiles
 
             stages[-1]["recurrence"] = tiles.as_json(

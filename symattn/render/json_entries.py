@@ -19,11 +19,12 @@ from typing import TYPE_CHECKING, Callable
 import mpmath
 import sympy
 
+from sympy import QQ
 from sympy.printing.precedence import PRECEDENCE, precedence
 from sympy.printing.str import StrPrinter
 
-from ..exact import matrices as _ex
-from ..exact.matrices import LazyMatrix
+from ..exact.lazy import LazyMatrix, fmpq_matrix, qq_entries
+from ..numbers.matrices import is_rational, scaled_integers
 from ..numbers.sympy_internals import exp_term_order_key, rational_order_key
 from .numbers import NEG_INF, qq_text
 from .entries import written_exactly
@@ -108,7 +109,7 @@ def exact_text(x: sympy.Expr, printer: StrPrinter | None = None) -> str:
 
 def _numbers_only(m: sympy.Matrix) -> list[list]:
     """Decimals where an entry holds no symbol (None where it does): symbols without values."""
-    from ..exact.matrices import to_mpf
+    from ..exact.evaluation import to_mpf
 
     return [[None if m[i, j].free_symbols else to_mpf(m[i, j], 30) for j in range(m.cols)] for i in range(m.rows)]
 
@@ -177,7 +178,7 @@ class _RowText:
     def output(self, column: list) -> str:
         """``Σ_j a_ij v_j`` for rational values ``column`` (QQ)."""
         if self.number:
-            return qq_text(sum((column[k] for k in self.allowed), _ex.QQ(0)) / len(self.allowed))
+            return qq_text(sum((column[k] for k in self.allowed), QQ(0)) / len(self.allowed))
         if self.distinct:
             return self.fast_output(_Column(column))
         return self.over_z(self._parts(self.row.numerator_parts(column)))
@@ -352,7 +353,7 @@ class _Fractions:
     def of(cls, m, dense) -> "_Fractions":
         """A stage's fractions: the int64 numerators it was read as (a problem's decimals), else
         its fmpq_mat's numerators over their common denominator."""
-        scaled = _ex.scaled_integers(m)
+        scaled = scaled_integers(m)
         if scaled is not None:
             return cls(scaled[0], scaled[1], scaled[0].shape)
         numerators, denominator = dense.numer_denom()
@@ -423,7 +424,7 @@ def _entry_texts(step: "Step", printer: _Printer, fractions: "_Fractions | None"
     if not rows:
         texts = fractions.texts() if fractions is not None else None
         if texts is None:
-            qq = _ex.qq_entries(m)  # a rational stage: its fractions, no SymPy number each
+            qq = qq_entries(m)  # a rational stage: its fractions, no SymPy number each
             if qq is None:
                 return general
             texts = lambda i: ["-oo" if x is None else qq_text(x) for x in qq[i]]  # noqa: E731
@@ -454,7 +455,7 @@ def _fast_floats(d: "Derivation", step: "Step", fractions: "_Fractions | None") 
     if d.problem.symbols:
         return None
     if step.softmax:
-        if not (all(row.rational for row in step.softmax) and (step.is_softmax or _ex.is_rational(step.values))):
+        if not (all(row.rational for row in step.softmax) and (step.is_softmax or is_rational(step.values))):
             return None
         values = d.approx(step.id)  # rounded from the 30-digit arb values, as the JSON's are
         return None if math.isnan(values.sum()) else values.tolist()  # NaN: beyond float64's range
@@ -463,7 +464,7 @@ def _fast_floats(d: "Derivation", step: "Step", fractions: "_Fractions | None") 
         return None  # its 30-digit values come from its relation, not from its fractions
     if fractions is not None:  # the array itself: stage_parts makes its rows
         return d.approx(step.id) if fractions.rounded_once_is_twice() else None
-    qq = _ex.qq_entries(step.lazy)
+    qq = qq_entries(step.lazy)
     if qq is None or not _once_is_twice(qq):
         return None
     values = d.approx(step.id).tolist()
@@ -492,7 +493,7 @@ def stage_parts(d: "Derivation", step: "Step", printer: _Printer, float_texts: b
     m = step.lazy
     head = {"id": step.id, "title": step.title, "shape": list(step.shape)}
     # null where a big gradient's entries are too long to write (see backward.EXACT_LIMIT)
-    dense = None if step.softmax else _ex.fmpq_matrix(m)
+    dense = None if step.softmax else fmpq_matrix(m)
     fractions = None if dense is None else _Fractions.of(m, dense)
     exact = None
     plain = False

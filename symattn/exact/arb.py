@@ -1,0 +1,298 @@
+"""Exact values in flint's ball arithmetic (arb) at a number of digits, and arb matrices read a row
+or a column at a time: the backward pass's products, made entry by entry until needed whole.
+
+A rational matrix is read into arb exactly, from its fmpq entries; anything else is evaluated at
+the digits asked for first (:mod:`symattn.exact.evaluation`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+
+import flint as _flint  # exact rational matrices and ball arithmetic (a required dependency)
+import mpmath
+import sympy
+from mpmath.libmp import from_man_exp as _from_man_exp
+
+from ..numbers.matrices import is_rational
+from ..numbers.sympy_internals import flint_matrix, qq_dense
+from .evaluation import evaluate, to_mpf
+from .lazy import qq_entries
+
+_make_mpf = mpmath.mp.make_mpf
+_dm = qq_dense  # the QQ DomainMatrix of a rational matrix (dense; fmpq_mat under flint)
+
+
+def prec_bits(dps: int) -> int:
+    """The bits of working precision for ``dps`` digits (with guard bits)."""
+    return int((dps + 10) * 3.33) + 10
+
+
+@contextlib.contextmanager
+def arb_precision(dps: int):
+    """flint's working precision for ``dps`` digits (with guard bits), restored afterwards."""
+    old = _flint.ctx.prec
+    _flint.ctx.prec = prec_bits(dps)
+    try:
+        yield
+    finally:
+        _flint.ctx.prec = old
+
+
+def arb_to_mpf(x) -> mpmath.mpf:
+    """The midpoint of an arb ball, exactly (it has at most the working precision's bits)."""
+    man, exp = x.mid().man_exp()
+    return _make_mpf(_from_man_exp(int(man), int(exp)))  # exact: no rounding to mpmath's precision
+
+
+def fmpq(x):
+    """A QQ number as flint's fmpq (it is one already under SymPy's flint ground types)."""
+    return x if type(x) is _flint.fmpq else _flint.fmpq(int(x.numerator), int(x.denominator))
+
+
+def arb_float(x) -> float:
+    """The midpoint of an arb ball rounded to the nearest float64 (NaN beyond its range): its
+    mantissa rounded to 53 bits, then scaled (below 2^−1022, a second rounding).
+
+    In float64's normal range that is flint's own rounding (``float(arb)``, a tenth of the time)."""
+    value = float(x)
+    if _SMALLEST_NORMAL <= abs(value) < math.inf or (value == 0 and x.is_zero()):
+        return value
+    man, exp = x.mid().man_exp()
+    try:
+        return math.ldexp(float(int(man)), int(exp))  # the only rounding: the mantissa to 53 bits
+    except OverflowError:
+        return math.nan
+
+
+_SMALLEST_NORMAL = 2.0**-1022
+
+
+def balls_float(balls: list) -> list[float]:
+    """:func:`arb_float` of each ball, flint's own rounding where it is the same."""
+    out = [float(x) for x in balls]
+    for k, value in enumerate(out):
+        if not (_SMALLEST_NORMAL <= abs(value) < math.inf) and not (value == 0 and balls[k].is_zero()):
+            out[k] = arb_float(balls[k])
+    return out
+
+
+def operand(m, dps: int, subs=None):
+    """``m`` ready for :func:`mp_matmul`: a rational matrix as it is (read straight into arb),
+    anything else evaluated at ``dps`` digits."""
+    return m if is_rational(m) else evaluate(m, dps, subs)
+
+
+def arb_operand(x):
+    """An arb matrix of mpmath rows, or of a rational matrix's own fmpq entries."""
+    if isinstance(x, list):
+        return _flint.arb_mat(x)
+    dense = _dm(x)
+    fmpq_mat = flint_matrix(dense)
+    if fmpq_mat is not None:
+        return _flint.arb_mat(fmpq_mat)
+    return _flint.arb_mat([[fmpq(v) for v in row] for row in dense.to_list()])
+
+
+class ArbLines:
+    """A matrix whose rows and columns a product reads one at a time, as 1×K and K×1 arb_mats
+    (each read once and kept): a rational matrix read straight from its fmpq entries, or an
+    arb_mat. :meth:`whole` makes (and keeps) the arb_mat of all of it, for whoever needs that.
+    A worked solution shows a corner of the backward pass's last products (dW_Q = Xᵀ dQ, dX =
+    Σ dQ W_Qᵀ ...): their entries then read a few rows and columns of X and the weights, not the
+    whole matrices."""
+
+    def __init__(self, m, dps: int) -> None:
+        self.dps = dps
+        if isinstance(m, _flint.arb_mat):
+            self._source = self._whole = m
+        else:
+            rational = flint_matrix(_dm(m)) if is_rational(m) else None  # an fmpq_mat under flint
+            if rational is not None:
+                self._source, self._whole = rational, None
+            else:
+                with arb_precision(dps):  # read at dps digits, not flint's 53-bit default
+                    self._source = self._whole = arb_matrix(m, dps)
+        self._shape = (self._source.nrows(), self._source.ncols())
+        self._row_of: dict[int, object] = {}
+        self._col_of: dict[int, object] = {}
+
+    def nrows(self) -> int:
+        return self._shape[0]
+
+    def ncols(self) -> int:
+        return self._shape[1]
+
+    def row(self, i: int):
+        got = self._row_of.get(i)
+        if got is None:
+            m = self._source
+            with arb_precision(self.dps):
+                got = self._row_of[i] = _flint.arb_mat([[m[i, k] for k in range(self._shape[1])]])
+        return got
+
+    def col(self, j: int):
+        got = self._col_of.get(j)
+        if got is None:
+            m = self._source
+            with arb_precision(self.dps):
+                got = self._col_of[j] = _flint.arb_mat([[m[k, j]] for k in range(self._shape[0])])
+        return got
+
+    def whole(self):
+        if self._whole is None:
+            with arb_precision(self.dps):
+                self._whole = _flint.arb_mat(self._source)
+        return self._whole
+
+
+class ArbTransposed:
+    """The transpose of an :class:`ArbLines` or :class:`ArbProducts`: its rows are the other's
+    columns, so nothing is transposed until it is needed whole."""
+
+    def __init__(self, m) -> None:
+        self.m = m
+        self._whole = None
+
+    def nrows(self) -> int:
+        return self.m.ncols()
+
+    def ncols(self) -> int:
+        return self.m.nrows()
+
+    def row(self, i: int):
+        return self.m.col(i).transpose()
+
+    def col(self, j: int):
+        return self.m.row(j).transpose()
+
+    def whole(self):
+        if self._whole is None:
+            self._whole = self.m.whole().transpose()
+        return self._whole
+
+
+class ArbProducts:
+    """``Σ a·b`` over :class:`ArbLines` (or products, or transposes), made entry by entry until it
+    is needed whole: the backward pass's last products (dW_Q = Xᵀ dQ, dX = Σ dQ W_Qᵀ ...) feed
+    nothing after them, and a worked solution shows their corners. An entry is one dot product of
+    a row and a column per part; a row (column) of a product is a row (column) of its left (right)
+    factor times the other factor whole. :meth:`whole` makes (and keeps) the arb_mat."""
+
+    def __init__(self, parts: list, dps: int) -> None:
+        self.parts, self.dps = parts, dps
+        self._whole = None
+        self._row_of: dict[int, object] = {}
+        self._col_of: dict[int, object] = {}
+
+    def nrows(self) -> int:
+        return self.parts[0][0].nrows()
+
+    def ncols(self) -> int:
+        return self.parts[0][1].ncols()
+
+    def __getitem__(self, key):
+        if self._whole is not None:
+            return self._whole[key]
+        i, j = key
+        with arb_precision(self.dps):
+            if i in self._row_of:
+                return self._row_of[i][0, j]
+            if j in self._col_of:
+                return self._col_of[j][i, 0]
+            total = _flint.arb(0)
+            for a, b in self.parts:
+                total += (a.row(i) * b.col(j))[0, 0]
+            return total
+
+    def row(self, i: int):
+        got = self._row_of.get(i)
+        if got is None:
+            with arb_precision(self.dps):
+                got = self._row_of[i] = _arb_sum(a.row(i) * b.whole() for a, b in self.parts)
+        return got
+
+    def col(self, j: int):
+        got = self._col_of.get(j)
+        if got is None:
+            with arb_precision(self.dps):
+                got = self._col_of[j] = _arb_sum(a.whole() * b.col(j) for a, b in self.parts)
+        return got
+
+    def whole(self):
+        if self._whole is None:
+            with arb_precision(self.dps):
+                self._whole = _arb_sum(a.whole() * b.whole() for a, b in self.parts)
+        return self._whole
+
+
+def _arb_sum(terms):
+    total = None
+    for term in terms:
+        total = term if total is None else total + term
+    return total
+
+
+def arb_lines(x, dps: int):
+    """``x`` as something a product reads a row or a column at a time (see :class:`ArbLines`)."""
+    return x if isinstance(x, _LAZY_ARB) else ArbLines(x, dps)
+
+
+_LAZY_ARB = (ArbLines, ArbTransposed, ArbProducts)  # what arb_matrix makes whole and arb_lines keeps
+
+
+def arb_matrix(x, dps: int):
+    """``x`` as flint's arb_mat at ``dps`` digits (call it under :func:`arb_precision`): an arb_mat as
+    it is, a rational matrix (or a lazy one with rational entries) read exactly, rows of mpmath
+    numbers exactly, anything else evaluated at ``dps`` digits first."""
+    if isinstance(x, _flint.arb_mat):
+        return x
+    if isinstance(x, _LAZY_ARB):
+        return x.whole()
+    if is_rational(x):
+        return arb_operand(x)
+    if not isinstance(x, list):
+        qq = qq_entries(x)
+        if qq is not None and all(v is not None for row in qq for v in row):
+            return _flint.arb_mat([[fmpq(v) for v in row] for row in qq])
+        x = evaluate(x, dps)
+    return _flint.arb_mat(x) if x and x[0] else _flint.arb_mat(len(x), len(x[0]) if x else 0)
+
+
+def arb_scalar(x: sympy.Expr, dps: int):
+    """The number ``x`` as an arb ball (a rational exactly; else its ``dps``-digit value)."""
+    if isinstance(x, sympy.Rational):
+        return _flint.arb(_flint.fmpq(int(x.p), int(x.q)))
+    with mpmath.workdps(dps + 10):
+        return _flint.arb(to_mpf(x, dps))
+
+
+def arb_rows(m) -> list[list[mpmath.mpf]]:
+    """The midpoints of an arb_mat as rows of mpmath numbers (exactly)."""
+    m = m.whole() if isinstance(m, ArbProducts) else m
+    return [[arb_to_mpf(m[i, j]) for j in range(m.ncols())] for i in range(m.nrows())]
+
+
+def arb_rows_entry(m, i: int, j: int) -> mpmath.mpf:
+    """Entry (i, j) of an arb_mat as :func:`arb_rows` gives it."""
+    return arb_to_mpf(m[i, j])
+
+
+def arb_floats(m) -> list[list[float]]:
+    """The midpoints of an arb_mat rounded to float64 (see :func:`arb_float`)."""
+    m = m.whole() if isinstance(m, ArbProducts) else m
+    return [[arb_float(m[i, j]) for j in range(m.ncols())] for i in range(m.nrows())]
+
+
+def mp_matmul(a, b, dps: int) -> list[list[mpmath.mpf]]:
+    """The product of two matrices at ``dps`` digits (with arb unless ``b`` has an infinite entry):
+    each is a list of rows of mpmath numbers, or a rational matrix (see :func:`operand`)."""
+    if not isinstance(b, list) or not any(mpmath.isinf(x) for row in b for x in row):
+        with arb_precision(dps):
+            product = arb_operand(a) * arb_operand(b)
+            return [[arb_to_mpf(product[i, j]) for j in range(product.ncols())] for i in range(product.nrows())]
+    a, b = (x if isinstance(x, list) else evaluate(x, dps) for x in (a, b))
+    with mpmath.workdps(dps + 10):
+        return [[mpmath.fsum(x * row_b[j] for x, row_b in zip(row, b)) for j in range(len(b[0]))] for row in a]
+

@@ -1,0 +1,110 @@
+"""The relations' operations on flint arb matrices at a number of digits (see
+:class:`symattn.exact.ops.Ops`), for the gradients of a problem without symbols."""
+
+from __future__ import annotations
+
+import flint
+
+from ..numbers.matrices import is_rational
+from .arb import ArbProducts, ArbTransposed, arb_lines, arb_matrix, arb_precision, arb_scalar
+from .numeric_ops import NumericOps
+
+
+class ArbOps(NumericOps):
+    """The relations' operations at ``dps`` digits on flint arb matrices, for a problem without
+    symbols: products, sums and the softmax backward in ball arithmetic, never an mpmath number per
+    entry. A value is an ``arb_mat`` or a rational matrix (read exactly). The gradients' relations
+    need no −∞ (masked weights are 0), so the mask and the softmax are left to :class:`NumericOps`."""
+
+    def __init__(self, dps: int) -> None:
+        super().__init__(dps, None)
+        self._transposed: dict = {}
+
+    def grid(self, x):
+        with arb_precision(self.dps):
+            return arb_matrix(x, self.dps)
+
+    def matmul(self, a, b):
+        # made entry by entry (a row of a times a column of b) until needed whole
+        return ArbProducts([(arb_lines(a, self.dps), arb_lines(b, self.dps))], self.dps)
+
+    def T(self, a):
+        """``aᵀ``, one per value (Xᵀ serves dW_Q, dW_K and dW_V): its rows are a's columns, read
+        when a product asks for them, and it is transposed whole only if something needs that."""
+        kept = self._transposed.get(id(a))
+        if kept is None or kept[0] is not a:
+            kept = self._transposed[id(a)] = (a, ArbTransposed(arb_lines(a, self.dps)))
+        return kept[1]
+
+    def add_row(self, m, row):
+        with arb_precision(self.dps):
+            m, row = arb_matrix(m, self.dps), arb_matrix(row, self.dps)
+            return m + flint.arb_mat(m.nrows(), 1, [1] * m.nrows()) * row
+
+    def col_sums(self, m):
+        with arb_precision(self.dps):
+            m = arb_matrix(m, self.dps)
+            return flint.arb_mat(1, m.nrows(), [1] * m.nrows()) * m
+
+    def scale(self, a, factor):
+        with arb_precision(self.dps):
+            return arb_matrix(a, self.dps) * arb_scalar(factor, self.dps)
+
+    def softmax_backward(self, a, dA):
+        """a ∘ (dA − rowsum(a ∘ dA)), row by row (a row with one allowed key gives exactly 0)."""
+        with arb_precision(self.dps):
+            a, g = arb_matrix(a, self.dps), arb_matrix(dA, self.dps)
+            rows, cols = a.nrows(), a.ncols()
+            out = flint.arb_mat(rows, cols)
+            for i in range(rows):
+                ar = [a[i, j] for j in range(cols)]
+                gr = [g[i, j] for j in range(cols)]
+                dot = sum((x * y for x, y in zip(ar, gr)), flint.arb(0))
+                for j in range(cols):
+                    out[i, j] = ar[j] * (gr[j] - dot)
+            return out
+
+    def hstack(self, parts):
+        with arb_precision(self.dps):
+            blocks = [arb_matrix(p, self.dps) for p in parts]
+            return flint.arb_mat([[b[i, j] for b in blocks for j in range(b.ncols())] for i in range(blocks[0].nrows())])
+
+    def block(self, m, first: int, width: int):
+        with arb_precision(self.dps):
+            m = arb_matrix(m, self.dps)
+            return flint.arb_mat([[m[i, j] for j in range(first, first + width)] for i in range(m.nrows())])
+
+    def sum(self, parts):
+        if all(isinstance(part, ArbProducts) and part._whole is None for part in parts):
+            return ArbProducts([ab for part in parts for ab in part.parts], self.dps)
+        with arb_precision(self.dps):
+            total = None
+            for part in parts:
+                part = arb_matrix(part, self.dps)
+                total = part if total is None else total + part
+            return total
+
+    def sub(self, a, b):
+        with arb_precision(self.dps):
+            return arb_matrix(a, self.dps) - arb_matrix(b, self.dps)
+
+    def ones(self, rows: int, cols: int):
+        return flint.arb_mat(rows, cols, [1] * (rows * cols))
+
+    def given(self, m):
+        return self.grid(m)
+
+    def is_rational(self, x) -> bool:
+        return not isinstance(x, (list, flint.arb_mat)) and is_rational(x)
+
+    def _numeric(self, name):
+        raise NotImplementedError(f"{name} is left to NumericOps")
+
+    def mask(self, allowed, bias):
+        self._numeric("the mask")
+
+    def add_mask(self, scores, mask):
+        self._numeric("adding the mask")
+
+    def softmax(self, z):
+        self._numeric("the softmax")

@@ -1,0 +1,258 @@
+"""The relations' operations on exact values (see :class:`symattn.exact.ops.Ops`): SymPy and flint
+matrices, and the softmax kept as structure (:mod:`symattn.exact.structures`)."""
+
+from __future__ import annotations
+
+import sympy
+from sympy import QQ
+
+from ..numbers.matrices import Matrix, is_rational, rational_matrix, tidy
+from . import products as _products
+from . import tiled as _tiled
+from .lazy import LazyMatrix, rational_rows
+from .masks import add_mask, mask_matrix
+from .ops import Ops
+from .softmax import softmax_rows
+from .structures import (
+    STRUCTURES,
+    OverRows,
+    OverZ2,
+    Output,
+    ScoresT,
+    Softmax,
+    WeightsT,
+    gathered,
+    matrix_of,
+    over_rows,
+    shape_of,
+)
+
+
+class ExactOps(Ops):
+    """The relations' operations on exact values. A forward product is expanded (``expand``);
+    a gradient's is kept as a sum of products, as backpropagation forms it."""
+
+    def __init__(self, expand: bool = True) -> None:
+        self.expand = expand
+
+    def matmul(self, a, b):
+        if isinstance(a, Softmax):
+            return Output(a.rows, b)
+        if isinstance(a, OverZ2) and a.keyed:
+            return self._over_z2_times(a, b)
+        if isinstance(a, WeightsT) and not isinstance(b, STRUCTURES):
+            return self._weights_t_times(a, b)
+        if isinstance(a, ScoresT) and not isinstance(b, STRUCTURES):
+            return self._scores_t_times(a, b)
+        if isinstance(b, (OverRows, OverZ2)) and is_rational(a):
+            return self._timesover_rows(a, over_rows(b))
+        if isinstance(a, (OverRows, OverZ2)) and is_rational(b):
+            return self._over_rows_times(over_rows(a), b)
+        a, b = matrix_of(a), matrix_of(b)
+        return _products.matmul(a, b) if self.expand else _products.product(a, b)
+
+    @staticmethod
+    def _weights_t_times(a: WeightsT, b) -> OverRows:
+        """``Aᵀ·b``: entry (k, c) = Σ_i a_ik b_ic, each term ``e^{z_ik − m_i} b_ic / Z_i``."""
+        rows = a.rows
+
+        def tops(k: int, c: int) -> list[tuple[int, int, sympy.Expr]]:
+            return [(i, 1, row.terms[k] * b[i, c]) for i, row in enumerate(rows)
+                    if row.raw[k] is not None and b[i, c] != 0]
+
+        return OverRows(rows, tops, _products.product(a.lazy, b))
+
+    @staticmethod
+    def _scores_t_times(a: ScoresT, b) -> OverRows:
+        """``dSᵀ·b``: entry (k, c) = Σ_i dS_ik b_ic, each term over ``Z_i²``."""
+        g = a.of
+
+        def tops(k: int, c: int) -> list[tuple[int, int, sympy.Expr]]:
+            terms = []
+            for i in range(g.lazy.rows):
+                if g.rows[i].raw[k] is not None and b[i, c] != 0:
+                    top = g.top(i, k)
+                    if top != 0:
+                        terms.append((i, 2, top * b[i, c]))
+            return gathered(terms)
+
+        return OverRows(g.rows, tops, _products.product(a.lazy, b))
+
+    @staticmethod
+    def _over_rows_times(a: OverRows, b) -> OverRows:
+        """``a·b`` for rational ``b``: each row's terms gather over the same power of ``Z_i``."""
+        def tops(k: int, d: int) -> list[tuple[int, int, sympy.Expr]]:
+            terms = []
+            for c in range(b.rows):
+                y = b[c, d]
+                if y != 0:
+                    terms += [(i, power, top * y) for i, power, top in a.tops(k, c)]
+            return gathered(terms)
+
+        return OverRows(a.rows, tops, _products.product(a.lazy, b))
+
+    @staticmethod
+    def _timesover_rows(a, b: OverRows) -> OverRows:
+        """``a·b`` for rational ``a``: row i's terms gather over the same ``Z_i``."""
+        def tops(d: int, c: int) -> list[tuple[int, int, sympy.Expr]]:
+            terms = []
+            for k in range(a.cols):
+                x = a[d, k]
+                if x != 0:
+                    terms += [(i, power, x * top) for i, power, top in b.tops(k, c)]
+            return gathered(terms)
+
+        return OverRows(b.rows, tops, _products.product(a, b.lazy))
+
+    @staticmethod
+    def _over_z2_times(a: OverZ2, b: Matrix) -> OverZ2:
+        """Row i of ``a`` shares the denominator ``Z_i²``, so each entry of ``a·b`` is one fraction."""
+        rows = a.rows
+
+        def base(i: int, c: int) -> sympy.Expr:
+            return sympy.expand(sympy.Add(*[a.base(i, j) * b[j, c] for j in range(b.rows) if rows[i].raw[j] is not None]))
+
+        def entry(i: int, c: int) -> sympy.Expr:
+            x = base(i, c)
+            top = x if a.factor is None else tidy(a.factor * x)
+            return top if top == 0 else top / rows[i].normaliser ** 2
+
+        return OverZ2(rows, base, LazyMatrix(len(rows), b.cols, entry), a.factor, keyed=False)
+
+    def add_row(self, m, row):
+        """``m`` with the 1 × cols ``row`` added to every row (a projection's bias)."""
+        return _products.add_row(matrix_of(m), matrix_of(row))
+
+    def col_sums(self, m):
+        """``1ᵀ m``, the 1 × cols sums of the columns (a bias's gradient). A sum over the softmax
+        rows keeps its form, and each entry is built from its gathered terms, so a sum that
+        cancels (the key bias's gradient) is exactly 0."""
+        total = self.matmul(self.ones(1, shape_of(m)[0]), m)
+        if not isinstance(total, OverRows):
+            return total
+
+        def entry(k: int, c: int) -> sympy.Expr:
+            return sympy.Add(*[top / total.rows[i].normaliser ** power for i, power, top in total.tops(k, c)])
+
+        return OverRows(total.rows, total.tops, LazyMatrix(*total.shape, entry))
+
+    def T(self, a):
+        if isinstance(a, Softmax):
+            return WeightsT(a.rows)
+        if isinstance(a, OverZ2) and a.keyed:
+            return ScoresT(a)
+        return _products.transpose(matrix_of(a))
+
+    def scale(self, a, factor: sympy.Expr):
+        if isinstance(a, OverZ2):
+            parent = a.lazy
+            return OverZ2(a.rows, a.base, LazyMatrix(parent.rows, parent.cols, lambda i, j: factor * parent[i, j]),
+                          factor if a.factor is None else a.factor * factor, a.keyed)
+        return _products.scale(a, factor)
+
+    def mask(self, allowed, bias):
+        return mask_matrix(allowed, bias)
+
+    def add_mask(self, scores, mask):
+        return add_mask(scores, mask)
+
+    def softmax(self, z) -> Softmax:
+        return Softmax(softmax_rows(z))
+
+    def softmax_backward(self, a: Softmax, dA) -> OverZ2:
+        """dŜ_ij = e_ij (dA_ij Z_i − D_i) / Z_i² with D_i = Σ_k e_ik dA_ik (``e`` the row's terms):
+        masked positions are exactly 0 and each row sums to exactly 0."""
+        rows = a.rows
+        dA = matrix_of(dA)
+        numerators: dict[tuple[int, int], sympy.Expr] = {}
+        D: dict[int, sympy.Expr] = {}
+
+        def numerator(i: int, j: int) -> sympy.Expr:
+            if (i, j) not in numerators:
+                row = rows[i]
+                if row.raw[j] is None:
+                    numerators[(i, j)] = sympy.Integer(0)
+                else:
+                    if i not in D:
+                        D[i] = sympy.expand(sympy.Add(*[t * dA[i, k] for k, t in enumerate(row.terms) if t != 0]))
+                    numerators[(i, j)] = sympy.expand(row.terms[j] * (dA[i, j] * row.normaliser - D[i]))
+            return numerators[(i, j)]
+
+        def entry(i: int, j: int) -> sympy.Expr:
+            top = numerator(i, j)
+            return top if top == 0 else top / rows[i].normaliser ** 2
+
+        return OverZ2(rows, numerator, LazyMatrix(len(rows), dA.cols, entry))
+
+    def hstack(self, parts):
+        return _products.hstack(*[matrix_of(p) for p in parts])
+
+    def block(self, m, first: int, width: int):
+        m = matrix_of(m)
+        return LazyMatrix(m.rows, width, lambda i, j: m[i, first + j])
+
+    def sum(self, parts):
+        lazy = [matrix_of(p) for p in parts]
+        if all(is_rational(m) for m in lazy):  # X + learned PE: one flint sum, and Q = X_pos·W_Q stays flint
+            return _products.rational_sum(lazy)
+        total = LazyMatrix(lazy[0].rows, lazy[0].cols, lambda i, j: sympy.Add(*[m[i, j] for m in lazy]))
+        if all(isinstance(p, (OverRows, OverZ2)) for p in parts):
+            sums = [over_rows(p) for p in parts]
+            return OverRows(sums[0].rows, lambda i, j: gathered(t for s in sums for t in s.tops(i, j)), total)
+        return total
+
+    def rows(self, m, first: int, count: int):
+        """Rows ``first … first + count − 1`` (0-based) of ``m``; a rational matrix stays rational."""
+        m = matrix_of(m)
+        if is_rational(m):
+            flat = [x for row in rational_rows(m)[first:first + count] for x in row]
+            return rational_matrix(count, m.cols, flat)
+        return LazyMatrix(count, m.cols, lambda i, j: m[first + i, j])
+
+    def table(self, rows: list[list[int]]):
+        """A matrix of whole numbers (a table of counts)."""
+        return rational_matrix(len(rows), len(rows[0]), [QQ(x) for row in rows for x in row])
+
+    def sub(self, a, b):
+        a, b = matrix_of(a), matrix_of(b)
+        return LazyMatrix(a.rows, a.cols, lambda i, j: tidy(a[i, j] - b[i, j]))
+
+    def ones(self, rows: int, cols: int):
+        return rational_matrix(rows, cols, [QQ(1)] * (rows * cols))
+
+    def given(self, m):
+        return m
+
+    def is_rational(self, x) -> bool:
+        return is_rational(matrix_of(x))
+
+    # -- the online (tiled) softmax (see symattn.exact.tiled) --------------------------------------
+
+    def tiled_max(self, z, block: int) -> Matrix:
+        """The running maximum of each row after each block of keys."""
+        return Matrix(_tiled.exact_maxima(matrix_of(z), block))
+
+    def tiled_sums(self, z, m, block: int) -> Matrix:
+        """The running sum ℓ of each row after each block, rescaled at each new maximum (the exact
+        pass finds the running maxima ``m`` again, the same)."""
+        z = matrix_of(z)
+        return Matrix([r.sums for r in _tiled.exact_rows(z, Matrix.zeros(z.cols, 0), block)])
+
+    def tiled_acc(self, z, m, v, block: int) -> Matrix:
+        """Each row's accumulator Σ e^{s_j − m} v_j after the last block."""
+        return Matrix([list(r.steps[-1].acc) for r in _tiled.exact_rows(matrix_of(z), matrix_of(v), block)])
+
+    def tiled_output(self, acc, sums):
+        """``acc / ℓ``: each accumulator row over its row's last running sum."""
+        acc, sums = matrix_of(acc), matrix_of(sums)
+        return LazyMatrix(acc.rows, acc.cols, lambda i, c: acc[i, c] / sums[i, sums.cols - 1])
+
+    def rational(self, p: int, q: int) -> sympy.Rational:
+        return sympy.Rational(p, q)
+
+    def rotate(self, m, thetas, pairs, sign: int = 1, offset: int = 0):
+        """RoPE: row ``p`` with each pair ``pairs[i]`` turned by ``sign·(p + offset)·θ_i``, exactly."""
+        from ..problem.rope import rotate
+
+        m = matrix_of(m)
+        return rotate(m, thetas, pairs, [p + offset for p in range(m.rows)], sign)

@@ -1,0 +1,81 @@
+"""The relations' operations in NumPy float64 (see :class:`symattn.exact.ops.Ops`), for a gradient
+that the cross-check compares with another float64 computation."""
+
+from __future__ import annotations
+
+import flint
+
+from ..numbers.matrices import is_rational
+from .arb import arb_floats
+from .arb_ops import ArbOps
+from .evaluation import approx, to_mpf
+from .numeric_ops import NumericOps
+
+
+class FloatOps(ArbOps):
+    """The relations' operations in NumPy float64, for a gradient that the cross-check compares
+    with another float64 computation: a value is a float64 array (a rational matrix is rounded
+    once, entry by entry). Only for a problem whose values all lie well inside float64's range
+    (:meth:`Derivation.approx` checks, and falls back to arb when a result is not finite)."""
+
+    def __init__(self) -> None:
+        super().__init__(30)
+
+    def grid(self, x):
+        import numpy
+
+        if isinstance(x, numpy.ndarray):
+            return x
+        if isinstance(x, flint.arb_mat):
+            return numpy.array(arb_floats(x), dtype=numpy.float64).reshape(x.nrows(), x.ncols())
+        values = approx(x)
+        if values is None:
+            values = numpy.array([[float(v) for v in row] for row in NumericOps.grid(self, x)], dtype=numpy.float64)
+        return values
+
+    def matmul(self, a, b):
+        return self.grid(a) @ self.grid(b)
+
+    def T(self, a):
+        return self.grid(a).T
+
+    def add_row(self, m, row):
+        return self.grid(m) + self.grid(row)
+
+    def col_sums(self, m):
+        return self.grid(m).sum(axis=0, keepdims=True)
+
+    def scale(self, a, factor):
+        return self.grid(a) * float(to_mpf(factor, 30))
+
+    def softmax_backward(self, a, dA):
+        a, g = self.grid(a), self.grid(dA)
+        return a * (g - (a * g).sum(axis=1, keepdims=True))
+
+    def hstack(self, parts):
+        import numpy
+
+        return numpy.hstack([self.grid(p) for p in parts])
+
+    def block(self, m, first: int, width: int):
+        return self.grid(m)[:, first:first + width]
+
+    def sum(self, parts):
+        total = None
+        for part in parts:
+            total = self.grid(part) if total is None else total + self.grid(part)
+        return total
+
+    def sub(self, a, b):
+        return self.grid(a) - self.grid(b)
+
+    def ones(self, rows: int, cols: int):
+        import numpy
+
+        return numpy.ones((rows, cols))
+
+    def is_rational(self, x) -> bool:
+        import numpy
+
+        return not isinstance(x, (list, flint.arb_mat, numpy.ndarray)) and is_rational(x)
+
