@@ -12,7 +12,7 @@ from .grid import MAX_SHOWN, grid, grid_blocks
 from .measure import LINE_WIDTH, SPLIT_WIDTH, answer_box, width
 from .numbers import tex
 from .matrices import (
-    _labels,
+    axis_labels,
     approx_tex_blocks,
     exact_tex_blocks,
     form_tex,
@@ -22,7 +22,7 @@ from .matrices import (
 )
 from .entries import TOO_LONG, entry_forms, jacobian_form, jacobian_row, needs_decimals, written_exactly
 from .options import RenderOptions
-from .outline import _given_inputs, select, stages
+from .outline import given_inputs, select, stages
 from .rope import rope_blocks
 
 if TYPE_CHECKING:
@@ -98,7 +98,7 @@ def blocks(d: Derivation, options: RenderOptions | None = None, *, shade: bool =
     max_shown, first, last, exercise, ask = options.max_shown, options.first, options.last, options.exercise, options.ask
     chosen = select(d, first, last)
     out: list[Block] = [Block("para", _intro(d)), Block("math", _FORMULA)]
-    givens = _given_inputs(d, chosen)
+    givens = given_inputs(d, chosen)
     if exercise:
         givens = [s for s in d.steps if s.given] + [s for s in givens if not s.given]
         chosen = [s for s in chosen if not s.given and (ask is None or s.kind in ask)]
@@ -222,7 +222,7 @@ def _boxes(d: Derivation, step: Step, max_shown: int, digits: int, budget: float
     as the entry's exact form (or a decimal of ``digits`` places, if wider); the sheet's
     source holds only the sizes, never the answers."""
     rows, cols = step.shape
-    row_labels, col_labels = _labels(step)
+    row_labels, col_labels = axis_labels(step)
     if written_exactly(step):
         form = entry_forms(d, step)
         cell = lambda i, j: answer_box(form_tex(form(i, j)), digits)  # noqa: E731

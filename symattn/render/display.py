@@ -17,7 +17,7 @@ from .blocks import check_sentence
 from .matrices import approx_tex_matrix, exact_tex_matrix, normaliser_lines
 from .entries import TOO_LONG, entry_forms, needs_decimals, written_exactly
 from .escape import escape_markdown
-from .text import _grid, _normalisers, form_text
+from .text import text_grid, normaliser_text_lines, form_text
 
 SUMMARY_WIDTH = 160  # a summary line is cut to this many characters
 NOTEBOOK_SHOWN = 6  # rows or columns a step's matrix shows in a notebook before it is elided
@@ -116,9 +116,9 @@ def step_text(step: Step) -> str:
         lines.append(TOO_LONG)
     else:
         form = entry_forms(d, step)
-        lines += _grid(step.rows, step.cols, lambda i, j: form_text(form(i, j)), NOTEBOOK_SHOWN, indent="  ")
+        lines += text_grid(step.rows, step.cols, lambda i, j: form_text(form(i, j)), NOTEBOOK_SHOWN, indent="  ")
     if "softmax" in step.shows:
-        lines += [line[2:] for line in _normalisers(step, d.problem.digits, d.problem.substitutions, NOTEBOOK_SHOWN)]
+        lines += [line[2:] for line in normaliser_text_lines(step, d.problem.digits, d.problem.substitutions, NOTEBOOK_SHOWN)]
     return "\n".join(lines)
 
 
@@ -144,14 +144,14 @@ def step_latex(step: Step) -> str:
 
 def step_markdown(step: Step) -> str:
     """Title, why, the matrix (and its decimals), the shape."""
-    from .markdown import _prose
+    from .markdown import markdown_prose
 
-    parts = [f"**{escape_markdown(step.title)}** ({escape_markdown(step.id)}). {_prose(step.why)}", step_latex(step)]
+    parts = [f"**{escape_markdown(step.title)}** ({escape_markdown(step.id)}). {markdown_prose(step.why)}", step_latex(step)]
     d = step.derivation
     if d is not None and written_exactly(step) and needs_decimals(step) and d.can_evaluate:
         parts.append(f"$$ {step.kind_of.symbol} \\approx "
                      f"{approx_tex_matrix(d, step, d.problem.digits, NOTEBOOK_SHOWN)} $$")
-    parts.append(f"Shape: {_prose(step.shape_note)}.")
+    parts.append(f"Shape: {markdown_prose(step.shape_note)}.")
     return "\n\n".join(parts)
 
 

@@ -30,7 +30,7 @@ from .escape import escape_html
 from .grid import MAX_SHOWN, shown
 from .options import RenderOptions
 from .mathml import mathml
-from .numbers import DPS, NEG_INF, _tex_decimal, tex
+from .numbers import DPS, NEG_INF, tex_decimal, tex
 from .matrices import form_tex, normaliser_tex, worked_dot_tex
 from .page_style import PAGE_SCRIPT, PAGE_STYLE
 from .entries import entry_forms, jacobian_form, needs_decimals, written_exactly
@@ -184,13 +184,13 @@ class _Page:
             cell = lambda i, j: ""  # noqa: E731
         elif m.form == "decimal":
             value = d.entry_values(step.id, max(self.digits + 5, DPS))
-            cell = lambda i, j: mathml(_tex_decimal(value(i, j), self.digits))  # noqa: E731
+            cell = lambda i, j: mathml(tex_decimal(value(i, j), self.digits))  # noqa: E731
         else:
             form = entry_forms(d, step)
             cell = lambda i, j: mathml(form_tex(form(i, j)))  # noqa: E731
             if needs_decimals(step) and d.can_evaluate and written_exactly(step):
                 value = d.entry_values(step.id, max(self.digits + 5, DPS))
-                decimal = lambda i, j: mathml(_tex_decimal(value(i, j), self.digits))  # noqa: E731
+                decimal = lambda i, j: mathml(tex_decimal(value(i, j), self.digits))  # noqa: E731
                 self.decimals = True
         c = registry.Context(d.problem, step.head)
         traces = [] if m.form == "answer" else registry.traces(step.kind_of, c)
@@ -285,7 +285,7 @@ class _Page:
                 entry = (f"A_{{{i + 1},{j + 1}}} = \\dfrac{{e^{{\\hat{{S}}_{{{i + 1},{j + 1}}} - m_{{{i + 1}}}}}}}"
                          f"{{Z_{{{i + 1}}}}} = {form_tex(form(i, j))}")
                 if value is not None:
-                    entry += f" \\approx {_tex_decimal(value(i, j), self.digits)}"
+                    entry += f" \\approx {tex_decimal(value(i, j), self.digits)}"
                 return "<br>".join(mathml(t) for t in (entry, m, z))
 
             return weight
@@ -297,12 +297,12 @@ class _Page:
             values = v_step.value
 
             def weighted(i: int, j: int) -> str:
-                terms = [f"{_tex_decimal(weights(i, k), self.digits)} \\cdot {tex(values[k, j])}"
+                terms = [f"{tex_decimal(weights(i, k), self.digits)} \\cdot {tex(values[k, j])}"
                          for k in range(values.rows) if weights(i, k) != 0]
                 if len(terms) > 6:
                     terms = terms[:3] + ["\\cdots"] + terms[-1:]
                 return mathml(f"o_{{{i + 1},{j + 1}}} = \\sum_k A_{{{i + 1},k}}\\, V_{{k,{j + 1}}} \\approx "
-                              + " + ".join(terms) + f" \\approx {_tex_decimal(own(i, j), self.digits)}")
+                              + " + ".join(terms) + f" \\approx {tex_decimal(own(i, j), self.digits)}")
 
             return weighted
         return None

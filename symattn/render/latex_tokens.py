@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import re
 
-_CMD = re.compile(r"\\([A-Za-z]+|.)")
+COMMAND = re.compile(r"\\([A-Za-z]+|.)")
 
 
-def _group(s: str, k: int) -> tuple[str, int]:
+def braced_group(s: str, k: int) -> tuple[str, int]:
     """The braced group starting at ``s[k]`` (or the single token there) and the index after it."""
     while k < len(s) and s[k] == " ":
         k += 1
@@ -32,7 +32,7 @@ def _group(s: str, k: int) -> tuple[str, int]:
     return s[k], k + 1
 
 
-def _optional(s: str, k: int) -> tuple[str | None, int]:
+def optional_argument(s: str, k: int) -> tuple[str | None, int]:
     """An optional ``[...]`` argument at ``s[k]``."""
     j = k
     while j < len(s) and s[j] == " ":
@@ -48,7 +48,7 @@ def _optional(s: str, k: int) -> tuple[str | None, int]:
 def _command(s: str, k: int) -> tuple[str, int]:
     """The control sequence at ``s[k]`` (a backslash) and where it ends; a backslash that ends
     the text stands alone, so a rewrite never fails."""
-    m = _CMD.match(s, k)
+    m = COMMAND.match(s, k)
     return (m.group(0), m.end()) if m else (s[k], k + 1)
 
 
@@ -104,13 +104,13 @@ def _rewrite(s: str, in_script: bool) -> str:
     while k < len(s):
         ch = s[k]
         if ch in "^_":
-            body, k = _group(s, k + 1)
+            body, k = braced_group(s, k + 1)
             out.append(ch + "{" + _rewrite(body, True) + "}")
             continue
         m = _FRAC.match(s, k)
         if m:
-            num, k = _group(s, m.end())
-            den, k = _group(s, k)
+            num, k = braced_group(s, m.end())
+            den, k = braced_group(s, k)
             num, den = _rewrite(num, in_script), _rewrite(den, in_script)
             if in_script:
                 num = f"({num})" if _is_sum(num) else num
@@ -120,7 +120,7 @@ def _rewrite(s: str, in_script: bool) -> str:
                 out.append(f"{m.group(0)}{{{num}}}{{{den}}}")
             continue
         if ch == "{":
-            body, k = _group(s, k)
+            body, k = braced_group(s, k)
             out.append("{" + _rewrite(body, in_script) + "}")
             continue
         if ch == "\\":
@@ -143,14 +143,14 @@ def display_fractions(tex: str) -> str:
     while k < len(tex):
         ch = tex[k]
         if ch in "^_":
-            body, e = _group(tex, k + 1)
+            body, e = braced_group(tex, k + 1)
             out.append(tex[k:e])
             k = e
             continue
         m = _FRAC.match(tex, k)
         if m:  # a fraction inside this one's numerator or denominator keeps its (smaller) size
-            num, e = _group(tex, m.end())
-            den, e = _group(tex, e)
+            num, e = braced_group(tex, m.end())
+            den, e = braced_group(tex, e)
             out.append(f"\\dfrac{{{num}}}{{{den}}}")
             k = e
             continue

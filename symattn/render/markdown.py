@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from ..exact.derivation import Derivation
 
 
-def _prose(text: str) -> str:
+def markdown_prose(text: str) -> str:
     """symattn's own sentences: the marked math (⟦…⟧, see :mod:`.prose`) as inline ``$…$``, the rest escaped."""
     return prose.render(text, escape_markdown, prose.markdown)
 
@@ -45,9 +45,9 @@ def document(derivation: Derivation, options: RenderOptions) -> str:
         if block.kind == "section":
             lines.append(f"## {escape_markdown(block.text)}")
         elif block.kind == "step":
-            lines.append(f"**{escape_markdown(block.text)}.** {_prose(block.extra)}")
+            lines.append(f"**{escape_markdown(block.text)}.** {markdown_prose(block.extra)}")
         elif block.kind == "para":
-            lines.append(_prose(block.text))
+            lines.append(markdown_prose(block.text))
         else:
             lines.append(f"$$\n{block.text}\n$$")
         lines.append("")

@@ -13,7 +13,7 @@ from .numbers import (
     DPS,
     MAX_CELL_TERMS,
     MAX_TERMS,
-    _tex_decimal,
+    tex_decimal,
     exp_parts_tex,
     exp_sum_tex,
     factor_tex,
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from ..exact.derivation import Derivation, Step
 
 
-def _labels(step: Step) -> tuple[list[str] | None, list[str] | None]:
+def axis_labels(step: Step) -> tuple[list[str] | None, list[str] | None]:
     """Row and column labels for a matrix: tokens as written (``tex_token``), dimensions as math."""
     if not step.kind_of.labelled:  # weights
         return None, None
@@ -45,7 +45,7 @@ def exact_tex_blocks(d: Derivation, step: Step, max_shown: int = MAX_SHOWN, budg
     """The exact matrix in column blocks of estimated width at most ``budget`` (see ``grid_blocks``)."""
     rows, cols = step.shape
     form = entry_forms(d, step)
-    row_labels, col_labels = _labels(step)
+    row_labels, col_labels = axis_labels(step)
     return grid_blocks(rows, cols, lambda i, j: form_tex(form(i, j)), max_shown=max_shown,
                        row_labels=row_labels, col_labels=col_labels, budget=budget)
 
@@ -92,7 +92,7 @@ def _over_tex(over: Over, max_terms: int) -> str:
 def exact_tex_matrix_of_step(step: Step, max_shown: int = MAX_SHOWN) -> str:
     """A step's exact matrix on its own, every entry written out in full (no Z_i to refer to)."""
     rows, cols = step.shape
-    row_labels, col_labels = _labels(step)
+    row_labels, col_labels = axis_labels(step)
     return grid(rows, cols, lambda i, j: tex(step.lazy[i, j]), max_shown=max_shown,
                 row_labels=row_labels, col_labels=col_labels)
 
@@ -107,12 +107,12 @@ def approx_tex_blocks(d: Derivation, step: Step, digits: int, max_shown: int = M
     """The same in column blocks of estimated width at most ``budget`` (see ``grid_blocks``)."""
     value = d.entry_values(step.id, max(digits + 5, DPS))
     rows, cols = step.shape
-    row_labels, col_labels = _labels(step)
+    row_labels, col_labels = axis_labels(step)
     shading = None
     if shade and step.is_softmax:
         shading = lambda i, j: _shade(step.softmax[i].raw[j] is None, value(i, j))  # noqa: E731
     return grid_blocks(
-        rows, cols, lambda i, j: _tex_decimal(value(i, j), digits), max_shown=max_shown,
+        rows, cols, lambda i, j: tex_decimal(value(i, j), digits), max_shown=max_shown,
         row_labels=row_labels, col_labels=col_labels, shade=shading, budget=budget,
     )
 
@@ -152,7 +152,7 @@ def normaliser_tex(d: Derivation, step: Step, i: int, digits: int) -> tuple[str,
     )
     subs = d.problem.substitutions
     if subs is not None:
-        z += f" \\approx {_tex_decimal(row.evaluate_normaliser(max(digits + 5, DPS), subs), digits)}"
+        z += f" \\approx {tex_decimal(row.evaluate_normaliser(max(digits + 5, DPS), subs), digits)}"
     return m, z
 
 
@@ -194,7 +194,7 @@ def weighted_sum_tex(d: Derivation, step: Step, digits: int) -> str | None:
         if a == 0:
             continue
         v = grid(1, values.cols, lambda _, c: tex(values[j, c]), max_shown=MAX_SHOWN)
-        terms.append(f"{_tex_decimal(a, digits)}\\,{v}")
+        terms.append(f"{tex_decimal(a, digits)}\\,{v}")
     if step.key == O_T:  # the decoded row: its weights a_t over the cached values
         return "o_t = \\sum_j a_{t,j}\\, v_j \\approx " + " + ".join(terms)
     return f"o_{{{i + 1}}} = \\sum_j A_{{{i + 1}j}}\\, v_j \\approx " + " + ".join(terms)

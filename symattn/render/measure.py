@@ -19,7 +19,7 @@ MIN_SCALE = 0.85  # no display is shrunk further; a wider matrix is split into c
 # LaTeX then still fits it at no less than MIN_SCALE.
 SPLIT_WIDTH = LINE_WIDTH / 0.95
 
-from .latex_tokens import _CMD, _group, _optional, display_fractions, has_fraction
+from .latex_tokens import COMMAND, braced_group, optional_argument, display_fractions, has_fraction
 
 
 # --- sizes --------------------------------------------------------------------------------------
@@ -62,18 +62,18 @@ def _width(tex: str, scale: float = 1.0) -> float:
             k += 1
             continue
         if ch in "^_":
-            first, e = _group(tex, k + 1)
+            first, e = braced_group(tex, k + 1)
             w = _width(first, 1.0) * 0.7
             # a superscript and a subscript stack: the wider counts
             if e < len(tex) and tex[e] in "^_" and tex[e] != ch:
-                second, e = _group(tex, e + 1)
+                second, e = braced_group(tex, e + 1)
                 w = max(w, _width(second, 1.0) * 0.7)
             total += w * scale
             k = e
             prev_op = False
             continue
         if ch == "{":
-            body, k = _group(tex, k)
+            body, k = braced_group(tex, k)
             total += _width(body, scale)
             prev_op = False
             continue
@@ -102,40 +102,40 @@ _OPERATORS = ("cdot", "times", "approx", "le", "ge", "to", "circ", "in", "mid") 
 def _command(tex: str, k: int, scale: float) -> tuple[float, int, bool | None]:
     """The width of the command at ``tex[k]`` (a backslash), where it ends, and whether what
     follows it comes after an operator (None: as before it, for a lone backslash)."""
-    m = _CMD.match(tex, k)
+    m = COMMAND.match(tex, k)
     if m is None:  # a backslash ending the text: an estimate never fails
         return 5.0 * scale, k + 1, None
     name = m.group(1)
     k = m.end()
     w = 0.0
     if name in ("frac", "dfrac", "tfrac"):
-        num, k = _group(tex, k)
-        den, k = _group(tex, k)
+        num, k = braced_group(tex, k)
+        den, k = braced_group(tex, k)
         s = scale * (0.7 if name == "tfrac" else 1.0)
         w = max(_width(num, s), _width(den, s)) + 2 * _NULLDELIM
     elif name == "sqrt":
-        _, k = _optional(tex, k)
-        body, k = _group(tex, k)
+        _, k = optional_argument(tex, k)
+        body, k = braced_group(tex, k)
         w = (8.5 + _width(body, 1.0)) * scale
     elif name in _TEXT:
-        body, k = _group(tex, k)
+        body, k = braced_group(tex, k)
         visible = len(re.sub(r"[{}]", "", re.sub(r"\\[A-Za-z]+(\{\})? ?", "#", body)))
         w = (visible * 5.0 + (2 * _REL if name == "operatorname" else 0)) * scale
     elif name in ("hphantom", "phantom", "hat", "boxed", "mathit", "bar", "tilde", "overline"):
-        body, k = _group(tex, k)
+        body, k = braced_group(tex, k)
         w = _width(body, scale) + (2 * 3.3 + 0.8 if name == "boxed" else 0)
     elif name in _IGNORED_ONE_ARG:
-        _, k = _optional(tex, k)
-        _, k = _group(tex, k)
+        _, k = optional_argument(tex, k)
+        _, k = braced_group(tex, k)
     elif name == "rule":
-        _, k = _optional(tex, k)
-        _, k = _group(tex, k)
-        _, k = _group(tex, k)
+        _, k = optional_argument(tex, k)
+        _, k = braced_group(tex, k)
+        _, k = braced_group(tex, k)
     elif name in ("left", "right", "big", "Big", "bigg", "Bigg", "bigl", "bigr"):
-        delim, k = _group(tex, k)
+        delim, k = braced_group(tex, k)
         w = 0.0 if delim == "." else 4.3 * scale
     elif name == "begin":
-        env, k = _group(tex, k)
+        env, k = braced_group(tex, k)
         end = tex.find("\\end{" + env + "}", k)
         end = len(tex) if end < 0 else end
         body = tex[k:end]
@@ -175,7 +175,7 @@ def _split_top(body: str, sep: str) -> list[str]:
         elif ch == "\\" and body.startswith(sep, k) and depth == 0 and sep == "\\\\":
             parts.append(body[start:k])
             k += 2
-            _, k2 = _optional(body, k)
+            _, k2 = optional_argument(body, k)
             start = k = k2
             continue
         elif ch == "\\":
@@ -192,7 +192,7 @@ def _split_top(body: str, sep: str) -> list[str]:
 def _environment_width(env: str, body: str) -> float:
     spec = ""
     if env == "array":
-        spec, rest = _group(body, 0)
+        spec, rest = braced_group(body, 0)
         body = body[rest:]
     rows = [_split_top(row, "&") for row in _split_top(body, "\\\\")]
     n = max(len(r) for r in rows)
@@ -230,8 +230,8 @@ def extent(cell: str) -> tuple[float, float]:
     if m is None:
         h = 6.9 + _script_height(cell)
         return h + (3.5 if "\\sqrt" in cell and "^" not in cell else 0), 1.0 + (2.5 if "\\left" in cell else 0)
-    num, k = _group(cell, m.end())
-    den, _ = _group(cell, k)
+    num, k = braced_group(cell, m.end())
+    den, _ = braced_group(cell, k)
     h = 14.3 + _script_height(num) + (2.9 if "\\sqrt" in num else 0) + (5.0 if "frac" in num else 0)
     d = 9.2
     if "^{(" in den or "}_" in den or re.search(r"\^\{[^}]*\}_", den):

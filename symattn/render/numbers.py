@@ -170,7 +170,7 @@ def _exp_parts(parts: list, show, power_of, paren: str, times: str, ellipsis: st
     return out
 
 
-def _tex_decimal(v, digits: int) -> str:
+def tex_decimal(v, digits: int) -> str:
     if mpmath.isinf(v):
         return "-\\infty"
     text = decimal(v, digits)

@@ -59,7 +59,7 @@ def select(d: "Derivation", first: str | None = None, last: str | None = None) -
     return [s for s in d.steps if lo <= s.kind_of.order <= hi]
 
 
-def _given_inputs(d: "Derivation", chosen: list["Step"]) -> list["Step"]:
+def given_inputs(d: "Derivation", chosen: list["Step"]) -> list["Step"]:
     """What the shown computed steps are made from, when that is not shown (the forward pass's
     inputs: ``--from A`` states Ŝ, and V for O; a gradient's are not restated)."""
     ids = {s.id for s in chosen}

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from ..exact.derivation import Derivation, Step
 
 
-def _grid(row_labels, col_labels, cell: Callable[[int, int], str], max_shown: int, indent: str = "    ") -> list[str]:
+def text_grid(row_labels, col_labels, cell: Callable[[int, int], str], max_shown: int, indent: str = "    ") -> list[str]:
     """The matrix as aligned text: row labels, column labels, elided above ``max_shown``."""
     rows, cols = shown(len(row_labels), max_shown), shown(len(col_labels), max_shown)
     labels = ["⋮" if i is None else show_bidi(row_labels[i]) for i in rows]  # shown before they are measured
@@ -79,7 +79,7 @@ def _over_text(over: Over, wide: bool) -> str:
     return f"({top})/{z}" if over.terms > 1 else f"{top}/{z}"
 
 
-def _normalisers(step: Step, digits: int, subs, max_shown: int) -> list[str]:
+def normaliser_text_lines(step: Step, digits: int, subs, max_shown: int) -> list[str]:
     lines = []
     for i in shown(len(step.softmax), max_shown):
         if i is None:
@@ -101,7 +101,7 @@ def _jacobian(step: Step, max_shown: int) -> list[str]:
     head = (f"    Softmax Jacobian of row {i + 1} ({prose.literal(step.rows[i])}): "
             f"⟦J = \\operatorname{{diag}}(a) - a\\,a^{{\\top}}⟧, {JACOBIAN_ENTRY}; "
             f"⟦d\\hat{{S}}_{{{i + 1}}} = J\\,dA_{{{i + 1}}}⟧")
-    return [prose.plain(head)] + _grid(step.cols, step.cols, lambda j, k: form_text(jacobian_form(row, i, j, k)), max_shown)
+    return [prose.plain(head)] + text_grid(step.cols, step.cols, lambda j, k: form_text(jacobian_form(row, i, j, k)), max_shown)
 
 
 def _tiles(d: Derivation, step: Step, max_shown: int) -> list[str]:
@@ -118,7 +118,7 @@ def _tiles(d: Derivation, step: Step, max_shown: int) -> list[str]:
         out.append("  " + prose.plain(tiles.intro(d, step, w, max_shown)))
         cells = tiles.elided(tiles.table_cells(w, max_shown, text=True), max_shown, "⋮")
         # the rows (blocks) elided as a matrix's are; the five columns always shown
-        out.extend(_grid([r[0] for r in cells], list(tiles.HEADINGS_TEXT[1:]), lambda r, k: cells[r][k + 1],
+        out.extend(text_grid([r[0] for r in cells], list(tiles.HEADINGS_TEXT[1:]), lambda r, k: cells[r][k + 1],
                          max(len(cells), 5)))
         output = tiles.vector_text(w.tiled.output, max_shown, lambda x: form_text(EntryForm(x, sums=True)))
         out.append(f"    o_tiled[{i + 1}] = acc/ℓ = {output}")
@@ -165,18 +165,18 @@ def document(derivation: Derivation, options: RenderOptions) -> str:
             out.append(f"  {prose.plain(step.why)}")
             if written_exactly(step):
                 form = entry_forms(d, step)
-                out.extend(_grid(step.rows, step.cols, lambda i, j: form_text(form(i, j)), max_shown))
+                out.extend(text_grid(step.rows, step.cols, lambda i, j: form_text(form(i, j)), max_shown))
             else:
                 out.append("  " + TOO_LONG)
             out.extend(rope_text(d, step))
             if "softmax" in step.shows:
-                out.extend(_normalisers(step, digits, d.problem.substitutions, max_shown))
+                out.extend(normaliser_text_lines(step, digits, d.problem.substitutions, max_shown))
             if "jacobian" in step.shows:
                 out.extend(_jacobian(step, max_shown))
             if needs_decimals(step) and d.can_evaluate:
                 value = d.entry_values(step.id, max(digits + 5, DPS))
                 out.append("    ≈")
-                out.extend(_grid(step.rows, step.cols, lambda i, j: decimal(value(i, j), digits), max_shown))
+                out.extend(text_grid(step.rows, step.cols, lambda i, j: decimal(value(i, j), digits), max_shown))
             if "tiles" in step.shows:
                 out.extend(_tiles(d, step, max_shown))
             out.append("")
