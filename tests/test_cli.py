@@ -237,10 +237,10 @@ def test_builtin_example_runs_in_under_five_cpu_seconds(tmp_path):
 
 _GC_PROBE = """
 import gc, sys
-from symattn import cli
+from symattn.cli.imports import Importing
 gc.{before}()
 frozen = gc.get_freeze_count()
-with cli._Importing():
+with Importing():
     from symattn.reference import crosscheck
 print(frozen, gc.get_freeze_count(), gc.isenabled(), "sympy" in sys.modules, "numpy" in sys.modules)
 """
@@ -274,7 +274,7 @@ def test_a_command_in_process_leaves_the_collector_alone(tmp_path):
 def test_the_console_script_freezes_its_objects_as_it_ends(tmp_path):
     """main() as the console script runs it (no arguments given) freezes the process's objects
     before interpreter shutdown, having flushed its output: the whole solution is there."""
-    probe = ("import gc, sys\nfrom symattn import cli\nwith cli._Importing():\n    from symattn.reference import crosscheck\n"
+    probe = ("import gc, sys\nfrom symattn import cli\nfrom symattn.cli.imports import Importing\nwith Importing():\n    from symattn.reference import crosscheck\n"
              "kept = [[k] for k in range(20_000)]  # tracked objects made after the imports were frozen\n"
              "before = gc.get_freeze_count()\nsys.argv = ['symattn', 'derive', '--format', 'text']\n"
              "code = cli.main()\nprint('frozen', before, gc.get_freeze_count(), file=sys.stderr)\nsys.exit(code)\n")
