@@ -83,12 +83,14 @@ def child_env(env: dict[str, str] | None = None) -> dict[str, str]:
 
 def run_cli(args: list[str], cwd: str | os.PathLike | None = None, timeout: float = HANG_S,
             memory: int | None = GIB, stdin=subprocess.DEVNULL, cpu: int = CPU_CAP_S, how: str = "python-m",
-            env: dict[str, str] | None = None) -> Run:
+            env: dict[str, str] | None = None, steady: bool = True) -> Run:
     """``python -m symattn ARGS`` from this checkout (``how``: see :func:`entry_point`), capped at
     ``memory`` bytes of address space (None: no cap) and ``cpu`` seconds of CPU time; ``timeout`` is
-    the wall-clock guard against a stuck child; ``env`` is added to the environment."""
-    env = child_env({"COLUMNS": "200", "NO_COLOR": "1", "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1",
-                     "MKL_NUM_THREADS": "1", **(env or {})})
+    the wall-clock guard against a stuck child; ``env`` is added to the environment (``steady``:
+    after a wide terminal, no colour and one BLAS thread, so that runs compare)."""
+    steady_env = {"COLUMNS": "200", "NO_COLOR": "1", "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1",
+                  "MKL_NUM_THREADS": "1"} if steady else {}
+    env = child_env({**steady_env, **(env or {})})
 
     def cap() -> None:
         if memory is not None:
@@ -204,7 +206,7 @@ class SymattnCli:
         """Through the real entry point (see :func:`entry_point` for ``how``) in a child process
         running this checkout, bounded as :func:`run_cli` bounds it."""
         r = run_cli([str(a) for a in args], cwd=cwd, memory=memory, cpu=cpu, how=how,
-                    env={"PYTHONIOENCODING": "utf-8", **(env or {})}, stdin=stdin)
+                    env={"PYTHONIOENCODING": "utf-8", **(env or {})}, stdin=stdin, steady=False)
         assert not r.killed, f"killed by {r.killed_by} ({r.err[-300:]!r})"
         return CliResult(r.code, r.out, r.err, r.out + r.err)
 

@@ -15,8 +15,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import traceback
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -26,7 +24,7 @@ from click.testing import CliRunner
 
 import symattn
 from symattn.cli import cli, main
-from _child import run_cli
+from _child import CliResult, SymattnCli, run_cli
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "worked_examples"
@@ -127,65 +125,36 @@ PDFLATEX = shutil.which("pdflatex")
 # -- running the command three ways -------------------------------------------------
 
 
-@dataclass
-class Run:
-    code: int
-    stdout: str
-    stderr: str
+Run = CliResult
 
 
 class Invoker:
-    """Runs ``symattn ARGS`` in the folder ``cwd`` one of three ways."""
+    """Runs ``symattn ARGS`` in the folder ``cwd`` one of three ways (the conftest's symattn_cli)."""
 
-    def __init__(self, kind: str, cwd: Path) -> None:
+    def __init__(self, kind: str, cwd: Path, cli: SymattnCli) -> None:
         self.kind = kind
         self.cwd = cwd
+        self.cli = cli
 
     def __call__(self, *args: str, env: dict[str, str] | None = None) -> Run:
-        args = [str(a) for a in args]
         if self.kind == "clirunner":
-            return self._clirunner(args, env)
-        if self.kind == "python-m":
-            command = [sys.executable, "-m", "symattn", *args]
-        else:
-            command = [SCRIPT, *args]
-        full_env = dict(os.environ, PYTHONIOENCODING="utf-8")
-        full_env.update(env or {})
-        done = subprocess.run(
-            command, cwd=self.cwd, capture_output=True, stdin=subprocess.DEVNULL, timeout=300, env=full_env
-        )
-        return Run(done.returncode, done.stdout.decode("utf-8"), done.stderr.decode("utf-8"))
-
-    def _clirunner(self, args: list[str], env: dict[str, str] | None) -> Run:
-        try:
-            runner = CliRunner(mix_stderr=False)  # click < 8.2
-        except TypeError:
-            runner = CliRunner()  # click >= 8.2: stderr is always separate
-        old = Path.cwd()
-        os.chdir(self.cwd)
-        try:
-            result = runner.invoke(cli, args, prog_name="symattn", env=env)
-        finally:
-            os.chdir(old)
-        stderr = result.stderr
-        if result.exception is not None and not isinstance(result.exception, SystemExit):
-            # CliRunner swallowed an exception the real entry point would have had to handle:
-            # show it as the traceback a user would have seen, so "no Traceback" checks catch it.
-            stderr += "".join(traceback.format_exception(*result.exc_info))
-        return Run(result.exit_code, result.stdout, stderr)
+            # an exception CliRunner swallowed, which the real entry point would have had to handle,
+            # shows as the traceback a user would have seen, so "no Traceback" checks catch it
+            return self.cli(*args, cwd=self.cwd, env=env, show_traceback=True)
+        return self.cli.entry(*args, cwd=self.cwd, env=env, how={"python-m": "python-m"}.get(self.kind, "script"))
 
 
 @pytest.fixture(params=["clirunner", "python-m", "console-script"])
-def run(request, tmp_path) -> Invoker:
+def run(request, tmp_path, symattn_cli) -> Invoker:
     if request.param == "console-script" and SCRIPT is None:
         pytest.skip("the symattn console script is not on PATH")
-    return Invoker(request.param, tmp_path)
+    return Invoker(request.param, tmp_path, symattn_cli)
 
 
 @pytest.fixture
-def run_inproc(tmp_path) -> Invoker:
+def run_inproc(tmp_path, symattn_cli) -> Invoker:
     """CliRunner only, for the checks that run many times over."""
-    return Invoker("clirunner", tmp_path)
+    return Invoker("clirunner", tmp_path, symattn_cli)
 
 
 def assert_one_error_line(r: Run, *fragments: str) -> str:
