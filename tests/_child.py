@@ -12,13 +12,16 @@ figure (benchmarks/stress_limits.py).
 
 from __future__ import annotations
 
+import io
 import os
 import resource
+import shutil
 import signal
 import subprocess
 import sys
 import threading
 import time
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -61,20 +64,42 @@ class Run:
         assert self.cpu_seconds < limit_s, f"took {self.cpu_seconds:.1f} s of CPU time ({self.seconds:.1f} s on the wall clock)"
 
 
+SCRIPT = shutil.which("symattn")  # the installed console script, when it is on PATH
+
+
+def entry_point(how: str = "auto") -> list[str]:
+    """The command that runs symattn: ``how`` is ``python-m`` (``python -m symattn``), ``script``
+    (the console script on PATH) or ``auto`` (the console script when it is on PATH, else python -m)."""
+    if how == "script" or how == "auto" and SCRIPT is not None:
+        assert SCRIPT is not None, "the symattn console script is not on PATH"
+        return [SCRIPT]
+    return [sys.executable, "-m", "symattn"]
+
+
+def child_env(env: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of a child running symattn: this checkout first on the path, then ``env``."""
+    return dict(os.environ, PYTHONPATH=str(ROOT), **(env or {}))
+
+
 def run_cli(args: list[str], cwd: str | os.PathLike | None = None, timeout: float = HANG_S,
-            memory: int = GIB, stdin=subprocess.DEVNULL, cpu: int = CPU_CAP_S) -> Run:
-    """``python -m symattn ARGS`` from this checkout, capped at ``memory`` bytes of address space
-    and ``cpu`` seconds of CPU time; ``timeout`` is the wall-clock guard against a stuck child."""
-    env = dict(os.environ, PYTHONPATH=str(ROOT), COLUMNS="200", NO_COLOR="1",
-               OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+            memory: int | None = GIB, stdin=subprocess.DEVNULL, cpu: int = CPU_CAP_S, how: str = "python-m",
+            env: dict[str, str] | None = None, steady: bool = True) -> Run:
+    """``python -m symattn ARGS`` from this checkout (``how``: see :func:`entry_point`), capped at
+    ``memory`` bytes of address space (None: no cap) and ``cpu`` seconds of CPU time; ``timeout`` is
+    the wall-clock guard against a stuck child; ``env`` is added to the environment (``steady``:
+    after a wide terminal, no colour and one BLAS thread, so that runs compare)."""
+    steady_env = {"COLUMNS": "200", "NO_COLOR": "1", "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1",
+                  "MKL_NUM_THREADS": "1"} if steady else {}
+    env = child_env({**steady_env, **(env or {})})
 
     def cap() -> None:
-        resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+        if memory is not None:
+            resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
         resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 5))  # SIGXCPU at cpu s, SIGKILL 5 s later
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # SIGXCPU dumps no core into cwd
 
     start = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-m", "symattn", *map(str, args)], cwd=cwd, env=env, stdin=stdin,
+    proc = subprocess.Popen([*entry_point(how), *map(str, args)], cwd=cwd, env=env, stdin=stdin,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=cap)
     chunks: dict[str, bytes] = {}
 
@@ -107,3 +132,93 @@ def run_cli(args: list[str], cwd: str | os.PathLike | None = None, timeout: floa
     return Run(proc.returncode, chunks.get("out", b"").decode("utf-8", "replace"),
                chunks.get("err", b"").decode("utf-8", "replace"), seconds, usage.ru_utime + usage.ru_stime,
                usage.ru_maxrss * 1024, bool(killed_by), killed_by)
+
+
+# -- the CLI in process, and through the real entry point (the conftest's symattn_cli fixture) ----------
+
+
+@dataclass
+class CliResult:
+    """What a run of ``symattn ARGS`` printed and returned. ``output`` is what a terminal shows
+    (click's interleaving of both streams in process; stdout then stderr from a child);
+    ``exception`` is what escaped the command in process (None from a child)."""
+
+    code: int
+    stdout: str
+    stderr: str
+    output: str
+    exception: BaseException | None = None
+    exc_info: tuple | None = None
+
+    @property
+    def exit_code(self) -> int:  # as click's Result names it
+        return self.code
+
+    @property
+    def returncode(self) -> int:  # as subprocess names it
+        return self.code
+
+
+class SymattnCli:
+    """``symattn ARGS`` three ways: ``cli(*args)`` in process through click's CliRunner,
+    ``cli.main(*args)`` through :func:`symattn.cli.main` (exit codes, signals and internal errors
+    as the console script has them) with the output captured, and ``cli.entry(*args)`` through the
+    real entry point in a child process (:func:`run_cli`)."""
+
+    def __call__(self, *args, cwd: str | os.PathLike | None = None, env: dict[str, str] | None = None,
+                 input: str | bytes | None = None, catch_exceptions: bool = True,
+                 show_traceback: bool = False) -> CliResult:
+        """In process through CliRunner; with ``show_traceback``, an exception the command let
+        escape is appended to stderr as the traceback a user would have seen."""
+        from click.testing import CliRunner
+
+        from symattn.cli import cli
+
+        with _working_directory(cwd):
+            r = CliRunner().invoke(cli, [str(a) for a in args], prog_name="symattn", env=env, input=input,
+                                   catch_exceptions=catch_exceptions)
+        stderr = r.stderr
+        if show_traceback and r.exception is not None and not isinstance(r.exception, SystemExit):
+            stderr += "".join(traceback.format_exception(*r.exc_info))
+        return CliResult(r.exit_code, r.stdout, stderr, r.output, r.exception, r.exc_info)
+
+    def main(self, *args, cwd: str | os.PathLike | None = None) -> CliResult:
+        """In process through ``symattn.cli.main(argv)``, standard output and error captured."""
+        from symattn.cli import main
+
+        out, err = io.TextIOWrapper(io.BytesIO(), "utf-8"), io.TextIOWrapper(io.BytesIO(), "utf-8")
+        saved = sys.stdout, sys.stderr
+        sys.stdout, sys.stderr = out, err
+        try:
+            with _working_directory(cwd):
+                code = main([str(a) for a in args])
+        finally:
+            sys.stdout, sys.stderr = saved
+        texts = []
+        for stream in (out, err):
+            stream.flush()
+            texts.append(stream.buffer.getvalue().decode("utf-8", "replace"))
+        return CliResult(code, texts[0], texts[1], texts[0] + texts[1])
+
+    def entry(self, *args, cwd: str | os.PathLike | None = None, env: dict[str, str] | None = None,
+              how: str = "auto", memory: int | None = None, cpu: int = 10 * CPU_CAP_S,
+              stdin=subprocess.DEVNULL) -> CliResult:
+        """Through the real entry point (see :func:`entry_point` for ``how``) in a child process
+        running this checkout, bounded as :func:`run_cli` bounds it."""
+        r = run_cli([str(a) for a in args], cwd=cwd, memory=memory, cpu=cpu, how=how,
+                    env={"PYTHONIOENCODING": "utf-8", **(env or {})}, stdin=stdin, steady=False)
+        assert not r.killed, f"killed by {r.killed_by} ({r.err[-300:]!r})"
+        return CliResult(r.code, r.out, r.err, r.out + r.err)
+
+
+class _working_directory:
+    def __init__(self, path: str | os.PathLike | None) -> None:
+        self.path = path
+
+    def __enter__(self) -> None:
+        self.old = os.getcwd()
+        if self.path is not None:
+            os.chdir(self.path)
+
+    def __exit__(self, *exc) -> None:
+        os.chdir(self.old)

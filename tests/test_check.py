@@ -19,7 +19,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 from dataclasses import dataclass
 from decimal import Decimal
 from fractions import Fraction
@@ -29,9 +28,7 @@ import mpmath
 import pytest
 import sympy
 import yaml
-from click.testing import CliRunner
-
-from symattn.cli import cli
+from _child import CliResult, SymattnCli
 from _reference import answers_text, rounded, rounded_grid
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -225,23 +222,12 @@ def mp_add_mask(z, m):
 # -- running the command ---------------------------------------------------------------------
 
 
-@dataclass
-class Result:
-    code: int
-    stdout: str
-    stderr: str
+CLI = SymattnCli()  # the conftest's symattn_cli, for the helpers below
+Result = CliResult
 
 
 def run(*args, cwd: Path | None = None) -> Result:
-    runner = CliRunner()
-    old = os.getcwd()
-    if cwd is not None:
-        os.chdir(cwd)
-    try:
-        r = runner.invoke(cli, ["check", *map(str, args)], catch_exceptions=False)
-    finally:
-        os.chdir(old)
-    return Result(r.exit_code, r.stdout, r.stderr)
+    return CLI("check", *args, cwd=cwd, catch_exceptions=False)
 
 
 def check_json(problem: Path, answers: Path, *extra) -> tuple[int, dict]:
@@ -820,17 +806,14 @@ def test_error_empty_file(tmp_path, text):
     assert "empty" in line
 
 
-def test_errors_through_the_console_script(tmp_path, c4):
+def test_errors_through_the_console_script(tmp_path, c4, symattn_cli):
     """The real entry point: exit codes, stdout and a one-line error, no traceback."""
-    exe = shutil.which("symattn")
-    cmd = [exe] if exe else [sys.executable, "-m", "symattn"]
     write(tmp_path, "good.yaml", answers_text({s: c4.stage[s].exact for s in STAGES}))
     write(tmp_path, "bad.yaml", f"S: {S_ROW}\nS_scale: [[1]]\n")
-    p = subprocess.run([*cmd, "check", str(CAUSAL4), "good.yaml", "--format", "json"],
-                       cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    p = symattn_cli.entry("check", CAUSAL4, "good.yaml", "--format", "json", cwd=tmp_path)
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout)["passed"] is True
-    p = subprocess.run([*cmd, "check", str(CAUSAL4), "bad.yaml"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    p = symattn_cli.entry("check", CAUSAL4, "bad.yaml", cwd=tmp_path)
     assert p.returncode == 1 and p.stdout == ""
     assert p.stderr.strip().splitlines() == [p.stderr.strip()]
     assert p.stderr.startswith("Error: bad.yaml:2:1: ") and "Traceback" not in p.stderr

@@ -15,9 +15,8 @@ from pathlib import Path
 import mpmath
 import numpy as np
 import pytest
-from click.testing import CliRunner
 
-from symattn.cli import cli
+from _child import SymattnCli
 from _reference import answers_text, rounded, rounded_grid
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -26,13 +25,16 @@ NINF = mpmath.ninf
 mpmath.mp.dps = 50
 
 
+CLI = SymattnCli()  # the conftest's symattn_cli, for the helpers below
+
+
 def run(*args) -> tuple[int, str]:
-    r = CliRunner().invoke(cli, ["check", *map(str, args)], catch_exceptions=False)
+    r = CLI("check", *args, catch_exceptions=False)
     return r.exit_code, r.stdout + r.stderr
 
 
 def check_json(problem, answers, *extra) -> tuple[int, dict]:
-    r = CliRunner().invoke(cli, ["check", str(problem), str(answers), "--format", "json", *extra], catch_exceptions=False)
+    r = CLI("check", problem, answers, "--format", "json", *extra, catch_exceptions=False)
     return r.exit_code, json.loads(r.stdout)
 
 
@@ -298,7 +300,7 @@ def test_each_mistake_is_named(tmp_path):
 # -- a class ---------------------------------------------------------------------------------------
 
 
-def test_class_summary(tmp_path):
+def test_class_summary(tmp_path, symattn_cli):
     h = Head([[1, 0], [0, 2], [1, 1]], [[1, 1], [0, 1], [2, 0]], [[1, 0], [0, 1], [1, 1]], causal(3))
     (tmp_path / "p.yaml").write_text(h.problem("causal"))
     good = {"S": rounded_grid(h.S, 0), "A": rounded_grid(h.A, 4)}
@@ -307,7 +309,7 @@ def test_class_summary(tmp_path):
     for k, answers in enumerate([good, good, unscaled, unscaled, unscaled]):
         files.append(tmp_path / f"s{k}.yaml")
         files[-1].write_text(answers_text(answers))
-    r = CliRunner().invoke(cli, ["check", str(tmp_path / "p.yaml"), *map(str, files), "--format", "json"])
+    r = symattn_cli("check", tmp_path / "p.yaml", *files, "--format", "json")
     data = json.loads(r.stdout)
     assert r.exit_code == 1 and [f["file"] for f in data["files"]] == list(map(str, files))
     summary = {s["id"]: s for s in data["summary"]}
@@ -315,7 +317,7 @@ def test_class_summary(tmp_path):
     assert summary["A"]["right"] == 2 and summary["A"]["wrong"] == 3
     assert summary["A"]["most_common_diagnosis"]["count"] == 3
     assert "no scaling" in summary["A"]["most_common_diagnosis"]["text"]
-    r = CliRunner().invoke(cli, ["check", str(tmp_path / "p.yaml"), *map(str, files)])
+    r = symattn_cli("check", tmp_path / "p.yaml", *files)
     table = r.stdout.split("The class, stage by stage:", 1)[1].splitlines()
     row = next(line for line in table if line.startswith("A "))
     assert re.match(r"A\s+2\s+0\s+3\s+no scaling.*\(3\)$", row), row
@@ -324,14 +326,14 @@ def test_class_summary(tmp_path):
 # -- people count from 1 ---------------------------------------------------------------------------
 
 
-def test_check_reports_count_from_1(tmp_path):
+def test_check_reports_count_from_1(tmp_path, symattn_cli):
     h = Head([[1, 0], [0, 2], [1, 1]], [[1, 1], [0, 1], [2, 0]], [[1, 0], [0, 1], [1, 1]], causal(3))
     (tmp_path / "p.yaml").write_text(h.problem("causal"))
     S = rounded_grid(h.S, 0)
     S[1][0] = str(int(S[1][0]) + 1)  # row 2, column 1
     (tmp_path / "a.yaml").write_text(answers_text({"S": S}))
     for fmt in ("text", "markdown", "latex"):
-        r = CliRunner().invoke(cli, ["check", str(tmp_path / "p.yaml"), str(tmp_path / "a.yaml"), "--format", fmt])
+        r = symattn_cli("check", tmp_path / "p.yaml", tmp_path / "a.yaml", "--format", fmt)
         shown = r.stdout.replace("\\[", "[").replace("\\]", "]")  # Markdown escapes the brackets
         assert "S[2,1]" in shown, r.stdout
         assert not re.search(r"\[\d+\]\[\d+\]", r.stdout)

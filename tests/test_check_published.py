@@ -13,17 +13,15 @@ import json
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
-
-from symattn.cli import cli
+from _child import SymattnCli
 
 PUBLISHED = Path(__file__).resolve().parent / "published"
+CLI = SymattnCli()  # the conftest's symattn_cli, for the helper below
 
 
 def check(problem: str, answers: str, *extra) -> tuple[int, dict]:
-    r = CliRunner().invoke(cli, ["check", str(PUBLISHED / f"{problem}.problem.yaml"),
-                                 str(PUBLISHED / f"{problem}.{answers}.yaml"), "--format", "json", *extra],
-                           catch_exceptions=False)
+    r = CLI("check", PUBLISHED / f"{problem}.problem.yaml", PUBLISHED / f"{problem}.{answers}.yaml", "--format",
+            "json", *extra, catch_exceptions=False)
     return r.exit_code, json.loads(r.stdout)
 
 

@@ -15,8 +15,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import traceback
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -26,7 +24,7 @@ from click.testing import CliRunner
 
 import symattn
 from symattn.cli import cli, main
-from _child import run_cli
+from _child import CliResult, SymattnCli, run_cli
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "worked_examples"
@@ -127,65 +125,36 @@ PDFLATEX = shutil.which("pdflatex")
 # -- running the command three ways -------------------------------------------------
 
 
-@dataclass
-class Run:
-    code: int
-    stdout: str
-    stderr: str
+Run = CliResult
 
 
 class Invoker:
-    """Runs ``symattn ARGS`` in the folder ``cwd`` one of three ways."""
+    """Runs ``symattn ARGS`` in the folder ``cwd`` one of three ways (the conftest's symattn_cli)."""
 
-    def __init__(self, kind: str, cwd: Path) -> None:
+    def __init__(self, kind: str, cwd: Path, cli: SymattnCli) -> None:
         self.kind = kind
         self.cwd = cwd
+        self.cli = cli
 
     def __call__(self, *args: str, env: dict[str, str] | None = None) -> Run:
-        args = [str(a) for a in args]
         if self.kind == "clirunner":
-            return self._clirunner(args, env)
-        if self.kind == "python-m":
-            command = [sys.executable, "-m", "symattn", *args]
-        else:
-            command = [SCRIPT, *args]
-        full_env = dict(os.environ, PYTHONIOENCODING="utf-8")
-        full_env.update(env or {})
-        done = subprocess.run(
-            command, cwd=self.cwd, capture_output=True, stdin=subprocess.DEVNULL, timeout=300, env=full_env
-        )
-        return Run(done.returncode, done.stdout.decode("utf-8"), done.stderr.decode("utf-8"))
-
-    def _clirunner(self, args: list[str], env: dict[str, str] | None) -> Run:
-        try:
-            runner = CliRunner(mix_stderr=False)  # click < 8.2
-        except TypeError:
-            runner = CliRunner()  # click >= 8.2: stderr is always separate
-        old = Path.cwd()
-        os.chdir(self.cwd)
-        try:
-            result = runner.invoke(cli, args, prog_name="symattn", env=env)
-        finally:
-            os.chdir(old)
-        stderr = result.stderr
-        if result.exception is not None and not isinstance(result.exception, SystemExit):
-            # CliRunner swallowed an exception the real entry point would have had to handle:
-            # show it as the traceback a user would have seen, so "no Traceback" checks catch it.
-            stderr += "".join(traceback.format_exception(*result.exc_info))
-        return Run(result.exit_code, result.stdout, stderr)
+            # an exception CliRunner swallowed, which the real entry point would have had to handle,
+            # shows as the traceback a user would have seen, so "no Traceback" checks catch it
+            return self.cli(*args, cwd=self.cwd, env=env, show_traceback=True)
+        return self.cli.entry(*args, cwd=self.cwd, env=env, how={"python-m": "python-m"}.get(self.kind, "script"))
 
 
 @pytest.fixture(params=["clirunner", "python-m", "console-script"])
-def run(request, tmp_path) -> Invoker:
+def run(request, tmp_path, symattn_cli) -> Invoker:
     if request.param == "console-script" and SCRIPT is None:
         pytest.skip("the symattn console script is not on PATH")
-    return Invoker(request.param, tmp_path)
+    return Invoker(request.param, tmp_path, symattn_cli)
 
 
 @pytest.fixture
-def run_inproc(tmp_path) -> Invoker:
+def run_inproc(tmp_path, symattn_cli) -> Invoker:
     """CliRunner only, for the checks that run many times over."""
-    return Invoker("clirunner", tmp_path)
+    return Invoker("clirunner", tmp_path, symattn_cli)
 
 
 def assert_one_error_line(r: Run, *fragments: str) -> str:
@@ -237,10 +206,10 @@ def test_builtin_example_runs_in_under_five_cpu_seconds(tmp_path):
 
 _GC_PROBE = """
 import gc, sys
-from symattn import cli
+from symattn.cli.imports import Importing
 gc.{before}()
 frozen = gc.get_freeze_count()
-with cli._Importing():
+with Importing():
     from symattn.reference import crosscheck
 print(frozen, gc.get_freeze_count(), gc.isenabled(), "sympy" in sys.modules, "numpy" in sys.modules)
 """
@@ -274,7 +243,7 @@ def test_a_command_in_process_leaves_the_collector_alone(tmp_path):
 def test_the_console_script_freezes_its_objects_as_it_ends(tmp_path):
     """main() as the console script runs it (no arguments given) freezes the process's objects
     before interpreter shutdown, having flushed its output: the whole solution is there."""
-    probe = ("import gc, sys\nfrom symattn import cli\nwith cli._Importing():\n    from symattn.reference import crosscheck\n"
+    probe = ("import gc, sys\nfrom symattn import cli\nfrom symattn.cli.imports import Importing\nwith Importing():\n    from symattn.reference import crosscheck\n"
              "kept = [[k] for k in range(20_000)]  # tracked objects made after the imports were frozen\n"
              "before = gc.get_freeze_count()\nsys.argv = ['symattn', 'derive', '--format', 'text']\n"
              "code = cli.main()\nprint('frozen', before, gc.get_freeze_count(), file=sys.stderr)\nsys.exit(code)\n")

@@ -51,14 +51,14 @@ from unittest import mock
 
 import pytest
 import yaml
-from click.testing import CliRunner
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
 import symattn
 import symattn.generate.exercises as gen
 from symattn import SymattnError
-from symattn.cli import cli, main
+from _child import CliResult, SymattnCli
+from symattn.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
 CAUSAL_4 = ROOT / "worked_examples" / "causal_4_tokens.yaml"
@@ -293,8 +293,11 @@ def yaml_body(text: str) -> dict:
     return raw
 
 
+CLI = SymattnCli()  # the conftest's symattn_cli, for the helpers below
+
+
 def invoke(args: list[str], **kwargs):
-    result = CliRunner().invoke(cli, args, **kwargs)
+    result = CLI(*args, **kwargs)
     # click turns a ClickException/UsageError into SystemExit; anything else is a crash
     assert result.exception is None or isinstance(result.exception, SystemExit), (
         f"{type(result.exception).__name__}: {result.exception}"
@@ -303,9 +306,9 @@ def invoke(args: list[str], **kwargs):
     return result
 
 
-def run_module(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+def run_module(args: list[str], cwd: Path) -> CliResult:
     """The real entry point in a fresh process (so sys.argv is the command line)."""
-    return subprocess.run([sys.executable, "-m", "symattn", *args], cwd=cwd, capture_output=True, text=True, timeout=120, check=False)
+    return CLI.entry(*args, cwd=cwd, how="python-m")
 
 
 # --------------------------------------------------------------------------- 1. properties
@@ -710,12 +713,12 @@ mask: none
 
 
 def run_main(args: list[str], capsys) -> tuple[int, str]:
-    code = main(args)
-    captured = capsys.readouterr()
-    text = captured.out + captured.err
+    captured = CLI.main(*args)  # symattn.cli.main(args), its output captured
+    code = captured.code
+    text = captured.stdout + captured.stderr
     assert "Traceback" not in text
     assert "internal error" not in text
-    return code, captured.err
+    return code, captured.stderr
 
 
 def test_d_k_not_a_square_at_easy(capsys) -> None:

@@ -803,7 +803,7 @@ def test_sigterm_stops_a_long_derivation_at_once(tmp_path):
 
 _SWALLOWS_ONCE = """
 import sys, time
-from symattn import cli
+from symattn.cli import app
 
 def spin(cpu_s):
     end = time.process_time() + cpu_s
@@ -818,8 +818,8 @@ def swallowing(args):
     spin(30)
     return 0
 
-cli._main = swallowing
-sys.exit(cli.main(sys.argv[1:]))
+app.run_command = swallowing
+sys.exit(app.main(sys.argv[1:]))
 """
 
 

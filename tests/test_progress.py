@@ -9,10 +9,8 @@ import subprocess
 import sys
 import types
 
-from click.testing import CliRunner
 
 from symattn.cli.progress import Progress
-from symattn.cli import cli
 
 
 class _Terminal(io.StringIO):
@@ -68,8 +66,8 @@ def test_waits_for_the_delay_then_draws(monkeypatch):
     p.close()
 
 
-def test_cli_prints_no_progress_into_pipes_and_captured_output():
-    result = CliRunner().invoke(cli, ["derive", "-f", "text"])
+def test_cli_prints_no_progress_into_pipes_and_captured_output(symattn_cli):
+    result = symattn_cli("derive", "-f", "text")
     assert result.exit_code == 0
     assert "[#" not in result.output and "\r" not in result.output
 

@@ -39,12 +39,13 @@ from ..errors import SymattnError
 from ..text import excerpt
 from .reports import StageSummary, class_summary
 from ..exact.derivation import Derivation
-from .marker import (  # noqa: F401  (the names ``from symattn.check import ...`` has always reached)
-    ANSWER_BYTES_PER_ENTRY, ANSWERS_BYTES, DPS, FLOAT_ULPS, FLOAT_UNITS, MAX_WRONG_SHOWN, PRECISIONS, RULES,
-    Answer, Diagnosis, Entry, StageMark, WrongEntry, answers_limit, entry_name, load_answers, mark,
-    parse_answers, read_mapping,
+# the names ``from symattn.check import ...`` has always reached
+from .answers import (  # noqa: F401
+    ANSWER_BYTES_PER_ENTRY, ANSWERS_BYTES, DPS, Answer, Entry, answers_limit, load_answers, parse_answers, read_mapping,
 )
-from .marker import Marking as _Verdicts
+from .marker import FLOAT_ULPS, FLOAT_UNITS, PRECISIONS, mark  # noqa: F401
+from .verdicts import MAX_WRONG_SHOWN, RULES, Diagnosis, StageMark, WrongEntry, entry_name  # noqa: F401
+from .verdicts import Marking as _Verdicts
 
 TEXT_NAME = "<answers>"  # YAML text given as answers, in messages
 

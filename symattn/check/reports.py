@@ -10,7 +10,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 
-from .marker import MAX_WRONG_SHOWN, Diagnosis, Marking, StageMark, WrongEntry, entry_name
+from .verdicts import MAX_WRONG_SHOWN, Diagnosis, Marking, StageMark, WrongEntry, entry_name
 
 _RULE_WORDS = {
     "exact": "exact",

@@ -1,0 +1,149 @@
+"""``symattn generate``: new problems with hand-friendly numbers, one or a batch with its sheets."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from .imports import Importing
+from .options import Whole, WholeRange, output_option
+from .paths import check_outputs, echo, inputs, refuse_input, same_file, write_atomic
+
+# what --from takes from its problem instead (so giving one of them with --from is refused)
+SHAPE_OPTIONS = ("tokens", "d_model", "d_k", "d_v", "mask", "heads", "cross", "no_scale", "words")
+
+
+def _range(ctx, param, value: str | None) -> tuple[int, int] | None:
+    if value is None:
+        return None
+    from ..text import LongNumber, excerpt, whole_number
+
+    parts = value.replace("..", " ").split()
+    try:
+        ends = [whole_number(x, signed=True) for x in parts]
+    except LongNumber as exc:
+        raise click.BadParameter(str(exc)) from None
+    if len(ends) != 2 or None in ends:
+        raise click.BadParameter(f"{excerpt(value)}: write the range as LOW..HIGH, e.g. -2..2")
+    lo, hi = ends
+    return lo, hi
+
+
+class RecordingCommand(click.Command):
+    """Keeps the command's own arguments as typed, for the header of the files it writes."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        ctx.meta["symattn.argv"] = list(args)
+        return super().parse_args(ctx, args)
+
+
+@click.command(cls=RecordingCommand)
+@click.option("--tokens", type=Whole(), default=4, show_default=True, help="Number of query tokens n.")
+@click.option("--d-model", type=Whole(), default=4, show_default=True)
+@click.option("--d-k", type=Whole(), default=4, show_default=True, help="Query/key width (a perfect square keeps the scale rational).")
+@click.option("--d-v", type=Whole(), default=4, show_default=True)
+@click.option("--mask", default="causal", show_default=True,
+              help="none, causal, causal-bottom-right, sliding-window:W or padding:P (the last P keys hidden).")
+@click.option("--heads", type=Whole(), default=1, show_default=True, help="Several heads get W_O.")
+@click.option("--cross", "cross", type=Whole(), metavar="N_K", help="Cross-attention with N_K context tokens.")
+@click.option("--no-scale", is_flag=True, help="Write scale: none (no division by √d_k).")
+@click.option("--level", type=click.Choice(["easy", "medium", "hard"]), default="easy", show_default=True,
+              help="Difficulty: the guarantees of each level are in symattn.generate's documentation.")
+@click.option("--range", "range_", callback=_range, metavar="LOW..HIGH", help="Entry range (default by level: 0..1, -1..1, -2..2).")
+@click.option("--words", help='Token labels, e.g. "the cat sat down".')
+@click.option("--seed", type=WholeRange(min=0), default=0, show_default=True, help="The same seed always gives the same file.")
+@output_option("Where to write one problem (default: standard output).")
+@click.option("--count", type=WholeRange(1, 500), help="Write this many variants into --out-dir.")
+@click.option("--out-dir", type=click.Path(path_type=Path), help="Folder for --count variants and their index.csv.")
+@click.option("--sheets", type=click.Choice(["pdf", "html"]), is_flag=False, flag_value="pdf",
+              help="With --count: each variant's exercise and solution as PDF (LaTeX without pdflatex); "
+                   "--sheets html writes them as web pages.")
+@click.option("--force", is_flag=True, help="With --count: replace files of the same names already in --out-dir (without it they are listed and nothing is written).")
+@click.option("--from", "base", type=click.Path(path_type=Path), help="Keep the structure of this problem and draw new numbers.")
+@click.option("--vary", type=click.Choice(["weights", "inputs"]), default="weights", show_default=True, help="With --from: what gets new numbers.")
+def generate(tokens, d_model, d_k, d_v, mask, heads, cross, no_scale, level, range_, words, seed, output, count,
+             out_dir, sheets, force, base, vary) -> None:
+    """Write new problems with small, hand-friendly numbers.
+
+    Every problem is checked against its level's guarantees before it is
+    written (integer projections and scores within a bound, integer scaled
+    scores at easy, halves or thirds at medium, at most two distinct exponents
+    per softmax row at easy, no fully masked row, no two variants alike).
+
+    \b
+    Examples:
+      symattn generate --tokens 4 --d-model 4 --d-k 4 --d-v 4 --mask causal --seed 7 -o p.yaml
+      symattn generate --count 30 --out-dir variants/ --sheets
+      symattn generate --count 30 --out-dir variants/ --sheets html
+      symattn generate --from problem.yaml --vary weights --seed 3
+    """
+    import shlex
+
+    from ..errors import SymattnError
+
+    try:
+        with Importing():
+            from ..generate.batch import check_folder, generate as make, write_exercises
+            from ..problem.load import load_problem  # noqa: F401  (read in _read_base)
+        check_outputs(output)
+        loaded = _read_base(base, output, out_dir, count)
+        _refuse_options(base, output, out_dir, count, sheets, force)
+        if count is not None:
+            check_folder(out_dir, count, sheets, force)  # files already there: refused before any work
+        argv = click.get_current_context().meta.get("symattn.argv", [])
+        shape = {} if base is not None else dict(tokens=tokens, d_model=d_model, d_k=d_k, d_v=d_v, mask=mask,
+                                                 heads=heads, cross=cross, scale=not no_scale, words=words)
+        problems = make(count or 1, seed=seed, level=level, range=range_, base=loaded, vary=vary,
+                        numbered=count is not None,
+                        command=" ".join(["symattn generate", *(shlex.quote(a) for a in argv)]), **shape)
+        if count is None:
+            text = problems[0].to_yaml()
+            echo(text, nl=False) if output is None else write_atomic(output, text.encode("utf-8"))
+            return
+        write_exercises(problems, out_dir, sheets=sheets, force=force)
+    except SymattnError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"wrote {count} variants to {out_dir}" + (" with their exercise and solution sheets" if sheets else ""),
+               err=True)
+
+
+def _read_base(base: Path | None, output: Path | None, out_dir: Path | None, count: int | None):
+    """The --from problem (None without it), no output path naming it or one of its input files."""
+    from ..generate.batch import exercise_files
+    from ..problem.load import load_problem
+
+    if output is not None and base is not None and same_file(output, base):
+        raise click.ClickException(f"{output} is the --from problem itself; choose another output path")
+    if base is None:
+        return None
+    with inputs() as read:
+        loaded = load_problem(base)
+    refuse_input(output, read, "one of the --from problem's input files")
+    for name in exercise_files(count)[:count + 1] if out_dir is not None and count is not None else ():
+        refuse_input(out_dir / name, read, "one of the --from problem's input files", base,
+                     "the --from problem itself")
+    return loaded
+
+
+def _refuse_options(base: Path | None, output: Path | None, out_dir: Path | None, count: int | None,
+                    sheets: str | None, force: bool) -> None:
+    """The options that cannot go together, and a batch that would overwrite the --from problem."""
+    from ..generate.batch import exercise_files
+
+    if base is not None:  # the structure comes from the problem: a shape option would be ignored, so refuse it
+        ctx = click.get_current_context()
+        given = [f"--{name.replace('_', '-')}" for name in SHAPE_OPTIONS
+                 if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE]
+        if given:
+            raise click.UsageError(f"{', '.join(given)} cannot go with --from: the problem's own shape, mask, heads "
+                                   "and words are kept (--vary, --level, --range and --seed choose the new numbers)")
+    if count is None and (sheets or out_dir or force):
+        raise click.UsageError("--out-dir, --sheets and --force go with --count")
+    if count is not None and out_dir is None:
+        raise click.UsageError("--count needs --out-dir")
+    if count is not None and output is not None:
+        raise click.UsageError("with --count the files go into --out-dir, not -o")
+    for name in exercise_files(count, sheets) if count is not None and base is not None else ():
+        if same_file(out_dir / name, base):
+            raise click.ClickException(f"{out_dir / name} is the --from problem itself; choose another --out-dir")
