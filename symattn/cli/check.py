@@ -60,8 +60,9 @@ def check(problem: Path, answers: tuple[Path, ...], fmt: str, tolerance: float |
           backward: bool, tiled: int | None, max_size: int) -> None:
     with Importing():
         from .. import check as _check
-        from .. import check_class, load_problem
-        from .. import derive as _derive
+        from ..check import check_class
+        from ..problem.load import load_problem
+        from ..render.display import derive as _derive
         from ..problem.budget import check_budget
         from ..errors import SymattnError
         from ..problem.passes import with_backward, with_tiling

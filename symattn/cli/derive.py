@@ -165,8 +165,8 @@ def derive_text(problem: Path | None, kind: str, standalone: bool, digits: int |
     rendering: the text, or for JSON a function that writes it piece by piece."""
     with Importing():  # every import the pipeline makes, so that what they build is frozen once
         from ..reference.crosscheck import crosscheck  # noqa: F401
-        from .. import derive as _derive
-        from .. import load_problem  # noqa: F401
+        from ..render.display import derive as _derive
+        from ..problem.load import load_problem  # noqa: F401
         from ..problem.passes import with_backward  # noqa: F401
         from ..render import render
 
@@ -193,7 +193,7 @@ def derive_text(problem: Path | None, kind: str, standalone: bool, digits: int |
 def _read(problem: Path | None, layout, max_size: int, backward: bool, tiled: int | None, decode: int | None,
           kind: str):
     """The problem with the passes the options ask for, within its budget."""
-    from .. import load_problem
+    from ..problem.load import load_problem
     from ..problem.passes import with_backward, with_decode, with_tiling
 
     if problem is None:
