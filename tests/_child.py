@@ -3,7 +3,9 @@
 The child gets an address-space cap (``RLIMIT_AS``, 1 GiB by default) and a CPU-time cap
 (``RLIMIT_CPU``, ``CPU_CAP_S``); the result carries its exit code, output, the CPU seconds
 it used and its peak resident memory (both from ``wait4``), so a test can assert what a
-user would see and what it cost. The cost is CPU time, what the child itself spent: a busy
+user would see and what it cost. The child is started by a small launcher (:data:`LAUNCHER`), a
+fresh process that sets the caps and forks it: Linux counts a child's peak memory from the
+process it was forked from, and a test worker grown to hundreds of MiB would lend it its own. The cost is CPU time, what the child itself spent: a busy
 machine stretches the wall clock, not that. A wall-clock guard (``HANG_S``, minutes) only
 ends a child blocked for ever without using the CPU, on a pipe say; it never fires on an
 honest machine, however loaded. How long a run takes on the wall clock is a benchmark's
@@ -12,6 +14,7 @@ figure (benchmarks/stress_limits.py).
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import resource
@@ -81,6 +84,33 @@ def child_env(env: dict[str, str] | None = None) -> dict[str, str]:
     return dict(os.environ, PYTHONPATH=str(ROOT), **(env or {}))
 
 
+# The launcher: ``python -c LAUNCHER FD MEMORY CPU PROGRAM ARGS...`` caps its address space at MEMORY
+# bytes ("-": none) and its CPU time at CPU seconds, forks PROGRAM under the same caps, waits for it,
+# writes its CPU seconds and peak resident KiB to FD, and ends as it ended (its exit code, or its signal).
+LAUNCHER = """
+import os, resource, signal, sys
+fd, memory, cpu = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+if memory != "-":
+    resource.setrlimit(resource.RLIMIT_AS, (int(memory), int(memory)))
+resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 5))  # SIGXCPU at cpu s, SIGKILL 5 s later
+resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # SIGXCPU dumps no core into cwd
+pid = os.fork()
+if pid == 0:
+    os.close(fd)
+    try:
+        os.execv(sys.argv[4], sys.argv[4:])
+    finally:
+        os._exit(127)
+_, status, usage = os.wait4(pid, 0)
+os.write(fd, f"{usage.ru_utime + usage.ru_stime} {usage.ru_maxrss}".encode())
+os.close(fd)
+if os.WIFSIGNALED(status):
+    signal.signal(os.WTERMSIG(status), signal.SIG_DFL)
+    os.kill(os.getpid(), os.WTERMSIG(status))
+os._exit(os.waitstatus_to_exitcode(status))
+"""
+
+
 def run_cli(args: list[str], cwd: str | os.PathLike | None = None, timeout: float = HANG_S,
             memory: int | None = GIB, stdin=subprocess.DEVNULL, cpu: int = CPU_CAP_S, how: str = "python-m",
             env: dict[str, str] | None = None, steady: bool = True) -> Run:
@@ -92,15 +122,15 @@ def run_cli(args: list[str], cwd: str | os.PathLike | None = None, timeout: floa
                   "MKL_NUM_THREADS": "1"} if steady else {}
     env = child_env({**steady_env, **(env or {})})
 
-    def cap() -> None:
-        if memory is not None:
-            resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
-        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 5))  # SIGXCPU at cpu s, SIGKILL 5 s later
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # SIGXCPU dumps no core into cwd
-
+    report_r, report_w = os.pipe()  # the launcher writes the child's CPU seconds and peak memory here
+    launcher = [sys.executable, "-c", LAUNCHER, str(report_w), "-" if memory is None else str(memory), str(cpu)]
     start = time.monotonic()
-    proc = subprocess.Popen([*entry_point(how), *map(str, args)], cwd=cwd, env=env, stdin=stdin,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=cap)
+    try:
+        proc = subprocess.Popen([*launcher, *entry_point(how), *map(str, args)], cwd=cwd, env=env, stdin=stdin,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, pass_fds=(report_w,),
+                                start_new_session=True)  # the hang guard ends the launcher and the child together
+    finally:
+        os.close(report_w)
     chunks: dict[str, bytes] = {}
 
     def drain(name: str, stream) -> None:
@@ -113,7 +143,8 @@ def run_cli(args: list[str], cwd: str | os.PathLike | None = None, timeout: floa
 
     def kill() -> None:
         hung.set()
-        proc.kill()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
 
     timer = threading.Timer(timeout, kill)
     timer.start()
@@ -121,6 +152,11 @@ def run_cli(args: list[str], cwd: str | os.PathLike | None = None, timeout: floa
         _, status, usage = os.wait4(proc.pid, 0)
     finally:
         timer.cancel()
+    with os.fdopen(report_r, "rb") as report:
+        measured = report.read().split()
+    # the child's own figures; the launcher's (which waited for it) if it was killed before writing them
+    cpu_seconds, peak = (float(measured[0]), int(measured[1])) if len(measured) == 2 else (
+        usage.ru_utime + usage.ru_stime, usage.ru_maxrss)
     seconds = time.monotonic() - start
     proc.returncode = os.waitstatus_to_exitcode(status)
     for t in readers:
@@ -130,8 +166,8 @@ def run_cli(args: list[str], cwd: str | os.PathLike | None = None, timeout: floa
     over_cpu = os.WIFSIGNALED(status) and os.WTERMSIG(status) in (signal.SIGXCPU, signal.SIGKILL) and not hung.is_set()
     killed_by = "the hang guard" if hung.is_set() else "the CPU cap" if over_cpu else ""
     return Run(proc.returncode, chunks.get("out", b"").decode("utf-8", "replace"),
-               chunks.get("err", b"").decode("utf-8", "replace"), seconds, usage.ru_utime + usage.ru_stime,
-               usage.ru_maxrss * 1024, bool(killed_by), killed_by)
+               chunks.get("err", b"").decode("utf-8", "replace"), seconds, cpu_seconds, peak * 1024,
+               bool(killed_by), killed_by)
 
 
 # -- the CLI in process, and through the real entry point (the conftest's symattn_cli fixture) ----------

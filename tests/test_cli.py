@@ -712,3 +712,36 @@ def test_unwritable_output_folder_through_the_entry_point(tmp_path):
     assert done.returncode == 1, done.stderr
     assert done.stderr.startswith("Error: ")
     assert "bug in symattn" not in done.stderr
+
+
+# -- the tests' child process (tests/_child.py): what it measures is the child's own -------------
+
+
+def test_a_childs_peak_memory_is_its_own_not_the_test_workers(tmp_path):
+    """Linux counts a forked process's peak memory from the process it was forked from: run from a
+    test worker grown to 700 MiB, a small command would seem to peak at 700 MiB. The launcher
+    forks the command from a fresh process, so its peak is the command's."""
+    from _child import run_cli
+
+    grown = bytearray(700 << 20)
+    grown[::4096] = b"x" * len(grown[::4096])  # every page touched: resident
+    r = run_cli(["--version"], cwd=tmp_path)
+    assert r.code == 0 and "symattn" in r.out, r.err
+    assert r.peak_bytes < 350 << 20, f"{r.peak_bytes / 2**20:.0f} MiB for --version"
+    del grown
+
+
+def test_the_cpu_cap_ends_a_child_and_says_so(tmp_path):
+    """A command past its CPU seconds is killed (SIGXCPU) through the launcher, and the result says
+    which guard ended it."""
+    from _child import run_cli
+
+    n = 30  # RoPE with a base: about 30 CPU seconds to derive (see the budget's ROPE_WORK)
+    rows = "\n".join(f"  - [{(i % 3) - 1}, {i % 2}, 1, {(i * 7) % 5 - 2}]" for i in range(n))
+    (tmp_path / "p.yaml").write_text(f"X:\n{rows}\nW_Q: [[1,0,0,0],[0,1,0,0],[0,0,1,0],[0,0,0,1]]\n"
+                                     "W_K: [[1,0,0,0],[0,1,0,0],[0,0,1,0],[0,0,0,1]]\nW_V: [[1],[2],[3],[4]]\n"
+                                     "rope: {base: 10000}\n", encoding="utf-8")
+    r = run_cli(["derive", "p.yaml", "-o", "p.tex"], cwd=tmp_path, cpu=2)
+    assert r.killed and r.killed_by == "the CPU cap", (r.code, r.cpu_seconds, r.err[-300:])
+    assert 2 <= r.cpu_seconds < 10, r.cpu_seconds  # the child's own CPU time, up to its cap
+    assert not (tmp_path / "p.tex").exists()
