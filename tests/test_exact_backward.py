@@ -64,13 +64,13 @@ except ImportError:  # pragma: no cover - torch is optional
     _torch = None
 
 ROOT = Path(__file__).resolve().parent.parent
-# (the backward pass through RoPE is refused: tests/test_rope.py tests those examples; grouped-query
+# (the backward pass through RoPE is refused: tests/test_exact_rope.py tests those examples; grouped-query
 # attention (kv_heads) has no backward pass yet: its examples are forward-only.) Positional encodings
 # (sines and cosines) are beyond this file's fractions: their gradients are checked in
-# test_positions.py (finite differences and PyTorch autograd). Projection biases (b_Q, ..., b_O) are
+# test_problem_positions.py (finite differences and PyTorch autograd). Projection biases (b_Q, ..., b_O) are
 # beyond this file's reading of a problem: their forward and backward passes are checked in
-# test_bias.py (by hand, NumPy and PyTorch autograd). Weights from a checkpoint's layout (from:) are
-# not in this file's YAML reference either: test_layouts.py checks them against PyTorch.
+# test_exact_bias.py (by hand, NumPy and PyTorch autograd). Weights from a checkpoint's layout (from:) are
+# not in this file's YAML reference either: test_problem_layouts.py checks them against PyTorch.
 EXAMPLES = sorted(p for p in (ROOT / "worked_examples").glob("*.yaml")
                   if not p.stem.startswith("rope") and "kv_heads" not in p.read_text("utf-8")
                   and not any(line.startswith(("positions:", "from:")) for line in p.read_text("utf-8").splitlines())

@@ -19,7 +19,7 @@ safetensors_numpy = pytest.importorskip("safetensors.numpy")
 
 import symattn  # noqa: E402
 from symattn.problem.load import load_problem  # noqa: E402
-from test_checkpoints import _error, _fractions, _write  # noqa: E402  (one line at the field; exact entries)
+from test_problem_checkpoints import _error, _fractions, _write  # noqa: E402  (one line at the field; exact entries)
 
 def _expected(array):
     array = np.asarray(array, dtype=np.float64)

@@ -26,8 +26,8 @@ import sympy
 import symattn
 from _child import run_cli
 from symattn.problem.load import load_problem
-from test_checkpoints import _error, _write
-from test_layouts import _bert_tensors, _gpt2_tensors, _llama_tensors, _save, _values, _x
+from test_problem_checkpoints import _error, _write
+from test_problem_layouts import _bert_tensors, _gpt2_tensors, _llama_tensors, _save, _values, _x
 
 CONFIGS = Path(__file__).resolve().parent / "configs"
 

@@ -126,7 +126,7 @@ def test_text_solutions_count_from_1(symattn_cli, path):
 
 
 def corrupt(d, stage: str, matrix) -> symattn.Derivation:
-    """A copy of ``d`` whose ``stage`` holds ``matrix`` (as tests/test_crosscheck.py::corrupt)."""
+    """A copy of ``d`` whose ``stage`` holds ``matrix`` (as tests/test_reference_crosscheck.py::corrupt)."""
     import dataclasses
 
     steps = tuple(dataclasses.replace(s, value=matrix) if s.id == stage else s for s in d.steps)

@@ -2,7 +2,7 @@
 
 The page is parsed with Python's own HTML parser into a small tree; its numbers are compared
 with values computed here with NumPy, its Content-Security-Policy with hashes computed here.
-``test_html_browser.py`` drives it in a real Chromium.
+``test_render_html_browser.py`` drives it in a real Chromium.
 """
 
 from __future__ import annotations
@@ -137,7 +137,7 @@ def test_every_worked_example_is_a_well_formed_self_contained_page(path):
 
 def test_the_page_is_deterministic(symattn_cli, tmp_path):
     """The same problem gives the same bytes: from the real entry point and from click's runner
-    (the golden page, rendered without the cross-check, is checked by test_golden.py)."""
+    (the golden page, rendered without the cross-check, is checked by test_render_golden.py)."""
     out = tmp_path / "solution.html"
     problem = str(ROOT / "worked_examples" / "causal_4_tokens.yaml")
     done = symattn_cli.entry("derive", problem, "-o", out, how="python-m")

@@ -25,7 +25,7 @@ from symattn.check import mark, parse_answers
 from symattn.reference.numeric import numeric_stages
 from symattn.reference.numeric_backward import numeric_gradients
 
-from test_latex import compile_latex, pdf_text
+from test_render_latex import compile_latex, pdf_text
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "worked_examples" / "projection_bias.yaml"
