@@ -1,4 +1,4 @@
-"""Every hostile input of tests/test_hostile_cli.py through the real command line: how long
+"""Every hostile input of tests/test_cli_hostile.py through the real command line: how long
 each refusal takes on the wall clock, its CPU time and peak memory.
 
 Run: python benchmarks/bench_hostile.py            (every case, about a minute)
@@ -20,7 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-import test_hostile_cli as hostile  # noqa: E402
+import test_cli_hostile as hostile  # noqa: E402
 from _child import run_cli  # noqa: E402
 
 AIM_S = 10.0

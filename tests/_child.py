@@ -113,11 +113,12 @@ os._exit(os.waitstatus_to_exitcode(status))
 
 def run_cli(args: list[str], cwd: str | os.PathLike | None = None, timeout: float = HANG_S,
             memory: int | None = GIB, stdin=subprocess.DEVNULL, cpu: int = CPU_CAP_S, how: str = "python-m",
-            env: dict[str, str] | None = None, steady: bool = True) -> Run:
+            env: dict[str, str] | None = None, steady: bool = True, stdout=subprocess.PIPE) -> Run:
     """``python -m symattn ARGS`` from this checkout (``how``: see :func:`entry_point`), capped at
     ``memory`` bytes of address space (None: no cap) and ``cpu`` seconds of CPU time; ``timeout`` is
     the wall-clock guard against a stuck child; ``env`` is added to the environment (``steady``:
-    after a wide terminal, no colour and one BLAS thread, so that runs compare)."""
+    after a wide terminal, no colour and one BLAS thread, so that runs compare). ``stdout`` is
+    captured unless it is given a file to write to (``/dev/full``, say): then ``out`` is empty."""
     steady_env = {"COLUMNS": "200", "NO_COLOR": "1", "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1",
                   "MKL_NUM_THREADS": "1"} if steady else {}
     env = child_env({**steady_env, **(env or {})})
@@ -127,7 +128,7 @@ def run_cli(args: list[str], cwd: str | os.PathLike | None = None, timeout: floa
     start = time.monotonic()
     try:
         proc = subprocess.Popen([*launcher, *entry_point(how), *map(str, args)], cwd=cwd, env=env, stdin=stdin,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, pass_fds=(report_w,),
+                                stdout=stdout, stderr=subprocess.PIPE, pass_fds=(report_w,),
                                 start_new_session=True)  # the hang guard ends the launcher and the child together
     finally:
         os.close(report_w)
@@ -136,7 +137,8 @@ def run_cli(args: list[str], cwd: str | os.PathLike | None = None, timeout: floa
     def drain(name: str, stream) -> None:
         chunks[name] = stream.read()
 
-    readers = [threading.Thread(target=drain, args=(n, s)) for n, s in (("out", proc.stdout), ("err", proc.stderr))]
+    readers = [threading.Thread(target=drain, args=(n, s)) for n, s in (("out", proc.stdout), ("err", proc.stderr))
+               if s is not None]
     for t in readers:
         t.start()
     hung = threading.Event()
@@ -161,8 +163,9 @@ def run_cli(args: list[str], cwd: str | os.PathLike | None = None, timeout: floa
     proc.returncode = os.waitstatus_to_exitcode(status)
     for t in readers:
         t.join()
-    proc.stdout.close()
-    proc.stderr.close()
+    for stream in (proc.stdout, proc.stderr):
+        if stream is not None:
+            stream.close()
     over_cpu = os.WIFSIGNALED(status) and os.WTERMSIG(status) in (signal.SIGXCPU, signal.SIGKILL) and not hung.is_set()
     killed_by = "the hang guard" if hung.is_set() else "the CPU cap" if over_cpu else ""
     return Run(proc.returncode, chunks.get("out", b"").decode("utf-8", "replace"),
@@ -199,7 +202,8 @@ class SymattnCli:
     """``symattn ARGS`` three ways: ``cli(*args)`` in process through click's CliRunner,
     ``cli.main(*args)`` through :func:`symattn.cli.main` (exit codes, signals and internal errors
     as the console script has them) with the output captured, and ``cli.entry(*args)`` through the
-    real entry point in a child process (:func:`run_cli`)."""
+    real entry point in a child process (:func:`run_cli`); ``cli.bounded(*args)`` is a child under
+    a memory and CPU cap that reports what it cost."""
 
     def __call__(self, *args, cwd: str | os.PathLike | None = None, env: dict[str, str] | None = None,
                  input: str | bytes | None = None, catch_exceptions: bool = True,
@@ -238,13 +242,22 @@ class SymattnCli:
 
     def entry(self, *args, cwd: str | os.PathLike | None = None, env: dict[str, str] | None = None,
               how: str = "auto", memory: int | None = None, cpu: int = 10 * CPU_CAP_S,
-              stdin=subprocess.DEVNULL) -> CliResult:
+              stdin=subprocess.DEVNULL, stdout=subprocess.PIPE) -> CliResult:
         """Through the real entry point (see :func:`entry_point` for ``how``) in a child process
-        running this checkout, bounded as :func:`run_cli` bounds it."""
+        running this checkout, bounded as :func:`run_cli` bounds it (``stdout``: a file to write
+        standard output to instead of capturing it)."""
         r = run_cli([str(a) for a in args], cwd=cwd, memory=memory, cpu=cpu, how=how,
-                    env={"PYTHONIOENCODING": "utf-8", **(env or {})}, stdin=stdin, steady=False)
+                    env={"PYTHONIOENCODING": "utf-8", **(env or {})}, stdin=stdin, steady=False, stdout=stdout)
         assert not r.killed, f"killed by {r.killed_by} ({r.err[-300:]!r})"
         return CliResult(r.code, r.out, r.err, r.out + r.err)
+
+    def bounded(self, *args, cwd: str | os.PathLike | None = None, memory: int | None = GIB, cpu: int = CPU_CAP_S,
+                **kwargs) -> Run:
+        """``python -m symattn ARGS`` in a child process capped at ``memory`` bytes of address space
+        and ``cpu`` seconds of CPU time, and what it cost: a :class:`Run` (``cpu_seconds``,
+        ``peak_bytes``, ``assert_bounded``; a child killed by a cap is reported, not raised). The
+        other keywords are :func:`run_cli`'s."""
+        return run_cli([str(a) for a in args], cwd=cwd, memory=memory, cpu=cpu, **kwargs)
 
 
 class _working_directory:

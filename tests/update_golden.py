@@ -2,7 +2,7 @@
 
 Each ``worked_examples/NAME.yaml`` (and ``worked_examples/large/NAME.yaml``) gets ``NAME.tex`` (standalone LaTeX) and
 ``NAME.md`` (Markdown) beside it, and the examples of ``HTML`` their web page ``NAME.html``, rendered without the cross-check paragraph
-(whose float figures may differ between NumPy builds). ``tests/test_golden.py``
+(whose float figures may differ between NumPy builds). ``tests/test_render_golden.py``
 checks that the committed files equal a fresh rendering; review their diff
 like code.
 """

@@ -11,7 +11,7 @@ its own math:
   ``d_model``).
 
 The LaTeX inside the brackets uses a small vocabulary that :func:`text_of` knows (see
-``_COMMANDS``); ``tests/test_prose.py`` checks that every marked piece symattn writes has a
+``_COMMANDS``); ``tests/test_render_prose.py`` checks that every marked piece symattn writes has a
 plain-text rendering with no backslash or brace left. User text (tokens) interpolated into
 prose passes through :func:`literal` first, so it can never open math.
 """

@@ -1,5 +1,5 @@
 """Writes the config.json files in this folder: what Hugging Face transformers writes for the tiny
-models of tests/test_configs.py, one file per case, so that those tests run without transformers.
+models of tests/test_problem_configs.py, one file per case, so that those tests run without transformers.
 
     python tests/configs/make_configs.py
 

@@ -16,7 +16,7 @@
 // sequence is an error here (on a page it prints the macro name in red, just as wrong) and
 // symattn's math needs no extension that a page may not load.
 //
-// Used by tests/test_math_renderers.py; install the packages with `npm ci --prefix tests/node`
+// Used by tests/test_render_math.py; install the packages with `npm ci --prefix tests/node`
 // (or elsewhere, naming that node_modules folder in SYMATTN_NODE_MODULES).
 
 import {createRequire} from 'node:module';

@@ -40,7 +40,6 @@ import random
 import re
 import shutil
 import subprocess
-import sys
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
@@ -49,13 +48,12 @@ import mpmath
 import pytest
 import sympy
 import yaml
-from click.testing import CliRunner
 
 import symattn
 from symattn import SymattnError
-from symattn.cli import cli
 from symattn.problem.load import parse_problem
 from symattn.problem.model import SUM_LOSS, Backward
+from _child import SymattnCli
 from _reference import allowed_grid, answers_text, fmatrix, frac, quoted, yaml_matrix
 from _reference import attention_loss_rounding, central_difference_bound
 from _reference import rounded_grid as _rounded_grid
@@ -66,13 +64,13 @@ except ImportError:  # pragma: no cover - torch is optional
     _torch = None
 
 ROOT = Path(__file__).resolve().parent.parent
-# (the backward pass through RoPE is refused: tests/test_rope.py tests those examples; grouped-query
+# (the backward pass through RoPE is refused: tests/test_exact_rope.py tests those examples; grouped-query
 # attention (kv_heads) has no backward pass yet: its examples are forward-only.) Positional encodings
 # (sines and cosines) are beyond this file's fractions: their gradients are checked in
-# test_positions.py (finite differences and PyTorch autograd). Projection biases (b_Q, ..., b_O) are
+# test_problem_positions.py (finite differences and PyTorch autograd). Projection biases (b_Q, ..., b_O) are
 # beyond this file's reading of a problem: their forward and backward passes are checked in
-# test_bias.py (by hand, NumPy and PyTorch autograd). Weights from a checkpoint's layout (from:) are
-# not in this file's YAML reference either: test_layouts.py checks them against PyTorch.
+# test_exact_bias.py (by hand, NumPy and PyTorch autograd). Weights from a checkpoint's layout (from:) are
+# not in this file's YAML reference either: test_problem_layouts.py checks them against PyTorch.
 EXAMPLES = sorted(p for p in (ROOT / "worked_examples").glob("*.yaml")
                   if not p.stem.startswith("rope") and "kv_heads" not in p.read_text("utf-8")
                   and not any(line.startswith(("positions:", "from:")) for line in p.read_text("utf-8").splitlines())
@@ -483,18 +481,7 @@ def check_no_infinities(d, ids) -> None:
 # ---------------------------------------------------------------------------
 
 
-def invoke(*args, cwd: Path):
-    old = Path.cwd()
-    os.chdir(cwd)
-    try:
-        return CliRunner().invoke(cli, [str(a) for a in args], prog_name="symattn")
-    finally:
-        os.chdir(old)
-
-
-def entry_point() -> list[str]:
-    exe = shutil.which("symattn")
-    return [exe] if exe else [sys.executable, "-m", "symattn"]
+CLI = SymattnCli()  # for the helpers below; a test takes the symattn_cli fixture
 
 
 # ---------------------------------------------------------------------------
@@ -1277,10 +1264,10 @@ def _json_stages(r) -> dict:
 
 @pytest.mark.parametrize("name", ["causal_4_tokens.yaml", "two_heads.yaml", "cross_attention_bottom_right.yaml",
                                   "qkv_given.yaml"])
-def test_cli_backward_json_has_every_gradient_stage(tmp_path, name):
+def test_cli_backward_json_has_every_gradient_stage(symattn_cli, tmp_path, name):
     path = ROOT / "worked_examples" / name
     spec = read_spec(path.read_text("utf-8"), loss=("sum", None))
-    r = invoke("derive", path, "--backward", "-f", "json", cwd=tmp_path)
+    r = symattn_cli("derive", path, "--backward", "-f", "json", cwd=tmp_path)
     data = _json_stages(r)
     ids = [s["id"] for s in data["stages"]]
     assert ids == forward_ids(spec) + gradient_ids(spec)
@@ -1301,66 +1288,64 @@ def test_cli_backward_json_has_every_gradient_stage(tmp_path, name):
         assert_float_close(back, ref[sid], JSON_TOL, f"{name} JSON exact {sid}")
 
 
-def test_cli_without_backward_has_no_gradient_stage(tmp_path):
-    r = invoke("derive", CAUSAL4, "-f", "json", cwd=tmp_path)
+def test_cli_without_backward_has_no_gradient_stage(symattn_cli, tmp_path):
+    r = symattn_cli("derive", CAUSAL4, "-f", "json", cwd=tmp_path)
     data = _json_stages(r)
     assert [s["id"] for s in data["stages"]] == forward_ids(read_spec(CAUSAL4.read_text("utf-8"), loss=None))
 
 
-def test_cli_backward_flag_means_sum_loss(tmp_path):
-    data = _json_stages(invoke("derive", CAUSAL4, "--backward", "-f", "json", cwd=tmp_path))
+def test_cli_backward_flag_means_sum_loss(symattn_cli, tmp_path):
+    data = _json_stages(symattn_cli("derive", CAUSAL4, "--backward", "-f", "json", cwd=tmp_path))
     dO = next(s for s in data["stages"] if s["id"] == "dO")
     assert dO["exact"] == [["1"] * 2] * 4 and dO["approx"] == [[1.0] * 2] * 4
 
 
 @pytest.mark.parametrize("flag", [[], ["--backward"]], ids=["section", "section-and-flag"])
-def test_cli_backward_section_is_derived_with_or_without_the_flag(tmp_path, flag):
+def test_cli_backward_section_is_derived_with_or_without_the_flag(symattn_cli, tmp_path, flag):
     text = BASE + "backward:\n  loss: {weights: [[3], [-1]]}\n"
     (tmp_path / "p.yaml").write_text(text, "utf-8")
-    data = _json_stages(invoke("derive", "p.yaml", *flag, "-f", "json", cwd=tmp_path))
+    data = _json_stages(symattn_cli("derive", "p.yaml", *flag, "-f", "json", cwd=tmp_path))
     by_id = {s["id"]: s for s in data["stages"]}
     assert [s["id"] for s in data["stages"]] == FORWARD_GIVEN + gradient_ids(read_spec(text))
     assert by_id["dO"]["exact"] == [["3"], ["-1"]]  # the section's loss, not the flag's sum
 
 
-def test_cli_backward_markdown_and_latex_explain_the_jacobian(tmp_path):
-    r = invoke("derive", CAUSAL4, "--backward", "-f", "markdown", cwd=tmp_path)
+def test_cli_backward_markdown_and_latex_explain_the_jacobian(symattn_cli, tmp_path):
+    r = symattn_cli("derive", CAUSAL4, "--backward", "-f", "markdown", cwd=tmp_path)
     assert r.exit_code == 0, r.stderr
     md = r.stdout
     assert "Jacobian" in md
     assert md.count("$$") % 2 == 0
-    r = invoke("derive", CAUSAL4, "--backward", "-o", "x.tex", cwd=tmp_path)
+    r = symattn_cli("derive", CAUSAL4, "--backward", "-o", "x.tex", cwd=tmp_path)
     assert r.exit_code == 0, r.stderr
     tex = (tmp_path / "x.tex").read_text("utf-8")
     assert tex.startswith("\\documentclass")
     assert "Jacobian" in tex and "diag" in tex
     assert "[U+" not in tex, "prose with a character the LaTeX renderer does not map"
     # the Jacobian belongs to the backward part: the forward-only solution has none, and is shorter
-    forward = invoke("derive", CAUSAL4, "-o", "f.tex", cwd=tmp_path)
+    forward = symattn_cli("derive", CAUSAL4, "-o", "f.tex", cwd=tmp_path)
     assert forward.exit_code == 0
     assert "Jacobian" not in (tmp_path / "f.tex").read_text("utf-8")
     assert len(tex) > len((tmp_path / "f.tex").read_text("utf-8"))
 
 
-def test_cli_backward_through_the_entry_point(tmp_path):
+def test_cli_backward_through_the_entry_point(symattn_cli, tmp_path):
     spec = read_spec(TWO_HEADS.read_text("utf-8"), loss=("sum", None))
-    p = subprocess.run([*entry_point(), "derive", str(TWO_HEADS), "--backward", "-f", "json"],
-                       cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False)
+    p = symattn_cli.entry("derive", TWO_HEADS, "--backward", "-f", "json", cwd=tmp_path)
     assert p.returncode == 0, p.stderr
     data = json.loads(p.stdout)
     assert [s["id"] for s in data["stages"]] == forward_ids(spec) + gradient_ids(spec)
-    p = subprocess.run([sys.executable, "-m", "symattn", "derive", str(CAUSAL4), "--backward", "-f", "markdown"],
-                       cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False)
+    p = symattn_cli.entry("derive", CAUSAL4, "--backward", "-f", "markdown", cwd=tmp_path, how="python-m")
     assert p.returncode == 0, p.stderr
     assert "Jacobian" in p.stdout and "Traceback" not in p.stderr
 
 
-def test_cli_backward_latex_compiles(tmp_path):
+def test_cli_backward_latex_compiles(symattn_cli, tmp_path):
     if shutil.which("pdflatex") is None:
         if os.environ.get("CI"):
             pytest.fail("pdflatex is required on CI")
         pytest.skip("pdflatex not installed")
-    r = invoke("derive", TWO_HEADS, "--backward", "--standalone", "-o", "solution.tex", cwd=tmp_path)
+    r = symattn_cli("derive", TWO_HEADS, "--backward", "--standalone", "-o", "solution.tex", cwd=tmp_path)
     assert r.exit_code == 0, r.stderr
     done = subprocess.run(
         ["pdflatex", "-no-shell-escape", "-halt-on-error", "-interaction=nonstopmode", "solution.tex"],
@@ -1402,7 +1387,7 @@ rounded_grid = functools.partial(_rounded_grid, places=PLACES)
 def run_check(tmp_path: Path, problem: Path, stages: dict, *extra):
     answers = tmp_path / "answers.yaml"
     answers.write_text(answers_text(stages), "utf-8")
-    r = invoke("check", problem, answers, "--format", "json", *extra, cwd=tmp_path)
+    r = CLI("check", problem, answers, "--format", "json", *extra, cwd=tmp_path)
     return r
 
 
@@ -1575,10 +1560,10 @@ BAD_BACKWARD = {
 
 
 @pytest.mark.parametrize("case", sorted(BAD_BACKWARD))
-def test_bad_backward_section_is_one_error_line(tmp_path, case):
+def test_bad_backward_section_is_one_error_line(symattn_cli, tmp_path, case):
     text, place, fragments = BAD_BACKWARD[case]
     (tmp_path / "bad.yaml").write_text(text, "utf-8")
-    r = invoke("derive", "bad.yaml", "-f", "json", cwd=tmp_path)
+    r = symattn_cli("derive", "bad.yaml", "-f", "json", cwd=tmp_path)
     assert r.exit_code == 1, (r.exit_code, r.stderr, r.exc_info)
     assert r.stdout == "" and "Traceback" not in r.stderr
     lines = r.stderr.splitlines()
@@ -1603,20 +1588,19 @@ def test_bad_backward_section_through_the_api(case):
     assert info.value.field == field
 
 
-def test_bad_backward_section_through_the_entry_point(tmp_path):
+def test_bad_backward_section_through_the_entry_point(symattn_cli, tmp_path):
     text, place, _ = BAD_BACKWARD["dO-shape"]
     (tmp_path / "bad.yaml").write_text(text, "utf-8")
-    p = subprocess.run([sys.executable, "-m", "symattn", "derive", "bad.yaml"],
-                       cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False)
+    p = symattn_cli.entry("derive", "bad.yaml", cwd=tmp_path, how="python-m")
     assert p.returncode == 1 and p.stdout == ""
     assert p.stderr.strip().splitlines() == [p.stderr.strip()]
     assert p.stderr.startswith("Error: " + place) and "Traceback" not in p.stderr
 
 
-def test_bad_backward_section_with_the_flag_is_the_same_error(tmp_path):
+def test_bad_backward_section_with_the_flag_is_the_same_error(symattn_cli, tmp_path):
     text, place, _ = BAD_BACKWARD["loss-mean"]
     (tmp_path / "bad.yaml").write_text(text, "utf-8")
-    r = invoke("derive", "bad.yaml", "--backward", "-f", "json", cwd=tmp_path)
+    r = symattn_cli("derive", "bad.yaml", "--backward", "-f", "json", cwd=tmp_path)
     assert r.exit_code == 1, (r.exit_code, r.stderr)
     assert r.stderr.splitlines() == [r.stderr.strip()] and r.stderr.startswith("Error: " + place)
 
@@ -1636,9 +1620,9 @@ def _nine_tokens(tmp_path) -> Path:
     return path
 
 
-def test_big_gradients_are_shown_in_decimals_and_stay_exact_on_request(tmp_path):
+def test_big_gradients_are_shown_in_decimals_and_stay_exact_on_request(symattn_cli, tmp_path):
     path = _nine_tokens(tmp_path)
-    r = CliRunner().invoke(cli, ["derive", str(path), "-f", "json"])
+    r = symattn_cli("derive", path, "-f", "json")
     assert r.exit_code == 0, r.output
     stages = {s["id"]: s for s in json.loads(r.output)["stages"]}
     # 81 scores > EXACT_LIMIT: the long gradients are null in JSON, their decimals are not
@@ -1648,7 +1632,7 @@ def test_big_gradients_are_shown_in_decimals_and_stay_exact_on_request(tmp_path)
     # dO (all ones) and dA (rational) are still written exactly
     assert stages["dO"]["exact"] == [["1", "1"]] * 9
     assert stages["dA"]["exact"] is not None
-    tex = CliRunner().invoke(cli, ["derive", str(path), "-f", "latex"])
+    tex = symattn_cli("derive", path, "-f", "latex")
     assert tex.exit_code == 0 and "decimals only" in tex.output
     # the Python API still builds an exact entry, and it agrees with the decimals
     d = symattn.derive(symattn.load_problem(path))

@@ -23,7 +23,6 @@ Sections:
 from __future__ import annotations
 
 import json
-import os
 import random
 import sys
 from dataclasses import dataclass
@@ -34,11 +33,9 @@ import mpmath
 import pytest
 import sympy
 import yaml
-from click.testing import CliRunner
 
 import symattn
 from symattn import SymattnError
-from symattn.cli import cli
 from symattn.problem.load import parse_problem
 from _reference import allowed_grid, fmatmul, fmatrix, frac, quoted, yaml_matrix
 
@@ -63,20 +60,6 @@ STAGES_PER_HEAD = ["W_Q", "W_K", "W_V", "Q", "K", "V", "K_T", "S", "S_scaled", "
 # ---------------------------------------------------------------------------
 
 
-def runner() -> CliRunner:
-    try:
-        return CliRunner(mix_stderr=False)  # click < 8.2
-    except TypeError:
-        return CliRunner()  # click >= 8.2: stderr is always separate
-
-
-def invoke(*args, cwd: Path):
-    old = Path.cwd()
-    os.chdir(cwd)
-    try:
-        return runner().invoke(cli, [str(a) for a in args], prog_name="symattn")
-    finally:
-        os.chdir(old)
 
 
 @dataclass
@@ -484,9 +467,9 @@ def test_symbol_without_values_skips_the_crosscheck():
 
 
 @pytest.mark.parametrize("fmt", ["latex", "markdown", "text"])
-def test_cli_symbol_without_values_prints_a_note_and_exits_0(tmp_path, fmt):
+def test_cli_symbol_without_values_prints_a_note_and_exits_0(symattn_cli, tmp_path, fmt):
     (tmp_path / "p.yaml").write_text(SYMBOLIC, "utf-8")
-    r = invoke("derive", "p.yaml", "--format", fmt, cwd=tmp_path)
+    r = symattn_cli("derive", "p.yaml", "--format", fmt, cwd=tmp_path)
     assert r.exception is None or isinstance(r.exception, SystemExit), r.exc_info
     assert r.exit_code == 0, r.stderr
     assert r.stderr.startswith("Note:") and "values" in r.stderr, r.stderr
@@ -494,9 +477,9 @@ def test_cli_symbol_without_values_prints_a_note_and_exits_0(tmp_path, fmt):
     assert r.stdout.strip()
 
 
-def test_cli_json_symbol_without_values_prints_a_note_and_exits_0(tmp_path):
+def test_cli_json_symbol_without_values_prints_a_note_and_exits_0(symattn_cli, tmp_path):
     (tmp_path / "p.yaml").write_text(SYMBOLIC, "utf-8")
-    r = invoke("derive", "p.yaml", "--format", "json", cwd=tmp_path)
+    r = symattn_cli("derive", "p.yaml", "--format", "json", cwd=tmp_path)
     assert r.exit_code == 0, r.stderr
     assert r.stderr.startswith("Note:") and "Error" not in r.stderr, r.stderr
     data = json.loads(r.stdout)
@@ -649,11 +632,11 @@ def test_heads_concat_and_output_projection_are_exact():
 
 
 @pytest.mark.parametrize("with_context", [True, False], ids=["context", "self"])
-def test_json_of_a_multi_head_problem_has_the_stage_ids_in_order(tmp_path, with_context):
+def test_json_of_a_multi_head_problem_has_the_stage_ids_in_order(symattn_cli, tmp_path, with_context):
     text = HEADS if with_context else HEADS.replace(
         'context: [[1, 1, 0], [2, 0, "1/2"], [0, 3, 1]]\n', "").replace("causal-bottom-right", "causal")
     (tmp_path / "p.yaml").write_text(text, "utf-8")
-    r = invoke("derive", "p.yaml", "--format", "json", cwd=tmp_path)
+    r = symattn_cli("derive", "p.yaml", "--format", "json", cwd=tmp_path)
     assert r.exit_code == 0, r.stderr
     data = json.loads(r.stdout)
     want = ["X"] + (["context"] if with_context else [])
@@ -873,9 +856,9 @@ def test_there_are_worked_examples():
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
-def test_cli_check_torch_on_worked_example(path, tmp_path):
+def test_cli_check_torch_on_worked_example(symattn_cli, path, tmp_path):
     pytest.importorskip("torch")
-    r = invoke("derive", path, "--format", "json", "--check", "torch", cwd=tmp_path)
+    r = symattn_cli("derive", path, "--format", "json", "--check", "torch", cwd=tmp_path)
     assert r.exit_code == 0, r.stderr
     check = json.loads(r.stdout)["crosscheck"]
     assert check["passed"] is True
@@ -885,29 +868,29 @@ def test_cli_check_torch_on_worked_example(path, tmp_path):
     assert "O" in stages and any(s == "A" or s.endswith(".A") for s in stages), stages
 
 
-def test_cli_check_torch_on_multi_head_cross_attention(tmp_path):
+def test_cli_check_torch_on_multi_head_cross_attention(symattn_cli, tmp_path):
     pytest.importorskip("torch")
     (tmp_path / "p.yaml").write_text(BIAS.replace("scale: none\n", ""), "utf-8")
     (tmp_path / "h.yaml").write_text(HEADS, "utf-8")
     for name in ("p.yaml", "h.yaml"):
-        r = invoke("derive", name, "--format", "json", "--check", "torch", cwd=tmp_path)
+        r = symattn_cli("derive", name, "--format", "json", "--check", "torch", cwd=tmp_path)
         assert r.exit_code == 0, r.stderr
         check = json.loads(r.stdout)["crosscheck"]
         assert check["passed"] is True and check["torch"]["passed"] is True
     assert set(check["torch"]["per_stage"]) >= {"head1.A", "head1.O", "head2.A", "head2.O", "O"}
 
 
-def test_cli_check_torch_without_torch_is_a_clear_error(tmp_path, monkeypatch):
+def test_cli_check_torch_without_torch_is_a_clear_error(symattn_cli, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` now raises ImportError
     with pytest.raises(ImportError):
         import torch  # noqa: F401
     path = ROOT / "worked_examples" / "causal_4_tokens.yaml"
-    r = invoke("derive", path, "--format", "json", "--check", "torch", cwd=tmp_path)
+    r = symattn_cli("derive", path, "--format", "json", "--check", "torch", cwd=tmp_path)
     assert r.exit_code == 1, (r.exit_code, r.stderr, r.exc_info)
     assert r.stdout == ""
     assert r.stderr.startswith("Error: "), r.stderr
     assert "pip install 'symattn[torch]'" in r.stderr, r.stderr
     assert "Traceback" not in r.stderr
     # the NumPy check alone still works without PyTorch
-    r = invoke("derive", path, "--format", "json", cwd=tmp_path)
+    r = symattn_cli("derive", path, "--format", "json", cwd=tmp_path)
     assert r.exit_code == 0 and json.loads(r.stdout)["crosscheck"]["passed"] is True

@@ -8,7 +8,7 @@ StrPrinter, every decimal rounded from its 30-digit value, ``json.dumps``), SymP
 ``fractions.Fraction`` and mpmath at 50 digits, and compares.
 
 Run with:
-    python -m pytest -q tests/test_json_output.py
+    python -m pytest -q tests/test_render_json.py
 """
 
 from __future__ import annotations

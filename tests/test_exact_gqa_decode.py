@@ -19,10 +19,8 @@ import numpy as np
 import pytest
 import sympy
 import yaml
-from click.testing import CliRunner
 
 import symattn
-from symattn.cli import cli
 from symattn.problem.passes import with_decode
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -272,10 +270,10 @@ def test_check_follows_through_from_the_key_cache():
     assert status == {"K_cache": "wrong", "s_t": "follows"}
 
 
-def test_a_cache_row_with_a_key_after_t_is_refused_naming_the_future_key(tmp_path):
+def test_a_cache_row_with_a_key_after_t_is_refused_naming_the_future_key(symattn_cli, tmp_path):
     answers = tmp_path / "a.yaml"
     answers.write_text("a_t: [[0.1, 0.2, 0.3, 0.4]]\n")
-    result = CliRunner().invoke(cli, ["check", str(DECODE), str(answers)])
+    result = symattn_cli("check", str(DECODE), str(answers))
     assert result.exit_code == 1
     assert "used a future key" in result.output
 
@@ -287,16 +285,16 @@ def test_a_cache_row_with_a_key_after_t_is_refused_naming_the_future_key(tmp_pat
     (["cross_attention_top_left.yaml", "--decode", "1"], "--decode: decoding from a KV cache is for causal self-attention"),
     (["cross_attention_bottom_right.yaml", "--decode", "1"], "--decode: decoding from a KV cache is for causal"),
 ])
-def test_decode_option_refuses_with_one_error_line(args, fragment):
-    result = CliRunner().invoke(cli, ["derive", str(EXAMPLES / args[0]), *args[1:], "-f", "json"])
+def test_decode_option_refuses_with_one_error_line(symattn_cli, args, fragment):
+    result = symattn_cli("derive", str(EXAMPLES / args[0]), *args[1:], "-f", "json")
     assert result.exit_code == 1
     lines = result.output.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"Error: {EXAMPLES / args[0]}: ") and fragment in lines[0]
 
 
-def test_decode_option_matches_the_field():
-    by_option = CliRunner().invoke(cli, ["derive", str(EXAMPLES / "causal_4_tokens.yaml"), "--decode", "3",
-                                         "-f", "json", "--no-check"])
+def test_decode_option_matches_the_field(symattn_cli):
+    by_option = symattn_cli("derive", str(EXAMPLES / "causal_4_tokens.yaml"), "--decode", "3",
+                            "-f", "json", "--no-check")
     assert by_option.exit_code == 0, by_option.output
     by_field = json.loads(symattn.render_json(symattn.derive(symattn.load_problem(DECODE))))
     stages = {s["id"]: s["exact"] for s in json.loads(by_option.output)["stages"]}
@@ -305,10 +303,10 @@ def test_decode_option_matches_the_field():
             assert stages[s["id"]] == s["exact"]
 
 
-def test_an_answer_for_a_grouped_heads_keys_points_to_its_group(tmp_path):
+def test_an_answer_for_a_grouped_heads_keys_points_to_its_group(symattn_cli, tmp_path):
     answers = tmp_path / "a.yaml"
     answers.write_text("head4.V: [[0], [1], [1]]\n")
-    result = CliRunner().invoke(cli, ["check", str(GQA), str(answers)])
+    result = symattn_cli("check", str(GQA), str(answers))
     assert result.exit_code == 1
     assert result.output.strip() == (f"Error: {answers}:1:1: head 4 reads K/V group 2, whose V is head3.V "
                                       "(a group's keys and values are written once, with its first head)")

@@ -17,11 +17,10 @@ import mpmath
 import numpy as np
 import pytest
 import sympy
-from click.testing import CliRunner
 
 import symattn
 from symattn import SymattnError
-from symattn.cli import cli
+from _child import SymattnCli
 from _reference import answers_text, attention_loss_rounding, central_difference_bound, rounded_grid
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -212,11 +211,11 @@ def test_every_format_shows_pe_and_x_pos():
 # -- symattn check marks PE and X_pos -------------------------------------------------------------
 
 
-def _check(tmp_path, problem: str, answers: dict[str, list[list[str]]]) -> dict:
+def _check(cli: SymattnCli, tmp_path, problem: str, answers: dict[str, list[list[str]]]) -> dict:
     (tmp_path / "p.yaml").write_text(problem, "utf-8")
     (tmp_path / "a.yaml").write_text(answers_text(answers), "utf-8")
-    r = CliRunner().invoke(cli, ["check", str(tmp_path / "p.yaml"), str(tmp_path / "a.yaml"), "--format", "json"],
-                           catch_exceptions=False)
+    r = cli("check", str(tmp_path / "p.yaml"), str(tmp_path / "a.yaml"), "--format", "json",
+            catch_exceptions=False)
     return {s["id"]: s for s in json.loads(r.stdout)["stages"]}
 
 
@@ -224,28 +223,28 @@ def _mp(rows):
     return [[mpmath.mpf(x) for x in row] for row in rows]
 
 
-def test_check_marks_pe_right_and_names_the_common_slips(tmp_path):
+def test_check_marks_pe_right_and_names_the_common_slips(symattn_cli, tmp_path):
     problem = EXAMPLE.read_text("utf-8")
     right = mpmath_pe(3, 4, 10000)
     swapped = [[row[k + 1] if k % 2 == 0 else row[k - 1] for k in range(4)] for row in right]
     from_one = mpmath_pe(4, 4, 10000)[1:]
-    marks = _check(tmp_path, problem, {"PE": rounded_grid(right, 4)})
+    marks = _check(symattn_cli, tmp_path, problem, {"PE": rounded_grid(right, 4)})
     assert marks["PE"]["status"] == "right"
-    marks = _check(tmp_path, problem, {"PE": rounded_grid(swapped, 4)})
+    marks = _check(symattn_cli, tmp_path, problem, {"PE": rounded_grid(swapped, 4)})
     assert marks["PE"]["status"] == "wrong" and "sin and cos swapped" in marks["PE"]["diagnosis"]
-    marks = _check(tmp_path, problem, {"PE": rounded_grid(from_one, 4)})
+    marks = _check(symattn_cli, tmp_path, problem, {"PE": rounded_grid(from_one, 4)})
     assert marks["PE"]["status"] == "wrong" and "counted from 1" in marks["PE"]["diagnosis"]
 
 
-def test_check_follows_x_pos_through_a_wrong_pe(tmp_path):
+def test_check_follows_x_pos_through_a_wrong_pe(symattn_cli, tmp_path):
     problem = EXAMPLE.read_text("utf-8")
     X = [[0, 0, 1, 0], [0, 0, 0, 1], [0, 0, 1, 1]]
     from_one = mpmath_pe(4, 4, 10000)[1:]
     x_pos = [[x + p for x, p in zip(xr, pr)] for xr, pr in zip(X, from_one)]
-    marks = _check(tmp_path, problem, {"PE": rounded_grid(from_one, 4), "X_pos": rounded_grid(x_pos, 4)})
+    marks = _check(symattn_cli, tmp_path, problem, {"PE": rounded_grid(from_one, 4), "X_pos": rounded_grid(x_pos, 4)})
     assert marks["X_pos"]["status"] == "follows"
     # X_pos written as X (the positions forgotten) is wrong and named
-    marks = _check(tmp_path, problem, {"X_pos": [[str(x) for x in row] for row in X]})
+    marks = _check(symattn_cli, tmp_path, problem, {"X_pos": [[str(x) for x in row] for row in X]})
     assert marks["X_pos"]["status"] == "wrong" and "not added" in marks["X_pos"]["diagnosis"]
 
 

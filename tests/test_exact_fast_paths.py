@@ -7,7 +7,7 @@ switched off), and compares the two. Random cases come from Hypothesis, run
 derandomized so every run checks the same cases.
 
 Run with:
-    python -m pytest -q tests/test_fast_paths.py
+    python -m pytest -q tests/test_exact_fast_paths.py
 """
 
 from __future__ import annotations

@@ -18,9 +18,8 @@ import pytest
 safetensors_numpy = pytest.importorskip("safetensors.numpy")
 
 import symattn  # noqa: E402
-from symattn.cli import main  # noqa: E402
 from symattn.problem.load import load_problem  # noqa: E402
-from test_checkpoints import _error, _fractions, _write  # noqa: E402  (one line at the field; exact entries)
+from test_problem_checkpoints import _error, _fractions, _write  # noqa: E402  (one line at the field; exact entries)
 
 def _expected(array):
     array = np.asarray(array, dtype=np.float64)
@@ -413,15 +412,16 @@ def test_multihead_attention_module_agrees(tmp_path, layout, bias):
     _close(_values(d, "O"), out[0].detach().numpy())
 
 
-def test_derive_cli_crosscheck_passes(tmp_path, capsys):
+def test_derive_cli_crosscheck_passes(tmp_path, symattn_cli):
     _save(tmp_path, _llama_tensors(), config={"num_attention_heads": 4, "num_key_value_heads": 2})
     path = _write(tmp_path, f"X: {json.dumps(_x(3, 8).tolist())}\n"
                             "from: {file: model.safetensors, layout: llama, layer: 0, heads: [1, 2]}\n")
-    assert main(["derive", str(path), "-f", "json"]) == 0
-    assert json.loads(capsys.readouterr().out)["crosscheck"]["passed"] is True
+    r = symattn_cli.main("derive", path, "-f", "json")
+    assert r.code == 0
+    assert json.loads(r.stdout)["crosscheck"]["passed"] is True
 
 
-def test_real_inputs_and_some_heads_of_a_gpt2_layer_match_a_pytorch_reference(tmp_path, capsys):
+def test_real_inputs_and_some_heads_of_a_gpt2_layer_match_a_pytorch_reference(tmp_path, symattn_cli):
     """Everything of a real checkpoint at once: X looked up in wte and wpe, heads 2 and 4 of 4 with
     their biases, W_O the c_proj rows of those heads and b_O; against GPT-2's attention by hand,
     the heads' share of c_proj taken from the reference's own split."""
@@ -445,8 +445,9 @@ def test_real_inputs_and_some_heads_of_a_gpt2_layer_match_a_pytorch_reference(tm
         _close(_values(d, f"head{mine}.O"), heads[theirs].numpy())
     _close(_values(d, "O"), out.numpy())
     # the CLI shows the biases as stages and its own cross-check (NumPy, PyTorch) agrees
-    assert main(["derive", str(path), "-f", "json", "--check", "torch"]) == 0
-    doc = json.loads(capsys.readouterr().out)
+    r = symattn_cli.main("derive", path, "-f", "json", "--check", "torch")
+    assert r.code == 0
+    doc = json.loads(r.stdout)
     assert doc["crosscheck"]["passed"] is True
     ids_seen = {s["id"] for s in doc["stages"]}
     assert {"head1.b_Q", "head1.b_K", "head2.b_V", "b_O", "PE"} <= ids_seen
@@ -464,28 +465,28 @@ def gpt2_file(tmp_path):
     return tmp_path
 
 
-def test_unknown_layout(gpt2_file, capsys):
+def test_unknown_layout(gpt2_file, symattn_cli):
     line = _error(gpt2_file, X16 + "from: {file: model.safetensors, layout: gtp2, layer: 0, heads: [1], n_head: 4}\n",
-                  capsys)
+                  symattn_cli)
     assert re.match(r"Error: P:2:\d+: from\.layout: unknown layout 'gtp2' \(did you mean 'gpt2'\?\); "
                     r"the layouts are gpt2, llama, bert", line), line
 
 
-def test_missing_tensor_lists_close_names(tmp_path, capsys):
+def test_missing_tensor_lists_close_names(tmp_path, symattn_cli):
     t = _gpt2_tensors()
     t["h.0.attn.c_proj_weight"] = t.pop("h.0.attn.c_proj.weight")
     _save(tmp_path, t)
     line = _error(tmp_path, X16 + "from: {file: model.safetensors, layout: gpt2, layer: 0, heads: [1], n_head: 4}\n",
-                  capsys)
+                  symattn_cli)
     assert re.match(r"Error: P:2:\d+: from\.layout: 'model\.safetensors' has no tensor 'h\.0\.attn\.c_proj\.weight'",
                     line), line
     assert "'h.0.attn.c_proj_weight'" in line
 
 
-def test_wrong_layout_for_the_file_lists_its_names(tmp_path, capsys):
+def test_wrong_layout_for_the_file_lists_its_names(tmp_path, symattn_cli):
     _save(tmp_path, _bert_tensors())
     line = _error(tmp_path, "X: [[1, 0, 0, 0, 0, 0, 0, 0]]\n"
-                            "from: {file: model.safetensors, layout: llama, layer: 0, heads: [1], n_head: 2}\n", capsys)
+                            "from: {file: model.safetensors, layout: llama, layer: 0, heads: [1], n_head: 2}\n", symattn_cli)
     assert re.match(r"Error: P:2:\d+: from\.layout: 'model\.safetensors' has no tensor "
                     r"'model\.layers\.0\.self_attn\.q_proj\.weight'", line) and "bert.encoder" in line, line
 
@@ -497,21 +498,21 @@ def test_wrong_layout_for_the_file_lists_its_names(tmp_path, capsys):
     ("[-1]", "a whole number ≥ 1"),
     ("[]", "heads is a list of head numbers counted from 1"),
 ])
-def test_bad_heads(gpt2_file, capsys, heads, fragment):
+def test_bad_heads(gpt2_file, symattn_cli, heads, fragment):
     line = _error(gpt2_file, X16 + f"from: {{file: model.safetensors, layout: gpt2, layer: 0, heads: {heads}, "
-                                   "n_head: 4}\n", capsys)
+                                   "n_head: 4}\n", symattn_cli)
     assert re.match(r"Error: P:2:\d+: from\.heads", line) and fragment in line, line
 
 
-def test_layer_out_of_range(gpt2_file, capsys):
+def test_layer_out_of_range(gpt2_file, symattn_cli):
     line = _error(gpt2_file, X16 + "from: {file: model.safetensors, layout: gpt2, layer: 2, heads: [1], n_head: 4}\n",
-                  capsys)
+                  symattn_cli)
     assert re.match(r"Error: P:2:\d+: from\.layer: layer 2 is out of range: 'model\.safetensors' holds layers 0 to 1",
                     line), line
 
 
-def test_missing_n_head(gpt2_file, capsys):
-    line = _error(gpt2_file, X16 + "from: {file: model.safetensors, layout: gpt2, layer: 0, heads: [1]}\n", capsys)
+def test_missing_n_head(gpt2_file, symattn_cli):
+    line = _error(gpt2_file, X16 + "from: {file: model.safetensors, layout: gpt2, layer: 0, heads: [1]}\n", symattn_cli)
     assert re.match(r"Error: P:2:\d+: from\.n_head: the number of heads is not in 'model\.safetensors': "
                     r"give it in from \(n_head: 12\), or put the model's config\.json beside the checkpoint", line), line
 
@@ -531,29 +532,29 @@ def test_missing_n_head(gpt2_file, capsys):
      "from.n_kv_head: n_kv_head is for the llama layout"),
     ("from: [model.safetensors]", "from: from is a mapping"),
 ])
-def test_bad_from(gpt2_file, capsys, text, fragment):
-    line = _error(gpt2_file, X16 + text + "\n", capsys)
+def test_bad_from(gpt2_file, symattn_cli, text, fragment):
+    line = _error(gpt2_file, X16 + text + "\n", symattn_cli)
     assert fragment in line and re.match(r"Error: P:\d+:\d+: ", line), line
 
 
-def test_x_width_must_be_d_model(gpt2_file, capsys):
+def test_x_width_must_be_d_model(gpt2_file, symattn_cli):
     line = _error(gpt2_file, "X: [[1, 2]]\nfrom: {file: model.safetensors, layout: gpt2, layer: 0, heads: [1], "
-                             "n_head: 4}\n", capsys)
+                             "n_head: 4}\n", symattn_cli)
     assert "X: X is 1×2 but layer 0 of 'model.safetensors' takes rows of d_model = 16 entries" in line
 
 
-def test_uneven_kv_groups(tmp_path, capsys):
+def test_uneven_kv_groups(tmp_path, symattn_cli):
     _save(tmp_path, _llama_tensors())
     line = _error(tmp_path, "X: [[1, 0, 0, 0, 0, 0, 0, 0]]\nfrom: {file: model.safetensors, layout: llama, layer: 0, "
-                            "heads: [1, 2, 3], n_head: 4, n_kv_head: 2}\n", capsys)
+                            "heads: [1, 2, 3], n_head: 4, n_kv_head: 2}\n", symattn_cli)
     assert "from.heads: the layer's heads share keys and values in groups of 2" in line, line
 
 
-def test_rope_scaling_is_refused(tmp_path, capsys):
+def test_rope_scaling_is_refused(tmp_path, symattn_cli):
     _save(tmp_path, _llama_tensors(), config={"num_attention_heads": 4, "num_key_value_heads": 2,
                                               "rope_scaling": {"rope_type": "llama3", "factor": 8.0}})
     line = _error(tmp_path, "X: [[1, 0, 0, 0, 0, 0, 0, 0]]\nfrom: {file: model.safetensors, layout: llama, layer: 0, "
-                            "heads: [1]}\n", capsys)
+                            "heads: [1]}\n", symattn_cli)
     assert "sets rope_scaling.rope_type 'llama3', which symattn does not apply" in line, line
 
 
@@ -618,13 +619,13 @@ def test_the_worked_example_is_gpt2s_head():
     _close(_tiny_derived(), _tiny_reference())
 
 
-def test_a_config_link_out_of_the_folder_is_refused(tmp_path, capsys):
+def test_a_config_link_out_of_the_folder_is_refused(tmp_path, symattn_cli):
     inner = tmp_path / "problem"
     inner.mkdir()
     _save(inner, _gpt2_tensors())
     (tmp_path / "config.json").write_text('{"n_head": 4}', "utf-8")
     (inner / "config.json").symlink_to(tmp_path / "config.json")
-    line = _error(inner, X16 + "from: {file: model.safetensors, layout: gpt2, layer: 0, heads: [1]}\n", capsys)
+    line = _error(inner, X16 + "from: {file: model.safetensors, layout: gpt2, layer: 0, heads: [1]}\n", symattn_cli)
     assert "the config.json beside 'model.safetensors' leads out of the problem's folder" in line, line
 
 
@@ -633,9 +634,9 @@ def test_a_config_link_out_of_the_folder_is_refused(tmp_path, capsys):
     ('{"n_head": "four"}', "has n_head 'four', not a whole number"),
     ("[4]", "is not a JSON object"),
 ])
-def test_bad_config(gpt2_file, capsys, config, fragment):
+def test_bad_config(gpt2_file, symattn_cli, config, fragment):
     (gpt2_file / "config.json").write_text(config, "utf-8")
-    line = _error(gpt2_file, X16 + "from: {file: model.safetensors, layout: gpt2, layer: 0, heads: [1]}\n", capsys)
+    line = _error(gpt2_file, X16 + "from: {file: model.safetensors, layout: gpt2, layer: 0, heads: [1]}\n", symattn_cli)
     assert fragment in line, line
 
 
@@ -667,7 +668,7 @@ def test_bfloat16_weights_and_biases_are_exact(tmp_path):
     ([0, 0], "the queries are 0 wide"),
     ([4, 12], "h.0.attn.c_proj.weight is 4×12, which does not fit queries 4 wide and d_model = 4"),
 ])
-def test_hostile_headers(tmp_path, capsys, shape, fragment):
+def test_hostile_headers(tmp_path, symattn_cli, shape, fragment):
     """Shapes the header claims are checked before anything is read or computed from them."""
     size = 4 * shape[0] * shape[1] if all(isinstance(n, int) for n in shape) else 0  # bytes that fit the shape
     entries = {name: {"dtype": "F32", "shape": shape, "data_offsets": [k * size, (k + 1) * size]}
@@ -675,12 +676,12 @@ def test_hostile_headers(tmp_path, capsys, shape, fragment):
     header = json.dumps(entries).encode()
     (tmp_path / "model.safetensors").write_bytes(len(header).to_bytes(8, "little") + header + bytes(2 * size))
     line = _error(tmp_path, X16 + "from: {file: model.safetensors, layout: gpt2, layer: 0, heads: [1], n_head: 4}\n",
-                  capsys)
+                  symattn_cli)
     assert fragment in line, line
 
 
-def test_x_is_needed(gpt2_file, capsys):
-    line = _error(gpt2_file, "from: {file: model.safetensors, layout: gpt2, layer: 0, heads: [1], n_head: 4}\n", capsys)
+def test_x_is_needed(gpt2_file, symattn_cli):
+    line = _error(gpt2_file, "from: {file: model.safetensors, layout: gpt2, layer: 0, heads: [1], n_head: 4}\n", symattn_cli)
     assert re.match(r"Error: P:1:1: X is missing: from: gives the weights; give X, the layer's input", line), line
 
 
@@ -700,7 +701,7 @@ _LAYER_SPEC = {"gpt2": ("h.0.attn.", 16, "n_head: 4"), "llama": ("model.layers.0
     ("bert", "output.dense.bias", 8),
 ])
 @pytest.mark.parametrize("shape", ["2-D", "short"])
-def test_every_bias_of_every_layout_is_checked(tmp_path, capsys, monkeypatch, layout, bias, width, shape):
+def test_every_bias_of_every_layout_is_checked(tmp_path, symattn_cli, monkeypatch, layout, bias, width, shape):
     """A bias of the wrong shape is one line naming it, and nothing of the layer is read."""
     import symattn.problem.checkpoints.safetensors as st
 
@@ -711,7 +712,7 @@ def test_every_bias_of_every_layout_is_checked(tmp_path, capsys, monkeypatch, la
     monkeypatch.setattr(st.Checkpoint, "read", None)  # nothing is read
     x = json.dumps(_x(1, d_model).tolist())
     line = _error(tmp_path, f"X: {x}\nfrom: {{file: model.safetensors, layout: {layout}, layer: 0, heads: all, "
-                            f"{heads}}}\n", capsys)
+                            f"{heads}}}\n", symattn_cli)
     got = [2, width // 2] if shape == "2-D" else [width - 1]
     assert f"from.layout: {prefix}{bias} has shape {got}, not [{width}]" in line, line
 
@@ -721,14 +722,14 @@ def test_every_bias_of_every_layout_is_checked(tmp_path, capsys, monkeypatch, la
     ("bert", "self.value.weight", (6, 8), "bert.encoder.layer.0.attention.self.value.weight is 6×8, not 8×8"),
     ("llama", "k_proj.weight", (8, 6), "model.layers.0.self_attn.k_proj.weight is 8×6, not (n_kv_head × d_head)×8"),
 ])
-def test_keys_and_values_weights_are_checked(tmp_path, capsys, layout, name, shape, fragment):
+def test_keys_and_values_weights_are_checked(tmp_path, symattn_cli, layout, name, shape, fragment):
     prefix, d_model, heads = _LAYER_SPEC[layout]
     t = _LAYER_TENSORS[layout]()
     t[prefix + name] = np.zeros(shape, np.float32)
     _save(tmp_path, t)
     x = json.dumps(_x(1, d_model).tolist())
     line = _error(tmp_path, f"X: {x}\nfrom: {{file: model.safetensors, layout: {layout}, layer: 0, heads: all, "
-                            f"{heads}}}\n", capsys)
+                            f"{heads}}}\n", symattn_cli)
     assert fragment in line, line
 
 

@@ -1,7 +1,7 @@
 """Tests for symattn.numbers.parse: exact numbers from the text a user wrote.
 
 Run with:
-    python -m pytest tests/test_numbers.py -p no:cacheprovider -o addopts=""
+    python -m pytest tests/test_numbers_parse.py -p no:cacheprovider -o addopts=""
 """
 
 from __future__ import annotations

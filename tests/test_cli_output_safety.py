@@ -19,42 +19,27 @@ import threading
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
 from symattn.reference.crosscheck import Mismatch
-from symattn.cli import cli
 from symattn.render.pdf import TEX_LINE_LIMIT, _check_line_lengths, _log_excerpt
-from _child import HANG_S
+from _child import HANG_S, SymattnCli, child_env
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "worked_examples" / "causal_4_tokens.yaml"
-ENV = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""), PYTHONIOENCODING="utf-8")
 SMALL = "Q: [[1, 0]]\nK: [[1, 0], [0, 1]]\nV: [[1], [2]]\n"
 ROOT_USER = hasattr(os, "geteuid") and os.geteuid() == 0
 
 
-def child(args: list[str], cwd: Path, **kwargs) -> subprocess.CompletedProcess:
-    """``python -m symattn ARGS`` in a fresh process (killed only if stuck: HANG_S of wall time)."""
-    kwargs.setdefault("stdout", subprocess.PIPE)
-    return subprocess.run([sys.executable, "-m", "symattn", *args], cwd=cwd, stderr=subprocess.PIPE,
-                          stdin=subprocess.DEVNULL, env=ENV, timeout=HANG_S, text=True, **kwargs)
-
-
-def invoke(args: list[str], cwd: Path):
-    """click's CliRunner result of ``args`` run in ``cwd`` (no traceback may escape)."""
-    old = Path.cwd()
-    os.chdir(cwd)
-    try:
-        result = CliRunner().invoke(cli, args)
-    finally:
-        os.chdir(old)
+def invoke(cli: SymattnCli, args: list[str], cwd: Path):
+    """The in-process result (click's CliRunner) of ``args`` run in ``cwd`` (no traceback may escape)."""
+    result = cli(*args, cwd=cwd)
     assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
     return result
 
 
-def in_process(args: list[str], cwd: Path):
-    result = invoke(args, cwd)
-    return result.exit_code, result.stderr if hasattr(result, "stderr") else result.output
+def in_process(cli: SymattnCli, args: list[str], cwd: Path):
+    result = invoke(cli, args, cwd)
+    return result.exit_code, result.stderr
 
 
 def one_error_line(code: int, stderr: str, *fragments: str) -> str:
@@ -80,26 +65,26 @@ def snapshot(folder: Path) -> dict[str, tuple[int, bytes | None]]:
 
 
 @pytest.mark.parametrize("how", ["python-m", "clirunner"])
-def test_batch_refuses_to_overwrite_the_teachers_files(tmp_path, how):
+def test_batch_refuses_to_overwrite_the_teachers_files(symattn_cli, tmp_path, how):
     (tmp_path / "variant-01.yaml").write_text("# my edited variant\n", "utf-8")
     (tmp_path / "index.csv").write_text("my own index\n", "utf-8")
     (tmp_path / "notes.txt").write_text("keep me\n", "utf-8")
     before = snapshot(tmp_path)
     args = ["generate", "--count", "3", "--out-dir", "."]
     if how == "python-m":
-        done = child(args, tmp_path)
+        done = symattn_cli.entry(*args, cwd=tmp_path, how="python-m")
         code, err = done.returncode, done.stderr
     else:
-        code, err = in_process(args, tmp_path)
+        code, err = in_process(symattn_cli, args, tmp_path)
     line = one_error_line(code, err, "variant-01.yaml", "index.csv", "--force", "nothing was written")
     assert "variant-02.yaml" not in line  # only what exists is listed
     assert snapshot(tmp_path) == before  # untouched, and no temporary folder left behind
 
 
-def test_batch_with_force_replaces_only_its_own_names(tmp_path):
+def test_batch_with_force_replaces_only_its_own_names(symattn_cli, tmp_path):
     (tmp_path / "variant-01.yaml").write_text("# my edited variant\n", "utf-8")
     (tmp_path / "notes.txt").write_text("keep me\n", "utf-8")
-    done = child(["generate", "--count", "2", "--out-dir", ".", "--force"], tmp_path)
+    done = symattn_cli.entry("generate", "--count", "2", "--out-dir", ".", "--force", cwd=tmp_path, how="python-m")
     assert done.returncode == 0, done.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["index.csv", "notes.txt", "variant-01.yaml", "variant-02.yaml"]
     assert (tmp_path / "notes.txt").read_text("utf-8") == "keep me\n"
@@ -107,23 +92,23 @@ def test_batch_with_force_replaces_only_its_own_names(tmp_path):
 
 
 @pytest.mark.parametrize("exists", [True, False])
-def test_failed_batch_writes_nothing(tmp_path, exists):
+def test_failed_batch_writes_nothing(symattn_cli, tmp_path, exists):
     """1 token and sizes 1 with entries 0..1 give 16 distinct problems: 50 cannot be found."""
     out = tmp_path / "g"
     if exists:
         out.mkdir()
         (out / "mine.yaml").write_text("x: 1\n", "utf-8")
     before = snapshot(tmp_path)
-    done = child(["generate", "--tokens", "1", "--d-model", "1", "--d-k", "1", "--d-v", "1", "--mask", "none",
-                  "--count", "50", "--out-dir", "g"], tmp_path)
+    done = symattn_cli.entry("generate", "--tokens", "1", "--d-model", "1", "--d-k", "1", "--d-v", "1", "--mask", "none",
+                             "--count", "50", "--out-dir", "g", cwd=tmp_path, how="python-m")
     one_error_line(done.returncode, done.stderr, "only 16 different problems", "nothing was written")
     assert snapshot(tmp_path) == before
     if exists:
         assert snapshot(out) == {"mine.yaml": (stat.S_IFREG, b"x: 1\n")}
 
 
-def test_batch_into_a_new_nested_folder(tmp_path):
-    done = child(["generate", "--count", "2", "--out-dir", "a/b"], tmp_path)
+def test_batch_into_a_new_nested_folder(symattn_cli, tmp_path):
+    done = symattn_cli.entry("generate", "--count", "2", "--out-dir", "a/b", cwd=tmp_path, how="python-m")
     assert done.returncode == 0, done.stderr
     assert sorted(p.name for p in (tmp_path / "a" / "b").iterdir()) == ["index.csv", "variant-01.yaml", "variant-02.yaml"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a"]
@@ -137,8 +122,8 @@ def _umask() -> int:
     return u
 
 
-def test_force_without_count_is_a_usage_error(tmp_path):
-    done = child(["generate", "--force"], tmp_path)
+def test_force_without_count_is_a_usage_error(symattn_cli, tmp_path):
+    done = symattn_cli.entry("generate", "--force", cwd=tmp_path, how="python-m")
     assert done.returncode == 2 and "--force" in done.stderr
 
 
@@ -146,24 +131,25 @@ def test_force_without_count_is_a_usage_error(tmp_path):
 
 
 @pytest.mark.parametrize("how", ["python-m", "clirunner"])
-def test_generate_from_refuses_to_overwrite_its_input(tmp_path, how):
+def test_generate_from_refuses_to_overwrite_its_input(symattn_cli, tmp_path, how):
     problem = tmp_path / "p.yaml"
     problem.write_bytes(EXAMPLE.read_bytes())
     args = ["generate", "--from", "p.yaml", "-o", "./p.yaml"]
     if how == "python-m":
-        done = child(args, tmp_path)
+        done = symattn_cli.entry(*args, cwd=tmp_path, how="python-m")
         code, err = done.returncode, done.stderr
     else:
-        code, err = in_process(args, tmp_path)
+        code, err = in_process(symattn_cli, args, tmp_path)
     one_error_line(code, err, "is the --from problem itself")
     assert problem.read_bytes() == EXAMPLE.read_bytes()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["p.yaml"]
 
 
-def test_generate_batch_refuses_to_overwrite_its_input_even_with_force(tmp_path):
+def test_generate_batch_refuses_to_overwrite_its_input_even_with_force(symattn_cli, tmp_path):
     problem = tmp_path / "variant-01.yaml"
     problem.write_bytes(EXAMPLE.read_bytes())
-    done = child(["generate", "--from", "variant-01.yaml", "--count", "2", "--out-dir", ".", "--force"], tmp_path)
+    done = symattn_cli.entry("generate", "--from", "variant-01.yaml", "--count", "2", "--out-dir", ".", "--force",
+                             cwd=tmp_path, how="python-m")
     one_error_line(done.returncode, done.stderr, "is the --from problem itself")
     assert problem.read_bytes() == EXAMPLE.read_bytes()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["variant-01.yaml"]
@@ -176,21 +162,21 @@ MATRIX_FILE_PROBLEM = "X: [[1, 0], [0, 1]]\nW_Q: {file: wq.csv}\nW_K: [[1, 0], [
 @pytest.mark.parametrize("args", [["derive", "p.yaml", "-o", "wq.csv", "-f", "text"],
                                   ["derive", "p.yaml", "-o", "out.tex", "--plot", "./wq.csv"],
                                   ["generate", "--from", "p.yaml", "-o", "wq.csv"]])
-def test_a_matrix_file_the_problem_reads_is_never_an_output(tmp_path, how, args):
+def test_a_matrix_file_the_problem_reads_is_never_an_output(symattn_cli, tmp_path, how, args):
     (tmp_path / "p.yaml").write_text(MATRIX_FILE_PROBLEM, "utf-8")
     (tmp_path / "wq.csv").write_text("1,0\n0,1\n", "utf-8")
     before = snapshot(tmp_path)
     if how == "python-m":
-        done = child(args, tmp_path)
+        done = symattn_cli.entry(*args, cwd=tmp_path, how="python-m")
         code, err = done.returncode, done.stderr
     else:
-        code, err = in_process(args, tmp_path)
+        code, err = in_process(symattn_cli, args, tmp_path)
     one_error_line(code, err, "input files", "wq.csv")
     assert snapshot(tmp_path) == before
 
 
-def test_plot_and_output_on_the_same_file_are_refused(tmp_path):
-    done = child(["derive", "-o", "a.pdf", "--plot", "./a.pdf"], tmp_path)
+def test_plot_and_output_on_the_same_file_are_refused(symattn_cli, tmp_path):
+    done = symattn_cli.entry("derive", "-o", "a.pdf", "--plot", "./a.pdf", cwd=tmp_path, how="python-m")
     one_error_line(done.returncode, done.stderr, "--plot and -o name the same file")
     assert list(tmp_path.iterdir()) == []
 
@@ -200,15 +186,15 @@ def test_plot_and_output_on_the_same_file_are_refused(tmp_path):
 
 @pytest.mark.skipif(not ROOT_USER, reason="making a device node needs root (CI runs the tests as root)")
 @pytest.mark.parametrize("how", ["python-m", "clirunner"])
-def test_output_to_a_device_node_writes_into_it(tmp_path, how):
+def test_output_to_a_device_node_writes_into_it(symattn_cli, tmp_path, how):
     node = tmp_path / "null"
     os.mknod(node, 0o666 | stat.S_IFCHR, os.makedev(1, 3))  # a copy of /dev/null
     args = ["derive", "-o", "null"]  # no suffix: a device gets what standard output would
     if how == "python-m":
-        done = child(args, tmp_path)
+        done = symattn_cli.entry(*args, cwd=tmp_path, how="python-m")
         code, err = done.returncode, done.stderr
     else:
-        code, err = in_process(args, tmp_path)
+        code, err = in_process(symattn_cli, args, tmp_path)
     assert code == 0, err
     st = os.lstat(node)
     assert stat.S_ISCHR(st.st_mode) and st.st_rdev == os.makedev(1, 3)  # still the device, not a file
@@ -216,21 +202,21 @@ def test_output_to_a_device_node_writes_into_it(tmp_path, how):
 
 
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
-def test_output_to_a_full_device_is_an_error_line(tmp_path):
-    done = child(["derive", "-o", "/dev/full", "-f", "text"], tmp_path)
+def test_output_to_a_full_device_is_an_error_line(symattn_cli, tmp_path):
+    done = symattn_cli.entry("derive", "-o", "/dev/full", "-f", "text", cwd=tmp_path, how="python-m")
     one_error_line(done.returncode, done.stderr, "/dev/full", "No space left")
     assert stat.S_ISCHR(os.stat("/dev/full").st_mode)
 
 
-def test_output_to_a_fifo_nobody_reads_is_an_error_not_a_wait(tmp_path):
+def test_output_to_a_fifo_nobody_reads_is_an_error_not_a_wait(symattn_cli, tmp_path):
     fifo = tmp_path / "pipe"
     os.mkfifo(fifo)
-    done = child(["derive", "-o", "pipe", "-f", "text"], tmp_path)
+    done = symattn_cli.entry("derive", "-o", "pipe", "-f", "text", cwd=tmp_path, how="python-m")
     one_error_line(done.returncode, done.stderr, "FIFO", "no program is reading")
     assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
 
 
-def test_output_to_a_fifo_with_a_reader_writes_into_it(tmp_path):
+def test_output_to_a_fifo_with_a_reader_writes_into_it(symattn_cli, tmp_path):
     fifo = tmp_path / "pipe"
     os.mkfifo(fifo)
     got: list[bytes] = []
@@ -246,7 +232,7 @@ def test_output_to_a_fifo_with_a_reader_writes_into_it(tmp_path):
             chunks.append(chunk)
         got.append(b"".join(chunks))
 
-    done = child(["derive", "-o", "pipe", "-f", "text"], tmp_path)
+    done = symattn_cli.entry("derive", "-o", "pipe", "-f", "text", cwd=tmp_path, how="python-m")
     reader = threading.Thread(target=read)
     reader.start()
     reader.join(10)
@@ -257,7 +243,7 @@ def test_output_to_a_fifo_with_a_reader_writes_into_it(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["pipe"]
 
 
-def test_output_to_a_socket_is_refused(tmp_path):
+def test_output_to_a_socket_is_refused(symattn_cli, tmp_path):
     path = tmp_path / "sock"
     s = socket.socket(socket.AF_UNIX)
     try:
@@ -265,25 +251,25 @@ def test_output_to_a_socket_is_refused(tmp_path):
     except OSError as exc:  # pragma: no cover - a file system without sockets
         pytest.skip(f"cannot make a socket: {exc}")
     try:
-        done = child(["derive", "-o", "sock", "-f", "text"], tmp_path)
+        done = symattn_cli.entry("derive", "-o", "sock", "-f", "text", cwd=tmp_path, how="python-m")
         one_error_line(done.returncode, done.stderr, "is a socket")
         assert stat.S_ISSOCK(os.lstat(path).st_mode)
     finally:
         s.close()
 
 
-def test_output_to_a_folder_named_like_a_file_is_refused(tmp_path):
+def test_output_to_a_folder_named_like_a_file_is_refused(symattn_cli, tmp_path):
     (tmp_path / "out.tex").mkdir()
     (tmp_path / "out.tex" / "keep").write_text("k", "utf-8")
-    done = child(["derive", "-o", "out.tex"], tmp_path)
+    done = symattn_cli.entry("derive", "-o", "out.tex", cwd=tmp_path, how="python-m")
     assert done.returncode in (1, 2) and "Traceback" not in done.stderr  # click refuses a folder as usage
     assert (tmp_path / "out.tex" / "keep").read_text("utf-8") == "k"
 
 
-def test_output_through_a_symlink_writes_its_target_and_keeps_the_link(tmp_path):
+def test_output_through_a_symlink_writes_its_target_and_keeps_the_link(symattn_cli, tmp_path):
     (tmp_path / "real.tex").write_text("old\n", "utf-8")
     os.symlink("real.tex", tmp_path / "link.tex")
-    done = child(["derive", "-o", "link.tex"], tmp_path)
+    done = symattn_cli.entry("derive", "-o", "link.tex", cwd=tmp_path, how="python-m")
     assert done.returncode == 0, done.stderr
     assert os.path.islink(tmp_path / "link.tex")
     assert (tmp_path / "real.tex").read_text("utf-8").startswith("\\documentclass")
@@ -311,7 +297,7 @@ def test_sigterm_while_writing_removes_the_temporary_file(tmp_path):
         sys.exit(main(["derive", "-o", "out.tex"]))
     """)
     done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True,
-                          env=ENV, timeout=HANG_S)
+                          env=child_env({"PYTHONIOENCODING": "utf-8"}), timeout=HANG_S)
     one_error_line(done.returncode, done.stderr, "SIGTERM")
     assert (tmp_path / "out.tex").read_text("utf-8") == "the old solution\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.tex"]
@@ -320,10 +306,10 @@ def test_sigterm_while_writing_removes_the_temporary_file(tmp_path):
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
 @pytest.mark.parametrize("args", [["derive"], ["derive", "-f", "json"], ["check", str(EXAMPLE), "answers.yaml"],
                                   ["generate"]])
-def test_a_full_standard_output_is_an_error_line(tmp_path, args):
+def test_a_full_standard_output_is_an_error_line(symattn_cli, tmp_path, args):
     (tmp_path / "answers.yaml").write_text("S: [[2, 12, 8, 6], [10, 8, 16, 4], [8, 16, 16, 8], [6, 4, 8, 2]]\n", "utf-8")
     with open("/dev/full", "w") as full:
-        done = child(args, tmp_path, stdout=full)
+        done = symattn_cli.entry(*args, cwd=tmp_path, how="python-m", stdout=full)
     one_error_line(done.returncode, done.stderr, "standard output", "No space left")
 
 
@@ -331,9 +317,9 @@ def test_a_full_standard_output_is_an_error_line(tmp_path, args):
 
 
 @pytest.mark.parametrize("extra", [[], ["--backward"]])
-def test_scores_float64_cannot_tell_apart_are_not_called_a_bug(tmp_path, extra):
+def test_scores_float64_cannot_tell_apart_are_not_called_a_bug(symattn_cli, tmp_path, extra):
     (tmp_path / "p.yaml").write_text('Q: [[1]]\nK: [["10^20 + 4"], ["10^20"]]\nV: [[1], [2]]\nscale: none\n', "utf-8")
-    done = child(["derive", "p.yaml", "-f", "text", *extra], tmp_path)
+    done = symattn_cli.entry("derive", "p.yaml", "-f", "text", *extra, cwd=tmp_path, how="python-m")
     assert done.returncode == 0, done.stderr
     assert "bug" not in done.stderr
     assert "NumPy's float64 lacks the precision" in done.stderr
@@ -384,24 +370,24 @@ def test_a_pdflatex_error_after_a_parenthesis_is_found_and_explained():
     assert _log_excerpt("x\n! Undefined control sequence.\nl.5 \\foo\n") == "! Undefined control sequence. | l.5 \\foo"
 
 
-def test_a_long_title_in_a_pdf_is_one_error_line_naming_the_cause(tmp_path):
+def test_a_long_title_in_a_pdf_is_one_error_line_naming_the_cause(symattn_cli, tmp_path):
     (tmp_path / "p.yaml").write_text("title: " + "word " * 50_000 + "\n" + SMALL, "utf-8")
-    done = child(["derive", "p.yaml", "-o", "out.pdf"], tmp_path)
+    done = symattn_cli.entry("derive", "p.yaml", "-o", "out.pdf", cwd=tmp_path, how="python-m")
     one_error_line(done.returncode, done.stderr, "pdflatex reads at most", "shorten the title")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["p.yaml"]
 
 
 @pytest.mark.parametrize("how", ["python-m", "clirunner"])
-def test_a_folder_among_the_answers_files_is_reported_for_that_file(tmp_path, how):
+def test_a_folder_among_the_answers_files_is_reported_for_that_file(symattn_cli, tmp_path, how):
     (tmp_path / "a.yaml").write_text("S: [[2, 12, 8, 6], [12, 8, 16, 4], [8, 16, 16, 8], [6, 4, 8, 2]]\n", "utf-8")
     (tmp_path / "b.yaml").write_text("S: [[2, 12, 8, 6], [10, 8, 16, 4], [8, 16, 16, 8], [6, 4, 8, 2]]\n", "utf-8")
     (tmp_path / "folder").mkdir()
     args = ["check", str(EXAMPLE), "a.yaml", "folder", "b.yaml", "-f", "csv"]
     if how == "python-m":
-        done = child(args, tmp_path)
+        done = symattn_cli.entry(*args, cwd=tmp_path, how="python-m")
         code, out = done.returncode, done.stdout
     else:
-        result = invoke(args, tmp_path)
+        result = invoke(symattn_cli, args, tmp_path)
         code, out = result.exit_code, result.stdout
     assert code == 1
     rows = out.splitlines()
@@ -411,7 +397,7 @@ def test_a_folder_among_the_answers_files_is_reported_for_that_file(tmp_path, ho
     assert rows[3] == "b.yaml,false,wrong,"
 
 
-def test_a_folder_as_the_only_answers_file_is_one_error_line(tmp_path):
+def test_a_folder_as_the_only_answers_file_is_one_error_line(symattn_cli, tmp_path):
     (tmp_path / "folder").mkdir()
-    done = child(["check", str(EXAMPLE), "folder"], tmp_path)
+    done = symattn_cli.entry("check", str(EXAMPLE), "folder", cwd=tmp_path, how="python-m")
     one_error_line(done.returncode, done.stderr, "folder: is a folder, not an answers file")

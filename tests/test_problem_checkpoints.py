@@ -18,8 +18,8 @@ from sympy import Rational
 
 safetensors_numpy = pytest.importorskip("safetensors.numpy")
 
-from symattn.cli import main  # noqa: E402
 from symattn.problem.load import load_problem  # noqa: E402
+from _child import SymattnCli  # noqa: E402
 
 
 def _write(tmp_path, text, name="p.yaml"):
@@ -117,31 +117,33 @@ def test_only_the_slice_is_read(tmp_path, monkeypatch):
     assert sum(read) < 1000 and read[2:] == [16, 16]  # the header's length and bytes, then 2 rows × 4 float32
 
 
-def test_derive_end_to_end(ckpt, capsys):
+def test_derive_end_to_end(ckpt, symattn_cli):
     tmp_path, _ = ckpt
     path = _write(tmp_path, "X: [[1, 0, 0, 0, 0, 0, 0, 0], [0, 1, 0, 0, 0, 0, 0, 1]]\n"
                             'W_Q: {file: model.safetensors, tensor: h.0.attn.c_attn.weight, cols: "0:2"}\n'
                             'W_K: {file: model.safetensors, tensor: h.0.attn.c_attn.weight, cols: "8:10"}\n'
                             'W_V: {file: model.safetensors, tensor: h.0.attn.c_attn.weight, cols: "16:18"}\n')
-    assert main(["derive", str(path), "-f", "json"]) == 0
-    assert json.loads(capsys.readouterr().out)["crosscheck"]["passed"] is True
+    r = symattn_cli.main("derive", path, "-f", "json")
+    assert r.code == 0
+    assert json.loads(r.stdout)["crosscheck"]["passed"] is True
 
 
 # -- bad input: one line, the field's place ---------------------------------------------
 
 
-def _error(tmp_path, text, capsys):
+def _error(tmp_path, text, cli: SymattnCli):
     path = _write(tmp_path, text)
-    assert main(["derive", str(path), "-f", "json"]) == 1
-    err = capsys.readouterr().err
+    r = cli.main("derive", path, "-f", "json")
+    assert r.code == 1
+    err = r.stderr
     lines = err.splitlines()
     assert len(lines) == 1 and lines[0].startswith("Error: ") and "Traceback" not in err, err
     return lines[0].replace(str(path), "P")
 
 
-def test_wrong_tensor_name_lists_close_names(ckpt, capsys):
+def test_wrong_tensor_name_lists_close_names(ckpt, symattn_cli):
     tmp_path, _ = ckpt
-    line = _error(tmp_path, "Q: {file: model.safetensors, tensor: h.0.attn.c_atn.weight}\nK: [[1]]\nV: [[1]]\n", capsys)
+    line = _error(tmp_path, "Q: {file: model.safetensors, tensor: h.0.attn.c_atn.weight}\nK: [[1]]\nV: [[1]]\n", symattn_cli)
     assert line.startswith("Error: P:1:38: Q: ") and "has no tensor 'h.0.attn.c_atn.weight'" in line
     assert "'h.0.attn.c_attn.weight'" in line
 
@@ -153,52 +155,52 @@ def test_wrong_tensor_name_lists_close_names(ckpt, capsys):
     ('cols: "0:4:0"', 68, "step of 0"),
     ('cols: "__import__(1)"', 68, "is not a slice"),
 ])
-def test_bad_slices(ckpt, capsys, spec, col, fragment):
+def test_bad_slices(ckpt, symattn_cli, spec, col, fragment):
     tmp_path, _ = ckpt
-    line = _error(tmp_path, f"X: {{file: model.safetensors, tensor: h.0.attn.c_attn.weight, {spec}}}\n", capsys)
+    line = _error(tmp_path, f"X: {{file: model.safetensors, tensor: h.0.attn.c_attn.weight, {spec}}}\n", symattn_cli)
     assert line.startswith(f"Error: P:1:{col}: X: ") and fragment in line
 
 
-def test_shape_that_does_not_fit(ckpt, capsys):
+def test_shape_that_does_not_fit(ckpt, symattn_cli):
     tmp_path, _ = ckpt
     line = _error(tmp_path, "X: [[1, 2]]\nW_Q: {file: model.safetensors, tensor: h.0.attn.c_attn.weight}\n"
-                            "W_K: [[1], [1]]\nW_V: [[1], [1]]\n", capsys)
+                            "W_K: [[1], [1]]\nW_V: [[1], [1]]\n", symattn_cli)
     assert "W_Q" in line and "8" in line
 
 
-def test_one_dimensional_tensor(ckpt, capsys):
+def test_one_dimensional_tensor(ckpt, symattn_cli):
     tmp_path, _ = ckpt
-    line = _error(tmp_path, "X: {file: model.safetensors, tensor: bias}\n", capsys)
+    line = _error(tmp_path, "X: {file: model.safetensors, tensor: bias}\n", symattn_cli)
     assert line.startswith("Error: P:1:38: X: ") and "2-dimensional" in line
 
 
 @pytest.mark.parametrize("name", ["pytorch_model.bin", "model.pt", "model.pth"])
-def test_pickles_refused(tmp_path, capsys, name):
+def test_pickles_refused(tmp_path, symattn_cli, name):
     (tmp_path / name).write_bytes(b"\x80\x04PK")
-    line = _error(tmp_path, f"X: {{file: {name}}}\n", capsys)
+    line = _error(tmp_path, f"X: {{file: {name}}}\n", symattn_cli)
     assert line.startswith("Error: P:1:11: X: ") and "pickle" in line and "save_file" in line
 
 
-def test_truncated_header(ckpt, capsys):
+def test_truncated_header(ckpt, symattn_cli):
     tmp_path, _ = ckpt
     data = (tmp_path / "model.safetensors").read_bytes()
     (tmp_path / "cut.safetensors").write_bytes(data[:40])
-    line = _error(tmp_path, "X: {file: cut.safetensors, tensor: ints}\n", capsys)
+    line = _error(tmp_path, "X: {file: cut.safetensors, tensor: ints}\n", symattn_cli)
     assert line.startswith("Error: P:1:11: X: ") and "header is cut short" in line
 
 
-def test_truncated_data(ckpt, capsys):
+def test_truncated_data(ckpt, symattn_cli):
     tmp_path, _ = ckpt
     data = (tmp_path / "model.safetensors").read_bytes()
     (tmp_path / "cut.safetensors").write_bytes(data[:-8])
-    line = _error(tmp_path, "X: {file: cut.safetensors, tensor: h.0.attn.c_attn.weight}\n", capsys)
+    line = _error(tmp_path, "X: {file: cut.safetensors, tensor: h.0.attn.c_attn.weight}\n", symattn_cli)
     assert "not a valid safetensors file" in line
 
 
-def test_not_a_regular_file(ckpt, capsys):
+def test_not_a_regular_file(ckpt, symattn_cli):
     tmp_path, _ = ckpt
     os.mkfifo(tmp_path / "fifo.safetensors")
-    line = _error(tmp_path, "X: {file: fifo.safetensors, tensor: w}\n", capsys)
+    line = _error(tmp_path, "X: {file: fifo.safetensors, tensor: w}\n", symattn_cli)
     assert "FIFO" in line
 
 
@@ -208,23 +210,23 @@ def test_not_a_regular_file(ckpt, capsys):
     ("X: {file: model.safetensors, tensor: ints, transpose: yes please}\n", "true or false"),
     ("X: {file: m.npy, tensor: ints}\n", "read whole"),
 ])
-def test_bad_keys(ckpt, capsys, text, fragment):
+def test_bad_keys(ckpt, symattn_cli, text, fragment):
     tmp_path, _ = ckpt
     np.save(tmp_path / "m.npy", np.eye(2))
-    assert fragment in _error(tmp_path, text, capsys)
+    assert fragment in _error(tmp_path, text, symattn_cli)
 
 
-def test_header_length_lie(tmp_path, capsys):
+def test_header_length_lie(tmp_path, symattn_cli):
     (tmp_path / "lie.safetensors").write_bytes(struct.pack("<Q", 2 ** 60) + b"{}")
-    line = _error(tmp_path, "X: {file: lie.safetensors, tensor: w}\n", capsys)
+    line = _error(tmp_path, "X: {file: lie.safetensors, tensor: w}\n", symattn_cli)
     assert "not a valid safetensors file" in line
 
 
 @pytest.mark.parametrize("value, fragment", [(np.inf, "NaN or infinite"), (np.nan, "NaN or infinite"),
                                              (1e301, "larger than 10^300")])
-def test_float64_values_refused_like_npy(tmp_path, capsys, value, fragment):
+def test_float64_values_refused_like_npy(tmp_path, symattn_cli, value, fragment):
     safetensors_numpy.save_file({"w": np.array([[1.0, value]])}, str(tmp_path / "f.safetensors"))
-    line = _error(tmp_path, "X: {file: f.safetensors, tensor: w}\n", capsys)
+    line = _error(tmp_path, "X: {file: f.safetensors, tensor: w}\n", symattn_cli)
     assert line.startswith("Error: P:1:34: X: ") and fragment in line
 
 
@@ -365,9 +367,9 @@ def test_learned_positions_from_a_table_gpt2_input(tables):
      "positions: {file: model.safetensors, tensor: wpe_wide}\n", "2:12",
      "the learned positions are 2×5 but X is 2×6"),
 ])
-def test_embedding_and_position_errors(tables, capsys, text, where, fragment):
+def test_embedding_and_position_errors(tables, symattn_cli, text, where, fragment):
     tmp_path, _ = tables
-    line = _error(tmp_path, text + _HEAD, capsys)
+    line = _error(tmp_path, text + _HEAD, symattn_cli)
     assert line.startswith(f"Error: P:{where}: ") and fragment in line, line
 
 
@@ -419,50 +421,50 @@ _MALFORMED = "is not a valid safetensors file: the header's entry for 'w' is mal
     (_one(shape="[3, 1]"), "tensor 'w''s bytes do not fit its shape or run past the end of the file"),
     (_one(shape="[4294967296, 4294967296, 4294967296, 4294967296]"), "tensor 'w''s bytes do not fit its shape"),
 ])
-def test_every_field_of_the_header_is_checked(tmp_path, capsys, header, fragment):
+def test_every_field_of_the_header_is_checked(tmp_path, symattn_cli, header, fragment):
     """Each entry's dtype a name, its shape and data_offsets whole numbers below 2^64, the metadata
     strings, no name twice, the tensors end to end: one line each, of any JSON type."""
     _raw(tmp_path, header, b"\0" * 8)
-    line = _error(tmp_path, _qkv("{file: h.safetensors, tensor: w}"), capsys)
+    line = _error(tmp_path, _qkv("{file: h.safetensors, tensor: w}"), symattn_cli)
     assert line.startswith("Error: P:1:") and fragment in line, line
 
 
-def test_bytes_past_the_last_tensor_are_refused(tmp_path, capsys):
+def test_bytes_past_the_last_tensor_are_refused(tmp_path, symattn_cli):
     """As the safetensors package: the header accounts for the whole file."""
     _raw(tmp_path, _one(), b"\0" * 12)
-    line = _error(tmp_path, _qkv("{file: h.safetensors, tensor: w}"), capsys)
+    line = _error(tmp_path, _qkv("{file: h.safetensors, tensor: w}"), symattn_cli)
     assert "it holds 4 bytes after its last tensor's (the header does not account for the whole file)" in line
 
 
 @pytest.mark.parametrize("dtype, size", [("F16", 2), ("BF16", 2), ("F32", 4), ("F64", 8), ("I32", 4), ("U8", 1)])
-def test_overlapping_tensors_are_refused_for_every_dtype(tmp_path, capsys, dtype, size):
+def test_overlapping_tensors_are_refused_for_every_dtype(tmp_path, symattn_cli, dtype, size):
     """bfloat16 is read by symattn itself, as every dtype is: its offsets are checked the same."""
     n = 2 * size
     _raw(tmp_path, f'{{"w": {{"dtype": "{dtype}", "shape": [2, 1], "data_offsets": [0, {n}]}}, '
                    f'"v": {{"dtype": "{dtype}", "shape": [2, 1], "data_offsets": [0, {n}]}}}}', b"\0" * n)
-    line = _error(tmp_path, _qkv("{file: h.safetensors, tensor: w}"), capsys)
+    line = _error(tmp_path, _qkv("{file: h.safetensors, tensor: w}"), symattn_cli)
     assert f"tensor 'v''s data_offsets [0, {n}] overlap another tensor's" in line, line
     _raw(tmp_path, f'{{"w": {{"dtype": "{dtype}", "shape": [2, 1], "data_offsets": [0, {n}]}}, '
                    f'"v": {{"dtype": "{dtype}", "shape": [2, 1], "data_offsets": [{n}, {2 * n}]}}}}', b"\0" * 2 * n)
     assert load_problem(_write(tmp_path, _qkv("{file: h.safetensors, tensor: v}"))).Q.shape == (2, 1)
 
 
-def test_a_dtype_safetensors_does_not_know_is_refused_only_when_read(tmp_path, capsys):
+def test_a_dtype_safetensors_does_not_know_is_refused_only_when_read(tmp_path, symattn_cli):
     """A newer dtype beside the tensor read: its offsets are checked, its values never read."""
     _raw(tmp_path, '{"w": {"dtype": "F32", "shape": [2, 1], "data_offsets": [0, 8]}, '
                    '"z": {"dtype": "F3_NEW", "shape": [2, 1], "data_offsets": [8, 9]}}', b"\0\0\x80\x3f" + b"\0" * 5)
     p = load_problem(_write(tmp_path, _qkv("{file: h.safetensors, tensor: w}")))
     assert _fractions(p.Q) == [[1], [0]]
-    line = _error(tmp_path, _qkv("{file: h.safetensors, tensor: z}"), capsys)
+    line = _error(tmp_path, _qkv("{file: h.safetensors, tensor: z}"), symattn_cli)
     assert "tensor 'z' holds F3_NEW values; symattn reads F16, BF16, F32, F64, I8, I16, I32, I64 and U8" in line
 
 
 @pytest.mark.parametrize("dtype", ["U16", "U32", "U64", "BOOL", "C64", "F8_E5M2"])
-def test_the_dtypes_read_are_named_exactly(tmp_path, capsys, dtype):
+def test_the_dtypes_read_are_named_exactly(tmp_path, symattn_cli, dtype):
     size = {"U16": 2, "U32": 4, "U64": 8, "BOOL": 1, "C64": 8, "F8_E5M2": 1}[dtype]
     _raw(tmp_path, f'{{"w": {{"dtype": "{dtype}", "shape": [2, 1], "data_offsets": [0, {2 * size}]}}}}',
          b"\0" * 2 * size)
-    line = _error(tmp_path, _qkv("{file: h.safetensors, tensor: w}"), capsys)
+    line = _error(tmp_path, _qkv("{file: h.safetensors, tensor: w}"), symattn_cli)
     assert f"tensor 'w' holds {dtype} values; symattn reads F16, BF16, F32, F64, I8, I16, I32, I64 and U8" in line
 
 
@@ -472,17 +474,17 @@ def test_the_dtypes_read_are_named_exactly(tmp_path, capsys, dtype):
     ("X: {file: h.safetensors, embeddings: w, tokens: [0]}\n", "[0, 2]"),
     ("X: [[1, 0]]\nW_Q: [[1], [0]]\nW_K: [[1], [0]]\nW_V: [[1], [0]]\nb_Q: {file: h.safetensors, tensor: w}\n", "[0]"),
 ])
-def test_a_tensor_of_no_numbers_is_refused(tmp_path, capsys, spec, shape):
+def test_a_tensor_of_no_numbers_is_refused(tmp_path, symattn_cli, spec, shape):
     _raw(tmp_path, _one(shape=shape, offsets="[0, 0]"))
-    line = _error(tmp_path, spec, capsys)
+    line = _error(tmp_path, spec, symattn_cli)
     assert f"tensor 'w' has shape {shape}: it holds no numbers, and a matrix has at least one row and one column" \
         in line, line
 
 
-def test_a_long_name_is_quoted_in_part(tmp_path, capsys):
+def test_a_long_name_is_quoted_in_part(tmp_path, symattn_cli):
     name = "x" * 100_000
     _raw(tmp_path, f'{{"{name}": {{"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}}}', b"\0" * 4)
-    line = _error(tmp_path, _qkv("{file: h.safetensors, tensor: " + "y" * 5000 + "}"), capsys)
+    line = _error(tmp_path, _qkv("{file: h.safetensors, tensor: " + "y" * 5000 + "}"), symattn_cli)
     assert "has no tensor 'yyyyyyyy" in line and "(it holds 1 tensor, e.g. 'xxxx" in line and len(line) < 400, line
 
 
@@ -506,20 +508,20 @@ def test_close_names_are_looked_for_among_a_bounded_set(tmp_path, monkeypatch):
     assert compared == [1000] and parsed == [1]
 
 
-def test_a_header_of_too_many_values_is_refused_before_it_is_parsed(tmp_path, capsys, monkeypatch):
+def test_a_header_of_too_many_values_is_refused_before_it_is_parsed(tmp_path, symattn_cli, monkeypatch):
     import symattn.problem.checkpoints.safetensors as st
 
     _raw(tmp_path, '{"__metadata__": {"a": "b"}, "x": [' + "[]," * (st.MAX_VALUES // 2) + "[]]}")
     monkeypatch.setattr(st.json, "loads", None)  # never reached
-    line = _error(tmp_path, _qkv("{file: h.safetensors, tensor: w}"), capsys)
+    line = _error(tmp_path, _qkv("{file: h.safetensors, tensor: w}"), symattn_cli)
     assert f"JSON values, more than {st.MAX_VALUES:,}; symattn reads a file of at most {st.MAX_TENSORS:,} tensors" \
         in line, line
 
 
-def test_a_header_of_too_many_tensors_is_refused(tmp_path, capsys, monkeypatch):
+def test_a_header_of_too_many_tensors_is_refused(tmp_path, symattn_cli, monkeypatch):
     import symattn.problem.checkpoints.safetensors as st
 
     monkeypatch.setattr(st, "MAX_TENSORS", 3)
     _raw(tmp_path, json.dumps({f"t{i}": {"dtype": "F32", "shape": [0], "data_offsets": [0, 0]} for i in range(4)}))
-    line = _error(tmp_path, _qkv("{file: h.safetensors, tensor: t0}"), capsys)
+    line = _error(tmp_path, _qkv("{file: h.safetensors, tensor: t0}"), symattn_cli)
     assert "its header lists 4 tensors, more than the 3 symattn reads in one file" in line, line

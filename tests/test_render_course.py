@@ -17,18 +17,16 @@ import shutil
 import subprocess
 import sys
 import unicodedata
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pytest
 import sympy
 import yaml
-from click.testing import CliRunner
 
 import symattn
 import symattn.render.pdf
-from symattn.cli import cli
+from _child import SymattnCli
 
 ROOT = Path(__file__).resolve().parent.parent
 # One worker of pytest-xdist runs this file: the 64-token derivation (the big fixture) is made once.
@@ -93,23 +91,7 @@ def need_pdftotext() -> str:
     return PDFTOTEXT
 
 
-@dataclass
-class Run:
-    code: int
-    stdout: str
-    stderr: str
-
-
-def run_cli(*args) -> Run:
-    """``symattn ARGS`` in-process through click's CliRunner."""
-    try:
-        runner = CliRunner(mix_stderr=False)  # click < 8.2
-    except TypeError:
-        runner = CliRunner()  # click >= 8.2: stderr is always separate
-    result = runner.invoke(cli, [str(a) for a in args], prog_name="symattn")
-    if result.exception is not None and not isinstance(result.exception, SystemExit):
-        raise result.exception
-    return Run(result.exit_code, result.stdout, result.stderr)
+CLI = SymattnCli()  # for sheet_pdf; a test takes the symattn_cli fixture
 
 
 class _Yaml12Loader(yaml.SafeLoader):
@@ -337,13 +319,13 @@ def big_latex(big) -> str:
 
 
 @pytest.fixture(scope="module")
-def sheet(tmp_path_factory):
+def sheet(tmp_path_factory, symattn_cli):
     """The exercise sheet of the four-token example, asking Q, S_scaled, A, O: as .tex, .md and .pdf."""
     folder = tmp_path_factory.mktemp("sheet")
     ask = "Q,S_scaled,A,O"
     out = {}
     for suffix in (".tex", ".md"):
-        r = run_cli("derive", FOUR, "--exercise", "--ask", ask, "-o", folder / f"sheet{suffix}")
+        r = symattn_cli("derive", FOUR, "--exercise", "--ask", ask, "-o", folder / f"sheet{suffix}", catch_exceptions=False)
         assert r.code == 0, r.stderr
         out[suffix] = (folder / f"sheet{suffix}").read_text("utf-8")
     out[".pdf"] = folder / "sheet.pdf"
@@ -354,7 +336,7 @@ def sheet_pdf(sheet) -> Path:
     need_pdflatex()
     pdf = sheet[".pdf"]
     if not pdf.exists():
-        r = run_cli("derive", FOUR, "--exercise", "--ask", "Q,S_scaled,A,O", "-o", pdf)
+        r = CLI("derive", FOUR, "--exercise", "--ask", "Q,S_scaled,A,O", "-o", pdf, catch_exceptions=False)
         assert r.code == 0, r.stderr
     assert pdf.read_bytes().startswith(b"%PDF")
     return pdf
@@ -364,11 +346,11 @@ def sheet_pdf(sheet) -> Path:
 
 
 @pytest.mark.parametrize("example", EXAMPLE_FILES, ids=lambda p: p.stem)
-def test_worked_example_pdf_has_title_headings_and_token_labels(tmp_path, example):
+def test_worked_example_pdf_has_title_headings_and_token_labels(symattn_cli, tmp_path, example):
     need_pdflatex()
     need_pdftotext()
     out = tmp_path / "out.pdf"
-    r = run_cli("derive", example, "-o", out)
+    r = symattn_cli("derive", example, "-o", out, catch_exceptions=False)
     assert r.code == 0, r.stderr
     assert out.read_bytes().startswith(b"%PDF")
     problem = raw(example)
@@ -431,10 +413,10 @@ def test_large_example_score_table_is_elided(big_latex):
     assert f"\\text{{{middle}}}" not in S
 
 
-def test_large_example_max_shown_70_shows_every_token(tmp_path):
+def test_large_example_max_shown_70_shows_every_token(symattn_cli, tmp_path):
     tokens = raw(BIG)["tokens"]
     out = tmp_path / "all.md"
-    r = run_cli("derive", BIG, "--max-shown", "70", "--no-check", "-o", out)
+    r = symattn_cli("derive", BIG, "--max-shown", "70", "--no-check", "-o", out, catch_exceptions=False)
     assert r.code == 0, r.stderr
     # 64 columns are too wide for one display: column blocks, together every token
     parts = blocks_of(out.read_text("utf-8"), "S = Q\\,K^{\\top} = ")
@@ -598,11 +580,11 @@ def test_exercise_sheet_pdf(sheet):
     [(FOUR, "Q,S_scaled,A,O"), (FOUR, None), (TWO_HEADS, None), (TWO_HEADS, "S,A"), (QKV_GIVEN, "A,O")],
     ids=["four-asked", "four-all", "two-heads-all", "two-heads-S-A", "qkv-A-O"],
 )
-def test_exercise_sections_pair_with_the_solution(tmp_path, example, ask):
+def test_exercise_sections_pair_with_the_solution(symattn_cli, tmp_path, example, ask):
     extra = ["--ask", ask] if ask else []
-    r = run_cli("derive", example, "--exercise", *extra, "-o", tmp_path / "sheet.tex")
+    r = symattn_cli("derive", example, "--exercise", *extra, "-o", tmp_path / "sheet.tex", catch_exceptions=False)
     assert r.code == 0, r.stderr
-    r = run_cli("derive", example, "--no-check", "-o", tmp_path / "solution.tex")
+    r = symattn_cli("derive", example, "--no-check", "-o", tmp_path / "solution.tex", catch_exceptions=False)
     assert r.code == 0, r.stderr
 
     def plain(heading: str) -> str:
@@ -621,8 +603,8 @@ def test_exercise_sections_pair_with_the_solution(tmp_path, example, ask):
     assert sheet == want
 
 
-def test_ask_with_an_unknown_id_names_the_valid_ids():
-    r = run_cli("derive", FOUR, "--exercise", "--ask", "Q,bogus")
+def test_ask_with_an_unknown_id_names_the_valid_ids(symattn_cli):
+    r = symattn_cli("derive", FOUR, "--exercise", "--ask", "Q,bogus", catch_exceptions=False)
     assert r.code == 2
     assert "bogus" in r.stderr
     valid = re.search(r"choose from (.*)", r.stderr)
@@ -632,15 +614,15 @@ def test_ask_with_an_unknown_id_names_the_valid_ids():
     assert r.stdout == ""
 
 
-def test_ask_without_exercise_is_a_usage_error():
-    r = run_cli("derive", FOUR, "--ask", "A")
+def test_ask_without_exercise_is_a_usage_error(symattn_cli):
+    r = symattn_cli("derive", FOUR, "--ask", "A", catch_exceptions=False)
     assert r.code == 2
     assert "--ask" in r.stderr and "--exercise" in r.stderr
     assert r.stdout == ""
 
 
-def test_exercise_as_json_is_a_usage_error():
-    r = run_cli("derive", FOUR, "--exercise", "--format", "json")
+def test_exercise_as_json_is_a_usage_error(symattn_cli):
+    r = symattn_cli("derive", FOUR, "--exercise", "--format", "json", catch_exceptions=False)
     assert r.code == 2
     assert "exercise" in r.stderr
     assert r.stdout == ""
@@ -654,10 +636,10 @@ def md_sections(markdown: str) -> list[tuple[str, str]]:
     return list(zip(parts[1::2], parts[2::2]))
 
 
-def test_from_S_to_A_shows_only_those_steps_with_their_inputs_given():
+def test_from_S_to_A_shows_only_those_steps_with_their_inputs_given(symattn_cli):
     numbers = four_token_numbers()
     tokens = numbers["tokens"]
-    r = run_cli("derive", FOUR, "--from", "S", "--to", "A", "--format", "markdown")
+    r = symattn_cli("derive", FOUR, "--from", "S", "--to", "A", "--format", "markdown", catch_exceptions=False)
     assert r.code == 0, r.stderr
     markdown = r.stdout
     sections = md_sections(markdown)
@@ -686,15 +668,15 @@ def test_from_S_to_A_shows_only_those_steps_with_their_inputs_given():
     assert "X = " not in given and "W_{Q} = " not in given
 
 
-def test_from_after_to_is_a_usage_error():
-    r = run_cli("derive", FOUR, "--from", "A", "--to", "S")
+def test_from_after_to_is_a_usage_error(symattn_cli):
+    r = symattn_cli("derive", FOUR, "--from", "A", "--to", "S", catch_exceptions=False)
     assert r.code == 2
     assert "--from A" in r.stderr
     assert r.stdout == ""
 
 
-def test_two_heads_to_O_ends_with_the_output_projection():
-    r = run_cli("derive", TWO_HEADS, "--to", "O", "--format", "markdown")
+def test_two_heads_to_O_ends_with_the_output_projection(symattn_cli):
+    r = symattn_cli("derive", TWO_HEADS, "--to", "O", "--format", "markdown", catch_exceptions=False)
     assert r.code == 0, r.stderr
     markdown = r.stdout
     headings = [h for h, _ in md_sections(markdown) if h != "Cross-check"]
@@ -710,8 +692,8 @@ def test_two_heads_to_O_ends_with_the_output_projection():
         assert [float(c) for c in cells] == pytest.approx(list(row), rel=1e-3)
 
 
-def test_two_heads_from_S_to_A_shows_both_heads():
-    r = run_cli("derive", TWO_HEADS, "--from", "S", "--to", "A", "--format", "markdown")
+def test_two_heads_from_S_to_A_shows_both_heads(symattn_cli):
+    r = symattn_cli("derive", TWO_HEADS, "--from", "S", "--to", "A", "--format", "markdown", catch_exceptions=False)
     assert r.code == 0, r.stderr
     headings = [h for h, _ in md_sections(r.stdout)]
     middle = STAGE_TITLES[3:7]
@@ -725,8 +707,8 @@ def test_two_heads_from_S_to_A_shows_both_heads():
     assert steps == ["Scores", "Scale the scores", "The mask", "Add the mask", "Softmax on each row"] * 2
 
 
-def test_two_heads_from_S_states_every_heads_inputs():
-    r = run_cli("derive", TWO_HEADS, "--from", "S", "--to", "A", "--format", "markdown")
+def test_two_heads_from_S_states_every_heads_inputs(symattn_cli):
+    r = symattn_cli("derive", TWO_HEADS, "--from", "S", "--to", "A", "--format", "markdown", catch_exceptions=False)
     assert r.code == 0, r.stderr
     given = dict(md_sections(r.stdout))["Given"]
     for h in (1, 2):
@@ -737,14 +719,14 @@ def test_two_heads_from_S_states_every_heads_inputs():
 # -- 7. --plot -----------------------------------------------------------------------------
 
 
-def test_plot_png_of_one_and_two_heads(tmp_path):
+def test_plot_png_of_one_and_two_heads(symattn_cli, tmp_path):
     pytest.importorskip("matplotlib")
     import matplotlib.image
 
     sizes = {}
     for example in (FOUR, TWO_HEADS):
         png = tmp_path / f"{example.stem}.png"
-        r = run_cli("derive", example, "--plot", png, "-o", tmp_path / f"{example.stem}.md")
+        r = symattn_cli("derive", example, "--plot", png, "-o", tmp_path / f"{example.stem}.md", catch_exceptions=False)
         assert r.code == 0, r.stderr
         data = png.read_bytes()
         assert data.startswith(b"\x89PNG\r\n\x1a\n")
@@ -761,10 +743,10 @@ def test_plot_png_of_one_and_two_heads(tmp_path):
 
 
 @pytest.mark.parametrize("suffix, magic", [(".svg", b"<svg"), (".pdf", b"%PDF")])
-def test_plot_format_follows_the_suffix(tmp_path, suffix, magic):
+def test_plot_format_follows_the_suffix(symattn_cli, tmp_path, suffix, magic):
     pytest.importorskip("matplotlib")
     out = tmp_path / f"weights{suffix}"
-    r = run_cli("derive", FOUR, "--plot", out, "-o", tmp_path / "solution.md")
+    r = symattn_cli("derive", FOUR, "--plot", out, "-o", tmp_path / "solution.md", catch_exceptions=False)
     assert r.code == 0, r.stderr
     data = out.read_bytes()
     if suffix == ".svg":
@@ -774,9 +756,9 @@ def test_plot_format_follows_the_suffix(tmp_path, suffix, magic):
         assert data.startswith(magic)
 
 
-def test_plot_with_an_unknown_suffix_is_one_error_line(tmp_path):
+def test_plot_with_an_unknown_suffix_is_one_error_line(symattn_cli, tmp_path):
     pytest.importorskip("matplotlib")
-    r = run_cli("derive", FOUR, "--plot", tmp_path / "weights.gif", "-o", tmp_path / "solution.md")
+    r = symattn_cli("derive", FOUR, "--plot", tmp_path / "weights.gif", "-o", tmp_path / "solution.md", catch_exceptions=False)
     assert r.code == 1
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1, r.stderr
@@ -785,18 +767,18 @@ def test_plot_with_an_unknown_suffix_is_one_error_line(tmp_path):
     assert not (tmp_path / "weights.gif").exists()
 
 
-def test_plot_is_deterministic(tmp_path):
+def test_plot_is_deterministic(symattn_cli, tmp_path):
     pytest.importorskip("matplotlib")
     for name in ("a.png", "b.png"):
-        r = run_cli("derive", FOUR, "--no-check", "--plot", tmp_path / name, "-o", tmp_path / "solution.md")
+        r = symattn_cli("derive", FOUR, "--no-check", "--plot", tmp_path / name, "-o", tmp_path / "solution.md", catch_exceptions=False)
         assert r.code == 0, r.stderr
     assert (tmp_path / "a.png").read_bytes() == (tmp_path / "b.png").read_bytes()
 
 
-def test_plot_without_matplotlib_says_how_to_install_it(tmp_path, monkeypatch):
+def test_plot_without_matplotlib_says_how_to_install_it(symattn_cli, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     monkeypatch.setitem(sys.modules, "matplotlib.pyplot", None)
-    r = run_cli("derive", FOUR, "--plot", tmp_path / "weights.png", "-o", tmp_path / "solution.md")
+    r = symattn_cli("derive", FOUR, "--plot", tmp_path / "weights.png", "-o", tmp_path / "solution.md", catch_exceptions=False)
     assert r.code == 1
     assert "pip install 'symattn[plot]'" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1, r.stderr
@@ -831,11 +813,11 @@ def commands(monkeypatch):
     return seen
 
 
-def test_pdf_without_latexmk_is_made_with_pdflatex(tmp_path, monkeypatch, commands):
+def test_pdf_without_latexmk_is_made_with_pdflatex(symattn_cli, tmp_path, monkeypatch, commands):
     pdflatex = need_pdflatex()
     monkeypatch.setattr(symattn.render.pdf.shutil, "which", which_without("latexmk"))
     out = tmp_path / "solution.pdf"
-    r = run_cli("derive", FOUR, "-o", out)
+    r = symattn_cli("derive", FOUR, "-o", out, catch_exceptions=False)
     assert r.code == 0, r.stderr
     ran = list(commands)
     assert len(ran) == 1 and ran[0][0] == pdflatex, ran
@@ -862,11 +844,11 @@ def test_broken_latex_error_quotes_the_log(monkeypatch, commands, path):
     assert "\n" not in message
 
 
-def test_no_pdflatex_names_the_package_to_install(tmp_path, monkeypatch, commands):
+def test_no_pdflatex_names_the_package_to_install(symattn_cli, tmp_path, monkeypatch, commands):
     monkeypatch.setattr(symattn.render.pdf.shutil, "which", which_without("latexmk", "pdflatex"))
     with pytest.raises(symattn.SymattnError, match="texlive-latex-base"):
         symattn.render.pdf.latex_to_pdf(BROKEN)
-    r = run_cli("derive", FOUR, "-o", tmp_path / "solution.pdf")
+    r = symattn_cli("derive", FOUR, "-o", tmp_path / "solution.pdf", catch_exceptions=False)
     assert r.code == 1
     assert "texlive-latex-base" in r.stderr
     assert not (tmp_path / "solution.pdf").exists()

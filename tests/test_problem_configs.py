@@ -26,8 +26,8 @@ import sympy
 import symattn
 from _child import run_cli
 from symattn.problem.load import load_problem
-from test_checkpoints import _error, _write
-from test_layouts import _bert_tensors, _gpt2_tensors, _llama_tensors, _save, _values, _x
+from test_problem_checkpoints import _error, _write
+from test_problem_layouts import _bert_tensors, _gpt2_tensors, _llama_tensors, _save, _values, _x
 
 CONFIGS = Path(__file__).resolve().parent / "configs"
 
@@ -263,11 +263,11 @@ REFUSED = [
 
 
 @pytest.mark.parametrize("name, layout, fragment", REFUSED)
-def test_what_symattn_does_not_apply_is_refused(tmp_path, capsys, config_text, name, layout, fragment):
+def test_what_symattn_does_not_apply_is_refused(tmp_path, symattn_cli, config_text, name, layout, fragment):
     _checkpoint(tmp_path, config_text(name), layout)
     width = 16 if layout == "llama" else 8
     line = _error(tmp_path, f"X: {json.dumps(_x(4, width).tolist())}\n"
-                            f"from: {{file: model.safetensors, layout: {layout}, layer: 1, heads: all}}\n", capsys)
+                            f"from: {{file: model.safetensors, layout: {layout}, layer: 1, heads: all}}\n", symattn_cli)
     assert line.startswith("Error: P:2:1: from: the config.json beside 'model.safetensors' ") and fragment in line, line
 
 
@@ -309,7 +309,7 @@ def test_what_symattn_does_not_apply_is_refused(tmp_path, capsys, config_text, n
                                                                                "true or false"),
     ({"model_type": ["llama"]}, "has model_type a list, not a name such as 'llama'"),
 ])
-def test_llama_config_refusals(tmp_path, capsys, config, fragment):
+def test_llama_config_refusals(tmp_path, symattn_cli, config, fragment):
     """Settings written by hand or by older transformers, each refused in one line naming it (a
     string is JSON text that Python's json.dumps would not write)."""
     _save(tmp_path, _llama_tensors(16, 4, 2, 4, bias=True))
@@ -317,17 +317,17 @@ def test_llama_config_refusals(tmp_path, capsys, config, fragment):
     (tmp_path / "config.json").write_text("{" + heads + ", " + (config if isinstance(config, str) else
                                                                 json.dumps(config)[1:-1]) + "}", "utf-8")
     line = _error(tmp_path, f"X: {json.dumps(_x(4, 16).tolist())}\n"
-                            "from: {file: model.safetensors, layout: llama, layer: 1, heads: all}\n", capsys)
+                            "from: {file: model.safetensors, layout: llama, layer: 1, heads: all}\n", symattn_cli)
     assert fragment in line, line
 
 
-def test_the_keys_are_refused_whatever_the_model_type(tmp_path, capsys, config_text):
+def test_the_keys_are_refused_whatever_the_model_type(tmp_path, symattn_cli, config_text):
     """Gemma 2's config without its model_type: its soft-capping is refused by name."""
     config = json.loads(config_text("gemma2"))
     del config["model_type"]
     _checkpoint(tmp_path, json.dumps(config), "llama")
     line = _error(tmp_path, f"X: {json.dumps(_x(4, 16).tolist())}\n"
-                            "from: {file: model.safetensors, layout: llama, layer: 1, heads: all}\n", capsys)
+                            "from: {file: model.safetensors, layout: llama, layer: 1, heads: all}\n", symattn_cli)
     assert "sets attn_logit_softcapping 50.0 (soft-capped scores), which symattn does not apply" in line, line
 
 
@@ -339,13 +339,13 @@ def test_a_mask_in_the_problem_answers_an_undecided_window(tmp_path):
     assert (p.mask.kind, p.mask.window) == ("sliding-window", 2)
 
 
-def test_normalised_queries_are_refused(tmp_path, capsys):
+def test_normalised_queries_are_refused(tmp_path, symattn_cli):
     """Qwen 3 names its layers as LLaMA does but normalises each head's queries and keys."""
     t = _llama_tensors(16, 4, 2, 4)
     t["model.layers.1.self_attn.q_norm.weight"] = np.ones(4, np.float32)
     _save(tmp_path, t, {"num_attention_heads": 4, "num_key_value_heads": 2})
     line = _error(tmp_path, f"X: {json.dumps(_x(4, 16).tolist())}\n"
-                            "from: {file: model.safetensors, layout: llama, layer: 1, heads: all}\n", capsys)
+                            "from: {file: model.safetensors, layout: llama, layer: 1, heads: all}\n", symattn_cli)
     assert ("from.layout: 'model.safetensors' has model.layers.1.self_attn.q_norm.weight: the layer normalises each "
             "head's queries (QK-norm), which symattn does not apply") in line, line
 
@@ -357,10 +357,10 @@ def test_normalised_queries_are_refused(tmp_path, capsys):
     ({"num_attention_heads": 2, "position_embedding_type": "relative_key_query"}, "bert",
      "sets position_embedding_type 'relative_key_query'"),
 ])
-def test_gpt2_and_bert_config_refusals(tmp_path, capsys, config, layout, fragment):
+def test_gpt2_and_bert_config_refusals(tmp_path, symattn_cli, config, layout, fragment):
     _save(tmp_path, _gpt2_tensors(8) if layout == "gpt2" else _bert_tensors(8), config)
     line = _error(tmp_path, f"X: {json.dumps(_x(3, 8).tolist())}\n"
-                            f"from: {{file: model.safetensors, layout: {layout}, layer: 1, heads: all}}\n", capsys)
+                            f"from: {{file: model.safetensors, layout: {layout}, layer: 1, heads: all}}\n", symattn_cli)
     assert fragment in line, line
 
 
@@ -501,12 +501,11 @@ def test_bert_layers_match_transformers(tmp_path, name):
     _close(_values(symattn.derive(load_problem(tmp_path / "p.yaml")), "O"), out)
 
 
-def test_llama3_scaling_written_by_transformers_is_refused(tmp_path, capsys):
+def test_llama3_scaling_written_by_transformers_is_refused(tmp_path, symattn_cli):
     model = _model(tmp_path, "llama_rope_llama3", "LlamaForCausalLM", "sdpa")
     assert model.config.rope_parameters["rope_type"] == "llama3"
-    capsys.readouterr()  # transformers' progress bars
     line = _error(tmp_path, f"X: {json.dumps(_x(3, 16).tolist())}\n"
-                            "from: {file: model.safetensors, layout: llama, layer: 0, heads: all}\n", capsys)
+                            "from: {file: model.safetensors, layout: llama, layer: 0, heads: all}\n", symattn_cli)
     assert line == ("Error: P:2:1: from: the config.json beside 'model.safetensors' sets rope_parameters.rope_type "
                     "'llama3', which symattn does not apply (it applies plain RoPE, rope_type default): give rope: "
                     "{base: ...} in the problem to use plain RoPE angles"), line

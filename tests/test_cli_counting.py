@@ -4,17 +4,13 @@ the solution's subscripts do (S₂₁ is row 2, column 1); only JSON keeps 0-bas
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import sympy
 
 import symattn
-from symattn.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "worked_examples"
@@ -41,13 +37,6 @@ BAD_X = (
 GOOD_X = BAD_X.replace("abc", "6")
 
 
-def run_cli(capsys, argv: list[str]) -> tuple[int, str]:
-    capsys.readouterr()
-    code = main(argv)
-    out, err = capsys.readouterr()
-    return code, err
-
-
 @pytest.mark.parametrize(
     "text, where, field",
     [
@@ -68,10 +57,11 @@ def run_cli(capsys, argv: list[str]) -> tuple[int, str]:
         pytest.param("symbols: [a, exp]\n" + GOOD_X, "1:14", "symbols item 2", id="symbols"),
     ],
 )
-def test_the_error_line_counts_from_1(capsys, tmp_path, text, where, field):
+def test_the_error_line_counts_from_1(symattn_cli, tmp_path, text, where, field):
     path = tmp_path / "p.yaml"
     path.write_text(text, "utf-8")
-    code, err = run_cli(capsys, ["derive", str(path), "-f", "json"])
+    r = symattn_cli.main("derive", path, "-f", "json")
+    code, err = r.code, r.stderr
     assert code == 1, err
     lines = err.splitlines()
     assert len(lines) == 1, err
@@ -80,12 +70,10 @@ def test_the_error_line_counts_from_1(capsys, tmp_path, text, where, field):
         assert not pattern.search(lines[0]), lines[0]
 
 
-def test_the_error_line_through_the_real_entry_point(tmp_path):
+def test_the_error_line_through_the_real_entry_point(symattn_cli, tmp_path):
     path = tmp_path / "p.yaml"
     path.write_text(BAD_X, "utf-8")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    r = subprocess.run([sys.executable, "-m", "symattn", "derive", "p.yaml"], cwd=tmp_path, env=env,
-                       capture_output=True, text=True, timeout=120)
+    r = symattn_cli.entry("derive", "p.yaml", cwd=tmp_path, how="python-m")
     assert r.returncode == 1, r.stderr
     assert r.stdout == ""
     assert r.stderr.splitlines() == [
@@ -94,7 +82,7 @@ def test_the_error_line_through_the_real_entry_point(tmp_path):
     ]
 
 
-def test_the_readme_error_example_is_what_symattn_prints(capsys, tmp_path, monkeypatch):
+def test_the_readme_error_example_is_what_symattn_prints(symattn_cli, tmp_path, monkeypatch):
     """README's broken.yaml line: 'abc' at row 2, column 2 of W_Q, line 7, column 9."""
     monkeypatch.chdir(tmp_path)
     Path("broken.yaml").write_text(
@@ -102,7 +90,8 @@ def test_the_readme_error_example_is_what_symattn_prints(capsys, tmp_path, monke
         "W_K: [[1, 0], [0, 1]]\nW_V: [[1, 0], [0, 1]]\n",
         "utf-8",
     )
-    code, err = run_cli(capsys, ["derive", "broken.yaml"])
+    r = symattn_cli.main("derive", "broken.yaml")
+    code, err = r.code, r.stderr
     assert code == 1
     (line,) = err.splitlines()
     assert line.startswith("Error: broken.yaml:7:9: W_Q row 2, column 2: "), line
@@ -125,10 +114,10 @@ def test_golden_files_count_from_1(path):
 
 
 @pytest.mark.parametrize("path", PROBLEMS, ids=lambda p: str(p.relative_to(EXAMPLES)))
-def test_text_solutions_count_from_1(capsys, path):
-    capsys.readouterr()
-    assert main(["derive", str(path), "--format", "text"]) == 0
-    text = capsys.readouterr().out
+def test_text_solutions_count_from_1(symattn_cli, path):
+    r = symattn_cli.main("derive", path, "--format", "text")
+    assert r.code == 0
+    text = r.stdout
     for pattern in ZERO_BASED:
         assert not pattern.search(text), f"{pattern.pattern!r} in the text of {path.name}: {pattern.search(text).group()}"
     # row and column labels start at 1 (t_1, d1, q1, ...), never at 0
@@ -137,7 +126,7 @@ def test_text_solutions_count_from_1(capsys, path):
 
 
 def corrupt(d, stage: str, matrix) -> symattn.Derivation:
-    """A copy of ``d`` whose ``stage`` holds ``matrix`` (as tests/test_crosscheck.py::corrupt)."""
+    """A copy of ``d`` whose ``stage`` holds ``matrix`` (as tests/test_reference_crosscheck.py::corrupt)."""
     import dataclasses
 
     steps = tuple(dataclasses.replace(s, value=matrix) if s.id == stage else s for s in d.steps)

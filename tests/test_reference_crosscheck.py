@@ -17,7 +17,7 @@ from symattn.reference.crosscheck import TOLERANCE
 
 ROOT = Path(__file__).resolve().parent.parent
 # Single-head examples: the corruption tests name stages without a head prefix
-# (test_family.py checks the multi-head ones).
+# (test_exact_family.py checks the multi-head ones).
 EXAMPLES = sorted(
     p for p in (ROOT / "worked_examples").glob("*.yaml")
     if not any(line.startswith("heads:") for line in p.read_text("utf-8").splitlines())

@@ -2,7 +2,7 @@
 
 The page is parsed with Python's own HTML parser into a small tree; its numbers are compared
 with values computed here with NumPy, its Content-Security-Policy with hashes computed here.
-``test_html_browser.py`` drives it in a real Chromium.
+``test_render_html_browser.py`` drives it in a real Chromium.
 """
 
 from __future__ import annotations
@@ -10,18 +10,14 @@ from __future__ import annotations
 import base64
 import hashlib
 import re
-import subprocess
-import sys
 from html.parser import HTMLParser
 from pathlib import Path
 
 import numpy as np
 import pytest
 import yaml
-from click.testing import CliRunner
 
 import symattn
-from symattn.cli import cli
 from symattn.render.html import render_html
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -139,14 +135,14 @@ def test_every_worked_example_is_a_well_formed_self_contained_page(path):
     assert links == sections and len(set(sections)) == len(sections)
 
 
-def test_the_page_is_deterministic(tmp_path):
+def test_the_page_is_deterministic(symattn_cli, tmp_path):
     """The same problem gives the same bytes: from the real entry point and from click's runner
-    (the golden page, rendered without the cross-check, is checked by test_golden.py)."""
+    (the golden page, rendered without the cross-check, is checked by test_render_golden.py)."""
     out = tmp_path / "solution.html"
     problem = str(ROOT / "worked_examples" / "causal_4_tokens.yaml")
-    subprocess.run([sys.executable, "-m", "symattn", "derive", problem, "-o", str(out)],
-                   check=True, capture_output=True, timeout=120)
-    again = CliRunner().invoke(cli, ["derive", problem, "-f", "html"])
+    done = symattn_cli.entry("derive", problem, "-o", out, how="python-m")
+    assert done.code == 0, done.stderr
+    again = symattn_cli("derive", problem, "-f", "html")
     assert again.exit_code == 0, again.output
     assert out.read_text("utf-8") == again.output
     assert "Every stage agrees with an independent NumPy float64 evaluation" in again.output
@@ -274,8 +270,8 @@ def test_notebook_shows_the_page_as_a_fragment():
     assert "Every stage agrees with an independent NumPy float64 evaluation" in d._repr_html_()
 
 
-def test_generate_writes_html_sheets(tmp_path):
-    r = CliRunner().invoke(cli, ["generate", "--count", "2", "--out-dir", str(tmp_path / "g"), "--sheets", "html"])
+def test_generate_writes_html_sheets(symattn_cli, tmp_path):
+    r = symattn_cli("generate", "--count", "2", "--out-dir", str(tmp_path / "g"), "--sheets", "html")
     assert r.exit_code == 0, r.output
     names = sorted(p.name for p in (tmp_path / "g").iterdir())
     assert names == ["index.csv", "variant-01-exercise.html", "variant-01-solution.html", "variant-01.yaml",
@@ -297,9 +293,9 @@ def test_a_64_token_page_stays_small():
     assert rows == {"0", "1", "2", "3", "4", "5", "63"}
 
 
-def test_fragment_and_part_of_the_pipeline():
+def test_fragment_and_part_of_the_pipeline(symattn_cli):
     problem = str(ROOT / "worked_examples" / "causal_4_tokens.yaml")
-    r = CliRunner().invoke(cli, ["derive", problem, "-f", "html", "--fragment", "--from", "S", "--to", "A"])
+    r = symattn_cli("derive", problem, "-f", "html", "--fragment", "--from", "S", "--to", "A")
     assert r.exit_code == 0, r.output
     assert r.output.startswith('<div class="symattn-page">') and "<html" not in r.output
     tree = Tree(r.output)
@@ -324,10 +320,10 @@ def test_mathml_sets_signs_and_symbols_as_latex_does_and_lets_only_math_through(
             _check(bad, "test")
 
 
-def test_from_a_states_everything_the_shown_steps_are_made_of():
+def test_from_a_states_everything_the_shown_steps_are_made_of(symattn_cli):
     # O = A·V: with --from A, V is given beside Ŝ (not only what the first shown step reads)
     problem = str(ROOT / "worked_examples" / "causal_4_tokens.yaml")
-    r = CliRunner().invoke(cli, ["derive", problem, "-f", "html", "--from", "A"])
+    r = symattn_cli("derive", problem, "-f", "html", "--from", "A")
     assert r.exit_code == 0, r.output
     tree = Tree(r.output)
     stages = {t.attrs["data-stage"] for t in tree.root.find("table") if "data-stage" in t.attrs}

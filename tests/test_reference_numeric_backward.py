@@ -28,7 +28,7 @@ from symattn.problem.model import SUM_LOSS, Backward
 from _reference import FLOAT64_UNIT_ROUNDOFF, attention_loss_rounding, central_difference_bound
 
 ROOT = Path(__file__).resolve().parent.parent
-# (the backward pass through RoPE is refused: tests/test_rope.py tests those examples)
+# (the backward pass through RoPE is refused: tests/test_exact_rope.py tests those examples)
 EXAMPLES = sorted(p for p in (ROOT / "worked_examples").glob("*.yaml") if not p.stem.startswith("rope"))
 
 # The step of the central differences: h = FD_EPS·max(1, |x|) for each entry x. Each

@@ -112,15 +112,11 @@ def test_select_reports_in_library_wording():
         select(d, "S_scaledd", None)
 
 
-def test_the_cli_suggests_a_stage_name(tmp_path):
-    from click.testing import CliRunner
-
-    from symattn.cli import cli
-
-    result = CliRunner().invoke(cli, ["derive", "--from", "S_scald"])
+def test_the_cli_suggests_a_stage_name(symattn_cli, tmp_path):
+    result = symattn_cli("derive", "--from", "S_scald")
     assert result.exit_code == 2
     assert "did you mean 'S_scaled'" in result.output
-    result = CliRunner().invoke(cli, ["derive", "--exercise", "--ask", "Q,Ss"])
+    result = symattn_cli("derive", "--exercise", "--ask", "Q,Ss")
     assert result.exit_code == 2
     assert "did you mean 'S'" in result.output
 

@@ -33,9 +33,9 @@ from symattn import SymattnError
 from _reference import fmatmul, fmatrix, frac, ftranspose
 
 ROOT = Path(__file__).resolve().parent.parent
-# The single-head numeric examples; heads and symbols have their own references in test_family.py,
-# RoPE in test_rope.py; positional encodings (sines and cosines, not fractions) in test_positions.py;
-# weights from a checkpoint's layout (from:) in test_layouts.py.
+# The single-head numeric examples; heads and symbols have their own references in test_exact_family.py,
+# RoPE in test_exact_rope.py; positional encodings (sines and cosines, not fractions) in test_problem_positions.py;
+# weights from a checkpoint's layout (from:) in test_problem_layouts.py.
 EXAMPLES = sorted(
     p for p in (ROOT / "worked_examples").glob("*.yaml")
     if not any(line.startswith(("heads:", "symbols:", "rope:", "positions:", "from:"))

@@ -14,7 +14,6 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from symattn.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
 CAUSAL = ROOT / "worked_examples" / "causal_4_tokens.yaml"
@@ -40,23 +39,19 @@ def workdir(tmp_path_factory):
     return tmp_path_factory.mktemp("fuzz")
 
 
-def run(capsys, argv):
-    capsys.readouterr()
+def run(cli, argv):
     start = time.process_time()  # CPU time: a busy machine stretches the wall clock, not this
-    try:
-        code = main(argv)
-    except SystemExit as exc:  # known bug, pinned by test_check_returns_exit_code: `check` raises SystemExit
-        code = exc.code
+    r = cli.main(*argv)  # main() returns the exit code: a SystemExit escaping it fails the test
     elapsed = time.process_time() - start
-    out, err = capsys.readouterr()
+    code, out, err = r.code, r.stdout, r.stderr
     assert "Traceback" not in out + err
     assert code in (0, 1), f"exit {code}: {err}"
     assert elapsed < LIMIT_S, f"took {elapsed:.1f} s of CPU time"
     return code, out, err
 
 
-def check_derive(capsys, path):
-    code, out, err = run(capsys, ["derive", str(path), "-f", "json"])
+def check_derive(cli, path):
+    code, out, err = run(cli, ["derive", str(path), "-f", "json"])
     if code == 1:
         lines = err.splitlines()
         assert len(lines) == 1 and lines[0].startswith("Error: "), err
@@ -77,14 +72,14 @@ def check_derive(capsys, path):
     st.binary(max_size=400),
     st.binary(max_size=200).map(lambda b: SEEDS[0].encode()[:200] + b),
 ))
-def test_random_bytes(capsys, workdir, data):
+def test_random_bytes(symattn_cli, workdir, data):
     path = workdir / "bytes.yaml"
     try:
         data = clean(data.decode("utf-8")).encode("utf-8")
     except UnicodeDecodeError:
         pass  # not UTF-8: rejected before YAML reads it
     path.write_bytes(data)
-    check_derive(capsys, path)
+    check_derive(symattn_cli, path)
 
 
 # (b) mutated valid problems ---------------------------------------------------------
@@ -133,10 +128,10 @@ NEAR_2_53 = SEEDS[0].replace("W_K:\n  - [0, 1, 0, 1]", "W_K:\n  - [9007199254740
 @FUZZ
 @given(text=mutated())
 @example(text=NEAR_2_53)
-def test_mutated_problems(capsys, workdir, text):
+def test_mutated_problems(symattn_cli, workdir, text):
     path = workdir / "mutated.yaml"
     path.write_text(clean(text), "utf-8")
-    check_derive(capsys, path)
+    check_derive(symattn_cli, path)
 
 
 # (c) random answers files -----------------------------------------------------------
@@ -167,10 +162,10 @@ def answers(draw):
 
 @FUZZ
 @given(text=answers())
-def test_random_answers(capsys, workdir, text):
+def test_random_answers(symattn_cli, workdir, text):
     path = workdir / "answers.yaml"
     path.write_text(clean(text), "utf-8")
-    code, out, err = run(capsys, ["check", str(CAUSAL), str(path)])
+    code, out, err = run(symattn_cli, ["check", str(CAUSAL), str(path)])
     if err:
         lines = err.splitlines()
         assert len(lines) == 1 and lines[0].startswith("Error: "), err
@@ -179,20 +174,20 @@ def test_random_answers(capsys, workdir, text):
 
 
 @pytest.mark.parametrize("command", ["derive", "check"])
-def test_control_character_is_one_line_with_its_place(capsys, workdir, command):
+def test_control_character_is_one_line_with_its_place(symattn_cli, workdir, command):
     path = workdir / "ctrl.yaml"
     path.write_bytes(b"Q: [[1, 0], [0, 1]]\n\x01\n")
     argv = ["derive", str(path), "-f", "json"] if command == "derive" else ["check", str(CAUSAL), str(path)]
-    code, out, err = run(capsys, argv)
+    code, out, err = run(symattn_cli, argv)
     assert code == 1
     lines = err.splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"Error: {path}:2:1: "), err
 
 
-def test_check_returns_exit_code(capsys, workdir):
+def test_check_returns_exit_code(symattn_cli, workdir):
     path = workdir / "wrong.yaml"
     path.write_text("Q: [[0, 0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0]]\n", "utf-8")
-    assert main(["check", str(CAUSAL), str(path)]) == 1
+    assert symattn_cli.main("check", CAUSAL, path).code == 1
 
 
 # (d) hostile families: expressions, nesting, answers bytes, .npy and .csv bytes -------------------
@@ -204,7 +199,7 @@ def test_check_returns_exit_code(capsys, workdir):
 import os as _os  # noqa: E402
 import struct as _struct  # noqa: E402
 
-from _child import GIB, run_cli  # noqa: E402
+from _child import GIB  # noqa: E402
 
 _LONG = int(_os.environ.get("SYMATTN_FUZZ_EXAMPLES", "0"))
 HOSTILE = settings(FUZZ, max_examples=_LONG or 40)
@@ -364,74 +359,74 @@ _ST_SPECS = st.sampled_from([
 ])
 
 
-def _in_process(capsys, argv) -> None:
-    code, out, err = run(capsys, argv)
+def _in_process(cli, argv) -> None:
+    code, out, err = run(cli, argv)
     if code == 1 and not out.strip():
         lines = err.splitlines()
         assert len(lines) == 1 and lines[0].startswith("Error: "), err
 
 
-def _in_child(cwd, argv) -> None:
-    r = run_cli(argv, cwd=cwd)
+def _in_child(cli, cwd, argv) -> None:
+    r = cli.bounded(*argv, cwd=cwd)
     r.assert_bounded()
     assert r.peak_bytes < GIB
 
 
 @HOSTILE
 @given(expr=EXPRESSIONS)
-def test_expression_strings(capsys, workdir, expr):
+def test_expression_strings(symattn_cli, workdir, expr):
     (workdir / "expr.yaml").write_text(clean(_expression_problem(expr)), "utf-8")
-    _in_process(capsys, ["derive", str(workdir / "expr.yaml"), "-f", "json"])
+    _in_process(symattn_cli, ["derive", str(workdir / "expr.yaml"), "-f", "json"])
     (workdir / "expr.answers.yaml").write_text(clean(_expression_answers(expr)), "utf-8")
-    _in_process(capsys, ["check", str(CAUSAL), str(workdir / "expr.answers.yaml")])
+    _in_process(symattn_cli, ["check", str(CAUSAL), str(workdir / "expr.answers.yaml")])
 
 
 @HOSTILE
 @given(body=nested_yaml(), where=st.sampled_from(["problem", "answers"]))
-def test_nesting(capsys, workdir, body, where):
+def test_nesting(symattn_cli, workdir, body, where):
     path = workdir / "nested.yaml"
     if where == "problem":
         path.write_text("Q:" + body + "\n" + REST, "utf-8")
-        _in_process(capsys, ["derive", str(path), "-f", "json"])
+        _in_process(symattn_cli, ["derive", str(path), "-f", "json"])
     else:
         path.write_text("A:" + body + "\n", "utf-8")
-        _in_process(capsys, ["check", str(CAUSAL), str(path)])
+        _in_process(symattn_cli, ["check", str(CAUSAL), str(path)])
 
 
 @HOSTILE
 @given(data=st.one_of(st.binary(max_size=400), answers().map(lambda t: t.encode("utf-8", "replace")),
                       nested_yaml().map(lambda b: ("A:" + b + "\n").encode())))
-def test_answers_bytes(capsys, workdir, data):
+def test_answers_bytes(symattn_cli, workdir, data):
     path = workdir / "answers.bin.yaml"
     path.write_bytes(data)
-    _in_process(capsys, ["check", str(CAUSAL), str(path)])
+    _in_process(symattn_cli, ["check", str(CAUSAL), str(path)])
 
 
 @HOSTILE
 @given(data=npy_bytes())
-def test_npy_bytes(capsys, workdir, data):
+def test_npy_bytes(symattn_cli, workdir, data):
     (workdir / "m.npy").write_bytes(data)
     (workdir / "npy.yaml").write_text("Q: {file: m.npy}\n" + REST, "utf-8")
-    _in_process(capsys, ["derive", str(workdir / "npy.yaml"), "-f", "json"])
+    _in_process(symattn_cli, ["derive", str(workdir / "npy.yaml"), "-f", "json"])
 
 
 @HOSTILE
 @given(data=csv_bytes())
-def test_csv_bytes(capsys, workdir, data):
+def test_csv_bytes(symattn_cli, workdir, data):
     (workdir / "m.csv").write_bytes(data)
     (workdir / "csv.yaml").write_text("Q: {file: m.csv}\n" + REST, "utf-8")
-    _in_process(capsys, ["derive", str(workdir / "csv.yaml"), "-f", "json"])
+    _in_process(symattn_cli, ["derive", str(workdir / "csv.yaml"), "-f", "json"])
 
 
 @HOSTILE
 @given(data=safetensors_bytes(), spec=_ST_SPECS, positions=st.booleans())
-def test_safetensors_bytes(capsys, workdir, data, spec, positions):
+def test_safetensors_bytes(symattn_cli, workdir, data, spec, positions):
     (workdir / "m.safetensors").write_bytes(data)
     text = f"Q: {spec}\n" + REST if "embeddings" not in spec else \
         f"X: {spec}\n" + ("positions: {file: m.safetensors, tensor: w}\n" if positions else "") + \
         "W_Q: [[1], [0]]\nW_K: [[1], [0]]\nW_V: [[1], [0]]\n"
     (workdir / "st.yaml").write_text(text, "utf-8")
-    _in_process(capsys, ["derive", str(workdir / "st.yaml"), "-f", "json"])
+    _in_process(symattn_cli, ["derive", str(workdir / "st.yaml"), "-f", "json"])
 
 
 @st.composite
@@ -451,24 +446,24 @@ def hostile_problem(draw):
 
 @IN_CHILD
 @given(case=hostile_problem())
-def test_hostile_problem_in_a_child_process(workdir, case):
+def test_hostile_problem_in_a_child_process(symattn_cli, workdir, case):
     """``python -m symattn derive`` under RLIMIT_AS (1 GiB), bounded in CPU time."""
     text, name, data = case
     if name is not None:
         (workdir / name).write_bytes(data)
     (workdir / "c_problem.yaml").write_text(text, "utf-8")
-    _in_child(workdir, ["derive", "c_problem.yaml", "-f", "json"])
+    _in_child(symattn_cli, workdir, ["derive", "c_problem.yaml", "-f", "json"])
 
 
 @IN_CHILD
 @given(expr=EXPRESSIONS, body=nested_yaml(), raw=st.binary(max_size=300))
-def test_hostile_answers_in_a_child_process(workdir, expr, body, raw):
+def test_hostile_answers_in_a_child_process(symattn_cli, workdir, expr, body, raw):
     """``python -m symattn check`` with three hostile answers files at once: each is marked or
     reported on its own line, bounded."""
     (workdir / "c_a1.yaml").write_text(clean(_expression_answers(expr)), "utf-8")
     (workdir / "c_a2.yaml").write_text("A:" + body + "\n", "utf-8")
     (workdir / "c_a3.yaml").write_bytes(raw)
-    r = run_cli(["check", str(CAUSAL), "c_a1.yaml", "c_a2.yaml", "c_a3.yaml"], cwd=workdir)
+    r = symattn_cli.bounded("check", CAUSAL, "c_a1.yaml", "c_a2.yaml", "c_a3.yaml", cwd=workdir)
     r.assert_bounded()
     assert r.peak_bytes < GIB
     for name in ("c_a1.yaml", "c_a2.yaml", "c_a3.yaml"):

@@ -16,7 +16,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-from symattn.cli import main
 
 HERE = Path(__file__).parent / "bad_inputs"
 EXPECTED = yaml.safe_load((HERE / "expected.yaml").read_text("utf-8"))
@@ -35,14 +34,14 @@ def _cases():
 
 
 @pytest.mark.parametrize("name", list(_cases()))
-def test_bad_input(name, capsys, tmp_path, monkeypatch):
+def test_bad_input(name, symattn_cli, tmp_path, monkeypatch):
     want = EXPECTED[name]
     monkeypatch.chdir(tmp_path)  # a MARKER written by a YAML tag or an entry would land here
     path = str(HERE / name)
     start = time.process_time()  # CPU time: a busy machine stretches the wall clock, not this
-    code = main(["derive", path, "-f", "json"])
+    r = symattn_cli.main("derive", path, "-f", "json")
     elapsed = time.process_time() - start
-    out, err = capsys.readouterr()
+    code, out, err = r.code, r.stdout, r.stderr
     assert not (tmp_path / "MARKER").exists() and not (HERE / "MARKER").exists() and not Path("MARKER").exists()
     assert "Traceback" not in out + err
     assert code == want["exit"], err
@@ -98,7 +97,7 @@ SPECIAL = {
 
 
 @pytest.mark.parametrize("case", sorted(SPECIAL))
-def test_special_file(case, capsys, tmp_path):
+def test_special_file(case, symattn_cli, tmp_path):
     text, name, make, fragment = SPECIAL[case]
     sock = None
     if make == "socket":
@@ -113,12 +112,12 @@ def test_special_file(case, capsys, tmp_path):
         problem.write_text(text, "utf-8")
     start = time.process_time()
     try:
-        code = main(["derive", str(problem), "-f", "json"])
+        r = symattn_cli.main("derive", problem, "-f", "json")
     finally:
         if sock is not None:
             sock.close()
     elapsed = time.process_time() - start
-    out, err = capsys.readouterr()
+    code, err = r.code, r.stderr
     assert code == 1, err
     lines = err.splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"Error: {problem}"), err

@@ -787,5 +787,5 @@ def test_benchmark_exists_and_is_not_collected() -> None:
     # ... and the default run (testpaths of pyproject.toml) never reaches it
     proc = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
                            "--continue-on-collection-errors"], cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
-    assert "tests/test_generate.py::" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "tests/test_generate_cli.py::" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert not [line for line in proc.stdout.splitlines() if line.startswith("benchmarks")]

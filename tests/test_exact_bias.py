@@ -25,7 +25,7 @@ from symattn.check import mark, parse_answers
 from symattn.reference.numeric import numeric_stages
 from symattn.reference.numeric_backward import numeric_gradients
 
-from test_latex import compile_latex, pdf_text
+from test_render_latex import compile_latex, pdf_text
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "worked_examples" / "projection_bias.yaml"
@@ -337,13 +337,9 @@ def test_bad_biases(text, message):
     assert "\n" not in str(err.value)
 
 
-def test_a_bad_bias_on_the_command_line(tmp_path):
-    from click.testing import CliRunner
-
-    from symattn.cli import cli
-
+def test_a_bad_bias_on_the_command_line(symattn_cli, tmp_path):
     (tmp_path / "p.yaml").write_text(BAD[0][0], "utf-8")
-    result = CliRunner().invoke(cli, ["derive", str(tmp_path / "p.yaml")])
+    result = symattn_cli("derive", tmp_path / "p.yaml")
     assert result.exit_code == 1
     assert "p.yaml:3:6: b_Q: has 3 entries, W_Q has 2 columns" in result.output
     assert "Traceback" not in result.output
@@ -352,12 +348,8 @@ def test_a_bad_bias_on_the_command_line(tmp_path):
 # -- 4. the renderers and JSON ---------------------------------------------------------------
 
 
-def test_json_has_the_bias_stages(tmp_path):
-    from click.testing import CliRunner
-
-    from symattn.cli import cli
-
-    result = CliRunner().invoke(cli, ["derive", str(EXAMPLE), "--format", "json"])
+def test_json_has_the_bias_stages(symattn_cli, tmp_path):
+    result = symattn_cli("derive", EXAMPLE, "--format", "json")
     assert result.exit_code == 0, result.output
     data = json.loads(result.output)
     by_id = {s["id"]: s for s in data["stages"]}

@@ -18,10 +18,9 @@ import numpy as np
 import pytest
 import sympy
 import yaml
-from click.testing import CliRunner
 
 import symattn
-from symattn.cli import cli
+from _child import SymattnCli
 from _reference import answers_text, rounded_grid
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -302,8 +301,8 @@ def test_hugging_face_rotate_half():
 # -- symattn check ----------------------------------------------------------------------------
 
 
-def run_check(problem: Path, answers: Path) -> dict:
-    r = CliRunner().invoke(cli, ["check", str(problem), str(answers), "--format", "json"], catch_exceptions=False)
+def run_check(cli: SymattnCli, problem: Path, answers: Path) -> dict:
+    r = cli("check", str(problem), str(answers), "--format", "json", catch_exceptions=False)
     return json.loads(r.stdout)
 
 
@@ -311,11 +310,11 @@ def stage(report: dict, sid: str) -> dict:
     return next(s for s in report["stages"] if s["id"] == sid)
 
 
-def test_check_diagnoses_the_pairing_swapped_and_follows_it_through(tmp_path):
+def test_check_diagnoses_the_pairing_swapped_and_follows_it_through(symattn_cli, tmp_path):
     want = np_attention(EXACT, "interleaved")  # the student used the other pairing throughout
     answers = tmp_path / "a.yaml"
     answers.write_text(answers_text({sid: rounded_grid(want[sid], 4) for sid in ("Q_rot", "K_rot", "S")}), "utf-8")
-    report = run_check(EXACT, answers)
+    report = run_check(symattn_cli, EXACT, answers)
     for sid in ("Q_rot", "K_rot"):
         s = stage(report, sid)
         assert s["status"] == "wrong" and "pairing is swapped" in s["diagnosis"], s
@@ -323,12 +322,12 @@ def test_check_diagnoses_the_pairing_swapped_and_follows_it_through(tmp_path):
     assert s["status"] == "follows" and set(s["follows_from"]) == {"Q_rot", "K_rot"}, s
 
 
-def test_check_marks_right_rotations_right(tmp_path):
+def test_check_marks_right_rotations_right(symattn_cli, tmp_path):
     want = np_attention(BASE, "interleaved")
     answers = tmp_path / "a.yaml"
     answers.write_text(answers_text({sid: rounded_grid(want[sid], 4) for sid in ("Q_rot", "K_rot", "S", "A")}),
                        "utf-8")
-    report = run_check(BASE, answers)
+    report = run_check(symattn_cli, BASE, answers)
     assert {stage(report, s)["status"] for s in ("Q_rot", "K_rot", "S", "A")} == {"right"}, report
 
 
@@ -342,7 +341,7 @@ mask: causal
 """
 
 
-def test_check_diagnoses_the_rotation_applied_to_v(tmp_path):
+def test_check_diagnoses_the_rotation_applied_to_v(symattn_cli, tmp_path):
     problem = tmp_path / "p.yaml"
     problem.write_text(ROTATED_V, "utf-8")
     raw = yaml.safe_load(ROTATED_V)
@@ -355,25 +354,25 @@ def test_check_diagnoses_the_rotation_applied_to_v(tmp_path):
     A = E / E.sum(axis=1, keepdims=True)
     answers = tmp_path / "a.yaml"
     answers.write_text(answers_text({"V": rounded_grid(V_rot, 4)}), "utf-8")
-    s = stage(run_check(problem, answers), "V")
+    s = stage(run_check(symattn_cli, problem, answers), "V")
     assert s["status"] == "wrong" and "rotation was applied to V" in s["diagnosis"], s
     answers.write_text(answers_text({"O": rounded_grid(A @ V_rot, 4)}), "utf-8")
-    s = stage(run_check(problem, answers), "O")
+    s = stage(run_check(symattn_cli, problem, answers), "O")
     assert s["status"] == "wrong" and "rotation was applied to V" in s["diagnosis"], s
 
 
-def test_check_diagnoses_positions_counted_from_one(tmp_path):
+def test_check_diagnoses_positions_counted_from_one(symattn_cli, tmp_path):
     raw = yaml.safe_load(EXACT.read_text("utf-8"))
     X, W_Q = np.array(raw["X"], dtype=np.float64), np.array(raw["W_Q"], dtype=np.float64)
     Q = X @ W_Q
     shifted = np_rope(np.vstack([np.zeros((1, 4)), Q]), [math.pi / 6, math.pi / 3], "half")[1:]  # p + 1
     answers = tmp_path / "a.yaml"
     answers.write_text(answers_text({"Q_rot": rounded_grid(shifted, 4)}), "utf-8")
-    s = stage(run_check(EXACT, answers), "Q_rot")
+    s = stage(run_check(symattn_cli, EXACT, answers), "Q_rot")
     assert s["status"] == "wrong" and "positions counted from 1" in s["diagnosis"], s
 
 
-def test_check_follows_a_wrong_q_through_the_rotation(tmp_path):
+def test_check_follows_a_wrong_q_through_the_rotation(symattn_cli, tmp_path):
     """A slip in Q, rotated correctly: Q_rot is right from the student's own Q."""
     raw = yaml.safe_load(EXACT.read_text("utf-8"))
     Q = np.array(raw["X"], dtype=np.float64) @ np.array(raw["W_Q"], dtype=np.float64)
@@ -382,7 +381,7 @@ def test_check_follows_a_wrong_q_through_the_rotation(tmp_path):
     answers.write_text(answers_text({"Q": rounded_grid(Q, 4),
                                      "Q_rot": rounded_grid(np_rope(Q, [math.pi / 6, math.pi / 3], "half"), 4)}),
                        "utf-8")
-    report = run_check(EXACT, answers)
+    report = run_check(symattn_cli, EXACT, answers)
     assert stage(report, "Q")["status"] == "wrong"
     s = stage(report, "Q_rot")
     assert s["status"] == "follows" and s["follows_from"] == ["Q"], s
