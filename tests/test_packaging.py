@@ -87,6 +87,20 @@ def _dependency_dirs(wheel: Path) -> list[str]:
     return dirs
 
 
+def _can_build_here() -> bool:
+    """Whether this environment's setuptools can build the wheel itself: setuptools 70.1 or later
+    (bdist_wheel built in), or an older one with the wheel package; a fresh venv of Python 3.11
+    has setuptools 65 without wheel."""
+    import importlib.util
+
+    try:
+        return (importlib.util.find_spec("setuptools") is not None
+                and (importlib.util.find_spec("setuptools.command.bdist_wheel") is not None
+                     or importlib.util.find_spec("wheel") is not None))
+    except ImportError:
+        return False
+
+
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory):
     """(the wheel, the fresh environment's python, its site-packages, the checkout copy's files)."""
@@ -100,11 +114,9 @@ def installed(tmp_path_factory):
             shutil.copy2(source, checkout / name, follow_symlinks=False)
     wheels = base / "wheels"
     build = [sys.executable, "-m", "pip", "wheel", "--no-deps", "-w", wheels, checkout]
-    try:
-        import setuptools  # noqa: F401  (the build backend, here: no download)
-        build[4:4] = ["--no-build-isolation", "--no-index"]
-    except ImportError:
-        pass  # pip fetches setuptools into an isolated build environment
+    if _can_build_here():
+        build[4:4] = ["--no-build-isolation", "--no-index"]  # the build backend is here: no download
+    # else pip fetches setuptools into an isolated build environment, as `pip install .` does
     _ok(_run(build, base))
     (wheel,) = wheels.glob("symattn-*.whl")
 
