@@ -47,6 +47,21 @@ def test_render_is_the_package_and_callable():
     from symattn.render import render_html, select  # noqa: F401  (the package's names still import)
 
 
+def test_the_callable_packages_show_their_functions_signatures():
+    """help() and inspect see the function a package calls, every parameter included."""
+    import inspect
+
+    import symattn.check
+    import symattn.generate
+    from symattn.check import check
+    from symattn.generate import generate
+    from symattn.render import render
+
+    for package, function in ((symattn.render, render), (symattn.check, check), (symattn.generate, generate)):
+        assert inspect.signature(package) == inspect.signature(function)
+        assert package.__doc__ == sys.modules[package.__name__].__doc__ and package.__doc__  # its own docstring
+
+
 @pytest.mark.parametrize("example, suffix, fmt", [(CAUSAL, ".tex", "latex"), (CAUSAL, ".md", "markdown"),
                                                   (CAUSAL, ".html", "html"), (BACKWARD, ".tex", "latex"),
                                                   (BACKWARD, ".md", "markdown")])

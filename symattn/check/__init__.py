@@ -25,8 +25,6 @@ import json
 import math
 import numbers
 import os
-import sys
-import types
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from fractions import Fraction
@@ -35,6 +33,7 @@ from pathlib import Path
 import mpmath
 
 from . import reports as check_reports
+from ..callable_package import make_callable
 from ..errors import SymattnError
 from ..text import excerpt
 from .reports import StageSummary, class_summary
@@ -211,13 +210,4 @@ def _tolerance(value):
         return mpmath.mpf(exact.numerator) / exact.denominator
 
 
-class _CallableModule(types.ModuleType):
-    """``symattn.check`` is this module, whichever way it was reached first (``import symattn.check``
-    or ``symattn.check``); calling it calls :func:`check`."""
-
-    def __call__(self, derivation: Derivation, answers: Answers, *, precision: str = "auto",
-                 tolerance: float | None = None) -> Marking:
-        return check(derivation, answers, precision=precision, tolerance=tolerance)
-
-
-sys.modules[__name__].__class__ = _CallableModule
+make_callable(__name__, check)  # symattn.check is this package; calling it calls check()

@@ -5,19 +5,10 @@
 
 from __future__ import annotations
 
-import sys
-import types
-
+from ..callable_package import make_callable
 from .batch import GeneratedProblem, exercise_files, generate, write_exercises
 
 __all__ = ["GeneratedProblem", "exercise_files", "generate", "write_exercises"]
 
 
-class _CallableModule(types.ModuleType):
-    """``symattn.generate`` is this package, however it was reached; calling it calls :func:`generate`."""
-
-    def __call__(self, count: int = 1, **options) -> list[GeneratedProblem]:
-        return generate(count, **options)
-
-
-sys.modules[__name__].__class__ = _CallableModule
+make_callable(__name__, generate)  # symattn.generate is this package; calling it calls generate()

@@ -10,10 +10,9 @@
 
 from __future__ import annotations
 
-import sys
-import types
 from dataclasses import fields, replace
 
+from ..callable_package import make_callable
 from .matrices import exact_tex_matrix_of_step as step_latex
 from .latex import render_latex
 from .options import FORMATS, RenderOptions
@@ -58,14 +57,7 @@ def render(derivation, format: str = "latex", options: RenderOptions | None = No
     return import_module(_MODULES[format], __name__).document(derivation, options)
 
 
-class _CallableModule(types.ModuleType):
-    """``symattn.render`` is this package, however it was reached; calling it calls :func:`render`."""
-
-    def __call__(self, derivation, format: str = "latex", options: RenderOptions | None = None, **keywords) -> str:
-        return render(derivation, format, options, **keywords)
-
-
-sys.modules[__name__].__class__ = _CallableModule
+make_callable(__name__, render)  # symattn.render is this package; calling it calls render()
 
 
 __all__ = ["FORMATS", "RenderOptions", "render", "render_html", "render_json", "render_latex", "render_markdown",
