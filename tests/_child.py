@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import io
 import os
-import resource
 import shutil
 import signal
 import subprocess

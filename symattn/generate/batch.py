@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Sequence
 
 from ..errors import SymattnError
-from ..text import excerpt, shown
+from ..text import shown
 from .exercises import LEVELS, Spec, from_problem, generate as _draw, to_yaml
 from ..problem.load import load_problem, parse_problem
 from ..problem.model import Problem
