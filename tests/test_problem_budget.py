@@ -12,12 +12,13 @@ import re
 from pathlib import Path
 
 import pytest
+import sympy
 
 import symattn
 from symattn import SymattnError
 from symattn.problem.budget import (DEARER, HEADS, PDF_HEADS, ROPE_WORK, SCORE_CELLS, SCORE_CELLS_IRRATIONAL, SCORE_WORK_IRRATIONAL,
                              check_budget, layer_refusal, score_cells)
-from symattn.problem.budget import MAX_SIZE
+from symattn.problem.budget import MAX_SIZE, fast_rope
 from _child import run_cli
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -111,28 +112,37 @@ def rope_problem(n: int, d: int, rope: str):
     return symattn.load_problem(f"rope: {rope}\n" + qkv(n, d))
 
 
-def test_rope_with_a_base_is_budgeted_by_rotated_score_terms():
-    """A base's angles (θ_1 = 1) keep cos 1, sin 1, ... in every score: 35 tokens with d_k = 4 is
-    4,900 rotated score terms, within 5,000; 36 tokens (5,184) is not."""
-    check_budget(rope_problem(35, 4, "{base: 10000}"), "latex", False)
+def test_rope_on_the_fast_path_is_budgeted_like_rational_scores():
+    """Rational queries and keys turned by a base's angles take RoPE's fast path (values in balls,
+    exact entries built only where shown): the ordinary score budgets apply, an irrational scale
+    included (d_k = 2: 1/√2), and no budget of rotated score terms."""
+    assert fast_rope(rope_problem(36, 4, "{base: 10000}"))
+    check_budget(rope_problem(200, 4, "{base: 10000}"), "latex", False)
+    scaled = symattn.load_problem("rope: {base: 10000}\n" + qkv(200, 2, scale="auto"))
+    assert scaled.scale_value == 1 / sympy.sqrt(2)
+    check_budget(scaled, "latex", False)  # 1/√2: no SymPy softmax on the fast path
+    check_budget(rope_problem(200, 4, '{angles: ["1/2", "1/3"]}'), "json", False)
+    with pytest.raises(SymattnError, match="1,000,000 the size budget allows"):
+        check_budget(rope_problem(1001, 4, "{base: 10000}"), "latex", False)
+
+
+def test_rope_on_the_general_path_is_budgeted_by_rotated_score_terms():
+    """Angles the fast path does not read (π/6 beside 1/3) keep cos 1/3, sin 1/3, ... in every
+    SymPy score: 35 tokens with d_k = 4 is 4,900 rotated score terms, within 5,000; 36 tokens
+    (5,184) is not; π/6 and π/3 alone give algebraic cosines (√3/2): the ordinary budgets apply."""
+    mixed = '{angles: ["pi/6", "1/3"]}'
+    assert not fast_rope(rope_problem(36, 4, mixed))
+    check_budget(rope_problem(35, 4, mixed), "latex", False)
     with pytest.raises(SymattnError) as info:
-        check_budget(rope_problem(36, 4, "{base: 10000}"), "latex", False, file="p.yaml")
+        check_budget(rope_problem(36, 4, mixed), "latex", False, file="p.yaml")
     message = str(info.value)
     assert "5,184 rotated score terms (1,296 attention scores × d_k = 4, with RoPE's cos and sin kept exact)" in message
     assert f"more than the {ROPE_WORK:,} the size budget allows," in message
     assert "--max-size 1037000" in message  # 5,184 / 5,000 of the default, rounded up to a thousand
-    check_budget(rope_problem(36, 4, "{base: 10000}"), "latex", False, max_size=1_037_000)
+    check_budget(rope_problem(36, 4, mixed), "latex", False, max_size=1_037_000)
     with pytest.raises(SymattnError, match="more than the 1,250 the size budget allows with JSON"):
-        check_budget(rope_problem(18, 4, "{base: 10000}"), "json", False)  # 1,296 terms
-
-
-def test_rope_angles_that_sympy_evaluates_are_not_charged_as_transcendental():
-    """π/6 and π/3 give algebraic cosines (√3/2): the ordinary budgets apply; angles 1/2 and 1/3
-    (cos 1/2 stays) are charged like a base, and so is a mixture."""
+        check_budget(rope_problem(18, 4, mixed), "json", False)  # 1,296 terms
     check_budget(rope_problem(36, 4, '{angles: ["pi/6", "pi/3"]}'), "latex", False)
-    for angles in ('["1/2", "1/3"]', '["pi/6", "1/3"]'):
-        with pytest.raises(SymattnError, match="rotated score terms"):
-            check_budget(rope_problem(36, 4, f"{{angles: {angles}}}"), "latex", False)
 
 
 def many_heads(count: int) -> str:

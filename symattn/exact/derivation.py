@@ -19,6 +19,7 @@ import mpmath
 from . import arb as _arb
 from . import evaluation as _evaluation
 from . import lazy as _lazy
+from . import rotary as _rotary
 from . import softmax as _softmax
 from . import structures as _structures
 from .. import stages
@@ -503,6 +504,9 @@ def _step(planned: stages.Planned, values: dict, step_class: type[Step] = Step) 
     written = True
     if kind.gradient:
         written = p.n_q * p.n_k <= EXACT_LIMIT or (kind.short is not None and kind.short(ops, result, c))
+    elif not given:
+        terms = _rotary.terms_of(result)  # RoPE's long sums of cosines and sines: decimals past a size
+        written = terms is None or terms <= _rotary.EXACT_TERMS
     matrix = _structures.matrix_of(result)
     axes = kind.text("axes", c)
     return step_class(

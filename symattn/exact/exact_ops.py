@@ -8,6 +8,7 @@ from sympy import QQ
 
 from ..numbers.matrices import Matrix, is_rational, rational_matrix, tidy
 from . import products as _products
+from . import rotary as _rotary
 from . import tiled as _tiled
 from .lazy import LazyMatrix, rational_rows
 from .masks import add_mask, mask_matrix
@@ -49,6 +50,9 @@ class ExactOps(Ops):
         if isinstance(a, (OverRows, OverZ2)) and is_rational(b):
             return self._over_rows_times(over_rows(a), b)
         a, b = matrix_of(a), matrix_of(b)
+        rotary = _rotary.scores(a, b)  # Q_rot·K_rotᵀ: kept as structure
+        if rotary is not None:
+            return rotary
         return _products.matmul(a, b) if self.expand else _products.product(a, b)
 
     @staticmethod
@@ -141,6 +145,8 @@ class ExactOps(Ops):
             return WeightsT(a.rows)
         if isinstance(a, OverZ2) and a.keyed:
             return ScoresT(a)
+        if isinstance(a, _rotary.Rotated):
+            return a.T
         return _products.transpose(matrix_of(a))
 
     def scale(self, a, factor: sympy.Expr):
@@ -148,15 +154,25 @@ class ExactOps(Ops):
             parent = a.lazy
             return OverZ2(a.rows, a.base, LazyMatrix(parent.rows, parent.cols, lambda i, j: factor * parent[i, j]),
                           factor if a.factor is None else a.factor * factor, a.keyed)
+        if isinstance(a, _rotary.RotaryScores):
+            scaled = a.scaled(factor)
+            if scaled is not None:
+                return scaled
         return _products.scale(a, factor)
 
     def mask(self, allowed, bias):
         return mask_matrix(allowed, bias)
 
     def add_mask(self, scores, mask):
+        if isinstance(scores, _rotary.RotaryScores):
+            masked = scores.masked(mask)
+            if masked is not None:
+                return masked
         return add_mask(scores, mask)
 
     def softmax(self, z) -> Softmax:
+        if isinstance(z, _rotary.RotaryScores) and z.allowed is not None:
+            return Softmax(_rotary.softmax_rows(z))
         return Softmax(softmax_rows(z))
 
     def softmax_backward(self, a: Softmax, dA) -> OverZ2:
@@ -255,4 +271,6 @@ class ExactOps(Ops):
         from ..problem.rope import rotate
 
         m = matrix_of(m)
-        return rotate(m, thetas, pairs, [p + offset for p in range(m.rows)], sign)
+        positions = [p + offset for p in range(m.rows)]
+        fast = _rotary.rotated(m, thetas, pairs, [sign * p for p in positions])
+        return fast if fast is not None else rotate(m, thetas, pairs, positions, sign)

@@ -73,6 +73,15 @@ class SoftmaxRow:
     def rational(self) -> bool:
         return all(e is None or not isinstance(e, sympy.Basic) for e in self.raw)
 
+    @property
+    def has_balls(self) -> bool:
+        """Whether the row's weights come as arb balls (:meth:`arb_weights`, :meth:`allowed_weights`)."""
+        return self.rational
+
+    def positions(self) -> list[int]:
+        """The 0-based keys the row attends to."""
+        return [k for k, e in enumerate(self.raw) if e is not None]
+
     @cached_property
     def exponents(self) -> tuple[sympy.Expr | None, ...]:
         if not self.rational:
@@ -264,7 +273,7 @@ def weights_times(rows: "tuple[SoftmaxRow, ...]", values: Matrix, dps: int, conv
     """``A·V`` at ``dps`` digits straight from rational softmax rows and a rational ``V`` (one arb
     matrix product), as mpmath numbers (or ``convert(arb)``), or None when either is not
     rational."""
-    if not is_rational(values) or not all(row.rational for row in rows):
+    if not is_rational(values) or not all(row.has_balls for row in rows):
         return None
     convert = convert or arb_to_mpf
     with arb_precision(dps):
@@ -275,7 +284,7 @@ def weights_times(rows: "tuple[SoftmaxRow, ...]", values: Matrix, dps: int, conv
 def weighted_value(row: "SoftmaxRow", column: list, dps: int) -> "mpmath.mpf | None":
     """``Σ_k a_ik v_k`` at ``dps`` digits for a rational row and rational values (QQ), from the
     row's arb weights; None when the row is not rational."""
-    if not row.rational:
+    if not row.has_balls:
         return None
     with arb_precision(dps):
         total = _flint.arb(0)
@@ -299,7 +308,7 @@ def softmax_floats(rows: "tuple[SoftmaxRow, ...]", values, dps: int):
     not rational. Kept with the rows: the weights and the output ask in turn."""
     import numpy
 
-    if not rows or not all(row.rational for row in rows):
+    if not rows or not all(row.has_balls for row in rows):
         return None
     if values is not None and not is_rational(values):
         values = None
@@ -322,7 +331,7 @@ def softmax_floats(rows: "tuple[SoftmaxRow, ...]", values, dps: int):
             for i in range(start, min(n, start + FLOAT_BLOCK)):
                 if keep:  # a small problem: the rows keep their weights for the worked solution
                     every = rows[i].arb_weights(dps)
-                    positions = [k for k, e in enumerate(rows[i].raw) if e is not None]
+                    positions = rows[i].positions()
                     balls = [every[k] for k in positions]
                 else:
                     positions, balls = rows[i].allowed_weights(dps)

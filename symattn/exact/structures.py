@@ -186,7 +186,7 @@ def arb_structure(value, dps: int):
     """A rational softmax structure's values as an arb_mat at ``dps`` digits (the weights, or the
     output ``A·V`` as one arb product); None for anything else."""
     rows = getattr(value, "rows", None)
-    if not isinstance(value, (Softmax, Output)) or not all(row.rational for row in rows):
+    if not isinstance(value, (Softmax, Output)) or not all(row.has_balls for row in rows):
         return None
     with arb_precision(dps):
         weights = flint.arb_mat([row.arb_weights(dps) for row in rows])

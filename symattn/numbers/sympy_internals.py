@@ -177,6 +177,18 @@ def mul_in_order(coefficient, power) -> sympy.Expr:
     return sympy.Mul._from_args((coefficient, power))
 
 
+def product_of_two(a: sympy.Expr, b: sympy.Expr) -> sympy.Expr:
+    """``a·b`` as SymPy builds it, without its flattening pass, for factors that do not combine:
+    ``a`` an ``e^x`` or a sum, ``b`` a power of another base (``Z^{-1}``); else SymPy's own product."""
+    from sympy.core.mul import _mulsort
+
+    if not (isinstance(a, (sympy.exp, sympy.Add)) and isinstance(b, sympy.Pow) and not isinstance(b.base, sympy.Mul)):
+        return sympy.Mul(a, b)
+    args = [a, b]
+    _mulsort(args)  # the order Mul's flattening sorts its factors in
+    return sympy.Mul._from_args(args)
+
+
 def sum_of_distinct(terms: list) -> sympy.Expr:
     """``sympy.Add(*terms)`` for terms that are already collected (no two alike, at most one
     number): the same canonical sum, without Add's pass that splits and rebuilds every term."""

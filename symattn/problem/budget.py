@@ -59,9 +59,12 @@ def score_cells(p: Problem) -> int:
 
 
 def _symbolic(p: Problem) -> bool:
-    """Whether the softmax is kept in SymPy expressions (an irrational scale, symbols)."""
+    """Whether the softmax is kept in SymPy expressions (an irrational scale, symbols); not with
+    RoPE's fast path, which computes it in balls."""
     if p.symbols:
         return True
+    if fast_rope(p):
+        return False
     scales = [p.scale_for(h.d_k) for h in p.heads] if p.projected else [p.scale_value]
     return any(not getattr(s, "is_Rational", False) for s in scales)
 
@@ -72,12 +75,29 @@ def _needed(charges) -> int:
     return max(math.ceil(MAX_SIZE * used / budget / 1000) * 1000 for used, budget in charges)
 
 
+def fast_rope(p: Problem) -> bool:
+    """Whether the problem's RoPE takes the fast path (:mod:`symattn.exact.rotary`): rational
+    queries and keys (no symbols, rational inputs) and angles it reads (a base, or given rationals)."""
+    from ..numbers.matrices import is_rational
+
+    rope = getattr(p, "rope", None)
+    if rope is None or p.symbols:
+        return False
+    inputs = [p.X, p.context, p.Q, p.K] + [m for h in p.heads for m in (h.W_Q, h.W_K, h.b_Q, h.b_K)]
+    if p.positions is not None:
+        inputs.append(p.positions.matrix)
+    if not all(m is None or is_rational(m) for m in inputs):
+        return False
+    return all(rope.plain(d) for d in {h.d_k for h in p.heads} or {p.d_k})
+
+
 def _transcendental_rope(p: Problem) -> bool:
-    """Whether the problem's RoPE angles have cosines SymPy cannot evaluate (a base gives θ_1 = 1)."""
+    """Whether the problem's RoPE angles take the general path with cosines SymPy cannot evaluate
+    (a rotation of symbols, or of irrational inputs): every score a SymPy sum of cos and sin terms."""
     import sympy
 
     rope = getattr(p, "rope", None)
-    if rope is None:
+    if rope is None or fast_rope(p):
         return False
     if rope.angles is None:
         return True

@@ -43,12 +43,46 @@ class Rope:
         """The 0-based components ``(a, b)`` of each pair, pair by pair."""
         return pairs(d_k, self.pairing)
 
+    def plain(self, d_k: int) -> bool:
+        """Whether RoPE's fast path takes this rotation's angles (see :func:`plain_angles`)."""
+        return plain_angles(self.thetas(d_k))
+
     def rule(self) -> str:
         """The angles in words (math marked ⟦…⟧, see symattn.render.prose)."""
         if self.angles is not None:
             return "the angles are given: " + ", ".join(
                 f"⟦\\theta_{{{i + 1}}} = {sympy.latex(a)}⟧" for i, a in enumerate(self.angles))
         return f"⟦\\theta_i = {sympy.latex(self.base)}^{{-2(i-1)/d_k}}⟧ for pair ⟦i = 1, \\dots, d_k/2⟧"
+
+
+def angle_ball(x: sympy.Expr):
+    """The angle ``x`` as an arb ball (at flint's working precision), or None when it is not a
+    product of rationals and rational powers of positive rationals (as ``base^{-2i/d_k}`` is)."""
+    import flint
+
+    if isinstance(x, sympy.Rational):
+        return flint.arb(flint.fmpq(int(x.p), int(x.q)))
+    if isinstance(x, sympy.Pow) and isinstance(x.base, sympy.Rational) and x.base > 0 \
+            and isinstance(x.exp, sympy.Rational):
+        base = flint.arb(flint.fmpq(int(x.base.p), int(x.base.q)))
+        return base ** flint.arb(flint.fmpq(int(x.exp.p), int(x.exp.q)))
+    if isinstance(x, sympy.Mul):
+        total = flint.arb(1)
+        for factor in x.args:
+            ball = angle_ball(factor)
+            if ball is None:
+                return None
+            total *= ball
+        return total
+    return None
+
+
+def plain_angles(thetas) -> bool:
+    """Whether every angle is a positive algebraic number :func:`angle_ball` reads: then each
+    cos(dθ) and sin(dθ) stays as it is (SymPy evaluates none), and, by the Lindemann–Weierstrass
+    theorem, a sum of rational multiples of them is 0 only when its canonical form is. RoPE's fast
+    path (:mod:`symattn.exact.rotary`) takes such angles; π/6 and the like take the general path."""
+    return all(t != 0 and t.is_positive and angle_ball(t) is not None for t in thetas)
 
 
 def pairs(d_k: int, pairing: str) -> list[tuple[int, int]]:
@@ -151,9 +185,10 @@ def relative(rope: Rope, Q, K, S, d_k: int) -> "Relative | None":
     k_rel = rotate(k_row, rope.thetas(d_k), rope.pairs(d_k), [r - p])
     k_rel = tuple(k_rel[0, c] for c in range(K.cols))
     q = tuple(Q[p, c] for c in range(Q.cols))
-    value = tidy_trig(tidy(sympy.Add(*[x * y for x, y in zip(q, k_rel)])))
+    # q is not rotated, so no product of a cosine and a sine arises: expanding collects the terms.
+    value = tidy(sympy.Add(*[x * y for x, y in zip(q, k_rel)]))
     score = S[p, r]
-    difference = tidy_trig(tidy(score - value))
-    if difference != 0:
-        difference = sympy.simplify(difference)
+    difference = tidy(score - value)
+    if difference != 0:  # forms that expanding alone does not bring together
+        difference = sympy.simplify(tidy_trig(difference))
     return Relative(p, r, q, tuple(K[r, c] for c in range(K.cols)), k_rel, score, value, difference)

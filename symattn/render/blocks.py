@@ -20,7 +20,7 @@ from .matrices import (
     weighted_sum_tex,
     worked_dot_tex,
 )
-from .entries import TOO_LONG, entry_forms, jacobian_form, jacobian_row, needs_decimals, written_exactly
+from .entries import too_long, entry_forms, jacobian_form, jacobian_row, needs_decimals, written_exactly
 from .options import RenderOptions
 from .outline import given_inputs, select, stages
 from .rope import rope_blocks
@@ -159,7 +159,7 @@ def _step_blocks(d: Derivation, step: Step, digits: int, max_shown: int, shade: 
         out.append(Block("math", _SOFTMAX_DEF))
     if not written_exactly(step):
         out.append(Block("math", step.formula))
-        out.append(Block("para", TOO_LONG))
+        out.append(Block("para", too_long(step)))
     else:
         lhs = f"{step.formula} = {_parts_tex(p, step, max_shown)}"
         out += _displays(lhs, step, lambda b: exact_tex_blocks(d, step, max_shown, b), "exact", split)

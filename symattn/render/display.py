@@ -15,7 +15,7 @@ from ..problem.model import Problem
 from . import prose
 from .blocks import check_sentence
 from .matrices import approx_tex_matrix, exact_tex_matrix, normaliser_lines
-from .entries import TOO_LONG, entry_forms, needs_decimals, written_exactly
+from .entries import too_long, entry_forms, needs_decimals, written_exactly
 from .escape import escape_markdown
 from .text import text_grid, normaliser_text_lines, form_text
 
@@ -113,7 +113,7 @@ def step_text(step: Step) -> str:
     if d is None:
         return "\n".join(lines)
     if not written_exactly(step):
-        lines.append(TOO_LONG)
+        lines.append(prose.plain(too_long(step)))
     else:
         form = entry_forms(d, step)
         lines += text_grid(step.rows, step.cols, lambda i, j: form_text(form(i, j)), NOTEBOOK_SHOWN, indent="  ")

@@ -14,6 +14,7 @@ import sympy
 from sympy import QQ
 
 from ..exact.lazy import all_integers, qq_entries
+from ..exact.rotary import is_rotary, needs_decimals as rotary_needs_decimals, terms_of as rotary_terms
 from .. import stages as registry
 from ..numbers.matrices import is_rational
 from .numbers import NEG_INF, is_plain_integer
@@ -144,6 +145,22 @@ TOO_LONG = (
     "At this size the exact entries are long sums of fractions over the rows' normalisers, so they are "
     "shown in decimals only (symattn.derive(...).step(id).exact builds them)."
 )
+ROTARY_TOO_LONG = (
+    "At this size the exact entries, rational multiples of the cosines and sines of RoPE's angles "
+    "({what}), have {terms:,} terms in all, too many to write out, so they are shown in decimals, computed in "
+    "ball arithmetic from the exact rationals and angles (symattn.derive(...).step(id).exact builds them)."
+)
+
+
+def too_long(step: Step) -> str:
+    """Why a step is shown in decimals only (see :func:`written_exactly`)."""
+    terms = rotary_terms(step.value)
+    if terms is None:
+        return TOO_LONG
+    what = ("each ⟦a\\cos(p\\theta_i) - b\\sin(p\\theta_i)⟧" if step.key in (registry.Q_ROT, registry.K_ROT, registry.K_T)
+            else "each score a sum over the pairs ⟦i⟧ of ⟦\\alpha_i \\cos(d\\theta_i) + \\beta_i \\sin(d\\theta_i)⟧, "
+                 "⟦d⟧ the key's position minus the query's")
+    return ROTARY_TOO_LONG.format(what=what, terms=terms)
 
 
 def written_exactly(step: Step) -> bool:
@@ -155,6 +172,8 @@ def needs_decimals(step: Step) -> bool:
     """Whether decimals help: some entry is not an integer or −∞, and none holds a symbol."""
     if not written_exactly(step):
         return True
+    if is_rotary(step.value):  # RoPE's fast path: read from the balls, no entry built
+        return rotary_needs_decimals(step.value)
     if is_rational(step.lazy):  # rationals: one common denominator, no SymPy number
         return not all_integers(step.lazy)
     qq = qq_entries(step.lazy)

@@ -265,7 +265,8 @@ class _Page:
         c = registry.Context(d.problem, step.head)
         if step.kind_of.is_given(c):
             return None
-        if step.worked:
+        exact = written_exactly(step)
+        if step.worked and exact:
             def v(k: str):
                 return d.step(registry.resolve(k, c)[0]).value
 
@@ -283,7 +284,7 @@ class _Page:
             def weight(i: int, j: int) -> str:
                 m, z = normaliser_tex(d, step, i, self.digits)
                 entry = (f"A_{{{i + 1},{j + 1}}} = \\dfrac{{e^{{\\hat{{S}}_{{{i + 1},{j + 1}}} - m_{{{i + 1}}}}}}}"
-                         f"{{Z_{{{i + 1}}}}} = {form_tex(form(i, j))}")
+                         f"{{Z_{{{i + 1}}}}}" + (f" = {form_tex(form(i, j))}" if exact else ""))
                 if value is not None:
                     entry += f" \\approx {tex_decimal(value(i, j), self.digits)}"
                 return "<br>".join(mathml(t) for t in (entry, m, z))

@@ -125,9 +125,8 @@ def write_json(derivation: "Derivation", write: Callable[[str], object], *, chec
     ``write``, say). The text is :func:`render_json`'s, which is ``json.dumps(as_dict(...),
     indent=2, ensure_ascii=False)`` and a newline."""
     d = derivation
-    if _extras(d) or any("tiles" in step.shows for step in d.steps):
-        # the online softmax's recurrence, and the keys of RoPE, shared K/V and decoding: small
-        # problems, written whole
+    if any("tiles" in step.shows for step in d.steps):
+        # the online softmax's recurrence: small problems, written whole
         write(json.dumps(as_dict(d, check=check), indent=2, ensure_ascii=False) + "\n")
         return
     printer = printer_of(d)
@@ -152,6 +151,8 @@ def write_json(derivation: "Derivation", write: Callable[[str], object], *, chec
             _matrix(write, approx, rows, _joined if approx_texts else _floats, 3)
             write("\n    }")
         write("\n  ]")
+    for key, value in _extras(d).items():  # RoPE's settings, shared K/V, decoding: after the stages
+        write(",\n  " + _encode_text(key) + ": " + _value(value, 1))
     if check is not None:
         write(',\n  "crosscheck": ' + _value(check.as_dict(), 1))
     write("\n}\n")

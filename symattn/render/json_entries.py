@@ -64,7 +64,8 @@ class _Printer(StrPrinter):
                 sign, t = "-", t[1:]
             else:
                 sign = "+"
-            plain = term.is_Number or isinstance(term, sympy.exp) or _coefficient_power(term) is not None
+            # (a product is never bracketed in a sum: its precedence is Mul's, or Add's when negative)
+            plain = term.is_Number or term.is_Mul or isinstance(term, sympy.exp)
             if term.is_Add or (not plain and precedence(term) < PRECEDENCE["Add"]):
                 t = f"({t})"
             out.extend([sign, t])
@@ -82,11 +83,37 @@ class _Printer(StrPrinter):
         # its sign and precedence tests.
         split = _coefficient_power(expr)
         if split is None:
-            return super()._print_Mul(expr)
+            simple = _simple_product(expr)
+            return super()._print_Mul(expr) if simple is None else simple(self)
         c, power = split
         p, q = int(c.p), int(c.q)
         text = ("" if abs(p) == 1 else f"{abs(p)}*") + self._print(power) + ("" if q == 1 else f"/{q}")
         return "-" + text if p < 0 else text
+
+
+_FACTORS = (sympy.cos, sympy.sin, sympy.exp)
+
+
+def _simple_product(expr):
+    """For ``c·f_1·…·f_k`` (a rational c ≠ ±1 or 1, then cosines, sines, powers of e and positive
+    rational powers of positive rationals, such as RoPE's scores give), a function of the printer
+    that writes it as StrPrinter does (``-3*sqrt(2)*cos(1)/4``) without its sign and precedence
+    tests; None for any other product."""
+    args = expr.args
+    c = args[0]
+    if not isinstance(c, sympy.Rational):
+        return None
+    for f in args[1:]:
+        if not (isinstance(f, _FACTORS) or (isinstance(f, sympy.Pow) and isinstance(f.base, sympy.Rational)
+                                            and f.base > 0 and isinstance(f.exp, sympy.Rational) and f.exp > 0)):
+            return None
+
+    def write(printer) -> str:
+        p, q = int(c.p), int(c.q)
+        top = ([str(abs(p))] if abs(p) != 1 else []) + [printer._print(f) for f in args[1:]]
+        return ("-" if p < 0 else "") + "*".join(top) + ("" if q == 1 else f"/{q}")
+
+    return write
 
 
 def _coefficient_power(expr) -> "tuple[sympy.Rational, sympy.exp] | None":
@@ -513,5 +540,5 @@ def stage_parts(d: "Derivation", step: "Step", printer: _Printer, float_texts: b
 
 
 def printer_of(d: "Derivation") -> _Printer:
-    return _Printer(row.normaliser for step in d.steps if step.softmax
+    return _Printer(row.normaliser for step in d.steps if step.softmax and written_exactly(step)
                     for row in step.softmax if not row.rational and not row.normaliser_is_number)

@@ -21,7 +21,7 @@ from .numbers import (
     value_tex,
 )
 from ..stages.ids import O_T, TOKEN_AXES
-from .entries import EntryForm, Over, entry_forms, normaliser_is_number, quotient
+from .entries import EntryForm, Over, entry_forms, normaliser_is_number, quotient, written_exactly
 
 if TYPE_CHECKING:
     from ..exact.derivation import Derivation, Step
@@ -136,7 +136,8 @@ def normaliser_lines(d: Derivation, step: Step, digits: int, max_shown: int = MA
         if normaliser_is_number(step.softmax[i]):
             continue
         m, z = normaliser_tex(d, step, i, digits)
-        lines.append(f"{m.replace(' = ', ' &= ', 1)}, & {z.replace(' = ', ' &= ', 1)}")
+        m = m.replace(' = ', ' &= ', 1) if ' = ' in m else m.replace(' \\approx ', ' &\\approx ', 1)
+        lines.append(f"{m}, & {z.replace(' = ', ' &= ', 1)}")
     if not any("&=" in line for line in lines):
         return []
     return ["\\begin{aligned} " + " \\\\ ".join(lines) + " \\end{aligned}"]
@@ -145,6 +146,11 @@ def normaliser_lines(d: Derivation, step: Step, digits: int, max_shown: int = MA
 def normaliser_tex(d: Derivation, step: Step, i: int, digits: int) -> tuple[str, str]:
     """Row ``i``'s ``m_i = …`` and ``Z_i = … ≈ …`` (the decimal when the problem can be evaluated)."""
     row = step.softmax[i]
+    if not written_exactly(step):  # too long to write: the decimals alone (RoPE at size)
+        dps = max(digits + 5, DPS)
+        return (f"m_{{{i + 1}}} \\approx {tex_decimal(row.maximum_value(dps), digits)}",
+                f"Z_{{{i + 1}}} = \\sum_k e^{{\\hat{{S}}_{{{i + 1}k}} - m_{{{i + 1}}}}} \\approx "
+                f"{tex_decimal(row.evaluate_normaliser(dps), digits)}")
     m = f"m_{{{i + 1}}} = {tex(row.maximum)}"
     z = (
         f"Z_{{{i + 1}}} = \\sum_k e^{{\\hat{{S}}_{{{i + 1}k}} - m_{{{i + 1}}}}} = "

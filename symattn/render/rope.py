@@ -31,15 +31,15 @@ def turn_of(d: Derivation, step: Step) -> "_rope.Turn | None":
     if d.problem.rope is None or "rotation" not in step.shows:
         return None
     base = stages.Q if step.key == stages.Q_ROT else stages.K
-    return _rope.turn(d.problem.rope, d.step(_id(d, step, base)).exact, step.exact, _context(d, step).d_k)
+    return _rope.turn(d.problem.rope, d.step(_id(d, step, base)).lazy, step.lazy, _context(d, step).d_k)
 
 
 def relative_of(d: Derivation, step: Step) -> "_rope.Relative | None":
     """The relative-position property the scores show (None without RoPE or with one token)."""
     if d.problem.rope is None or "rope_relative" not in step.shows:
         return None
-    Q, K = (d.step(_id(d, step, name)).exact for name in (stages.Q, stages.K))
-    return _rope.relative(d.problem.rope, Q, K, step.exact, _context(d, step).d_k)
+    Q, K = (d.step(_id(d, step, name)).lazy for name in (stages.Q, stages.K))
+    return _rope.relative(d.problem.rope, Q, K, step.lazy, _context(d, step).d_k)
 
 
 def _column(xs) -> str:

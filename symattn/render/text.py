@@ -14,7 +14,7 @@ from .grid import MAX_SHOWN, shown
 from .numbers import DPS, MAX_CELL_TERMS, MAX_TERMS, decimal, exp_parts_text, exp_sum_text, text_entry, value_text
 from .options import RenderOptions
 from .entries import (
-    TOO_LONG,
+    too_long,
     EntryForm,
     Over,
     entry_forms,
@@ -86,7 +86,11 @@ def normaliser_text_lines(step: Step, digits: int, subs, max_shown: int) -> list
             lines.append("    ⋮")
             continue
         row = step.softmax[i]
-        if not normaliser_is_number(row):
+        if not normaliser_is_number(row) and not written_exactly(step):  # too long to write: decimals
+            dps = max(digits + 5, DPS)
+            lines.append(f"    m_{i + 1} ≈ {decimal(row.maximum_value(dps), digits)},  "
+                         f"Z_{i + 1} ≈ {decimal(row.evaluate_normaliser(dps), digits)}")
+        elif not normaliser_is_number(row):
             z = exp_parts_text(row.numerator_parts()) if row.rational else exp_sum_text(row.normaliser)
             line = f"    m_{i + 1} = {text_entry(row.maximum)},  Z_{i + 1} = {z}"
             if subs is not None:
@@ -167,7 +171,7 @@ def document(derivation: Derivation, options: RenderOptions) -> str:
                 form = entry_forms(d, step)
                 out.extend(text_grid(step.rows, step.cols, lambda i, j: form_text(form(i, j)), max_shown))
             else:
-                out.append("  " + TOO_LONG)
+                out.append("  " + prose.plain(too_long(step)))
             out.extend(rope_text(d, step))
             if "softmax" in step.shows:
                 out.extend(normaliser_text_lines(step, digits, d.problem.substitutions, max_shown))
