@@ -182,7 +182,8 @@ def product_of_two(a: sympy.Expr, b: sympy.Expr) -> sympy.Expr:
     ``a`` an ``e^x`` or a sum, ``b`` a power of another base (``Z^{-1}``); else SymPy's own product."""
     from sympy.core.mul import _mulsort
 
-    if not (isinstance(a, (sympy.exp, sympy.Add)) and isinstance(b, sympy.Pow) and not isinstance(b.base, sympy.Mul)):
+    if not (isinstance(a, (sympy.exp, sympy.Add)) and isinstance(b, sympy.Pow) and not isinstance(b.base, sympy.Mul)) \
+            or a == b.base:  # Z·Z^{-1}: SymPy's product is 1
         return sympy.Mul(a, b)
     args = [a, b]
     _mulsort(args)  # the order Mul's flattening sorts its factors in
