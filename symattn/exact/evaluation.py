@@ -36,28 +36,13 @@ def mpf_of_qq(x, prec: int | None = None) -> mpmath.mpf:
 
 def evaluate(m, dps: int, subs=None) -> list[list[mpmath.mpf]]:
     """The entries of ``m`` at ``dps`` digits (from the rationals directly when it has them)."""
-    balls = ball_rows(m, dps)
-    if balls is not None:
-        from .arb import arb_to_mpf  # (arb reads this module)
-
-        return [[mpmath.ninf if x is None else arb_to_mpf(x) for x in row] for row in balls]
+    if hasattr(type(m), "mp_values"):  # a matrix that holds its values as balls (RoPE's fast path)
+        return m.mp_values(dps)
     with mpmath.workdps(dps + 10):
         qq = qq_entries(m)
         if qq is not None:
             return [[mpmath.ninf if x is None else mpf_of_qq(x) for x in row] for row in qq]
         return [[to_mpf(m[i, j], dps, subs) for j in range(m.cols)] for i in range(m.rows)]
-
-
-def ball_rows(m, dps: int) -> "list[list] | None":
-    """The entries of a matrix that holds its values as arb balls (``arb_values``), as rows of
-    balls (None for −∞) at ``dps`` digits; None for any other matrix."""
-    values = getattr(type(m), "arb_values", None)
-    if values is None:
-        return None
-    balls = m.arb_values(dps)
-    if isinstance(balls, list):
-        return balls
-    return [[balls[i, j] for j in range(balls.ncols())] for i in range(balls.nrows())]
 
 
 def approx(m) -> "numpy.ndarray | None":
@@ -68,12 +53,8 @@ def approx(m) -> "numpy.ndarray | None":
     values = matrix_float64(m)
     if values is not None:
         return values
-    balls = ball_rows(m, 30)
-    if balls is not None:  # a matrix that holds its values as balls (RoPE's fast path)
-        from .arb import arb_float
-
-        return numpy.array([[_NEG_INF_FLOAT if x is None else arb_float(x) for x in row] for row in balls],
-                           dtype=numpy.float64).reshape(m.rows, m.cols)
+    if hasattr(type(m), "float_values"):  # a matrix that holds its values as balls (RoPE's fast path)
+        return m.float_values()
     qq = getattr(m, "qq_rows", None)
     if qq is None:
         return None

@@ -18,16 +18,18 @@ theorem two scores of a row are equal only when their canonical forms are. Angle
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import flint
+import mpmath
 import sympy
 
 from ..errors import SymattnError
 from ..numbers.matrices import NEG_INF, is_rational, tidy
 from ..numbers.sympy_internals import product_of_two
 from ..problem.rope import angle_ball, plain_angles
-from .arb import arb_precision, arb_to_mpf, fmpq
+from .arb import arb_float, arb_precision, arb_to_mpf, fmpq
 from .lazy import LazyMatrix, position, rational_rows
 from .softmax import SoftmaxRow
 
@@ -48,7 +50,29 @@ def plain_cos_sin(turn: int, theta: sympy.Expr) -> tuple[sympy.Expr, sympy.Expr]
     return (c, s) if turn > 0 else (c, -s)
 
 
-class Rotated(LazyMatrix):
+class Balled(LazyMatrix):
+    """A lazy matrix whose values come from arb balls (``arb_values``: an arb_mat, or rows of balls
+    with None for −∞), read by :mod:`symattn.exact.evaluation` through these two methods."""
+
+    def ball_rows(self, dps: int) -> list:
+        balls = self.arb_values(dps)
+        if isinstance(balls, list):
+            return balls
+        return [[balls[i, j] for j in range(balls.ncols())] for i in range(balls.nrows())]
+
+    def mp_values(self, dps: int) -> list:
+        """The entries at ``dps`` digits, as mpmath numbers (−∞ where masked)."""
+        return [[mpmath.ninf if x is None else arb_to_mpf(x) for x in row] for row in self.ball_rows(dps)]
+
+    def float_values(self):
+        """The entries as float64 (−∞ where masked), each rounded from its 30-digit ball."""
+        import numpy
+
+        rows = [[-math.inf if x is None else arb_float(x) for x in row] for row in self.ball_rows(30)]
+        return numpy.array(rows, dtype=numpy.float64).reshape(self.rows, self.cols)
+
+
+class Rotated(Balled):
     """``m`` with row ``r``'s pairs turned by ``turns[r]·θ_i``: the exact entries built when read
     (as :func:`symattn.problem.rope.rotate` builds them), the values from balls."""
 
@@ -109,7 +133,7 @@ class Rotated(LazyMatrix):
         return self.rows * self.cols + moved * 2 * len(self.pairs)
 
 
-class RotatedT(LazyMatrix):
+class RotatedT(Balled):
     """A rotated matrix transposed (the keys ``K_rotᵀ``), kept for the product of the scores."""
 
     def __init__(self, of: Rotated) -> None:
@@ -123,7 +147,7 @@ class RotatedT(LazyMatrix):
         return self.of.terms()
 
 
-class RotaryScores(LazyMatrix):
+class RotaryScores(Balled):
     """The scores ``Q_rot·K_rotᵀ`` (``factor`` None, ``allowed`` None), scaled by ``factor``, or
     with the mask added (``allowed``: rows of True where a query may attend; ``bias``: a
     rational matrix or None). Each exact entry is built as the general path builds it from the
@@ -439,8 +463,7 @@ def needs_decimals(value) -> bool:
 
         v = value.values
         return any(row.needs_decimals() for row in value.rows) or not (is_rational(v) and all_integers(v))
-    balls = value.arb_values(30)
-    rows = balls if isinstance(balls, list) else [[balls[i, j] for j in range(balls.ncols())] for i in range(balls.nrows())]
+    rows = value.ball_rows(30)
     return any(x is not None and not (x.is_exact() and x.is_integer()) for row in rows for x in row)
 
 
