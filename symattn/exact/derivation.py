@@ -347,6 +347,9 @@ class Derivation:
         when the stage is rational (a renderer showing the corner of a big matrix), and
         reads :meth:`evaluate` otherwise."""
         step = self.step(id)
+        if isinstance(step.lazy, _rotary.Balled):  # RoPE's fast path: each entry from its ball
+            balls = step.lazy.ball_rows(dps)
+            return lambda i, j: mpmath.ninf if balls[i][j] is None else _arb.arb_to_mpf(balls[i][j])
         qq = _lazy.qq_entries(step.lazy)
         if qq is None and (id, dps) not in self.__dict__.get("_evaluated", {}):
             balls = self._gradient_balls(step, dps)

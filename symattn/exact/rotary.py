@@ -394,6 +394,9 @@ class RotaryRow(SoftmaxRow):
     def positions(self) -> list[int]:
         return self._allowed
 
+    def is_masked(self, j: int) -> bool:
+        return j not in self._allowed_set
+
     @property
     def normaliser_is_number(self) -> bool:
         """Whether ``Z_i`` is a plain number: every allowed score equals the largest."""

@@ -78,6 +78,10 @@ class SoftmaxRow:
         """Whether the row's weights come as arb balls (:meth:`arb_weights`, :meth:`allowed_weights`)."""
         return self.rational
 
+    def is_masked(self, j: int) -> bool:
+        """Whether key ``j`` (0-based) is masked in this row (its weight exactly 0)."""
+        return self.raw[j] is None
+
     def positions(self) -> list[int]:
         """The 0-based keys the row attends to."""
         return [k for k, e in enumerate(self.raw) if e is not None]

@@ -204,7 +204,7 @@ class _Page:
     def _masked(self, step: Step) -> Callable[[int, int], bool]:
         """Whether entry (i, j) is masked: a weight of a masked key, or a −∞ of the mask and the masked scores."""
         if step.is_softmax:
-            return lambda i, j: step.softmax[i].raw[j] is None
+            return lambda i, j: step.softmax[i].is_masked(j)
         if step.kind_of.key in (registry.M, registry.S_MASKED):
             return lambda i, j: step.lazy[i, j] == NEG_INF
         return lambda i, j: False
@@ -431,7 +431,7 @@ def _heatmap(step: Step, value, digits: int, max_shown: int, number: int) -> str
             x = label_w + _CELL * k
             if i is None or j is None:
                 continue
-            masked = step.softmax[i].raw[j] is None
+            masked = step.softmax[i].is_masked(j)
             w = 0.0 if masked else float(value(i, j))
             shown_value = "masked" if masked else _plain_decimal(value(i, j), digits)
             fill = f"url(#{pattern})" if masked else _grey(w)

@@ -110,7 +110,7 @@ def approx_tex_blocks(d: Derivation, step: Step, digits: int, max_shown: int = M
     row_labels, col_labels = axis_labels(step)
     shading = None
     if shade and step.is_softmax:
-        shading = lambda i, j: _shade(step.softmax[i].raw[j] is None, value(i, j))  # noqa: E731
+        shading = lambda i, j: _shade(step.softmax[i].is_masked(j), value(i, j))  # noqa: E731
     return grid_blocks(
         rows, cols, lambda i, j: tex_decimal(value(i, j), digits), max_shown=max_shown,
         row_labels=row_labels, col_labels=col_labels, shade=shading, budget=budget,
