@@ -14,9 +14,12 @@ accepts): every accepted problem should finish in about a minute and 2 GiB.
   in SymPy expressions, whose cost grows with the count of distinct scores in
   a row and with their size, so with d_k as well: at most 40,000 cells, and
   cells × d_k at most 100,000 (a quarter of each for JSON or the backward pass);
-* RoPE whose angles' cosines stay transcendental (cos 1, as a ``base`` gives them) keeps every
-  rotated query and key, and so every score, a sum of cos and sin terms, about 13 ms per score
-  and pair of components: cells × d_k at most 5,000;
+* RoPE on its fast path (rational queries and keys, a ``base`` or rational angles: see
+  :mod:`symattn.exact.rotary`) computes its values in balls and builds only the entries shown:
+  the ordinary budgets, an irrational scale included. On the general path, angles whose cosines
+  stay transcendental (cos 1/3 beside π/6, or a rotation of symbols) keep every rotated query and
+  key, and so every score, a SymPy sum of cos and sin terms, about 13 ms per score and pair of
+  components: cells × d_k at most 5,000;
 * heads: each costs about 12 ms of its own (its stages, its steps in the solution) however
   small its scores, so at most 4,096 heads (a checkpoint's layer is charged before any head
   is read); in a PDF 256, as pdflatex typesets about three pages a head, some 0.2 s; in a web
@@ -41,7 +44,7 @@ BYTES_PER_NUMBER = 64  # the file-size limit is this many bytes per allowed numb
 SCORE_CELLS = 1_000_000  # rational scale, LaTeX/Markdown/text/PDF, forward pass
 SCORE_CELLS_IRRATIONAL = 40_000  # an irrational scale or symbols: the softmax in SymPy expressions
 SCORE_WORK_IRRATIONAL = 100_000  # ... and cells × d_k, as the scores' size and variety grow with d_k
-ROPE_WORK = 5_000  # cells × d_k with RoPE angles whose cosines stay transcendental (a base)
+ROPE_WORK = 5_000  # cells × d_k with RoPE on its general path, its cosines transcendental
 HEADS = 4_096  # heads of one problem: each has a fixed cost of its own
 PDF_HEADS = 256  # ... in a PDF, where pdflatex typesets three pages a head (about 0.2 s)
 DEARER = 4  # JSON, and the backward pass, each divide the budget by this
