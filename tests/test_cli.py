@@ -736,11 +736,11 @@ def test_the_cpu_cap_ends_a_child_and_says_so(tmp_path):
     which guard ended it."""
     from _child import run_cli
 
-    n = 30  # RoPE with a base: about 30 CPU seconds to derive (see the budget's ROPE_WORK)
+    n = 30  # RoPE on its general path (π/6 beside 1/3): some 20 CPU seconds (see the budget's ROPE_WORK)
     rows = "\n".join(f"  - [{(i % 3) - 1}, {i % 2}, 1, {(i * 7) % 5 - 2}]" for i in range(n))
     (tmp_path / "p.yaml").write_text(f"X:\n{rows}\nW_Q: [[1,0,0,0],[0,1,0,0],[0,0,1,0],[0,0,0,1]]\n"
                                      "W_K: [[1,0,0,0],[0,1,0,0],[0,0,1,0],[0,0,0,1]]\nW_V: [[1],[2],[3],[4]]\n"
-                                     "rope: {base: 10000}\n", encoding="utf-8")
+                                     'rope: {angles: ["pi/6", "1/3"]}\n', encoding="utf-8")
     r = run_cli(["derive", "p.yaml", "-o", "p.tex"], cwd=tmp_path, cpu=2)
     assert r.killed and r.killed_by == "the CPU cap", (r.code, r.cpu_seconds, r.err[-300:])
     # the child's own CPU time, up to its cap: the kernel stops it on a tick of its scheduler clock,

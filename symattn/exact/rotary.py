@@ -29,13 +29,14 @@ from ..errors import SymattnError
 from ..numbers.matrices import NEG_INF, is_rational, tidy
 from ..numbers.sympy_internals import product_of_two
 from ..problem.rope import angle_ball, plain_angles
-from .arb import arb_float, arb_precision, arb_to_mpf, fmpq
+from .arb import arb_float, arb_precision, arb_to_mpf, fmpq, prec_bits
 from .lazy import LazyMatrix, position, rational_rows
 from .softmax import SoftmaxRow
 
 # Above this many terms in a stage's exact entries (all of them together), a worked solution shows
 # the stage in decimals (certified by ball arithmetic) and the JSON's "exact" is null.
 EXACT_TERMS = 6000
+MAX_ANGLE_DPS = 8000  # the digits tried, doubling, for the balls of large angles p·θ_i
 MAX_DPS = 1000  # the digits tried, doubling, to tell the largest score of a row from the others
 
 
@@ -110,22 +111,27 @@ class Rotated(Balled):
         return RotatedT(self)
 
     def arb_values(self, dps: int) -> flint.arb_mat:
-        """The entries as an arb matrix at ``dps`` digits."""
+        """The entries as an arb matrix good to ``dps`` digits: computed with more digits while
+        some ball is wider than that (large angles p·θ_i need their own digits before a cosine)."""
         if dps not in self._balls:
-            with arb_precision(dps):
-                angles = [angle_ball(t) for t in self.thetas]
-                out = flint.arb_mat(flint.fmpq_mat(self.rows, self.cols, [fmpq(x) for row in self._qq for x in row]))
-                for r, turn in enumerate(self.turns):
-                    if turn == 0:
-                        continue
-                    row = self._qq[r]
-                    for (a, b), angle in zip(self.pairs, angles):
-                        c, s = (angle * turn).cos(), (angle * turn).sin()
-                        xa, xb = fmpq(row[a]), fmpq(row[b])
-                        out[r, a] = xa * c - xb * s
-                        out[r, b] = xa * s + xb * c
-                self._balls[dps] = out
+            self._balls[dps] = accurate(dps, self._at)
         return self._balls[dps]
+
+    def _at(self, dps: int) -> flint.arb_mat:
+        """The entries in balls at flint's precision for ``dps`` digits."""
+        with arb_precision(dps):
+            angles = [angle_ball(t) for t in self.thetas]
+            out = flint.arb_mat(flint.fmpq_mat(self.rows, self.cols, [fmpq(x) for row in self._qq for x in row]))
+            for r, turn in enumerate(self.turns):
+                if turn == 0:
+                    continue
+                row = self._qq[r]
+                for (a, b), angle in zip(self.pairs, angles):
+                    c, s = (angle * turn).cos(), (angle * turn).sin()
+                    xa, xb = fmpq(row[a]), fmpq(row[b])
+                    out[r, a] = xa * c - xb * s
+                    out[r, b] = xa * s + xb * c
+            return out
 
     def terms(self) -> int:
         """How many terms the exact entries have in all (a rotated entry has two)."""
@@ -206,6 +212,10 @@ class RotaryScores(Balled):
         terms += [_rational(q[c] * k[c]) for c in range(self.q.cols) if c not in paired]
         return sympy.Add(*terms)
 
+    def _product_at(self, dps: int) -> flint.arb_mat:
+        with arb_precision(dps):
+            return self.q.arb_values(dps) * self.k.arb_values(dps).transpose()
+
     def allowed_at(self, i: int) -> list[int]:
         """The 0-based keys query ``i`` may attend to."""
         if self.allowed is not None:
@@ -217,7 +227,7 @@ class RotaryScores(Balled):
         if dps not in self._balls:
             with arb_precision(dps):
                 if self.parent is None:
-                    product = self.q.arb_values(dps) * self.k.arb_values(dps).transpose()
+                    product = accurate(dps, self._product_at)
                     rows = [[product[i, j] for j in range(self.cols)] for i in range(self.rows)]
                 elif self.allowed is None:
                     factor = angle_ball(self.factor) if self.factor >= 0 else -angle_ball(-self.factor)
@@ -238,6 +248,22 @@ class RotaryScores(Balled):
         """How many terms the exact entries have in all."""
         count = sum(len(self.allowed_at(i)) for i in range(self.rows))
         return count * max(1, 2 * len(self.q.pairs))
+
+
+def accurate(dps: int, compute) -> flint.arb_mat:
+    """``compute(d)`` (an arb matrix in balls at ``d`` digits) for ``d`` = ``dps``, 2·``dps``, …
+    until every ball that is not exact holds ``dps`` digits; refused past :data:`MAX_DPS` digits."""
+    need = prec_bits(dps) - 20
+    d = dps
+    while True:
+        out = compute(d)
+        if all(x.is_exact() or x.rel_accuracy_bits() >= need for x in out.entries()):
+            return out
+        d *= 2
+        if d > MAX_ANGLE_DPS:
+            raise SymattnError(f"RoPE's values need more than {MAX_ANGLE_DPS:,} digits of its angles to hold "
+                               f"{dps} digits (an angle p·θ_i beyond about 10^{MAX_ANGLE_DPS // 2}); use a smaller "
+                               "base or smaller angles")
 
 
 def rotated(m, thetas, pairs, turns) -> "Rotated | None":

@@ -157,9 +157,14 @@ def too_long(step: Step) -> str:
     terms = rotary_terms(step.value)
     if terms is None:
         return TOO_LONG
-    what = ("each ⟦a\\cos(p\\theta_i) - b\\sin(p\\theta_i)⟧" if step.key in (registry.Q_ROT, registry.K_ROT, registry.K_T)
-            else "each score a sum over the pairs ⟦i⟧ of ⟦\\alpha_i \\cos(d\\theta_i) + \\beta_i \\sin(d\\theta_i)⟧, "
-                 "⟦d⟧ the key's position minus the query's")
+    score = ("each score a sum over the pairs ⟦i⟧ of ⟦\\alpha_i \\cos(d\\theta_i) + \\beta_i \\sin(d\\theta_i)⟧, "
+             "⟦d⟧ the key's position minus the query's")
+    if step.key in (registry.Q_ROT, registry.K_ROT, registry.K_T):
+        what = "each ⟦a\\cos(p\\theta_i) - b\\sin(p\\theta_i)⟧"
+    elif step.softmax:
+        what = "in the exponents of the weights, differences of two scores, " + score
+    else:
+        what = score
     return ROTARY_TOO_LONG.format(what=what, terms=terms)
 
 

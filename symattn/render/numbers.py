@@ -6,6 +6,7 @@ needed; the ``qq_*`` and ``exp_parts_*`` forms write QQ numbers without building
 
 from __future__ import annotations
 
+import functools
 import re
 
 import mpmath
@@ -47,6 +48,11 @@ def tex(x: sympy.Expr) -> str:
         return qq_tex(x)  # what sympy.latex writes, without its printer
     if x == NEG_INF:
         return "-\\infty"
+    return _tex(x)
+
+
+@functools.lru_cache(maxsize=8192)  # an entry is written in its matrix, in a worked step, in a tooltip
+def _tex(x: sympy.Expr) -> str:
     # fractions in exponents inline (e^{-3 \\sqrt{2}/2}): a \\frac there is too small to read
     return inline_script_fractions(sympy.latex(x))
 
