@@ -223,3 +223,21 @@ def test_angles_with_pi_take_the_general_path():
     assert d.step("Q_rot").exact[1, 1] == sympy.sqrt(3) / 2  # cos(π/6), exactly
     Qr, Kr = (np.array(d.step(k).exact, dtype=float) for k in ("Q_rot", "K_rot"))
     assert np.allclose(np.array(d.step("S").exact, dtype=float), Qr @ Kr.T, rtol=0, atol=1e-15)
+
+
+def test_large_angles_get_the_digits_they_need():
+    """base 1/10^300 makes θ_2 = 10^150: cos(2·10^150) needs some 500 digits of the angle before
+    the cosine; the values must still agree with mpmath at 600 digits (not a ball's midpoint 0)."""
+    text = ("Q: [[1, 0, 1, 0], [0, 1, 0, 1], [1, 1, 0, 0]]\nK: [[1, 0, 0, 1], [0, 1, 1, 0], [1, 1, 1, 1]]\n"
+            'V: [[1], [2], [3]]\nrope: {base: "1/10^300"}\n')
+    d = fast(text)
+    assert isinstance(d.step("Q_rot").lazy, rotary.Rotated)
+    got = d.evaluate("Q_rot", 30)
+    with mpmath.workdps(600):
+        theta = mpmath.mpf(10) ** 150
+        for p, row in enumerate([[1, 0, 1, 0], [0, 1, 0, 1], [1, 1, 0, 0]]):
+            for a, b, t in ((0, 2, mpmath.mpf(1)), (1, 3, theta)):
+                c, s = mpmath.cos(p * t), mpmath.sin(p * t)
+                want = (row[a] * c - row[b] * s, row[a] * s + row[b] * c)
+                for k, w in zip((a, b), want):
+                    assert abs(got[p][k] - w) < mpmath.mpf(10) ** -28, (p, k)
