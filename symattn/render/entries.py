@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
+import mpmath
 import sympy
 from sympy import QQ
 
@@ -17,7 +18,7 @@ from ..exact.lazy import all_integers, qq_entries
 from ..exact.rotary import is_rotary, needs_decimals as rotary_needs_decimals, terms_of as rotary_terms
 from .. import stages as registry
 from ..numbers.matrices import is_rational
-from .numbers import NEG_INF, is_plain_integer
+from .numbers import DPS, NEG_INF, is_plain_integer
 
 if TYPE_CHECKING:
     from ..exact.derivation import Derivation, Step
@@ -191,6 +192,8 @@ def needs_decimals(step: Step) -> bool:
         if any(sum(e is not None for e in r.raw) > 1 for r in step.softmax):
             return True
         return values is not None and not all_integers(values)
+    if "heads_sum" in step.shows and _some_value_is_not_an_integer(step):
+        return True
     entries = list(_entries(step))
     if any(x.free_symbols for x in entries):
         return False
@@ -198,6 +201,21 @@ def needs_decimals(step: Step) -> bool:
 
 
 _BIG = 64  # above this many entries, decide from structure rather than building every entry
+_FAR = mpmath.mpf(10) ** -12  # 30-digit values are good to ~1e-28; farther than this from an integer, it is none
+
+
+def _some_value_is_not_an_integer(step: Step) -> bool:
+    """Whether some entry of a sum over heads is, by its 30-digit value, certainly not an integer
+    (computed by the step's relation on the heads' values), so that no exact entry (a long sum
+    of fractions over the heads' normalisers, expanded) is built to decide it."""
+    d = step.derivation
+    if d is None or d.problem.symbols or not d.can_evaluate:
+        return False
+    for row in d.evaluate(step.id, DPS):
+        for v in row:
+            if abs(v - mpmath.nint(v)) > _FAR * max(1, abs(v)):
+                return True
+    return False
 
 
 def _entries(step: Step):
