@@ -4,7 +4,7 @@ the 500 MB file it reads.
 Run: python benchmarks/bench_checkpoint.py            (writes ~500 MB to a temporary folder)
 Options: --runs N (default 3), --tokens N (default 16), --head H (default 0), --slices,
 --workdir DIR (keep the checkpoint and problem there; reused when present), --seed N,
---json PATH (default benchmarks/results/bench_checkpoint.json).
+--json PATH (default benchmarks/results/bench_checkpoint.json), --real-floats.
 
 The checkpoint has GPT-2 small's names, shapes and layout (124,439,808 float32 numbers,
 random, fixed seed): wte.weight 50257×768, wpe.weight 1024×768, for each of the 12 layers
@@ -44,6 +44,17 @@ What "bytes read from the checkpoint" means here, and how it is measured:
 Targets: a cold run (checkpoint not cached) under 2 s wall (median of --runs), and under
 50 MB read from the checkpoint. Warm runs (checkpoint cached) are timed too. Prints PASS or
 MISS with the figures, and writes them as JSON.
+
+With --real-floats, only the rows of real floats (issue #29; the problems are written by
+benchmarks/_real_floats.py, whose docstring describes them, into --workdir or a temporary
+folder): ``tiny``, a LLaMA layer of hidden size 8 (4 heads on 2 K/V heads) that transformers'
+``save_pretrained`` writes, X a float64 .npy of 5 rows (target < 1 s; needs torch and
+transformers), and ``wide``, head 1 of a bfloat16 LLaMA-shaped layer of d_model 2048 (4 K/V
+heads, rope_theta 500000 in its config.json), X a float64 .npy of 16 rows (target < 3 s).
+Each runs beside its peer without RoPE (the same heads and numbers from .npy files), the two
+alternating in fresh processes, --runs rounds (at least 5); medians of wall and CPU time,
+PASS or MISS against the targets, the machine's load before and after, JSON to
+benchmarks/results/bench_checkpoint_real_floats.json (or --json).
 """
 
 from __future__ import annotations
@@ -197,12 +208,13 @@ def proc_io(pid: int) -> dict[str, int]:
         return {k: int(v) for k, v in (line.split(":") for line in f)}
 
 
-def run_once(workdir: Path, env: dict) -> tuple[float, float, dict[str, int], int, str]:
+def run_once(workdir: Path, env: dict, problem: str = "problem.yaml",
+             out: str = "out.tex") -> tuple[float, float, dict[str, int], int, str]:
     """Wall seconds, CPU seconds (user + system), the child's /proc/PID/io at exit, its exit
     code and standard error. On a busy machine the wall time waits for a core; the CPU time
     does not."""
     start = time.perf_counter()
-    child = subprocess.Popen([sys.executable, "-m", "symattn", "derive", "problem.yaml", "-o", "out.tex"],
+    child = subprocess.Popen([sys.executable, "-m", "symattn", "derive", problem, "-o", out],
                              cwd=workdir, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     err = child.stderr.read()
     os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)  # exited, not yet reaped: /proc/PID stays
@@ -234,6 +246,68 @@ def problem_text(tokens: list[int], head: int, slices: bool = False) -> str:
     return "\n".join(lines) + "\n"
 
 
+# -- real floats (issue #29) -----------------------------------------------------------------
+
+
+def real_floats(args, env: dict) -> None:
+    """The rows of --real-floats: each problem of benchmarks/_real_floats.py and its peer
+    without RoPE, in fresh processes, alternating, ``args.runs`` rounds (at least 5)."""
+    import _real_floats
+
+    runs = max(args.runs, 5)
+    holder = None
+    if args.workdir is None:
+        holder = tempfile.TemporaryDirectory(prefix="symattn-floats-")
+        root = Path(holder.name)
+    else:
+        root = args.workdir
+    load_before = os.getloadavg()
+    print(f"load average before: {load_before[0]:.2f} {load_before[1]:.2f} {load_before[2]:.2f} "
+          f"on {os.cpu_count()} cores")
+    rows = []
+    try:
+        problems = {name: root / name / "problem.yaml" for name in _real_floats.TARGETS}
+        if not all(p.exists() and (p.parent / "norope.yaml").exists() for p in problems.values()):
+            problems = _real_floats.write_all(root, args.seed)
+        for name, problem in problems.items():
+            folder = problem.parent
+            for which in ("problem.yaml", "norope.yaml"):  # one untimed run each: files cached
+                _, _, _, code, err = run_once(folder, env, which, which.replace(".yaml", ".tex"))
+                if code != 0:
+                    sys.exit(f"symattn derive {name}/{which} failed (exit {code}):\n{err}")
+            times: dict[str, list] = {"problem.yaml": [], "norope.yaml": []}
+            for _ in range(runs):
+                for which in times:
+                    wall, cpu, _, code, err = run_once(folder, env, which, which.replace(".yaml", ".tex"))
+                    if code != 0:
+                        sys.exit(f"symattn derive {name}/{which} failed (exit {code}):\n{err}")
+                    times[which].append((wall, cpu))
+            rows.append(_real_row(name, times, _real_floats.TARGETS[name]))
+    finally:
+        if holder is not None:
+            holder.cleanup()
+    load_after = os.getloadavg()
+    print(f"load average after: {load_after[0]:.2f} {load_after[1]:.2f} {load_after[2]:.2f}"
+          + (": the machine is busy, wall times wait for a core" if load_after[0] > os.cpu_count() else ""))
+    json_path = args.json if args.json != DEFAULT_JSON else HERE / "results" / "bench_checkpoint_real_floats.json"
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    json_path.write_text(json.dumps({"runs": runs, "rows": rows, "load_before": load_before,
+                                     "load_after": load_after, "cores": os.cpu_count()}, indent=1), "utf-8")
+    print(f"wrote {json_path}")
+
+
+def _real_row(name: str, times: dict, target: float) -> dict:
+    """One problem's row: its medians and its peer's, printed, with PASS or MISS."""
+    med = {which: (statistics.median(w for w, _ in t), statistics.median(c for _, c in t)) for which, t in times.items()}
+    (wall, cpu), (peer_wall, peer_cpu) = med["problem.yaml"], med["norope.yaml"]
+    verdict = "PASS" if wall < target else "MISS"
+    print(f"  {name:5s} with RoPE {wall:6.2f} s wall (CPU {cpu:5.2f} s)   without RoPE {peer_wall:6.2f} s wall "
+          f"(CPU {peer_cpu:5.2f} s)   target < {target:.0f} s: {verdict}")
+    return {"problem": name, "target_s": target, "verdict": verdict, "wall_s": wall, "cpu_s": cpu,
+            "norope_wall_s": peer_wall, "norope_cpu_s": peer_cpu,
+            "all": {k: [list(x) for x in v] for k, v in times.items()}}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=3)
@@ -244,7 +318,15 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=124)
     ap.add_argument("--workdir", type=Path)
     ap.add_argument("--json", type=Path, default=DEFAULT_JSON)
+    ap.add_argument("--real-floats", action="store_true",
+                    help="only the real-float LLaMA problems of benchmarks/_real_floats.py (and their peers "
+                         "without RoPE), at least 5 rounds; JSON to results/bench_checkpoint_real_floats.json")
     args = ap.parse_args()
+    if args.real_floats:
+        sys.path.insert(0, str(HERE))
+        real_floats(args, dict(os.environ, PYTHONPATH=os.pathsep.join(
+            filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))))
+        return
 
     import numpy as np
 

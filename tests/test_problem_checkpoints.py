@@ -525,3 +525,22 @@ def test_a_header_of_too_many_tensors_is_refused(tmp_path, symattn_cli, monkeypa
     _raw(tmp_path, json.dumps({f"t{i}": {"dtype": "F32", "shape": [0], "data_offsets": [0, 0]} for i in range(4)}))
     line = _error(tmp_path, _qkv("{file: h.safetensors, tensor: t0}"), symattn_cli)
     assert "its header lists 4 tensors, more than the 3 symattn reads in one file" in line, line
+
+
+@pytest.mark.parametrize("kind", ["float32", "bfloat16", "float64", "float16", "wide range", "zeros", "subnormal"])
+def test_float_matrices_are_the_dyadic_rationals_they_stand_for(kind):
+    """Each float is read as its exact fraction (Python's Fraction of the float), whether the
+    matrix is taken as integers over one power of two or entry by entry."""
+    from fractions import Fraction
+
+    from symattn.numbers.sympy_internals import qq_dense
+    from symattn.problem.tables import float_matrix
+
+    rng = np.random.default_rng(7)
+    a = rng.standard_normal((9, 13))
+    a = {"float32": (a * 0.02).astype(np.float32),
+         "bfloat16": ((a.astype(np.float32).view(np.uint32) >> 16) << 16).astype(np.uint32).view(np.float32),
+         "float64": a, "float16": a.astype(np.float16), "wide range": a * 2.0 ** rng.integers(-80, 80, a.shape),
+         "zeros": np.zeros((2, 3)), "subnormal": np.array([[5e-324, -1.5], [0.0, 2.0 ** -1074 * 3]])}[kind]
+    got = [[Fraction(int(x.numerator), int(x.denominator)) for x in row] for row in qq_dense(float_matrix(a)).to_list()]
+    assert got == [[Fraction(float(x)) for x in row] for row in a]

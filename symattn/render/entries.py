@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
+import mpmath
 import sympy
 from sympy import QQ
 
@@ -17,7 +18,7 @@ from ..exact.lazy import all_integers, qq_entries
 from ..exact.rotary import is_rotary, needs_decimals as rotary_needs_decimals, terms_of as rotary_terms
 from .. import stages as registry
 from ..numbers.matrices import is_rational
-from .numbers import NEG_INF, is_plain_integer
+from .numbers import DPS, NEG_INF, is_plain_integer
 
 if TYPE_CHECKING:
     from ..exact.derivation import Derivation, Step
@@ -85,7 +86,8 @@ def entry_forms(d: Derivation, step: Step) -> Callable[[int, int], EntryForm]:
     """
     wide = step.shape[1] > 4
     if "heads_sum" in step.shows:
-        return lambda i, j: _heads_form(d, step, i, j, wide)
+        parts = head_parts_of(d, step)
+        return lambda i, j: _heads_form(d, step, parts(i, j), i, j, wide)
     if "exp_sums" in step.shows:
         return lambda i, j: EntryForm(step.lazy[i, j], sums=True)
     qq = _rational_entries(step)
@@ -132,8 +134,7 @@ def _single_negative(x: sympy.Expr) -> bool:
     return len(sympy.Add.make_args(x)) == 1 and x.could_extract_minus_sign()
 
 
-def _heads_form(d: Derivation, step: Step, i: int, j: int, wide: bool) -> EntryForm:
-    parts = head_parts(d, step, i, j)
+def _heads_form(d: Derivation, step: Step, parts: list, i: int, j: int, wide: bool) -> EntryForm:
     plain = sympy.Add(*[x for _, x, over_z in parts if not over_z])
     if step.key == registry.O_FINAL and d.problem.b_O is not None:
         plain += d.problem.b_O[0, j]  # O = concat W_O + b_O: the bias joins the numbers outside the fractions
@@ -191,6 +192,8 @@ def needs_decimals(step: Step) -> bool:
         if any(sum(e is not None for e in r.raw) > 1 for r in step.softmax):
             return True
         return values is not None and not all_integers(values)
+    if "heads_sum" in step.shows and _some_value_is_not_an_integer(step):
+        return True
     entries = list(_entries(step))
     if any(x.free_symbols for x in entries):
         return False
@@ -198,6 +201,21 @@ def needs_decimals(step: Step) -> bool:
 
 
 _BIG = 64  # above this many entries, decide from structure rather than building every entry
+_FAR = mpmath.mpf(10) ** -12  # 30-digit values are good to ~1e-28; farther than this from an integer, it is none
+
+
+def _some_value_is_not_an_integer(step: Step) -> bool:
+    """Whether some entry of a sum over heads is, by its 30-digit value, certainly not an integer
+    (computed by the step's relation on the heads' values), so that no exact entry (a long sum
+    of fractions over the heads' normalisers, expanded) is built to decide it."""
+    d = step.derivation
+    if d is None or d.problem.symbols or not d.can_evaluate:
+        return False
+    for row in d.evaluate(step.id, DPS):
+        for v in row:
+            if abs(v - mpmath.nint(v)) > _FAR * max(1, abs(v)):
+                return True
+    return False
 
 
 def _entries(step: Step):
@@ -258,27 +276,62 @@ def head_parts(d: Derivation, step: Step, i: int, j: int) -> list[tuple[int, sym
     Each part is ``(h, x, over_z)``: head h contributes ``x / Z^{(h)}_i`` when
     ``over_z``, else the exact number ``x``.
     """
+    return head_parts_of(d, step)(i, j)
+
+
+def head_parts_of(d: Derivation, step: Step) -> Callable[[int, int], list[tuple[int, sympy.Expr, bool]]]:
+    """:func:`head_parts` of each entry of ``step``, reading the heads once.
+
+    A head's numerator ``Σ_c w_c Σ_k v_kc e^{x_k}`` is, expanded, ``Σ_k (Σ_c w_c v_kc) e^{x_k}``
+    (like terms collected): with rational weights and values the coefficients are summed in QQ
+    and each of the row's exponentials expanded once, the sum SymPy's ``expand`` of the whole
+    numerator gives, without building and expanding it.
+    """
     p = d.problem
     outputs = [d.step(i) for i in registry.resolve("heads", registry.Context(p))]
     offsets = [0]
     for o in outputs:
         offsets.append(offsets[-1] + o.shape[1])
-    if step.key == registry.CONCAT:
-        weights = sympy.eye(offsets[-1])
-    else:
-        weights = p.W_O
-    parts = []
-    for h, o in enumerate(outputs, 1):
-        over_z = over_normaliser(o, i, 0) is not None
-        total = sympy.Integer(0)
-        for c in range(o.shape[1]):
-            w = weights[offsets[h - 1] + c, j]
-            if w != 0:
-                total += (over_normaliser(o, i, c) if over_z else o.lazy[i, c]) * w
-        total = sympy.expand(total, power_exp=False, power_base=False, log=False)
-        if total != 0:
-            parts.append((h, total, over_z))
+    weights = sympy.eye(offsets[-1]) if step.key == registry.CONCAT else p.W_O
+    expanded: dict = {}  # (head, row) -> the row's exponentials, expanded (None where masked)
+
+    def parts(i: int, j: int) -> list[tuple[int, sympy.Expr, bool]]:
+        out = []
+        for h, o in enumerate(outputs, 1):
+            column = [weights[offsets[h - 1] + c, j] for c in range(o.shape[1])]
+            over_z = bool(o.softmax) and not normaliser_is_number(o.softmax[i])
+            total = _collected(o, i, column, expanded.setdefault((h, i), {})) if over_z else None
+            if total is None:
+                total = sympy.Integer(0)
+                for c, w in enumerate(column):
+                    if w != 0:
+                        total += (over_normaliser(o, i, c) if over_z else o.lazy[i, c]) * w
+                total = sympy.expand(total, power_exp=False, power_base=False, log=False)
+            if total != 0:
+                out.append((h, total, over_z))
+        return out
+
     return parts
+
+
+def _collected(o: Step, i: int, column: list, expanded: dict) -> "sympy.Expr | None":
+    """``expand(Σ_c w_c · numerator_c)`` of output ``o``'s row i, ``column`` the weights w_c,
+    built from QQ coefficients; None unless the weights and ``o``'s values are rational."""
+    columns = o.value_columns
+    if columns is None or not all(isinstance(w, sympy.Rational) for w in column):
+        return None
+    if not expanded:
+        expanded["terms"] = [None if e is None else sympy.expand(t, power_exp=False, power_base=False, log=False)
+                             for e, t in zip(o.softmax[i].raw, o.softmax[i].terms)]
+    qw = [(columns[c], QQ(int(w.p), int(w.q))) for c, w in enumerate(column) if w != 0]
+    terms = []
+    for k, t in enumerate(expanded["terms"]):
+        if t is None:
+            continue
+        coefficient = sum((w * v[k] for v, w in qw), QQ(0))
+        if coefficient:
+            terms.append(sympy.Mul(sympy.Rational(int(coefficient.numerator), int(coefficient.denominator)), t))
+    return sympy.Add(*terms)
 
 
 def jacobian_row(step: Step) -> int:

@@ -130,8 +130,14 @@ def _exp_sum(expr, show, power_of, paren: str, times: str, ellipsis: str, max_te
         if split is None:
             return show(expr)
         parts.append(split)
-    parts.sort(key=lambda cx: -float(cx[1]) if cx[1].is_number else 0.0)
+    parts.sort(key=lambda cx: _descending(cx[1]))
     return _exp_parts(parts, show, power_of, paren, times, ellipsis, max_terms)
+
+
+@functools.lru_cache(maxsize=4096)
+def _descending(x: sympy.Expr) -> float:
+    """The sort key that writes the largest exponent first (remembered: exponents recur)."""
+    return -float(x) if x.is_number else 0.0
 
 
 def exp_parts_tex(parts: list, max_terms: int = 6) -> str:

@@ -13,7 +13,7 @@ from sympy import QQ
 
 from .. import located_yaml as _yaml
 from ...reading import FileError, read_regular
-from ...numbers.matrices import binary_float_matrix, rational_matrix
+from ...numbers.matrices import rational_matrix
 from ...text import did_you_mean, quote_path
 from ..budget import BYTES_PER_NUMBER
 from ..checkpoints import safetensors as _safetensors
@@ -21,7 +21,7 @@ from ..located_yaml import Where
 from ..model import Matrix
 from ..places import entry_field, row_field
 from ..plain_numbers import flow_rational_matrix, plain_rational_matrix
-from ..tables import np_isfinite, np_largest, read_csv, read_npy
+from ..tables import float_matrix, np_isfinite, np_largest, read_csv, read_npy
 
 
 class MatrixFields:
@@ -240,5 +240,5 @@ class MatrixFields:
             raise where_.error(f"{quote_path(rel)}: the slice holds NaN or infinite values", name)
         if np_largest(array) > 1e300:
             raise where_.error(f"{quote_path(rel)}: the slice holds a value larger than 10^300 in size; use smaller numbers", name)
-        return binary_float_matrix(array)
+        return float_matrix(array)
 
