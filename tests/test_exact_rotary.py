@@ -241,3 +241,14 @@ def test_large_angles_get_the_digits_they_need():
                 want = (row[a] * c - row[b] * s, row[a] * s + row[b] * c)
                 for k, w in zip((a, b), want):
                     assert abs(got[p][k] - w) < mpmath.mpf(10) ** -28, (p, k)
+
+
+def test_a_score_that_cancels_to_zero_is_exactly_zero():
+    """q_3 = (1, 0) and k_3 = (0, 1) at one position: their rotations are orthogonal, so the score
+    is 0, while its ball (−cos·sin + sin·cos) only contains 0; the exact entry says it is 0."""
+    text = problem_text([[0, 0], [0, 0], [0, 1]], [[0, 0], [1, 0]], [[0, 0], [0, 1]], [[0, 0], [0, 0]])
+    d = fast(text)
+    assert d.step("S").lazy[2, 2] == 0
+    ball = d.step("S").lazy.arb_rows(30)[2][2]
+    assert ball.is_exact() and ball == 0
+    assert d.evaluate("S", 30)[2][2] == 0

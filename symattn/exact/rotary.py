@@ -227,7 +227,7 @@ class RotaryScores(Balled):
         if dps not in self._balls:
             with arb_precision(dps):
                 if self.parent is None:
-                    product = accurate(dps, self._product_at)
+                    product = accurate(dps, self._product_at, lambda i, j: self[i, j] == 0)
                     rows = [[product[i, j] for j in range(self.cols)] for i in range(self.rows)]
                 elif self.allowed is None:
                     factor = angle_ball(self.factor) if self.factor >= 0 else -angle_ball(-self.factor)
@@ -250,14 +250,28 @@ class RotaryScores(Balled):
         return count * max(1, 2 * len(self.q.pairs))
 
 
-def accurate(dps: int, compute) -> flint.arb_mat:
+def accurate(dps: int, compute, zero=None) -> flint.arb_mat:
     """``compute(d)`` (an arb matrix in balls at ``d`` digits) for ``d`` = ``dps``, 2·``dps``, …
-    until every ball that is not exact holds ``dps`` digits; refused past :data:`MAX_DPS` digits."""
+    until every ball that is not exact holds ``dps`` digits; refused past :data:`MAX_ANGLE_DPS`
+    digits. A ball around 0 whose entry ``zero(i, j)`` says is exactly 0 becomes 0."""
     need = prec_bits(dps) - 20
-    d = dps
+    d, zeros = dps, {}
     while True:
         out = compute(d)
-        if all(x.is_exact() or x.rel_accuracy_bits() >= need for x in out.entries()):
+        loose = False
+        for i in range(out.nrows()):
+            for j in range(out.ncols()):
+                x = out[i, j]
+                if x.is_exact() or x.rel_accuracy_bits() >= need:
+                    continue
+                if zero is not None and 0 in x:
+                    if (i, j) not in zeros:
+                        zeros[(i, j)] = zero(i, j)
+                    if zeros[(i, j)]:
+                        out[i, j] = flint.arb(0)
+                        continue
+                loose = True
+        if not loose:
             return out
         d *= 2
         if d > MAX_ANGLE_DPS:
