@@ -337,14 +337,17 @@ class _Page:
         return self._decimals[step.id]
 
 
-def _names(step: Step) -> tuple[list[str], list[str]]:
-    """Row and column labels as HTML: tokens as text, dimensions as d<sub>1</sub>."""
-    def label(axis: str, names: list[str]) -> list[str]:
+def _names(step: Step) -> tuple[Callable[[int], str], Callable[[int], str]]:
+    """Row and column labels as HTML, each written when drawn: tokens as text, dimensions as d<sub>1</sub>."""
+    def label(axis: str, names) -> Callable[[int], str]:
         if axis in registry.TOKEN_AXES:
-            return [escape_html(n) for n in names]
-        return [re.sub(r"^([a-z]+)([0-9]+)$", r"\1<sub>\2</sub>", escape_html(n)) for n in names]
+            return lambda k: escape_html(names[k])
+        return lambda k: _DIMENSION.sub(r"\1<sub>\2</sub>", escape_html(names[k]))
 
-    return label(step.axes[0], list(step.rows)), label(step.axes[1], list(step.cols))
+    return label(step.axes[0], step.rows), label(step.axes[1], step.cols)
+
+
+_DIMENSION = re.compile(r"^([a-z]+)([0-9]+)$")
 
 
 # How each input entry that makes entry (i, j) is named (the ``how`` of registry.TRACES).
@@ -368,7 +371,7 @@ def _table(step: Step, form: str, rows, cols, cell, decimal, *, masked, shade, t
     attrs.append(f'aria-label="{escape_html(label)}"')
     out = [f"<table {' '.join(attrs)}>"]
     if labelled:
-        head = "".join('<th scope="col" class="gap">⋯</th>' if j is None else f'<th scope="col">{col_names[j]}</th>'
+        head = "".join('<th scope="col" class="gap">⋯</th>' if j is None else f'<th scope="col">{col_names(j)}</th>'
                        for j in cols)
         out.append(f'<thead><tr><td class="corner"></td>{head}</tr></thead>')
     out.append("<tbody>")
@@ -377,7 +380,7 @@ def _table(step: Step, form: str, rows, cols, cell, decimal, *, masked, shade, t
     for i in rows:
         cells = []
         if labelled:
-            cells.append('<th scope="row" class="gap">⋮</th>' if i is None else f'<th scope="row">{row_names[i]}</th>')
+            cells.append('<th scope="row" class="gap">⋮</th>' if i is None else f'<th scope="row">{row_names(i)}</th>')
         for j in cols:
             if i is None or j is None:
                 gap = "⋱" if i is None and j is None else "⋮" if i is None else "⋯"

@@ -74,46 +74,86 @@ def mathml(tex: str, display: bool = False) -> str:
     >>> mathml(r"2 \\cdot \\left(-3\\right)")
     '<math><mn>2</mn><mo>&#x000B7;</mo><mo stretchy="false">&#x00028;</mo><mo form="prefix">&#x02212;</mo><mn>3</mn><mo stretchy="false">&#x00029;</mo></math>'
     """
-    numbers = _NUMBERS.findall(tex)
-    if numbers:
-        template = _template(_DIGITS.sub("0", tex), display)
-        if template is not None:
-            out = [template[0]]
-            for number, text in zip(numbers, template[1:]):
-                out += [number, text]
-            return "".join(out)
-    return _converted(tex, display)
+    pieces = _pieces(tex) or [tex]
+    inner = [_OPERATORS[piece] if k % 2 else _piece(piece, display) for k, piece in enumerate(pieces)]
+    if None not in inner:
+        return ('<math display="block">' if display else "<math>") + "".join(inner) + "</math>"
+    return _finished(convert(_rewritten(tex), display="block" if display else "inline"), tex)
 
+
+@functools.lru_cache(maxsize=16384)
+def _piece(tex: str, display: bool) -> "str | None":
+    """One piece of a formula as it stands in the finished ``<math>`` element (see
+    :func:`_finished_piece`), from its shape's template where it has one."""
+    numbers = _NUMBERS.findall(tex)
+    template = _template(_shape(tex), display) if numbers else None
+    if template is not None:
+        return _filled(template, numbers)
+    return _finished_piece(tex, display)
+
+
+# -- the same shape, other numbers -----------------------------------------------------------
 
 _NUMBERS = re.compile(r"[0-9]+(?:\.[0-9]+)?")
 _DIGITS = re.compile(r"[0-9]")
 _MN = re.compile(r"(?<=<mn>)([0-9]+(?:\.[0-9]+)?)(?=</mn>)")
 _NOT_NUMBERS = re.compile(r"&#x[0-9A-Fa-f]+;|=\"[^\"]*\"|<mn>[0-9]+(?:\.[0-9]+)?</mn>")
+_OPERAND_SIGNS = frozenset("-+=,(/[|")
+
+
+def _shape(tex: str) -> str:
+    """``tex`` with each number that is an operand of its own written as a single 0, and the
+    digits of any other written as zeros.
+
+    A number is an operand of its own when nothing could take its first digit alone as an
+    argument (``\\frac12``, ``x^23``, ``\\frac-12``): when it opens the formula or a group, or
+    follows a sign (``- ``, ``/``, ...) that opens the formula or a group or follows such a number.
+    """
+    out, last, free_end = [], 0, -1  # free_end: where the last number that is an operand ends
+    for m in _NUMBERS.finditer(tex):
+        k = _before(tex, m.start())
+        free = k < 0 or tex[k] == "{"
+        if not free and tex[k] in _OPERAND_SIGNS:
+            b = _before(tex, k)
+            free = b < 0 or tex[b] == "{" or b + 1 == free_end
+        out += [tex[last:m.start()], "0" if free else _DIGITS.sub("0", m.group())]
+        last = m.end()
+        if free:
+            free_end = m.end()
+    out.append(tex[last:])
+    return "".join(out)
+
+
+def _before(tex: str, k: int) -> int:
+    """The index of the last character before ``k`` that is not a space (-1: none)."""
+    k -= 1
+    while k >= 0 and tex[k] == " ":
+        k -= 1
+    return k
 
 
 @functools.lru_cache(maxsize=4096)
-def _template(zeros: str, display: bool) -> "tuple[str, ...] | None":
-    """The MathML of a formula whose digits are all zeros, as the text around its numbers'
-    ``<mn>`` contents; None unless each number written comes out as one ``<mn>``, in order, and
-    no other digit comes out (the formula is then converted as it is)."""
+def _template(shape: str, display: bool) -> "tuple[str, ...] | None":
+    """The MathML of a piece's shape (see :func:`_finished_piece`) as the text around its
+    numbers' ``<mn>`` contents; None unless each number of the shape comes out as one ``<mn>``,
+    in order, and no other digit comes out (the piece is then converted as it is)."""
     try:
-        out = _converted(zeros, display)
-    except Exception:  # noqa: BLE001  (the formula as written is converted, and raises if it must)
+        out = _finished_piece(shape, display)
+    except Exception:  # noqa: BLE001  (the piece as written is converted, and raises if it must)
+        return None
+    if out is None:
         return None
     parts = _MN.split(out)
-    if parts[1::2] != _NUMBERS.findall(zeros) or _DIGITS.search(_NOT_NUMBERS.sub("", out)):
+    if parts[1::2] != _NUMBERS.findall(shape) or _DIGITS.search(_NOT_NUMBERS.sub("", out)):
         return None
     return tuple(parts[0::2])
 
 
-def _converted(tex: str, display: bool) -> str:
-    """``tex`` converted by latex2mathml, piece by piece where it can be, and finished."""
-    pieces = _pieces(tex)
-    if pieces is not None:
-        inner = [_OPERATORS[piece] if k % 2 else _finished_piece(piece, display) for k, piece in enumerate(pieces)]
-        if None not in inner:
-            return ('<math display="block">' if display else "<math>") + "".join(inner) + "</math>"
-    return _finished(convert(_rewritten(tex), display="block" if display else "inline"), tex)
+def _filled(template: tuple[str, ...], numbers: list[str]) -> str:
+    out = [template[0]]
+    for number, text in zip(numbers, template[1:]):
+        out += [number, text]
+    return "".join(out)
 
 
 def _rewritten(tex: str) -> str:
@@ -150,6 +190,9 @@ _SPLIT = re.compile(r"\\[{}]|[{}]|\\(?:left|right)(?![A-Za-z])| = | \+ | \\cdot 
 # What reaches past its neighbours, or what the splitting cannot see: such a formula is converted whole.
 _WHOLE = re.compile(r"&|%|\\\\|\\(?:begin|end|over|choose|atop|brace|brack|middle|displaystyle|textstyle|scriptstyle"
                     r"|scriptscriptstyle|rm|bf|it|sf|tt|cal|limits|nolimits|color|newcommand|def)(?![A-Za-z])")
+# A piece that ends in ^, _ or a command (other than a symbol's) could leave the operator after it
+# to be taken as an argument: such a formula is converted whole.
+_AWAITS = re.compile(r"(?:\\(?!(?:cdots|ldots|dots|infty|quad|qquad)\s*$)[A-Za-z]+|[\^_])\s*$")
 _WRAP = ('<math xmlns="http://www.w3.org/1998/Math/MathML" display="', '"><mrow>', "</mrow></math>")
 
 
@@ -168,13 +211,14 @@ def _pieces(tex: str) -> "list[str] | None":
             if depth < 0:
                 return None
         elif token in _OPERATORS and depth == 0:
+            if _AWAITS.search(tex, start, m.start()):  # the operator could be an argument
+                return None
             pieces += [tex[start:m.start()], token]
             start = m.end()
     pieces.append(tex[start:])
     return None if depth or len(pieces) == 1 else pieces
 
 
-@functools.lru_cache(maxsize=16384)
 def _finished_piece(tex: str, display: bool) -> "str | None":
     """One piece of a formula as it stands in the finished ``<math>`` element, checked; None when
     the piece is empty or not a plain row of elements (the formula is then converted whole).
