@@ -82,11 +82,14 @@ class Tiles:
     row: int
 
 
-def blocks(d: Derivation, options: RenderOptions | None = None, *, shade: bool = False, split: bool = True) -> list[Block]:
+def blocks(d: Derivation, options: RenderOptions | None = None, *, shade: bool = False, split: bool = True,
+           latex: bool = True) -> list[Block]:
     """The worked solution of ``d`` written with ``options``, renderer-neutral (``shade`` needs
     LaTeX's colortbl).
 
     ``split`` cuts a matrix too wide for a page into column blocks (a web page scrolls instead).
+    Without ``latex`` (and without ``split``) a display drawn from its ``source`` carries no
+    LaTeX text: the web page draws it from the derivation.
 
     ``first``/``last`` limit it to part of the pipeline (the inputs of the
     first shown step are stated as given). ``exercise`` writes the problem
@@ -96,6 +99,7 @@ def blocks(d: Derivation, options: RenderOptions | None = None, *, shade: bool =
     p = d.problem
     digits = options.digits or p.digits
     max_shown, first, last, exercise, ask = options.max_shown, options.first, options.last, options.exercise, options.ask
+    split = split if split or latex else None  # None: the displays' LaTeX is not written (see _displays)
     chosen = select(d, first, last)
     out: list[Block] = [Block("para", _intro(d)), Block("math", _FORMULA)]
     givens = given_inputs(d, chosen)
@@ -127,7 +131,7 @@ def blocks(d: Derivation, options: RenderOptions | None = None, *, shade: bool =
     return out
 
 
-def _given_blocks(d: Derivation, givens: list, max_shown: int, exercise: bool, split: bool) -> list[Block]:
+def _given_blocks(d: Derivation, givens: list, max_shown: int, exercise: bool, split: bool | None) -> list[Block]:
     """The section that states the given matrices (with an exercise, the bias too)."""
     p = d.problem
     out = [Block("section", "Given")]
@@ -150,7 +154,8 @@ def _given_blocks(d: Derivation, givens: list, max_shown: int, exercise: bool, s
     return out
 
 
-def _step_blocks(d: Derivation, step: Step, digits: int, max_shown: int, shade: bool, split: bool) -> list[Block]:
+def _step_blocks(d: Derivation, step: Step, digits: int, max_shown: int, shade: bool,
+                 split: bool | None) -> list[Block]:
     """A computed step of the worked solution, after its title: its matrix and how it is made."""
     p = d.problem
     evaluable = d.can_evaluate
@@ -184,10 +189,13 @@ def _step_blocks(d: Derivation, step: Step, digits: int, max_shown: int, shade: 
     return out
 
 
-def _displays(lhs: str, step: Step, draw, form: str, split: bool = True) -> list[Block]:
+def _displays(lhs: str, step: Step, draw, form: str, split: bool | None = True) -> list[Block]:
     """``lhs`` and the step's matrix (its entries in ``form``, see :class:`Matrix`) as one display,
     or, when the matrix is too wide to show at 85 % or more and ``split`` is set, as several:
-    column blocks drawn by ``draw(budget)``, each introduced by a line naming its columns."""
+    column blocks drawn by ``draw(budget)``, each introduced by a line naming its columns.
+    With ``split`` None the display is not drawn: its text is empty, its source says what it holds."""
+    if split is None:
+        return [Block("math", "", source=(Matrix(lhs, step, form),))]
     parts = draw(SPLIT_WIDTH - width(lhs) if split else None)
     if len(parts) == 1:
         return [Block("math", lhs + parts[0][1], source=(Matrix(lhs, step, form),))]

@@ -19,6 +19,7 @@ no loads at all. User text (the title, tokens) is escaped; it never reaches Math
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import re
 from typing import TYPE_CHECKING, Callable
@@ -81,7 +82,7 @@ def document(derivation: Derivation, options: RenderOptions) -> str:
     ``<body>``, style and script included (a notebook's ``text/html`` display)."""
     d = derivation
     digits, exercise = options.digits or d.problem.digits, options.exercise
-    parts = blocks(d, options, split=False)
+    parts = blocks(d, options, split=False, latex=False)
     page = _Page(d, digits, options.max_shown, exercise)
     title = ("Exercise: " if exercise else "") + d.problem.title
     body = page.body(parts)
@@ -113,6 +114,8 @@ class _Page:
         self.sections: list[tuple[str, str]] = []
         self.decimals = False  # whether any exact table carries decimals for the toggle
         self.heatmaps = 0
+        self._exact: dict[str, Callable[[int, int], str]] = {}  # by step id: see _exact_tex
+        self._decimals: dict[str, Callable[[int, int], str]] = {}
 
     # -- the page's parts --------------------------------------------------------------------
 
@@ -183,14 +186,14 @@ class _Page:
         if m.form == "answer":
             cell = lambda i, j: ""  # noqa: E731
         elif m.form == "decimal":
-            value = d.entry_values(step.id, max(self.digits + 5, DPS))
-            cell = lambda i, j: mathml(tex_decimal(value(i, j), self.digits))  # noqa: E731
+            value = self._decimal_tex(step)
+            cell = lambda i, j: mathml(value(i, j))  # noqa: E731
         else:
-            form = entry_forms(d, step)
-            cell = lambda i, j: mathml(form_tex(form(i, j)))  # noqa: E731
+            form = self._exact_tex(step)
+            cell = lambda i, j: mathml(form(i, j))  # noqa: E731
             if needs_decimals(step) and d.can_evaluate and written_exactly(step):
-                value = d.entry_values(step.id, max(self.digits + 5, DPS))
-                decimal = lambda i, j: mathml(tex_decimal(value(i, j), self.digits))  # noqa: E731
+                value = self._decimal_tex(step)
+                decimal = lambda i, j: mathml(value(i, j))  # noqa: E731
                 self.decimals = True
         c = registry.Context(d.problem, step.head)
         traces = [] if m.form == "answer" else registry.traces(step.kind_of, c)
@@ -278,45 +281,73 @@ class _Page:
 
             return dot
         if step.is_softmax and key == registry.A:
-            form = entry_forms(d, step)
-            value = d.entry_values(step.id, max(self.digits + 5, DPS)) if d.can_evaluate else None
+            form = self._exact_tex(step)
+            value = self._decimal_tex(step) if d.can_evaluate else None
+            normalisers = functools.cache(lambda i: "<br>".join(  # the same for every entry of row i
+                mathml(t) for t in normaliser_tex(d, step, i, self.digits)))
 
             def weight(i: int, j: int) -> str:
-                m, z = normaliser_tex(d, step, i, self.digits)
                 entry = (f"A_{{{i + 1},{j + 1}}} = \\dfrac{{e^{{\\hat{{S}}_{{{i + 1},{j + 1}}} - m_{{{i + 1}}}}}}}"
-                         f"{{Z_{{{i + 1}}}}}" + (f" = {form_tex(form(i, j))}" if exact else ""))
+                         f"{{Z_{{{i + 1}}}}}" + (f" = {form(i, j)}" if exact else ""))
                 if value is not None:
-                    entry += f" \\approx {tex_decimal(value(i, j), self.digits)}"
-                return "<br>".join(mathml(t) for t in (entry, m, z))
+                    entry += f" \\approx {value(i, j)}"
+                return mathml(entry) + "<br>" + normalisers(i)
 
             return weight
         if key == registry.O and d.can_evaluate:
-            a_step = d.step(registry.resolve(registry.A, c)[0])
-            v_step = d.step(registry.resolve(registry.V, c)[0])
-            weights = d.entry_values(a_step.id, max(self.digits + 5, DPS))
-            own = d.entry_values(step.id, max(self.digits + 5, DPS))
-            values = v_step.value
-
-            def weighted(i: int, j: int) -> str:
-                terms = [f"{tex_decimal(weights(i, k), self.digits)} \\cdot {tex(values[k, j])}"
-                         for k in range(values.rows) if weights(i, k) != 0]
-                if len(terms) > 6:
-                    terms = terms[:3] + ["\\cdots"] + terms[-1:]
-                return mathml(f"o_{{{i + 1},{j + 1}}} = \\sum_k A_{{{i + 1},k}}\\, V_{{k,{j + 1}}} \\approx "
-                              + " + ".join(terms) + f" \\approx {tex_decimal(own(i, j), self.digits)}")
-
-            return weighted
+            return self._weighted(step, c)
         return None
 
+    def _weighted(self, step: Step, c: registry.Context) -> Callable[[int, int], str]:
+        """Entry (i, j) of the output as its weighted sum, in decimals: the first terms and the last."""
+        d, digits = self.d, self.digits
+        weights = self._decimal_tex(d.step(registry.resolve(registry.A, c)[0]))
+        raw = d.entry_values(d.step(registry.resolve(registry.A, c)[0]).id, max(digits + 5, DPS))
+        own = self._decimal_tex(step)
+        values = d.step(registry.resolve(registry.V, c)[0]).value
 
-def _names(step: Step) -> tuple[list[str], list[str]]:
-    """Row and column labels as HTML: tokens as text, dimensions as d<sub>1</sub>."""
-    def label(axis: str, names: list[str]) -> list[str]:
+        @functools.cache
+        def kept(i: int) -> tuple[list[int], bool]:
+            """The keys of row i's terms written (its nonzero weights), and whether some are left out."""
+            keys = [k for k in range(values.rows) if raw(i, k) != 0]
+            return (keys[:3] + keys[-1:], True) if len(keys) > 6 else (keys, False)
+
+        def weighted(i: int, j: int) -> str:
+            keys, elided = kept(i)
+            terms = [f"{weights(i, k)} \\cdot {tex(values[k, j])}" for k in keys]
+            if elided:
+                terms.insert(3, "\\cdots")
+            return mathml(f"o_{{{i + 1},{j + 1}}} = \\sum_k A_{{{i + 1},k}}\\, V_{{k,{j + 1}}} \\approx "
+                          + " + ".join(terms) + f" \\approx {own(i, j)}")
+
+        return weighted
+
+    def _exact_tex(self, step: Step) -> Callable[[int, int], str]:
+        """The LaTeX of each exact entry of ``step``, written once (a table cell and its explanation share it)."""
+        if step.id not in self._exact:
+            form = entry_forms(self.d, step)
+            self._exact[step.id] = functools.cache(lambda i, j: form_tex(form(i, j)))
+        return self._exact[step.id]
+
+    def _decimal_tex(self, step: Step) -> Callable[[int, int], str]:
+        """The LaTeX of each entry's decimal, rounded once."""
+        if step.id not in self._decimals:
+            value, digits = self.d.entry_values(step.id, max(self.digits + 5, DPS)), self.digits
+            self._decimals[step.id] = functools.cache(lambda i, j: tex_decimal(value(i, j), digits))
+        return self._decimals[step.id]
+
+
+def _names(step: Step) -> tuple[Callable[[int], str], Callable[[int], str]]:
+    """Row and column labels as HTML, each written when drawn: tokens as text, dimensions as d<sub>1</sub>."""
+    def label(axis: str, names) -> Callable[[int], str]:
         if axis in registry.TOKEN_AXES:
-            return [escape_html(n) for n in names]
-        return [re.sub(r"^([a-z]+)([0-9]+)$", r"\1<sub>\2</sub>", escape_html(n)) for n in names]
+            return lambda k: escape_html(names[k])
+        return lambda k: _DIMENSION.sub(r"\1<sub>\2</sub>", escape_html(names[k]))
 
-    return label(step.axes[0], list(step.rows)), label(step.axes[1], list(step.cols))
+    return label(step.axes[0], step.rows), label(step.axes[1], step.cols)
+
+
+_DIMENSION = re.compile(r"^([a-z]+)([0-9]+)$")
 
 
 # How each input entry that makes entry (i, j) is named (the ``how`` of registry.TRACES).
@@ -340,7 +371,7 @@ def _table(step: Step, form: str, rows, cols, cell, decimal, *, masked, shade, t
     attrs.append(f'aria-label="{escape_html(label)}"')
     out = [f"<table {' '.join(attrs)}>"]
     if labelled:
-        head = "".join('<th scope="col" class="gap">⋯</th>' if j is None else f'<th scope="col">{col_names[j]}</th>'
+        head = "".join('<th scope="col" class="gap">⋯</th>' if j is None else f'<th scope="col">{col_names(j)}</th>'
                        for j in cols)
         out.append(f'<thead><tr><td class="corner"></td>{head}</tr></thead>')
     out.append("<tbody>")
@@ -349,7 +380,7 @@ def _table(step: Step, form: str, rows, cols, cell, decimal, *, masked, shade, t
     for i in rows:
         cells = []
         if labelled:
-            cells.append('<th scope="row" class="gap">⋮</th>' if i is None else f'<th scope="row">{row_names[i]}</th>')
+            cells.append('<th scope="row" class="gap">⋮</th>' if i is None else f'<th scope="row">{row_names(i)}</th>')
         for j in cols:
             if i is None or j is None:
                 gap = "⋱" if i is None and j is None else "⋮" if i is None else "⋯"

@@ -17,6 +17,18 @@ part of MathML that Chromium, Firefox and Safari all render, has no use for:
 
 Every result is checked against a whitelist of MathML elements and attributes, so nothing but
 math can ever come out (:func:`mathml` raises on anything else, an internal error).
+
+A page converts thousands of formulas that differ only in their numbers (the entries of its
+tables, the worked dot product of each entry) and share their pieces, so two things are done
+once: a formula is converted with its digits written as zeros (``A_{12,3} = 0.25`` as
+``A_{00,0} = 0.00``) and its own numbers put back where the zeros' ``<mn>`` elements are, used
+only when every number of the formula comes out as one ``<mn>`` in the order written; and such
+a formula is converted piece by piece: split at its top-level ``=``, ``+``, ``\\cdot`` and
+``\\approx`` (outside braces and ``\\left…\\right``), each piece converted once, the pieces
+joined by the operators' elements and the rewrites above applied to the whole. A formula with
+anything whose meaning reaches past its neighbours (an environment, ``\\over``, a style switch)
+is converted whole. What comes out is what converting the formula at once gives (the tests
+compare the two on every formula of the example pages).
 """
 
 from __future__ import annotations
@@ -62,10 +74,97 @@ def mathml(tex: str, display: bool = False) -> str:
     >>> mathml(r"2 \\cdot \\left(-3\\right)")
     '<math><mn>2</mn><mo>&#x000B7;</mo><mo stretchy="false">&#x00028;</mo><mo form="prefix">&#x02212;</mo><mn>3</mn><mo stretchy="false">&#x00029;</mo></math>'
     """
+    pieces = _pieces(tex) or [tex]
+    inner = [_OPERATORS[piece] if k % 2 else _piece(piece, display) for k, piece in enumerate(pieces)]
+    if None not in inner:
+        return ('<math display="block">' if display else "<math>") + "".join(inner) + "</math>"
+    return _finished(convert(_rewritten(tex), display="block" if display else "inline"), tex)
+
+
+@functools.lru_cache(maxsize=16384)
+def _piece(tex: str, display: bool) -> "str | None":
+    """One piece of a formula as it stands in the finished ``<math>`` element (see
+    :func:`_finished_piece`), from its shape's template where it has one."""
+    numbers = _NUMBERS.findall(tex)
+    template = _template(_shape(tex), display) if numbers else None
+    if template is not None:
+        return _filled(template, numbers)
+    return _finished_piece(tex, display)
+
+
+# -- the same shape, other numbers -----------------------------------------------------------
+
+_NUMBERS = re.compile(r"[0-9]+(?:\.[0-9]+)?")
+_DIGITS = re.compile(r"[0-9]")
+_MN = re.compile(r"(?<=<mn>)([0-9]+(?:\.[0-9]+)?)(?=</mn>)")
+_NOT_NUMBERS = re.compile(r"&#x[0-9A-Fa-f]+;|=\"[^\"]*\"|<mn>[0-9]+(?:\.[0-9]+)?</mn>")
+_OPERAND_SIGNS = frozenset("-+=,(/[|")
+
+
+def _shape(tex: str) -> str:
+    """``tex`` with each number that is an operand of its own written as a single 0, and the
+    digits of any other written as zeros.
+
+    A number is an operand of its own when nothing could take its first digit alone as an
+    argument (``\\frac12``, ``x^23``, ``\\frac-12``): when it opens the formula or a group, or
+    follows a sign (``- ``, ``/``, ...) that opens the formula or a group or follows such a number.
+    """
+    out, last, free_end = [], 0, -1  # free_end: where the last number that is an operand ends
+    for m in _NUMBERS.finditer(tex):
+        k = _before(tex, m.start())
+        free = k < 0 or tex[k] == "{"
+        if not free and tex[k] in _OPERAND_SIGNS:
+            b = _before(tex, k)
+            free = b < 0 or tex[b] == "{" or b + 1 == free_end
+        out += [tex[last:m.start()], "0" if free else _DIGITS.sub("0", m.group())]
+        last = m.end()
+        if free:
+            free_end = m.end()
+    out.append(tex[last:])
+    return "".join(out)
+
+
+def _before(tex: str, k: int) -> int:
+    """The index of the last character before ``k`` that is not a space (-1: none)."""
+    k -= 1
+    while k >= 0 and tex[k] == " ":
+        k -= 1
+    return k
+
+
+@functools.lru_cache(maxsize=4096)
+def _template(shape: str, display: bool) -> "tuple[str, ...] | None":
+    """The MathML of a piece's shape (see :func:`_finished_piece`) as the text around its
+    numbers' ``<mn>`` contents; None unless each number of the shape comes out as one ``<mn>``,
+    in order, and no other digit comes out (the piece is then converted as it is)."""
+    try:
+        out = _finished_piece(shape, display)
+    except Exception:  # noqa: BLE001  (the piece as written is converted, and raises if it must)
+        return None
+    if out is None:
+        return None
+    parts = _MN.split(out)
+    if parts[1::2] != _NUMBERS.findall(shape) or _DIGITS.search(_NOT_NUMBERS.sub("", out)):
+        return None
+    return tuple(parts[0::2])
+
+
+def _filled(template: tuple[str, ...], numbers: list[str]) -> str:
+    out = [template[0]]
+    for number, text in zip(numbers, template[1:]):
+        out += [number, text]
+    return "".join(out)
+
+
+def _rewritten(tex: str) -> str:
+    """``tex`` with what latex2mathml does not know rewritten (see the module's list)."""
     source = _SPACES.sub("", _RULE.sub("", tex))
     source = _OPERATORNAME.sub(r"\\text{\1}", source)
-    source = _NUMBER_IN_BRACKETS.sub(r"(\1)", source)
-    out = convert(source, display="block" if display else "inline")
+    return _NUMBER_IN_BRACKETS.sub(r"(\1)", source)
+
+
+def _finished(out: str, tex: str) -> str:
+    """latex2mathml's ``<math>`` element of ``tex`` as the page writes it, checked."""
     out = out.replace(' xmlns="http://www.w3.org/1998/Math/MathML"', "")
     out = out.replace('<math display="inline">', "<math>")
     # latex2mathml wraps every formula in one more mrow: drop it
@@ -80,6 +179,66 @@ def mathml(tex: str, display: bool = False) -> str:
     out = _SIGN.sub(r'\1<mo form="prefix">&#x02212;</mo>', out)
     _check(out, tex)
     return out
+
+
+# -- piece by piece ------------------------------------------------------------------------
+
+# The operators a formula is split at, as latex2mathml writes each between two pieces.
+_OPERATORS = {" = ": "<mo>&#x0003D;</mo>", " + ": "<mo>&#x0002B;</mo>", " \\cdot ": "<mo>&#x000B7;</mo>",
+              " \\approx ": "<mo>&#x02248;</mo>"}
+_SPLIT = re.compile(r"\\[{}]|[{}]|\\(?:left|right)(?![A-Za-z])| = | \+ | \\cdot | \\approx ")
+# What reaches past its neighbours, or what the splitting cannot see: such a formula is converted whole.
+_WHOLE = re.compile(r"&|%|\\\\|\\(?:begin|end|over|choose|atop|brace|brack|middle|displaystyle|textstyle|scriptstyle"
+                    r"|scriptscriptstyle|rm|bf|it|sf|tt|cal|limits|nolimits|color|newcommand|def)(?![A-Za-z])")
+# A piece that ends in ^, _ or a command (other than a symbol's) could leave the operator after it
+# to be taken as an argument: such a formula is converted whole.
+_AWAITS = re.compile(r"(?:\\(?!(?:cdots|ldots|dots|infty|quad|qquad)\s*$)[A-Za-z]+|[\^_])\s*$")
+_WRAP = ('<math xmlns="http://www.w3.org/1998/Math/MathML" display="', '"><mrow>', "</mrow></math>")
+
+
+def _pieces(tex: str) -> "list[str] | None":
+    """The formula's pieces and the operators between them (``[piece, " = ", piece, ...]``);
+    None when it is one piece, or is to be converted whole."""
+    if not any(op in tex for op in _OPERATORS) or _WHOLE.search(tex):
+        return None
+    pieces, depth, start = [], 0, 0
+    for m in _SPLIT.finditer(tex):
+        token = m.group()
+        if token in ("{", "\\left"):
+            depth += 1
+        elif token in ("}", "\\right"):
+            depth -= 1
+            if depth < 0:
+                return None
+        elif token in _OPERATORS and depth == 0:
+            if _AWAITS.search(tex, start, m.start()):  # the operator could be an argument
+                return None
+            pieces += [tex[start:m.start()], token]
+            start = m.end()
+    pieces.append(tex[start:])
+    return None if depth or len(pieces) == 1 else pieces
+
+
+def _finished_piece(tex: str, display: bool) -> "str | None":
+    """One piece of a formula as it stands in the finished ``<math>`` element, checked; None when
+    the piece is empty or not a plain row of elements (the formula is then converted whole).
+
+    Finishing a piece on its own finishes it as in the formula: a minus that opens it is a
+    sign there too, after an operator, and nothing else the rewrites see crosses an operator.
+    """
+    mode = "block" if display else "inline"
+    if not tex.strip():
+        return None
+    out = convert(_rewritten(tex), display=mode)
+    head, tail = _WRAP[0] + mode + _WRAP[1], _WRAP[2]
+    if not (out.startswith(head) and out.endswith(tail) and _balanced(out[len(head):-len(tail)])):
+        return None
+    try:
+        out = _finished(out, tex)
+    except MathMLError:  # the whole formula is converted, and says so
+        return None
+    start = len('<math display="block">' if display else "<math>")
+    return out[start:-len("</math>")]
 
 
 def _balanced(inner: str) -> bool:

@@ -163,8 +163,10 @@ def normaliser_tex(d: Derivation, step: Step, i: int, digits: int) -> tuple[str,
 
 
 def worked_dot_tex(dot) -> str:
-    products = [f"{factor_tex(a)} \\cdot {factor_tex(b)}" for a, b in dot.terms]
-    if len(products) > MAX_TERMS:
+    terms, n = dot.terms, len(dot.terms)
+    kept = [terms[k] for k in (range(n) if n <= MAX_TERMS else (0, 1, 2, n - 1))]  # only these are read
+    products = [f"{factor_tex(a)} \\cdot {factor_tex(b)}" for a, b in kept]
+    if n > MAX_TERMS:
         products = products[:3] + ["\\cdots"] + products[-1:]
     products = " + ".join(products)
     left = _vec_name(dot.left)

@@ -179,7 +179,7 @@ class Dot:
     j: int
     left: str  # how the left vector is named, e.g. "q_1"
     right: str  # e.g. "k_2"
-    terms: tuple
+    terms: Any  # the pairs (a_k, b_k), a sequence (worked.Pairs reads each when asked for)
     value: Any
     bias: Any = None  # the bias entry added to the dot product (Q = X W_Q + b_Q); None: no bias
 

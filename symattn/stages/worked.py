@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Callable
 
@@ -9,8 +10,37 @@ from .ids import BIASES, K, K_T, Q, S, V
 from .kinds import Context, Dot
 
 
+class Pairs(Sequence):
+    """The pairs ``(a_k, b_k)`` of the dot product of row ``i`` of ``a`` and column ``j`` of ``b``,
+    each entry read from its matrix when asked for: a worked solution writes the first terms
+    and the last of a long sum, and an entry of a rational matrix becomes a SymPy number only
+    when read."""
+
+    def __init__(self, a, i: int, b, j: int) -> None:
+        self._a, self._i, self._b, self._j = a, i, b, j
+        self._n = min(a.cols, b.rows)
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __getitem__(self, k):
+        if isinstance(k, slice):
+            return tuple(self[x] for x in range(*k.indices(self._n)))
+        if not -self._n <= k < self._n:
+            raise IndexError("dot product term out of range")
+        k %= self._n
+        return self._a[self._i, k], self._b[k, self._j]
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, (Pairs, tuple)) and tuple(self) == tuple(other)
+
+    def __hash__(self) -> int:
+        return hash(tuple(self))
+
+
 def _dot(target: str, i: int, j: int, a, b, left: str, right: str, value) -> Dot:
-    return Dot(target, i, j, left, right, tuple(zip(list(a), list(b))), value)
+    """Entry (i, j) of ``target`` as row ``i`` of ``a`` times column ``j`` of ``b``."""
+    return Dot(target, i, j, left, right, Pairs(a, i, b, j), value)
 
 
 def dot_at(key: str, v, result, c: Context, i: int, j: int) -> Dot | None:
@@ -18,11 +48,11 @@ def dot_at(key: str, v, result, c: Context, i: int, j: int) -> Dot | None:
     any other stage."""
     if key == S:
         rot = "^{\\mathrm{rot}}" if c.rope is not None else ""
-        return _dot(S, i, j, v("q_in").row(i), v(K_T).col(j), f"q{rot}_{i + 1}", f"k{rot}_{j + 1}", result[i, j])
+        return _dot(S, i, j, v("q_in"), v(K_T), f"q{rot}_{i + 1}", f"k{rot}_{j + 1}", result[i, j])
     if key in (Q, K, V):
         inp = v(c.xq) if key == Q else v(c.kv)
         label = "x" if key == Q or not c.cross else "c"
-        dot = _dot(key, i, j, inp.row(i), v("W_" + key).col(j), f"{label}_{i + 1}", f"W_{key}[:,{j + 1}]",
+        dot = _dot(key, i, j, inp, v("W_" + key), f"{label}_{i + 1}", f"W_{key}[:,{j + 1}]",
                    result[i, j])
         bias = BIASES[key]
         return replace(dot, bias=v(bias)[0, j]) if c.has_bias(bias) else dot
