@@ -49,6 +49,8 @@ within a round (--runs rounds; one with --quick):
 * ``-f json`` at 128 tokens beside the LaTeX run (<= 1.5x), and at 256 tokens
   (< 10 s, < 400 MiB peak);
 * ``--backward`` at 128 tokens beside the forward run (<= 1.3x);
+* the web page, ``-f html``, beside the LaTeX run at (64, 256, 64) and (128, 768, 64) (<= 1.2x
+  each; the median of --runs rounds, at least 5);
 * long context: (512, 1024, 2048 tokens, 768, 64) causal to LaTeX, once each
   (with --max-size 10000000: 2048 x 768 is past the default size budget);
   target (2048, 768, 64) < 30 s and < 1 GiB, with the growth exponent and how the
@@ -57,7 +59,8 @@ within a round (--runs rounds; one with --quick):
   installed symattn has it; the run in the environment as it is is printed beside it).
 
 --quick runs these at smaller sizes (layouts at 32 tokens, JSON and backward at
-64, JSON-big at 128, long context 128/256/512): indicative only, marked so.
+64, JSON-big at 128, long context 128/256/512, the web page at 32 and 64, one round each):
+indicative only, marked so.
 """
 
 from __future__ import annotations
@@ -589,11 +592,13 @@ R2 = {
     "json_size": (128, 768, 64), "json_ratio": 1.5,  # -f json / LaTeX
     "json_big_size": (256, 768, 64), "json_big_seconds": 10.0, "json_big_mib": 400.0,
     "backward_size": (128, 768, 64), "backward_ratio": 1.3,  # --backward / forward
+    "html_sizes": [(64, 256, 64), (128, 768, 64)], "html_ratio": 1.2, "html_min_rounds": 5,  # -f html / LaTeX
     "long_sizes": [(512, 768, 64), (1024, 768, 64), (2048, 768, 64)], "long_seconds": 30.0, "long_mib": 1024.0,
     "demo_seconds": 0.45,
 }
 R2_QUICK = dict(R2, layout_sizes=[(32, 128, 16)], json_size=(64, 256, 64), json_big_size=(128, 768, 64),
-                backward_size=(64, 256, 64), long_sizes=[(128, 768, 64), (256, 768, 64), (512, 768, 64)])
+                backward_size=(64, 256, 64), long_sizes=[(128, 768, 64), (256, 768, 64), (512, 768, 64)],
+                html_sizes=[(32, 128, 16), (64, 256, 64)])
 
 
 def fresh_run(argv: list[str], cap: float) -> dict:
@@ -645,16 +650,16 @@ def round_two(root: Path, args, log) -> dict:
         layouts.append(row)
     out["layouts"] = layouts
 
-    def pair(size, label, extra_args, suffix):
+    def pair(size, label, extra_args, suffix, rounds=runs):
         folder = root / "n{}_d{}_k{}".format(*size)
         yaml_path, _ = _problems.write_problem(folder, *size, seed=args.seed)
         a, b = [], []
-        for _ in range(runs):
+        for _ in range(rounds):  # the LaTeX run and its peer alternate
             a.append(fresh_run(["derive", str(yaml_path), "-o", str(folder / "fwd.tex")], cap))
             b.append(fresh_run(["derive", str(yaml_path), *extra_args, "-o", str(folder / f"out{suffix}")], cap))
         fa, fb = medians_of(a), medians_of(b)
         size_bytes = (folder / f"out{suffix}").stat().st_size if (folder / f"out{suffix}").exists() else None
-        return {"size": list(size), "latex": fa, label: fb, "output_bytes": size_bytes,
+        return {"size": list(size), "latex": fa, label: fb, "output_bytes": size_bytes, "rounds": rounds,
                 "ratio": (fb["median"] / fa["median"]) if fa["median"] and fb["median"] else None}
 
     out["json"] = out["json_big"] = out["backward"] = None
@@ -671,6 +676,12 @@ def round_two(root: Path, args, log) -> dict:
     if "backward" in parts:
         log(f"--backward {size_name(cfg['backward_size'])} beside forward ...")
         out["backward"] = pair(cfg["backward_size"], "backward", ["--backward"], "_b.tex")
+    out["html"] = []
+    if "html" in parts:
+        rounds = 1 if args.quick else max(args.runs, cfg["html_min_rounds"])
+        for size in cfg["html_sizes"]:
+            log(f"web page {size_name(size)} beside LaTeX, {rounds} round(s) ...")
+            out["html"].append(pair(size, "html", ["-f", "html"], ".html", rounds))
 
     long_rows = []
     for size in (cfg["long_sizes"] if "long" in parts else []):
@@ -739,6 +750,13 @@ def judge_round_two(r2: dict, start: dict) -> list[dict]:
         "not measured" if b["ratio"] is None else f"{fmt_s(b['backward']['median'])} s, "
         f"{b['backward']['peak_mib']:.0f} MiB, {b['ratio']:.2f}x", "" if b["latex"]["median"] is None else
         f"forward {fmt_s(b['latex']['median'])} s")
+    for h in r2.get("html") or []:
+        add(f"{size_name(tuple(h['size']))}: -f html (the web page) <= {cfg['html_ratio']:g}x the LaTeX run",
+            None if h["ratio"] is None else h["ratio"] <= cfg["html_ratio"],
+            h["html"]["error"] or h["latex"]["error"] or "not measured" if h["ratio"] is None else
+            f"{fmt_s(h['html']['median'])} s, {h['html']['peak_mib']:.0f} MiB, {h['ratio']:.2f}x",
+            "" if h["latex"]["median"] is None else f"LaTeX {fmt_s(h['latex']['median'])} s",
+            note=f"median of {h['rounds']} round(s), fresh processes alternating")
     last = r2["long"][-1] if r2["long"] else None
     exp = r2["long_exponent"]
     if last is not None:
@@ -771,6 +789,10 @@ def print_round_two(r2: dict, targets: list[dict], out) -> None:
         print(f"  long context {size_name(tuple(r['size']))} causal: "
               f"{fmt_s(r['wall'], r['error'] or '-')} s, {'-' if r['peak_mib'] is None else round(r['peak_mib'])} MiB",
               file=out)
+    for h in r2.get("html") or []:
+        print(f"  web page {size_name(tuple(h['size']))}: LaTeX {fmt_s(h['latex']['median'], h['latex']['error'] or '-')} s, "
+              f"-f html {fmt_s(h['html']['median'], h['html']['error'] or '-')} s"
+              + ("" if h["ratio"] is None else f", {h['ratio']:.2f}x") + f" ({h['rounds']} round(s))", file=out)
     if r2["long_exponent"] is not None:
         print(f"  long-context growth: time ~ n^{r2['long_exponent']:.2f} (d_model, d_k fixed)", file=out)
     print("Targets of #20", file=out)
@@ -796,11 +818,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--sizes", type=parse_sizes, help="comma-separated NxD_MODELxD_K instead of the default sizes")
     parser.add_argument("--no-extra", action="store_true", help=f"skip the {EXTRA[0]}-token row")
     parser.add_argument("--no-naive", action="store_true", help="skip the naive pipeline")
-    parser.add_argument("--no-round-two", action="store_true", help="skip issue #20's rows (layouts, JSON, backward, "
+    parser.add_argument("--no-round-two", action="store_true", help="skip issue #20's rows (layouts, JSON, backward, web page, "
                         "long context)")
     parser.add_argument("--round-two-only", action="store_true", help="only start-up and issue #20's rows")
-    parser.add_argument("--round-two-rows", default="layouts,json,backward,long",
-                        help="which of issue #20's rows to run, comma-separated [layouts,json,backward,long]")
+    parser.add_argument("--round-two-rows", default="layouts,json,backward,long,html",
+                        help="which of issue #20's rows to run, comma-separated [layouts,json,backward,long,html]")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random problems [0]")
     parser.add_argument("--workdir", type=Path, help="write (and keep) the problem files here instead of a temporary folder")
     parser.add_argument("--json", type=Path, default=DEFAULT_JSON, help=f"where to write the JSON [{DEFAULT_JSON.relative_to(HERE.parent)}]")

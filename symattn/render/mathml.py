@@ -19,16 +19,17 @@ Every result is checked against a whitelist of MathML elements and attributes, s
 math can ever come out (:func:`mathml` raises on anything else, an internal error).
 
 A page converts thousands of formulas that differ only in their numbers (the entries of its
-tables, the worked dot product of each entry) and share their pieces, so two things are done
-once: a formula is converted with its digits written as zeros (``A_{12,3} = 0.25`` as
-``A_{00,0} = 0.00``) and its own numbers put back where the zeros' ``<mn>`` elements are, used
-only when every number of the formula comes out as one ``<mn>`` in the order written; and such
-a formula is converted piece by piece: split at its top-level ``=``, ``+``, ``\\cdot`` and
-``\\approx`` (outside braces and ``\\left…\\right``), each piece converted once, the pieces
-joined by the operators' elements and the rewrites above applied to the whole. A formula with
-anything whose meaning reaches past its neighbours (an environment, ``\\over``, a style switch)
-is converted whole. What comes out is what converting the formula at once gives (the tests
-compare the two on every formula of the example pages).
+tables, the worked dot product of each entry) and share their pieces, so a formula is converted
+piece by piece: split at its top-level ``=``, ``+``, ``\\cdot`` and ``\\approx`` (outside braces
+and ``\\left…\\right``), each piece converted and finished on its own and the pieces joined by
+the operators' elements. A piece is converted once per shape: its numbers that are operands of
+their own written as 1, the digits of any other as zeros (``A_{12,3}`` and ``A_{1,45}`` share
+one), the shape converted with a different number in each place, and a piece's own numbers put
+back where those came out, used only when each came out as one ``<mn>``, in the order written.
+A formula with anything whose meaning reaches past its neighbours (an environment, ``\\over``, a
+style switch, an operator right after a command) is not split. What comes out is what
+converting the formula at once gives (``tests/test_render_mathml.py`` compares the two on every
+formula of the example pages and on formulas made to trip them).
 """
 
 from __future__ import annotations
@@ -102,8 +103,8 @@ _OPERAND_SIGNS = frozenset("-+=,(/[|")
 
 
 def _shape(tex: str) -> str:
-    """``tex`` with each number that is an operand of its own written as a single 0, and the
-    digits of any other written as zeros.
+    """``tex`` with each number that is an operand of its own written as 1, and the digits of
+    any other written as zeros.
 
     A number is an operand of its own when nothing could take its first digit alone as an
     argument (``\\frac12``, ``x^23``, ``\\frac-12``): when it opens the formula or a group, or
@@ -116,7 +117,7 @@ def _shape(tex: str) -> str:
         if not free and tex[k] in _OPERAND_SIGNS:
             b = _before(tex, k)
             free = b < 0 or tex[b] == "{" or b + 1 == free_end
-        out += [tex[last:m.start()], "0" if free else _DIGITS.sub("0", m.group())]
+        out += [tex[last:m.start()], "1" if free else _DIGITS.sub("0", m.group())]
         last = m.end()
         if free:
             free_end = m.end()
@@ -135,16 +136,32 @@ def _before(tex: str, k: int) -> int:
 @functools.lru_cache(maxsize=4096)
 def _template(shape: str, display: bool) -> "tuple[str, ...] | None":
     """The MathML of a piece's shape (see :func:`_finished_piece`) as the text around its
-    numbers' ``<mn>`` contents; None unless each number of the shape comes out as one ``<mn>``,
-    in order, and no other digit comes out (the piece is then converted as it is)."""
+    numbers' ``<mn>`` contents; None unless each number comes out as one ``<mn>`` of its own, in
+    the order written, and no other digit comes out (the piece is then converted as it is).
+
+    The shape is converted with a different number in each place (the k-th is k, written with
+    as many digits as a number that is not an operand of its own has), so that a number that
+    comes out elsewhere, or in another order (``Z^{(1)}_{3}``: the subscript first), is seen.
+    """
+    marks = []
+    for k, token in enumerate(_NUMBERS.findall(shape), start=1):
+        if token == "1":  # an operand of its own: any number will do
+            marks.append(str(k))
+            continue
+        digits = str(k).zfill(len(token.replace(".", "")))
+        if len(digits) > len(token.replace(".", "")):
+            return None
+        it = iter(digits)
+        marks.append("".join(c if c == "." else next(it) for c in token))
+    it = iter(marks)
     try:
-        out = _finished_piece(shape, display)
+        out = _finished_piece(_NUMBERS.sub(lambda m: next(it), shape), display)
     except Exception:  # noqa: BLE001  (the piece as written is converted, and raises if it must)
         return None
     if out is None:
         return None
     parts = _MN.split(out)
-    if parts[1::2] != _NUMBERS.findall(shape) or _DIGITS.search(_NOT_NUMBERS.sub("", out)):
+    if parts[1::2] != marks or _DIGITS.search(_NOT_NUMBERS.sub("", out)):
         return None
     return tuple(parts[0::2])
 
