@@ -14,7 +14,6 @@ import json
 
 import mpmath
 import numpy as np
-import pytest
 import sympy
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
