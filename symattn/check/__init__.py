@@ -137,9 +137,10 @@ def check_class(derivation: Derivation, answers: Mapping[str, Answers] | Iterabl
     tolerance = _tolerance(tolerance)
     _precision(precision)
     files = []
+    shared: dict = {}  # comparisons of entries, the same for every file
     for name, given in (answers.items() if isinstance(answers, Mapping) else answers):
         try:
-            files.append(Marked(str(name), _mark(derivation, given, precision, tolerance, str(name))))
+            files.append(Marked(str(name), _mark(derivation, given, precision, tolerance, str(name), shared)))
         except SymattnError as exc:
             files.append(Marked(str(name), None, str(exc)))
     seen = {s.id for f in files if f.marking is not None for s in f.marking.stages}
@@ -148,9 +149,10 @@ def check_class(derivation: Derivation, answers: Mapping[str, Answers] | Iterabl
     return ClassMarking(tuple(files), tuple(summary), tuple(ids))
 
 
-def _mark(derivation: Derivation, answers: Answers, precision: str, tolerance, source: str | None = None) -> Marking:
+def _mark(derivation: Derivation, answers: Answers, precision: str, tolerance, source: str | None = None,
+          shared: dict | None = None) -> Marking:
     read, name = read_answers(answers, derivation)
-    verdicts = mark(derivation, read, tolerance, source or name, precision)
+    verdicts = mark(derivation, read, tolerance, source or name, precision, shared)
     return Marking(verdicts.source, verdicts.stages)
 
 

@@ -11,7 +11,7 @@ import numbers
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, lru_cache
 from pathlib import Path
 
 import mpmath
@@ -49,7 +49,7 @@ class Entry:
 
     @cached_property
     def approx(self) -> mpmath.mpf:
-        return to_mp(self.value)
+        return _approx(self.value)
 
 
 @dataclass(frozen=True)
@@ -283,18 +283,30 @@ def _read_entry(values, field_name: str, node) -> Entry:
         raise where.error(f"expected a number, not {values.kind(node)}", field_name)
     text = text.strip()
     try:
-        value = parse_number(text, symbols=_E, allow_neg_inf=True)
+        value, half = _number(text)
     except NumberError as exc:
         raise where.error(str(exc), field_name) from None
     if value.free_symbols:
         raise where.error(f"{excerpt(text)} is not a number", field_name)
+    return Entry(text, value, half)
+
+
+@lru_cache(maxsize=1 << 14)  # a class's files write the same few hundred numbers again and again
+def _number(text: str) -> tuple[sympy.Expr, mpmath.mpf | None]:
+    """An entry's exact value and the half-unit of its last written place (None if exact)."""
+    value = parse_number(text, symbols=_E, allow_neg_inf=True)
     half = None
     if _DECIMAL.match(text):
         mantissa, _, exponent = text.lower().partition("e")
         places = len(mantissa.partition(".")[2]) - (int(exponent) if exponent else 0)
         half = mpmath.mpf(10) ** (-places) / 2
-    return Entry(text, value, half)
+    return value, half
 
+
+
+@lru_cache(maxsize=1 << 14)
+def _approx(x: sympy.Expr) -> mpmath.mpf:
+    return to_mp(x)
 
 
 def to_mp(x: sympy.Expr) -> mpmath.mpf:

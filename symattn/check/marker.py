@@ -62,16 +62,21 @@ FLOAT_UNITS = {"float64": mpmath.mpf(2) ** -53, "float32": mpmath.mpf(2) ** -24}
 FLOAT_ULPS = 32
 PRECISIONS = ("auto", "exact", "float32", "float64")
 _EXACT_DIGITS = mpmath.mpf(10) ** -25  # an exact answer is equal to 25 digits, then exactly where it can be decided
+with mpmath.workdps(DPS + 10):  # made once: each entry of each file is compared with them
+    _MARGIN = 1 + mpmath.mpf(10) ** -20  # a decimal's own rounding, carried slack and the digits kept
+    _TINY = mpmath.mpf(10) ** -60  # the least an entry may be off by, for misfit's ratio
 
 
 def mark(derivation: Derivation, answers: dict[str, Answer], tolerance: float | None = None, source: str = "",
-         precision: str = "auto") -> Marking:
-    """Mark every answered stage, in the derivation's order (see the module's rules)."""
+         precision: str = "auto", shared: dict | None = None) -> Marking:
+    """Mark every answered stage, in the derivation's order (see the module's rules). ``shared``
+    (a dict, empty at first) keeps the comparisons of entries for the next answers marked against
+    the same derivation, tolerance and precision: a class's files write the same numbers."""
     if not derivation.can_evaluate:
         raise SymattnError("the problem has symbols without values; give values to check answers against it")
     if precision not in PRECISIONS:
         raise SymattnError(f"precision {precision!r} is not one of {', '.join(PRECISIONS)}")
-    marker = _Marker(derivation, answers, tolerance, precision)
+    marker = _Marker(derivation, answers, tolerance, precision, shared)
     return Marking(source, tuple(marker.stage(step.id) for step in derivation.steps if step.id in answers))
 
 
@@ -89,8 +94,10 @@ class _Fit:
 
 
 class _Marker:
-    def __init__(self, d: Derivation, answers: dict[str, Answer], tolerance: float | None, precision: str = "auto") -> None:
+    def __init__(self, d: Derivation, answers: dict[str, Answer], tolerance: float | None, precision: str = "auto",
+                 shared: dict | None = None) -> None:
         self.d = d
+        self.rules: dict = {} if shared is None else shared
         self.answers = answers
         with mpmath.workdps(DPS + 10):  # a float is kept exactly, a finer tolerance to these digits
             self.tolerance = None if tolerance is None else mpmath.mpf(tolerance)
@@ -124,6 +131,13 @@ class _Marker:
              float_allowance: mpmath.mpf | None = None, fmt: str | None = None) -> str | None:
         """The rule by which ``entry`` matches ``want``, or None. ``slack`` (relative) is rounding
         carried in from earlier answers; ``float_allowance`` lets a decimal be a ``fmt`` computation."""
+        key = (entry.text, want, slack, float_allowance, fmt)  # the entry's text is its value and places
+        if key not in self.rules:
+            self.rules[key] = self.compare(entry, want, slack, float_allowance, fmt)
+        return self.rules[key]
+
+    def compare(self, entry: Entry, want: mpmath.mpf, slack: mpmath.mpf, float_allowance: mpmath.mpf | None,
+                fmt: str | None) -> str | None:
         got = entry.approx
         if want == NINF or got == NINF:
             return "exact" if want == got else None
@@ -134,7 +148,7 @@ class _Marker:
             if entry.half_unit is None and slack == 0:
                 return "exact" if error <= _EXACT_DIGITS * max(1, abs(want)) else None
             limit = (entry.half_unit or 0) + slack * max(1, abs(want))
-            if error <= limit * (1 + mpmath.mpf(10) ** -20):
+            if error <= limit * _MARGIN:
                 return "exact" if entry.half_unit is None else "rounding"
             if float_allowance is not None and entry.half_unit is not None and error <= limit + float_allowance:
                 return fmt
@@ -193,7 +207,7 @@ class _Marker:
                     got, want = entry.approx, target[i][j]
                     if got == NINF or want == NINF:
                         continue
-                    worst = max(worst, abs(got - want) / max(self.allowance(entry, want), mpmath.mpf(10) ** -60))
+                    worst = max(worst, abs(got - want) / max(self.allowance(entry, want), _TINY))
         return worst
 
     # -- one stage ---------------------------------------------------------------------

@@ -158,9 +158,11 @@ def write_exercises(problems: Sequence[GeneratedProblem], folder: str | os.PathL
             for k, p in enumerate(problems, 1):
                 name = f"variant-{k:02d}"
                 batch.write(f"{name}.yaml", p.to_yaml().encode("utf-8"))
-                if sheets is not None:
-                    _sheets(_derivation(p), name, batch, sheets)
+                if sheets == "html":
+                    _html_sheets(_derivation(p), name, batch)
                 index.append(f"{k},{p.seed},{name}.yaml")
+            if sheets == "pdf":
+                _latex_sheets(problems, batch)
             batch.write("index.csv", ("\n".join(index) + "\n").encode("utf-8"))
     except click.ClickException as exc:
         raise SymattnError(exc.message) from None
@@ -286,23 +288,33 @@ def _sheet_suffix(kind: str = "pdf") -> str:
     return ".pdf" if shutil.which("pdflatex") else ".tex"
 
 
-def _sheets(d, name: str, batch, kind: str = "pdf") -> None:
-    from ..render import render_html, render_latex
+def _html_sheets(d, name: str, batch) -> None:
+    from ..render import render_html
 
-    if kind == "html":
-        for part, exercise in (("exercise", True), ("solution", False)):
-            batch.write(f"{name}-{part}.html", render_html(d, exercise=exercise).encode("utf-8"))
+    for part, exercise in (("exercise", True), ("solution", False)):
+        batch.write(f"{name}-{part}.html", render_html(d, exercise=exercise).encode("utf-8"))
+
+
+def _latex_sheets(problems: list[GeneratedProblem], batch) -> None:
+    """Each variant's exercise and solution as PDFs, compiled in parallel while the next are
+    rendered (their LaTeX when pdflatex is not installed)."""
+    from ..render import render_latex
+
+    def sources():
+        for p in problems:
+            d = _derivation(p)
+            yield render_latex(d, exercise=True)
+            yield render_latex(d)
+
+    names = [f"variant-{k:02d}-{part}" for k in _ordinals(len(problems)) for part in ("exercise", "solution")]
+    if _sheet_suffix() == ".tex":
+        for name, source in zip(names, sources()):
+            batch.write(f"{name}.tex", source.encode("utf-8"))
         return
-    exercise = render_latex(d, exercise=True)
-    solution = render_latex(d)
-    for part, source in (("exercise", exercise), ("solution", solution)):
-        file = f"{name}-{part}{_sheet_suffix()}"
-        if file.endswith(".pdf"):
-            from ..render.pdf import latex_to_pdf
+    from ..render.pdf import latex_to_pdfs
 
-            batch.write(file, latex_to_pdf(source))
-        else:
-            batch.write(file, source.encode("utf-8"))
+    for name, pdf in zip(names, latex_to_pdfs(sources(), len(names))):
+        batch.write(f"{name}.pdf", pdf)
 
 
 def _batch(folder: Path, names: list[str], force: bool):
