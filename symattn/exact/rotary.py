@@ -32,6 +32,7 @@ from ..problem.rope import angle_ball, plain_angles
 from .arb import arb_float, arb_precision, arb_to_mpf, fmpq, prec_bits
 from .lazy import LazyMatrix, position, rational_rows
 from .softmax import SoftmaxRow
+from .structures import Output, Softmax
 
 # Above this many terms in a stage's exact entries (all of them together), a worked solution shows
 # the stage in decimals (certified by ball arithmetic) and the JSON's "exact" is null.
@@ -478,8 +479,6 @@ class RotaryRow(SoftmaxRow):
 
 def terms_of(value) -> "int | None":
     """How many terms a rotary value's exact entries have in all; None for any other value."""
-    from .structures import Output, Softmax
-
     if isinstance(value, (Rotated, RotatedT, RotaryScores)):
         return value.terms()
     rows = getattr(value, "rows", None)
@@ -497,8 +496,6 @@ def is_rotary(value) -> bool:
 def needs_decimals(value) -> bool:
     """Whether some entry of a rotary value is not a whole number (or −∞), read from its balls:
     a ball of radius 0 is its exact value."""
-    from .structures import Output, Softmax
-
     if isinstance(value, Softmax):
         return any(row.needs_decimals() for row in value.rows)
     if isinstance(value, Output):  # a row of several keys: its outputs are fractions over Z_i
