@@ -8,7 +8,8 @@ For each (n, d_model, d_k) it writes the benchmark's random causal problem (3-de
 fixed seed; benchmarks/_problems.py) and the same problem with ``rope: {base: 10000}``, then,
 for each output format, runs ``python -m symattn derive PROBLEM -f FORMAT -o OUT`` in fresh
 processes, the RoPE run and its peer alternating within each round, and reports the medians and
-their ratio. Target: the RoPE run at most 1.5x its peer, in every format, at both sizes
+their ratio. ``latex+backward`` and ``json+backward`` add ``--backward`` (L = sum of O), so the
+gradients back through the rotation are timed beside the same gradients without it. Target: the RoPE run at most 1.5x its peer, in every format, at both sizes
 (issue #29). The machine's load (os.getloadavg) is printed before and after.
 """
 
@@ -31,14 +32,16 @@ sys.path.insert(0, str(HERE))
 from _problems import write_problem  # noqa: E402
 
 SIZES = ((16, 64, 8), (128, 768, 64))
-FORMATS = ("latex", "markdown", "text", "json", "html")
+FORMATS = ("latex", "markdown", "text", "json", "html", "latex+backward", "json+backward")
 SUFFIX = {"latex": "tex", "markdown": "md", "text": "txt", "json": "json", "html": "html"}
 TARGET = 1.5
 
 
 def run(problem: Path, fmt: str, out: Path) -> float:
+    base, _, extra = fmt.partition("+")
+    flags = ["--backward"] if extra == "backward" else []
     start = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "symattn", "derive", str(problem), "-f", fmt, "-o", str(out)],
+    done = subprocess.run([sys.executable, "-m", "symattn", "derive", str(problem), "-f", base, "-o", str(out), *flags],
                           capture_output=True, text=True)
     seconds = time.perf_counter() - start
     if done.returncode != 0:
@@ -56,11 +59,11 @@ def bench(folder: Path, size, formats, runs: int, log) -> list[dict]:
         times = {"rope": [], "plain": []}
         for _ in range(runs):
             for name, path in (("rope", rope), ("plain", plain)):
-                times[name].append(run(path, fmt, folder / f"{name}.{SUFFIX[fmt]}"))
+                times[name].append(run(path, fmt, folder / f"{name}.{SUFFIX[fmt.partition('+')[0]]}"))
         r, p = statistics.median(times["rope"]), statistics.median(times["plain"])
         row = {"size": list(size), "format": fmt, "rope_s": r, "plain_s": p, "ratio": r / p,
                "pass": r / p <= TARGET, "runs": runs, "rope_all": times["rope"], "plain_all": times["plain"]}
-        log(f"  ({n}, {d_model}, {d_k}) {fmt:8s} rope {r:6.2f} s   without {p:6.2f} s   "
+        log(f"  ({n}, {d_model}, {d_k}) {fmt:14s} rope {r:6.2f} s   without {p:6.2f} s   "
             f"{r / p:4.2f}x  {'PASS' if row['pass'] else 'MISS'}")
         rows.append(row)
     return rows

@@ -64,7 +64,8 @@ except ImportError:  # pragma: no cover - torch is optional
     _torch = None
 
 ROOT = Path(__file__).resolve().parent.parent
-# (the backward pass through RoPE is refused: tests/test_exact_rope.py tests those examples; grouped-query
+# (RoPE's cosines and sines are beyond this file's fractions: the backward pass through RoPE is checked in
+# tests/test_exact_rope_backward.py against mpmath, and in test_reference_numeric_backward.py; grouped-query
 # attention (kv_heads) has no backward pass yet: its examples are forward-only.) Positional encodings
 # (sines and cosines) are beyond this file's fractions: their gradients are checked in
 # test_problem_positions.py (finite differences and PyTorch autograd). Projection biases (b_Q, ..., b_O) are

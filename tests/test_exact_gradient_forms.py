@@ -19,11 +19,10 @@ from symattn.problem.model import SUM_LOSS
 from symattn.render.entries import entry_form
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "worked_examples"
-# (the backward pass through RoPE is refused, so the RoPE examples have no gradients; grouped-query
-# attention has no backward pass yet.) Symbols and positional encodings (X_pos holds sines) make X
+# (grouped-query attention has no backward pass yet.) Symbols and positional encodings (X_pos holds sines) make X
 # not rational: dW_Q = X_posᵀ·dQ is then written entry by entry, not over each row's Z.
 SMALL = [p for p in sorted(EXAMPLES.glob("*.yaml"))
-         if "symbolic" not in p.stem and not p.stem.startswith("rope") and "positions" not in p.stem
+         if "symbolic" not in p.stem and "positions" not in p.stem
          and "kv_heads" not in p.read_text("utf-8")]
 
 

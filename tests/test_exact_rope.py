@@ -250,12 +250,14 @@ def test_q_and_k_given_directly_are_rotated():
     assert symattn.crosscheck(d).passed
 
 
-def test_backward_through_rope_is_refused():
+def test_backward_through_rope_is_derived():
+    """(The backward pass through RoPE has its own file: tests/test_exact_rope_backward.py.)"""
     p = symattn.load_problem(EXACT)
     from symattn.problem.model import SUM_LOSS
 
-    with pytest.raises(symattn.SymattnError, match="backward pass through RoPE"):
-        symattn.derive(dataclasses.replace(p, backward=SUM_LOSS))
+    d = symattn.derive(dataclasses.replace(p, backward=SUM_LOSS))
+    assert [s.id for s in d.steps if s.id in ("dQ_rot", "dK_rot", "dQ", "dK")] == ["dQ_rot", "dK_rot", "dQ", "dK"]
+    assert symattn.crosscheck(d).passed is True
 
 
 # -- the reference libraries ------------------------------------------------------------------

@@ -237,12 +237,12 @@ def test_the_angle_rounding_bound_holds_for_the_references_own_rope(reference, b
     x = np.zeros((n, d))
     x[:, : d // 2] = 1.0  # pair i is (x_i, x_{i+d/2}) = (1, 0): turned, (cos φ, sin φ)
     if reference == "numpy":
-        out = symattn.reference.numeric._rope(x, rope)
+        out = symattn.reference.numeric.rope_rotate(x, rope)
     else:
         torch = pytest.importorskip("torch")
-        from symattn.reference.pytorch import _rope
+        from symattn.reference.pytorch import torch_rope
 
-        out = _rope(torch, torch.tensor(x, dtype=torch.float64), rope).numpy()
+        out = torch_rope(torch, torch.tensor(x, dtype=torch.float64), rope).numpy()
     turned = [[(out[p, i], out[p, i + d // 2]) for i in range(d // 2)] for p in range(n)]
     per_radian = rounding_per_radian(None if given else base)
     positions = sorted({1, 2, 3, 100, n // 2 + 1, n - 1})

@@ -28,8 +28,7 @@ from symattn.problem.model import SUM_LOSS, Backward
 from _reference import FLOAT64_UNIT_ROUNDOFF, attention_loss_rounding, central_difference_bound
 
 ROOT = Path(__file__).resolve().parent.parent
-# (the backward pass through RoPE is refused: tests/test_exact_rope.py tests those examples)
-EXAMPLES = sorted(p for p in (ROOT / "worked_examples").glob("*.yaml") if not p.stem.startswith("rope"))
+EXAMPLES = sorted((ROOT / "worked_examples").glob("*.yaml"))
 
 # The step of the central differences: h = FD_EPS·max(1, |x|) for each entry x. Each
 # difference is held to the bound of _reference.central_difference_bound, from a second
@@ -80,12 +79,23 @@ EXPECTED_IDS = {
 }
 
 
+def expected_ids(p) -> list[str]:
+    """The gradient ids of ``p``: its kind's, and under RoPE each head's dQ_rot and dK_rot before its dQ."""
+    ids = []
+    for stage in EXPECTED_IDS[kind_of(p)]:
+        pre, _, name = stage.rpartition(".")
+        if p.rope is not None and name == "dQ":
+            ids += [f"{pre}.dQ_rot" if pre else "dQ_rot", f"{pre}.dK_rot" if pre else "dK_rot"]
+        ids.append(stage)
+    return ids
+
+
 def kind_of(p) -> str:
     if not p.projected:
         return "qkv"
     kind = "self" if p.context is None else "cross"
     kind = kind + ", two heads" if p.multi_head else kind
-    return kind + ", biases" if p.heads[0].b_Q is not None else kind
+    return kind + ", biases" if p.heads[0].b_Q is not None else kind  # (expected_ids adds RoPE's)
 
 
 # -- the problems ------------------------------------------------------------------
@@ -143,6 +153,25 @@ def random_problem(kind: str, seed: int):
                       f"    W_V: {decimals(rng, d_model, d_v)}"]
         lines += [f"W_O: {decimals(rng, 3, 2)}", "mask: none" if kind.startswith("cross") else "mask: causal"]
         d_out = 2
+    elif kind in ("self, causal, rope", "qkv, rope", "self, two heads, biases, rope"):
+        # RoPE with a base or with angles, in either pairing: the scores compare the rotated Q and K
+        if kind == "qkv, rope":
+            lines += [f"Q: {decimals(rng, n, 4)}", f"K: {decimals(rng, n, 4)}", f"V: {decimals(rng, n, 3)}"]
+            d_out = 3
+        elif kind == "self, causal, rope":
+            lines += [f"X: {decimals(rng, n, d_model)}"]
+            lines += [f"{w}: {decimals(rng, d_model, d)}" for w, d in (("W_Q", 4), ("W_K", 4), ("W_V", 2))]
+            d_out = 2
+        else:
+            lines += [f"X: {decimals(rng, n, d_model)}", "heads:"]
+            for d_v in (2, 1):
+                lines += [f"  - W_Q: {decimals(rng, d_model, 4)}", f"    b_Q: {decimals(rng, 1, 4)}",
+                          f"    W_K: {decimals(rng, d_model, 4)}", f"    b_K: {decimals(rng, 1, 4)}",
+                          f"    W_V: {decimals(rng, d_model, d_v)}", f"    b_V: {decimals(rng, 1, d_v)}"]
+            lines += [f"W_O: {decimals(rng, 3, 2)}", f"b_O: {decimals(rng, 1, 2)[1:-1]}"]
+            d_out = 2
+        lines += ["mask: causal" if seed % 2 else "mask: none",
+                  "rope: {base: 100, pairing: interleaved}" if seed % 2 else "rope: {angles: [1/2, 3], pairing: half}"]
     else:
         raise ValueError(kind)
     loss = ["sum", f"{{weights: {decimals(rng, n, d_out)}}}", f"{{target: {decimals(rng, n, d_out)}}}"][seed % 3]
@@ -169,6 +198,9 @@ RANDOM_KINDS = [
     "self, biases",
     "cross, biases",
     "self, two heads, biases",
+    "qkv, rope",
+    "self, causal, rope",
+    "self, two heads, biases, rope",
 ]
 CASES = [pytest.param(path, loss, id=f"{path.stem}-{loss}") for path in EXAMPLES for loss in ("sum", "weights", "target")
          if "kv_heads" not in path.read_text("utf-8")]  # grouped-query attention: no backward pass yet
@@ -232,8 +264,8 @@ def test_there_are_worked_examples():
 def test_stage_ids_and_shapes(source, arg):
     p = problem(source, arg)
     g = numeric_gradients(p)
-    assert list(g) == EXPECTED_IDS[kind_of(p)]
-    assert list(finite_difference_gradients(p)) == EXPECTED_IDS[kind_of(p)]
+    assert list(g) == expected_ids(p)
+    assert list(finite_difference_gradients(p)) == expected_ids(p)
     stages = numeric_stages(p)
     for stage, grad in g.items():
         pre, _, name = stage.rpartition(".")

@@ -20,7 +20,7 @@ PACKAGE = ROOT / "symattn"
 
 def with_backward(path):
     p = symattn.load_problem(path)
-    if p.backward is not None or p.rope is not None:  # the backward pass through RoPE is refused
+    if p.backward is not None:
         return p
     return dataclasses.replace(p, backward=SUM_LOSS)
 

@@ -268,6 +268,25 @@ def arb_scalar(x: sympy.Expr, dps: int):
         return _flint.arb(to_mpf(x, dps))
 
 
+def arb_angle(theta: sympy.Expr, dps: int):
+    """An angle as a ball: a rational or a rational power of one exactly as flint reads it (RoPE's
+    ``base^{-2i/d}``), else its ``dps``-digit value."""
+    from ..problem.rope import angle_ball
+
+    ball = angle_ball(theta)
+    return ball if ball is not None else arb_scalar(theta, dps)
+
+
+def angle_digits(thetas, turns: int) -> int:
+    """How many digits before the point the largest of the angles ``turns·θ_i`` has (0 below 1): the
+    digits its cosine and sine need beyond those asked for."""
+    if not thetas or turns == 0:
+        return 0
+    with mpmath.workdps(15):
+        largest = max(abs(to_mpf(t, 15)) for t in thetas) * turns
+        return max(0, int(mpmath.log10(largest)) + 2) if largest > 1 else 0
+
+
 def arb_rows(m) -> list[list[mpmath.mpf]]:
     """The midpoints of an arb_mat as rows of mpmath numbers (exactly)."""
     m = m.whole() if isinstance(m, ArbProducts) else m

@@ -6,7 +6,7 @@ from __future__ import annotations
 import flint
 
 from ..numbers.matrices import is_rational
-from .arb import ArbProducts, ArbTransposed, arb_lines, arb_matrix, arb_precision, arb_scalar
+from .arb import ArbProducts, ArbTransposed, angle_digits, arb_angle, arb_lines, arb_matrix, arb_precision, arb_scalar
 from .numeric_ops import NumericOps
 
 
@@ -64,6 +64,27 @@ class ArbOps(NumericOps):
                     out[i, j] = ar[j] * (gr[j] - dot)
             return out
 
+    def rotate(self, m, thetas, pairs, sign: int = 1, offset: int = 0):
+        """RoPE on balls: row ``p`` with each pair turned by ``sign·(p + offset)·θ_i`` (the backward pass
+        turns a gradient back with ``sign = -1``), each angle with as many more digits as it has before
+        the point, so its cosine and sine keep ``dps`` digits."""
+        with arb_precision(self.dps):
+            m = arb_matrix(m, self.dps)
+        turns = [sign * (p + offset) for p in range(m.nrows())]
+        extra = angle_digits(thetas, max(map(abs, turns), default=0))
+        with arb_precision(self.dps + extra):
+            angles = [arb_angle(theta, self.dps + extra) for theta in thetas]
+            out = flint.arb_mat(m.nrows(), m.ncols())
+            for p, turn in enumerate(turns):
+                row = [m[p, j] for j in range(m.ncols())]
+                for (a, b), theta in zip(pairs, angles):
+                    phi = theta * turn
+                    c, s = phi.cos(), phi.sin()
+                    row[a], row[b] = row[a] * c - row[b] * s, row[a] * s + row[b] * c
+                for j, x in enumerate(row):
+                    out[p, j] = x
+            return out
+
     def hstack(self, parts):
         with arb_precision(self.dps):
             blocks = [arb_matrix(p, self.dps) for p in parts]
@@ -108,3 +129,4 @@ class ArbOps(NumericOps):
 
     def softmax(self, z):
         self._numeric("the softmax")
+

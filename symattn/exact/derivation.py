@@ -470,8 +470,6 @@ def derive(problem: Problem, *, on_step=None, cls: type[Derivation] = Derivation
     >>> derive(p).step("A").exact
     Matrix([[1/(exp(-1) + 1), exp(-1)/(exp(-1) + 1)]])
     """
-    if problem.rope is not None and problem.backward is not None:
-        raise SymattnError("the backward pass through RoPE is not derived; derive the forward pass (no backward)")
     if problem.kv_heads and problem.backward is not None:
         raise SymattnError("the backward pass of grouped-query attention (kv_heads) is not supported yet",
                            file=problem.source, field="backward")

@@ -3,6 +3,8 @@ matrices, and the softmax kept as structure (:mod:`symattn.exact.structures`).""
 
 from __future__ import annotations
 
+import functools
+
 import sympy
 from sympy import QQ
 
@@ -80,7 +82,7 @@ class ExactOps(Ops):
                         terms.append((i, 2, top * b[i, c]))
             return gathered(terms)
 
-        return OverRows(g.rows, tops, _products.product(a.lazy, b))
+        return OverRows(g.rows, tops, _products.product(a.lazy, b), operands=(a, b))
 
     @staticmethod
     def _over_rows_times(a: OverRows, b) -> OverRows:
@@ -121,7 +123,7 @@ class ExactOps(Ops):
             top = x if a.factor is None else tidy(a.factor * x)
             return top if top == 0 else top / rows[i].normaliser ** 2
 
-        return OverZ2(rows, base, LazyMatrix(len(rows), b.cols, entry), a.factor, keyed=False)
+        return OverZ2(rows, base, LazyMatrix(len(rows), b.cols, entry), a.factor, keyed=False, operands=(a, b))
 
     def add_row(self, m, row):
         """``m`` with the 1 × cols ``row`` added to every row (a projection's bias)."""
@@ -270,7 +272,108 @@ class ExactOps(Ops):
         """RoPE: row ``p`` with each pair ``pairs[i]`` turned by ``sign·(p + offset)·θ_i``, exactly."""
         from ..problem.rope import rotate
 
+        if isinstance(m, (OverZ2, OverRows)):  # a gradient turned back: row p keeps its denominators
+            turns = [sign * (p + offset) for p in range(shape_of(m)[0])]
+            relative = _turned_product(m, thetas, pairs, turns)
+            return relative if relative is not None else _turned_rows(m, _turns(thetas, turns), pairs)
         m = matrix_of(m)
         positions = [p + offset for p in range(m.rows)]
         fast = _rotary.rotated(m, thetas, pairs, [sign * p for p in positions])
         return fast if fast is not None else rotate(m, thetas, pairs, positions, sign)
+
+
+def _turned_product(m, thetas, pairs, turns: list[int]):
+    """``dS·K_rot`` or ``dSᵀ·Q_rot`` with row ``p`` turned by ``turns[p]``, made from the unrotated
+    factor: R(t_p θ)·Σ_j dS_pj R(jθ) k_j = Σ_j dS_pj R((j + t_p)θ) k_j, so each entry is a sum over
+    the relative angles (the form the scores have), never a product of two cosines. None when ``m``
+    is no such product (the rows are then turned as they are: :func:`_turned_rows`)."""
+    operands = getattr(m, "operands", None)
+    if operands is None or not isinstance(operands[1], _rotary.Rotated):
+        return None
+    g, b = operands
+    if b.thetas != tuple(thetas) or b.pairs != list(pairs):
+        return None
+
+    @functools.cache
+    def turned(p: int) -> "_rotary.Rotated":  # b with each row's turn moved by row p's
+        return _rotary.Rotated(b.base, b.thetas, b.pairs, [t + turns[p] for t in b.turns])
+
+    rows = m.rows
+    if isinstance(m, OverZ2):  # dS·K_rot: row p of dS times each key turned relative to p
+        @functools.cache
+        def base(p: int, c: int) -> sympy.Expr:
+            k = turned(p)
+            return sympy.expand(sympy.Add(*[g.base(p, j) * k[j, c] for j in range(k.rows) if rows[p].raw[j] is not None]))
+
+        def entry(p: int, c: int) -> sympy.Expr:
+            x = base(p, c)
+            top = x if m.factor is None else tidy(m.factor * x)
+            return top if top == 0 else top / rows[p].normaliser ** 2
+
+        return OverZ2(rows, base, LazyMatrix(*m.shape, entry), m.factor, keyed=False)
+
+    scores = g.of  # dSᵀ·Q_rot: column k of dS times each query turned relative to k
+
+    @functools.cache
+    def tops(k: int, c: int) -> list[tuple[int, int, sympy.Expr]]:
+        q = turned(k)
+        terms = []
+        for i in range(scores.lazy.rows):
+            if scores.rows[i].raw[k] is not None and q[i, c] != 0:
+                top = scores.top(i, k)
+                if top != 0:
+                    terms.append((i, 2, top * q[i, c]))
+        return gathered(terms)
+
+    def sums(k: int, c: int) -> sympy.Expr:
+        return sympy.Add(*[top / rows[i].normaliser ** power for i, power, top in tops(k, c)])
+
+    return OverRows(rows, tops, LazyMatrix(*m.shape, sums))
+
+
+def _turns(thetas, turns: list[int]) -> list[list[tuple[sympy.Expr, sympy.Expr]]]:
+    """cos and sin of ``turn·θ_i`` for each row's turn and each pair, exactly (a plain angle's made as
+    the fast path makes them, without SymPy's evaluation)."""
+    from ..problem.rope import cos_sin, plain_angles
+
+    plain = plain_angles(thetas)
+    return [[_rotary.plain_cos_sin(t, theta) if plain else cos_sin(t * theta) for theta in thetas] for t in turns]
+
+
+def _turned_rows(m, turns, pairs):
+    """A gradient over the softmax rows with each of its rows turned pair by pair (the backward pass
+    through RoPE): a row's entries are combinations of that row's entries, so an OverZ2 stays one
+    fraction over ``Z_i²`` per entry and an OverRows keeps its terms over each ``Z_i^power``."""
+    partner = {}
+    for i, (a, b) in enumerate(pairs):
+        partner[a], partner[b] = (i, b, 1), (i, a, -1)  # out_a = c·x_a − s·x_b, out_b = c·x_b + s·x_a
+
+    def combine(p: int, j: int, read):
+        if j not in partner:
+            return [(1, read(p, j))]  # a component in no pair stays
+        i, other, sign = partner[j]
+        c, s = turns[p][i]
+        return [(c, read(p, j)), (-sign * s, read(p, other))]
+
+    rows = m.rows
+    if isinstance(m, OverZ2):
+        @functools.cache  # each numerator made once: the entries and the products after read it
+        def base(p: int, j: int) -> sympy.Expr:
+            return sympy.expand(sympy.Add(*[w * x for w, x in combine(p, j, m.base) if w != 0]))
+
+        def entry(p: int, j: int) -> sympy.Expr:
+            x = base(p, j)
+            top = x if m.factor is None else tidy(m.factor * x)
+            return top if top == 0 else top / rows[p].normaliser ** 2
+
+        return OverZ2(rows, base, LazyMatrix(*m.shape, entry), m.factor, keyed=False)
+
+    @functools.cache
+    def tops(p: int, j: int) -> list[tuple[int, int, sympy.Expr]]:
+        return gathered((i, power, w * top) for w, terms in combine(p, j, m.tops) if w != 0
+                        for i, power, top in terms)
+
+    def sums(p: int, j: int) -> sympy.Expr:
+        return sympy.Add(*[top / rows[i].normaliser ** power for i, power, top in tops(p, j)])
+
+    return OverRows(rows, tops, LazyMatrix(*m.shape, sums))

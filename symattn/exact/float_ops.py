@@ -6,7 +6,7 @@ from __future__ import annotations
 import flint
 
 from ..numbers.matrices import is_rational
-from .arb import arb_floats
+from .arb import angle_digits, arb_angle, arb_float, arb_floats, arb_precision
 from .arb_ops import ArbOps
 from .evaluation import approx, to_mpf
 from .numeric_ops import NumericOps
@@ -51,6 +51,23 @@ class FloatOps(ArbOps):
     def softmax_backward(self, a, dA):
         a, g = self.grid(a), self.grid(dA)
         return a * (g - (a * g).sum(axis=1, keepdims=True))
+
+    def rotate(self, m, thetas, pairs, sign: int = 1, offset: int = 0):
+        """RoPE in float64, each cosine and sine rounded from its ball (the angle taken exactly)."""
+        import numpy
+
+        x = self.grid(m)
+        out = x.copy()
+        turns = [sign * (p + offset) for p in range(x.shape[0])]
+        dps = 20 + angle_digits(thetas, max(map(abs, turns), default=0))
+        with arb_precision(dps):
+            angles = [arb_angle(theta, dps) for theta in thetas]
+            cos = numpy.array([[arb_float((theta * t).cos()) for theta in angles] for t in turns]).reshape(len(turns), -1)
+            sin = numpy.array([[arb_float((theta * t).sin()) for theta in angles] for t in turns]).reshape(len(turns), -1)
+        for i, (a, b) in enumerate(pairs):
+            out[:, a] = x[:, a] * cos[:, i] - x[:, b] * sin[:, i]
+            out[:, b] = x[:, a] * sin[:, i] + x[:, b] * cos[:, i]
+        return out
 
     def hstack(self, parts):
         import numpy

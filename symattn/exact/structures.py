@@ -77,6 +77,7 @@ class OverZ2:
     lazy: LazyMatrix
     factor: sympy.Expr | None = None
     keyed: bool = True  # the columns are the keys of the softmax rows (dŜ, dS), not a product of them
+    operands: tuple | None = None  # (dS, b) when this is dS·b (a product the backward pass may turn)
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -115,6 +116,7 @@ class OverRows:
     rows: tuple[SoftmaxRow, ...]
     tops: Callable[[int, int], list[tuple[int, int, sympy.Expr]]]
     lazy: LazyMatrix
+    operands: tuple | None = None  # (dSᵀ, b) when this is dSᵀ·b (a product the backward pass may turn)
 
     @property
     def shape(self) -> tuple[int, int]:

@@ -37,17 +37,39 @@ def _bias(out: dict, stage: str, row, subs) -> np.ndarray:
     return b
 
 
-def _rope(x: np.ndarray, rope) -> np.ndarray:
+def rope_thetas(rope, d: int) -> np.ndarray:
+    """RoPE's angles θ_i in float64: the given ones, or base^(−2i/d)."""
+    if rope.angles is not None:
+        return np.array([float(a) for a in rope.angles])
+    return float(rope.base) ** (-np.arange(0, d, 2, dtype=np.float64) / d)
+
+
+@functools.lru_cache(maxsize=64)
+def _rope_table(rope, n: int, d: int) -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin of p·θ_i, (n, d/2) each, made once per shape (finite differences rotate often)."""
+    phi = np.arange(n, dtype=np.float64)[:, None] * rope_thetas(rope, d)[None, :]
+    cos, sin = np.cos(phi), np.sin(phi)
+    cos.flags.writeable = sin.flags.writeable = False
+    return cos, sin
+
+
+def rope_matrices(rope, n: int, d: int) -> np.ndarray:
+    """Each position's rotation as a d × d matrix, (n, d, d): R_p with x_rot_p = R_p·x_p, block by block
+    (pair (a, b) the 2 × 2 block [[cos, −sin], [sin, cos]] of the angle p·θ_i), for the backward pass."""
+    R = np.tile(np.eye(d), (n, 1, 1))
+    phi = np.arange(n, dtype=np.float64)[:, None] * rope_thetas(rope, d)[None, :]
+    for i, (a, b) in enumerate(rope.pairs(d)):
+        cos, sin = np.cos(phi[:, i]), np.sin(phi[:, i])
+        R[:, a, a], R[:, a, b], R[:, b, a], R[:, b, b] = cos, -sin, sin, cos
+    return R
+
+
+def rope_rotate(x: np.ndarray, rope) -> np.ndarray:
     """Rotary embeddings in float64, as the libraries write them: row p (position p, from 0) with
     each pair of components turned by p·θ_i; half pairs i with i + d/2 (rotate_half), interleaved
     2i with 2i + 1."""
     n, d = x.shape
-    if rope.angles is not None:
-        theta = np.array([float(a) for a in rope.angles])
-    else:
-        theta = float(rope.base) ** (-np.arange(0, d, 2, dtype=np.float64) / d)
-    phi = np.arange(n, dtype=np.float64)[:, None] * theta[None, :]    # (n, d/2)
-    cos, sin = np.cos(phi), np.sin(phi)
+    cos, sin = _rope_table(rope, n, d)
     if rope.pairing == "half":
         a, b = x[:, : d // 2], x[:, d // 2:]
         return np.concatenate([a * cos - b * sin, a * sin + b * cos], axis=1)
@@ -126,8 +148,8 @@ def _head(p: Problem, out: dict, M: np.ndarray, prefix, Q: np.ndarray, K: np.nda
     """One head's stages, from its Q, K and V to its output O (returned)."""
     factor = scale_factor(p, Q.shape[1])
     if p.rope is not None:  # RoPE: the scores compare the rotated queries and keys
-        Q = out[prefix(st.Q_ROT)] = _rope(Q, p.rope)
-        K = out[prefix(st.K_ROT)] = _rope(K, p.rope)
+        Q = out[prefix(st.Q_ROT)] = rope_rotate(Q, p.rope)
+        K = out[prefix(st.K_ROT)] = rope_rotate(K, p.rope)
     out[(kv_prefix or prefix)(st.K_T)] = K.T
     S = out[prefix(st.S)] = Q @ K.T                         # (n_q, d_k) @ (d_k, n_k)
     S_scaled = out[prefix(st.S_SCALED)] = S * factor

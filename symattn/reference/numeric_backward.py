@@ -11,7 +11,8 @@ exact code path: each starts again from the problem's input matrices.
 All three return the same stage ids (``pre`` is ``headN.`` with ``heads``):
 ``dO``; with heads ``dW_O``, ``dconcat`` and each ``headN.dO``; per head
 ``pre+dV``, ``pre+dA``, ``pre+dS_masked`` (w.r.t. Ŝ = scale·S + M),
-``pre+dS`` (w.r.t. S = Q Kᵀ), ``pre+dQ``, ``pre+dK`` and, with X and weights,
+``pre+dS`` (w.r.t. S = Q Kᵀ), with RoPE ``pre+dQ_rot`` and ``pre+dK_rot`` (w.r.t. the rotated
+queries and keys the scores read), ``pre+dQ``, ``pre+dK`` and, with X and weights,
 ``pre+dW_Q``, ``pre+dW_K``, ``pre+dW_V`` (and ``pre+db_Q``, ``pre+db_K``,
 ``pre+db_V`` for the biases the problem has; ``db_O`` with ``b_O``); then
 ``dX`` and, for cross-attention, ``dcontext``.
@@ -30,7 +31,7 @@ import numpy as np
 
 from .. import stages as st
 
-from .numeric import numeric_stages, positions_f64, scale_factor, to_float64
+from .numeric import numeric_stages, positions_f64, rope_matrices, rope_rotate, scale_factor, to_float64
 from ..problem.model import Problem
 
 
@@ -136,8 +137,15 @@ def numeric_gradients(p: Problem) -> dict[str, np.ndarray]:
         # Softmax backward, row by row: a ∘ (da − da·a); A is exactly 0 where masked.
         dZ = out[pre(st.DS_MASKED)] = A * (dA - (dA * A).sum(axis=1, keepdims=True))
         dS = out[pre(st.DS)] = scale_factor(p, Q.shape[1]) * dZ  # Ŝ = scale·S + M
-        dQ = out[pre(st.DQ)] = dS @ K                           # (n_q, n_k) @ (n_k, d_k)
-        dK = out[pre(st.DK)] = dS.T @ Q                         # (n_k, n_q) @ (n_q, d_k)
+        if p.rope is None:
+            dQ = out[pre(st.DQ)] = dS @ K                       # (n_q, n_k) @ (n_k, d_k)
+            dK = out[pre(st.DK)] = dS.T @ Q                     # (n_k, n_q) @ (n_q, d_k)
+        else:                                                   # S = Q_rot·K_rotᵀ, q_rot_p = R_p·q_p
+            dQ_rot = out[pre(st.DQ_ROT)] = dS @ fwd[pre(st.K_ROT)]
+            dK_rot = out[pre(st.DK_ROT)] = dS.T @ fwd[pre(st.Q_ROT)]
+            R = rope_matrices(p.rope, Q.shape[0], Q.shape[1])   # (n, d_k, d_k)
+            dQ = out[pre(st.DQ)] = np.einsum("pji,pj->pi", R, dQ_rot)  # dq_p = R_pᵀ·dq_rot_p
+            dK = out[pre(st.DK)] = np.einsum("pji,pj->pi", R, dK_rot)
         if p.projected:
             W_Q, W_K, W_V = (fwd[pre(name)] for name in (st.W_Q, st.W_K, st.W_V))
             out[pre(st.DW_Q)] = X.T @ dQ                        # (d_model, n_q) @ (n_q, d_k)
@@ -222,7 +230,15 @@ class _FromEachStage:
     def loss(self, O: np.ndarray) -> float:                     # L(O), O the final output
         return _loss(self.p.backward.kind, self.G, O)
 
+    def rot(self, x: np.ndarray) -> np.ndarray:
+        """Queries or keys as the scores read them: rotated under RoPE, else as they are."""
+        return x if self.p.rope is None else rope_rotate(x, self.p.rope)
+
     def attend(self, Q: np.ndarray, K: np.ndarray, V: np.ndarray) -> np.ndarray:
+        return self.attend_rotated(self.rot(Q), self.rot(K), V)
+
+    def attend_rotated(self, Q: np.ndarray, K: np.ndarray, V: np.ndarray) -> np.ndarray:
+        """The output from the queries and keys the scores read (under RoPE, the rotated ones)."""
         return _softmax(Q @ K.T * scale_factor(self.p, Q.shape[1]) + self.M) @ V
 
     def output_layer(self, out: dict) -> None:
@@ -255,7 +271,7 @@ class _FromEachStage:
 
     def head(self, out: dict, h: int, pre) -> None:
         """Head h's (0-based) gradients: dO_h with heads, dV, dA, dŜ, dS, dQ, dK, and its weights'."""
-        fwd, attend, central = self.fwd, self.attend, self.central
+        fwd, central = self.fwd, self.central
         Q, K, V = fwd[pre(st.Q)], fwd[pre(st.K)], fwd[pre(st.V)]
         factor = scale_factor(self.p, Q.shape[1])
         masked = np.isneginf(self.M)                            # from the mask or a −∞ bias
@@ -272,29 +288,34 @@ class _FromEachStage:
 
         if self.p.multi_head:
             out[pre(st.DO)] = central(L_O, fwd[pre(st.O)])
-        out[pre(st.DV)] = central(lambda V_: L_O(attend(Q, K, V_)), V)
+        rotated, rot = self.attend_rotated, self.rot
+        Q_rot, K_rot = rot(Q), rot(K)                           # held: only what a loss perturbs is turned
+        out[pre(st.DV)] = central(lambda V_: L_O(rotated(Q_rot, K_rot, V_)), V)
         out[pre(st.DA)] = central(L_A, fwd[pre(st.A)])
         out[pre(st.DS_MASKED)] = central(L_Shat, fwd[pre(st.S_MASKED)], skip=masked)
         out[pre(st.DS)] = central(L_S, fwd[pre(st.S)], skip=masked)
-        out[pre(st.DQ)] = central(lambda Q_: L_O(attend(Q_, K, V)), Q)
-        out[pre(st.DK)] = central(lambda K_: L_O(attend(Q, K_, V)), K)
+        if self.p.rope is not None:                             # L(Q_rot), L(K_rot)
+            out[pre(st.DQ_ROT)] = central(lambda Q_: L_O(rotated(Q_, K_rot, V)), Q_rot)
+            out[pre(st.DK_ROT)] = central(lambda K_: L_O(rotated(Q_rot, K_, V)), K_rot)
+        out[pre(st.DQ)] = central(lambda Q_: L_O(rotated(rot(Q_), K_rot, V)), Q)
+        out[pre(st.DK)] = central(lambda K_: L_O(rotated(Q_rot, rot(K_), V)), K)
         if self.p.projected:
             self.projections(out, h, pre, L_O)
 
     def projections(self, out: dict, h: int, pre, L_O: Callable[[np.ndarray], float]) -> None:
         """Head h's (0-based) dW_Q, dW_K, dW_V and the gradients of the biases it has."""
-        p, fwd, attend, central = self.p, self.fwd, self.attend, self.central
-        Q, K, V = fwd[pre(st.Q)], fwd[pre(st.K)], fwd[pre(st.V)]
+        p, fwd, attend, central, rot = self.p, self.fwd, self.attend_rotated, self.central, self.rot
+        Q, K, V = rot(fwd[pre(st.Q)]), rot(fwd[pre(st.K)]), fwd[pre(st.V)]  # as the scores read them
         X = fwd.get(st.X_POS, fwd[st.X])
         C = fwd.get(st.CONTEXT, X)
         bq, bk, bv = _biases(p, p.heads[h])
-        out[pre(st.DW_Q)] = central(lambda W: L_O(attend(X @ W + bq, K, V)), fwd[pre(st.W_Q)])
-        out[pre(st.DW_K)] = central(lambda W: L_O(attend(Q, C @ W + bk, V)), fwd[pre(st.W_K)])
+        out[pre(st.DW_Q)] = central(lambda W: L_O(attend(rot(X @ W + bq), K, V)), fwd[pre(st.W_Q)])
+        out[pre(st.DW_K)] = central(lambda W: L_O(attend(Q, rot(C @ W + bk), V)), fwd[pre(st.W_K)])
         out[pre(st.DW_V)] = central(lambda W: L_O(attend(Q, K, C @ W + bv)), fwd[pre(st.W_V)])
         if _has_bias(p, st.DB_Q):
-            out[pre(st.DB_Q)] = central(lambda b: L_O(attend(X @ fwd[pre(st.W_Q)] + b, K, V)), bq)
+            out[pre(st.DB_Q)] = central(lambda b: L_O(attend(rot(X @ fwd[pre(st.W_Q)] + b), K, V)), bq)
         if _has_bias(p, st.DB_K):
-            out[pre(st.DB_K)] = central(lambda b: L_O(attend(Q, C @ fwd[pre(st.W_K)] + b, V)), bk)
+            out[pre(st.DB_K)] = central(lambda b: L_O(attend(Q, rot(C @ fwd[pre(st.W_K)] + b), V)), bk)
         if _has_bias(p, st.DB_V):
             out[pre(st.DB_V)] = central(lambda b: L_O(attend(Q, K, C @ fwd[pre(st.W_V)] + b)), bv)
 
@@ -347,7 +368,7 @@ def torch_gradients(p: Problem) -> dict[str, np.ndarray]:
 
 def _torch_backward(p: Problem, fused: bool) -> dict[str, np.ndarray]:
     """The gradients one torch graph reaches: through SDPA (``fused``) or written out."""
-    from .pytorch import import_torch  # PyTorch is optional: imported only when asked for
+    from .pytorch import import_torch, torch_rope  # PyTorch is optional: imported only when asked for
 
     torch = import_torch()
     F = torch.nn.functional
@@ -371,6 +392,9 @@ def _torch_backward(p: Problem, fused: bool) -> dict[str, np.ndarray]:
     def head(pre, Q, K, V):
         """One head's output: (n_q, d_k), (n_k, d_k), (n_k, d_v) -> (n_q, d_v)."""
         factor = scale_factor(p, Q.shape[1])
+        if p.rope is not None:                                  # the scores compare the rotated Q and K
+            Q = keep(pre(st.DQ_ROT), torch_rope(torch, Q, p.rope))
+            K = keep(pre(st.DK_ROT), torch_rope(torch, K, p.rope))
         if fused:                                               # a batch of one
             return F.scaled_dot_product_attention(Q[None], K[None], V[None], attn_mask=M, scale=factor)[0]
         S = keep(pre(st.DS), Q @ K.T)

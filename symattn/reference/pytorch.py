@@ -29,7 +29,7 @@ def import_torch():
     return torch
 
 
-def _rope(torch, x, rope):
+def torch_rope(torch, x, rope):
     """Rotary embeddings as the two codebases write them: Hugging Face's ``x·cos + rotate_half(x)·sin``
     (half) and Meta's LLaMA, pairs as complex numbers times ``e^{i p θ}`` (interleaved)."""
     n, d = x.shape
@@ -67,7 +67,7 @@ def torch_stages(p: Problem) -> dict[str, np.ndarray]:
 
     def head(prefix: str, Q, K, V):
         if p.rope is not None:
-            Q, K = _rope(torch, Q, p.rope), _rope(torch, K, p.rope)
+            Q, K = torch_rope(torch, Q, p.rope), torch_rope(torch, K, p.rope)
         d_k = Q.shape[1]
         scale = {"auto": d_k**-0.5, "none": 1.0}.get(p.scale) if isinstance(p.scale, str) else float(p.scale)
         eye = torch.eye(K.shape[0], dtype=torch.float64)
@@ -83,7 +83,7 @@ def torch_stages(p: Problem) -> dict[str, np.ndarray]:
         n_heads = len(p.heads)
         per_group = n_heads // p.kv_heads
         def rot(x):  # RoPE turns each head's queries and each group's keys (LLaMA's order: rotate, then share)
-            return _rope(torch, x, p.rope) if p.rope is not None else x
+            return torch_rope(torch, x, p.rope) if p.rope is not None else x
 
         Q = torch.stack([rot(linear(X, w.W_Q, w.b_Q)) for w in p.heads])        # (h, n_q, d_k)
         firsts = p.heads[::per_group]

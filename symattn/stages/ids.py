@@ -22,6 +22,9 @@ DO, DW_O, DCONCAT, DO_HEAD = "dO", "dW_O", "dconcat", "dO_head"
 DV, DA, DS_MASKED, DS, DQ, DK = "dV", "dA", "dS_masked", "dS", "dQ", "dK"
 DW_Q, DW_K, DW_V, DX, DCONTEXT = "dW_Q", "dW_K", "dW_V", "dX", "dcontext"
 Q_ROT, K_ROT = "Q_rot", "K_rot"  # the queries and keys rotated by RoPE
+# the backward pass through RoPE: the gradients of the rotated queries and keys, then dQ and dK
+# rotated back (keys "dQ_back", "dK_back": rows named dQ and dK, as O_final is named O)
+DQ_ROT, DK_ROT, DQ_BACK, DK_BACK = "dQ_rot", "dK_rot", "dQ_back", "dK_back"
 # FlashAttention's online softmax (``tiling:`` / ``--tiled B``)
 M_TILED, L_TILED, ACC_TILED, O_TILED = "m_tiled", "l_tiled", "acc_tiled", "O_tiled"
 PE, X_POS = "PE", "X_pos"

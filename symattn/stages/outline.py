@@ -35,6 +35,7 @@ SECTIONS: tuple[Section, ...] = (
     Section("b_softmax", "Back through the softmax", backward=True, per_head=True),
     Section("b_scaling", "Back through the scaling", backward=True, per_head=True),
     Section("b_qk", "Back to the queries and keys", backward=True, per_head=True),
+    Section("b_rotate", "Back through the rotation", backward=True, per_head=True, applies=lambda c: c.rope is not None),
     Section("b_weights", "Back to the projection weights", backward=True, per_head=True),
     Section("b_input", "Back to the input", backward=True),
 )

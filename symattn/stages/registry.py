@@ -37,7 +37,8 @@ from .mistakes import (
 )
 from .relations import dO_relation, decode_cost_rows, head_block, input_gradient, output_projection, row_t
 from .rows import (
-    bias_gradient, bias_row, given_title, projection_row, rope_rows, weight_gradient, weights_row,
+    bias_gradient, bias_row, given_title, projection_row, rope_rows, rotated_gradient_rows, turned_back_rows,
+    weight_gradient, weights_row,
 )
 from .shapes import flip, is_square, plain, prod
 from .why import WHY, dX_why, decode_why, k_t_why, mask_why, pe_why, reads_note, s_why, scale_why
@@ -326,29 +327,33 @@ KINDS: tuple[Kind, ...] = (
          mistakes=(Mistake("the scale factor is missing: dS = dŜ, but the scores were scaled before the softmax",
                            lambda ops, ex, c: ex(DS_MASKED)),
                    transposed(DS, square_only=True))),
-    # dQ = dS·K  (n_q × d_k)
+    # with RoPE: dQ_rot = dS·K_rot  (n_q × d_k), dK_rot = dSᵀ·Q_rot  (n_k × d_k)
+    *rotated_gradient_rows(),
+    # dQ = dS·K  (n_q × d_k; with RoPE, dQ_back below)
     Kind(DQ, DQ, 26, "b_qk", "Gradient of the queries", WHY[DQ], ("dQ = dS\\,K", "dQ = dS·K"), (QUERIES, "q"),
          lambda sh, r, c: prod(sh(DS), sh(K), "like Q"),
          inputs=(DS, K), relation=lambda ops, v, c: ops.matmul(v(DS), v(K)),
-         when=lambda c: c.loss is not None, per_head=True, gradient=True,
+         when=lambda c: c.loss is not None and c.rope is None, per_head=True, gradient=True,
          mistakes=(Mistake(SCALE_MISSING_DQDK, lambda ops, ex, c: ops.matmul(ex(DS_MASKED), ex(K))),
                    square_product("dSᵀ·K instead of dS·K (dS was transposed)",
                                   lambda ops, ex: ops.T(ex(DS)), lambda ops, ex: ex(K), lambda ex: is_square(ex(DS))),
                    transposed(DQ, square_only=True))),
-    # dK = dSᵀ·Q  (n_k × d_k)
+    # dK = dSᵀ·Q  (n_k × d_k; with RoPE, dK_back below)
     Kind(DK, DK, 27, "b_qk", "Gradient of the keys", WHY[DK], ("dK = dS^{\\top} Q", "dK = dSᵀ·Q"), (KEYS, "k"),
          lambda sh, r, c: prod(flip(sh(DS)), sh(Q), "like K"),
          inputs=(DS, Q), relation=lambda ops, v, c: ops.matmul(ops.T(v(DS)), v(Q)),
-         when=lambda c: c.loss is not None, per_head=True, gradient=True,
+         when=lambda c: c.loss is not None and c.rope is None, per_head=True, gradient=True,
          mistakes=(Mistake(SCALE_MISSING_DQDK, lambda ops, ex, c: ops.matmul(ops.T(ex(DS_MASKED)), ex(Q))),
                    square_product("dS·Q instead of dSᵀ·Q (dS was not transposed)",
                                   lambda ops, ex: ex(DS), lambda ops, ex: ex(Q), lambda ex: is_square(ex(DS))),
                    transposed(DK, square_only=True))),
+    # with RoPE: dQ = R(−pθ)·dQ_rot, dK = R(−pθ)·dK_rot, row by row  (n_q × d_k, n_k × d_k)
+    *turned_back_rows(),
     weight_gradient(DW_Q, 28, "query"),  # dW_Q = Xᵀ·dQ  (d_model × d_k)
     weight_gradient(DW_K, 29, "key"),  # dW_K = Xᵀ·dK (Cᵀ·dK with a context)  (d_model × d_k)
     weight_gradient(DW_V, 30, "value"),  # dW_V = Xᵀ·dV (Cᵀ·dV with a context)  (d_model × d_v)
     bias_gradient(DB_Q, 30.2),  # db_Q = 1ᵀ·dQ  (1 × d_k)
-    bias_gradient(DB_K, 30.4),  # db_K = 1ᵀ·dK, exactly 0  (1 × d_k)
+    bias_gradient(DB_K, 30.4),  # db_K = 1ᵀ·dK, exactly 0 without RoPE  (1 × d_k)
     bias_gradient(DB_V, 30.6),  # db_V = 1ᵀ·dV  (1 × d_v)
     # back to the input
     # dX = Σ_h (dQ·W_Qᵀ + dK·W_Kᵀ + dV·W_Vᵀ)  (n × d_model)

@@ -1,16 +1,20 @@
 """Builders for families of registry rows made the same way: the weights, biases and projections of
-Q, K and V, the RoPE rotations, and the gradients of the weights and biases."""
+Q, K and V, the RoPE rotations, the gradients of the weights and biases, and the backward pass
+through RoPE."""
 
 from __future__ import annotations
 
 from typing import Callable
 
 from .formulas import rope_formula
-from .ids import BIASES, B_O, B_V, DO, K, KEYS, K_ROT, Q, QUERIES, Q_ROT, SHARED_KV, V, W_K, W_V
+from .ids import (
+    BIASES, B_O, B_V, DK, DK_BACK, DK_ROT, DO, DQ, DQ_BACK, DQ_ROT, DS, DS_MASKED, K, KEYS, K_ROT, Q, QUERIES,
+    Q_ROT, SHARED_KV, V, W_K, W_V,
+)
 from .kinds import Context, Kind, Mistake
-from .mistakes import ROPE_V_MISTAKES, rope_mistakes, transposed
-from .shapes import flip, plain, prod
-from .why import K_ROT_WHY, WHY, group_note, rope_why
+from .mistakes import ROPE_V_MISTAKES, SCALE_MISSING_DQDK, rope_mistakes, square_product, transposed
+from .shapes import flip, is_square, plain, prod
+from .why import K_ROT_WHY, WHY, group_note, rope_why, turned_back_why
 from .worked import worked_projection
 
 
@@ -128,7 +132,7 @@ def bias_gradient(key: str, order: float) -> Kind:
     noun = {"Q": "query", "K": "key", "V": "value", "O": "output"}[g]
     return Kind(
         key, key, order, "b_projection" if layer else "b_weights", f"Gradient of the {noun} bias",
-        WHY["db"].format(L=g) + (WHY["db_K"] if g == "K" else ""),
+        lambda c: WHY["db"].format(L=g) + ((WHY["db_K"] if c.rope is None else WHY["db_K_rope"]) if g == "K" else ""),
         (f"db_{{{g}}} = \\mathbf{{1}}^{{\\top}} d{g}", f"db_{g} = 1ᵀ·d{g} (the column sums of d{g})"),
         ("b", g.lower()), lambda sh, r, c: prod((1, sh(dg)[0]), sh(dg), f"like b_{g}"),
         inputs=(dg,), relation=relation,
@@ -162,3 +166,76 @@ def weight_gradient(key: str, order: int, noun: str) -> Kind:
         when=lambda c: c.projected and c.loss is not None, per_head=True, gradient=True, labelled=False,
         mistakes=(transposed(key, square_only=True),),
     )
+
+
+def rotated_gradient_rows() -> tuple[Kind, ...]:
+    """Under RoPE the scores compared the rotated queries and keys, so the gradient reaches them first:
+    dQ_rot = dS·K_rot and dK_rot = dSᵀ·Q_rot (the rows :func:`turned_back_rows` then turn back)."""
+    def row(key: str, order: float, noun: str) -> Kind:
+        query = key == DQ_ROT
+        other = K_ROT if query else Q_ROT
+        plain_other = K if query else Q
+
+        def relation(ops, v, c):
+            return ops.matmul(v(DS), v(K_ROT)) if query else ops.matmul(ops.T(v(DS)), v(Q_ROT))
+
+        def unscaled(ops, ex, c):
+            return ops.matmul(ex(DS_MASKED), ex(K_ROT)) if query else ops.matmul(ops.T(ex(DS_MASKED)), ex(Q_ROT))
+
+        def unrotated(ops, ex, c):
+            return ops.matmul(ex(DS), ex(K)) if query else ops.matmul(ops.T(ex(DS)), ex(Q))
+
+        formula = (("dQ^{\\mathrm{rot}} = dS\\,K^{\\mathrm{rot}}", "dQ_rot = dS·K_rot") if query
+                   else ("dK^{\\mathrm{rot}} = dS^{\\top} Q^{\\mathrm{rot}}", "dK_rot = dSᵀ·Q_rot"))
+        return Kind(
+            key, key, order, "b_qk", f"Gradient of the rotated {noun}", WHY[key], formula,
+            (QUERIES if query else KEYS, "q" if query else "k"),
+            lambda sh, r, c: prod(sh(DS) if query else flip(sh(DS)), sh(other), f"like {Q_ROT if query else K_ROT}"),
+            inputs=(DS, other), relation=relation,
+            when=lambda c: c.rope is not None and c.loss is not None, per_head=True, gradient=True,
+            tex=f"d{'Q' if query else 'K'}^{{\\mathrm{{rot}}}}",
+            mistakes=(
+                Mistake(SCALE_MISSING_DQDK, unscaled),
+                Mistake(f"the unrotated {'keys' if query else 'queries'} were used: d{'S·K' if query else 'Sᵀ·Q'} "
+                        f"instead of d{'S·K_rot' if query else 'Sᵀ·Q_rot'} (the scores compared the rotated "
+                        f"{'keys' if query else 'queries'}, {other}, not {plain_other})", unrotated),
+                square_product("dSᵀ·K_rot instead of dS·K_rot (dS was transposed)" if query
+                               else "dS·Q_rot instead of dSᵀ·Q_rot (dS was not transposed)",
+                               lambda ops, ex: ops.T(ex(DS)) if query else ex(DS), lambda ops, ex: ex(other),
+                               lambda ex: is_square(ex(DS))),
+                transposed(key, square_only=True),
+            ),
+        )
+
+    return row(DQ_ROT, 25.5, "queries"), row(DK_ROT, 25.7, "keys")
+
+
+def turned_back_rows() -> tuple[Kind, ...]:
+    """dQ and dK under RoPE: each row of dQ_rot and dK_rot turned back by its position's angles,
+    R(p·θ)ᵀ = R(−p·θ) (rows named dQ and dK, so dW_Q, dW_K, the biases and dX read them as they are)."""
+    def row(key: str, name: str, order: float, noun: str) -> Kind:
+        rotated = DQ_ROT if name == DQ else DK_ROT
+        letter = name[1]
+
+        def formula(c):
+            return (f"d{letter.lower()}_p = R(p\\,\\theta)^{{\\top}} d{letter.lower()}^{{\\mathrm{{rot}}}}_p "
+                    f"= R(-p\\,\\theta)\\, d{letter.lower()}^{{\\mathrm{{rot}}}}_p",
+                    f"{name}[p] = R(p·θ)ᵀ·{rotated}[p] = R(−p·θ)·{rotated}[p], each pair turned back by p·θ_i")
+
+        return Kind(
+            key, name, order, "b_rotate", f"Turn the {noun} gradient back", turned_back_why(noun, letter), formula,
+            (QUERIES if name == DQ else KEYS, letter.lower()),
+            lambda sh, r, c: plain(r, f"like {letter}: {'n_q' if name == DQ else 'n_k'} × d_k"),
+            inputs=(rotated,), relation=lambda ops, v, c: ops.rotate(v(rotated), *c.rotation(), sign=-1),
+            when=lambda c: c.rope is not None and c.loss is not None, per_head=True, gradient=True,
+            mistakes=(
+                Mistake(f"not turned back: d{letter} = {rotated} was copied, but a rotated {noun} depends on the "
+                        f"unrotated one through R(p·θ), so its gradient is R(p·θ)ᵀ·{rotated}", lambda ops, ex, c: ex(rotated)),
+                Mistake("turned forward (by +p·θ_i) instead of back: the transpose of the rotation R(p·θ) is the "
+                        "rotation by −p·θ_i", lambda ops, ex, c: ops.rotate(ex(rotated), *c.rotation())),
+                Mistake("positions counted from 1: the first token was turned back by θ_i, but RoPE counts positions "
+                        "from 0", lambda ops, ex, c: ops.rotate(ex(rotated), *c.rotation(), sign=-1, offset=1)),
+            ),
+        )
+
+    return row(DQ_BACK, DQ, 27.5, "query"), row(DK_BACK, DK, 27.7, "key")

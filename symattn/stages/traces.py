@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from .ids import (
-    A, ACC_TILED, A_T, B_K, B_O, B_Q, B_V, CONCAT, DA, DB_K, DB_O, DB_Q, DB_V, DK, DO, DQ, DS, DS_MASKED, DV,
+    A, ACC_TILED, A_T, B_K, B_O, B_Q, B_V, CONCAT, DA, DB_K, DB_O, DB_Q, DB_V, DK, DK_BACK, DK_ROT, DO, DQ,
+    DQ_BACK, DQ_ROT, DS, DS_MASKED, DV,
     DW_K, DW_Q, DW_V, K, K_CACHE, K_ROT, K_T, L_TILED, M, M_TILED, O, O_FINAL, O_T, O_TILED, O_T_DIFF, PE, Q,
     Q_ROT, S, S_MASKED, S_SCALED, S_T, V, V_CACHE, W_K, W_O, W_Q, W_V, X, X_POS,
 )
@@ -44,6 +45,10 @@ TRACES: dict[str, tuple[tuple[str, str], ...]] = {
     DS_MASKED: ((A, "row"), (DA, "row")),
     DS: ((DS_MASKED, "entry"),),
     DQ: ((DS, "row"), (K, "col")),
+    DQ_ROT: ((DS, "row"), (K_ROT, "col")),
+    DK_ROT: ((DS, "col_i"), (Q_ROT, "col")),
+    DQ_BACK: ((DQ_ROT, "row"),),
+    DK_BACK: ((DK_ROT, "row"),),
     DK: ((DS, "col_i"), (Q, "col")),
     DW_Q: (("xq", "col_i"), (DQ, "col")),
     DW_K: (("kv", "col_i"), (DK, "col")),

@@ -15,7 +15,7 @@ from typing import Callable
 from .groups import kv_cache_size, kv_groups
 from .ids import (
     A, ACC_TILED, A_T, B_K, B_O, B_Q, B_V, CONCAT, CONTEXT, DA, DCONCAT, DCONTEXT, DECODE_COST, DK, DO,
-    DO_HEAD, DQ, DS, DS_MASKED, DV, DW_K, DW_O, DW_Q, DW_V, DX, K, K_CACHE, K_T, L_TILED, M, M_TILED, O,
+    DO_HEAD, DQ, DQ_ROT, DK_ROT, DS, DS_MASKED, DV, DW_K, DW_O, DW_Q, DW_V, DX, K, K_CACHE, K_T, L_TILED, M, M_TILED, O,
     O_FINAL, O_T, O_TILED, O_T_DIFF, Q, Q_T, S, S_MASKED, S_SCALED, S_T, V, V_CACHE, W_K, W_O, W_Q, W_V, X,
     stage_id,
 )
@@ -39,6 +39,8 @@ WHY = {
            "⟦\\mathbf{{1}}^{{\\top}} d{L}⟧."),
     "db_K": (" It is exactly ⟦0⟧: adding ⟦b_K⟧ to every key adds ⟦q_i \\cdot b_K⟧ to every score of row ⟦i⟧, and a "
              "softmax does not change when a constant is added to its row (each row of ⟦dS⟧ sums to ⟦0⟧)."),
+    "db_K_rope": (" Under RoPE it is not ⟦0⟧: ⟦b_K⟧ is added before the rotation, so each key's copy of it is turned "
+                  "by that key's own angle, and the scores of a row no longer all move by the same amount."),
     Q: "Each token's query says what it is looking for: its row of ⟦X⟧ times ⟦W_Q⟧.",
     K: "Each token's key says what it offers to be matched against: its row times ⟦W_K⟧.",
     V: "Each token's value is what it hands on when it is attended to: its row times ⟦W_V⟧.",
@@ -101,6 +103,15 @@ WHY = {
     DK: (
         "Key ⟦j⟧ met every query in column ⟦j⟧ of ⟦S⟧, so its gradient sums the queries weighted by column ⟦j⟧ of "
         "⟦dS⟧: ⟦dS^{\\top} Q⟧."
+    ),
+    DQ_ROT: (
+        "The scores compared the rotated queries and keys, ⟦S = Q^{\\mathrm{rot}} (K^{\\mathrm{rot}})^{\\top}⟧, so the "
+        "gradient reaches the rotated queries first: rotated query ⟦i⟧'s gradient sums the rotated keys weighted by "
+        "row ⟦i⟧ of ⟦dS⟧, ⟦dS\\,K^{\\mathrm{rot}}⟧."
+    ),
+    DK_ROT: (
+        "Rotated key ⟦j⟧ met every rotated query in column ⟦j⟧ of ⟦S⟧, so its gradient sums the rotated queries "
+        "weighted by column ⟦j⟧ of ⟦dS⟧: ⟦dS^{\\top} Q^{\\mathrm{rot}}⟧."
     ),
     # {C} is the name of what the keys and values are made from (X, or the context C)
     DW_Q: "⟦Q = X\\,W_Q⟧, so the query weights' gradient is ⟦X^{\\top} dQ⟧.",
@@ -264,6 +275,18 @@ def rope_why(noun: str, letter: str) -> Text:
         )
 
     return why
+
+
+def turned_back_why(noun: str, letter: str) -> str:
+    """Why the gradient of the unrotated queries (keys) is the rotated one turned back."""
+    v = letter.lower()
+    return (
+        f"Each rotated {noun} is ⟦{v}^{{\\mathrm{{rot}}}}_p = R(p\\,\\theta)\\,{v}_p⟧, one rotation per pair, so the "
+        f"gradient of ⟦{v}_p⟧ is ⟦R(p\\,\\theta)^{{\\top}} d{v}^{{\\mathrm{{rot}}}}_p⟧. A rotation's transpose is its "
+        f"inverse, the rotation by ⟦-p\\,\\theta_i⟧: each pair of ⟦d{letter}^{{\\mathrm{{rot}}}}⟧ is turned back by its "
+        f"token's angle, in the same pairing, and no row changes its length. The first token (⟦p = 0⟧) is not "
+        f"turned, so its row of ⟦d{letter}⟧ is its row of ⟦d{letter}^{{\\mathrm{{rot}}}}⟧."
+    )
 
 
 K_ROT_WHY = (

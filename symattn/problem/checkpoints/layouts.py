@@ -458,9 +458,6 @@ def _rope(config: "Config", reader, key, given: dict, fields: dict, d_head: int)
     at = reader.at
     if "rope" in fields:
         return None  # the problem's own rope: replaces the layout's (the reader reads it)
-    if "backward" in fields:
-        raise at(fields["backward"][0]).error("the backward pass through RoPE (which the llama layout applies) is not "
-                                              "derived; remove backward", "backward")
     if d_head % 2:
         raise at(key).error(f"RoPE rotates pairs of components, but d_head is {d_head}", "from")
     base = config.rope_base()

@@ -137,7 +137,7 @@ def read_passes(reader: Reader, fields: Fields, layer: Layer, mask: Mask, bias: 
 
         d_ks = [h.d_k for h in heads] if heads else [matrices["Q"].cols]
         rope = read_rope(reader, key_of(fields, "rope"), node_of(fields, "rope"), d_ks, n_q, n_k,
-                         multi="heads" in fields, cross="context" in fields, backward="backward" in fields)
+                         multi="heads" in fields, cross="context" in fields)
     elif layer.loaded is not None:
         rope = layer.loaded.rope
     tiling = reader.tiling(node_of(fields, "tiling"), n_q) if "tiling" in fields else None

@@ -19,7 +19,7 @@ USAGE = 'rope: {base: 10000} or rope: {angles: ["pi/6", "pi/3"]}, with pairing: 
 
 
 def read_rope(reader, key: yaml.Node, node: yaml.Node, d_ks: list[int], n_q: int, n_k: int, *,
-              multi: bool, cross: bool, backward: bool) -> Rope:
+              multi: bool, cross: bool) -> Rope:
     """The problem's :class:`Rope` from the ``rope:`` node (``reader`` is the problem's :class:`~symattn.problem.reader.document.Reader`)."""
     at = reader.at
     if not isinstance(node, yaml.MappingNode):
@@ -41,8 +41,6 @@ def read_rope(reader, key: yaml.Node, node: yaml.Node, d_ks: list[int], n_q: int
     if n_q != n_k:
         raise at(key).error(f"RoPE rotates query and key p by the same position p, so Q and K need the "
                             f"same tokens; here Q has {n_q} rows and K has {n_k}", "rope")
-    if backward:
-        raise at(key).error("the backward pass through RoPE is not derived; remove backward or rope", "rope")
     for h, d_k in enumerate(d_ks, 1):
         if d_k % 2:
             whose = f"head {h}'s d_k" if multi else "d_k"
