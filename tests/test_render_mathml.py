@@ -90,3 +90,107 @@ def test_every_formula_of_the_example_pages_is_as_converted_whole(name, options,
     assert seen
     for tex, display, out in seen:
         assert out == whole(tex, display), tex
+
+
+# -- the pieces kept as latex2mathml wrote them (symattn/render/mathml_known.py) ------------------
+
+# The plain pages the kept pieces are made from: random problems of 3-decimal entries, causal and
+# unmasked, at the sizes a reader derives (each seed its own numbers, so its own signs and lengths).
+KNOWN_SIZES = [(4, 4, 4), (8, 16, 8), (16, 64, 16), (32, 128, 16), (64, 256, 64), (128, 768, 64)]
+KNOWN_SEEDS = range(6)
+
+
+def random_problem_yaml(n: int, d_model: int, d_k: int, seed: int, mask: str) -> str:
+    import numpy as np
+
+    rng = np.random.default_rng([seed, n, d_model, d_k])
+    mats = {"X": rng.normal(0.0, 1.0, (n, d_model))}
+    mats |= {name: rng.normal(0.0, 0.1, (d_model, d_k)) for name in ("W_Q", "W_K", "W_V")}
+    rows = {name: ", ".join("[" + ", ".join(f"{x:.3f}" for x in (np.round(r, 3) + 0.0)) + "]" for r in m)
+            for name, m in mats.items()}
+    return f"title: random {n}\nmask: {mask}\n" + "".join(f"{k}: [{v}]\n" for k, v in rows.items())
+
+
+def converted_by(d, **options) -> set[tuple[str, str]]:
+    """What the web page of ``d`` (cross-checked, as ``symattn derive -f html`` writes it) asks
+    latex2mathml for, as (source, mode), with nothing kept and the caches cleared."""
+    from latex2mathml.converter import convert
+    from symattn.reference.crosscheck import crosscheck
+
+    seen = set()
+
+    def recording(source: str, mode: str) -> str:
+        seen.add((source, mode))
+        return convert(source, display=mode)
+
+    saved = mathml_module.convert
+    mathml_module.convert = recording
+    try:
+        _clear()
+        html.render_html(d, check=crosscheck(d), **options)
+    finally:
+        mathml_module.convert = saved
+        _clear()
+    return seen
+
+
+def write_known(path: Path) -> int:
+    """Write symattn/render/mathml_known.py from the pages of the random problems above."""
+    from latex2mathml.converter import convert
+
+    seen = set()
+    for n, d_model, d_k in KNOWN_SIZES:
+        for seed in KNOWN_SEEDS:
+            for mask in ("causal", "none"):
+                text = random_problem_yaml(n, d_model, d_k, seed, mask)
+                seen |= converted_by(symattn.derive(symattn.load_problem(text)))
+    lines = ['"""latex2mathml\'s MathML of the pieces every plain page converts (see :mod:`.mathml`), made by',
+             "``python tests/test_render_mathml.py`` from the pages of random problems; generated, do not edit.",
+             '"""', "", "KNOWN: dict[str, dict[str, str]] = {"]
+    for mode in ("inline", "block"):
+        lines.append(f"    {mode!r}: {{")
+        lines += [f"        {s!r}: {convert(s, display=mode)!r}," for s, m in sorted(seen) if m == mode]
+        lines.append("    },")
+    lines.append("}")
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return len(seen)
+
+
+def test_each_kept_piece_is_what_latex2mathml_writes():
+    from latex2mathml.converter import convert
+    from symattn.render.mathml_known import KNOWN
+
+    assert KNOWN["inline"] and set(KNOWN) == {"inline", "block"}
+    for mode, pieces in KNOWN.items():
+        for source, out in pieces.items():
+            assert out == convert(source, display=mode), source
+
+
+def test_a_plain_page_needs_no_piece_that_is_not_kept():
+    """The kept pieces are not stale: a plain page of numbers not among those they were made from
+    (another seed) converts nothing new (run tests/test_render_mathml.py to remake them). A page
+    of a few tokens (each weight's every term written, in its own signs) or of some d_k whose
+    square root is not whole can: it is converted as before."""
+    from symattn.render.mathml_known import KNOWN
+
+    for mask in ("causal", "none"):
+        d = symattn.derive(symattn.load_problem(random_problem_yaml(16, 64, 16, 1000, mask)))
+        assert {s for s, mode in converted_by(d) if s not in KNOWN[mode]} == set()
+
+
+def test_a_page_is_the_same_without_the_kept_pieces(monkeypatch):
+    from symattn.render import mathml_known
+
+    d = symattn.derive(symattn.load_problem(random_problem_yaml(5, 6, 3, 7, "causal")))
+    _clear()
+    kept = html.render_html(d)
+    monkeypatch.setattr(mathml_known, "KNOWN", {"inline": {}, "block": {}})
+    monkeypatch.setattr(mathml_module, "KNOWN", {"inline": {}, "block": {}})
+    _clear()
+    assert html.render_html(d) == kept
+    _clear()
+
+
+if __name__ == "__main__":
+    count = write_known(ROOT / "symattn" / "render" / "mathml_known.py")
+    print(f"symattn/render/mathml_known.py: {count} pieces")

@@ -30,6 +30,12 @@ A formula with anything whose meaning reaches past its neighbours (an environmen
 style switch, an operator right after a command) is not split. What comes out is what
 converting the formula at once gives (``tests/test_render_mathml.py`` compares the two on every
 formula of the example pages and on formulas made to trip them).
+
+The pieces that every plain page converts (its entries' shapes, the worked dot product, the
+weights' formulas) are kept as latex2mathml wrote them (:mod:`.mathml_known`, made by
+``python tests/test_render_mathml.py``, which checks each against latex2mathml): latex2mathml
+and what it imports take a tenth of a second to import, so a page with nothing else never
+imports it.
 """
 
 from __future__ import annotations
@@ -37,7 +43,7 @@ from __future__ import annotations
 import functools
 import re
 
-from latex2mathml.converter import convert
+from .mathml_known import KNOWN
 
 _RULE = re.compile(r"\\rule(\[[^\]]*\])?\{[^{}]*\}\{[^{}]*\}")
 _OPERATORNAME = re.compile(r"\\operatorname\{([A-Za-z]+)\}")
@@ -62,6 +68,17 @@ _TAG = re.compile(r"<(/?)([A-Za-z][\w:-]*)((?:\s+[\w:-]+=\"[^\"<>]*\")*)\s*(/?)>
 _ATTRIBUTE = re.compile(r"([\w:-]+)=\"")
 
 
+def convert(source: str, mode: str) -> str:
+    """latex2mathml's ``<math>`` element of ``source`` (``mode``: ``inline`` or ``block``), as kept
+    in :data:`~.mathml_known.KNOWN` or made now."""
+    known = KNOWN[mode].get(source)
+    if known is not None:
+        return known
+    from latex2mathml.converter import convert as latex2mathml
+
+    return latex2mathml(source, display=mode)
+
+
 class MathMLError(RuntimeError):
     """latex2mathml wrote something that is not plain MathML (a bug: the input is symattn's own)."""
 
@@ -79,7 +96,7 @@ def mathml(tex: str, display: bool = False) -> str:
     inner = [_OPERATORS[piece] if k % 2 else _piece(piece, display) for k, piece in enumerate(pieces)]
     if None not in inner:
         return ('<math display="block">' if display else "<math>") + "".join(inner) + "</math>"
-    return _finished(convert(_rewritten(tex), display="block" if display else "inline"), tex)
+    return _finished(convert(_rewritten(tex), "block" if display else "inline"), tex)
 
 
 @functools.lru_cache(maxsize=16384)
@@ -246,7 +263,7 @@ def _finished_piece(tex: str, display: bool) -> "str | None":
     mode = "block" if display else "inline"
     if not tex.strip():
         return None
-    out = convert(_rewritten(tex), display=mode)
+    out = convert(_rewritten(tex), mode)
     head, tail = _WRAP[0] + mode + _WRAP[1], _WRAP[2]
     if not (out.startswith(head) and out.endswith(tail) and _balanced(out[len(head):-len(tail)])):
         return None
