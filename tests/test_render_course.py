@@ -156,16 +156,17 @@ def expected_headings(problem: dict) -> list[str]:
     forward = _forward_headings(problem)
     if "backward" not in problem:
         return forward
+    backward_titles = BACKWARD_TITLES + (("Back through the rotation",) if "rope" in problem else ())
     if "heads" in problem:  # through the output projection, then each head in turn, then back to the input
         assert "Q" not in problem and "kv_heads" not in problem
         n = int(re.match(r"Step (\d+): Output projection", forward[-1]).group(1)) + 1
         out = [f"Step {n}: Backward: the upstream gradient", f"Step {n + 1}: Back through the output projection"]
-        per_head = ["This head's upstream gradient", *BACKWARD_TITLES, "Back to the projection weights"]
+        per_head = ["This head's upstream gradient", *backward_titles, "Back to the projection weights"]
         for h in range(1, len(problem["heads"]) + 1):
             out += [f"Head {h} · Step {k}: {t}" for k, t in enumerate(per_head, n + 2)]
         return forward + out + [f"Step {n + 2 + len(per_head)}: Back to the input"]
     n = len(forward) + 1
-    titles = ["Backward: the upstream gradient", *BACKWARD_TITLES]
+    titles = ["Backward: the upstream gradient", *backward_titles]
     if "Q" not in problem:
         titles += ["Back to the projection weights", "Back to the input"]
     return forward + [f"Step {k}: {t}" for k, t in enumerate(titles, n)]
