@@ -19,7 +19,9 @@ head's W_Q, W_K, W_V and biases come from ``from: {layout: gpt2, layer: 0, heads
 (the head's columns of h.0.attn.c_attn.weight and .bias: Conv1D layout, in × out, Q, K and
 V side by side, 64 columns per head; causal). With --slices, W_Q, W_K and W_V are written
 as those column slices by hand and there are no biases. Each run is
-``python -m symattn derive problem.yaml -o out.tex`` in a fresh process.
+``python -m symattn derive problem.yaml -o out.tex`` in a fresh process, its bytecode kept in a
+temporary folder (PYTHONPYCACHEPREFIX) as an installed package keeps it, even where
+PYTHONDONTWRITEBYTECODE is set.
 
 What "bytes read from the checkpoint" means here, and how it is measured:
 
@@ -228,6 +230,26 @@ def run_once(workdir: Path, env: dict, problem: str = "problem.yaml",
     return wall, usage.ru_utime + usage.ru_stime, io, code, err.decode("utf-8", "replace")
 
 
+def run_checked(workdir: Path, env: dict, problem: str = "problem.yaml", out: str = "out.tex",
+                what: str = "") -> tuple[float, float, dict[str, int]]:
+    """``run_once``, the benchmark stopped with the child's standard error when it fails."""
+    wall, cpu, io, code, err = run_once(workdir, env, problem, out)
+    if code != 0:
+        sys.exit(f"symattn derive {what}failed (exit {code}):\n{err}")
+    return wall, cpu, io
+
+
+def child_env(cache: Path) -> dict:
+    """The children's environment: symattn on PYTHONPATH, and Python's bytecode kept (in
+    ``cache``) as an installed package keeps it, even where PYTHONDONTWRITEBYTECODE is set:
+    without it every start compiles symattn's modules again (a quarter of a second), which no
+    user's start does. The untimed first run writes it."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+               PYTHONPYCACHEPREFIX=str(cache))
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    return env
+
+
 def problem_text(tokens: list[int], head: int, slices: bool = False) -> str:
     """The problem: with ``slices`` W_Q, W_K, W_V cut from c_attn by hand (no biases), else
     ``from: {layout: gpt2}`` (the weights and their biases b_Q, b_K, b_V)."""
@@ -271,16 +293,12 @@ def real_floats(args, env: dict) -> None:
             problems = _real_floats.write_all(root, args.seed)
         for name, problem in problems.items():
             folder = problem.parent
-            for which in ("problem.yaml", "norope.yaml"):  # one untimed run each: files cached
-                _, _, _, code, err = run_once(folder, env, which, which.replace(".yaml", ".tex"))
-                if code != 0:
-                    sys.exit(f"symattn derive {name}/{which} failed (exit {code}):\n{err}")
             times: dict[str, list] = {"problem.yaml": [], "norope.yaml": []}
+            for which in times:  # one untimed run each: files and bytecode cached
+                run_checked(folder, env, which, which.replace(".yaml", ".tex"), f"{name}/{which} ")
             for _ in range(runs):
                 for which in times:
-                    wall, cpu, _, code, err = run_once(folder, env, which, which.replace(".yaml", ".tex"))
-                    if code != 0:
-                        sys.exit(f"symattn derive {name}/{which} failed (exit {code}):\n{err}")
+                    wall, cpu, _ = run_checked(folder, env, which, which.replace(".yaml", ".tex"), f"{name}/{which} ")
                     times[which].append((wall, cpu))
             rows.append(_real_row(name, times, _real_floats.TARGETS[name]))
     finally:
@@ -324,13 +342,14 @@ def main() -> None:
     args = ap.parse_args()
     if args.real_floats:
         sys.path.insert(0, str(HERE))
-        real_floats(args, dict(os.environ, PYTHONPATH=os.pathsep.join(
-            filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))))
+        with tempfile.TemporaryDirectory(prefix="symattn-pyc-") as cache:
+            real_floats(args, child_env(Path(cache)))
         return
 
     import numpy as np
 
     holder = None
+    cache = tempfile.TemporaryDirectory(prefix="symattn-pyc-")
     if args.workdir is None:
         holder = tempfile.TemporaryDirectory(prefix="symattn-ckpt-")
         workdir = Path(holder.name)
@@ -348,27 +367,24 @@ def main() -> None:
         ranges = tensor_ranges(ckpt)
         tokens = np.random.default_rng(args.seed).integers(0, VOCAB, args.tokens).tolist()
         (workdir / "problem.yaml").write_text(problem_text(tokens, args.head, args.slices), "utf-8")
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+        env = child_env(Path(cache.name))
 
-        # one untimed run so Python's own files are cached like any second start
-        _, _, _, code, err = run_once(workdir, env)
-        if code != 0:
-            sys.exit(f"symattn derive failed (exit {code}):\n{err}")
+        # one untimed run so Python's own files (and their bytecode) are cached like any second start
+        run_checked(workdir, env)
 
         cold, warm = [], []
         for _ in range(args.runs):
             dropped = drop_from_cache(ckpt)
-            wall, cpu, io, code, err = run_once(workdir, env)
-            if code != 0:
-                sys.exit(f"symattn derive failed (exit {code}):\n{err}")
+            wall, cpu, io = run_checked(workdir, env)
             vec = resident_pages(ckpt) if dropped else b""
             cold.append({"wall_s": wall, "cpu_s": cpu, "dropped": dropped, "io": io,
                          "resident_bytes": sum(b & 1 for b in vec) * PAGE if dropped else None,
                          "by_tensor": by_tensor(vec, ranges) if dropped else None})
         for _ in range(args.runs):
-            wall, cpu, io, code, _ = run_once(workdir, env)
+            wall, cpu, io = run_checked(workdir, env)
             warm.append({"wall_s": wall, "cpu_s": cpu, "io": io})
     finally:
+        cache.cleanup()
         if holder is not None:
             holder.cleanup()
 

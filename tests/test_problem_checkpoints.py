@@ -106,6 +106,8 @@ def test_only_the_slice_is_read(tmp_path, monkeypatch):
     big[4095, 4092:4096] = [1.5, -2.25, 3.0, 0.125]
     safetensors_numpy.save_file({"w": big}, str(tmp_path / "big.safetensors"))
     del big
+    import difflib  # imported by the reader only for such a message
+
     import symattn.problem.checkpoints.safetensors as st
 
     read = []
@@ -315,6 +317,8 @@ def test_embeddings_read_only_their_rows(tmp_path, monkeypatch):
     table[50256] = 0.5
     safetensors_numpy.save_file({"wte": table}, str(tmp_path / "e.safetensors"))
     del table
+    import difflib  # imported by the reader only for such a message
+
     import symattn.problem.checkpoints.safetensors as st
 
     read = []
@@ -491,13 +495,15 @@ def test_a_long_name_is_quoted_in_part(tmp_path, symattn_cli):
 def test_close_names_are_looked_for_among_a_bounded_set(tmp_path, monkeypatch):
     """100,000 tensors: difflib compares the missing name with at most 1,000 of them, those of its
     own layer first, and the header is parsed once."""
+    import difflib  # imported by the reader only for such a message
+
     import symattn.problem.checkpoints.safetensors as st
 
     names = [f"model.layers.{i // 100}.mlp.experts.{i % 100}.w" for i in range(100_000)]
     _raw(tmp_path, json.dumps({n: {"dtype": "F32", "shape": [0], "data_offsets": [0, 0]} for n in names}))
     compared, parsed = [], []
-    real_close, real_loads = st.difflib.get_close_matches, st.json.loads
-    monkeypatch.setattr(st.difflib, "get_close_matches",
+    real_close, real_loads = difflib.get_close_matches, st.json.loads
+    monkeypatch.setattr(difflib, "get_close_matches",
                         lambda word, possibilities, **kw: compared.append(len(possibilities)) or
                         real_close(word, possibilities, **kw))
     monkeypatch.setattr(st.json, "loads", lambda *a, **kw: parsed.append(1) or real_loads(*a, **kw))
@@ -509,6 +515,8 @@ def test_close_names_are_looked_for_among_a_bounded_set(tmp_path, monkeypatch):
 
 
 def test_a_header_of_too_many_values_is_refused_before_it_is_parsed(tmp_path, symattn_cli, monkeypatch):
+    import difflib  # imported by the reader only for such a message
+
     import symattn.problem.checkpoints.safetensors as st
 
     _raw(tmp_path, '{"__metadata__": {"a": "b"}, "x": [' + "[]," * (st.MAX_VALUES // 2) + "[]]}")
@@ -519,6 +527,8 @@ def test_a_header_of_too_many_values_is_refused_before_it_is_parsed(tmp_path, sy
 
 
 def test_a_header_of_too_many_tensors_is_refused(tmp_path, symattn_cli, monkeypatch):
+    import difflib  # imported by the reader only for such a message
+
     import symattn.problem.checkpoints.safetensors as st
 
     monkeypatch.setattr(st, "MAX_TENSORS", 3)

@@ -168,6 +168,10 @@ class SoftmaxRow:
             # Like terms collected in QQ first: SymPy only orders the distinct terms.
             qq = [QQ(int(v.p), int(v.q)) for v in column]
             return sum_of_distinct([self._term(c, e) for c, e in self.numerator_parts(qq)])
+        if all(isinstance(v, sympy.Rational) for v in column):
+            collected = _collected(self.terms, column)
+            if collected is not None:
+                return collected
         numerator = sympy.Add(*[t * v for t, v in zip(self.terms, column) if t != 0])
         # Rational values collect by themselves; sums such as 1 + √2 need expanding.
         return sympy.expand(numerator) if any(v.is_Add for v in column) else numerator
@@ -228,6 +232,25 @@ class SoftmaxRow:
             exps = self._exps(dps, subs)
             total = mpmath.fsum(e for e, x in zip(exps, self.raw) if x is not None)
             return [mpmath.mpf(0) if x is None else e / total for e, x in zip(exps, self.raw)], total
+
+
+def _collected(terms: list, column: list) -> "sympy.Expr | None":
+    """``Σ_j t_j v_j`` for terms that are each an exponential or a rational and rational values,
+    as ``sympy.Add`` collects it: the values of each exponential added in QQ, a product built
+    once per distinct exponential (no SymPy product per key); None for any other term."""
+    number, coefficients = QQ(0), {}
+    for t, v in zip(terms, column):
+        if isinstance(t, sympy.Rational):
+            number += QQ(int(t.p), int(t.q)) * QQ(int(v.p), int(v.q))
+        elif isinstance(t, sympy.exp):
+            coefficients[t] = coefficients.get(t, QQ(0)) + QQ(int(v.p), int(v.q))
+        else:
+            return None
+    out = [_rational(int(number.numerator), int(number.denominator))] if number else []
+    for t, c in coefficients.items():
+        if c:
+            out.append(t if c == 1 else mul_in_order(_rational(int(c.numerator), int(c.denominator)), t))
+    return sum_of_distinct(out)
 
 
 @functools.lru_cache(maxsize=65536)  # the values of V come back in every row's sums

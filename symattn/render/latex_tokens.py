@@ -9,6 +9,11 @@ from __future__ import annotations
 import re
 
 COMMAND = re.compile(r"\\([A-Za-z]+|.)")
+_BRACE = re.compile(r"[{}]")
+# Runs of text that a rewrite copies as they are (the tokenizer stops only at these
+# characters): a 16-digit numerator is one step, not sixteen.
+_PLAIN = re.compile(r"[^\\^_{]+")
+_PLAIN_OUTSIDE_SCRIPTS = re.compile(r"[^\\^_]+")
 
 
 def braced_group(s: str, k: int) -> tuple[str, int]:
@@ -19,12 +24,13 @@ def braced_group(s: str, k: int) -> tuple[str, int]:
         return "", k
     if s[k] == "{":
         depth = 0
-        for e in range(k, len(s)):
-            if s[e] == "{":
+        for m in _BRACE.finditer(s, k):  # only the braces count
+            if m.group() == "{":
                 depth += 1
-            elif s[e] == "}":
+            else:
                 depth -= 1
                 if depth == 0:
+                    e = m.start()
                     return s[k + 1 : e], e + 1
         return s[k + 1 :], len(s)
     if s[k] == "\\":
@@ -127,8 +133,9 @@ def _rewrite(s: str, in_script: bool) -> str:
             command, k = _command(s, k)
             out.append(command)
             continue
-        out.append(ch)
-        k += 1
+        plain = _PLAIN.match(s, k)
+        out.append(plain.group())
+        k = plain.end()
     return "".join(out)
 
 
@@ -158,8 +165,9 @@ def display_fractions(tex: str) -> str:
             command, k = _command(tex, k)
             out.append(command)
             continue
-        out.append(ch)
-        k += 1
+        plain = _PLAIN_OUTSIDE_SCRIPTS.match(tex, k)
+        out.append(plain.group())
+        k = plain.end()
     return "".join(out)
 
 

@@ -83,6 +83,14 @@ def _width(tex: str, scale: float = 1.0) -> float:
             if op is not None:
                 prev_op = op
             continue
+        if "0" <= ch <= "9":  # a run of digits at once (a float's numerator has 16), added digit by digit
+            end = _DIGITS.match(tex, k).end()
+            w = _char(ch) * scale
+            for _ in range(end - k):
+                total += w
+            k = end
+            prev_op = False
+            continue
         if ch in "+-":
             total += (8.5 + (0 if prev_op else 2 * _BIN)) * scale
             prev_op = True
@@ -96,6 +104,7 @@ def _width(tex: str, scale: float = 1.0) -> float:
     return total
 
 
+_DIGITS = re.compile(r"[0-9]+")
 _OPERATORS = ("cdot", "times", "approx", "le", "ge", "to", "circ", "in", "mid")  # a sign after them is a sign
 
 

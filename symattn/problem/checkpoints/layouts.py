@@ -23,7 +23,6 @@ RoPE base, head_dim, a sliding window, GPT-2's scale, BERT's is_decoder) or refu
 
 from __future__ import annotations
 
-import difflib
 import re
 from dataclasses import dataclass, field
 
@@ -172,6 +171,8 @@ def read_from(reader, key: yaml.Node, node: yaml.Node, fields: dict, X) -> Loade
         name = k.value if isinstance(k, yaml.ScalarNode) and not _yaml.is_null(k) else None
         canonical = ALIASES.get(name, name)
         if canonical not in KEYS:
+            import difflib  # only for the message: its import is not paid by every run
+
             close = difflib.get_close_matches(str(name), KEYS + tuple(ALIASES), n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise at(k).error(f"unknown key {_yaml.kind(k) if name is None else repr(name)} in from{hint}; "
@@ -186,6 +187,8 @@ def read_from(reader, key: yaml.Node, node: yaml.Node, fields: dict, X) -> Loade
     layout_node = given["layout"][1]
     word = layout_node.value if isinstance(layout_node, yaml.ScalarNode) and not _yaml.is_null(layout_node) else None
     if word not in LAYOUTS:
+        import difflib
+
         close = difflib.get_close_matches(str(word).lower(), LAYOUTS, n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         what = excerpt(word) if word is not None else _yaml.kind(layout_node)

@@ -22,7 +22,6 @@ that can precede one) and :data:`MAX_TENSORS` tensors, no number longer than
 
 from __future__ import annotations
 
-import difflib
 import heapq
 import json
 import os
@@ -294,6 +293,8 @@ def close_names(name: str, names, cutoff: float) -> list[str]:
                     break
             elif len(others) < _CLOSE:
                 others.append(n)
+    import difflib  # only for the message: its import is not paid by every run
+
     return difflib.get_close_matches(name, (alike + others)[:_CLOSE], n=3, cutoff=cutoff)
 
 
