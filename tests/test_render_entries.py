@@ -74,6 +74,26 @@ def test_head_parts_are_the_expanded_sums(extra, d_k, kv):
             for j in range(step.shape[1]):
                 got, want = head_parts(d, step, i, j), _expanded(d, step, i, j)
                 assert got == want, (key, i, j)
+                # the same tree, argument for argument, as SymPy builds it
+                assert [sympy.srepr(x) for _, x, _ in got] == [sympy.srepr(x) for _, x, _ in want], (key, i, j)
+
+
+@pytest.mark.parametrize("extra", ["", "rope: {angles: [\"1/2\"]}\n"])
+def test_head_parts_collect_tied_scores(extra):
+    """Tokens 1 and 2 are the same vector, so every query's two scores against them tie: their
+    exponentials are one term, its coefficient the two values' sum (3·e^x, not e^x + 2·e^x);
+    with RoPE they no longer tie."""
+    text = ("X: [[1, 2], [1, 2], [0, 1]]\nheads:\n"
+            "  - {W_Q: [[1, 0], [0, 1]], W_K: [[1, 1], [0, 1]], W_V: [[1, 0], [2, 1]]}\n"
+            "  - {W_Q: [[0, 1], [1, 0]], W_K: [[1, 0], [1, 2]], W_V: [[0, 1], [1, 3]]}\n"
+            "W_O: [[1, 2], [0, 1], [\"1/2\", 0], [1, -1]]\n" + extra)
+    d = symattn.derive(parse_problem(text, "p.yaml"))
+    for key in (registry.CONCAT, registry.O_FINAL):
+        step = next(s for s in d if s.key == key)
+        for i in range(step.shape[0]):
+            for j in range(step.shape[1]):
+                got, want = head_parts(d, step, i, j), _expanded(d, step, i, j)
+                assert got == want and all(sympy.srepr(g) == sympy.srepr(w) for (_, g, _), (_, w, _) in zip(got, want))
 
 
 def test_the_heads_sum_is_read_whole_where_it_is_exact():

@@ -54,7 +54,87 @@ def tex(x: sympy.Expr) -> str:
 @functools.lru_cache(maxsize=8192)  # an entry is written in its matrix, in a worked step, in a tooltip
 def _tex(x: sympy.Expr) -> str:
     # fractions in exponents inline (e^{-3 \\sqrt{2}/2}): a \\frac there is too small to read
-    return inline_script_fractions(sympy.latex(x))
+    written = trig_sum_tex(x)
+    return inline_script_fractions(sympy.latex(x) if written is None else written)
+
+
+def trig_sum_tex(x: sympy.Expr) -> "str | None":
+    r"""What ``sympy.latex`` writes for a rational combination of cosines and sines of rationals,
+    each term perhaps times one square root (a rotary score, scaled or not: ``a cos 1 + b √2 sin(1/100)
+    + c``), without its printer; None for any other expression, or where two terms are too close
+    in value to order them as SymPy does.
+
+    SymPy orders such a sum's terms by their values, ascending (each term is a number), except
+    that a positive number comes first before one negative product of two factors:
+
+    >>> print(trig_sum_tex(sympy.Rational(-5, 2) * sympy.cos(sympy.Rational(1, 100)) + sympy.cos(1) + sympy.Rational(1, 3)))
+    - \frac{5 \cos{\left(\frac{1}{100} \right)}}{2} + \frac{1}{3} + \cos{\left(1 \right)}
+    """
+    terms = []
+    for term in sympy.Add.make_args(x):
+        split = _trig_term(term)
+        if split is None:
+            return None
+        terms.append(split)
+    args = sympy.Add.make_args(x)
+    if len(args) == 2 and isinstance(args[0], sympy.Rational) and args[0] > 0 and isinstance(args[1], sympy.Mul) \
+            and len(args[1].args) == 2 and isinstance(args[1].args[0], sympy.Number) and args[1].args[0] < 0:
+        ordered = terms  # SymPy's one exception: "2 - 3 sin(1)", the number first
+    else:
+        values = [float(c) * _factor_value(factors) for c, factors in terms]
+        order = sorted(range(len(terms)), key=values.__getitem__)
+        if any(abs(values[a] - values[b]) <= 1e-9 * max(abs(values[a]), abs(values[b]))
+               for a, b in zip(order, order[1:])):
+            return None  # near ties: SymPy's own 15-digit values decide
+        ordered = [terms[k] for k in order]
+    out = ""
+    for k, (c, factors) in enumerate(ordered):
+        if k:
+            out += " - " if c < 0 else " + "
+            c = abs(c)
+        out += _trig_term_tex(c, factors)
+    return out
+
+
+def _trig_term(term: sympy.Expr):
+    """``term`` as ``(c, factors)``: ``c`` rational times ``factors``, a tuple of at most one
+    square root of an integer and at most one cosine or sine of a rational, in SymPy's order;
+    None for anything else."""
+    if isinstance(term, sympy.Rational):
+        return term, ()
+    args = term.args if isinstance(term, sympy.Mul) else (term,)
+    c = args[0] if isinstance(args[0], sympy.Rational) else sympy.Integer(1)
+    factors = args[1:] if isinstance(args[0], sympy.Rational) else args
+    if not factors or len(factors) > 2:
+        return None
+    for k, f in enumerate(factors):
+        if isinstance(f, (sympy.cos, sympy.sin)) and isinstance(f.args[0], sympy.Rational) and k == len(factors) - 1:
+            continue
+        if isinstance(f, sympy.Pow) and isinstance(f.base, sympy.Integer) and f.base > 0 and f.exp == sympy.S.Half and k == 0:
+            continue
+        return None
+    return c, tuple(factors)
+
+
+@functools.lru_cache(maxsize=1024)  # the same few angles and roots in every score
+def _factor_value(factors: tuple) -> float:
+    return float(sympy.Mul(*factors)) if factors else 1.0
+
+
+@functools.lru_cache(maxsize=1024)
+def _factor_tex(f: sympy.Expr) -> str:
+    if isinstance(f, sympy.Pow):
+        return f"\\sqrt{{{f.base}}}"
+    return f"\\{type(f).__name__}{{\\left({qq_tex(f.args[0])} \\right)}}"
+
+
+def _trig_term_tex(c, factors: tuple) -> str:
+    """One term as ``sympy.latex`` writes it: ``3 \\sin{...}``, ``- \\frac{3 \\sqrt{2} \\sin{...}}{7}``."""
+    if not factors:
+        return qq_tex(c)
+    sign, p, q = ("- " if c < 0 else ""), abs(int(c.p)), int(c.q)
+    top = " ".join(([] if p == 1 else [str(p)]) + [_factor_tex(f) for f in factors])
+    return sign + (top if q == 1 else f"\\frac{{{top}}}{{{q}}}")
 
 
 def qq_tex(x) -> str:
