@@ -101,7 +101,7 @@ def _forward_ids(raw: dict) -> list[str]:
 
 def _gradient_ids(raw: dict) -> list[str]:
     """The backward pass's stage ids (issue 9), in the order backpropagation visits them."""
-    head = ["dV", "dA", "dS_masked", "dS", "dQ", "dK"]
+    head = ["dV", "dA", "dS_masked", "dS"] + (["dQ_rot", "dK_rot"] if "rope" in raw else []) + ["dQ", "dK"]
     if "Q" in raw:
         return ["dO"] + head
     head += ["dW_Q", "dW_K", "dW_V"] + ["d" + b for b in _biases(raw)]

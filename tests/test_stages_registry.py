@@ -133,6 +133,8 @@ _FIELD_MODULES = {"problem/model.py", "problem/reader/fields.py", "problem/reade
                   "generate/exercises.py"} | {
     f"stages/{name}.py" for name in
     ("__init__", "ids", "kinds", "registry", "rows", "formulas", "why", "relations", "outline")}
+# generated tables of LaTeX pieces and their MathML ('K' there is a letter to typeset, not a stage)
+_DATA_MODULES = {"render/mathml_known.py"}
 _NAMES = set(stages.NAMES) | {k.key for k in stages.KINDS}
 
 
@@ -151,7 +153,7 @@ def _string_constants(tree: ast.AST):
 def test_no_module_outside_the_registry_spells_a_stage_id():
     found = []
     for path in sorted(PACKAGE.rglob("*.py")):
-        if path.relative_to(PACKAGE).as_posix() in _FIELD_MODULES:
+        if path.relative_to(PACKAGE).as_posix() in _FIELD_MODULES | _DATA_MODULES:
             continue
         tree = ast.parse(path.read_text("utf-8"))
         for node in _string_constants(tree):
