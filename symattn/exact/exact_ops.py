@@ -74,13 +74,7 @@ class ExactOps(Ops):
         g = a.of
 
         def tops(k: int, c: int) -> list[tuple[int, int, sympy.Expr]]:
-            terms = []
-            for i in range(g.lazy.rows):
-                if g.rows[i].raw[k] is not None and b[i, c] != 0:
-                    top = g.top(i, k)
-                    if top != 0:
-                        terms.append((i, 2, top * b[i, c]))
-            return gathered(terms)
+            return _column_tops(g, k, c, b)
 
         return OverRows(g.rows, tops, _products.product(a.lazy, b), operands=(a, b))
 
@@ -316,19 +310,24 @@ def _turned_product(m, thetas, pairs, turns: list[int]):
 
     @functools.cache
     def tops(k: int, c: int) -> list[tuple[int, int, sympy.Expr]]:
-        q = turned(k)
-        terms = []
-        for i in range(scores.lazy.rows):
-            if scores.rows[i].raw[k] is not None and q[i, c] != 0:
-                top = scores.top(i, k)
-                if top != 0:
-                    terms.append((i, 2, top * q[i, c]))
-        return gathered(terms)
+        return _column_tops(scores, k, c, turned(k))
 
     def sums(k: int, c: int) -> sympy.Expr:
         return sympy.Add(*[top / rows[i].normaliser ** power for i, power, top in tops(k, c)])
 
     return OverRows(rows, tops, LazyMatrix(*m.shape, sums))
+
+
+def _column_tops(g, k: int, c: int, b) -> list[tuple[int, int, sympy.Expr]]:
+    """Entry (k, c) of ``dSᵀ·b`` as its terms over each ``Z_i²``: Σ_i dS_ik b_ic, ``g`` the scores'
+    gradient kept over the softmax rows."""
+    terms = []
+    for i in range(g.lazy.rows):
+        if g.rows[i].raw[k] is not None and b[i, c] != 0:
+            top = g.top(i, k)
+            if top != 0:
+                terms.append((i, 2, top * b[i, c]))
+    return gathered(terms)
 
 
 def _turns(thetas, turns: list[int]) -> list[list[tuple[sympy.Expr, sympy.Expr]]]:
