@@ -251,3 +251,24 @@ def test_a_score_that_cancels_to_zero_is_exactly_zero():
     ball = d.step("S").lazy.arb_rows(30)[2][2]
     assert ball.is_exact() and ball == 0
     assert d.evaluate("S", 30)[2][2] == 0
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(text=problems())
+def test_the_relative_property_is_built_as_the_general_path_builds_it(text, monkeypatch):
+    """The property a worked solution shows after S (R(−θ)·k, q·R(−θ)·k and the difference), built
+    straight from rational q, k and plain angles, is the general path's (rotate, expand, simplify)
+    form for form; zeros (W_K of zeros) and ties (the same token everywhere) included."""
+    from symattn.problem import rope
+
+    d = fast(text)
+    if d.problem.X.rows < 2:
+        return
+    Q, K, S = (d.step(s).lazy for s in ("Q", "K", "S"))
+    d_k = Q.cols
+    built = rope.relative(d.problem.rope, Q, K, S, d_k)
+    with monkeypatch.context() as m:
+        m.setattr(rope, "plain_angles", lambda thetas: False)
+        expected = rope.relative(d.problem.rope, Q, K, S, d_k)
+    assert built == expected
+    assert built.difference == 0

@@ -13,8 +13,13 @@ from symattn.render.numbers import _tex, trig_sum_tex
 
 rationals = st.builds(lambda p, q: sympy.Rational(p, q),
                       st.integers(-10**30, 10**30), st.integers(1, 10**27) | st.sampled_from([1, 2, 7, 2**53]))
-angles = st.sampled_from([1, 2, sympy.Rational(1, 100), sympy.Rational(1, 10000), sympy.Rational(3, 7),
-                          sympy.Rational(1, 2**20), 10, sympy.Rational(7, 3)])
+rational_angles = st.sampled_from([1, 2, sympy.Rational(1, 100), sympy.Rational(1, 10000), sympy.Rational(3, 7),
+                                   sympy.Rational(1, 2**20), 10, sympy.Rational(7, 3)])
+# RoPE's own angles: a position (or offset) times base^(-2i/d_k), which SymPy writes 3·10^(5/8)/10
+rope_angles = st.builds(lambda t, base, i, d: t * sympy.Integer(base) ** sympy.Rational(-2 * i, d),
+                        st.integers(1, 300), st.sampled_from([10000, 500000, 2, 7]), st.integers(1, 31),
+                        st.sampled_from([8, 64, 128]))
+angles = rational_angles | rope_angles
 roots = st.sampled_from([1, 1, 2, 3, 6, 8, 10])  # 1: none; 8: SymPy writes 2√2
 terms = st.tuples(rationals, st.sampled_from([sympy.cos, sympy.sin, None]), angles, roots)
 
@@ -38,12 +43,13 @@ def test_the_special_order_and_the_signs():
     for x in (2 - 3 * s1, -2 + 3 * s1, 2 + c1, -s1 - c1, sympy.Rational(1, 3) - s1, -s1 / 7, s1 / 7, -s1,
               sympy.Rational(-5, 2) * c2 + sympy.Rational(1, 3) + c1, 3 * sympy.cos(sympy.Rational(5, 3)), c1,
               2 - s1, 1 - sympy.sqrt(2) * s1, sympy.Rational(1, 3) - sympy.sqrt(2), sympy.sqrt(2) / 2, -sympy.sqrt(3),
-              sympy.sqrt(2) / 3 - sympy.sqrt(2) * s1, sympy.Rational(-3, 7) * sympy.sqrt(6) * c2):
+              sympy.sqrt(2) / 3 - sympy.sqrt(2) * s1, sympy.Rational(-3, 7) * sympy.sqrt(6) * c2,
+              sympy.cos(sympy.sqrt(2)), sympy.Rational(2, 9) * sympy.sin(sympy.Integer(10000) ** sympy.Rational(-5, 32) * 7) - c1):
         assert trig_sum_tex(x) == sympy.latex(x), x
 
 
 def test_other_forms_are_left_to_sympy():
-    for x in (sympy.sqrt(2) * sympy.sqrt(3) * sympy.cos(1) + sympy.exp(2), sympy.cos(sympy.sqrt(2)), sympy.cbrt(2) * sympy.cos(1),
+    for x in (sympy.sqrt(2) * sympy.sqrt(3) * sympy.cos(1) + sympy.exp(2), sympy.cos(1 + sympy.sqrt(2)), sympy.cos(sympy.pi / 7), sympy.cbrt(2) * sympy.cos(1),
               sympy.sqrt(sympy.Rational(1, 2)) * sympy.cos(1) * sympy.sin(1), sympy.exp(1) + sympy.cos(1),
               sympy.Symbol("x") + sympy.sin(1), sympy.cos(1) ** 2 + sympy.sin(1)):
         assert trig_sum_tex(x) is None

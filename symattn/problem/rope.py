@@ -181,14 +181,43 @@ def relative(rope: Rope, Q, K, S, d_k: int) -> "Relative | None":
     if n < 2:
         return None
     p, r = n - 1, n - 2
-    k_row = sympy.ImmutableMatrix([[K[r, c] for c in range(K.cols)]])
-    k_rel = rotate(k_row, rope.thetas(d_k), rope.pairs(d_k), [r - p])
-    k_rel = tuple(k_rel[0, c] for c in range(K.cols))
+    thetas, pair_list = rope.thetas(d_k), rope.pairs(d_k)
+    k = tuple(K[r, c] for c in range(K.cols))
     q = tuple(Q[p, c] for c in range(Q.cols))
-    # q is not rotated, so no product of a cosine and a sine arises: expanding collects the terms.
-    value = tidy(sympy.Add(*[x * y for x, y in zip(q, k_rel)]))
     score = S[p, r]
+    if all(isinstance(x, sympy.Rational) for x in q + k) and plain_angles(thetas):
+        k_rel, value = _relative_plain(q, k, thetas, pair_list, r - p)
+        if score - value == 0:  # one canonical form: SymPy's sum cancels it term by term
+            return Relative(p, r, q, k, k_rel, score, value, sympy.Integer(0))
+    else:
+        k_row = sympy.ImmutableMatrix([list(k)])
+        k_rel = rotate(k_row, thetas, pair_list, [r - p])
+        k_rel = tuple(k_rel[0, c] for c in range(K.cols))
+        # q is not rotated, so no product of a cosine and a sine arises: expanding collects the terms.
+        value = tidy(sympy.Add(*[x * y for x, y in zip(q, k_rel)]))
     difference = tidy(score - value)
     if difference != 0:  # forms that expanding alone does not bring together
         difference = sympy.simplify(tidy_trig(difference))
-    return Relative(p, r, q, tuple(K[r, c] for c in range(K.cols)), k_rel, score, value, difference)
+    return Relative(p, r, q, k, k_rel, score, value, difference)
+
+
+def _relative_plain(q, k, thetas, pair_list, offset: int):
+    """``R(offset·θ)·k`` and ``q · R(offset·θ)·k`` for rational ``q``, ``k`` and plain angles, in the
+    canonical forms :func:`rotate` and expanding reach, built directly: each turned entry is
+    ``k_a cos φ − k_b sin φ`` (or ``k_a sin φ + k_b cos φ``), and the dot product collects the
+    rational coefficient of each cosine, sine and 1 over the components."""
+    from ..exact.rotary import plain_cos_sin
+
+    k_rel = list(k)  # a component in no pair stays
+    for (a, b), theta in zip(pair_list, thetas):
+        c, s = plain_cos_sin(offset, theta)
+        k_rel[a] = k[a] * c - k[b] * s
+        k_rel[b] = k[a] * s + k[b] * c
+    collected: dict = {}
+    for x, y in zip(q, k_rel):
+        if x == 0:
+            continue
+        for factor, coefficient in y.as_coefficients_dict().items():
+            collected[factor] = collected.get(factor, 0) + x * coefficient
+    value = sympy.Add(*[c * f for f, c in collected.items() if c != 0])
+    return tuple(k_rel), value

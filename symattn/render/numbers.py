@@ -59,8 +59,9 @@ def _tex(x: sympy.Expr) -> str:
 
 
 def trig_sum_tex(x: sympy.Expr) -> "str | None":
-    r"""What ``sympy.latex`` writes for a rational combination of cosines and sines of rationals,
-    each term perhaps times one square root (a rotary score, scaled or not: ``a cos 1 + b √2 sin(1/100)
+    r"""What ``sympy.latex`` writes for a rational combination of cosines and sines of plain angles
+    (rationals, or rationals times rational powers of positive rationals), each term perhaps times
+    one square root (a rotary score, scaled or not: ``a cos 1 + b √2 sin(1/100)
     + c``), without its printer; None for any other expression, or where two terms are too close
     in value to order them as SymPy does.
 
@@ -98,7 +99,7 @@ def trig_sum_tex(x: sympy.Expr) -> "str | None":
 
 def _trig_term(term: sympy.Expr):
     """``term`` as ``(c, factors)``: ``c`` rational times ``factors``, a tuple of at most one
-    square root of an integer and at most one cosine or sine of a rational, in SymPy's order;
+    square root of an integer and at most one cosine or sine of a plain angle, in SymPy's order;
     None for anything else."""
     if isinstance(term, sympy.Rational):
         return term, ()
@@ -108,7 +109,7 @@ def _trig_term(term: sympy.Expr):
     if not factors or len(factors) > 2:
         return None
     for k, f in enumerate(factors):
-        if isinstance(f, (sympy.cos, sympy.sin)) and isinstance(f.args[0], sympy.Rational) and k == len(factors) - 1:
+        if isinstance(f, (sympy.cos, sympy.sin)) and _plain_angle(f.args[0]) and k == len(factors) - 1:
             continue
         if isinstance(f, sympy.Pow) and isinstance(f.base, sympy.Integer) and f.base > 0 and f.exp == sympy.S.Half and k == 0:
             continue
@@ -116,16 +117,31 @@ def _trig_term(term: sympy.Expr):
     return c, tuple(factors)
 
 
-@functools.lru_cache(maxsize=1024)  # the same few angles and roots in every score
+@functools.lru_cache(maxsize=8192)  # the same angles in every score
+def _plain_angle(x: sympy.Expr) -> bool:
+    """Whether ``x`` is a positive rational, or a rational times rational powers of positive
+    rationals (RoPE's ``t·base^{-2i/d_k}``, which SymPy writes ``3·10^{5/8}/10``)."""
+    if isinstance(x, sympy.Rational):
+        return x > 0
+    if isinstance(x, sympy.Pow):
+        return isinstance(x.base, sympy.Rational) and x.base > 0 and isinstance(x.exp, sympy.Rational)
+    if isinstance(x, sympy.Mul):
+        return all(_plain_angle(f) for f in x.args)
+    return False
+
+
+@functools.lru_cache(maxsize=8192)  # the same angles and roots in every score
 def _factor_value(factors: tuple) -> float:
     return float(sympy.Mul(*factors)) if factors else 1.0
 
 
-@functools.lru_cache(maxsize=1024)
+@functools.lru_cache(maxsize=8192)
 def _factor_tex(f: sympy.Expr) -> str:
     if isinstance(f, sympy.Pow):
         return f"\\sqrt{{{f.base}}}"
-    return f"\\{type(f).__name__}{{\\left({qq_tex(f.args[0])} \\right)}}"
+    angle = f.args[0]
+    angle_tex = qq_tex(angle) if isinstance(angle, sympy.Rational) else sympy.latex(angle)
+    return f"\\{type(f).__name__}{{\\left({angle_tex} \\right)}}"
 
 
 def _trig_term_tex(c, factors: tuple) -> str:
