@@ -38,6 +38,7 @@ from .structures import Output, Softmax
 # the stage in decimals (certified by ball arithmetic) and the JSON's "exact" is null.
 EXACT_TERMS = 6000
 MAX_ANGLE_DPS = 8000  # the digits tried, doubling, for the balls of large angles p·θ_i
+GUARD_DPS = 12  # the digits tried first beyond those asked for: a score's cancellation, a large p·θ_i
 MAX_DPS = 1000  # the digits tried, doubling, to tell the largest score of a row from the others
 
 
@@ -121,14 +122,13 @@ class Rotated(Balled):
     def _at(self, dps: int) -> flint.arb_mat:
         """The entries in balls at flint's precision for ``dps`` digits."""
         with arb_precision(dps):
-            angles = [angle_ball(t) for t in self.thetas]
+            turned = _turned(self.thetas, dps)
             out = flint.arb_mat(flint.fmpq_mat(self.rows, self.cols, [fmpq(x) for row in self._qq for x in row]))
             for r, turn in enumerate(self.turns):
                 if turn == 0:
                     continue
                 row = self._qq[r]
-                for (a, b), angle in zip(self.pairs, angles):
-                    c, s = (angle * turn).cos(), (angle * turn).sin()
+                for (a, b), (c, s) in zip(self.pairs, turned(turn)):
                     xa, xb = fmpq(row[a]), fmpq(row[b])
                     out[r, a] = xa * c - xb * s
                     out[r, b] = xa * s + xb * c
@@ -138,6 +138,26 @@ class Rotated(Balled):
         """How many terms the exact entries have in all (a rotated entry has two)."""
         moved = sum(1 for t in self.turns if t != 0)
         return self.rows * self.cols + moved * 2 * len(self.pairs)
+
+
+_TURNED: dict = {}  # (angles, digits) -> {turn: [(cos, sin) of turn·θ_i]}, shared by Q_rot and K_rot
+
+
+def _turned(thetas: tuple, dps: int):
+    """``turn -> [(cos, sin) of turn·θ_i for each i]`` in balls at ``dps`` digits, each made once
+    (the queries and the keys turn by the same positions); call it at that precision."""
+    key = (thetas, dps)
+    if key not in _TURNED:
+        if len(_TURNED) > 16:
+            _TURNED.clear()
+        _TURNED[key] = ({}, [angle_ball(t) for t in thetas])
+    made, angles = _TURNED[key]
+
+    def at(turn: int) -> list:
+        if turn not in made:
+            made[turn] = [(angle * turn).sin_cos()[::-1] for angle in angles]
+        return made[turn]
+    return at
 
 
 class RotatedT(Balled):
@@ -252,11 +272,11 @@ class RotaryScores(Balled):
 
 
 def accurate(dps: int, compute, zero=None) -> flint.arb_mat:
-    """``compute(d)`` (an arb matrix in balls at ``d`` digits) for ``d`` = ``dps``, 2·``dps``, …
+    """``compute(d)`` (an arb matrix in balls at ``d`` digits) for ``d`` = ``dps`` + :data:`GUARD_DPS`, then doubling,
     until every ball that is not exact holds ``dps`` digits; refused past :data:`MAX_ANGLE_DPS`
     digits. A ball around 0 whose entry ``zero(i, j)`` says is exactly 0 becomes 0."""
     need = prec_bits(dps) - 20
-    d, zeros = dps, {}
+    d, zeros = dps + GUARD_DPS, {}
     while True:
         out = compute(d)
         loose = False
