@@ -28,7 +28,7 @@ import sympy
 from ..errors import SymattnError
 from ..numbers.matrices import NEG_INF, is_rational, tidy
 from ..numbers.sympy_internals import product_of_two
-from ..problem.rope import angle_ball, plain_angles
+from ..problem.rope import angle_ball, plain_angles, plain_cos_sin
 from .arb import arb_float, arb_precision, arb_to_mpf, fmpq, prec_bits
 from .lazy import LazyMatrix, position, rational_rows
 from .softmax import SoftmaxRow
@@ -40,17 +40,6 @@ EXACT_TERMS = 6000
 MAX_ANGLE_DPS = 8000  # the digits tried, doubling, for the balls of large angles p·θ_i
 GUARD_DPS = 12  # the digits tried first beyond those asked for: a score's cancellation, a large p·θ_i
 MAX_DPS = 1000  # the digits tried, doubling, to tell the largest score of a row from the others
-
-
-def plain_cos_sin(turn: int, theta: sympy.Expr) -> tuple[sympy.Expr, sympy.Expr]:
-    """``cos_sin(turn·θ)`` for a plain angle θ (see :func:`plain_angles`), as SymPy writes it: cos of
-    the positive angle |turn|·θ, and sin with the sign of ``turn``, made without SymPy's evaluation
-    (which, for such an angle, looks for a multiple of π and finds none)."""
-    if turn == 0:
-        return sympy.Integer(1), sympy.Integer(0)
-    angle = abs(turn) * theta
-    c, s = sympy.cos(angle, evaluate=False), sympy.sin(angle, evaluate=False)
-    return (c, s) if turn > 0 else (c, -s)
 
 
 class Balled(LazyMatrix):
@@ -148,7 +137,7 @@ def _turned(thetas: tuple, dps: int):
     (the queries and the keys turn by the same positions); call it at that precision."""
     key = (thetas, dps)
     if key not in _TURNED:
-        if len(_TURNED) > 16:
+        if len(_TURNED) >= 4:  # the precisions of one derivation: the few last kept
             _TURNED.clear()
         _TURNED[key] = ({}, [angle_ball(t) for t in thetas])
     made, angles = _TURNED[key]

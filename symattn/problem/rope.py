@@ -85,6 +85,17 @@ def plain_angles(thetas) -> bool:
     return all(t != 0 and t.is_positive and angle_ball(t) is not None for t in thetas)
 
 
+def plain_cos_sin(turn: int, theta: sympy.Expr) -> tuple[sympy.Expr, sympy.Expr]:
+    """``cos_sin(turn·θ)`` for a plain angle θ (see :func:`plain_angles`), as SymPy writes it: cos of
+    the positive angle |turn|·θ, and sin with the sign of ``turn``, made without SymPy's evaluation
+    (which, for such an angle, looks for a multiple of π and finds none)."""
+    if turn == 0:
+        return sympy.Integer(1), sympy.Integer(0)
+    angle = abs(turn) * theta
+    c, s = sympy.cos(angle, evaluate=False), sympy.sin(angle, evaluate=False)
+    return (c, s) if turn > 0 else (c, -s)
+
+
 def pairs(d_k: int, pairing: str) -> list[tuple[int, int]]:
     """The 0-based components of each pair: half pairs i with i + d_k/2, interleaved 2i with 2i + 1."""
     half = d_k // 2
@@ -206,8 +217,6 @@ def _relative_plain(q, k, thetas, pair_list, offset: int):
     canonical forms :func:`rotate` and expanding reach, built directly: each turned entry is
     ``k_a cos φ − k_b sin φ`` (or ``k_a sin φ + k_b cos φ``), and the dot product collects the
     rational coefficient of each cosine, sine and 1 over the components."""
-    from ..exact.rotary import plain_cos_sin
-
     k_rel = list(k)  # a component in no pair stays
     for (a, b), theta in zip(pair_list, thetas):
         c, s = plain_cos_sin(offset, theta)
