@@ -272,3 +272,17 @@ def test_the_relative_property_is_built_as_the_general_path_builds_it(text, monk
         expected = rope.relative(d.problem.rope, Q, K, S, d_k)
     assert built == expected
     assert built.difference == 0
+
+
+@settings(max_examples=30, deadline=None)
+@given(text=problems())
+def test_masked_scores_tell_their_minus_infinities_without_building_entries(text):
+    """The web page hatches a masked score by asking the rotary scores (no entry built); the
+    answer is the entry's own: −∞ exactly where the mask forbids, under either mask."""
+    d = fast(text)
+    for sid in d.ids:
+        lazy = d.step(sid).lazy
+        if isinstance(lazy, rotary.RotaryScores):
+            for i in range(lazy.rows):
+                for j in range(lazy.cols):
+                    assert lazy.is_neg_inf(i, j) == (lazy[i, j] == sympy.S.NegativeInfinity), (sid, i, j)

@@ -226,6 +226,12 @@ class RotaryScores(Balled):
         with arb_precision(dps):
             return self.q.arb_values(dps) * self.k.arb_values(dps).transpose()
 
+    def is_neg_inf(self, i: int, j: int) -> bool:
+        """Whether entry ``(i, j)`` is −∞ (a masked score), told without building it."""
+        if self.allowed is not None:
+            return not self.allowed[i][j]
+        return self.parent.is_neg_inf(i, j) if self.parent is not None else False
+
     def allowed_at(self, i: int) -> list[int]:
         """The 0-based keys query ``i`` may attend to."""
         if self.allowed is not None:

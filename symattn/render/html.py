@@ -209,7 +209,8 @@ class _Page:
         if step.is_softmax:
             return lambda i, j: step.softmax[i].is_masked(j)
         if step.kind_of.key in (registry.M, registry.S_MASKED):
-            return lambda i, j: step.lazy[i, j] == NEG_INF
+            told = getattr(step.lazy, "is_neg_inf", None)  # rotary scores tell it without building an entry
+            return told if told is not None else (lambda i, j: step.lazy[i, j] == NEG_INF)
         return lambda i, j: False
 
     def _shade(self, step: Step, form: str):
