@@ -82,7 +82,13 @@ def plain_angles(thetas) -> bool:
     cos(dθ) and sin(dθ) stays as it is (SymPy evaluates none), and, by the Lindemann–Weierstrass
     theorem, a sum of rational multiples of them is 0 only when its canonical form is. RoPE's fast
     path (:mod:`symattn.exact.rotary`) takes such angles; π/6 and the like take the general path."""
-    return all(t != 0 and t.is_positive and angle_ball(t) is not None for t in thetas)
+    return all(plain_angle(t) for t in thetas)
+
+
+def plain_angle(x: sympy.Expr) -> bool:
+    """Whether ``x`` is one such angle: positive, and a rational or a product of rationals and
+    rational powers of positive rationals (RoPE's ``t·base^{-2i/d_k}``)."""
+    return x != 0 and bool(x.is_positive) and angle_ball(x) is not None
 
 
 def plain_cos_sin(turn: int, theta: sympy.Expr) -> tuple[sympy.Expr, sympy.Expr]:

@@ -12,6 +12,7 @@ import re
 import mpmath
 import sympy
 
+from ..problem.rope import plain_angle
 from .latex_tokens import inline_script_fractions, script_tex
 
 NEG_INF = sympy.S.NegativeInfinity
@@ -117,17 +118,8 @@ def _trig_term(term: sympy.Expr):
     return c, tuple(factors)
 
 
-@functools.lru_cache(maxsize=8192)  # the same angles in every score
-def _plain_angle(x: sympy.Expr) -> bool:
-    """Whether ``x`` is a positive rational, or a rational times rational powers of positive
-    rationals (RoPE's ``t·base^{-2i/d_k}``, which SymPy writes ``3·10^{5/8}/10``)."""
-    if isinstance(x, sympy.Rational):
-        return x > 0
-    if isinstance(x, sympy.Pow):
-        return isinstance(x.base, sympy.Rational) and x.base > 0 and isinstance(x.exp, sympy.Rational)
-    if isinstance(x, sympy.Mul):
-        return all(_plain_angle(f) for f in x.args)
-    return False
+# RoPE's angles, t·base^(-2i/d_k) (SymPy writes 3·10^{5/8}/10), or rationals: the same few in every score
+_plain_angle = functools.lru_cache(maxsize=8192)(plain_angle)
 
 
 @functools.lru_cache(maxsize=8192)  # the same angles and roots in every score
