@@ -19,7 +19,7 @@ from ..exact.rotary import is_rotary, needs_decimals as rotary_needs_decimals, t
 from .. import stages as registry
 from ..numbers.matrices import is_rational
 from ..numbers.sympy_internals import mul_in_order, sum_of_distinct
-from .numbers import DPS, NEG_INF, is_plain_integer
+from .numbers import DPS, NEG_INF, is_plain_angle, is_plain_integer
 
 if TYPE_CHECKING:
     from ..exact.derivation import Derivation, Step
@@ -355,8 +355,55 @@ def jacobian_form(row, i: int, j: int, k: int) -> EntryForm:
     if normaliser_is_number(row):
         return EntryForm(jacobian_entry(row, j, k))
     t, z = row.terms, row.normaliser
-    top = sympy.expand(t[j] * (z - t[j])) if j == k else -t[j] * t[k]
+    top = jacobian_diagonal_top(t[j], z) if j == k else -t[j] * t[k]
     return EntryForm(over=(Over(top, i, squared=True),), wide=len(row.raw) > 4)
+
+
+def jacobian_diagonal_top(t_j: sympy.Expr, z: sympy.Expr) -> sympy.Expr:
+    """``expand(t_j·(Z − t_j))``, the numerator of a diagonal Jacobian entry over ``Z²``.
+
+    Where one factor is 1 and the other a sum of powers ``e^{x_1 + … + x_m}`` with plain terms
+    ``x`` (see :func:`_expands_to_itself`), the expansion is built directly: SymPy's ``expand``
+    writes each such power as the product ``e^{x_1}···e^{x_m}``, after expanding every term of
+    every exponent (a rotary row's exponents have 64 terms: a quarter of a second each). Anything
+    else is left to ``expand``."""
+    rest = z - t_j
+    if t_j == 1:
+        other = rest
+    elif rest == 1:
+        other = t_j
+    else:
+        return sympy.expand(t_j * rest)
+    parts = [_split_power(term) for term in sympy.Add.make_args(other)]
+    if any(part is None for part in parts):
+        return sympy.expand(t_j * rest)
+    return sympy.Add(*parts)
+
+
+def _split_power(term: sympy.Expr) -> "sympy.Expr | None":
+    """``expand(term)`` for a power ``e^{x_1 + … + x_m}`` of plain terms: ``e^{x_1}···e^{x_m}``
+    (SymPy's evaluation turns ``e^1`` into ``E`` and leaves the others as they are); else None."""
+    if not isinstance(term, sympy.exp):
+        return None
+    xs = sympy.Add.make_args(term.args[0])
+    if not all(_expands_to_itself(x) for x in xs):
+        return None
+    return sympy.Mul(*[sympy.exp(x) if x.is_Rational else sympy.exp(x, evaluate=False) for x in xs])
+
+
+def _expands_to_itself(x: sympy.Expr) -> bool:
+    """Whether ``x`` is a rational, or a product of rationals, square roots (or other rational
+    powers) of positive integers, and cosines or sines of plain angles: ``expand`` leaves it as it
+    is, and SymPy's evaluation of ``e^x`` finds no multiple of iπ or logarithm in it."""
+    for f in sympy.Mul.make_args(x):
+        if f.is_Rational:
+            continue
+        if isinstance(f, sympy.Pow) and f.base.is_Integer and f.base > 0 and f.exp.is_Rational:
+            continue
+        if isinstance(f, (sympy.cos, sympy.sin)) and is_plain_angle(f.args[0]):
+            continue
+        return False
+    return True
 
 
 def jacobian_entry(row, j: int, k: int) -> sympy.Expr:
@@ -364,5 +411,5 @@ def jacobian_entry(row, j: int, k: int) -> sympy.Expr:
     if row.raw[j] is None or row.raw[k] is None:
         return sympy.Integer(0)
     t, z = row.terms, row.normaliser
-    top = sympy.expand(t[j] * (z - t[j])) if j == k else -t[j] * t[k]
+    top = jacobian_diagonal_top(t[j], z) if j == k else -t[j] * t[k]
     return top / z**2

@@ -110,7 +110,7 @@ def _trig_term(term: sympy.Expr):
     if not factors or len(factors) > 2:
         return None
     for k, f in enumerate(factors):
-        if isinstance(f, (sympy.cos, sympy.sin)) and _plain_angle(f.args[0]) and k == len(factors) - 1:
+        if isinstance(f, (sympy.cos, sympy.sin)) and is_plain_angle(f.args[0]) and k == len(factors) - 1:
             continue
         if isinstance(f, sympy.Pow) and isinstance(f.base, sympy.Integer) and f.base > 0 and f.exp == sympy.S.Half and k == 0:
             continue
@@ -119,7 +119,7 @@ def _trig_term(term: sympy.Expr):
 
 
 # RoPE's angles, t·base^(-2i/d_k) (SymPy writes 3·10^{5/8}/10), or rationals: the same few in every score
-_plain_angle = functools.lru_cache(maxsize=8192)(plain_angle)
+is_plain_angle = functools.lru_cache(maxsize=8192)(plain_angle)
 
 
 @functools.lru_cache(maxsize=8192)  # the same angles and roots in every score
