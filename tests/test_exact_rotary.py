@@ -15,7 +15,7 @@ import json
 import mpmath
 import numpy as np
 import sympy
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import symattn
@@ -123,6 +123,9 @@ def problems(draw):
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(text=problems())
+# terms with coefficient 1 and −1 (cos 1 and −sin 1 alone), which SymPy writes without a product
+@example(text=problem_text([[1, 0], [1, 0]], [[1, 0], [0, 1]], [[1, 0], [0, 1]], [[1, 0], [0, 1]]))
+@example(text=problem_text([[1, 0], [0, 1]], [[1, 0], [0, 1]], [[1, 0], [0, 1]], [[1, 0], [0, 1]], mask="none"))
 def test_the_fast_path_builds_what_the_general_path_builds(text, monkeypatch):
     assert_same(fast(text), general(text, monkeypatch))
 
@@ -286,3 +289,22 @@ def test_masked_scores_tell_their_minus_infinities_without_building_entries(text
             for i in range(lazy.rows):
                 for j in range(lazy.cols):
                     assert lazy.is_neg_inf(i, j) == (lazy[i, j] == sympy.S.NegativeInfinity), (sid, i, j)
+
+
+_angles = [sympy.Rational(1, 10), sympy.Integer(1), 3 * sympy.Integer(10) ** sympy.Rational(-5, 8), sympy.Rational(7, 3)]
+_factors = [sympy.Rational(1, 8), sympy.Rational(1, 2), sympy.sqrt(2) / 4, sympy.sqrt(6) / 6, sympy.sqrt(2) / 2,
+            sympy.Integer(3), sympy.Integer(-1), 2 * sympy.sqrt(3) / 9, sympy.sqrt(10), sympy.Integer(1), sympy.pi / 4]
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.integers(-8, 8), st.lists(st.tuples(st.integers(-9, 9), st.integers(1, 9)), min_size=2 * len(_angles),
+                                    max_size=2 * len(_angles)), st.sampled_from(_factors))
+def test_a_scaled_score_is_what_sympy_builds(constant, coefficients, factor):
+    """``rotary._scaled`` (each term of a score times 1/√d_k, built directly) against SymPy's own
+    products and sum, tree for tree: coefficients that cancel the factor's, −1, a lone number, 0."""
+    terms = [sympy.Integer(constant)]
+    for (p, q), f in zip(coefficients, [g(a) for a in _angles for g in (sympy.cos, sympy.sin)]):
+        terms.append(sympy.Rational(p, q) * f)
+    x = sympy.Add(*terms)
+    built, expected = rotary._scaled(x, factor), sympy.Add(*[t * factor for t in sympy.Add.make_args(x)])
+    assert built == expected and sympy.srepr(built) == sympy.srepr(expected), (x, factor)

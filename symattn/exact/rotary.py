@@ -27,7 +27,7 @@ import sympy
 
 from ..errors import SymattnError
 from ..numbers.matrices import NEG_INF, is_rational, tidy
-from ..numbers.sympy_internals import product_of_two
+from ..numbers.sympy_internals import product_of_distinct, product_of_two, sum_of_distinct
 from ..problem.rope import angle_ball, plain_angles, plain_cos_sin
 from .arb import arb_float, arb_precision, arb_to_mpf, fmpq, prec_bits
 from .lazy import LazyMatrix, position, rational_rows
@@ -77,6 +77,8 @@ class Rotated(Balled):
             self._partner[b] = (i, a, b)
         self._balls: dict[int, flint.arb_mat] = {}
         self._angles: dict[tuple[int, int], tuple[sympy.Expr, sympy.Expr]] = {}
+        # no two pairs turned by the same angle: then no two terms of a score are alike
+        self.distinct_angles = len(set(self.thetas)) == len(self.thetas)
         super().__init__(m.rows, m.cols, self._entry_of)
 
     def _entry_of(self, r: int, k: int) -> sympy.Expr:
@@ -127,6 +129,35 @@ class Rotated(Balled):
         """How many terms the exact entries have in all (a rotated entry has two)."""
         moved = sum(1 for t in self.turns if t != 0)
         return self.rows * self.cols + moved * 2 * len(self.pairs)
+
+
+def _times(c, f: sympy.Expr) -> sympy.Expr:
+    """``c·f`` as SymPy builds it, for a rational ``c ≠ 0`` (QQ) and ``f`` a cosine or sine, or
+    the negated sine ``plain_cos_sin`` gives for a negative turn: ``c`` first, then the function."""
+    if isinstance(f, sympy.Mul):  # -sin φ
+        c, f = -c, f.args[1]
+    return product_of_distinct(_rational(c), [f])
+
+
+def _scaled(x: sympy.Expr, factor: sympy.Expr) -> sympy.Expr:
+    """``Σ_t t·factor`` over the terms ``t`` of a score built by :meth:`RotaryScores._score`
+    (a number, then rational multiples of distinct cosines and sines), for a rational factor or
+    a rational times a square root (``1/√d_k``), as SymPy builds it: each term's coefficient times
+    the factor's, the root put among its functions in SymPy's order, the terms sorted. Any
+    other factor or term is left to SymPy."""
+    if x == 0:
+        return x
+    c0, root = factor.as_coeff_Mul()
+    if not (root == 1 or (isinstance(root, sympy.Pow) and root.base.is_Integer and root.base > 1
+                          and root.exp == sympy.S.Half)):
+        return sympy.Add(*[t * factor for t in sympy.Add.make_args(x)])
+    out = []
+    for t in sympy.Add.make_args(x):
+        c, f = t.as_coeff_Mul()
+        if not (f == 1 or isinstance(f, (sympy.cos, sympy.sin))):
+            return sympy.Add(*[t * factor for t in sympy.Add.make_args(x)])
+        out.append(product_of_distinct(c * c0, [g for g in (root, f) if g != 1]))
+    return sum_of_distinct(out)
 
 
 _TURNED: dict = {}  # (angles, digits) -> {turn: [(cos, sin) of turn·θ_i]}, shared by Q_rot and K_rot
@@ -195,32 +226,38 @@ class RotaryScores(Balled):
             return self._score(i, j)
         if self.allowed is None:  # s·factor expanded: the factor into each term
             x = self.parent[i, j]
-            return sympy.Add(*[t * self.factor for t in sympy.Add.make_args(x)])
+            return _scaled(x, self.factor) if self.q.distinct_angles else \
+                sympy.Add(*[t * self.factor for t in sympy.Add.make_args(x)])
         if not self.allowed[i][j]:
             return NEG_INF
         x = self.parent[i, j]  # a sum of distinct terms: adding a rational keeps it expanded
         return x if self.bias is None else x + _rational(self.bias[i][j])
 
     def _score(self, i: int, j: int) -> sympy.Expr:
-        """``q_rot_i · k_rot_j`` in its canonical form: ``α cos(dθ) + β sin(dθ)`` for each pair."""
+        """``q_rot_i · k_rot_j`` in its canonical form: ``α cos(dθ) + β sin(dθ)`` for each pair.
+
+        With distinct angles the terms are distinct (one cos and one sin of each angle dθ_i, and
+        one number), so the sum is SymPy's canonical one with its terms only put in order."""
         q, k = self.q._qq[i], self.k._qq[j]
         d = self.k.turns[j] - self.q.turns[i]
         paired = set()
+        constant = 0
         terms = []
         for index, (a, b) in enumerate(self.q.pairs):
             paired.update((a, b))
             alpha = q[a] * k[a] + q[b] * k[b]
-            beta = q[b] * k[a] - q[a] * k[b]
             if d == 0:
-                terms.append(_rational(alpha))
+                constant += alpha
                 continue
+            beta = q[b] * k[a] - q[a] * k[b]
             c, s = self.q._cos_sin(d, index)
             if alpha:
-                terms.append(_rational(alpha) * c)
+                terms.append(_times(alpha, c))
             if beta:
-                terms.append(_rational(beta) * s)
-        terms += [_rational(q[c] * k[c]) for c in range(self.q.cols) if c not in paired]
-        return sympy.Add(*terms)
+                terms.append(_times(beta, s))
+        constant += sum((q[c] * k[c] for c in range(self.q.cols) if c not in paired), 0)
+        terms = ([_rational(constant)] if constant else []) + terms
+        return sum_of_distinct(terms) if self.q.distinct_angles else sympy.Add(*terms)
 
     def _product_at(self, dps: int) -> flint.arb_mat:
         with arb_precision(dps):

@@ -190,6 +190,21 @@ def product_of_two(a: sympy.Expr, b: sympy.Expr) -> sympy.Expr:
     return sympy.Mul._from_args(args)
 
 
+def product_of_distinct(coefficient: sympy.Rational, factors: list) -> sympy.Expr:
+    """``coefficient·f_1···f_k`` as SymPy builds it, for a rational ≠ 0 and factors of distinct
+    kinds that do not combine (a square root of an integer, a cosine or a sine): the factors in
+    the order Mul's flattening sorts them, the coefficient first unless it is 1."""
+    from sympy.core.mul import _mulsort
+
+    factors = list(factors)
+    if not factors:
+        return coefficient
+    if coefficient == 1 and len(factors) == 1:
+        return factors[0]
+    _mulsort(factors)
+    return sympy.Mul._from_args(tuple(factors) if coefficient == 1 else (coefficient, *factors))
+
+
 def sum_of_distinct(terms: list) -> sympy.Expr:
     """``sympy.Add(*terms)`` for terms that are already collected (no two alike, at most one
     number): the same canonical sum, without Add's pass that splits and rebuilds every term."""
@@ -197,7 +212,7 @@ def sum_of_distinct(terms: list) -> sympy.Expr:
 
     numbers = [t for t in terms if t.is_Number]
     others = [t for t in terms if not t.is_Number]
-    if len(numbers) > 1 or not all(isinstance(t, (sympy.Mul, sympy.exp)) for t in others):
+    if len(numbers) > 1 or not all(isinstance(t, (sympy.Mul, sympy.exp, sympy.cos, sympy.sin)) for t in others):
         return sympy.Add(*terms)
     _addsort(others)
     args = numbers + others

@@ -78,6 +78,9 @@ class _Printer(StrPrinter):
             text = self._sums[expr] = self._print_Function(expr)
         return text
 
+    # a rotary entry's cos(dθ_i) and sin(dθ_i) come back in every score at the distance d
+    _print_cos = _print_sin = _print_exp
+
     def _print_Mul(self, expr):
         # c·e^x with rational c and x, written as StrPrinter writes it (3*exp(-1/2)/4) without
         # its sign and precedence tests.
