@@ -306,5 +306,5 @@ def test_a_scaled_score_is_what_sympy_builds(constant, coefficients, factor):
     for (p, q), f in zip(coefficients, [g(a) for a in _angles for g in (sympy.cos, sympy.sin)]):
         terms.append(sympy.Rational(p, q) * f)
     x = sympy.Add(*terms)
-    built, expected = rotary._scaled(x, factor), sympy.Add(*[t * factor for t in sympy.Add.make_args(x)])
+    built, expected = rotary._scaled(x, factor, True), sympy.Add(*[t * factor for t in sympy.Add.make_args(x)])
     assert built == expected and sympy.srepr(built) == sympy.srepr(expected), (x, factor)

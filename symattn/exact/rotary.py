@@ -139,25 +139,32 @@ def _times(c, f: sympy.Expr) -> sympy.Expr:
     return product_of_distinct(_rational(c), [f])
 
 
-def _scaled(x: sympy.Expr, factor: sympy.Expr) -> sympy.Expr:
-    """``Σ_t t·factor`` over the terms ``t`` of a score built by :meth:`RotaryScores._score`
-    (a number, then rational multiples of distinct cosines and sines), for a rational factor or
-    a rational times a square root (``1/√d_k``), as SymPy builds it: each term's coefficient times
-    the factor's, the root put among its functions in SymPy's order, the terms sorted. Any
-    other factor or term is left to SymPy."""
-    if x == 0:
-        return x
-    c0, root = factor.as_coeff_Mul()
-    if not (root == 1 or (isinstance(root, sympy.Pow) and root.base.is_Integer and root.base > 1
-                          and root.exp == sympy.S.Half)):
+def _scaled(x: sympy.Expr, factor: sympy.Expr, distinct: bool) -> sympy.Expr:
+    """``Σ_t t·factor`` over the terms ``t`` of a score built by :meth:`RotaryScores._score`.
+
+    With ``distinct`` angles (a number, then rational multiples of distinct cosines and sines)
+    and a rational factor or a rational times a square root (``1/√d_k``), it is built as SymPy
+    builds it: each term's coefficient times the factor's, the root put among its functions in
+    SymPy's order, the terms sorted. Anything else is left to SymPy's products and sum."""
+    terms = _scaled_terms(x, factor) if distinct else None
+    if terms is None:
         return sympy.Add(*[t * factor for t in sympy.Add.make_args(x)])
+    return sum_of_distinct(terms)
+
+
+def _scaled_terms(x: sympy.Expr, factor: sympy.Expr) -> "list | None":
+    """The terms of :func:`_scaled`'s sum, each made directly; None where SymPy must build them."""
+    c0, root = factor.as_coeff_Mul()
+    if x == 0 or not (root == 1 or (isinstance(root, sympy.Pow) and root.base.is_Integer and root.base > 1
+                                    and root.exp == sympy.S.Half)):
+        return None
     out = []
     for t in sympy.Add.make_args(x):
         c, f = t.as_coeff_Mul()
         if not (f == 1 or isinstance(f, (sympy.cos, sympy.sin))):
-            return sympy.Add(*[t * factor for t in sympy.Add.make_args(x)])
+            return None
         out.append(product_of_distinct(c * c0, [g for g in (root, f) if g != 1]))
-    return sum_of_distinct(out)
+    return out
 
 
 _TURNED: dict = {}  # (angles, digits) -> {turn: [(cos, sin) of turn·θ_i]}, shared by Q_rot and K_rot
@@ -226,8 +233,7 @@ class RotaryScores(Balled):
             return self._score(i, j)
         if self.allowed is None:  # s·factor expanded: the factor into each term
             x = self.parent[i, j]
-            return _scaled(x, self.factor) if self.q.distinct_angles else \
-                sympy.Add(*[t * self.factor for t in sympy.Add.make_args(x)])
+            return _scaled(x, self.factor, self.q.distinct_angles)
         if not self.allowed[i][j]:
             return NEG_INF
         x = self.parent[i, j]  # a sum of distinct terms: adding a rational keeps it expanded

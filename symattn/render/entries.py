@@ -368,14 +368,9 @@ def jacobian_diagonal_top(t_j: sympy.Expr, z: sympy.Expr) -> sympy.Expr:
     every exponent (a rotary row's exponents have 64 terms: a quarter of a second each). Anything
     else is left to ``expand``."""
     rest = z - t_j
-    if t_j == 1:
-        other = rest
-    elif rest == 1:
-        other = t_j
-    else:
-        return sympy.expand(t_j * rest)
-    parts = [_split_power(term) for term in sympy.Add.make_args(other)]
-    if any(part is None for part in parts):
+    other = rest if t_j == 1 else t_j if rest == 1 else None
+    parts = [] if other is None else [_split_power(term) for term in sympy.Add.make_args(other)]
+    if not parts or any(part is None for part in parts):
         return sympy.expand(t_j * rest)
     return sympy.Add(*parts)
 

@@ -44,7 +44,7 @@ class _Printer(StrPrinter):
     def __init__(self, recurring=()) -> None:
         super().__init__({"order": "none"})
         self._recurring = set(recurring)
-        self._sums: dict = {}  # the texts of recurring sums, and of the powers e^x
+        self._sums: dict = {}  # the texts of recurring sums, of the powers e^x, and of cos and sin
 
     def _print_Add(self, expr, order=None):
         if expr not in self._recurring:
