@@ -533,4 +533,6 @@ def _labels(axis: str, n: int, p: Problem) -> tuple[str, ...]:
         return tuple(f"t = {t}" for t in range(1, n + 1))
     if axis == stages.COSTS:
         return stages.COST_COLUMNS[:n]
+    if axis in (stages.MEAN, stages.VARIANCE, stages.MEAN_SQUARE):  # a norm's one column of row statistics
+        return (axis,)
     return tuple(f"{axis}{i + 1}" for i in range(n))

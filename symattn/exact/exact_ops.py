@@ -9,6 +9,7 @@ import sympy
 from sympy import QQ
 
 from ..numbers.matrices import Matrix, is_rational, rational_matrix, tidy
+from . import norms as _norms
 from . import products as _products
 from . import rotary as _rotary
 from . import tiled as _tiled
@@ -55,6 +56,11 @@ class ExactOps(Ops):
         rotary = _rotary.scores(a, b)  # Q_rot·K_rotᵀ: kept as structure
         if rotary is not None:
             return rotary
+        if isinstance(a, _norms.RowScaled) and is_rational(b):  # a normalised X times the weights
+            return a.times(b)
+        normed = _norms.scores(a, b)  # Q·Kᵀ of normalised rows: four rational products
+        if normed is not None:
+            return normed
         return _products.matmul(a, b) if self.expand else _products.product(a, b)
 
     @staticmethod
@@ -121,7 +127,21 @@ class ExactOps(Ops):
 
     def add_row(self, m, row):
         """``m`` with the 1 × cols ``row`` added to every row (a projection's bias)."""
+        if isinstance(m, _norms.RowScaled) and is_rational(row):
+            return m.plus_row(row)
         return _products.add_row(matrix_of(m), matrix_of(row))
+
+    def row_mean(self, m):
+        return _norms.row_mean(matrix_of(m))
+
+    def row_spread(self, m, mu, ddof: int = 0):
+        return _norms.row_spread(matrix_of(m), None if mu is None else matrix_of(mu), ddof)
+
+    def normalise(self, m, mu, spread, eps, inside: bool = True):
+        return _norms.normalise(matrix_of(m), None if mu is None else matrix_of(mu), matrix_of(spread), eps, inside)
+
+    def times_row(self, m, row):
+        return _norms.times_row(matrix_of(m), matrix_of(row))
 
     def col_sums(self, m):
         """``1ᵀ m``, the 1 × cols sums of the columns (a bias's gradient). A sum over the softmax
@@ -141,7 +161,7 @@ class ExactOps(Ops):
             return WeightsT(a.rows)
         if isinstance(a, OverZ2) and a.keyed:
             return ScoresT(a)
-        if isinstance(a, _rotary.Rotated):
+        if isinstance(a, (_rotary.Rotated, _norms.RowScaled, _norms.RowScaledT)):
             return a.T
         return _products.transpose(matrix_of(a))
 

@@ -129,6 +129,34 @@ class NumericOps(Ops):
                 out.append(new)
             return out
 
+    def row_mean(self, m) -> Values:
+        with mpmath.workdps(self.dps + 10):
+            return [[mpmath.fsum(row) / len(row)] for row in self.grid(m)]
+
+    def row_spread(self, m, mu, ddof: int = 0) -> Values:
+        m = self.grid(m)
+        centres = [r[0] for r in self.grid(mu)] if mu is not None else [0] * len(m)
+        with mpmath.workdps(self.dps + 10):
+            return [[mpmath.fsum((x - c) ** 2 for x in row) / (len(row) - ddof)] for row, c in zip(m, centres)]
+
+    def normalise(self, m, mu, spread, eps, inside: bool = True) -> Values:
+        m, spread = self.grid(m), self.grid(spread)
+        centres = [r[0] for r in self.grid(mu)] if mu is not None else [0] * len(m)
+        with mpmath.workdps(self.dps + 10):
+            e = to_mpf(eps, self.dps + 10)
+            out = []
+            for row, c, (s,) in zip(m, centres, spread):
+                root = mpmath.sqrt(s + e) if inside else mpmath.sqrt(s) + e
+                if root == 0:
+                    raise Undefined("a row with no spread and ε = 0 has no norm")
+                out.append([(x - c) / root for x in row])
+            return out
+
+    def times_row(self, m, row) -> Values:
+        m, row = self.grid(m), self.grid(row)
+        with mpmath.workdps(self.dps + 10):
+            return [[x * g for x, g in zip(r, row[0])] for r in m]
+
     def tiled_max(self, z, block: int, running: bool = True) -> Values:
         return _tiled.numeric_maxima(self.grid(z), block, running)
 

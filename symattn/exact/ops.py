@@ -114,6 +114,24 @@ class Ops(Protocol):
         """RoPE: row ``p`` of ``m`` with each pair ``pairs[i]`` turned by ``sign·(p + offset)·θ_i``."""
         raise NotImplementedError
 
+    def row_mean(self, m: Value) -> Value:
+        """The n × 1 means of the rows of ``m`` (μ_i of a token's features)."""
+        raise NotImplementedError
+
+    def row_spread(self, m: Value, mu: Value | None, ddof: int = 0) -> Value:
+        """The n × 1 ``Σ_k (m_ik − μ_i)² / (d − ddof)`` of each row: the biased variance (``ddof`` 0),
+        or with ``mu`` None the mean square ``Σ_k m_ik² / d`` (RMSNorm)."""
+        raise NotImplementedError
+
+    def normalise(self, m: Value, mu: Value | None, spread: Value, eps: sympy.Expr, inside: bool = True) -> Value:
+        """``(m_ik − μ_i) / √(spread_i + ε)`` (``mu`` None: ``m_ik / √(spread_i + ε)``); ``inside``
+        False puts ε outside the root, ``/(√spread_i + ε)`` (a common slip)."""
+        raise NotImplementedError
+
+    def times_row(self, m: Value, row: Value) -> Value:
+        """``m`` with each column k multiplied by ``row``'s entry k (γ of a norm)."""
+        raise NotImplementedError
+
     def tiled_max(self, z: Value, block: int) -> Value:
         """The running maximum of each row of ``z`` after each block of ``block`` keys."""
         raise NotImplementedError

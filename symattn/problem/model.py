@@ -54,6 +54,43 @@ class Positions:
         return sinusoidal_encoding(self.matrix.rows, self.matrix.cols, self.base, **slip)
 
 
+NORM_KINDS = ("layernorm", "rmsnorm")
+
+
+@dataclass(frozen=True)
+class Norm:
+    """A layer normalisation over each token's features (one row of X at a time).
+
+    ``kind`` is ``layernorm``, (x − μ)/√(σ² + ε)·γ + β with the biased variance σ², or
+    ``rmsnorm``, x/√(mean(x²) + ε)·γ. ``weight`` (γ) and ``bias`` (β) are 1 × d rows, None for
+    1 and 0; ``offset`` 1 multiplies by (1 + γ) instead (Gemma). ``eps`` is exact. ``place`` is
+    ``pre`` (the attention reads the normalised X) or ``post`` (the norm of X + the attention's
+    output, BERT's order; the residual is implied).
+    """
+
+    kind: str
+    eps: sympy.Expr
+    weight: Matrix | None = None
+    bias: Matrix | None = None
+    offset: int = 0
+    place: str = "pre"
+
+    @property
+    def rms(self) -> bool:
+        return self.kind == "rmsnorm"
+
+    @property
+    def post(self) -> bool:
+        return self.place == "post"
+
+    @property
+    def gain(self) -> Matrix | None:
+        """The row each normalised row is multiplied by, entry by entry: γ, or offset + γ (None: 1)."""
+        if self.weight is None or not self.offset:
+            return self.weight
+        return Matrix(1, self.weight.cols, lambda i, j: self.offset + self.weight[0, j])
+
+
 @dataclass(frozen=True)
 class Head:
     """One attention head's weights, and its projection biases (1 × d rows added to every row of
@@ -145,6 +182,8 @@ class Problem:
     positions: Positions | None = None  # positional encodings added to X; None: X as given
     kv_heads: int | None = None  # grouped-query attention: the heads share K/V in this many groups
     decode: int | None = None  # decode only this token's row from a KV cache (1-based)
+    norm: Norm | None = None  # the layer normalisation in front of (or, post, behind) the attention
+    residual: bool = False  # H = the attention's input + its output (implied by a post norm)
 
     def kv_group(self, head: int) -> int:
         """The K/V group (1-based) that query head ``head`` (1-based) reads: heads

@@ -185,14 +185,39 @@ def _decode(p: Problem, out: dict, prefix, kv_prefix, Q, K, V, factor, O) -> Non
     out[st.DECODE_COST] = np.stack([steps * d_k, steps * d_v, steps**2 * d_k, steps**2 * d_v], axis=1).astype(float)
 
 
+def layer_norm_f64(x: np.ndarray, norm, out: dict, post: bool = False) -> np.ndarray:
+    """LayerNorm or RMSNorm of each row in float64, as PyTorch writes them (biased variance, ε
+    inside the root), its stages kept under their ids (the same names in front of the attention
+    and, ``post``, behind it); returns the norm's output."""
+    eps = float(norm.eps)
+    if norm.kind == "rmsnorm":
+        ms = out[st.MS] = (x * x).mean(axis=1, keepdims=True)            # mean(x²) of each row
+        hat = x / np.sqrt(ms + eps)
+    else:
+        mu = out[st.MU] = x.mean(axis=1, keepdims=True)
+        var = out[st.VAR] = ((x - mu) ** 2).mean(axis=1, keepdims=True)  # divided by d (biased)
+        hat = (x - mu) / np.sqrt(var + eps)
+    out[st.R_HAT if post else st.X_HAT] = hat
+    y = hat
+    if norm.weight is not None:
+        g = out[st.GAMMA] = to_float64(norm.weight)
+        y = y * (norm.offset + g)
+    if norm.bias is not None:
+        b = out[st.BETA] = to_float64(norm.bias)
+        y = y + b
+    return y
+
+
 def _layer_inputs(p: Problem, out: dict, subs) -> tuple[np.ndarray, np.ndarray]:
-    """The projections' inputs: X (plus PE with positions) for the queries, and the context (X
-    itself without cross-attention) for the keys and values."""
+    """The projections' inputs: X (plus PE with positions, then its norm with a pre norm) for the
+    queries, and the context (X itself without cross-attention) for the keys and values."""
     X = out[st.X] = to_float64(p.X, subs)
     PE = positions_f64(p)
     if PE is not None:
         out[st.PE] = PE
         X = out[st.X_POS] = X + PE                              # the projections read X + PE
+    if p.norm is not None and not p.norm.post:
+        X = out[st.X_NORM] = layer_norm_f64(X, p.norm, out)     # the attention reads the norm
     C = X
     if p.context is not None:
         C = out[st.CONTEXT] = to_float64(p.context, subs)
@@ -261,4 +286,12 @@ def numeric_stages(p: Problem) -> dict[str, np.ndarray]:
     outputs = _projected_heads(p, out, M, X, C, subs)
     if p.multi_head:
         _output_projection(p, out, outputs, subs)
+    if p.residual:
+        block = out.get(st.X_POS, out[st.X])                    # the block's input (with its positions)
+        total = block + out[st.O]                               # the layer's output, added to its input
+        if p.norm is not None and p.norm.post:                  # BERT: H = LN(X + O)
+            out[st.R] = total
+            out[st.H] = layer_norm_f64(total, p.norm, out, post=True)
+        else:
+            out[st.H] = total
     return out

@@ -137,8 +137,10 @@ def _single_negative(x: sympy.Expr) -> bool:
 
 def _heads_form(d: Derivation, step: Step, parts: list, i: int, j: int, wide: bool) -> EntryForm:
     plain = sympy.Add(*[x for _, x, over_z in parts if not over_z])
-    if step.key == registry.O_FINAL and d.problem.b_O is not None:
+    if step.key in (registry.O_FINAL, registry.H) and d.problem.b_O is not None:
         plain += d.problem.b_O[0, j]  # O = concat W_O + b_O: the bias joins the numbers outside the fractions
+    if step.key == registry.H:  # H = X + O: the block's input joins them too
+        plain += d.step(registry.Context(d.problem).block).lazy[i, j]
     over = tuple(Over(x, i, head=h) for h, x, over_z in parts if over_z)
     return EntryForm(plain if plain != 0 or not over else None, over, heads=True, wide=wide)
 
@@ -293,7 +295,7 @@ def head_parts_of(d: Derivation, step: Step) -> Callable[[int, int], list[tuple[
     offsets = [0]
     for o in outputs:
         offsets.append(offsets[-1] + o.shape[1])
-    weights = sympy.eye(offsets[-1]) if step.key == registry.CONCAT else p.W_O
+    weights = sympy.eye(offsets[-1]) if step.key == registry.CONCAT or p.W_O is None else p.W_O
     expanded: dict = {}  # (head, row) -> the row's exponentials, expanded (None where masked)
 
     def parts(i: int, j: int) -> list[tuple[int, sympy.Expr, bool]]:

@@ -101,8 +101,9 @@ _COMMANDS = {
     "\\exp": "exp", "\\max": "max", "\\|": "‖", "\\,": " ", "\\;": " ", "\\bigl": "", "\\bigr": "",
     "\\left": "", "\\right": "", "\\ell": "ℓ", "\\ldots": "…",
     "\\theta": "θ", "\\alpha": "α", "\\beta": "β", "\\pi": "π", "\\varphi": "φ", "\\cos": "cos", "\\sin": "sin", "\\dots": "…",
+    "\\mu": "μ", "\\sigma": "σ", "\\gamma": "γ", "\\varepsilon": "ε", "\\odot": "∘",
 }
-_OPERATORS = {"\\cdot", "\\times", "\\le", "\\ge", "\\to", "\\approx", "\\circ"}
+_OPERATORS = {"\\cdot", "\\times", "\\le", "\\ge", "\\to", "\\approx", "\\circ", "\\odot"}
 _WRAPPERS = ("\\operatorname", "\\mathrm", "\\mathbf", "\\text", "\\hat", "\\sqrt")
 _COMMAND = re.compile(r"\\(?:[A-Za-z]+|.)")
 

@@ -31,6 +31,10 @@ from .ids import (
     O_TILED, PE, Q, Q_ROT, Q_T, QUERIES, S, S_MASKED, S_SCALED, S_T, SHARED_KV, STEPS, TOKEN_AXES, V,
     V_CACHE, W_K, W_O, W_Q, W_V, X, X_POS, split_id, stage_id,
 )
+from .ids import (
+    BETA, BETA_POST, GAMMA, GAMMA_POST, H, H_POST, MEAN, MEAN_SQUARE, MS, MS_POST, MU, MU_POST, R, R_HAT, VAR,
+    VAR_POST, VARIANCE, X_HAT, X_NORM,
+)
 from .kinds import Context, Dot, Kind, Mistake, Section
 from .names import GRADIENT_NAMES, NAMES, TILED_NAMES, order_of, unknown_stage
 from .outline import SECTIONS, section_of, sections
@@ -47,6 +51,8 @@ __all__ = [
     "O_FINAL", "O_T", "O_T_DIFF", "O_TILED", "PE", "Q", "Q_ROT", "Q_T", "QUERIES", "S", "S_MASKED",
     "S_SCALED", "S_T", "SECTIONS", "SHARED_KV", "STEPS", "TILED_NAMES", "TOKEN_AXES", "TRACES", "V",
     "V_CACHE", "W_K", "W_O", "W_Q", "W_V", "X", "X_POS",
+    "BETA", "BETA_POST", "GAMMA", "GAMMA_POST", "H", "H_POST", "MEAN", "MEAN_SQUARE", "MS", "MS_POST", "MU",
+    "MU_POST", "R", "R_HAT", "VAR", "VAR_POST", "VARIANCE", "X_HAT", "X_NORM",
     "Context", "Dot", "Kind", "Mistake", "Planned", "Section",
     "dot_at", "input_ids", "kv_cache_size", "kv_groups", "order_of", "plan", "resolve", "section_of",
     "sections", "split_id", "stage_id", "traces", "unknown_stage",

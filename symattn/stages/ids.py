@@ -28,6 +28,14 @@ DQ_ROT, DK_ROT, DQ_BACK, DK_BACK = "dQ_rot", "dK_rot", "dQ_back", "dK_back"
 # FlashAttention's online softmax (``tiling:`` / ``--tiled B``)
 M_TILED, L_TILED, ACC_TILED, O_TILED = "m_tiled", "l_tiled", "acc_tiled", "O_tiled"
 PE, X_POS = "PE", "X_pos"
+# the layer norm (norm:): each token's mean, variance (LayerNorm) or mean square (RMSNorm), the
+# normalised rows, γ and β, and the attention's input X_norm; with place: post the same stages of
+# R = X + O (keys with "_post", named as the others) end in H. H: the residual stream X + O.
+MU, VAR, MS, X_HAT = "norm_mean", "norm_var", "norm_ms", "X_hat"
+GAMMA, BETA, X_NORM = "norm_gamma", "norm_beta", "X_norm"
+H, R, R_HAT = "H", "R", "R_hat"
+MU_POST, VAR_POST, MS_POST, GAMMA_POST, BETA_POST, H_POST = (
+    "norm_mean_post", "norm_var_post", "norm_ms_post", "norm_gamma_post", "norm_beta_post", "H_post")
 # the projections' biases (Q = X W_Q + b_Q, ...; O = concat W_O + b_O) and their gradients
 B_Q, B_K, B_V, B_O = "b_Q", "b_K", "b_V", "b_O"
 DB_Q, DB_K, DB_V, DB_O = "db_Q", "db_K", "db_V", "db_O"
@@ -48,7 +56,9 @@ QUERIES, KEYS = "queries", "keys"
 # A decoding step's axes: the cached key tokens 1..t, the new query token t alone, and the
 # columns of the cost table.
 CACHED, NEW, STEPS, COSTS = "cached", "new", "steps", "costs"
-TOKEN_AXES = (QUERIES, KEYS, CACHED, NEW, STEPS, COSTS)  # axes labelled by tokens (or words), not d1, d2, ...
+# the one column of a norm's row statistics, labelled by what it holds
+MEAN, VARIANCE, MEAN_SQUARE = "mean", "variance", "mean square"
+TOKEN_AXES = (QUERIES, KEYS, CACHED, NEW, STEPS, COSTS, MEAN, VARIANCE, MEAN_SQUARE)  # labelled by words, not d1, d2
 COST_COLUMNS = ("scores (cache)", "output (cache)", "scores (full)", "outputs (full)")
 
 

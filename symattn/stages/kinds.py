@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from .ids import B_O, CONTEXT, O, O_FINAL, SHARED_KV, X, X_POS
+from .ids import B_O, CONTEXT, O, O_FINAL, SHARED_KV, X, X_NORM, X_POS
 
 
 @dataclass(frozen=True)
@@ -41,9 +41,30 @@ class Context:
         return getattr(self.p, "positions", None) is not None
 
     @property
-    def xq(self) -> str:
-        """The key of what the queries are made from: X, or X with its positions added."""
+    def norm(self):
+        """The problem's layer norm (a :class:`symattn.problem.model.Norm`), or None."""
+        return getattr(self.p, "norm", None)
+
+    @property
+    def pre_norm(self) -> bool:
+        """The attention reads the normalised X (a norm in front: GPT-2, LLaMA)."""
+        return self.norm is not None and not self.norm.post
+
+    @property
+    def residual(self) -> bool:
+        """The residual stream H = X + O is derived (always with a post norm)."""
+        return bool(getattr(self.p, "residual", False))
+
+    @property
+    def block(self) -> str:
+        """The key of the block's input: X, or X with its positions added (the norm's input and the
+        residual's base)."""
         return X_POS if self.positions else X
+
+    @property
+    def xq(self) -> str:
+        """The key of what the queries are made from: X, X with its positions added, or its norm."""
+        return X_NORM if self.pre_norm else self.block
 
     @property
     def kv(self) -> str:
@@ -58,11 +79,16 @@ class Context:
     @property
     def xq_name(self) -> str:
         """What the queries are made from, in LaTeX."""
+        return "X_{norm}" if self.pre_norm else self.block_name
+
+    @property
+    def block_name(self) -> str:
+        """The block's input, in LaTeX."""
         return "X_{pos}" if self.positions else "X"
 
     def plain(self, name: str) -> str:
         """A name of :attr:`xq_name`/:attr:`kv_name` in plain text."""
-        return name.replace("_{pos}", "_pos")
+        return name.replace("_{pos}", "_pos").replace("_{norm}", "_norm")
 
     @property
     def heads(self) -> list[int | None]:

@@ -12,6 +12,8 @@ SECTIONS: tuple[Section, ...] = (
     Section("given", "The input: queries, keys and values given", applies=lambda c: not c.projected),
     Section("input", "The input", applies=lambda c: c.projected),
     Section("positions", "Add the positions", applies=lambda c: c.positions),
+    Section("norm", "Normalise each token", applies=lambda c: c.pre_norm,
+            retitle=lambda c: "Normalise each token (RMSNorm)" if c.norm.rms else "Normalise each token (LayerNorm)"),
     Section("project", "Project to queries, keys and values", per_head=True, applies=lambda c: c.projected,
             retitle=lambda c: (f"Project to queries (K/V of group {c.p.kv_group(c.head)} above)"
                                if c.reads(K, c.head) != c.head else None)),
@@ -28,6 +30,10 @@ SECTIONS: tuple[Section, ...] = (
     Section("step_cost", "The cost of a decoding step", applies=lambda c: c.t is not None),
     Section("concat", "Concatenate the heads", applies=lambda c: c.multi),
     Section("projection", "Output projection", applies=lambda c: c.multi),
+    Section("residual", "The residual stream", applies=lambda c: c.residual,
+            retitle=lambda c: ("The residual sum and its norm (post-norm, "
+                               + ("RMSNorm" if c.norm.rms else "LayerNorm") + ")") if c.norm is not None and c.norm.post
+            else None),
     Section("b_upstream", "Backward: the upstream gradient", backward=True),
     Section("b_projection", "Back through the output projection", backward=True, applies=lambda c: c.multi),
     Section("b_head", "This head's upstream gradient", backward=True, per_head=True, applies=lambda c: c.multi),

@@ -7,10 +7,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
-from .ids import B_K, B_O, B_Q, B_V, DO, DO_HEAD, K, K_ROT, O, Q, Q_ROT, stage_id
+from .ids import (
+    B_K, B_O, B_Q, B_V, BETA, BETA_POST, DO, DO_HEAD, GAMMA, GAMMA_POST, K, K_ROT, MS, MS_POST, MU, MU_POST, O, Q,
+    Q_ROT, VAR, VAR_POST, stage_id,
+)
 from .kinds import Context, Kind
 from .registry import BY_KEY, KINDS
 from .relations import input_paths
+
+
+NORM_WEIGHTS = {GAMMA: "weight", GAMMA_POST: "weight", BETA: "bias", BETA_POST: "bias"}
+NORM_STATS = (MU, MU_POST, VAR, VAR_POST, MS, MS_POST)
 
 
 @dataclass(frozen=True)
@@ -60,6 +67,12 @@ def resolve(key: str, c: Context, head: "int | None | object" = ...) -> list[str
         key = {"q_in": Q_ROT, "k_in": K_ROT}[key] if c.rope is not None else {"q_in": Q, "k_in": K}[key]
     if key == "xq":
         key = c.xq
+    if key == "block":
+        key = c.block
+    if key in NORM_WEIGHTS and (c.norm is None or getattr(c.norm, NORM_WEIGHTS[key]) is None):
+        return []  # no γ (1) or no β (0)
+    if key in NORM_STATS and (c.norm is None or c.norm.rms != (key in (MS, MS_POST))):
+        return []  # RMSNorm has a mean square, LayerNorm a mean and a variance
     if key == "output":
         key = c.output
     if key == "heads":

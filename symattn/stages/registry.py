@@ -30,6 +30,7 @@ from .ids import (
     STEPS, S_MASKED, S_SCALED, S_T, V, V_CACHE, W_K, W_O, W_Q, W_V, X, X_POS, stage_id,
 )
 from .kinds import Kind, Mistake, decoding, tiled
+from .norms import norm_rows, residual_rows
 from .mistakes import (
     BLOCK_MAX, BY_D_K, FUTURE_KEY, MASK_MISSING, NO_RESCALE, NO_SCALING, ROPE_O_MISTAKES,
     ROPE_SCORE_MISTAKES, SCALE_MISSING_DQDK, by_d_k, future_weights, output_without_rescale, pe_slip,
@@ -76,6 +77,9 @@ KINDS: tuple[Kind, ...] = (
          ("X_{pos} = X + PE", "X_pos = X + PE"), (QUERIES, "d"), lambda sh, r, c: plain(r, "like X"),
          inputs=(X, PE), relation=lambda ops, v, c: ops.sum([v(X), v(PE)]), when=lambda c: c.positions,
          mistakes=(Mistake("the positions were not added: X_pos = X", lambda ops, ex, c: ex(X)),)),
+    # the layer norm in front of the attention (norm:, place pre): μ, σ² (or the mean square), X̂,
+    # γ, β and X_norm = X̂ ∘ γ + β, which the projections read  (n × 1, n × d_model)
+    *norm_rows(post=False),
     # 2 projections (weights first, as the JSON contract lists them)
     weights_row(W_Q, 3, "Query weights"),  # W_Q given  (d_model × d_k)
     weights_row(W_K, 5, "Key weights"),  # W_K given  (d_model × d_k)
@@ -260,6 +264,9 @@ KINDS: tuple[Kind, ...] = (
          mistakes=(transposed(O_FINAL),
                    Mistake("the bias b_O was not added: O = concat·W_O alone",
                            lambda ops, ex, c: ops.matmul(ex(CONCAT), ex(W_O)) if c.has_bias(B_O) else None))),
+    # the residual stream: H = X + O, or with a post norm R = X + O and H = LN(R)  (n_q × d_model)
+    *residual_rows(),
+    *norm_rows(post=True),
     # the backward pass: the upstream gradient, then back through the output projection
     # dO = ∂L/∂O  (n_q × d_out)
     Kind(DO, DO, 19, "b_upstream", "The upstream gradient",

@@ -122,6 +122,20 @@ class Config:
             self.refuse(f"is for a {shown_value(v)} model (model_type), whose attention symattn's {word} layout does not "
                         f"follow: it follows {', '.join(MODEL_TYPES[word])} models")
 
+    def norm_eps(self, names: tuple[str, ...], default: str) -> sympy.Expr:
+        """The layer norm's ε from the first of ``names`` the config has, exactly (``1e-05`` is
+        1/100000); ``default`` (transformers' own default for the model) when it has none."""
+        name, v = self.get(*names)
+        if v is None:
+            return sympy.Rational(default)
+        try:
+            eps = _exact(v)
+        except NumberError:
+            eps = None
+        if eps is None or not eps.is_real or eps.is_negative:
+            self.refuse(f"has {name} {shown_value(v)}, not a number ≥ 0")
+        return eps
+
     def rope_base(self) -> sympy.Expr | None:
         """The config's rope_theta, exactly (None when it has none), after refusing the RoPE settings
         symattn does not apply: any rope_type but default, partial_rotary_factor but 1, other keys."""

@@ -32,12 +32,13 @@ import yaml
 from ..checkpoints import safetensors as _safetensors
 from .. import located_yaml as _yaml
 from ...numbers.parse import is_positive
+from ..model import Norm
 from ..rope import DEFAULT_BASE, Rope
 from ...text import excerpt, quote_path
 from .config import Config, bert_config, count_of, gpt2_scale, llama_config, read_config, shown_value
 
 LAYOUTS = ("gpt2", "llama", "bert")
-KEYS = ("file", "layout", "layer", "heads", "n_head", "n_kv_head", "rope_theta")
+KEYS = ("file", "layout", "layer", "heads", "n_head", "n_kv_head", "rope_theta", "norm", "residual")
 ALIASES = {"num_attention_heads": "n_head", "num_key_value_heads": "n_kv_head"}  # config.json's names
 USAGE = "from: {file: model.safetensors, layout: gpt2, layer: 0, heads: [1, 2]}"
 CONFLICTS = ("W_Q", "W_K", "W_V", "b_Q", "b_K", "b_V", "heads", "W_O", "b_O", "kv_heads", "kv", "context")
@@ -58,6 +59,10 @@ class Loaded:
     multi: bool = False
     window: int | None = None  # the config's sliding window, when the layer applies it (mask sliding-window)
     scale: object = None  # the config's score scale when it is not 1/√d_head (GPT-2's, exact); None: auto
+    layout: str = ""  # gpt2, llama or bert
+    partial: bool = False  # only some of the layer's heads are read
+    norm: Norm | None = None  # the layer's norm, with norm: true
+    residual: bool = False  # residual: true (H = X + the layer's output)
 
 
 @dataclass(frozen=True)
@@ -249,11 +254,15 @@ def _layer(reader, key, node, fields, X, given, word, layout, layout_node, path,
     elif bert_config(config):
         mask = "causal"  # is_decoder: a BERT decoder's self-attention is causal
     rope = _rope(config, reader, key, given, fields, d_head) if layout.rope else None
+    norm_flag = _flag(reader, given, "norm")
+    residual = _flag(reader, given, "residual")
     heads = _read_heads(layout, names, ckpt, picked, group, d_model, d_head)
-    loaded = Loaded(heads, mask="sliding-window" if window else mask, multi=len(picked) > 1, window=window,
-                    scale=scale)
+    loaded = Loaded(heads, mask="sliding-window" if window else mask, multi=len(picked) > 1 or residual, window=window,
+                    scale=scale, layout=word, partial=len(picked) < n_head, residual=residual)
     if loaded.multi:
         _read_output(loaded, at, given, layout, names, ckpt, picked, group, d_head)
+    if norm_flag:
+        loaded.norm = _read_norm(at, given, word, layout, names, ckpt, config, layer)
     loaded.rope = rope
     return loaded
 
@@ -326,6 +335,54 @@ def _read_output(loaded: Loaded, at, given: dict, layout: _Layout, names: dict, 
         loaded.matrices["b_O"] = ckpt.exact(ckpt.array(names["o"] + ".bias", vector=True))
     if group > 1:
         loaded.kv_heads = _groups(at, given["heads"][1], [h + 1 for h in picked], group)
+
+
+def _flag(reader, given: dict, name: str) -> bool:
+    """``from``'s ``norm: true`` or ``residual: true`` (false when not given)."""
+    if name not in given:
+        return False
+    v = given[name][1]
+    if not _yaml.is_bool(v):
+        raise reader.at(v).error(f"{name} is true or false, not {_yaml.kind(v)}", "from." + name)
+    return _yaml.bool_value(v)
+
+
+# The norm in front of each layout's attention (behind it for bert): the tensor, after the
+# layer's prefix, and the config's names for its ε with transformers' default.
+_NORMS = {
+    "gpt2": ("h.{layer}.ln_1", "layernorm", ("layer_norm_epsilon",), "1e-5"),
+    "llama": ("layers.{layer}.input_layernorm", "rmsnorm", ("rms_norm_eps",), "1e-6"),
+    "bert": ("encoder.layer.{layer}.attention.output.LayerNorm", "layernorm", ("layer_norm_eps",), "1e-12"),
+}
+
+
+def _read_norm(at, given: dict, word: str, layout: _Layout, names: dict, ckpt: _File, config: Config, layer: int) -> Norm:
+    """The layer's norm from the checkpoint (``from: {norm: true}``): gpt2's ln_1 (LayerNorm), llama's
+    input_layernorm (RMSNorm; Gemma's multiplies by 1 + γ) or bert's attention.output.LayerNorm (after
+    the residual sum), with the config's ε."""
+    tensor, kind, eps_names, default = _NORMS[word]
+    prefix = names["q"][:len(names["q"]) - len(layout.q.format(layer=layer))]
+    name = prefix + tensor.format(layer=layer)
+    node = given["norm"][1]
+    if name + ".weight" not in ckpt.shapes:
+        raise at(node).error(ckpt.missing(name + ".weight", f"the weight γ of layer {layer}'s norm"), "from.norm")
+    model_type = config.data.get("model_type")
+    if kind == "rmsnorm" and name + ".bias" in ckpt.shapes:
+        raise at(node).error(f"{quote_path(ckpt.rel)} has {name}.bias: this layer's norm is not LLaMA's RMSNorm (a "
+                             f"{model_type or 'starcoder2'} LayerNorm?), which symattn's llama layout does not "
+                             "read: give norm: {type: layernorm, ...} in the problem", "from.norm")
+    if kind == "layernorm" and name + ".bias" not in ckpt.shapes:
+        raise at(node).error(ckpt.missing(name + ".bias", f"the bias β of layer {layer}'s LayerNorm"), "from.norm")
+    d_model = ckpt.shapes[names["q"] + ".weight"][0 if layout.fused else 1]
+    for part in ("weight", "bias") if kind == "layernorm" else ("weight",):
+        shape = ckpt.shapes[f"{name}.{part}"]
+        if shape != [d_model]:
+            raise at(node).error(f"{name}.{part} has shape {shape}, not [{d_model}] (one entry per feature of "
+                                 "d_model)", "from.norm")
+    weight = ckpt.exact(ckpt.array(name + ".weight", vector=True))
+    bias = ckpt.exact(ckpt.array(name + ".bias", vector=True)) if kind == "layernorm" else None
+    return Norm(kind, config.norm_eps(eps_names, default), weight, bias, offset=int(model_type == "gemma"),
+                place="post" if word == "bert" else "pre")
 
 
 def _names(layout: _Layout, layer: int, ckpt: _File) -> dict[str, str] | None:

@@ -26,12 +26,13 @@ from .fields import Fields, key_of, node_of, read_fields
 from .layer import Layer, LayerFields, read_layer
 from .masks import MaskFields
 from .matrices import MatrixFields
+from .norm import NormFields
 from .passes import PassFields
 from .positions import PositionFields
 from .scalars import ScalarFields
 
 
-class Reader(ScalarFields, MatrixFields, LayerFields, MaskFields, PositionFields, PassFields):
+class Reader(ScalarFields, MatrixFields, LayerFields, MaskFields, PositionFields, PassFields, NormFields):
     """Reads one problem file: ``Reader(file, base_dir, max_size).read(text)``."""
 
     def __init__(self, file: str, base_dir: Path | None, max_size: int = MAX_SIZE) -> None:
@@ -151,4 +152,71 @@ def read_passes(reader: Reader, fields: Fields, layer: Layer, mask: Mask, bias: 
     decode = None
     if "decode" in fields:
         decode = reader.decode(node_of(fields, "decode"), n_q, mask, "context" in fields, bias is not None)
-    return {"backward": backward, "rope": rope, "tiling": tiling, "positions": positions, "decode": decode}
+    norm, residual = read_norm(reader, fields, layer, positions, d_out)
+    return {"backward": backward, "rope": rope, "tiling": tiling, "positions": positions, "decode": decode,
+            "norm": norm, "residual": residual}
+
+
+def read_norm(reader: Reader, fields: Fields, layer: Layer, positions, d_out: int):
+    """The norm (the problem's, or the one ``from: {norm: true}`` read) and whether H = X + O is
+    derived, checked against the layer: a plain-number X, a residual as wide as X, no row that
+    the norm would divide by 0."""
+    loaded = layer.loaded
+    norm = reader.norm(node_of(fields, "norm"), key_of(fields, "norm"), layer.matrices.get("X")) \
+        if "norm" in fields else None
+    if loaded is not None and loaded.norm is not None:
+        if norm is not None:
+            raise reader.at(key_of(fields, "norm")).error(
+                "from: {norm: true} takes the layer's norm from the checkpoint: remove norm or from's norm", "norm")
+        norm = loaded.norm
+    if loaded is not None and norm is not None and norm.post != (loaded.layout == "bert"):
+        why = ("bert layers normalise after the residual sum (post-norm): give place: post" if loaded.layout == "bert"
+               else f"{loaded.layout} layers normalise before the attention (pre-norm); place: post is BERT's order")
+        raise reader.at(key_of(fields, "norm")).error(why, "norm.place")
+    residual = reader.residual(node_of(fields, "residual")) if "residual" in fields else \
+        bool(loaded is not None and loaded.residual)
+    where_ = key_of(fields, "residual") if "residual" in fields else key_of(fields, "norm") if "norm" in fields \
+        else key_of(fields, "from") if "from" in fields else None
+    if norm is not None and norm.post:
+        if "residual" in fields and not residual:
+            raise reader.at(where_).error("a post norm normalises X + the attention's output: the residual is part of "
+                                          "it (remove residual: false, or use place: pre)", "residual")
+        residual = True
+    X = layer.matrices.get("X")
+    if residual:
+        if X is None:
+            raise reader.at(where_).error("the residual adds the attention's output to its input X: give X with the "
+                                          "weights, not Q, K and V", "residual")
+        if d_out != X.cols:
+            what = "concat·W_O" if "W_O" in layer.matrices else "each row of O = A·V (d_v)"
+            raise reader.at(where_).error(
+                f"the residual H = X + O needs O as wide as X: {what} has {d_out} "
+                f"{'column' if d_out == 1 else 'columns'}, X has d_model = {X.cols}", "residual")
+        if loaded is not None and loaded.partial:
+            raise reader.at(where_).error(
+                "the residual stream adds the whole layer's output, the sum over every head: give from: {heads: all} "
+                "(a part of the heads is not what the model adds)", "residual")
+    if norm is not None:
+        check_norm_rows(reader, fields, norm, X, positions)
+    return norm, residual
+
+
+def check_norm_rows(reader: Reader, fields: Fields, norm, X: Matrix, positions) -> None:
+    """The norm's input holds plain numbers, and with ε = 0 no row of it has variance (or mean square) 0."""
+    from ...numbers.matrices import is_rational
+
+    if not is_rational(X) and X.free_symbols:
+        raise reader.at(key_of(fields, "norm" if "norm" in fields else "from")).error(
+            "the norm needs plain numbers: X holds symbols, whose mean and variance have no exact root "
+            "to divide by (give numbers, or leave out the norm)", "norm")
+    if norm.eps != 0 or norm.post:
+        return
+    inp = X if positions is None else X + positions.matrix
+    for i in range(inp.rows):
+        row = [inp[i, j] for j in range(inp.cols)]
+        mean = sympy.Add(*row) / len(row)
+        if all(sympy.simplify(x - mean) == 0 if not norm.rms else x == 0 for x in row):
+            what = "every entry is 0" if norm.rms else "its entries are all equal (variance 0)"
+            raise reader.at(key_of(fields, "norm")).error(
+                f"row {i + 1} of {'X + PE' if positions is not None else 'X'}: {what}, and eps is 0, so the norm "
+                "would divide by 0: give eps > 0", "norm.eps")

@@ -37,6 +37,8 @@ FIELDS = (
     "rope",
     "tiling",
     "positions",
+    "norm",
+    "residual",
     "decode",
     "from",
 )

@@ -1,0 +1,182 @@
+"""A layer normalisation, exactly: each row's mean and variance (or mean square), and the rows
+divided by their own root √(σ_i² + ε).
+
+The mean and the variance of a rational row are rational. The normalised row is a rational row
+times one number, 1/√r_i with r_i = σ_i² + ε, so what follows it is kept in that form:
+:class:`RowScaled` holds U, the roots and C for the entries ``U_ij/√r_i + C_ij``, and γ, β, the
+projections and their biases act on U and C alone, by flint. The scores of two such matrices are
+four rational products (:func:`scores`): ``S_ij = (P_ij/√(r_i r_j)) + Q_ij/√r_i + R_ij/√r_j + T_ij``.
+Anything else (a norm of irrational rows, such as the residual sum behind the attention) is
+written out entry by entry in SymPy.
+"""
+
+from __future__ import annotations
+
+import mpmath
+import sympy
+from sympy import QQ
+
+from ..numbers.matrices import Matrix, is_rational, rational_matrix, tidy
+from . import products as _products
+from .evaluation import mpf_of_qq, to_mpf
+from .lazy import LazyMatrix, rational_rows
+
+
+def _sympy(q) -> sympy.Rational:
+    return sympy.Rational(int(q.numerator), int(q.denominator))
+
+
+def row_mean(m):
+    """The n × 1 means of the rows of ``m``."""
+    if is_rational(m):
+        rows = rational_rows(m)
+        d = QQ(m.cols)
+        return rational_matrix(m.rows, 1, [sum(row, QQ(0)) / d for row in rows])
+    return Matrix(m.rows, 1, [sympy.Add(*[m[i, k] for k in range(m.cols)]) / m.cols for i in range(m.rows)])
+
+
+def row_spread(m, mu, ddof: int = 0):
+    """The n × 1 ``Σ_k (m_ik − μ_i)² / (d − ddof)`` (``mu`` None: the mean square)."""
+    d = m.cols - ddof
+    if is_rational(m) and (mu is None or is_rational(mu)):
+        rows = rational_rows(m)
+        centres = [QQ(0)] * m.rows if mu is None else [r[0] for r in rational_rows(mu)]
+        out = []
+        for row, c in zip(rows, centres):
+            total = QQ(0)
+            for x in row:
+                total += (x - c) * (x - c)
+            out.append(total / QQ(d))
+        return rational_matrix(m.rows, 1, out)
+    centres = [0] * m.rows if mu is None else [mu[i, 0] for i in range(m.rows)]
+    return Matrix(m.rows, 1, [sympy.Add(*[(m[i, k] - centres[i]) ** 2 for k in range(m.cols)]) / d
+                              for i in range(m.rows)])
+
+
+def inverse_root(r: sympy.Expr) -> sympy.Expr:
+    """1/√r, as SymPy writes it (2√3/3 for r = 3/4)."""
+    return 1 / sympy.sqrt(r)
+
+
+def normalise(m, mu, spread, eps: sympy.Expr, inside: bool = True):
+    """``(m_ik − μ_i)/√(spread_i + ε)`` (``mu`` None: no mean taken away); ``inside`` False puts ε
+    outside the root. A rational row with ε inside gives a :class:`RowScaled` matrix."""
+    n = m.rows
+    if inside and eps.is_Rational and is_rational(m) and is_rational(spread) and (mu is None or is_rational(mu)):
+        centred = _centred(m, mu)
+        roots = tuple(inverse_root(_sympy(r[0]) + eps) for r in rational_rows(spread))
+        return RowScaled(centred, roots)
+    centres = [0] * n if mu is None else [mu[i, 0] for i in range(n)]
+    dividers = [sympy.sqrt(spread[i, 0] + eps) if inside else sympy.sqrt(spread[i, 0]) + eps for i in range(n)]
+    return LazyMatrix(n, m.cols, lambda i, j: (m[i, j] - centres[i]) / dividers[i])
+
+
+def _centred(m, mu):
+    """``m`` with each row's mean ``mu_i`` taken away, exactly (rational)."""
+    if mu is None:
+        return m
+    rows, centres = rational_rows(m), [r[0] for r in rational_rows(mu)]
+    return rational_matrix(m.rows, m.cols, [x - c for row, c in zip(rows, centres) for x in row])
+
+
+def times_row(m, row):
+    """``m`` with column k multiplied by ``row``'s entry k."""
+    if isinstance(m, RowScaled) and is_rational(row):
+        return m.times_row(row)
+    if is_rational(m) and is_rational(row):
+        return _times_row_qq(m, row)
+    g = [row[0, k] for k in range(row.cols)]
+    return LazyMatrix(m.rows, m.cols, lambda i, j: tidy(m[i, j] * g[j]))
+
+
+def _times_row_qq(m, row):
+    g = rational_rows(row)[0]
+    g = [g[k] for k in range(row.cols)]
+    return rational_matrix(m.rows, m.cols, [x * g[k] for r in rational_rows(m) for k, x in enumerate(r)])
+
+
+class RowScaled(LazyMatrix):
+    """The exact matrix ``U_ij·s_i + C_ij``: a rational U with each row i times its own irrational
+    number s_i (1/√r_i of a norm), plus a rational C (None: 0). γ, β, a projection and its bias
+    act on U and C by flint; each entry is built from them when read."""
+
+    def __init__(self, U, scales: tuple, C=None) -> None:
+        self.U, self.scales, self.C = U, scales, C
+        u = rational_rows(U)
+        c = rational_rows(C) if C is not None else None
+
+        def entry(i: int, j: int) -> sympy.Expr:
+            x = _sympy(u[i][j]) * scales[i]
+            return x + _sympy(c[i][j]) if c is not None else x
+
+        super().__init__(U.rows, U.cols, entry)
+
+    def times_row(self, row) -> "RowScaled":
+        return RowScaled(_times_row_qq(self.U, row), self.scales, None if self.C is None else _times_row_qq(self.C, row))
+
+    def plus_row(self, row) -> "RowScaled":
+        zero = rational_matrix(self.U.rows, self.U.cols, [QQ(0)] * (self.U.rows * self.U.cols))
+        return RowScaled(self.U, self.scales, _products.add_row(self.C if self.C is not None else zero, row))
+
+    def times(self, W) -> "RowScaled":
+        """``self·W`` for a rational W: ``(U·W)·s_i + C·W``."""
+        return RowScaled(_products.matmul(self.U, W), self.scales,
+                         None if self.C is None else _products.matmul(self.C, W))
+
+    @property
+    def T(self) -> "RowScaledT":
+        return RowScaledT(self)
+
+    def mp_values(self, dps: int) -> list[list[mpmath.mpf]]:
+        """The entries at ``dps`` digits, from U, C and the row numbers (no SymPy entry is built)."""
+        with mpmath.workdps(dps + 10):
+            s = [to_mpf(x, dps + 10) for x in self.scales]
+            u = rational_rows(self.U)
+            c = rational_rows(self.C) if self.C is not None else None
+            return [[mpf_of_qq(u[i][j]) * s[i] + (mpf_of_qq(c[i][j]) if c is not None else 0)
+                     for j in range(self.cols)] for i in range(self.rows)]
+
+
+class RowScaledT(LazyMatrix):
+    """The transpose of a :class:`RowScaled` matrix (the keys of a score product)."""
+
+    def __init__(self, of: RowScaled) -> None:
+        self.of = of
+        super().__init__(of.cols, of.rows, lambda i, j: of[j, i])
+
+    @property
+    def T(self) -> RowScaled:
+        return self.of
+
+    def mp_values(self, dps: int) -> list[list[mpmath.mpf]]:
+        return [list(col) for col in zip(*self.of.mp_values(dps))]
+
+
+def scores(a, b) -> "LazyMatrix | None":
+    """``a·bᵀ`` for a RowScaled ``a`` and the transpose ``b`` of one: four rational products, each
+    entry ``s_i s'_j (U U'ᵀ)_ij + s_i (U C'ᵀ)_ij + s'_j (C U'ᵀ)_ij + (C C'ᵀ)_ij``. None for anything else."""
+    if not (isinstance(a, RowScaled) and isinstance(b, RowScaledT)):
+        return None
+    k = b.of
+    Kt = _products.transpose
+    parts = [(_products.matmul(a.U, Kt(k.U)), True, True)]
+    if k.C is not None:
+        parts.append((_products.matmul(a.U, Kt(k.C)), True, False))
+    if a.C is not None:
+        parts.append((_products.matmul(a.C, Kt(k.U)), False, True))
+    if a.C is not None and k.C is not None:
+        parts.append((_products.matmul(a.C, Kt(k.C)), False, False))
+    rows = [(rational_rows(m), left, right) for m, left, right in parts]
+
+    def entry(i: int, j: int) -> sympy.Expr:
+        terms = []
+        for r, left, right in rows:
+            x = _sympy(r[i][j])
+            if left:
+                x = x * a.scales[i]
+            if right:
+                x = x * k.scales[j]
+            terms.append(x)
+        return sympy.Add(*terms)
+
+    return LazyMatrix(a.rows, k.rows, entry)
