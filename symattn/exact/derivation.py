@@ -489,6 +489,10 @@ def derive(problem: Problem, *, on_step=None, cls: type[Derivation] = Derivation
     return cls(problem, tuple(steps))
 
 
+NORMED_MIXES_FROM = 15  # the order of O = A·V: the stages from it on mix the normalised value rows
+NORMED_EXACT_LIMIT = 16  # n_k · d_model up to which they are written exactly (a hand-sized problem)
+
+
 def _step(planned: stages.Planned, values: dict, step_class: type[Step] = Step) -> Step:
     """One stage: its exact value (given, or by its relation on the earlier values) and how it is shown."""
     kind, c, p = planned.kind, planned.c, planned.c.p
@@ -508,6 +512,10 @@ def _step(planned: stages.Planned, values: dict, step_class: type[Step] = Step) 
     elif not given:
         terms = _rotary.terms_of(result)  # RoPE's long sums of cosines and sines: decimals past a size
         written = terms is None or terms <= _rotary.EXACT_TERMS
+        if written and getattr(p, "norm", None) is not None and kind.order >= NORMED_MIXES_FROM:
+            # an output mixes value rows that each carry their own root 1/√(σ_j² + ε): past a
+            # hand-sized problem its entries are sums of n_k such rows times exponentials
+            written = p.n_k * p.X.cols <= NORMED_EXACT_LIMIT
     matrix = _structures.matrix_of(result)
     axes = kind.text("axes", c)
     return step_class(

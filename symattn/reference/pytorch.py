@@ -65,6 +65,15 @@ def torch_stages(p: Problem) -> dict[str, np.ndarray]:
         attn_mask = attn_mask + t(p.bias)
     out: dict[str, np.ndarray] = {}
 
+    def norm(x):
+        """The problem's norm as PyTorch's own functions compute it (F.layer_norm, F.rms_norm)."""
+        n = p.norm
+        weight = None if n.weight is None else t(n.weight)[0] + n.offset
+        if n.kind == "rmsnorm":
+            return F.rms_norm(x, (x.shape[1],), weight=weight, eps=float(n.eps))
+        return F.layer_norm(x, (x.shape[1],), weight=weight, bias=None if n.bias is None else t(n.bias)[0],
+                            eps=float(n.eps))
+
     def head(prefix: str, Q, K, V):
         if p.rope is not None:
             Q, K = torch_rope(torch, Q, p.rope), torch_rope(torch, K, p.rope)
@@ -103,10 +112,13 @@ def torch_stages(p: Problem) -> dict[str, np.ndarray]:
         if not p.projected:
             head(st.stage_id, t(p.Q), t(p.K), t(p.V))
             return out
-        X = t(p.X)
+        X = block = t(p.X)
         PE = positions_f64(p)
         if PE is not None:
-            X = X + torch.from_numpy(PE)                        # the projections read X + PE
+            X = block = X + torch.from_numpy(PE)                # the projections read X + PE
+        if p.norm is not None and not p.norm.post:
+            X = norm(X)                                         # the attention reads the norm of X
+            out[st.X_NORM] = X.numpy()
         C = t(p.context) if p.context is not None else X
         if p.kv_heads:
             outputs = grouped(X, C)
@@ -116,6 +128,11 @@ def torch_stages(p: Problem) -> dict[str, np.ndarray]:
                 prefix = functools.partial(st.stage_id, head=h if p.multi_head else None)  # this head's ids
                 outputs.append(head(prefix, linear(X, weights.W_Q, weights.b_Q), linear(C, weights.W_K, weights.b_K),
                                     linear(C, weights.W_V, weights.b_V)))
+        O = outputs[0]
         if p.multi_head:
-            out[st.O] = linear(torch.cat(outputs, dim=1), p.W_O, p.b_O).numpy()
+            O = linear(torch.cat(outputs, dim=1), p.W_O, p.b_O)
+            out[st.O] = O.numpy()
+        if p.residual:
+            H = block + O                                       # the residual stream
+            out[st.H] = (norm(H) if p.norm is not None and p.norm.post else H).numpy()
     return out

@@ -399,6 +399,11 @@ def check_sentence(check) -> str:
     )
     if check.torch is not None:
         what = "weights, outputs and gradients" if check.finite_differences is not None else "weights and outputs"
+        compared = {registry.split_id(i)[1] for i in check.torch.per_stage}
+        extra = [name for key, name in ((registry.X_NORM, "the norm's output (F.layer_norm or F.rms_norm)"),
+                                        (registry.H, "the residual stream")) if key in compared]
+        if extra:
+            what = what.replace(" and ", ", ") + ", " + " and ".join(extra)
         sentence += (
             f" The {what} also agree with PyTorch's scaled_dot_product_attention in float64: "
             f"the largest difference is {check.torch.max_abs_error:.1e}."

@@ -198,6 +198,10 @@ def read_norm(reader: Reader, fields: Fields, layer: Layer, positions, d_out: in
                 "(a part of the heads is not what the model adds)", "residual")
     if norm is not None:
         check_norm_rows(reader, fields, norm, X, positions)
+    if (norm is not None or residual) and "backward" in fields:
+        raise reader.at(key_of(fields, "backward")).error(
+            "the backward pass through the norm and the residual (dγ, dβ, dX by both paths) is not supported yet: "
+            "remove backward, or norm and residual", "backward")
     return norm, residual
 
 
