@@ -11,7 +11,7 @@ from .options import Whole, WholeRange, output_option
 from .paths import check_outputs, echo, inputs, refuse_input, same_file, write_atomic
 
 # what --from takes from its problem instead (so giving one of them with --from is refused)
-SHAPE_OPTIONS = ("tokens", "d_model", "d_k", "d_v", "mask", "heads", "cross", "no_scale", "words")
+SHAPE_OPTIONS = ("tokens", "d_model", "d_k", "d_v", "mask", "heads", "cross", "no_scale", "words", "norm", "residual")
 
 
 def _range(ctx, param, value: str | None) -> tuple[int, int] | None:
@@ -48,6 +48,9 @@ class RecordingCommand(click.Command):
 @click.option("--heads", type=Whole(), default=1, show_default=True, help="Several heads get W_O.")
 @click.option("--cross", "cross", type=Whole(), metavar="N_K", help="Cross-attention with N_K context tokens.")
 @click.option("--no-scale", is_flag=True, help="Write scale: none (no division by √d_k).")
+@click.option("--norm", type=click.Choice(["layernorm", "rmsnorm"]),
+              help="A norm in front of the attention, eps: 0, rows chosen so that it gives whole numbers.")
+@click.option("--residual", is_flag=True, help="Derive the residual stream H = X + O too (O as wide as X).")
 @click.option("--level", type=click.Choice(["easy", "medium", "hard"]), default="easy", show_default=True,
               help="Difficulty: the guarantees of each level are in symattn.generate's documentation.")
 @click.option("--range", "range_", callback=_range, metavar="LOW..HIGH", help="Entry range (default by level: 0..1, -1..1, -2..2).")
@@ -62,8 +65,8 @@ class RecordingCommand(click.Command):
 @click.option("--force", is_flag=True, help="With --count: replace files of the same names already in --out-dir (without it they are listed and nothing is written).")
 @click.option("--from", "base", type=click.Path(path_type=Path), help="Keep the structure of this problem and draw new numbers.")
 @click.option("--vary", type=click.Choice(["weights", "inputs"]), default="weights", show_default=True, help="With --from: what gets new numbers.")
-def generate(tokens, d_model, d_k, d_v, mask, heads, cross, no_scale, level, range_, words, seed, output, count,
-             out_dir, sheets, force, base, vary) -> None:
+def generate(tokens, d_model, d_k, d_v, mask, heads, cross, no_scale, norm, residual, level, range_, words, seed,
+             output, count, out_dir, sheets, force, base, vary) -> None:
     """Write new problems with small, hand-friendly numbers.
 
     Every problem is checked against its level's guarantees before it is
@@ -77,6 +80,7 @@ def generate(tokens, d_model, d_k, d_v, mask, heads, cross, no_scale, level, ran
       symattn generate --count 30 --out-dir variants/ --sheets
       symattn generate --count 30 --out-dir variants/ --sheets html
       symattn generate --from problem.yaml --vary weights --seed 3
+      symattn generate --norm layernorm --residual --d-v 4 --seed 1 -o ln.yaml
     """
     import shlex
 
@@ -93,7 +97,8 @@ def generate(tokens, d_model, d_k, d_v, mask, heads, cross, no_scale, level, ran
             check_folder(out_dir, count, sheets, force)  # files already there: refused before any work
         argv = click.get_current_context().meta.get("symattn.argv", [])
         shape = {} if base is not None else dict(tokens=tokens, d_model=d_model, d_k=d_k, d_v=d_v, mask=mask,
-                                                 heads=heads, cross=cross, scale=not no_scale, words=words)
+                                                 heads=heads, cross=cross, scale=not no_scale, words=words,
+                                                 norm=norm, residual=residual)
         problems = make(count or 1, seed=seed, level=level, range=range_, base=loaded, vary=vary,
                         numbered=count is not None,
                         command=" ".join(["symattn generate", *(shlex.quote(a) for a in argv)]), **shape)

@@ -30,7 +30,7 @@ _TRIES = 1000  # spare seeds tried for one variant before the options are deemed
 _BOUNDS = {level: (proj, score) for level, (_, proj, score, _) in LEVELS.items()}
 # The shape options, which a base problem gives instead, and their defaults
 _SHAPE = {"tokens": 4, "d_model": 4, "d_k": 4, "d_v": 4, "mask": "causal", "heads": 1, "cross": None,
-          "scale": True, "words": None}
+          "scale": True, "words": None, "norm": None, "residual": False}
 
 
 class GeneratedProblem(Problem):
@@ -56,7 +56,7 @@ def generate(count: int = 1, *, seed: int = 0, level: str = "easy", tokens: int 
              d_k: int = 4, d_v: int = 4, mask: str = "causal", heads: int = 1, cross: int | None = None,
              scale: bool = True, range: tuple[int, int] | None = None, words: str | Sequence[str] | None = None,
              base: Problem | str | os.PathLike | None = None, vary: str = "weights", numbered: bool | None = None,
-             command: str | None = None) -> list[GeneratedProblem]:
+             command: str | None = None, norm: str | None = None, residual: bool = False) -> list[GeneratedProblem]:
     """``count`` different exercises with small, hand-friendly numbers, the same for the same
     options and seed (the options of ``symattn generate``; ``scale=False`` is ``--no-scale``).
 
@@ -83,9 +83,14 @@ def generate(count: int = 1, *, seed: int = 0, level: str = "easy", tokens: int 
 
     The default ranges are 0..1 (easy), -1..1 (medium) and -2..2 (hard); the
     bounds PROJ and SCORE are 4 and 8 (easy), 6 and 16 (medium), 12 and 48 (hard).
+
+    ``norm`` ("layernorm" or "rmsnorm", ``--norm``) puts a norm with ε = 0 in front: each row
+    of X is a·z + b with z a row of ±1, so the normalised rows are ±1 exactly, and the
+    guarantees hold for X_norm = X̂ ∘ γ + β (γ of 1s and 2s, β of 0s and 1s), which the
+    projections read. ``residual`` (``--residual``) derives H = X + O too.
     """
     options = dict(tokens=tokens, d_model=d_model, d_k=d_k, d_v=d_v, mask=mask, heads=heads, cross=cross,
-                   scale=scale, words=words)
+                   scale=scale, words=words, norm=norm, residual=residual)
     _check(count, seed, level, options, range, vary, numbered, command)
     if command is None:
         command = _call(count, dict(seed=seed, level=level, **options, range=range, base=base, vary=vary,
@@ -189,7 +194,9 @@ def _check(count, seed, level, options: dict, range, vary, numbered, command) ->
         _whole("range", end, None)
     if vary not in ("weights", "inputs"):
         raise SymattnError(f"vary is 'weights' or 'inputs', not {shown(vary)}")
-    for name, value in (("scale", options["scale"]), ("numbered", numbered)):
+    if options["norm"] not in (None, "layernorm", "rmsnorm"):
+        raise SymattnError(f"norm is 'layernorm', 'rmsnorm' or None, not {shown(options['norm'])}")
+    for name, value in (("scale", options["scale"]), ("numbered", numbered), ("residual", options["residual"])):
         if not isinstance(value, bool) and not (name == "numbered" and value is None):
             raise SymattnError(f"{name} is True or False, not {shown(value)}")
     if command is not None and not isinstance(command, str):
@@ -214,7 +221,8 @@ def _spec(level: str, range, options: dict, base, vary: str):
         words = tuple(words.split()) if isinstance(words, str) else tuple(words) if words is not None else None
         return Spec(tokens=options["tokens"], d_model=options["d_model"], d_k=options["d_k"], d_v=options["d_v"],
                     mask=options["mask"], heads=options["heads"], cross=options["cross"], scale=options["scale"],
-                    level=level, range=tuple(range) if range is not None else None, words=words or None), None
+                    level=level, range=tuple(range) if range is not None else None, words=words or None,
+                    norm=options["norm"], residual=options["residual"]), None
     given = [name for name, default in _SHAPE.items() if options[name] != default]
     if given:
         raise SymattnError(f"{given[0]} comes from the base problem, which keeps its structure; leave it out with base")

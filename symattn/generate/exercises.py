@@ -47,6 +47,8 @@ class Spec:
     vary: str | None = None  # with a base problem: "weights" or "inputs"
     extra: tuple[str, ...] = ()  # YAML lines kept from a base problem (an exact scale, a bias)
     bounds: tuple[int, int] | None = None  # |projection| and |score| bounds instead of the level's
+    norm: str | None = None  # "layernorm" or "rmsnorm" in front of the attention (eps: 0, whole normalised rows)
+    residual: bool = False  # H = X + O (the output as wide as X)
 
     @property
     def proj_score_bounds(self) -> tuple[int, int]:
@@ -69,12 +71,25 @@ class Drawn:
     context: np.ndarray | None
     heads: tuple[tuple[np.ndarray, np.ndarray, np.ndarray], ...]
     W_O: np.ndarray | None
+    gamma: np.ndarray | None = None  # the norm's weight (1 × d_model), with a norm
+    beta: np.ndarray | None = None  # the norm's bias (1 × d_model), with a LayerNorm
 
     def key(self) -> tuple:
         parts = [self.X] + ([self.context] if self.context is not None else []) + [w for h in self.heads for w in h]
-        if self.W_O is not None:
-            parts.append(self.W_O)
+        parts += [m for m in (self.W_O, self.gamma, self.beta) if m is not None]
         return tuple(tuple(map(int, p.ravel())) + (p.shape,) for p in parts)
+
+    def attention_input(self) -> np.ndarray:
+        """What the projections read: X, or with a norm X_norm = X̂ ∘ γ + β, whole numbers by
+        construction (each row of X is a·z + b with z a row of ±1, so X̂ = z exactly at ε = 0)."""
+        if self.gamma is None:
+            return self.X
+        if self.beta is not None:  # LayerNorm: μ = b, σ = a
+            centred = self.X - self.X.mean(axis=1, keepdims=True).astype(np.int64)
+            scale = np.sqrt((centred ** 2).mean(axis=1, keepdims=True)).astype(np.int64)
+        else:  # RMSNorm: √(mean x²) = a
+            centred, scale = self.X, np.sqrt((self.X ** 2).mean(axis=1, keepdims=True)).astype(np.int64)
+        return (centred // scale) * self.gamma + (self.beta if self.beta is not None else 0)
 
 
 def validate(spec: Spec) -> None:
@@ -92,6 +107,14 @@ def validate(spec: Spec) -> None:
         raise SymattnError(f"--range {lo}..{hi}: the low end is above the high end; write LOW..HIGH")
     if max(abs(lo), abs(hi)) > 9:
         raise SymattnError(f"--range {lo}..{hi} must be a range of small integers (at most 9 in size)")
+    if spec.norm not in (None, "layernorm", "rmsnorm"):
+        raise SymattnError(f"unknown norm {excerpt(str(spec.norm))}; choose layernorm or rmsnorm")
+    if spec.norm == "layernorm" and spec.d_model % 2:
+        raise SymattnError(f"--norm layernorm needs an even --d-model (each row's normalised entries are +1 and −1, "
+                           f"half each, so that its variance is a perfect square), not {spec.d_model}")
+    if spec.residual and spec.heads == 1 and spec.d_v != spec.d_model:
+        raise SymattnError(f"--residual adds the output to X, so it needs the output as wide as X: --d-v {spec.d_v} "
+                           f"is not --d-model {spec.d_model} (or use several --heads, whose W_O gives d_model columns)")
     if spec.scale and spec.level != "hard" and math.isqrt(spec.d_k) ** 2 != spec.d_k:
         raise SymattnError(
             f"d_k = {spec.d_k} is not a perfect square, so the scaled scores carry √{spec.d_k}; "
@@ -144,13 +167,18 @@ def niceness(spec: Spec, drawn: Drawn) -> str | None:
     inputs = [drawn.X] + ([drawn.context] if drawn.context is not None else [])
     weights = [w for h in drawn.heads for w in h] + ([drawn.W_O] if drawn.W_O is not None else [])
     drawn_now = {"weights": weights, "inputs": inputs}.get(spec.vary, inputs + weights)  # --from keeps the rest
+    if drawn.gamma is not None:  # a norm's X is drawn as a·z + b, outside the range; its X_norm is bounded instead
+        drawn_now = weights
     for m in drawn_now:
         if m.min() < lo or m.max() > hi:
             return f"an entry is outside the range {lo}..{hi}"
     mask = np.array(allowed(spec))
-    C = drawn.context if drawn.context is not None else drawn.X
+    X = drawn.attention_input()
+    if drawn.gamma is not None and len({tuple(row) for row in X.tolist()}) < min(spec.tokens, 3):
+        return "too many tokens normalise to the same row"
+    C = drawn.context if drawn.context is not None else X
     for W_Q, W_K, W_V in drawn.heads:
-        Q, K, V = drawn.X @ W_Q, C @ W_K, C @ W_V
+        Q, K, V = X @ W_Q, C @ W_K, C @ W_V
         if max(abs(Q).max(), abs(K).max(), abs(V).max()) > proj_bound:
             return f"a projection is larger than {proj_bound} in size"
         S = Q @ K.T
@@ -179,8 +207,12 @@ def draw(spec: Spec, rng: np.random.Generator, base: Drawn | None = None) -> Dra
     def ints(rows: int, cols: int) -> np.ndarray:
         return rng.integers(lo, hi + 1, size=(rows, cols), dtype=np.int64)
 
+    gamma = beta = None
     if base is not None and spec.vary == "weights":
         X, context = base.X, base.context
+    elif spec.norm is not None:
+        X, gamma, beta = _normed_rows(spec, rng)
+        context = ints(spec.cross, spec.d_model) if spec.cross else None
     else:
         X = ints(spec.tokens, spec.d_model)
         context = ints(spec.cross, spec.d_model) if spec.cross else None
@@ -195,9 +227,28 @@ def draw(spec: Spec, rng: np.random.Generator, base: Drawn | None = None) -> Dra
     W_O = None
     if spec.heads > 1:
         width = sum(h[2].shape[1] for h in heads)
-        d_out = base.W_O.shape[1] if base is not None and base.W_O is not None else heads[0][2].shape[1]
+        d_out = base.W_O.shape[1] if base is not None and base.W_O is not None else \
+            spec.d_model if spec.residual else heads[0][2].shape[1]
         W_O = ints(width, d_out)
-    return Drawn(X, context, tuple(heads), W_O)
+    return Drawn(X, context, tuple(heads), W_O, gamma, beta)
+
+
+def _normed_rows(spec: Spec, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """X, γ and β for a norm with ε = 0 and whole normalised rows: each row a·z + b with z a row of
+    ±1 (half each for LayerNorm, so μ = b and σ = a; b = 0 for RMSNorm, so √(mean x²) = a), γ of 1s
+    and 2s, β of 0s and 1s."""
+    d = spec.d_model
+    rows = []
+    for _ in range(spec.tokens):
+        a = int(rng.integers(1, 3))
+        if spec.norm == "layernorm":
+            z = rng.permutation(np.array([1] * (d // 2) + [-1] * (d // 2), dtype=np.int64))
+            rows.append(a * z + a + int(rng.integers(0, 2)))  # b ≥ a: every entry ≥ 0
+        else:
+            rows.append(a * rng.choice(np.array([1, -1], dtype=np.int64), size=d))
+    gamma = rng.integers(1, 3, size=(1, d), dtype=np.int64)
+    beta = rng.integers(0, 2, size=(1, d), dtype=np.int64) if spec.norm == "layernorm" else None
+    return np.array(rows, dtype=np.int64), gamma, beta
 
 
 def generate(spec: Spec, seed: int, base: Drawn | None = None, avoid: set | None = None) -> Drawn:
@@ -258,6 +309,12 @@ def to_yaml(spec: Spec, drawn: Drawn, command: str, title: str) -> str:
         out.append(f"mask: {kind}")
     if not spec.scale:
         out.append("scale: none")
+    if drawn.gamma is not None:
+        row = lambda m: "[" + ", ".join(str(int(v)) for v in m[0]) + "]"  # noqa: E731
+        bias = f", bias: {row(drawn.beta)}" if drawn.beta is not None else ""
+        out.append(f"norm: {{type: {spec.norm}, weight: {row(drawn.gamma)}{bias}, eps: 0}}")
+    if spec.residual:
+        out.append("residual: true")
     out.extend(spec.extra)
     return "\n".join(out) + "\n"
 
