@@ -18,6 +18,13 @@ from fractions import Fraction
 import mpmath
 
 
+def backward_supported(path) -> bool:
+    """Whether a worked example can take a backward pass: not with grouped K/V heads, a norm or
+    a residual stream (``norm:``, ``residual:``, ``from: {norm: true}``), which have none yet."""
+    text = path.read_text("utf-8")
+    return "kv_heads" not in text and not re.search(r"(?m)^(norm|residual):|norm: true|residual: true", text)
+
+
 def frac(text: str, values: dict[str, Fraction] | None = None) -> Fraction:
     """``"3"``, ``"-2/5"``, ``"0.25"``, ``"2e-1"`` exactly; a declared symbol takes its value."""
     assert isinstance(text, str), f"BaseLoader should give strings, got {text!r}"

@@ -40,7 +40,7 @@ PROTOCOL = sorted(name for name, member in vars(Ops).items() if inspect.isfuncti
 # What ArbOps and FloatOps serve: the operations of the gradients' relations (and the plain ones).
 GRADIENT_OPS = frozenset({"matmul", "T", "add_row", "col_sums", "scale", "softmax_backward", "hstack", "block",
                           "sum", "sub", "ones", "given", "is_rational", "rational", "table"})
-LEFT_TO_NUMERIC = ("mask", "add_mask", "softmax")  # ArbOps and FloatOps refuse these
+LEFT_TO_NUMERIC = ("mask", "add_mask", "softmax", "row_mean", "row_spread", "normalise", "times_row")  # ArbOps and FloatOps refuse these
 # The operations only the common mistakes call (on NumericOps), beside the protocol's.
 MISTAKE_OPS = frozenset({"columns_attend", "jacobian_diagonal", "zero_masked"})
 
@@ -188,11 +188,34 @@ CASES = {
     "given": ("given", ("g",), lambda ops, p, m: ops.given(p["g"])),
     "rotate": ("rotate", ("a",), lambda ops, p, m: ops.rotate(_feed(ops, p["a"]), THETAS, PAIRS)),
     "rotate_back": ("rotate", ("a",), lambda ops, p, m: ops.rotate(_feed(ops, p["a"]), THETAS, PAIRS, sign=-1, offset=2)),
+    "row_mean": ("row_mean", ("a",), lambda ops, p, m: ops.row_mean(_feed(ops, p["a"]))),
+    "row_spread": ("row_spread", ("a",), lambda ops, p, m: ops.row_spread(_feed(ops, p["a"]), ops.row_mean(_feed(ops, p["a"])))),
+    "row_spread_rms": ("row_spread", ("a",), lambda ops, p, m: ops.row_spread(_feed(ops, p["a"]), None)),
+    "row_spread_unbiased": ("row_spread", ("s",),
+                            lambda ops, p, m: ops.row_spread(_feed(ops, p["s"]), ops.row_mean(_feed(ops, p["s"])), 1)),
+    "normalise": ("normalise", ("s",), lambda ops, p, m: _normalised(ops, p, rms=False)),
+    "normalise_rms": ("normalise", ("s",), lambda ops, p, m: _normalised(ops, p, rms=True)),
+    "normalise_outside": ("normalise", ("s",), lambda ops, p, m: _normalised(ops, p, rms=False, inside=False)),
+    "normalise_times": ("normalise", ("s", "g"),  # a normalised matrix times weights, then its scores
+                        lambda ops, p, m: ops.matmul(_normed_q(ops, p), ops.T(_normed_q(ops, p)))),
+    "times_row": ("times_row", ("a", "row"), lambda ops, p, m: ops.times_row(_feed(ops, p["a"]), _feed(ops, p["row"]))),
     "tiled_max": ("tiled_max", ("s",), lambda ops, p, m: ops.tiled_max(_masked(ops, p, m), 2)),
     "tiled_sums": ("tiled_sums", ("s",), lambda ops, p, m: ops.tiled_sums(*_tiled(ops, p, m)[:2], 2)),
     "tiled_acc": ("tiled_acc", ("s", "c"), lambda ops, p, m: ops.tiled_acc(*_tiled(ops, p, m), 2)),
     "tiled_output": ("tiled_output", ("s", "c"), lambda ops, p, m: _tiled_output(ops, p, m)),
 }
+
+
+def _normalised(ops, p, rms: bool, inside: bool = True):
+    x = _feed(ops, p["s"])
+    mu = None if rms else ops.row_mean(x)
+    return ops.normalise(x, mu, ops.row_spread(x, mu), Rational(1, 10), inside)
+
+
+def _normed_q(ops, p):
+    """(normalised rows ∘ row + bias)·g: what a projection of X_norm computes (RowScaled in ExactOps)."""
+    y = ops.times_row(_normalised(ops, p, rms=False), _feed(ops, p["g"][0:1, :] if not isinstance(p["g"], list) else p["g"]))
+    return ops.matmul(ops.add_row(y, _feed(ops, p["g"][1:2, :])), _feed(ops, p["g"]))
 
 
 def _masked(ops, p, m):
@@ -274,10 +297,15 @@ def test_every_backend_agrees_with_the_exact_values(case, problem, mask, backend
 
 @pytest.mark.parametrize("backend", (ArbOps, FloatOps), ids=lambda b: b.__name__)
 def test_the_forward_operations_are_left_to_numeric_ops(backend):
-    """ArbOps and FloatOps refuse the mask, adding it and the softmax: never a wrong value."""
+    """ArbOps and FloatOps refuse the mask, adding it, the softmax and the norm's operations:
+    never a wrong value."""
     ops = _make(backend)
-    calls = {"mask": lambda: ops.mask(CAUSAL, None), "add_mask": lambda: ops.add_mask(ops.grid(RATIONAL["s"]), None),
-             "softmax": lambda: ops.softmax(ops.grid(RATIONAL["s"]))}
+    s = RATIONAL["s"]
+    calls = {"mask": lambda: ops.mask(CAUSAL, None), "add_mask": lambda: ops.add_mask(ops.grid(s), None),
+             "softmax": lambda: ops.softmax(ops.grid(s)), "row_mean": lambda: ops.row_mean(ops.grid(s)),
+             "row_spread": lambda: ops.row_spread(ops.grid(s), None),
+             "normalise": lambda: ops.normalise(ops.grid(s), None, ops.grid(RATIONAL["a"]), 0),
+             "times_row": lambda: ops.times_row(ops.grid(s), ops.grid(RATIONAL["row"]))}
     assert set(calls) == set(LEFT_TO_NUMERIC)
     for name, call in calls.items():
         with pytest.raises(NotImplementedError):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from fractions import Fraction
+from pathlib import Path
 
 import mpmath
 import numpy as np
@@ -22,6 +23,7 @@ from test_problem_checkpoints import _error, _write
 from test_problem_configs import _close, _model
 from test_problem_layouts import _values
 
+ROOT_EXAMPLES = Path(__file__).resolve().parent.parent / "worked_examples"
 X = [[1, 2, 3, 6], [0, 4, 0, 4], [2, 2, 2, 6]]
 HEAD = ("W_Q: [[1, 0], [0, 1], [1, 0], [0, 1]]\nW_K: [[1, 0], [0, 1], [0, 1], [1, 0]]\n"
         "W_V: [[1, 0], [0, 1], [1, 1], [0, 0]]\nmask: causal\n")
@@ -278,7 +280,7 @@ def test_bert_post_norm_matches_transformers(tmp_path):
     (f"X: {X}\nnorm: {{type: batchnorm}}\n" + HEAD, "norm.type: unknown norm type 'batchnorm'"),
     (f"X: {X}\nnorm: {{type: layernorm, place: middle}}\n" + HEAD, "norm.place: place is pre"),
     (f"X: {X}\nresidual: true\n" + HEAD, "residual: the residual H = X + O needs O as wide as X"),
-    (f"X: [[1, 1, 1, 1], [0, 4, 0, 4]]\nnorm: {{type: layernorm, eps: 0}}\n" + HEAD,
+    ("X: [[1, 1, 1, 1], [0, 4, 0, 4]]\nnorm: {type: layernorm, eps: 0}\n" + HEAD,
      "norm.eps: row 1 of X: its entries are all equal (variance 0), and eps is 0"),
     (f"X: {X}\nnorm: {{type: layernorm}}\nbackward: {{loss: sum}}\n" + HEAD, "backward: the backward pass through the norm"),
 ])
@@ -310,3 +312,60 @@ def test_residual_needs_every_head(tmp_path, symattn_cli):
                             "from: {file: model.safetensors, layout: gpt2, layer: 0, heads: [1], residual: true}\n",
                   symattn_cli)
     assert "residual: the residual stream adds the whole layer's output" in line, line
+
+
+# -- generate --norm -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("norm", ["layernorm", "rmsnorm"])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_generated_norm_exercises_are_hand_friendly(norm, seed):
+    (p,) = symattn.generate(seed=seed, norm=norm, residual=True)
+    assert p.norm.kind == norm and p.norm.eps == 0 and p.residual
+    d = symattn.derive(p)
+    x = np.array(p.X.tolist(), dtype=np.float64)
+    want = _numpy_norm(x, norm)  # NumPy from the drawn X: the normalised rows are ±1
+    np.testing.assert_allclose(_values(d, "X_hat"), want, rtol=0, atol=1e-15)
+    assert set(np.unique(want)) <= {-1.0, 1.0}
+    for stage in ("X_hat", "X_norm", "Q", "K", "V", "S"):
+        assert all(x.is_Integer for x in d.step(stage).exact), stage  # whole numbers, as at the easy level
+    assert len({tuple(r) for r in _values(d, "X_norm").tolist()}) >= 3
+    assert symattn.crosscheck(d).passed
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--norm", "layernorm", "--d-model", "3"], "--norm layernorm needs an even --d-model"),
+    (["--residual", "--d-v", "2"], "--residual adds the output to X"),
+    (["--norm", "batchnorm"], "Invalid value for '--norm'"),
+])
+def test_generate_norm_refusals(symattn_cli, args, fragment):
+    r = symattn_cli.main("generate", *args)
+    assert r.code in (1, 2) and fragment in r.stderr, r.stderr
+
+
+def test_generate_from_a_normed_problem_is_refused(tmp_path, symattn_cli):
+    path = _write(tmp_path, f"X: {X}\nnorm: {{type: layernorm, eps: 0}}\n" + HEAD)
+    r = symattn_cli.main("generate", "--from", path)
+    assert r.code == 1 and "does not vary problems with a norm" in r.stderr, r.stderr
+    r = symattn_cli.main("generate", "--from", path, "--norm", "rmsnorm")
+    assert r.code == 2 and "--norm cannot go with --from" in r.stderr, r.stderr
+
+
+def test_check_follows_through_and_names_the_residual_and_gamma(tmp_path):
+    """A wrong X̂ (the unbiased variance) diagnosed, and X_norm made from it marked as following
+    through; H = O (the residual left out) and X_norm = X̂ (γ left out) named."""
+    d = symattn.derive(load_problem(ROOT_EXAMPLES / "layernorm_head.yaml"))
+    x = np.array([[1, 3, 1, 3], [0, 4, 0, 4], [1, 1, 5, 5]], dtype=np.float64)
+    mu = x.mean(axis=1, keepdims=True)
+    x_hat = (x - mu) / np.sqrt(((x - mu) ** 2).sum(axis=1, keepdims=True) / 3)
+    x_norm = x_hat * np.array([1, 2, 1, 0.5]) + np.array([0, 1, 0, 0])
+    marked = {s["id"]: s for s in json.loads(symattn.check(d, {"X_hat": x_hat.tolist(),
+                                                               "X_norm": x_norm.tolist()}).to_json())["stages"]}
+    assert marked["X_hat"]["status"] == "wrong" and "d − 1" in marked["X_hat"]["diagnosis"]
+    assert marked["X_norm"]["status"] == "follows"
+    d = _derive(tmp_path, f"X: {X}\nnorm: {{type: rmsnorm, weight: [1, 2, 1, 1], eps: 0}}\n" + TWO_HEADS
+                + "residual: true\n")
+    O, X_hat = _values(d, "O"), _values(d, "X_hat")
+    marked = {s["id"]: s for s in json.loads(symattn.check(d, {"H": O.tolist(), "X_norm": X_hat.tolist()}).to_json())["stages"]}
+    assert marked["H"]["diagnosis"] == "the residual was left out: H = O"
+    assert marked["X_norm"]["diagnosis"].startswith("γ was left out")

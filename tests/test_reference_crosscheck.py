@@ -21,6 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = sorted(
     p for p in (ROOT / "worked_examples").glob("*.yaml")
     if not any(line.startswith("heads:") for line in p.read_text("utf-8").splitlines())
+    and "heads: all" not in p.read_text("utf-8")
 )
 EXAMPLE_IDS = [p.stem for p in EXAMPLES]
 

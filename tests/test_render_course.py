@@ -172,7 +172,38 @@ def expected_headings(problem: dict) -> list[str]:
     return forward + [f"Step {k}: {t}" for k, t in enumerate(titles, n)]
 
 
+def _from_fields(problem: dict) -> dict:
+    """A ``from:`` layer's fields as the headings see them: several heads (every head with
+    ``heads: all``, or with the residual, whose stream needs W_O), the layout's norm, the residual."""
+    spec = problem.get("from")
+    if not spec:
+        return problem
+    problem = dict(problem)
+    count = spec.get("n_head", 0) if spec["heads"] == "all" else len(spec["heads"])
+    if count > 1 or spec.get("residual"):
+        problem["heads"] = [None] * count
+    if spec.get("norm"):
+        problem["norm"] = {"type": "rmsnorm" if spec["layout"] == "llama" else "layernorm",
+                           **({"place": "post"} if spec["layout"] == "bert" else {})}
+    if spec.get("residual"):
+        problem["residual"] = True
+    return problem
+
+
+def _norm_headings(problem: dict) -> tuple[list[str], list[str]]:
+    """The steps a norm and a residual add: in front of the heads, and after the output."""
+    norm = problem.get("norm")
+    kind = "RMSNorm" if norm and norm.get("type") == "rmsnorm" else "LayerNorm"
+    post = bool(norm) and norm.get("place") == "post"
+    front = [f"Normalise each token ({kind})"] if norm and not post else []
+    back = [f"The residual sum and its norm (post-norm, {kind})"] if post else \
+        ["The residual stream"] if problem.get("residual") else []
+    return front, back
+
+
 def _forward_headings(problem: dict) -> list[str]:
+    problem = _from_fields(problem)
+    front, back = _norm_headings(problem)
     stage_titles = STAGE_TITLES
     if "rope" in problem:  # RoPE rotates the queries and keys before the keys are transposed
         stage_titles = (*STAGE_TITLES[:2], ROPE_TITLE, *STAGE_TITLES[2:])
@@ -183,27 +214,26 @@ def _forward_headings(problem: dict) -> list[str]:
     if "Q" in problem:  # queries, keys and values given: no projection stage
         titles = [GIVEN_INPUT_TITLE, *stage_titles[2:], *cost]
         return [f"Step {n}: {t}" for n, t in enumerate(titles, 1)]
+    inputs = ["Add the positions"] * ("positions" in problem) + front  # between the input and the projections
     if "heads" not in problem:
-        titles = [*stage_titles, *cost]
-        if "positions" in problem:  # PE and X_pos come between the input and the projections
-            titles.insert(1, "Add the positions")
+        titles = [stage_titles[0], *inputs, *stage_titles[1:], *cost, *back]
         return [f"Step {n}: {t}" for n, t in enumerate(titles, 1)]
-    assert "positions" not in problem, "extend expected_headings for positions with several heads"
-    out = ["Step 1: The input"]
+    out = [f"Step {n}: {t}" for n, t in enumerate([stage_titles[0], *inputs], 1)]
+    first = len(out) + 1
     n_heads = len(problem["heads"])
     size = n_heads // problem.get("kv_heads", n_heads)  # query heads per K/V group
     for h in range(1, n_heads + 1):
-        for n, t in enumerate(stage_titles[1:], 2):
+        for n, t in enumerate(stage_titles[1:], first):
             if (h - 1) % size:  # a grouped head reads its group's keys and values, shown with its first head
                 if t == "Transpose the keys":
                     continue
                 if t == "Project to queries, keys and values":
                     t = f"Project to queries (K/V of group {(h - 1) // size + 1} above)"
             out.append(f"Head {h} · Step {n}: {t}")
-    n = len(stage_titles) + 1
+    n = len(stage_titles) + first - 1
     out += [f"Step {k}: {t}" for k, t in enumerate(cost, n)]
     n += len(cost)
-    return out + [f"Step {n}: Concatenate the heads", f"Step {n + 1}: Output projection"]
+    return out + [f"Step {k}: {t}" for k, t in enumerate(["Concatenate the heads", "Output projection", *back], n)]
 
 
 # with a tiling: section, after the weighted sum

@@ -120,6 +120,10 @@ def test_traces_are_the_inputs_of_each_entry(name):
             checked += 1
         elif step.kind_of.key == registry.L_TILED:
             continue  # the running sum: a recurrence over row i of Ŝ and its running maxima, not a product
+        elif step.kind_of.key in (registry.X_HAT, registry.R_HAT):  # row i over its root: not a product
+            (inp, how), *stats = traces
+            assert how == "row" and all(h == "row" for _, h in stats), step.id
+            checked += 1
         elif len(traces) == 2 and all(how in ("row", "col", "row_j", "col_i") for _, how in traces):
             (a, how_a), (b, how_b) = traces
             left, right = d.approx(a), d.approx(b)

@@ -12,6 +12,7 @@ import yaml
 import symattn
 from symattn.problem.load import parse_problem
 from symattn.render import prose
+from _reference import backward_supported
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "worked_examples"
 EXAMPLE_FILES = sorted(EXAMPLES.glob("**/*.yaml"))
@@ -36,7 +37,7 @@ def all_derivations():
         if path.parent.name == "large":
             continue
         yield path.stem, derive(path)
-        if not path.stem.startswith("rope") and "kv_heads" not in path.read_text("utf-8"):  # no backward through RoPE or grouped heads
+        if not path.stem.startswith("rope") and backward_supported(path):  # no backward through RoPE, grouped heads, a norm
             yield path.stem + "+sum", derive(path, "sum")
     for loss in LOSSES:
         yield f"backward {loss}", derive(BACKWARD, loss)

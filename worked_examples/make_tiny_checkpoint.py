@@ -1,5 +1,8 @@
 """Write tiny_gpt2.safetensors: one GPT-2 attention layer, d_model 8 and 2 heads of 4, in
-GPT-2's tensor names and Conv1D layout, for worked_examples/tiny_gpt2_head.yaml.
+GPT-2's tensor names and Conv1D layout, for worked_examples/tiny_gpt2_head.yaml; and
+tiny_gpt2_block.safetensors: the same layer with what a block needs around it (a token table
+wte of 16 rows, a position table wpe of 8, and ln_1's weight and bias), for
+worked_examples/tiny_gpt2_block.yaml, which starts from token ids.
 
 The weights are seeded and every one is a multiple of 1/4 between −1 and 1, stored as float32,
 so the exact solution stays readable. It needs NumPy and safetensors only (no PyTorch):
@@ -33,10 +36,24 @@ def tensors(seed: int = 2019) -> dict[str, np.ndarray]:
     }
 
 
+def block_tensors(seed: int = 2019) -> dict[str, np.ndarray]:
+    """The layer of :func:`tensors` with the token and position tables and ln_1 (γ from 1/2 to
+    3/2, β from −1/2 to 1/2), drawn from a second stream so the layer itself is the same."""
+    rng = np.random.default_rng(seed + 1)
+    return {
+        **tensors(seed),
+        "wte.weight": quarters(rng, 16, D_MODEL),
+        "wpe.weight": quarters(rng, 8, D_MODEL),
+        "h.0.ln_1.weight": (1 + quarters(rng, D_MODEL) / 2).astype(np.float32),
+        "h.0.ln_1.bias": (quarters(rng, D_MODEL) / 2).astype(np.float32),
+    }
+
+
 def main() -> None:
-    path = HERE / "tiny_gpt2.safetensors"
-    save_file(tensors(), str(path))
-    print(f"wrote {path} ({path.stat().st_size} bytes): one GPT-2 layer, d_model = {D_MODEL}, n_head = {N_HEAD}")
+    for name, made in (("tiny_gpt2.safetensors", tensors), ("tiny_gpt2_block.safetensors", block_tensors)):
+        path = HERE / name
+        save_file(made(), str(path))
+        print(f"wrote {path} ({path.stat().st_size} bytes): one GPT-2 layer, d_model = {D_MODEL}, n_head = {N_HEAD}")
 
 
 if __name__ == "__main__":

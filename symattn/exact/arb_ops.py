@@ -130,3 +130,16 @@ class ArbOps(NumericOps):
     def softmax(self, z):
         self._numeric("the softmax")
 
+    # the norm's operations serve the forward pass only (no gradient reads them yet)
+    def row_mean(self, m):
+        self._numeric("a norm's row means")
+
+    def row_spread(self, m, mu, ddof: int = 0):
+        self._numeric("a norm's row variances")
+
+    def normalise(self, m, mu, spread, eps, inside: bool = True):
+        self._numeric("a norm")
+
+    def times_row(self, m, row):
+        self._numeric("a norm's weight")
+

@@ -491,6 +491,23 @@ def derive(problem: Problem, *, on_step=None, cls: type[Derivation] = Derivation
 
 NORMED_MIXES_FROM = 15  # the order of O = A·V: the stages from it on mix the normalised value rows
 NORMED_EXACT_LIMIT = 16  # n_k · d_model up to which they are written exactly (a hand-sized problem)
+NORMED_EXACT_CHARS = 24  # the longest exact entry (as text) a stage over normalised rows is written with
+
+
+def _short_entries(value) -> bool:
+    """Whether the corners and the middle entry of ``value`` are each at most NORMED_EXACT_CHARS
+    long as text (a few entries built: the rest are like them); for the softmax, the exponents
+    z_ij − m_i that its weights are written with, each over its row's Z_i."""
+    if isinstance(value, _structures.Softmax):
+        rows = value.rows
+        return all(e is None or len(str(e)) <= NORMED_EXACT_CHARS
+                   for row in (rows[0], rows[len(rows) // 2], rows[-1]) for e in row.exponents)
+    m = _structures.matrix_of(value)
+    rows, cols = m.rows, m.cols
+    if rows == 0 or cols == 0:
+        return True
+    spots = {(0, 0), (0, cols - 1), (rows - 1, 0), (rows - 1, cols - 1), (rows // 2, cols // 2)}
+    return all(len(str(m[i, j])) <= NORMED_EXACT_CHARS for i, j in spots)
 
 
 def _step(planned: stages.Planned, values: dict, step_class: type[Step] = Step) -> Step:
@@ -512,10 +529,13 @@ def _step(planned: stages.Planned, values: dict, step_class: type[Step] = Step) 
     elif not given:
         terms = _rotary.terms_of(result)  # RoPE's long sums of cosines and sines: decimals past a size
         written = terms is None or terms <= _rotary.EXACT_TERMS
-        if written and getattr(p, "norm", None) is not None and kind.order >= NORMED_MIXES_FROM:
-            # an output mixes value rows that each carry their own root 1/√(σ_j² + ε): past a
-            # hand-sized problem its entries are sums of n_k such rows times exponentials
-            written = p.n_k * p.X.cols <= NORMED_EXACT_LIMIT
+        if written and getattr(p, "norm", None) is not None:
+            if kind.order >= NORMED_MIXES_FROM:
+                # an output mixes value rows that each carry their own root 1/√(σ_j² + ε): past a
+                # hand-sized problem its entries are sums of n_k such rows times exponentials
+                written = p.n_k * p.X.cols <= NORMED_EXACT_LIMIT
+            else:  # rows of real floats over their roots: long numbers, shown in decimals past a width
+                written = _short_entries(result)
     matrix = _structures.matrix_of(result)
     axes = kind.text("axes", c)
     return step_class(

@@ -174,6 +174,8 @@ class ExactOps(Ops):
             scaled = a.scaled(factor)
             if scaled is not None:
                 return scaled
+        if isinstance(a, _norms.NormedScores):
+            return a.scaled(factor)
         return _products.scale(a, factor)
 
     def mask(self, allowed, bias):

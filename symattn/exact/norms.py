@@ -152,7 +152,7 @@ class RowScaledT(LazyMatrix):
         return [list(col) for col in zip(*self.of.mp_values(dps))]
 
 
-def scores(a, b) -> "LazyMatrix | None":
+def scores(a, b) -> "NormedScores | None":
     """``a·bᵀ`` for a RowScaled ``a`` and the transpose ``b`` of one: four rational products, each
     entry ``s_i s'_j (U U'ᵀ)_ij + s_i (U C'ᵀ)_ij + s'_j (C U'ᵀ)_ij + (C C'ᵀ)_ij``. None for anything else."""
     if not (isinstance(a, RowScaled) and isinstance(b, RowScaledT)):
@@ -166,17 +166,60 @@ def scores(a, b) -> "LazyMatrix | None":
         parts.append((_products.matmul(a.C, Kt(k.U)), False, True))
     if a.C is not None and k.C is not None:
         parts.append((_products.matmul(a.C, Kt(k.C)), False, False))
-    rows = [(rational_rows(m), left, right) for m, left, right in parts]
+    return NormedScores(tuple(parts), a.scales, k.scales)
 
-    def entry(i: int, j: int) -> sympy.Expr:
-        terms = []
-        for r, left, right in rows:
-            x = _sympy(r[i][j])
-            if left:
-                x = x * a.scales[i]
-            if right:
-                x = x * k.scales[j]
-            terms.append(x)
-        return sympy.Add(*terms)
 
-    return LazyMatrix(a.rows, k.rows, entry)
+class NormedScores(LazyMatrix):
+    """Scores of normalised rows: ``Σ_parts P_ij · (s_i if left) · (s'_j if right)`` with rational
+    P (flint), ``s`` and ``s'`` the query and key rows' numbers, and one exact ``factor`` (the
+    scale, 1 until scaled). Scaling by a rational multiplies the P's; the values at any digits
+    come from the rationals and the row numbers, no SymPy entry built."""
+
+    def __init__(self, parts: tuple, left: tuple, right: tuple, factor=sympy.Integer(1)) -> None:
+        self.parts, self.left, self.right, self.factor = parts, left, right, factor
+        rows = [(rational_rows(m), l, r) for m, l, r in parts]
+
+        def entry(i: int, j: int) -> sympy.Expr:
+            terms = []
+            for qq, use_left, use_right in rows:
+                x = _sympy(qq[i][j])
+                if x == 0:
+                    continue
+                if use_left:
+                    x = x * left[i]
+                if use_right:
+                    x = x * right[j]
+                terms.append(x)
+            total = sympy.Add(*terms)
+            return total if factor == 1 else tidy(factor * total)
+
+        m = parts[0][0]
+        super().__init__(m.rows, m.cols, entry)
+
+    def scaled(self, factor: sympy.Expr) -> "NormedScores":
+        if factor.is_Rational:
+            return NormedScores(tuple((_products.scale(m, factor), l, r) for m, l, r in self.parts), self.left,
+                                self.right, self.factor)
+        return NormedScores(self.parts, self.left, self.right, self.factor * factor)
+
+    def mp_values(self, dps: int) -> list[list[mpmath.mpf]]:
+        with mpmath.workdps(dps + 10):
+            s = [to_mpf(x, dps + 10) for x in self.left]
+            t = [to_mpf(x, dps + 10) for x in self.right]
+            f = to_mpf(self.factor, dps + 10)
+            rows = [(rational_rows(m), l, r) for m, l, r in self.parts]
+            out = []
+            for i in range(self.rows):
+                line = []
+                for j in range(self.cols):
+                    total = mpmath.mpf(0)
+                    for qq, use_left, use_right in rows:
+                        x = mpf_of_qq(qq[i][j])
+                        if use_left:
+                            x *= s[i]
+                        if use_right:
+                            x *= t[j]
+                        total += x
+                    line.append(total * f)
+                out.append(line)
+            return out

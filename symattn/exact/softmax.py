@@ -186,6 +186,10 @@ class SoftmaxRow:
             return [_flint.arb(0) if e is None else _flint.arb(fmpq(e)).exp() for e in self.raw]
         return [mpmath.mpf(0) if e is None else mpmath.exp(to_mpf(e, dps, subs)) for e in self.exponents]
 
+    def maximum_value(self, dps: int, subs=None) -> mpmath.mpf:
+        """``m_i`` at ``dps`` digits (an mpmath number)."""
+        return to_mpf(self.maximum, dps, subs)
+
     def evaluate_normaliser(self, dps: int, subs=None) -> mpmath.mpf:
         """``Z_i`` at ``dps`` digits."""
         return self.evaluate_with_normaliser(dps, subs)[1]

@@ -46,6 +46,16 @@ def torch_rope(torch, x, rope):
     return torch.view_as_real(pairs * torch.polar(torch.ones_like(freqs), freqs)).reshape(n, d)
 
 
+def torch_norm(F, n, x, t):
+    """The norm ``n`` of the rows of ``x`` as PyTorch's own functions compute it (F.layer_norm,
+    F.rms_norm); ``t`` makes a float64 tensor of an exact matrix."""
+    weight = None if n.weight is None else t(n.weight)[0] + n.offset
+    if n.kind == "rmsnorm":
+        return F.rms_norm(x, (x.shape[1],), weight=weight, eps=float(n.eps))
+    return F.layer_norm(x, (x.shape[1],), weight=weight, bias=None if n.bias is None else t(n.bias)[0],
+                        eps=float(n.eps))
+
+
 def torch_stages(p: Problem) -> dict[str, np.ndarray]:
     """Each head's ``A`` and ``O`` (and with heads, the projected ``O``) from PyTorch in float64."""
     torch = import_torch()
@@ -64,15 +74,6 @@ def torch_stages(p: Problem) -> dict[str, np.ndarray]:
     if p.bias is not None:
         attn_mask = attn_mask + t(p.bias)
     out: dict[str, np.ndarray] = {}
-
-    def norm(x):
-        """The problem's norm as PyTorch's own functions compute it (F.layer_norm, F.rms_norm)."""
-        n = p.norm
-        weight = None if n.weight is None else t(n.weight)[0] + n.offset
-        if n.kind == "rmsnorm":
-            return F.rms_norm(x, (x.shape[1],), weight=weight, eps=float(n.eps))
-        return F.layer_norm(x, (x.shape[1],), weight=weight, bias=None if n.bias is None else t(n.bias)[0],
-                            eps=float(n.eps))
 
     def head(prefix: str, Q, K, V):
         if p.rope is not None:
@@ -117,7 +118,7 @@ def torch_stages(p: Problem) -> dict[str, np.ndarray]:
         if PE is not None:
             X = block = X + torch.from_numpy(PE)                # the projections read X + PE
         if p.norm is not None and not p.norm.post:
-            X = norm(X)                                         # the attention reads the norm of X
+            X = torch_norm(F, p.norm, X, t)                     # the attention reads the norm of X
             out[st.X_NORM] = X.numpy()
         C = t(p.context) if p.context is not None else X
         if p.kv_heads:
@@ -133,6 +134,12 @@ def torch_stages(p: Problem) -> dict[str, np.ndarray]:
             O = linear(torch.cat(outputs, dim=1), p.W_O, p.b_O)
             out[st.O] = O.numpy()
         if p.residual:
-            H = block + O                                       # the residual stream
-            out[st.H] = (norm(H) if p.norm is not None and p.norm.post else H).numpy()
+            out[st.H] = torch_residual(F, p, block, O, t).numpy()
     return out
+
+
+def torch_residual(F, p: Problem, block, O, t):
+    """The residual stream H = X + O (the block's input plus the layer's output), and with a
+    post norm its norm, BERT's H = LN(X + O)."""
+    H = block + O
+    return torch_norm(F, p.norm, H, t) if p.norm is not None and p.norm.post else H

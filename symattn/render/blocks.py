@@ -169,15 +169,15 @@ def _step_blocks(d: Derivation, step: Step, digits: int, max_shown: int, shade: 
         lhs = f"{step.formula} = {_parts_tex(p, step, max_shown)}"
         out += _displays(lhs, step, lambda b: exact_tex_blocks(d, step, max_shown, b), "exact", split)
     out.append(Block("para", f"Shape: {step.shape_note}."))
-    for dot in step.worked:
-        out.append(Block("math", worked_dot_tex(dot)))
+    for dot in step.worked:  # a norm's rows of real floats: their long factors as decimals
+        out.append(Block("math", worked_dot_tex(dot, decimals=p.norm is not None, digits=digits)))
     out += [Block(kind, text) for kind, text in rope_blocks(d, step)]
     if "softmax" in step.shows:
         for line in normaliser_lines(d, step, digits, max_shown):
             out.append(Block("math", line, source=Normalisers(step)))
     if "jacobian" in step.shows:
         out += jacobian_blocks(step, max_shown)
-    if "weighted_sum" in step.shows and step.softmax and evaluable:
+    if "weighted_sum" in step.shows and step.softmax and evaluable and (p.norm is None or written_exactly(step)):
         line = weighted_sum_tex(d, step, digits)
         if line:
             out.append(Block("math", line))

@@ -197,6 +197,9 @@ def needs_decimals(step: Step) -> bool:
         return values is not None and not all_integers(values)
     if "heads_sum" in step.shows and _some_value_is_not_an_integer(step):
         return True
+    if len(step.rows) * len(step.cols) > _BIG and hasattr(type(step.lazy), "mp_values") \
+            and _some_value_is_not_an_integer(step):
+        return True  # a matrix that holds its values (a norm's rows): decided from them, no entry built
     entries = list(_entries(step))
     if any(x.free_symbols for x in entries):
         return False

@@ -278,7 +278,7 @@ class _Page:
 
             def dot(i: int, j: int) -> str:
                 worked = registry.dot_at(key, v, result, c, i, j)
-                return mathml(worked_dot_tex(worked)) if worked is not None else ""
+                return mathml(worked_dot_tex(worked, decimals=c.p.norm is not None)) if worked is not None else ""
 
             return dot
         if step.is_softmax and key == registry.A:

@@ -162,10 +162,23 @@ def normaliser_tex(d: Derivation, step: Step, i: int, digits: int) -> tuple[str,
     return m, z
 
 
-def worked_dot_tex(dot) -> str:
+WORKED_EXACT_CHARS = 24  # with decimals=True, a longer factor (a norm's row over its root) is a decimal
+
+
+def worked_dot_tex(dot, decimals: bool = False, digits: int = 4) -> str:
+    """One entry worked as a dot product; with ``decimals``, each factor too long to read exactly
+    (a real float over its row's root) as a decimal, and the value then ≈ its decimal."""
     terms, n = dot.terms, len(dot.terms)
     kept = [terms[k] for k in (range(n) if n <= MAX_TERMS else (0, 1, 2, n - 1))]  # only these are read
-    products = [f"{factor_tex(a)} \\cdot {factor_tex(b)}" for a, b in kept]
+    rounded = []
+
+    def factor(x) -> str:
+        if decimals and len(str(x)) > WORKED_EXACT_CHARS:
+            rounded.append(x)
+            return tex_decimal(_mp(x), digits)
+        return factor_tex(x)
+
+    products = [f"{factor(a)} \\cdot {factor(b)}" for a, b in kept]
     if n > MAX_TERMS:
         products = products[:3] + ["\\cdots"] + products[-1:]
     products = " + ".join(products)
@@ -173,10 +186,17 @@ def worked_dot_tex(dot) -> str:
     right = _vec_name(dot.right)
     if getattr(dot, "bias", None) is not None:  # Q = X W_Q + b_Q: the bias entry is added
         right += f" + b_{{{dot.target},{dot.j + 1}}}"
-        products += f" + {factor_tex(dot.bias)}"
-    return (
-        f"{_sub(dot.target, dot.i, dot.j)} = {left} \\cdot {right} = {products} = {tex(dot.value)}"
-    )
+        products += f" + {factor(dot.bias)}"
+    value = f"\\approx {tex_decimal(_mp(dot.value), digits)}" if rounded or (
+        decimals and len(str(dot.value)) > WORKED_EXACT_CHARS) else f"= {tex(dot.value)}"
+    equals = "\\approx" if rounded else "="
+    return f"{_sub(dot.target, dot.i, dot.j)} = {left} \\cdot {right} {equals} {products} {value}"
+
+
+def _mp(x):
+    from ..exact.evaluation import to_mpf
+
+    return to_mpf(x, 30)
 
 
 def _vec_name(name: str) -> str:

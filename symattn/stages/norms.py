@@ -3,11 +3,11 @@
 In front of the attention (``place: pre``, GPT-2's ``ln_1``, LLaMA's ``input_layernorm``) the
 rows turn the block's input (X, or X_pos) into X_norm, which the projections read:
 
-    μ_i = (1/d) Σ_k x_ik                       mu      (LayerNorm only)
-    σ_i² = (1/d) Σ_k (x_ik − μ_i)²              var     (biased, as PyTorch and every model)
-    ms_i = (1/d) Σ_k x_ik²                      ms      (RMSNorm instead of μ and σ²)
-    X̂_ik = (x_ik − μ_i)/√(σ_i² + ε)             X_hat   (x_ik/√(ms_i + ε) for RMSNorm)
-    X_norm = X̂ ∘ γ + β                          X_norm  (γ: gamma, β: beta, given)
+    μ_i = (1/d) Σ_k x_ik                       norm_mean   (LayerNorm only)
+    σ_i² = (1/d) Σ_k (x_ik − μ_i)²              norm_var    (biased, as PyTorch and every model)
+    ms_i = (1/d) Σ_k x_ik²                      norm_ms     (RMSNorm instead of μ and σ²)
+    X̂_ik = (x_ik − μ_i)/√(σ_i² + ε)             X_hat       (x_ik/√(ms_i + ε) for RMSNorm)
+    X_norm = X̂ ∘ γ + β                          X_norm      (γ: norm_gamma, β: norm_beta, given)
 
 and the residual stream behind it is H = X + O (the output after W_O and b_O). Behind the
 attention (``place: post``, BERT) the same rows normalise R = X + O and end in H = LN(R); their
@@ -46,7 +46,7 @@ NORM_WHY = {
           "tokens: ⟦\\mu_i⟧ is the mean of row ⟦i⟧.",
     "var": "⟦\\sigma_i^2⟧ is the mean of the squared distances from ⟦\\mu_i⟧: divided by ⟦d⟧, not ⟦d - 1⟧ (the biased "
            "variance, as PyTorch's LayerNorm and every model compute it).",
-    "ms": "RMSNorm takes no mean away: it divides each row by the root of its mean square ⟦\\frac{1}{d}\\sum_k x_{ik}^2⟧.",
+    "ms": "RMSNorm takes no mean away: it divides each row by the root of its mean square ⟦(1/d)\\sum_k x_{ik}^2⟧.",
     "hat": "Each row is divided by its own root ⟦\\sqrt{{{s} + \\varepsilon}}⟧, with ⟦\\varepsilon⟧ = {eps} inside the "
            "root, so every entry of row ⟦i⟧ carries the same factor ⟦1/\\sqrt{{{s} + \\varepsilon}}⟧, which "
            "the entries below keep exactly. Each normalised row has mean 0 and {unit}.",
@@ -64,9 +64,32 @@ NORM_WHY = {
 
 def _hat_why(c: Context) -> str:
     if c.norm.rms:
-        return NORM_WHY["hat"].format(s="\\mathrm{ms}_i", eps=_eps(c), unit="mean square 1 (before ε)").replace(
+        return NORM_WHY["hat"].format(s="\\mathrm{ms}_i", eps=_eps(c), unit="mean square 1 (before ⟦\\varepsilon⟧ is added)").replace(
             "has mean 0 and ", "has ")
-    return NORM_WHY["hat"].format(s="\\sigma_i^2", eps=_eps(c), unit="variance 1 (before ε)")
+    return NORM_WHY["hat"].format(s="\\sigma_i^2", eps=_eps(c), unit="variance 1 (before ⟦\\varepsilon⟧ is added)")
+
+
+FACTORED_ROWS = 6, 8  # rows and columns up to which the normalised rows are written factored, row by row
+
+
+def factored(value) -> str:
+    """The normalised rows written as each row's own factor times a rational row, for a hand-sized
+    matrix kept in that form (a RowScaled value: rational rows U_i, factors 1/√r_i, no C)."""
+    U, scales = getattr(value, "U", None), getattr(value, "scales", None)
+    if U is None or getattr(value, "C", None) is not None or U.rows > FACTORED_ROWS[0] or U.cols > FACTORED_ROWS[1]:
+        return ""
+    import sympy
+
+    if all(x.is_Rational for x in scales):
+        return ""  # every root is rational: the entries are plain fractions already
+    rows = []
+    for i in range(U.rows):
+        entries = [U[i, k] for k in range(U.cols)]
+        common = sympy.gcd_list([sympy.Rational(x) for x in entries if x != 0]) if any(x != 0 for x in entries) else 1
+        factor = scales[i] * common
+        inner = ", ".join(sympy.latex(sympy.Rational(x) / common) for x in entries)
+        rows.append(f"⟦\\text{{row }} {i + 1} = {sympy.latex(factor)} \\cdot ({inner})⟧")
+    return (" Factored, each row is its own number times a row of rationals: " + "; ".join(rows) + ".")
 
 
 def _affine_text(c: Context, tex: bool, hat: str) -> str:
@@ -87,7 +110,7 @@ def _affine_why(c: Context) -> str:
         return "This norm has no ⟦\\gamma⟧ or ⟦\\beta⟧ (1 and 0), so it is the normalised rows themselves."
     parts = []
     if n.weight is not None:
-        parts.append("each column k is multiplied by ⟦" + ("1 + \\gamma_k" if n.offset else "\\gamma_k") + "⟧")
+        parts.append("each column ⟦k⟧ is multiplied by ⟦" + ("1 + \\gamma_k" if n.offset else "\\gamma_k") + "⟧")
     if n.bias is not None:
         parts.append("⟦\\beta_k⟧ is added")
     return "Then " + " and ".join(parts) + "."
@@ -168,6 +191,14 @@ def _out_mistakes() -> tuple[Mistake, ...]:
     )
 
 
+def _hat_formula(c: Context, tex: str, name: str, x: str) -> tuple[str, str]:
+    if c.norm.rms:
+        return (f"{tex}_{{ik}} = \\frac{{{x}_{{ik}}}}{{\\sqrt{{\\mathrm{{ms}}_i + \\varepsilon}}}}",
+                f"{name}[i,k] = {x}_ik / √(ms_i + ε)")
+    return (f"{tex}_{{ik}} = \\frac{{{x}_{{ik}} - \\mu_i}}{{\\sqrt{{\\sigma_i^2 + \\varepsilon}}}}",
+            f"{name}[i,k] = ({x}_ik − μ_i) / √(σ_i² + ε)")
+
+
 def norm_rows(post: bool) -> tuple[Kind, ...]:
     """The rows of the norm in front of the attention (``post`` False) or behind it."""
     when = _post if post else _pre
@@ -184,7 +215,6 @@ def norm_rows(post: bool) -> tuple[Kind, ...]:
     section = "residual" if post else "norm"
     hat_name, out_name = (R_HAT, H) if post else (X_HAT, X_NORM)
     hat_tex = "\\hat{R}" if post else "\\hat{X}"
-    inp_tex = (lambda c: "R") if post else (lambda c: c.block_name)
 
     def spread_of(ops, v, c):
         return ops.row_spread(v(src(c)), None if c.norm.rms else v(mu))
@@ -199,14 +229,6 @@ def norm_rows(post: bool) -> tuple[Kind, ...]:
         if c.norm.bias is not None:
             y = ops.add_row(y, v(beta))
         return y
-
-    def hat_formula(c):
-        i = inp_tex(c)
-        if c.norm.rms:
-            return (f"{hat_tex}_{{ik}} = \\frac{{{x}_{{ik}}}}{{\\sqrt{{\\mathrm{{ms}}_i + \\varepsilon}}}}",
-                    f"{hat_name}[i,k] = {x}_ik / √(ms_i + ε)")
-        return (f"{hat_tex}_{{ik}} = \\frac{{{x}_{{ik}} - \\mu_i}}{{\\sqrt{{\\sigma_i^2 + \\varepsilon}}}}",
-                f"{hat_name}[i,k] = ({x}_ik − μ_i) / √(σ_i² + ε)")
 
     return (
         Kind(mu, MU, base, section, "Mean of each token's features", NORM_WHY["mu"],
@@ -228,16 +250,18 @@ def norm_rows(post: bool) -> tuple[Kind, ...]:
              relation=spread_of, when=lambda c: when(c) and not _layer(c), tex="\\mathrm{ms}", by_relation=post,
              mistakes=(Mistake("the variance (LayerNorm's) instead of the mean square: RMSNorm takes no mean away",
                                lambda ops, ex, c: ops.row_spread(ex(src(c)), ops.row_mean(ex(src(c))))),)),
-        Kind(hat, hat_name, base + 0.04, section, "Normalise each token", _hat_why, hat_formula, (QUERIES, "d"),
+        Kind(hat, hat_name, base + 0.04, section, "Normalise each token", _hat_why,
+             lambda c: _hat_formula(c, hat_tex, hat_name, x), (QUERIES, "d"),
              lambda sh, r, c: plain(r, "like the input"), inputs=(source, mu, ms, var),
-             relation=hat_relation, when=when, tex=hat_tex, mistakes=_hat_mistakes(src), by_relation=post),
-        Kind(gamma, GAMMA, base + 0.06, section, "The norm's weight γ",
+             relation=hat_relation, when=when, tex=hat_tex, mistakes=_hat_mistakes(src), by_relation=post,
+             note=factored),
+        Kind(gamma, GAMMA, base + 0.06, section, "The norm's weight",
              lambda c: NORM_WHY["gamma"].format(offset=" as 1 + ⟦\\gamma⟧ (the weight is stored as an offset from 1)"
                                                 if c.norm.offset else ""),
              ("\\gamma", "γ"), ("b", "d"), lambda sh, r, c: plain(r, "1 × d_model"),
              source=lambda c: c.norm.weight, when=lambda c: when(c) and c.norm.weight is not None, labelled=False,
              tex="\\gamma"),
-        Kind(beta, BETA, base + 0.07, section, "The norm's bias β", NORM_WHY["beta"], ("\\beta", "β"), ("b", "d"),
+        Kind(beta, BETA, base + 0.07, section, "The norm's bias", NORM_WHY["beta"], ("\\beta", "β"), ("b", "d"),
              lambda sh, r, c: plain(r, "1 × d_model"), source=lambda c: c.norm.bias,
              when=lambda c: when(c) and c.norm.bias is not None, labelled=False, tex="\\beta"),
         Kind(out, out_name, base + 0.08, section, "The block's output" if post else "The attention's input",

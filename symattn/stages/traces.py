@@ -8,6 +8,9 @@ from .ids import (
     DW_K, DW_Q, DW_V, K, K_CACHE, K_ROT, K_T, L_TILED, M, M_TILED, O, O_FINAL, O_T, O_TILED, O_T_DIFF, PE, Q,
     Q_ROT, S, S_MASKED, S_SCALED, S_T, V, V_CACHE, W_K, W_O, W_Q, W_V, X, X_POS,
 )
+from .ids import (
+    BETA, BETA_POST, GAMMA, GAMMA_POST, H, H_POST, MS, MS_POST, MU, MU_POST, R, R_HAT, VAR, VAR_POST, X_HAT, X_NORM,
+)
 from .kinds import Context, Kind
 from .plan import resolve
 
@@ -20,6 +23,19 @@ from .plan import resolve
 TRACES: dict[str, tuple[tuple[str, str], ...]] = {
     PE: (),
     X_POS: ((X, "entry"), (PE, "entry")),
+    # a norm: a row's statistics read the whole row; a normalised entry its row's, and the row itself
+    MU: (("block", "row"),),
+    VAR: (("block", "row"), (MU, "entry")),
+    MS: (("block", "row"),),
+    X_HAT: (("block", "row"), (MU, "row"), (VAR, "row"), (MS, "row")),
+    X_NORM: ((X_HAT, "entry"), (GAMMA, "col"), (BETA, "col")),
+    H: (("block", "entry"), ("output", "entry")),
+    R: (("block", "entry"), ("output", "entry")),
+    MU_POST: ((R, "row"),),
+    VAR_POST: ((R, "row"), (MU_POST, "entry")),
+    MS_POST: ((R, "row"),),
+    R_HAT: ((R, "row"), (MU_POST, "row"), (VAR_POST, "row"), (MS_POST, "row")),
+    H_POST: ((R_HAT, "entry"), (GAMMA_POST, "col"), (BETA_POST, "col")),
     Q: (("xq", "row"), (W_Q, "col"), (B_Q, "col")),
     K: (("kv", "row"), (W_K, "col"), (B_K, "col")),
     V: (("kv", "row"), (W_V, "col"), (B_V, "col")),
