@@ -182,6 +182,8 @@ class ExactOps(Ops):
         return mask_matrix(allowed, bias)
 
     def add_mask(self, scores, mask):
+        if isinstance(scores, _norms.NormedScores):
+            return scores.masked(matrix_of(mask))
         if isinstance(scores, _rotary.RotaryScores):
             masked = scores.masked(mask)
             if masked is not None:
@@ -191,7 +193,7 @@ class ExactOps(Ops):
     def softmax(self, z) -> Softmax:
         if isinstance(z, _rotary.RotaryScores) and z.allowed is not None:
             return Softmax(_rotary.softmax_rows(z))
-        return Softmax(softmax_rows(z))
+        return Softmax(softmax_rows(z, expanded=isinstance(z, _norms.NormedMasked)))
 
     def softmax_backward(self, a: Softmax, dA) -> OverZ2:
         """dŜ_ij = e_ij (dA_ij Z_i − D_i) / Z_i² with D_i = Σ_k e_ik dA_ik (``e`` the row's terms):

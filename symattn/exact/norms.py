@@ -16,7 +16,7 @@ import mpmath
 import sympy
 from sympy import QQ
 
-from ..numbers.matrices import Matrix, is_rational, rational_matrix, tidy
+from ..numbers.matrices import NEG_INF, Matrix, is_rational, rational_matrix, tidy
 from . import products as _products
 from .evaluation import mpf_of_qq, to_mpf
 from .lazy import LazyMatrix, rational_rows
@@ -128,7 +128,14 @@ class RowScaled(LazyMatrix):
         return RowScaledT(self)
 
     def mp_values(self, dps: int) -> list[list[mpmath.mpf]]:
-        """The entries at ``dps`` digits, from U, C and the row numbers (no SymPy entry is built)."""
+        """The entries at ``dps`` digits, from U, C and the row numbers (no SymPy entry is built;
+        kept for the next call at the same digits)."""
+        kept = self.__dict__.setdefault("_mp", {})
+        if dps not in kept:
+            kept[dps] = self._mp_values(dps)
+        return kept[dps]
+
+    def _mp_values(self, dps: int) -> list[list[mpmath.mpf]]:
         with mpmath.workdps(dps + 10):
             s = [to_mpf(x, dps + 10) for x in self.scales]
             u = rational_rows(self.U)
@@ -203,6 +210,25 @@ class NormedScores(LazyMatrix):
         return NormedScores(self.parts, self.left, self.right, self.factor * factor)
 
     def mp_values(self, dps: int) -> list[list[mpmath.mpf]]:
+        """The entries at ``dps`` digits (kept for the next call at the same digits)."""
+        kept = self.__dict__.setdefault("_mp", {})
+        if dps not in kept:
+            kept[dps] = self._mp_values(dps)
+        return kept[dps]
+
+    def masked(self, mask) -> LazyMatrix:
+        """The scores plus the mask: −∞ where it is, else the score plus its 0 (or bias) entry; a
+        score is already a sum of distinct terms, so adding 0 builds nothing new."""
+        def entry(i: int, j: int) -> sympy.Expr:
+            m = mask[i, j]
+            if m == NEG_INF:
+                return NEG_INF
+            return self[i, j] if m == 0 else tidy(self[i, j] + m)
+
+        # a rational mask (and bias) keeps every entry algebraic; anything else is an ordinary matrix
+        return (NormedMasked if getattr(mask, "qq_rows", None) is not None else LazyMatrix)(self.rows, self.cols, entry)
+
+    def _mp_values(self, dps: int) -> list[list[mpmath.mpf]]:
         with mpmath.workdps(dps + 10):
             s = [to_mpf(x, dps + 10) for x in self.left]
             t = [to_mpf(x, dps + 10) for x in self.right]
@@ -223,3 +249,8 @@ class NormedScores(LazyMatrix):
                     line.append(total * f)
                 out.append(line)
             return out
+
+
+class NormedMasked(LazyMatrix):
+    """Masked scores of normalised rows: each entry a sum of distinct algebraic terms (or −∞), so
+    the softmax's exponents z − m need no further expanding (:func:`symattn.exact.softmax.softmax_rows`)."""

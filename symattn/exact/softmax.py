@@ -68,6 +68,7 @@ class SoftmaxRow:
     maximum: sympy.Expr
     raw: tuple
     is_max: bool = True  # False for a symbolic row, normalised by its first allowed score
+    algebraic: bool = False  # every exponent an algebraic number (sums of rationals times square roots)
 
     @cached_property
     def rational(self) -> bool:
@@ -108,7 +109,9 @@ class SoftmaxRow:
     def normaliser_is_number(self) -> bool:
         """Whether ``Z_i`` is a plain number: every allowed exponent is 0 (a sum of exponentials
         of distinct rationals, not all 0, is transcendental)."""
-        if self.rational:
+        if self.rational or self.algebraic:
+            # Lindemann–Weierstrass: e^a for distinct algebraic a are linearly independent over the
+            # algebraic numbers, so Z_i is rational only when every exponent is 0
             return all(e is None or e == 0 for e in self.raw)
         return self.normaliser.is_Rational
 
@@ -275,7 +278,9 @@ def softmax_backward(A: list[list[mpmath.mpf]], dA: list[list[mpmath.mpf]], dps:
         return out
 
 
-def softmax_rows(masked) -> tuple[SoftmaxRow, ...]:
+def softmax_rows(masked, expanded: bool = False) -> tuple[SoftmaxRow, ...]:
+    """The softmax rows of ``masked``; ``expanded``: its entries are sums of distinct algebraic
+    terms (a norm's scores), so z − m is already in expanded form and is not expanded again."""
     qq = getattr(masked, "qq_rows", None)
     if qq is not None:  # rational scores: the maximum and the exponents in exact QQ arithmetic
         rows = []
@@ -292,11 +297,11 @@ def softmax_rows(masked) -> tuple[SoftmaxRow, ...]:
         # The maximum keeps exponents ≤ 0; with symbols it cannot be picked, and the first
         # allowed score serves (any reference cancels in the quotient).
         m = finite[0] if symbolic else row_max(values)
-        exponents = tuple(None if v == NEG_INF else tidy(v - m) for v in values)
+        exponents = tuple(None if v == NEG_INF else (v - m) if expanded else tidy(v - m) for v in values)
         for e in exponents:
             if e is not None:
                 _check_exponent(e)  # now, while the derivation runs, not when the row is first shown
-        rows.append(SoftmaxRow(m, exponents, is_max=not symbolic))
+        rows.append(SoftmaxRow(m, exponents, is_max=not symbolic, algebraic=expanded))
     return tuple(rows)
 
 
