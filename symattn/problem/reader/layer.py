@@ -33,6 +33,12 @@ class Layer:
     direct: bool  # Q, K and V are given
 
 
+def is_flat_row(node: yaml.Node) -> bool:
+    """Whether ``node`` is a flat list of entries (``[1, 2]``), not a matrix's list of rows."""
+    return isinstance(node, yaml.SequenceNode) and not isinstance(node, _yaml.FlowMatrix) and bool(node.value) \
+        and not isinstance(node.value[0], yaml.SequenceNode)
+
+
 def read_layer(reader, root: yaml.MappingNode, fields: Fields) -> Layer:
     """The layer's matrices and heads, every shape checked against the others."""
     direct = [n for n in ("Q", "K", "V") if n in fields]
@@ -256,16 +262,20 @@ class LayerFields:
             cache[id(node)] = self.matrix(node, field) if read is None else read(node, field)
         return cache[id(node)]
 
+    def flat_row(self, node: yaml.SequenceNode, field: str, use_symbols: bool = True) -> Matrix:
+        """A flat list ``[1, 2]`` (see :func:`is_flat_row`) as a 1-row matrix, its entries counted."""
+        entries = node.value
+        self.count(len(entries), self.at(node), field)
+        m = plain_rational_matrix([entries])
+        if m is None:
+            m = Matrix([[self.number(e, item_field(field, j), use_symbols=use_symbols) for j, e in enumerate(entries)]])
+        return m
+
     def bias_row(self, node: yaml.Node, field: str, width: int, weight: str, inp: str) -> Matrix:
         """A projection's bias: a flat list ``[1, 2]``, a one-row matrix ``[[1, 2]]`` or a file's
         (a 1-dimensional tensor or array is one row), with one entry per column of ``weight``."""
-        if isinstance(node, yaml.SequenceNode) and not isinstance(node, _yaml.FlowMatrix) and node.value \
-                and not isinstance(node.value[0], yaml.SequenceNode):
-            entries = node.value
-            self.count(len(entries), self.at(node), field)
-            m = plain_rational_matrix([entries])
-            if m is None:
-                m = Matrix([[self.number(e, item_field(field, j)) for j, e in enumerate(entries)]])
+        if is_flat_row(node):
+            m = self.flat_row(node, field)
         elif isinstance(node, yaml.SequenceNode) and not node.value:
             raise self.at(node).error("the bias is empty; it needs one entry per column of " + weight, field)
         else:

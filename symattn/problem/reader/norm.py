@@ -16,8 +16,8 @@ from .. import located_yaml as _yaml
 from ...numbers.matrices import is_rational
 from ...text import did_you_mean, excerpt
 from ..model import NORM_KINDS, Matrix, Norm
-from ..places import item_field, plural, shape_text
-from ..plain_numbers import plain_rational_matrix
+from ..places import plural, shape_text
+from .layer import is_flat_row
 
 NORM_KEYS = ("type", "weight", "bias", "eps", "offset", "place")
 PLACES = ("pre", "post")
@@ -86,13 +86,8 @@ class NormFields:
 
     def norm_row(self, node: yaml.Node, field: str, d: int, letter: str) -> Matrix:
         """γ or β: one entry per feature (column of X), as a flat list, a 1-row matrix or a file's."""
-        if isinstance(node, yaml.SequenceNode) and not isinstance(node, _yaml.FlowMatrix) and node.value \
-                and not isinstance(node.value[0], yaml.SequenceNode):
-            entries = node.value
-            self.count(len(entries), self.at(node), field)
-            m = plain_rational_matrix([entries])
-            if m is None:
-                m = Matrix([[self.number(e, item_field(field, j), use_symbols=False) for j, e in enumerate(entries)]])
+        if is_flat_row(node):
+            m = self.flat_row(node, field, use_symbols=False)
         elif isinstance(node, yaml.SequenceNode) and not node.value:
             raise self.at(node).error(f"{letter} is empty; it needs one entry per feature (column of X)", field)
         else:
