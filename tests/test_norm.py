@@ -9,6 +9,7 @@ token ids (forward hooks take what each module receives and returns).
 from __future__ import annotations
 
 import json
+import re
 from fractions import Fraction
 from pathlib import Path
 
@@ -369,3 +370,16 @@ def test_check_follows_through_and_names_the_residual_and_gamma(tmp_path):
     marked = {s["id"]: s for s in json.loads(symattn.check(d, {"H": O.tolist(), "X_norm": X_hat.tolist()}).to_json())["stages"]}
     assert marked["H"]["diagnosis"] == "the residual was left out: H = O"
     assert marked["X_norm"]["diagnosis"].startswith("γ was left out")
+
+
+def test_the_page_explains_a_normalised_entry_from_its_rows_statistics():
+    """Pointing at X̂_{1,1} of the LayerNorm example shows (x − μ)/√(σ² + ε) with row 1's numbers:
+    (1 − 2)/√(1 + 0) = −1 (x_11 = 1, μ_1 = 2, σ_1² = 1)."""
+    d = symattn.derive(load_problem(ROOT_EXAMPLES / "layernorm_head.yaml"))
+    page = symattn.render(d, "html")
+    start = page.index('data-for="X_hat"')
+    first = page[start:page.index("</template>", start)]
+    assert "&#x003BC;" in first and "&#x003C3;" in first and "&#x003B5;" in first  # μ_1, σ_1², ε
+    numbers = re.findall(r"<mn>([^<]*)</mn>", first.split("&#x02248;")[1])  # after the first ≈
+    assert numbers == ["1", "2", "1", "0"], numbers  # (1 − (2)) / √(1 + 0)
+    assert first.rstrip().endswith("<mn>1</mn></math>") and "&#x02212;</mo><mn>1</mn></math>" in first  # ≈ −1

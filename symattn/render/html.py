@@ -297,7 +297,29 @@ class _Page:
             return weight
         if key == registry.O and d.can_evaluate:
             return self._weighted(step, c)
+        if key in (registry.X_HAT, registry.R_HAT) and d.can_evaluate:
+            return self._normalised(step, c)
         return None
+
+    def _normalised(self, step: Step, c: registry.Context) -> Callable[[int, int], str]:
+        """Entry (i, k) of a norm's normalised rows from its row's statistics, in decimals:
+        x̂_ik = (x_ik − μ_i)/√(σ_i² + ε), or x_ik/√(ms_i + ε) for RMSNorm."""
+        d, n = self.d, c.norm
+        source, *stats = [d.step(i) for i in registry.input_ids(step.kind_of, c)]
+        x, own = self._decimal_tex(source), self._decimal_tex(step)
+        mu, spread = (None, self._decimal_tex(stats[0])) if n.rms else (self._decimal_tex(stats[0]),
+                                                                         self._decimal_tex(stats[1]))
+        hat, inp = ("\\hat{R}", "r") if n.post else ("\\hat{X}", "x")
+        s = "\\mathrm{ms}_{%d}" if n.rms else "\\sigma^2_{%d}"
+        eps = tex(n.eps)
+
+        def normalised(i: int, k: int) -> str:
+            top = f"{inp}_{{{i + 1},{k + 1}}}" + ("" if n.rms else f" - \\mu_{{{i + 1}}}")
+            top_value = x(i, k) + ("" if n.rms else f" - ({mu(i, 0)})")
+            return mathml(f"{hat}_{{{i + 1},{k + 1}}} = \\dfrac{{{top}}}{{\\sqrt{{{s % (i + 1)} + \\varepsilon}}}} "
+                          f"\\approx \\dfrac{{{top_value}}}{{\\sqrt{{{spread(i, 0)} + {eps}}}}} \\approx {own(i, k)}")
+
+        return normalised
 
     def _weighted(self, step: Step, c: registry.Context) -> Callable[[int, int], str]:
         """Entry (i, j) of the output as its weighted sum, in decimals: the first terms and the last."""
@@ -313,9 +335,12 @@ class _Page:
             keys = [k for k in range(values.rows) if raw(i, k) != 0]
             return (keys[:3] + keys[-1:], True) if len(keys) > 6 else (keys, False)
 
+        shown = self._decimal_tex(d.step(registry.resolve(registry.V, c)[0])) if c.norm is not None else \
+            (lambda k, j: tex(values[k, j]))  # a norm's value rows are long: their decimals
+
         def weighted(i: int, j: int) -> str:
             keys, elided = kept(i)
-            terms = [f"{weights(i, k)} \\cdot {tex(values[k, j])}" for k in keys]
+            terms = [f"{weights(i, k)} \\cdot {shown(k, j)}" for k in keys]
             if elided:
                 terms.insert(3, "\\cdots")
             return mathml(f"o_{{{i + 1},{j + 1}}} = \\sum_k A_{{{i + 1},k}}\\, V_{{k,{j + 1}}} \\approx "
