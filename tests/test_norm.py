@@ -284,6 +284,13 @@ def test_bert_post_norm_matches_transformers(tmp_path):
     ("X: [[1, 1, 1, 1], [0, 4, 0, 4]]\nnorm: {type: layernorm, eps: 0}\n" + HEAD,
      "norm.eps: row 1 of X: its entries are all equal (variance 0), and eps is 0"),
     (f"X: {X}\nnorm: {{type: layernorm}}\nbackward: {{loss: sum}}\n" + HEAD, "backward: the backward pass through the norm"),
+    # sin 0 = 0 and cos 0 = 1: position 0 of X + PE is [1, 1, 1, 1] (later rows hold transcendental entries)
+    ("X: [[1, 0, 1, 0], [0, 4, 0, 4]]\npositions: sinusoidal\nnorm: {type: layernorm, eps: 0}\n" + HEAD,
+     "norm.eps: row 1 of X + PE: its entries are all equal (variance 0), and eps is 0"),
+    ("X: [[0, 0, 0, 0], [0, 4, 0, 4]]\nnorm: {type: rmsnorm, eps: 0}\n" + HEAD,
+     "norm.eps: row 1 of X: every entry is 0, and eps is 0"),
+    (f"X: {X}\nnorm: true\n" + HEAD, "norm: norm: true takes the norm from a checkpoint's layer"),
+    ("Q: [[1, 0]]\nK: [[1, 0]]\nV: [[1, 0]]\nnorm: {type: layernorm}\n", "norm: the norm normalises each row of X"),
 ])
 def test_bad_norm_inputs(tmp_path, symattn_cli, text, fragment):
     assert fragment in _error(tmp_path, text, symattn_cli)
