@@ -390,3 +390,12 @@ def test_the_page_explains_a_normalised_entry_from_its_rows_statistics():
     numbers = re.findall(r"<mn>([^<]*)</mn>", first.split("&#x02248;")[1])  # after the first ≈
     assert numbers == ["1", "2", "1", "0"], numbers  # (1 − (2)) / √(1 + 0)
     assert first.rstrip().endswith("<mn>1</mn></math>") and "&#x02212;</mo><mn>1</mn></math>" in first  # ≈ −1
+
+
+def test_one_feature_has_no_unbiased_slip_to_name(tmp_path):
+    """With d_model = 1 the unbiased variance would divide by d − 1 = 0: that slip is not tried,
+    and a wrong answer is marked wrong without a crash."""
+    d = _derive(tmp_path, "X: [[1], [2]]\nnorm: {type: layernorm, eps: 1/2}\nW_Q: [[1]]\nW_K: [[1]]\nW_V: [[1]]\n")
+    assert list(_exact(d, "norm_var")) == [0, 0] and list(_exact(d, "X_hat")) == [0, 0]
+    marked = json.loads(symattn.check(d, {"norm_var": [[1], [1]], "X_hat": [[1], [1]]}).to_json())["stages"]
+    assert [(s["id"], s["status"]) for s in marked] == [("norm_var", "wrong"), ("X_hat", "wrong")]

@@ -158,7 +158,7 @@ def _hat_mistakes(src) -> tuple[Mistake, ...]:
     """The classic slips of the normalisation, each recomputed from the norm's exact input (``src(c)``)."""
 
     def unbiased(ops, ex, c):
-        return None if c.norm.rms else _normalised(ops, ex(src(c)), c, ddof=1)
+        return None if c.norm.rms or c.p.X.cols < 2 else _normalised(ops, ex(src(c)), c, ddof=1)
 
     def outside(ops, ex, c):
         return None if c.norm.eps == 0 else _normalised(ops, ex(src(c)), c, inside=False)
@@ -241,7 +241,7 @@ def norm_rows(post: bool) -> tuple[Kind, ...]:
              (QUERIES, VARIANCE), lambda sh, r, c: plain(r, "one per token"), inputs=(source, mu),
              relation=spread_of, when=lambda c: when(c) and _layer(c), tex="\\sigma^2", by_relation=post,
              mistakes=(Mistake("the unbiased variance: divided by d − 1 instead of d",
-                               lambda ops, ex, c: ops.row_spread(ex(src(c)), ex(mu), 1)),
+                               lambda ops, ex, c: ops.row_spread(ex(src(c)), ex(mu), 1) if c.p.X.cols > 1 else None),
                        Mistake("the mean square (RMSNorm's) instead of the variance: the mean was not taken away",
                                lambda ops, ex, c: ops.row_spread(ex(src(c)), None)))),
         Kind(ms, MS, base + 0.02, section, "Mean square of each token's features", NORM_WHY["ms"],
