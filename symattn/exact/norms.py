@@ -16,14 +16,10 @@ import mpmath
 import sympy
 from sympy import QQ
 
-from ..numbers.matrices import NEG_INF, Matrix, is_rational, rational_matrix, tidy
+from ..numbers.matrices import NEG_INF, Matrix, is_rational, qq_to_sympy, rational_matrix, tidy
 from . import products as _products
 from .evaluation import mpf_of_qq, to_mpf
 from .lazy import LazyMatrix, rational_rows
-
-
-def _sympy(q) -> sympy.Rational:
-    return sympy.Rational(int(q.numerator), int(q.denominator))
 
 
 def row_mean(m):
@@ -64,7 +60,7 @@ def normalise(m, mu, spread, eps: sympy.Expr, inside: bool = True):
     n = m.rows
     if inside and eps.is_Rational and is_rational(m) and is_rational(spread) and (mu is None or is_rational(mu)):
         centred = _centred(m, mu)
-        roots = tuple(inverse_root(_sympy(r[0]) + eps) for r in rational_rows(spread))
+        roots = tuple(inverse_root(qq_to_sympy(r[0]) + eps) for r in rational_rows(spread))
         return RowScaled(centred, roots)
     centres = [0] * n if mu is None else [mu[i, 0] for i in range(n)]
     dividers = [sympy.sqrt(spread[i, 0] + eps) if inside else sympy.sqrt(spread[i, 0]) + eps for i in range(n)]
@@ -95,7 +91,21 @@ def _times_row_qq(m, row):
     return rational_matrix(m.rows, m.cols, [x * g[k] for r in rational_rows(m) for k, x in enumerate(r)])
 
 
-class RowScaled(LazyMatrix):
+class _Valued(LazyMatrix):
+    """A lazy matrix that computes its values at any digits from its own structure (``_mp_values``),
+    each number of digits once: :func:`symattn.exact.evaluation.evaluate` reads ``mp_values``."""
+
+    def mp_values(self, dps: int) -> list[list[mpmath.mpf]]:
+        kept = self.__dict__.setdefault("_mp", {})
+        if dps not in kept:
+            kept[dps] = self._mp_values(dps)
+        return kept[dps]
+
+    def _mp_values(self, dps: int) -> list[list[mpmath.mpf]]:
+        raise NotImplementedError
+
+
+class RowScaled(_Valued):
     """The exact matrix ``U_ij·s_i + C_ij``: a rational U with each row i times its own irrational
     number s_i (1/√r_i of a norm), plus a rational C (None: 0). γ, β, a projection and its bias
     act on U and C by flint; each entry is built from them when read."""
@@ -106,8 +116,8 @@ class RowScaled(LazyMatrix):
         c = rational_rows(C) if C is not None else None
 
         def entry(i: int, j: int) -> sympy.Expr:
-            x = _sympy(u[i][j]) * scales[i]
-            return x + _sympy(c[i][j]) if c is not None else x
+            x = qq_to_sympy(u[i][j]) * scales[i]
+            return x + qq_to_sympy(c[i][j]) if c is not None else x
 
         super().__init__(U.rows, U.cols, entry)
 
@@ -127,15 +137,8 @@ class RowScaled(LazyMatrix):
     def T(self) -> "RowScaledT":
         return RowScaledT(self)
 
-    def mp_values(self, dps: int) -> list[list[mpmath.mpf]]:
-        """The entries at ``dps`` digits, from U, C and the row numbers (no SymPy entry is built;
-        kept for the next call at the same digits)."""
-        kept = self.__dict__.setdefault("_mp", {})
-        if dps not in kept:
-            kept[dps] = self._mp_values(dps)
-        return kept[dps]
-
     def _mp_values(self, dps: int) -> list[list[mpmath.mpf]]:
+        """The entries at ``dps`` digits, from U, C and the row numbers (no SymPy entry is built)."""
         with mpmath.workdps(dps + 10):
             s = [to_mpf(x, dps + 10) for x in self.scales]
             u = rational_rows(self.U)
@@ -176,7 +179,7 @@ def scores(a, b) -> "NormedScores | None":
     return NormedScores(tuple(parts), a.scales, k.scales)
 
 
-class NormedScores(LazyMatrix):
+class NormedScores(_Valued):
     """Scores of normalised rows: ``Σ_parts P_ij · (s_i if left) · (s'_j if right)`` with rational
     P (flint), ``s`` and ``s'`` the query and key rows' numbers, and one exact ``factor`` (the
     scale, 1 until scaled). Scaling by a rational multiplies the P's; the values at any digits
@@ -189,7 +192,7 @@ class NormedScores(LazyMatrix):
         def entry(i: int, j: int) -> sympy.Expr:
             terms = []
             for qq, use_left, use_right in rows:
-                x = _sympy(qq[i][j])
+                x = qq_to_sympy(qq[i][j])
                 if x == 0:
                     continue
                 if use_left:
@@ -208,13 +211,6 @@ class NormedScores(LazyMatrix):
             return NormedScores(tuple((_products.scale(m, factor), l, r) for m, l, r in self.parts), self.left,
                                 self.right, self.factor)
         return NormedScores(self.parts, self.left, self.right, self.factor * factor)
-
-    def mp_values(self, dps: int) -> list[list[mpmath.mpf]]:
-        """The entries at ``dps`` digits (kept for the next call at the same digits)."""
-        kept = self.__dict__.setdefault("_mp", {})
-        if dps not in kept:
-            kept[dps] = self._mp_values(dps)
-        return kept[dps]
 
     def masked(self, mask) -> LazyMatrix:
         """The scores plus the mask: −∞ where it is, else the score plus its 0 (or bias) entry; a

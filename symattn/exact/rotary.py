@@ -26,7 +26,7 @@ import mpmath
 import sympy
 
 from ..errors import SymattnError
-from ..numbers.matrices import NEG_INF, is_rational, tidy
+from ..numbers.matrices import NEG_INF, is_rational, qq_to_sympy, tidy
 from ..numbers.sympy_internals import product_of_distinct, product_of_two, sum_of_distinct
 from ..problem.rope import angle_ball, plain_angles, plain_cos_sin
 from .arb import arb_float, arb_precision, arb_to_mpf, fmpq, prec_bits
@@ -82,12 +82,12 @@ class Rotated(Balled):
         super().__init__(m.rows, m.cols, self._entry_of)
 
     def _entry_of(self, r: int, k: int) -> sympy.Expr:
-        x = _rational(self._qq[r][k])
+        x = qq_to_sympy(self._qq[r][k])
         if k not in self._partner:
             return x  # a component in no pair stays
         i, a, b = self._partner[k]
         c, s = self._cos_sin(self.turns[r], i)
-        xa, xb = _rational(self._qq[r][a]), _rational(self._qq[r][b])
+        xa, xb = qq_to_sympy(self._qq[r][a]), qq_to_sympy(self._qq[r][b])
         # rational multiples of cos φ and sin φ: the canonical (expanded) form as it is built
         return xa * c - xb * s if k == a else xa * s + xb * c
 
@@ -136,7 +136,7 @@ def _times(c, f: sympy.Expr) -> sympy.Expr:
     the negated sine ``plain_cos_sin`` gives for a negative turn: ``c`` first, then the function."""
     if isinstance(f, sympy.Mul):  # -sin φ
         c, f = -c, f.args[1]
-    return product_of_distinct(_rational(c), [f])
+    return product_of_distinct(qq_to_sympy(c), [f])
 
 
 def _scaled(x: sympy.Expr, factor: sympy.Expr, distinct: bool) -> sympy.Expr:
@@ -237,7 +237,7 @@ class RotaryScores(Balled):
         if not self.allowed[i][j]:
             return NEG_INF
         x = self.parent[i, j]  # a sum of distinct terms: adding a rational keeps it expanded
-        return x if self.bias is None else x + _rational(self.bias[i][j])
+        return x if self.bias is None else x + qq_to_sympy(self.bias[i][j])
 
     def _score(self, i: int, j: int) -> sympy.Expr:
         """``q_rot_i · k_rot_j`` in its canonical form: ``α cos(dθ) + β sin(dθ)`` for each pair.
@@ -262,7 +262,7 @@ class RotaryScores(Balled):
             if beta:
                 terms.append(_times(beta, s))
         constant += sum((q[c] * k[c] for c in range(self.q.cols) if c not in paired), 0)
-        terms = ([_rational(constant)] if constant else []) + terms
+        terms = ([qq_to_sympy(constant)] if constant else []) + terms
         return sum_of_distinct(terms) if self.q.distinct_angles else sympy.Add(*terms)
 
     def _product_at(self, dps: int) -> flint.arb_mat:
@@ -563,10 +563,6 @@ def needs_decimals(value) -> bool:
         return any(row.needs_decimals() for row in value.rows) or not (is_rational(v) and all_integers(v))
     rows = value.ball_rows(30)
     return any(x is not None and not (x.is_exact() and x.is_integer()) for row in rows for x in row)
-
-
-def _rational(x) -> sympy.Rational:
-    return sympy.Rational(int(x.numerator), int(x.denominator))
 
 
 __all__ = ["EXACT_TERMS", "Rotated", "RotatedT", "RotaryRow", "RotaryScores", "is_rotary", "rotated", "scores",

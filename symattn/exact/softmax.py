@@ -18,7 +18,7 @@ import mpmath
 import sympy
 from sympy import QQ
 
-from ..numbers.matrices import NEG_INF, Matrix, is_rational, tidy
+from ..numbers.matrices import NEG_INF, Matrix, is_rational, qq_to_sympy, tidy
 from ..numbers.sympy_internals import mul_in_order, sum_of_distinct
 from .arb import arb_operand, arb_precision, arb_to_mpf, balls_float, fmpq, prec_bits
 from .evaluation import row_max, to_mpf
@@ -91,7 +91,7 @@ class SoftmaxRow:
     def exponents(self) -> tuple[sympy.Expr | None, ...]:
         if not self.rational:
             return self.raw
-        return tuple(None if e is None else sympy.Rational(int(e.numerator), int(e.denominator)) for e in self.raw)
+        return tuple(None if e is None else qq_to_sympy(e) for e in self.raw)
 
     @cached_property
     def terms(self) -> tuple[sympy.Expr, ...]:
@@ -286,7 +286,7 @@ def softmax_rows(masked, expanded: bool = False) -> tuple[SoftmaxRow, ...]:
         rows = []
         for values in qq:
             m = max(v for v in values if v is not None)
-            rows.append(SoftmaxRow(sympy.Rational(int(m.numerator), int(m.denominator)),
+            rows.append(SoftmaxRow(qq_to_sympy(m),
                                    tuple(None if v is None else v - m for v in values)))
         return tuple(rows)
     rows = []

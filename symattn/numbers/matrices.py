@@ -46,6 +46,11 @@ is_rational = is_rational_matrix  # whether a matrix is rational, held as a Doma
 _dm = qq_dense  # the QQ DomainMatrix of a rational matrix (dense; fmpq_mat under flint)
 
 
+def qq_to_sympy(x) -> sympy.Rational:
+    """A ``QQ`` number (flint's fmpq, or SymPy's PythonMPQ) as the SymPy rational of the same value."""
+    return sympy.Rational(int(x.numerator), int(x.denominator))
+
+
 def rational_matrix(rows: int, cols: int, flat: list) -> Matrix:
     """The exact matrix with these ``QQ`` entries (row by row)."""
     from sympy.polys.matrices import DomainMatrix

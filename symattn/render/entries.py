@@ -17,7 +17,7 @@ from sympy import QQ
 from ..exact.lazy import all_integers, qq_entries
 from ..exact.rotary import is_rotary, needs_decimals as rotary_needs_decimals, terms_of as rotary_terms
 from .. import stages as registry
-from ..numbers.matrices import is_rational
+from ..numbers.matrices import is_rational, qq_to_sympy
 from ..numbers.sympy_internals import mul_in_order, sum_of_distinct
 from .numbers import DPS, NEG_INF, is_plain_angle, is_plain_integer
 
@@ -336,15 +336,11 @@ def _collected(o: Step, i: int, column: list, expanded: dict) -> "sympy.Expr | N
             continue
         coefficients[t] = coefficients.get(t, QQ(0)) + sum((w * v[k] for v, w in qw), QQ(0))
     if not all(isinstance(t, sympy.exp) or t == 1 for t in coefficients):  # any other term: SymPy's sum
-        return sympy.Add(*[sympy.Mul(_rational(c), t) for t, c in coefficients.items() if c])
+        return sympy.Add(*[sympy.Mul(qq_to_sympy(c), t) for t, c in coefficients.items() if c])
     # Like terms are collected already: the canonical sum is built without SymPy's passes over
     # every term (each exponent of a rotary score is a long sum of cosines and sines).
-    return sum_of_distinct([_rational(c) if t == 1 else t if c == 1 else mul_in_order(_rational(c), t)
+    return sum_of_distinct([qq_to_sympy(c) if t == 1 else t if c == 1 else mul_in_order(qq_to_sympy(c), t)
                             for t, c in coefficients.items() if c])
-
-
-def _rational(c) -> sympy.Rational:
-    return sympy.Rational(int(c.numerator), int(c.denominator))
 
 
 def jacobian_row(step: Step) -> int:
