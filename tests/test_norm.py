@@ -399,3 +399,17 @@ def test_one_feature_has_no_unbiased_slip_to_name(tmp_path):
     assert list(_exact(d, "norm_var")) == [0, 0] and list(_exact(d, "X_hat")) == [0, 0]
     marked = json.loads(symattn.check(d, {"norm_var": [[1], [1]], "X_hat": [[1], [1]]}).to_json())["stages"]
     assert [(s["id"], s["status"]) for s in marked] == [("norm_var", "wrong"), ("X_hat", "wrong")]
+
+
+def test_the_stages_before_the_norm_are_written_as_without_it(tmp_path):
+    """Sinusoidal positions' X_pos (entries of sines and cosines) is written exactly with a norm,
+    as it is without one: the norm's decimals-past-a-width rule starts at the norm's own stages."""
+    # d_model = 6: base^(2i/d) = 10^(4/3), and X_pos[3, 6] is −1/3 + cos(10^(1/3)/500), 26 characters
+    text = ('X: [[1, 3, 1, 3, 0, 1], [0, 4, 0, 4, 1, 1], [1, 1, 5, 5, 2, "-1/3"]]\npositions: sinusoidal\n'
+            "W_Q: [[1, 0], [0, 1], [1, 0], [0, 1], [1, 1], [0, 0]]\nW_K: [[1, 0], [0, 1], [0, 1], [1, 0], [0, 0], [1, 1]]\n"
+            "W_V: [[1, 0], [0, 1], [1, 1], [0, 0], [1, 0], [0, 1]]\n")
+    plain = _derive(tmp_path, text)
+    assert len(str(plain.step("X_pos").exact[2, 5])) > 24
+    normed = _derive(tmp_path, text + "norm: {type: layernorm, eps: 1e-5}\n")
+    assert plain.step("X_pos").written_exactly and normed.step("X_pos").written_exactly
+    assert not normed.step("X_hat").written_exactly  # entries over roots of sums of sines: decimals

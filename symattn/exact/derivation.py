@@ -489,7 +489,8 @@ def derive(problem: Problem, *, on_step=None, cls: type[Derivation] = Derivation
     return cls(problem, tuple(steps))
 
 
-NORMED_MIXES_FROM = 15  # the order of O = A·V: the stages from it on mix the normalised value rows
+NORMED_FROM = stages.BY_KEY[stages.MU].order  # the norm's first stage: the exactness rules below apply from it on
+NORMED_MIXES_FROM = stages.BY_KEY[stages.O].order  # O = A·V: the stages from it on mix the normalised value rows
 NORMED_EXACT_LIMIT = 16  # n_k · d_model up to which they are written exactly (a hand-sized problem)
 NORMED_EXACT_CHARS = 24  # the longest exact entry (as text) a stage over normalised rows is written with
 
@@ -529,7 +530,7 @@ def _step(planned: stages.Planned, values: dict, step_class: type[Step] = Step) 
     elif not given:
         terms = _rotary.terms_of(result)  # RoPE's long sums of cosines and sines: decimals past a size
         written = terms is None or terms <= _rotary.EXACT_TERMS
-        if written and getattr(p, "norm", None) is not None:
+        if written and getattr(p, "norm", None) is not None and kind.order >= NORMED_FROM:
             if kind.order >= NORMED_MIXES_FROM:
                 # an output mixes value rows that each carry their own root 1/√(σ_j² + ε): past a
                 # hand-sized problem its entries are sums of n_k such rows times exponentials
