@@ -76,7 +76,8 @@ def _over_text(over: Over, wide: bool) -> str:
         z = f"Z{over.head}_{over.row + 1}"
     else:
         z = f"Z_{over.row + 1}" + ("²" if over.squared else "")
-    return f"({top})/{z}" if over.terms > 1 else f"{top}/{z}"
+    # a top that is a sum or holds a fraction is bracketed: (1/4)/Z_3, not 1/4/Z_3
+    return f"({top})/{z}" if over.terms > 1 or "/" in top else f"{top}/{z}"
 
 
 def normaliser_text_lines(step: Step, digits: int, subs, max_shown: int) -> list[str]:
