@@ -19,10 +19,15 @@ import mpmath
 
 
 def backward_supported(path) -> bool:
-    """Whether a worked example can take a backward pass: not with grouped K/V heads, a norm or
-    a residual stream (``norm:``, ``residual:``, ``from: {norm: true}``), which have none yet."""
-    text = path.read_text("utf-8")
-    return "kv_heads" not in text and not re.search(r"(?m)^(norm|residual):|norm: true|residual: true", text)
+    """Whether a worked example can take a backward pass: not with grouped K/V heads, which have
+    none yet."""
+    return "kv_heads" not in path.read_text("utf-8")
+
+
+def has_norm(path) -> bool:
+    """Whether a worked example has a norm or a residual stream (``norm:``, ``residual:``,
+    ``from: {norm: true}``)."""
+    return bool(re.search(r"(?m)^(norm|residual):|norm: true|residual: true", path.read_text("utf-8")))
 
 
 def frac(text: str, values: dict[str, Fraction] | None = None) -> Fraction:

@@ -131,10 +131,17 @@ def _gradient_ids(raw: dict) -> list[str]:
     if "Q" in raw:
         return ["dO"] + head
     head += ["dW_Q", "dW_K", "dW_V"] + ["d" + b for b in _biases(raw)]
-    tail = ["dX"] + (["dcontext"] if "context" in raw else [])
+    norm = raw.get("norm")
+    post = norm is not None and norm.get("place") == "post"
+    # the norm's weight and bias gradients, where it has them (issue 30)
+    params = [] if norm is None else ["dnorm_gamma"] * ("weight" in norm) + ["dnorm_beta"] * ("bias" in norm)
+    top = ["dH"] if raw.get("residual") or post else []  # the loss on the residual stream H
+    top += ["dR_hat", *params, "dR"] if post else []  # then back through a post norm
+    pre = ["dX_norm", "dX_hat", *params] if norm is not None and not post else []  # the paths reach X_norm
+    tail = pre + ["dX"] + (["dcontext"] if "context" in raw else [])
     if "heads" not in raw:
-        return ["dO"] + head + tail
-    ids = ["dO", "dW_O"] + (["db_O"] if "b_O" in raw else []) + ["dconcat"]
+        return top + ["dO"] + head + tail
+    ids = top + ["dO", "dW_O"] + (["db_O"] if "b_O" in raw else []) + ["dconcat"]
     heads = range(1, len(raw["heads"]) + 1)  # every head's share dO first, as the README says
     ids += [f"head{h}.dO" for h in heads]
     for h in heads:

@@ -54,7 +54,7 @@ from symattn import SymattnError
 from symattn.problem.load import parse_problem
 from symattn.problem.model import SUM_LOSS, Backward
 from _child import SymattnCli
-from _reference import allowed_grid, answers_text, backward_supported, fmatrix, frac, quoted, yaml_matrix
+from _reference import allowed_grid, answers_text, backward_supported, fmatrix, frac, has_norm, quoted, yaml_matrix
 from _reference import attention_loss_rounding, central_difference_bound
 from _reference import rounded_grid as _rounded_grid
 
@@ -71,9 +71,11 @@ ROOT = Path(__file__).resolve().parent.parent
 # test_problem_positions.py (finite differences and PyTorch autograd). Projection biases (b_Q, ..., b_O) are
 # beyond this file's reading of a problem: their forward and backward passes are checked in
 # test_exact_bias.py (by hand, NumPy and PyTorch autograd). Weights from a checkpoint's layout (from:) are
-# not in this file's YAML reference either: test_problem_layouts.py checks them against PyTorch.
+# not in this file's YAML reference either: test_problem_layouts.py checks them against PyTorch. Nor is a
+# norm or the residual stream: tests/test_norm_backward.py checks their gradients against mpmath, PyTorch
+# and transformers' own modules.
 EXAMPLES = sorted(p for p in (ROOT / "worked_examples").glob("*.yaml")
-                  if not p.stem.startswith("rope") and backward_supported(p)
+                  if not p.stem.startswith("rope") and backward_supported(p) and not has_norm(p)
                   and not any(line.startswith(("positions:", "from:")) for line in p.read_text("utf-8").splitlines())
                   and "b_Q:" not in p.read_text("utf-8"))
 CAUSAL4 = ROOT / "worked_examples" / "causal_4_tokens.yaml"

@@ -39,8 +39,9 @@ BACKENDS = (ExactOps, NumericOps, ArbOps, FloatOps)
 PROTOCOL = sorted(name for name, member in vars(Ops).items() if inspect.isfunction(member) and not name.startswith("_"))
 # What ArbOps and FloatOps serve: the operations of the gradients' relations (and the plain ones).
 GRADIENT_OPS = frozenset({"matmul", "T", "add_row", "col_sums", "scale", "softmax_backward", "hstack", "block",
-                          "sum", "sub", "ones", "given", "is_rational", "rational", "table"})
-LEFT_TO_NUMERIC = ("mask", "add_mask", "softmax", "row_mean", "row_spread", "normalise", "times_row")  # ArbOps and FloatOps refuse these
+                          "sum", "sub", "ones", "given", "is_rational", "rational", "table", "times_row", "hadamard",
+                          "normalise_backward"})
+LEFT_TO_NUMERIC = ("mask", "add_mask", "softmax", "row_mean", "row_spread", "normalise")  # ArbOps and FloatOps refuse these
 # The operations only the common mistakes call (on NumericOps), beside the protocol's.
 MISTAKE_OPS = frozenset({"columns_attend", "jacobian_diagonal", "zero_masked"})
 
@@ -199,6 +200,9 @@ CASES = {
     "normalise_times": ("normalise", ("s", "g"),  # a normalised matrix times weights, then its scores
                         lambda ops, p, m: ops.matmul(_normed_q(ops, p), ops.T(_normed_q(ops, p)))),
     "times_row": ("times_row", ("a", "row"), lambda ops, p, m: ops.times_row(_feed(ops, p["a"]), _feed(ops, p["row"]))),
+    "hadamard": ("hadamard", ("a", "c"), lambda ops, p, m: ops.hadamard(_feed(ops, p["a"]), _feed(ops, p["c"]))),
+    "normalise_backward": ("normalise_backward", ("s",), lambda ops, p, m: _back_through(ops, p, centred=True)),
+    "normalise_backward_rms": ("normalise_backward", ("s",), lambda ops, p, m: _back_through(ops, p, centred=False)),
     "tiled_max": ("tiled_max", ("s",), lambda ops, p, m: ops.tiled_max(_masked(ops, p, m), 2)),
     "tiled_sums": ("tiled_sums", ("s",), lambda ops, p, m: ops.tiled_sums(*_tiled(ops, p, m)[:2], 2)),
     "tiled_acc": ("tiled_acc", ("s", "c"), lambda ops, p, m: ops.tiled_acc(*_tiled(ops, p, m), 2)),
@@ -210,6 +214,19 @@ def _normalised(ops, p, rms: bool, inside: bool = True):
     x = _feed(ops, p["s"])
     mu = None if rms else ops.row_mean(x)
     return ops.normalise(x, mu, ops.row_spread(x, mu), Rational(1, 10), inside)
+
+
+def _back_through(ops, p, centred: bool):
+    """Back through a norm of ``s`` (ε = 1/10) from a gradient of its normalised rows (``s``ᵀ). ArbOps and
+    FloatOps are given NumericOps' normalised rows, as the derivation gives them the forward pass's values."""
+    x = p["s"]
+    numeric = NumericOps(REF_DPS) if isinstance(ops, (ArbOps, FloatOps)) else ops
+    mu = numeric.row_mean(x) if centred else None
+    spread = numeric.row_spread(x, mu)
+    hat = numeric.normalise(x, mu, spread, Rational(1, 10))
+    if numeric is not ops:
+        hat, spread = ops.grid(hat), ops.grid(spread)
+    return ops.normalise_backward(ops.T(_feed(ops, p["s"])), hat, spread, Rational(1, 10), centred)
 
 
 def _normed_q(ops, p):
@@ -297,15 +314,14 @@ def test_every_backend_agrees_with_the_exact_values(case, problem, mask, backend
 
 @pytest.mark.parametrize("backend", (ArbOps, FloatOps), ids=lambda b: b.__name__)
 def test_the_forward_operations_are_left_to_numeric_ops(backend):
-    """ArbOps and FloatOps refuse the mask, adding it, the softmax and the norm's operations:
-    never a wrong value."""
+    """ArbOps and FloatOps refuse the mask, adding it, the softmax and the norm's forward operations
+    (γ's product serves the backward pass, dX̂ = dX_norm ∘ γ): never a wrong value."""
     ops = _make(backend)
     s = RATIONAL["s"]
     calls = {"mask": lambda: ops.mask(CAUSAL, None), "add_mask": lambda: ops.add_mask(ops.grid(s), None),
              "softmax": lambda: ops.softmax(ops.grid(s)), "row_mean": lambda: ops.row_mean(ops.grid(s)),
              "row_spread": lambda: ops.row_spread(ops.grid(s), None),
-             "normalise": lambda: ops.normalise(ops.grid(s), None, ops.grid(RATIONAL["a"]), 0),
-             "times_row": lambda: ops.times_row(ops.grid(s), ops.grid(RATIONAL["row"]))}
+             "normalise": lambda: ops.normalise(ops.grid(s), None, ops.grid(RATIONAL["a"]), 0)}
     assert set(calls) == set(LEFT_TO_NUMERIC)
     for name, call in calls.items():
         with pytest.raises(NotImplementedError):

@@ -283,7 +283,11 @@ def test_bert_post_norm_matches_transformers(tmp_path):
     (f"X: {X}\nresidual: true\n" + HEAD, "residual: the residual H = X + O needs O as wide as X"),
     ("X: [[1, 1, 1, 1], [0, 4, 0, 4]]\nnorm: {type: layernorm, eps: 0}\n" + HEAD,
      "norm.eps: row 1 of X: its entries are all equal (variance 0), and eps is 0"),
-    (f"X: {X}\nnorm: {{type: layernorm}}\nbackward: {{loss: sum}}\n" + HEAD, "backward: the backward pass through the norm"),
+    (f"X: {X}\nresidual: true\nbackward: {{dO: {X}}}\n" + TWO_HEADS, "backward: with the residual the loss is on "
+     "the block's output H = X + O: give dH"),
+    (f"X: {X}\nnorm: {{type: layernorm}}\nbackward: {{dH: [[1, 0], [0, 1], [1, 1]]}}\n" + HEAD,
+     "backward: dH is the gradient of the residual stream, which this problem does not have"),
+    (f"X: {X}\nresidual: true\nbackward: {{dH: [[1, 0], [0, 1], [1, 1]]}}\n" + TWO_HEADS, "backward.dH: "),
     # sin 0 = 0 and cos 0 = 1: position 0 of X + PE is [1, 1, 1, 1] (later rows hold transcendental entries)
     ("X: [[1, 0, 1, 0], [0, 4, 0, 4]]\npositions: sinusoidal\nnorm: {type: layernorm, eps: 0}\n" + HEAD,
      "norm.eps: row 1 of X + PE: its entries are all equal (variance 0), and eps is 0"),

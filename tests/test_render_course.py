@@ -157,18 +157,27 @@ def expected_headings(problem: dict) -> list[str]:
     if "backward" not in problem:
         return forward
     backward_titles = BACKWARD_TITLES + (("Back through the rotation",) if "rope" in problem else ())
+    norm = problem.get("norm")
+    post = norm is not None and norm.get("place") == "post"
+    # behind a post norm the gradient goes back through it first; in front of the attention, dX
+    # comes back through the norm (and "Back to the input" has only a context's gradient)
+    upstream = ["Backward: the upstream gradient"] + (["Back through the norm (post-norm)"] if post else [])
+    kind = "RMSNorm" if norm is not None and norm.get("type") == "rmsnorm" else "LayerNorm"
+    back = ["Back to the input"] if norm is None or post or "context" in problem else []
+    back += [f"Back through the norm ({kind})"] if norm is not None and not post else []
     if "heads" in problem:  # through the output projection, then each head in turn, then back to the input
         assert "Q" not in problem and "kv_heads" not in problem
-        n = int(re.match(r"Step (\d+): Output projection", forward[-1]).group(1)) + 1
-        out = [f"Step {n}: Backward: the upstream gradient", f"Step {n + 1}: Back through the output projection"]
+        n = int(re.match(r"Step (\d+): (Output projection|The residual)", forward[-1]).group(1)) + 1
+        out = [f"Step {k}: {t}" for k, t in enumerate(upstream + ["Back through the output projection"], n)]
+        n += len(out)
         per_head = ["This head's upstream gradient", *backward_titles, "Back to the projection weights"]
         for h in range(1, len(problem["heads"]) + 1):
-            out += [f"Head {h} · Step {k}: {t}" for k, t in enumerate(per_head, n + 2)]
-        return forward + out + [f"Step {n + 2 + len(per_head)}: Back to the input"]
+            out += [f"Head {h} · Step {k}: {t}" for k, t in enumerate(per_head, n)]
+        return forward + out + [f"Step {k}: {t}" for k, t in enumerate(back, n + len(per_head))]
     n = len(forward) + 1
-    titles = ["Backward: the upstream gradient", *backward_titles]
+    titles = [*upstream, *backward_titles]
     if "Q" not in problem:
-        titles += ["Back to the projection weights", "Back to the input"]
+        titles += ["Back to the projection weights", *back]
     return forward + [f"Step {k}: {t}" for k, t in enumerate(titles, n)]
 
 

@@ -37,7 +37,7 @@ def all_derivations():
         if path.parent.name == "large":
             continue
         yield path.stem, derive(path)
-        if not path.stem.startswith("rope") and backward_supported(path):  # no backward through RoPE, grouped heads, a norm
+        if not path.stem.startswith("rope") and backward_supported(path):  # no backward through RoPE here, nor of grouped heads
             yield path.stem + "+sum", derive(path, "sum")
     for loss in LOSSES:
         yield f"backward {loss}", derive(BACKWARD, loss)

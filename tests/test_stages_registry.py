@@ -132,7 +132,8 @@ _FIELD_MODULES = {"problem/model.py", "problem/reader/fields.py", "problem/reade
                   "problem/reader/layer.py", "problem/reader/passes.py", "problem/checkpoints/layouts.py",
                   "generate/exercises.py"} | {
     f"stages/{name}.py" for name in
-    ("__init__", "ids", "kinds", "registry", "rows", "norms", "formulas", "why", "relations", "outline")}
+    ("__init__", "ids", "kinds", "registry", "rows", "norms", "norm_backward", "formulas", "why", "relations",
+     "outline")}
 # generated tables of LaTeX pieces and their MathML ('K' there is a letter to typeset, not a stage)
 _DATA_MODULES = {"render/mathml_known.py"}
 _NAMES = set(stages.NAMES) | {k.key for k in stages.KINDS}

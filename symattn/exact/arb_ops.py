@@ -130,7 +130,27 @@ class ArbOps(NumericOps):
     def softmax(self, z):
         self._numeric("the softmax")
 
-    # the norm's operations serve the forward pass only (no gradient reads them yet)
+    def hadamard(self, a, b):
+        with arb_precision(self.dps):
+            a, b = arb_matrix(a, self.dps), arb_matrix(b, self.dps)
+            return flint.arb_mat([[a[i, j] * b[i, j] for j in range(a.ncols())] for i in range(a.nrows())])
+
+    def normalise_backward(self, d, hat, spread, eps, centred: bool):
+        """Back through a norm in ball arithmetic, row by row (see :meth:`Ops.normalise_backward`)."""
+        with arb_precision(self.dps):
+            g, h, s = arb_matrix(d, self.dps), arb_matrix(hat, self.dps), arb_matrix(spread, self.dps)
+            e, cols = arb_scalar(eps, self.dps), g.ncols()
+            out = flint.arb_mat(g.nrows(), cols)
+            for i in range(g.nrows()):
+                gr, hr = [g[i, k] for k in range(cols)], [h[i, k] for k in range(cols)]
+                first = sum(gr, flint.arb(0)) / cols if centred else flint.arb(0)
+                second = sum((x * y for x, y in zip(gr, hr)), flint.arb(0)) / cols
+                inv = 1 / (s[i, 0] + e).sqrt()
+                for k in range(cols):
+                    out[i, k] = (gr[k] - first - hr[k] * second) * inv
+            return out
+
+    # the norm's forward operations are left to NumericOps (no gradient reads them)
     def row_mean(self, m):
         self._numeric("a norm's row means")
 
@@ -141,5 +161,8 @@ class ArbOps(NumericOps):
         self._numeric("a norm")
 
     def times_row(self, m, row):
-        self._numeric("a norm's weight")
+        """``m`` with column k times ``row``'s entry k (dX̂ = dX_norm ∘ γ)."""
+        with arb_precision(self.dps):
+            m, row = arb_matrix(m, self.dps), arb_matrix(row, self.dps)
+            return flint.arb_mat([[m[i, j] * row[0, j] for j in range(m.ncols())] for i in range(m.nrows())])
 

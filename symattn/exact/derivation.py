@@ -19,6 +19,7 @@ import mpmath
 from . import arb as _arb
 from . import evaluation as _evaluation
 from . import lazy as _lazy
+from . import norms as _norms
 from . import rotary as _rotary
 from . import softmax as _softmax
 from . import structures as _structures
@@ -291,7 +292,7 @@ class Derivation:
         if kind.gradient and step.written_exactly and exact.rows * exact.cols <= ZERO_CHECK_LIMIT:
             # A sum that cancels exactly (its exact entry is 0) is 0 in decimals too, not the
             # rounding noise of its terms (such as 1e-45).
-            values = [[mpmath.mpf(0) if exact[i, j] == 0 else v for j, v in enumerate(row)]
+            values = [[mpmath.mpf(0) if _exactly_zero(step, i, j) else v for j, v in enumerate(row)]
                       for i, row in enumerate(values)]
         return values
 
@@ -354,10 +355,10 @@ class Derivation:
         if qq is None and (id, dps) not in self.__dict__.get("_evaluated", {}):
             balls = self._gradient_balls(step, dps)
             if balls is not None:  # a gradient: only the entries shown made mpmath numbers
-                exact, zeros = step.lazy, step.written_exactly and step.lazy.rows * step.lazy.cols <= ZERO_CHECK_LIMIT
+                zeros = step.written_exactly and step.lazy.rows * step.lazy.cols <= ZERO_CHECK_LIMIT
 
                 def entry(i: int, j: int) -> mpmath.mpf:
-                    return mpmath.mpf(0) if zeros and exact[i, j] == 0 else _arb.arb_rows_entry(balls, i, j)
+                    return mpmath.mpf(0) if zeros and _exactly_zero(step, i, j) else _arb.arb_rows_entry(balls, i, j)
 
                 return entry
         if qq is None or self.problem.symbols:
@@ -421,7 +422,8 @@ class Derivation:
             values = _arb.arb_floats(self._gradient_balls(step, 30))
         exact = step.lazy
         if step.written_exactly and exact.rows * exact.cols <= ZERO_CHECK_LIMIT:
-            values = [[0.0 if exact[i, j] == 0 else v for j, v in enumerate(row)] for i, row in enumerate(values)]
+            values = [[0.0 if _exactly_zero(step, i, j) else v for j, v in enumerate(row)]
+                      for i, row in enumerate(values)]
         return values
 
     def _float_relation(self, step: Step) -> "numpy.ndarray | None":
@@ -495,6 +497,25 @@ NORMED_EXACT_LIMIT = 16  # n_k · d_model up to which they are written exactly (
 NORMED_EXACT_CHARS = 24  # the longest exact entry (as text) a stage over normalised rows is written with
 
 
+def _exactly_zero(step: Step, i: int, j: int) -> bool:
+    """Whether a gradient's exact entry (i, j) is 0: a sum over the rows' ``Z_i`` whose terms all
+    cancel (gathered, as the worked solution writes it), or an entry equal to 0."""
+    value = step.value
+    if isinstance(value, _structures.OverRows) and value.plain is None and not value.tops(i, j):
+        return True
+    return step.lazy[i, j] == 0
+
+
+def _rational_norm(p: Problem, values: dict) -> bool:
+    """Whether the problem has no norm, or one whose normalised rows are rational (every root
+    √(σ_i² + ε) rational, as in a hand exercise)."""
+    norm = getattr(p, "norm", None)
+    if norm is None:
+        return True
+    hat = values.get(stages.R_HAT if norm.post else stages.X_HAT)
+    return hat is not None and _norms.rational_rows_of(hat)
+
+
 def _short_entries(value) -> bool:
     """Whether the corners and the middle entry of ``value`` are each at most NORMED_EXACT_CHARS
     long as text (a few entries built: the rest are like them); for the softmax, the exponents
@@ -526,7 +547,12 @@ def _step(planned: stages.Planned, values: dict, step_class: type[Step] = Step) 
     formula, formula_text = kind.text("formula", c)
     written = True
     if kind.gradient:
-        written = p.n_q * p.n_k <= EXACT_LIMIT or (kind.short is not None and kind.short(ops, result, c))
+        short = kind.short is not None and kind.short(ops, result, c)
+        written = p.n_q * p.n_k <= EXACT_LIMIT or short
+        if written and not short and not _rational_norm(p, values):
+            # behind a norm whose roots are irrational every gradient holds them, under the softmax's
+            # exponentials: entries far too long to print, shown as certified decimals
+            written = False
     elif not given:
         terms = _rotary.terms_of(result)  # RoPE's long sums of cosines and sines: decimals past a size
         written = terms is None or terms <= _rotary.EXACT_TERMS

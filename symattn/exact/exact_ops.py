@@ -32,6 +32,11 @@ from .structures import (
 )
 
 
+def _over(x) -> bool:
+    """Whether ``x`` is a gradient over the rows' ``Z_i`` whose form an operation can carry on."""
+    return isinstance(x, OverZ2) or isinstance(x, OverRows) and x.plain is None
+
+
 class ExactOps(Ops):
     """The relations' operations on exact values. A forward product is expanded (``expand``);
     a gradient's is kept as a sum of products, as backpropagation forms it."""
@@ -40,6 +45,8 @@ class ExactOps(Ops):
         self.expand = expand
 
     def matmul(self, a, b):
+        if not self.expand:  # a gradient's product: normalised rows with rational roots are rational rows
+            a, b = _norms.as_rational(a), _norms.as_rational(b)
         if isinstance(a, Softmax):
             return Output(a.rows, b)
         if isinstance(a, OverZ2) and a.keyed:
@@ -48,9 +55,9 @@ class ExactOps(Ops):
             return self._weights_t_times(a, b)
         if isinstance(a, ScoresT) and not isinstance(b, STRUCTURES):
             return self._scores_t_times(a, b)
-        if isinstance(b, (OverRows, OverZ2)) and is_rational(a):
+        if _over(b) and is_rational(a):
             return self._timesover_rows(a, over_rows(b))
-        if isinstance(a, (OverRows, OverZ2)) and is_rational(b):
+        if _over(a) and is_rational(b):
             return self._over_rows_times(over_rows(a), b)
         a, b = matrix_of(a), matrix_of(b)
         rotary = _rotary.scores(a, b)  # Q_rot·K_rotᵀ: kept as structure
@@ -141,7 +148,18 @@ class ExactOps(Ops):
         return _norms.normalise(matrix_of(m), None if mu is None else matrix_of(mu), matrix_of(spread), eps, inside)
 
     def times_row(self, m, row):
+        if _over(m) and is_rational(row):  # dX̂ = dX_norm ∘ γ: a product by diag(γ)
+            g = rational_rows(row)[0]
+            cols = len(g)
+            diagonal = rational_matrix(cols, cols, [g[j] if j == k else QQ(0) for j in range(cols) for k in range(cols)])
+            return self._over_rows_times(over_rows(m), diagonal)
         return _norms.times_row(matrix_of(m), matrix_of(row))
+
+    def hadamard(self, a, b):
+        return _over_hadamard(a, b)
+
+    def normalise_backward(self, d, hat, spread, eps, centred: bool):
+        return _over_normalise_backward(d, hat, spread, eps, centred)
 
     def col_sums(self, m):
         """``1ᵀ m``, the 1 × cols sums of the columns (a bias's gradient). A sum over the softmax
@@ -232,10 +250,14 @@ class ExactOps(Ops):
         if all(is_rational(m) for m in lazy):  # X + learned PE: one flint sum, and Q = X_pos·W_Q stays flint
             return _products.rational_sum(lazy)
         total = LazyMatrix(lazy[0].rows, lazy[0].cols, lambda i, j: sympy.Add(*[m[i, j] for m in lazy]))
-        if all(isinstance(p, (OverRows, OverZ2)) for p in parts):
-            sums = [over_rows(p) for p in parts]
-            return OverRows(sums[0].rows, lambda i, j: gathered(t for s in sums for t in s.tops(i, j)), total)
-        return total
+        sums = [over_rows(p) for p in parts if _over(p)]
+        rationals = [p for p in parts if not _over(p) and is_rational(p)]
+        # one set of softmax rows (one head's, or its group's): the terms gather over the same Z_i;
+        # the heads' Z_i differ, so a sum over heads is written entry by entry
+        if not sums or len(sums) + len(rationals) != len(parts) or any(s.rows != sums[0].rows for s in sums):
+            return total
+        plain = _products.rational_sum(rationals) if rationals else None  # dX = the paths + dH
+        return OverRows(sums[0].rows, lambda i, j: gathered(t for s in sums for t in s.tops(i, j)), total, plain=plain)
 
     def rows(self, m, first: int, count: int):
         """Rows ``first … first + count − 1`` (0-based) of ``m``; a rational matrix stays rational."""
@@ -298,6 +320,37 @@ class ExactOps(Ops):
         positions = [p + offset for p in range(m.rows)]
         fast = _rotary.rotated(m, thetas, pairs, [sign * p for p in positions])
         return fast if fast is not None else rotate(m, thetas, pairs, positions, sign)
+
+
+def _over_hadamard(a, b):
+    """``a ∘ b``; a gradient over the rows' ``Z_i`` times rational normalised rows keeps its form."""
+    if _over(a) and _norms.rational_rows_of(b):
+        a = over_rows(a)
+        lazy = _norms.hadamard(a.lazy, b)
+        return OverRows(a.rows, lambda i, j: [(r, p, t * b[i, j]) for r, p, t in a.tops(i, j) if b[i, j] != 0], lazy)
+    return _norms.hadamard(matrix_of(a), matrix_of(b))
+
+
+def _over_normalise_backward(d, hat, spread, eps, centred: bool):
+    """Back through a norm; a gradient over the rows' ``Z_i`` behind rational roots keeps its form
+    (each row is its row of ``d`` times a rational matrix, see :func:`_norms.backward_matrix`)."""
+    lazy = _norms.normalise_backward(matrix_of(d), matrix_of(hat), matrix_of(spread), eps, centred)
+    if not (_over(d) and _norms.rational_rows_of(hat) and is_rational(spread)):
+        return lazy
+    spread = matrix_of(spread)
+    inverse = [_norms.inverse_root(spread[i, 0] + eps) for i in range(spread.rows)]
+    if not all(x.is_Rational for x in inverse):
+        return lazy
+    d = over_rows(d)
+    kept: dict = {}
+
+    def tops(i: int, k: int) -> list[tuple[int, int, sympy.Expr]]:
+        if i not in kept:
+            kept[i] = _norms.backward_matrix([hat[i, l] for l in range(hat.cols)], inverse[i], centred)
+        m = kept[i]
+        return gathered((r, p, t * m[l][k]) for l in range(hat.cols) if m[l][k] != 0 for r, p, t in d.tops(i, l))
+
+    return OverRows(d.rows, tops, lazy)
 
 
 def _turned_product(m, thetas, pairs, turns: list[int]):

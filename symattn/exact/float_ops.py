@@ -69,6 +69,19 @@ class FloatOps(ArbOps):
             out[:, b] = x[:, a] * sin[:, i] + x[:, b] * cos[:, i]
         return out
 
+    def hadamard(self, a, b):
+        return self.grid(a) * self.grid(b)
+
+    def times_row(self, m, row):
+        return self.grid(m) * self.grid(row)
+
+    def normalise_backward(self, d, hat, spread, eps, centred: bool):
+        import numpy
+
+        g, h, s = self.grid(d), self.grid(hat), self.grid(spread)
+        first = g.mean(axis=1, keepdims=True) if centred else 0.0
+        return (g - first - h * (g * h).mean(axis=1, keepdims=True)) / numpy.sqrt(s + float(to_mpf(eps, 30)))
+
     def hstack(self, parts):
         import numpy
 

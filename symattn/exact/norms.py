@@ -91,6 +91,59 @@ def _times_row_qq(m, row):
     return rational_matrix(m.rows, m.cols, [x * g[k] for r in rational_rows(m) for k, x in enumerate(r)])
 
 
+def rational_rows_of(value) -> bool:
+    """Whether normalised rows are rational: a rational matrix, or a RowScaled one whose every row
+    number is rational (each root √(σ_i² + ε) rational)."""
+    if isinstance(value, RowScaled):
+        return all(x.is_Rational for x in value.scales)
+    return is_rational(value)
+
+
+def as_rational(x):
+    """Normalised rows (or their transpose) whose every root is rational, as the rational matrix they
+    are; anything else as it is."""
+    of = x.of if isinstance(x, RowScaledT) else x
+    if not isinstance(of, RowScaled) or not all(s.is_Rational for s in of.scales):
+        return x
+    scales = [QQ(int(s.p), int(s.q)) for s in of.scales]
+    u = rational_rows(of.U)
+    c = rational_rows(of.C) if of.C is not None else None
+    m = rational_matrix(of.rows, of.cols, [u[i][j] * scales[i] + (c[i][j] if c is not None else QQ(0))
+                                           for i in range(of.rows) for j in range(of.cols)])
+    return _products.transpose(m) if isinstance(x, RowScaledT) else m
+
+
+def backward_matrix(hat_row: list, inverse: sympy.Expr, centred: bool) -> list[list[sympy.Expr]]:
+    """The rational d × d matrix M with ``dx_i = dx̂_i · M`` for one row (x̂ its normalised row, 1/√r its
+    ``inverse`` root): ``M_lk = (δ_lk − [centred]/d − x̂_l x̂_k/d) / √r``, symmetric."""
+    d = len(hat_row)
+    c = sympy.Rational(1 if centred else 0, d)
+    return [[inverse * ((1 if l == k else 0) - c - hat_row[l] * hat_row[k] / d) for k in range(d)] for l in range(d)]
+
+
+def hadamard(a, b):
+    """The entrywise product ``a ∘ b``."""
+    return LazyMatrix(a.rows, a.cols, lambda i, j: tidy(a[i, j] * b[i, j]))
+
+
+def normalise_backward(d, hat, spread, eps: sympy.Expr, centred: bool):
+    """``(d_ik − mean_i(d) − x̂_ik·mean_i(d ∘ x̂)) / √(spread_i + ε)`` (no ``mean_i(d)`` unless
+    ``centred``), each row's two means built once, when an entry of the row is first read."""
+    cols, kept = d.cols, {}
+
+    def row(i: int) -> list:
+        if i not in kept:
+            g = [d[i, k] for k in range(cols)]
+            h = [hat[i, k] for k in range(cols)]
+            first = sympy.Add(*g) / cols if centred else 0
+            second = sympy.Add(*[x * y for x, y in zip(g, h)]) / cols
+            inv = inverse_root(spread[i, 0] + eps)
+            kept[i] = [tidy(inv * (x - first - y * second)) for x, y in zip(g, h)]
+        return kept[i]
+
+    return LazyMatrix(d.rows, cols, lambda i, j: row(i)[j])
+
+
 class _Valued(LazyMatrix):
     """A lazy matrix that computes its values at any digits from its own structure (``_mp_values``),
     each number of digits once: :func:`symattn.exact.evaluation.evaluate` reads ``mp_values``."""

@@ -157,6 +157,23 @@ class NumericOps(Ops):
         with mpmath.workdps(self.dps + 10):
             return [[x * g for x, g in zip(r, row[0])] for r in m]
 
+    def hadamard(self, a, b) -> Values:
+        a, b = self.grid(a), self.grid(b)
+        with mpmath.workdps(self.dps + 10):
+            return [[x * y for x, y in zip(r, s)] for r, s in zip(a, b)]
+
+    def normalise_backward(self, d, hat, spread, eps, centred: bool) -> Values:
+        d, hat, spread = self.grid(d), self.grid(hat), self.grid(spread)
+        with mpmath.workdps(self.dps + 10):
+            e = to_mpf(eps, self.dps + 10)
+            out = []
+            for g, h, (s,) in zip(d, hat, spread):
+                first = mpmath.fsum(g) / len(g) if centred else 0
+                second = mpmath.fsum(x * y for x, y in zip(g, h)) / len(g)
+                root = mpmath.sqrt(s + e)
+                out.append([(x - first - y * second) / root for x, y in zip(g, h)])
+            return out
+
     def tiled_max(self, z, block: int, running: bool = True) -> Values:
         return _tiled.numeric_maxima(self.grid(z), block, running)
 

@@ -132,6 +132,16 @@ class Ops(Protocol):
         """``m`` with each column k multiplied by ``row``'s entry k (γ of a norm)."""
         raise NotImplementedError
 
+    def hadamard(self, a: Value, b: Value) -> Value:
+        """The entrywise product ``a ∘ b`` (dγ sums dX_norm ∘ X̂ over the tokens)."""
+        raise NotImplementedError
+
+    def normalise_backward(self, d: Value, hat: Value, spread: Value, eps: sympy.Expr, centred: bool) -> Value:
+        """Back through a norm, row by row: ``(d_i − mean(d_i) − x̂_i·mean(d_i ∘ x̂_i)) / √(spread_i + ε)``
+        for the gradient ``d`` of the normalised rows ``hat`` (LayerNorm, ``centred``), and without
+        the mean of ``d_i`` for RMSNorm."""
+        raise NotImplementedError
+
     def tiled_max(self, z: Value, block: int) -> Value:
         """The running maximum of each row of ``z`` after each block of ``block`` keys."""
         raise NotImplementedError

@@ -117,6 +117,9 @@ class OverRows:
     tops: Callable[[int, int], list[tuple[int, int, sympy.Expr]]]
     lazy: LazyMatrix
     operands: tuple | None = None  # (dSᵀ, b) when this is dSᵀ·b (a product the backward pass may turn)
+    # a rational matrix added to the fractions (dX = the paths + dH with the residual); the operations
+    # that carry the form on (products, sums over the rows) take only a sum without one
+    plain: "Matrix | None" = None
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -126,6 +129,8 @@ class OverRows:
         """Entry (k, c) as a plain part (the terms of rows whose ``Z_i`` is a plain number) and
         the ``(i, power, top)`` written over ``Z_i^power``."""
         plain, over = [], []
+        if self.plain is not None:
+            plain.append(self.plain[k, c])
         for i, power, top in self.tops(k, c):
             row = self.rows[i]
             if row.normaliser_is_number:
@@ -154,6 +159,7 @@ def over_rows(x) -> "OverRows":
     """An OverZ2 whose row i is over ``Z_i²`` (``dQ``), as a sum over the rows; an OverRows as it is."""
     if isinstance(x, OverRows):
         return x
+    assert isinstance(x, OverZ2), type(x)
 
     def tops(i: int, c: int) -> list[tuple[int, int, sympy.Expr]]:
         top = x.top(i, c)

@@ -114,7 +114,7 @@ class Head:
 
 @dataclass(frozen=True)
 class Backward:
-    """Where the backward pass starts: the upstream gradient dL/dO.
+    """Where the backward pass starts: the upstream gradient dL/dO (dL/dH with the residual stream).
 
     ``kind`` is ``"dO"`` (the matrix is dL/dO itself), ``"sum"`` (L = Σ O,
     so dL/dO is all ones; no matrix), ``"weights"`` (L = Σ W ∘ O, the matrix
@@ -124,16 +124,18 @@ class Backward:
     kind: str
     matrix: Matrix | None = None
 
-    def describe(self) -> str:
-        """The loss in words, for the worked solution (math marked ⟦…⟧, see symattn.render.prose)."""
-        d = "⟦\\partial L/\\partial O⟧"
+    def describe(self, of: str = "O") -> str:
+        """The loss in words, for the worked solution (math marked ⟦…⟧, see symattn.render.prose), on
+        the output ``of``: O, or with the residual the residual stream H."""
+        d = f"⟦\\partial L/\\partial {of}⟧"
+        what = "output" if of == "O" else "residual-stream"
         return {
             "dO": f"the upstream gradient {d} is given",
-            "sum": f"the loss is ⟦L = \\sum O⟧ (the sum of every output entry), so {d} is all ones",
-            "weights": "the loss is ⟦L = \\sum W \\circ O⟧ (each output entry times its weight), so "
-                       "⟦\\partial L/\\partial O = W⟧",
-            "target": "the loss is ⟦L = \\tfrac{1}{2}\\|O - T\\|^2⟧ (squared distance to the target ⟦T⟧), so "
-                      "⟦\\partial L/\\partial O = O - T⟧",
+            "sum": f"the loss is ⟦L = \\sum {of}⟧ (the sum of every {what} entry), so {d} is all ones",
+            "weights": f"the loss is ⟦L = \\sum W \\circ {of}⟧ (each {what} entry times its weight), so "
+                       f"⟦\\partial L/\\partial {of} = W⟧",
+            "target": f"the loss is ⟦L = \\tfrac{{1}}{{2}}\\|{of} - T\\|^2⟧ (squared distance to the target ⟦T⟧), so "
+                      f"⟦\\partial L/\\partial {of} = {of} - T⟧",
         }[self.kind]
 
 

@@ -60,11 +60,54 @@ def _magnitude(kind: str, value: np.ndarray) -> np.ndarray:
                     + EXP_ULPS, 0.0)
 
 
-def _roundings(kind: str, value: np.ndarray, final: bool) -> int:
+def _norm_roundings(d: int, norm) -> int:
+    """The units of roundoff on each x̂ of a norm over d features, relative to |x̂| (LayerNorm
+    x̂ = (x − μ)/r, RMSNorm x̂ = x/r, r = √(stat + ε)), as NumPy computes them (numeric.layer_norm_f64):
+
+    - the variance: each (x − μ)² carries 3 (the subtraction, doubled by the square, and the
+      square), their sum of d non-negative terms d − 1, the division by d 1: d + 3 relative to
+      σ². (μ's own error moves σ² in the second order only: Σ(x − μ) = 0.) RMSNorm's mean
+      square: the square 1, the sum d − 1, the division 1: d + 1;
+    - r = √(stat + ε): the addition 1 more (d + 4, RMSNorm d + 2), halved by the root, plus the
+      root's own 1: (d + 6)/2 (RMSNorm (d + 4)/2) on r, and the same on 1/r;
+    - x̂: LayerNorm's x − μ and the division 2, RMSNorm's division 1;
+    - y = x̂·(offset + γ): the product 1 and, with the offset, offset + γ 1 (both put on x̂:
+      |∂L/∂x̂|·|x̂| = |∂L/∂y|·|x̂·gain|). β's addition is counted on the norm's output.
+
+    μ's error moves x − μ by an amount not relative to it: :func:`_mean_rounding`."""
+    root = (d + 4 + 1) // 2 if norm.rms else (d + 6 + 1) // 2  # rounded up
+    own = 1 if norm.rms else 2
+    weight = 0 if norm.weight is None else 1 + (1 if norm.offset else 0)
+    return root + own + weight
+
+
+def _mean_rounding(stages: dict, norm, post: bool, dhat: np.ndarray, unit_roundoff: float) -> float:
+    """LayerNorm's mean, to first order: fl(Σ x/d) is off by at most γ_d·mean|x| (the sum of d
+    terms γ_{d−1}·Σ|x|, the division u·|μ| ≤ u·mean|x|), which moves each x̂ = (x − μ)/r of the
+    row by that over r = √(σ² + ε): Σ |∂L/∂x̂|·γ_d·mean|x|/r over the entries."""
+    if norm.rms:
+        return 0.0
+    if post:
+        x = stages[st.R]
+    else:
+        x = stages[st.X_POS] if st.X_POS in stages else stages[st.X]
+    x = np.asarray(x, dtype=float)
+    r = np.sqrt(np.asarray(stages[st.VAR], dtype=float) + float(norm.eps))  # (n, 1)
+    shift = _gamma(x.shape[1], unit_roundoff) * np.abs(x).mean(axis=1, keepdims=True) / r
+    return float(np.sum(np.abs(dhat) * shift))
+
+
+def _roundings(kind: str, value: np.ndarray, final: bool, norm=None, layer_output: bool = False) -> int:
     """How many units of roundoff the pass puts on a stage, relative to its magnitude: the
     inner products are put on one operand each (W in X·W, Q in Q·Kᵀ, A in A·V, W_O in
-    concat·W_O), as backward stability allows (Higham, ch. 3)."""
+    concat·W_O), as backward stability allows (Higham, ch. 3). ``final`` marks the stage the
+    loss is on (O, or H with a residual stream), ``layer_output`` the layer's output O (not a
+    head's)."""
     rows, cols = np.shape(value)
+    if final:
+        # the loss: its n terms formed (G·O, O − T and its square; none for a sum) and summed
+        # (n − 1), and the stage's own rounding (b_O, the residual's B + O, or β) added
+        return rows * cols + 2
     if kind in (st.W_Q, st.W_K, st.W_V, st.W_O):
         return rows                     # an inner product of that many terms
     if kind == st.Q:
@@ -73,25 +116,33 @@ def _roundings(kind: str, value: np.ndarray, final: bool) -> int:
         return 1                        # a bias added, the scale, M added (and z, exp: _magnitude), PE added
     if kind == st.A:
         return 2 * cols + 1             # the softmax's sum and division, then A·V
-    if kind == st.O and final:
-        return rows * cols + 2          # b_O added, and the loss: its n terms summed, each formed
-    return 0                            # a copy (a head's O in concat), a bias (counted where added)
+    if kind == st.R or layer_output:
+        return 1                        # B + O (R); under the residual, b_O added to the layer's O
+    if kind in (st.X_HAT, st.R_HAT):
+        return _norm_roundings(cols, norm)
+    if kind == st.X_NORM:
+        return 0 if norm.bias is None else 1  # β added (γ's product: on X_hat)
+    return 0                            # a copy (a head's O in concat), a bias, γ, β (counted where added)
 
 
 def attention_loss_rounding(stages: dict, gradients: dict, unit_roundoff: float = FLOAT64_UNIT_ROUNDOFF,
-                            target=None) -> float:
+                            target=None, norm=None) -> float:
     """A first-order bound on the rounding error of one evaluation of an attention loss.
 
     ``stages`` holds the forward matrices by symattn's stage ids (``Q``, ``S``, ``S_masked``,
-    ``A``, ``O``, ``head1.W_Q``, ``X_pos``, ...; values as floats), ``gradients`` the loss's
-    gradient with respect to each (``dQ``, ``head1.dW_Q``, ...), ``target`` the T of
-    ``loss: target``. Each operation of the pass is backward stable: its result is exact for
-    an operand changed by a relative γ_n (an inner product of n terms) or u (a scale, a bias,
-    the softmax's division, the loss's own terms). To first order L then moves by at most
-    that relative change times Σ |∂L/∂stage|·|stage|: the sum over the stages of
-    γ_k·Σ |gradient|·|stage| with k from ``_roundings`` (the softmax's input also carries
-    exp's error, see ``_magnitude``). Terms of order u² are left out.
+    ``A``, ``O``, ``head1.W_Q``, ``X_pos``, ``X_hat``, ``H``, ...; values as floats),
+    ``gradients`` the loss's gradient with respect to each (``dQ``, ``head1.dW_Q``,
+    ``dX_hat``, ``dH``, ...), ``target`` the T of ``loss: target``, ``norm`` the problem's
+    norm (needed when the stages have one: its ε, γ and offset). Each operation of the pass is
+    backward stable: its result is exact for an operand changed by a relative γ_n (an inner
+    product of n terms) or u (a scale, a bias, the softmax's division, the residual's sum,
+    the loss's own terms). To first order L then moves by at most that relative change times
+    Σ |∂L/∂stage|·|stage|: the sum over the stages of γ_k·Σ |gradient|·|stage| with k from
+    ``_roundings`` (the softmax's input also carries exp's error, see ``_magnitude``; a
+    LayerNorm's mean one not relative to x̂, see ``_mean_rounding``). The loss is on H when
+    the stages have the residual stream H, else on O. Terms of order u² are left out.
     """
+    final = st.H if st.H in stages else st.O
     total = 0.0
     for gid, g in gradients.items():
         pre, _, name = gid.rpartition(".")
@@ -101,13 +152,18 @@ def attention_loss_rounding(stages: dict, gradients: dict, unit_roundoff: float 
         if kind == st.X and st.X_POS in stages:  # X_pos = X + PE feeds the projections
             of = st.X_POS
         value = np.asarray(stages[of], dtype=float)
-        if of == st.O and target is not None:  # ½‖O − T‖²: O − T rounds by |O − T| ≤ |O| + |T|
+        if of == final and target is not None:  # ½‖O − T‖²: O − T rounds by |O − T| ≤ |O| + |T|
             magnitude = np.abs(value) + np.abs(np.asarray(target, dtype=float))
         else:
             magnitude = _magnitude(kind, value)
         g = np.asarray(g, dtype=float)
         assert g.shape == magnitude.shape, (gid, g.shape, magnitude.shape)
-        total += _gamma(_roundings(kind, value, final=of == st.O), unit_roundoff) * float(np.sum(np.abs(g) * magnitude))
+        if kind in (st.X_HAT, st.R_HAT, st.X_NORM) and norm is None:
+            raise ValueError(f"the stages have a norm ({gid}): give attention_loss_rounding its norm")
+        k = _roundings(kind, value, final=of == final, norm=norm, layer_output=of == st.O)
+        total += _gamma(k, unit_roundoff) * float(np.sum(np.abs(g) * magnitude))
+        if kind in (st.X_HAT, st.R_HAT):
+            total += _mean_rounding(stages, norm, kind == st.R_HAT, g, unit_roundoff)
     return total
 
 
@@ -127,7 +183,7 @@ def finite_differences_with_bounds(p, eps: float, gradients: dict | None = None,
     stages = numeric_stages(p) if stages is None else stages
     target = loss_matrix(p) if p.backward.kind == "target" else None
     weights = {g: (gradients[g] if gradients is not None and g in gradients else d) for g, d in fd.items()}
-    rounding = attention_loss_rounding(stages, weights, target=target)
+    rounding = attention_loss_rounding(stages, weights, target=target, norm=p.norm)
     bounds = {}
     for stage, d in fd.items():
         pre, _, name = stage.rpartition(".")

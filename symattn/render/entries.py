@@ -15,6 +15,7 @@ import sympy
 from sympy import QQ
 
 from ..exact.lazy import all_integers, qq_entries
+from ..exact.norms import rational_rows_of
 from ..exact.rotary import is_rotary, needs_decimals as rotary_needs_decimals, terms_of as rotary_terms
 from .. import stages as registry
 from ..numbers.matrices import is_rational, qq_to_sympy
@@ -149,6 +150,11 @@ TOO_LONG = (
     "At this size the exact entries are long sums of fractions over the rows' normalisers, so they are "
     "shown in decimals only (symattn.derive(...).step(id).exact builds them)."
 )
+NORMED_TOO_LONG = (
+    "Every entry here carries the norm's roots ⟦\\sqrt{\\sigma_i^2 + \\varepsilon}⟧, irrational for these rows: "
+    "the exact entries are too long to print, so they are shown in certified "
+    "decimals, computed in ball arithmetic from the exact values (symattn.derive(...).step(id).exact builds them)."
+)
 ROTARY_TOO_LONG = (
     "At this size the exact entries, rational multiples of the cosines and sines of RoPE's angles "
     "({what}), have {terms:,} terms in all, too many to write out, so they are shown in decimals, computed in "
@@ -160,7 +166,7 @@ def too_long(step: Step) -> str:
     """Why a step is shown in decimals only (see :func:`written_exactly`)."""
     terms = rotary_terms(step.value)
     if terms is None:
-        return TOO_LONG
+        return NORMED_TOO_LONG if _irrational_norm(step.derivation) else TOO_LONG
     score = ("each score a sum over the pairs ⟦i⟧ of ⟦\\alpha_i \\cos(d\\theta_i) + \\beta_i \\sin(d\\theta_i)⟧, "
              "⟦d⟧ the key's position minus the query's")
     if step.key in (registry.Q_ROT, registry.K_ROT, registry.K_T):
@@ -170,6 +176,14 @@ def too_long(step: Step) -> str:
     else:
         what = score
     return ROTARY_TOO_LONG.format(what=what, terms=terms)
+
+
+def _irrational_norm(d: "Derivation | None") -> bool:
+    """Whether the derivation's norm divides by irrational roots (its normalised rows are not rational)."""
+    norm = None if d is None else getattr(d.problem, "norm", None)
+    if norm is None:
+        return False
+    return not rational_rows_of(d.step(registry.R_HAT if norm.post else registry.X_HAT).value)
 
 
 def written_exactly(step: Step) -> bool:

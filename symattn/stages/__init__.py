@@ -35,6 +35,7 @@ from .ids import (
     BETA, BETA_POST, GAMMA, GAMMA_POST, H, H_POST, MEAN, MEAN_SQUARE, MS, MS_POST, MU, MU_POST, R, R_HAT, VAR,
     VAR_POST, VARIANCE, X_HAT, X_NORM,
 )
+from .ids import DBETA, DBETA_POST, DGAMMA, DGAMMA_POST, DH, DR, DR_HAT, DX_HAT, DX_NORM
 from .kinds import Context, Dot, Kind, Mistake, Section
 from .names import GRADIENT_NAMES, NAMES, TILED_NAMES, order_of, unknown_stage
 from .outline import SECTIONS, section_of, sections

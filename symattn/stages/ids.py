@@ -36,6 +36,13 @@ GAMMA, BETA, X_NORM = "norm_gamma", "norm_beta", "X_norm"
 H, R, R_HAT = "H", "R", "R_hat"
 MU_POST, VAR_POST, MS_POST, GAMMA_POST, BETA_POST, H_POST = (
     "norm_mean_post", "norm_var_post", "norm_ms_post", "norm_gamma_post", "norm_beta_post", "H_post")
+# the backward pass through them: dH, the upstream gradient on the residual stream H (then dO = dH);
+# in front of the attention dX_norm (the projections' paths), dX_hat = dX_norm ∘ γ, dγ, dβ, and dX
+# back through the norm (plus dH with the residual); behind it (post) dR_hat = dH ∘ γ, dγ, dβ, dR
+# back through the norm, then dO = dR and dX = the paths + dR. The keys with "_post" are named as
+# the others.
+DH, DX_NORM, DX_HAT, DGAMMA, DBETA = "dH", "dX_norm", "dX_hat", "dnorm_gamma", "dnorm_beta"
+DR, DR_HAT, DGAMMA_POST, DBETA_POST = "dR", "dR_hat", "dnorm_gamma_post", "dnorm_beta_post"
 # the projections' biases (Q = X W_Q + b_Q, ...; O = concat W_O + b_O) and their gradients
 B_Q, B_K, B_V, B_O = "b_Q", "b_K", "b_V", "b_O"
 DB_Q, DB_K, DB_V, DB_O = "db_Q", "db_K", "db_V", "db_O"

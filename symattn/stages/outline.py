@@ -35,6 +35,8 @@ SECTIONS: tuple[Section, ...] = (
                                + ("RMSNorm" if c.norm.rms else "LayerNorm") + ")") if c.norm is not None and c.norm.post
             else None),
     Section("b_upstream", "Backward: the upstream gradient", backward=True),
+    Section("b_residual", "Back through the norm (post-norm)", backward=True,
+            applies=lambda c: c.norm is not None and c.norm.post),
     Section("b_projection", "Back through the output projection", backward=True, applies=lambda c: c.multi),
     Section("b_head", "This head's upstream gradient", backward=True, per_head=True, applies=lambda c: c.multi),
     Section("b_weighted_sum", "Back through the weighted sum", backward=True, per_head=True),
@@ -43,7 +45,9 @@ SECTIONS: tuple[Section, ...] = (
     Section("b_qk", "Back to the queries and keys", backward=True, per_head=True),
     Section("b_rotate", "Back through the rotation", backward=True, per_head=True, applies=lambda c: c.rope is not None),
     Section("b_weights", "Back to the projection weights", backward=True, per_head=True),
-    Section("b_input", "Back to the input", backward=True),
+    Section("b_input", "Back to the input", backward=True, applies=lambda c: not c.pre_norm or c.cross),
+    Section("b_norm", "Back through the norm", backward=True, applies=lambda c: c.pre_norm,
+            retitle=lambda c: "Back through the norm (RMSNorm)" if c.norm.rms else "Back through the norm (LayerNorm)"),
 )
 
 

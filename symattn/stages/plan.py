@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 from .ids import (
-    B_K, B_O, B_Q, B_V, BETA, BETA_POST, DO, DO_HEAD, GAMMA, GAMMA_POST, K, K_ROT, MS, MS_POST, MU, MU_POST, O, Q,
-    Q_ROT, VAR, VAR_POST, stage_id,
+    B_K, B_O, B_Q, B_V, BETA, BETA_POST, DH, DO, DO_HEAD, DR, DX, DX_HAT, GAMMA, GAMMA_POST, H, H_POST, K, K_ROT,
+    MS, MS_POST, MU, MU_POST, O, Q, Q_ROT, VAR, VAR_POST, X_HAT, stage_id,
 )
 from .kinds import Context, Kind
 from .registry import BY_KEY, KINDS
@@ -75,6 +75,15 @@ def resolve(key: str, c: Context, head: "int | None | object" = ...) -> list[str
         return []  # RMSNorm has a mean square, LayerNorm a mean and a variance
     if key == "output":
         key = c.output
+    post = c.norm is not None and c.norm.post
+    if key == "stream":  # the residual stream H (behind a post norm: the norm's output)
+        key = H_POST if post else H
+    if key == "upstream":  # what dO is read from: the loss on O, or the residual's gradient
+        key = "skip" if c.residual else c.output
+    if key == "skip":  # the residual's gradient, added at the input: dH, or dR behind a post norm
+        if not c.residual:
+            return []
+        key = DR if post else DH
     if key == "heads":
         return [stage_id(O, h) for h in c.heads]
     if key in (B_Q, B_K, B_V, B_O) and not c.has_bias(key):
@@ -88,6 +97,14 @@ def resolve(key: str, c: Context, head: "int | None | object" = ...) -> list[str
 
 def input_ids(kind: Kind, c: Context) -> list[str]:
     """The ids of the stages ``kind`` is computed from, in context ``c``."""
-    if "paths" in kind.inputs:
-        return [i for g, w, h in input_paths(c, kind.key) for i in resolve(g, c, h) + resolve(w, c, h)]
-    return [i for key in kind.inputs for i in resolve(key, c)]
+    out = []
+    for key in kind.inputs:
+        if key == "through" and c.pre_norm:  # dX back through the norm in front
+            n = c.norm
+            out += [i for k in (DX_HAT, X_HAT, MS if n.rms else VAR) for i in resolve(k, c)]
+        elif key in ("paths", "through"):  # the paths through the projections
+            out += [i for g, w, h in input_paths(c, DX if key == "through" else kind.key)
+                    for i in resolve(g, c, h) + resolve(w, c, h)]
+        else:
+            out += resolve(key, c)
+    return out

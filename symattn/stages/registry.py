@@ -25,11 +25,12 @@ from .formulas import (
 )
 from .ids import (
     A, ACC_TILED, A_T, B_K, B_O, B_Q, B_V, CACHED, CONCAT, CONTEXT, COSTS, DA, DB_K, DB_O, DB_Q, DB_V,
-    DCONCAT, DCONTEXT, DECODE_COST, DK, DO, DO_HEAD, DQ, DS, DS_MASKED, DV, DW_K, DW_O, DW_Q, DW_V, DX, K,
+    DCONCAT, DCONTEXT, DECODE_COST, DK, DO, DO_HEAD, DQ, DS, DS_MASKED, DV, DW_K, DW_O, DW_Q, DW_V, K,
     KEYS, K_CACHE, K_T, L_TILED, M, M_TILED, NEW, O, O_FINAL, O_T, O_TILED, O_T_DIFF, PE, Q, QUERIES, Q_T, S,
     STEPS, S_MASKED, S_SCALED, S_T, V, V_CACHE, W_K, W_O, W_Q, W_V, X, X_POS, stage_id,
 )
 from .kinds import Kind, Mistake, decoding, tiled
+from .norm_backward import WHY as NORM_BACK_WHY, input_gradient_rows, post_norm_backward_rows
 from .norms import norm_rows, residual_rows
 from .mistakes import (
     BLOCK_MAX, BY_D_K, FUTURE_KEY, MASK_MISSING, NO_RESCALE, NO_SCALING, ROPE_O_MISTAKES,
@@ -268,12 +269,18 @@ KINDS: tuple[Kind, ...] = (
     *residual_rows(),
     *norm_rows(post=True),
     # the backward pass: the upstream gradient, then back through the output projection
-    # dO = ∂L/∂O  (n_q × d_out)
-    Kind(DO, DO, 19, "b_upstream", "The upstream gradient",
-         lambda c: WHY[DO] + " Here " + c.loss.describe() + ".", dO_formula,
+    # with the residual: dH = ∂L/∂H, and behind a post norm dR̂, dγ, dβ, dR  (n_q × d_model; 1 × d_model)
+    *post_norm_backward_rows(),
+    # dO = ∂L/∂O (dH with the residual, dR behind a post norm)  (n_q × d_out)
+    Kind(DO, DO, 19, "b_upstream", lambda c: "Back through the residual" if c.residual else "The upstream gradient",
+         lambda c: (NORM_BACK_WHY["dO_" + ("post" if c.norm is not None and c.norm.post else "residual")].format(x=c.block_name)
+                    if c.residual else WHY[DO] + " Here " + c.loss.describe() + "."),
+         lambda c: ((f"dO = d{'R' if c.norm is not None and c.norm.post else 'H'}",) * 2 if c.residual
+                    else dO_formula(c)),
          lambda c: (QUERIES, "o" if c.multi else "v"), lambda sh, r, c: plain(r, "like O"),
-         inputs=("output",), relation=dO_relation, when=lambda c: c.loss is not None, gradient=True,
-         short=lambda ops, value, c: c.loss.kind != "target"),
+         inputs=("upstream",), relation=lambda ops, v, c: v("skip") if c.residual else dO_relation(ops, v, c),
+         when=lambda c: c.loss is not None, gradient=True,
+         short=lambda ops, value, c: c.loss.kind != "target" and not (c.norm is not None and c.norm.post)),
     # dW_O = concatᵀ·dO  (h·d_v × d_out)
     Kind(DW_O, DW_O, 20, "b_projection", "Gradient of the output weights", WHY[DW_O],
          ("dW_O = \\operatorname{concat}^{\\top} dO", "dW_O = concatᵀ·dO"), ("c", "o"),
@@ -363,11 +370,9 @@ KINDS: tuple[Kind, ...] = (
     bias_gradient(DB_K, 30.4),  # db_K = 1ᵀ·dK, exactly 0 without RoPE  (1 × d_k)
     bias_gradient(DB_V, 30.6),  # db_V = 1ᵀ·dV  (1 × d_v)
     # back to the input
-    # dX = Σ_h (dQ·W_Qᵀ + dK·W_Kᵀ + dV·W_Vᵀ)  (n × d_model)
-    Kind(DX, DX, 31, "b_input", "Gradient of the input", dX_why, dX_formula, (QUERIES, "d"),
-         lambda sh, r, c: plain(r, "like X"), inputs=("paths",), relation=input_gradient(DX),
-         when=lambda c: c.projected and c.loss is not None, gradient=True,
-         mistakes=(transposed(DX, square_only=True),)),
+    # dX = Σ_h (dQ·W_Qᵀ + dK·W_Kᵀ + dV·W_Vᵀ) (+ dH with the residual)  (n × d_model); with a norm in
+    # front those paths are dX_norm, then dX̂ = dX_norm ∘ γ, dγ, dβ, and dX back through the norm
+    *input_gradient_rows(dX_why, dX_formula),
     # dC = Σ_h (dK·W_Kᵀ + dV·W_Vᵀ)  (n_k × d_model)
     Kind(DCONTEXT, DCONTEXT, 32, "b_input", "Gradient of the context",
          lambda c: WHY[DCONTEXT] + (WHY["dX_heads"] if c.multi else ""), dcontext_formula, (KEYS, "d"),

@@ -7,13 +7,14 @@ from .ids import B_O, CONCAT, DCONTEXT, DK, DQ, DV, W_K, W_O, W_Q, W_V
 from .kinds import Context, Relation
 
 
-def dO_relation(ops, v, c: Context):
+def dO_relation(ops, v, c: Context, of: str = "output"):
+    """The upstream gradient of the loss on ``of`` (the layer's output, or with the residual H)."""
     loss = c.loss
     if loss.kind == "sum":
         return ops.ones(c.p.n_q, c.p.d_out)
     if loss.kind in ("weights", "dO"):
         return ops.given(loss.matrix)
-    return ops.sub(v(c.output), ops.given(loss.matrix))  # L = ½‖O − T‖²
+    return ops.sub(v(of), ops.given(loss.matrix))  # L = ½‖O − T‖² (½‖H − T‖²)
 
 
 def head_block(c: Context) -> tuple[int, int]:

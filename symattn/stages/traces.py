@@ -11,6 +11,7 @@ from .ids import (
 from .ids import (
     BETA, BETA_POST, GAMMA, GAMMA_POST, H, H_POST, MS, MS_POST, MU, MU_POST, R, R_HAT, VAR, VAR_POST, X_HAT, X_NORM,
 )
+from .ids import DBETA, DBETA_POST, DGAMMA, DGAMMA_POST, DH, DR, DR_HAT, DX, DX_HAT, DX_NORM
 from .kinds import Context, Kind
 from .plan import resolve
 
@@ -74,7 +75,20 @@ TRACES: dict[str, tuple[tuple[str, str], ...]] = {
     A_T: ((S_T, "row"),),
     O_T: ((A_T, "row"), (V_CACHE, "col")),
     O_T_DIFF: ((O_T, "entry"),),
+    # back through the residual and the norm: dH (from H under a target), dX̂ = dX_norm ∘ γ, the
+    # column sums dγ and dβ, and a row of dX (dR) from its row of dX̂, X̂ and the statistics
+    DH: (("stream", "entry"),),
+    DR_HAT: ((DH, "entry"), (GAMMA_POST, "col")),
+    DGAMMA_POST: ((DH, "col"), (R_HAT, "col")),
+    DBETA_POST: ((DH, "col"),),
+    DR: ((DR_HAT, "row"), (R_HAT, "row"), (VAR_POST, "row"), (MS_POST, "row")),
+    DX_HAT: ((DX_NORM, "entry"), (GAMMA, "col")),
+    DGAMMA: ((DX_NORM, "col"), (X_HAT, "col")),
+    DBETA: ((DX_NORM, "col"),),
 }
+# dX back through a norm in front (without one, dX sums the paths, and only the residual's entry
+# is traced)
+_DX_NORMED = ((DX_HAT, "row"), (X_HAT, "row"), (VAR, "row"), (MS, "row"), ("skip", "entry"))
 
 
 def traces(kind: Kind, c: Context) -> list[tuple[str, str]]:
@@ -82,4 +96,10 @@ def traces(kind: Kind, c: Context) -> list[tuple[str, str]]:
     empty when the stage is given."""
     if kind.is_given(c):
         return []
-    return [(i, how) for key, how in TRACES.get(kind.key, ()) for i in resolve(key, c)]
+    if kind.key == DX:
+        pairs = _DX_NORMED if c.pre_norm else (("skip", "entry"),)
+    elif kind.key == DH and c.loss.kind != "target":
+        pairs = ()  # dH is given, or all ones
+    else:
+        pairs = TRACES.get(kind.key, ())
+    return [(i, how) for key, how in pairs for i in resolve(key, c)]

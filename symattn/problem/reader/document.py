@@ -131,7 +131,8 @@ def read_passes(reader: Reader, fields: Fields, layer: Layer, mask: Mask, bias: 
     positions = reader.positions(node_of(fields, "positions"), key_of(fields, "positions"), matrices.get("X")) \
         if "positions" in fields else None
     d_out = matrices["W_O"].cols if "W_O" in matrices else (heads[0].d_v if heads else matrices["V"].cols)
-    backward = reader.backward(node_of(fields, "backward"), n_q, d_out) if "backward" in fields else None
+    norm, residual = read_norm(reader, fields, layer, positions, d_out)
+    backward = reader.backward(node_of(fields, "backward"), n_q, d_out, residual) if "backward" in fields else None
     rope = None
     if "rope" in fields:
         from .rope import read_rope
@@ -152,7 +153,6 @@ def read_passes(reader: Reader, fields: Fields, layer: Layer, mask: Mask, bias: 
     decode = None
     if "decode" in fields:
         decode = reader.decode(node_of(fields, "decode"), n_q, mask, "context" in fields, bias is not None)
-    norm, residual = read_norm(reader, fields, layer, positions, d_out)
     return {"backward": backward, "rope": rope, "tiling": tiling, "positions": positions, "decode": decode,
             "norm": norm, "residual": residual}
 
@@ -198,10 +198,6 @@ def read_norm(reader: Reader, fields: Fields, layer: Layer, positions, d_out: in
                 "(a part of the heads is not what the model adds)", "residual")
     if norm is not None:
         check_norm_rows(reader, fields, norm, X, positions)
-    if (norm is not None or residual) and "backward" in fields:
-        raise reader.at(key_of(fields, "backward")).error(
-            "the backward pass through the norm and the residual (dγ, dβ, dX by both paths) is not supported yet: "
-            "remove backward, or norm and residual", "backward")
     return norm, residual
 
 

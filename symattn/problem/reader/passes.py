@@ -16,17 +16,25 @@ from ..places import item_field, shape_text
 class PassFields:
     """The backward, tiling and decode fields."""
 
-    def backward(self, node: yaml.Node, n_q: int, d_out: int) -> Backward:
-        """The ``backward:`` section: ``dO: [[...]]`` or ``loss: sum | {weights: ...} | {target: ...}``."""
-        usage = "backward: needs dO: [[...]] (dL/dO) or loss: sum, loss: {weights: [[...]]} or loss: {target: [[...]]}"
+    def backward(self, node: yaml.Node, n_q: int, d_out: int, residual: bool = False) -> Backward:
+        """The ``backward:`` section: ``dO: [[...]]`` (``dH: [[...]]`` with the residual, whose loss is
+        on H) or ``loss: sum | {weights: ...} | {target: ...}``."""
+        given = "dH" if residual else "dO"
+        usage = (f"backward: needs {given}: [[...]] (dL/d{given[1]}) or loss: sum, loss: {{weights: [[...]]}} or "
+                 "loss: {target: [[...]]}")
         if not isinstance(node, yaml.MappingNode) or len(node.value) != 1:
             raise self.at(node).error(usage, "backward")
         key, value = node.value[0]
         name = key.value if isinstance(key, yaml.ScalarNode) else None
-        if name == "dO":
-            return Backward("dO", self.sized(self.matrix(value, "backward.dO"), value, "backward.dO", n_q, d_out))
+        if name == given:
+            field = f"backward.{given}"
+            return Backward("dO", self.sized(self.matrix(value, field), value, field, n_q, d_out))
+        if name in ("dO", "dH"):
+            why = ("with the residual the loss is on the block's output H = X + O: give dH: [[...]], dL/dH "
+                   "(dO = dH follows)") if residual else "dH is the gradient of the residual stream, which this "                 "problem does not have (no residual): give dO: [[...]]"
+            raise self.at(key).error(why, "backward")
         if name != "loss":
-            hint = did_you_mean(str(name), ("dO", "loss"), ignore_case=True)
+            hint = did_you_mean(str(name), (given, "loss"), ignore_case=True)
             raise self.at(key).error(f"unknown entry {excerpt(name)} in backward{hint}; {usage}", "backward")
         if isinstance(value, yaml.ScalarNode) and value.value == "sum":
             return Backward("sum")
