@@ -30,7 +30,8 @@ from symattn.reference.numeric_backward import (
     numeric_gradients,
     torch_gradients,
 )
-from _reference import FLOAT64_UNIT_ROUNDOFF, attention_loss_rounding, central_difference_bound
+from _reference import FLOAT64_UNIT_ROUNDOFF, attention_loss_rounding
+from test_reference_numeric_backward import finite_differences_with_bounds
 
 # The step of the central differences, as in test_reference_numeric_backward.py: h = FD_EPS·max(1, |x|),
 # each difference held to the bound of central_difference_bound (a second difference at h/2 and
@@ -136,23 +137,6 @@ def assert_close(got: dict, want: dict, tolerance: float, who: str) -> None:
         assert got[stage].shape == value.shape, (who, stage)
         error = float(np.abs(got[stage] - value).max())
         assert error <= tolerance * scale(value), f"{who} {stage}: off by {error:.3g}"
-
-
-def finite_differences_with_bounds(p) -> tuple[dict, dict]:
-    """The central differences of every gradient stage and each entry's bound (as in
-    test_reference_numeric_backward.py, the norm given to attention_loss_rounding)."""
-    fd = finite_difference_gradients(p, FD_EPS)
-    half = finite_difference_gradients(p, FD_EPS / 2)
-    stages = numeric_stages(p)
-    target = loss_matrix(p) if p.backward.kind == "target" else None
-    rounding = attention_loss_rounding(stages, fd, target=target, norm=p.norm)
-    bounds = {}
-    for stage, d in fd.items():
-        pre, _, name = stage.rpartition(".")
-        x = stages[(pre + "." if pre else "") + name[1:]]  # the matrix perturbed: dnorm_gamma -> norm_gamma
-        h = FD_EPS * np.maximum(1.0, np.abs(x))  # finite_difference_gradients's step, entry by entry
-        bounds[stage] = central_difference_bound(d, half[stage], h, rounding)
-    return fd, bounds
 
 
 def assert_within(got: dict, want: dict, bounds: dict, who: str) -> None:

@@ -237,11 +237,11 @@ def finite_differences_with_bounds(p) -> tuple[dict, dict]:
     half = finite_difference_gradients(p, FD_EPS / 2)
     stages = numeric_stages(p)
     target = loss_matrix(p) if p.backward.kind == "target" else None
-    rounding = attention_loss_rounding(stages, fd, target=target)
+    rounding = attention_loss_rounding(stages, fd, target=target, norm=p.norm)
     bounds = {}
     for stage, d in fd.items():
         pre, _, name = stage.rpartition(".")
-        x = stages[(pre + "." if pre else "") + name[1:]]  # the matrix perturbed: dW_Q -> W_Q
+        x = stages[(pre + "." if pre else "") + name[1:]]  # the matrix perturbed: dW_Q -> W_Q, dnorm_gamma -> norm_gamma
         h = FD_EPS * np.maximum(1.0, np.abs(x))  # finite_difference_gradients's step, entry by entry
         bounds[stage] = central_difference_bound(d, half[stage], h, rounding)
     return fd, bounds
