@@ -284,7 +284,7 @@ def test_bert_post_norm_matches_transformers(tmp_path):
     ("X: [[1, 1, 1, 1], [0, 4, 0, 4]]\nnorm: {type: layernorm, eps: 0}\n" + HEAD,
      "norm.eps: row 1 of X: its entries are all equal (variance 0), and eps is 0"),
     (f"X: {X}\nresidual: true\nbackward: {{dO: {X}}}\n" + TWO_HEADS, "backward: with the residual the loss is on "
-     "the block's output H = X + O: give dH"),
+     "the block's output H: give dH"),
     (f"X: {X}\nnorm: {{type: layernorm}}\nbackward: {{dH: [[1, 0], [0, 1], [1, 1]]}}\n" + HEAD,
      "backward: dH is the gradient of the residual stream, which this problem does not have"),
     (f"X: {X}\nresidual: true\nbackward: {{dH: [[1, 0], [0, 1], [1, 1]]}}\n" + TWO_HEADS, "backward.dH: "),

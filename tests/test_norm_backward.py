@@ -203,6 +203,8 @@ def test_stage_order_and_every_format(tmp_path):
     ids = list(post.ids)
     assert ids.index("H") < ids.index("dH") < ids.index("dR_hat") < ids.index("dnorm_gamma") < ids.index("dR") \
         < ids.index("dO") < ids.index("dX")
+    text = symattn.render(post, "text")  # the worked solution derives dR before it says dO = dR
+    assert text.index("Back through the norm (dR)") < text.index("(dO): dO = dR")
     for fmt, fragments in (("latex", ("Back through the norm", "d\\gamma")), ("markdown", ("Back through the norm",)),
                            ("text", ("dnorm_gamma", "dX_hat")), ("html", ("dX_hat", "Back through the norm"))):
         out = symattn.render(d, fmt)

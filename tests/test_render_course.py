@@ -161,7 +161,8 @@ def expected_headings(problem: dict) -> list[str]:
     post = norm is not None and norm.get("place") == "post"
     # behind a post norm the gradient goes back through it first; in front of the attention, dX
     # comes back through the norm (and "Back to the input" has only a context's gradient)
-    upstream = ["Backward: the upstream gradient"] + (["Back through the norm (post-norm)"] if post else [])
+    upstream = ["Backward: the upstream gradient"]
+    upstream += ["Back through the norm and the residual (post-norm)"] if post else []
     kind = "RMSNorm" if norm is not None and norm.get("type") == "rmsnorm" else "LayerNorm"
     back = ["Back to the input"] if norm is None or post or "context" in problem else []
     back += [f"Back through the norm ({kind})"] if norm is not None and not post else []

@@ -35,7 +35,7 @@ SECTIONS: tuple[Section, ...] = (
                                + ("RMSNorm" if c.norm.rms else "LayerNorm") + ")") if c.norm is not None and c.norm.post
             else None),
     Section("b_upstream", "Backward: the upstream gradient", backward=True),
-    Section("b_residual", "Back through the norm (post-norm)", backward=True,
+    Section("b_residual", "Back through the norm and the residual (post-norm)", backward=True,
             applies=lambda c: c.norm is not None and c.norm.post),
     Section("b_projection", "Back through the output projection", backward=True, applies=lambda c: c.multi),
     Section("b_head", "This head's upstream gradient", backward=True, per_head=True, applies=lambda c: c.multi),

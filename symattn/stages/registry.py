@@ -272,7 +272,8 @@ KINDS: tuple[Kind, ...] = (
     # with the residual: dH = ∂L/∂H, and behind a post norm dR̂, dγ, dβ, dR  (n_q × d_model; 1 × d_model)
     *post_norm_backward_rows(),
     # dO = ∂L/∂O (dH with the residual, dR behind a post norm)  (n_q × d_out)
-    Kind(DO, DO, 19, "b_upstream", lambda c: "Back through the residual" if c.residual else "The upstream gradient",
+    Kind(DO, DO, 19, lambda c: "b_residual" if c.norm is not None and c.norm.post else "b_upstream",
+         lambda c: "Back through the residual" if c.residual else "The upstream gradient",
          lambda c: (NORM_BACK_WHY["dO_" + ("post" if c.norm is not None and c.norm.post else "residual")].format(x=c.block_name)
                     if c.residual else WHY[DO] + " Here " + c.loss.describe() + "."),
          lambda c: ((f"dO = d{'R' if c.norm is not None and c.norm.post else 'H'}",) * 2 if c.residual

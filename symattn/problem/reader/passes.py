@@ -30,8 +30,10 @@ class PassFields:
             field = f"backward.{given}"
             return Backward("dO", self.sized(self.matrix(value, field), value, field, n_q, d_out))
         if name in ("dO", "dH"):
-            why = ("with the residual the loss is on the block's output H = X + O: give dH: [[...]], dL/dH "
-                   "(dO = dH follows)") if residual else "dH is the gradient of the residual stream, which this "                 "problem does not have (no residual): give dO: [[...]]"
+            if residual:
+                why = "with the residual the loss is on the block's output H: give dH: [[...]], dL/dH (dO follows from it)"
+            else:
+                why = "dH is the gradient of the residual stream, which this problem does not have: give dO: [[...]]"
             raise self.at(key).error(why, "backward")
         if name != "loss":
             hint = did_you_mean(str(name), (given, "loss"), ignore_case=True)
