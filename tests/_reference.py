@@ -20,8 +20,11 @@ import mpmath
 
 def backward_supported(path) -> bool:
     """Whether a worked example can take a backward pass: not with grouped K/V heads, which have
-    none yet."""
-    return "kv_heads" not in path.read_text("utf-8")
+    none yet, nor through the embeddings' norm (embeddings_norm:, from: {embeddings: true} of a
+    BERT layer), which is not derived."""
+    text = path.read_text("utf-8")
+    return "kv_heads" not in text and "embeddings_norm:" not in text and \
+        not ("embeddings: true" in text and "layout: bert" in text)
 
 
 def has_norm(path) -> bool:

@@ -78,6 +78,10 @@ def _from_layer(raw: dict, folder: Path) -> dict:
                        **({"place": "post"} if spec["layout"] == "bert" else {})}
     if spec.get("residual"):
         out["residual"] = True
+    if spec.get("embeddings") and spec["layout"] != "llama":  # the positions; bert's token types and LayerNorm
+        out["positions"] = True
+        if spec["layout"] == "bert":
+            out.update(token_types=True, embeddings_norm={"type": "layernorm", "weight": None, "bias": None})
     return out
 
 
@@ -98,6 +102,11 @@ def _forward_ids(raw: dict) -> list[str]:
     if "Q" in raw:
         return given + tiled
     ids = ["X"] + (["context"] if "context" in raw else []) + (["PE", "X_pos"] if "positions" in raw else [])
+    if "token_types" in raw:  # TT between PE and X_pos: X_pos = X + PE + TT
+        ids.insert(ids.index("X_pos"), "TT")
+    if "embeddings_norm" in raw:  # the embeddings' own norm, whose output X_emb is the layer's input
+        ids += ["emb" + i[len("norm"):] if i.startswith("norm_") else i
+                for i in _norm_ids(raw["embeddings_norm"], "X_emb_hat", "X_emb")]
     norm = raw.get("norm")
     post = norm is not None and norm.get("place") == "post"
     if norm is not None and not post:

@@ -197,6 +197,10 @@ def _from_fields(problem: dict) -> dict:
                            **({"place": "post"} if spec["layout"] == "bert" else {})}
     if spec.get("residual"):
         problem["residual"] = True
+    if spec.get("embeddings") and spec["layout"] != "llama":  # the positions; bert's token types and LayerNorm
+        problem["positions"] = True
+        if spec["layout"] == "bert":
+            problem.update(token_types=True, embeddings_norm={"type": "layernorm"})
     return problem
 
 
@@ -224,7 +228,12 @@ def _forward_headings(problem: dict) -> list[str]:
     if "Q" in problem:  # queries, keys and values given: no projection stage
         titles = [GIVEN_INPUT_TITLE, *stage_titles[2:], *cost]
         return [f"Step {n}: {t}" for n, t in enumerate(titles, 1)]
-    inputs = ["Add the positions"] * ("positions" in problem) + front  # between the input and the projections
+    # between the input and the projections: the positions (and token types), the embeddings' norm, the norm
+    inputs = [("Add the positions and the token types" if "token_types" in problem else "Add the positions")] * \
+        ("positions" in problem)
+    emb = problem.get("embeddings_norm")
+    inputs += [f"Normalise the embeddings ({'RMSNorm' if emb['type'] == 'rmsnorm' else 'LayerNorm'})"] if emb else []
+    inputs += front
     if "heads" not in problem:
         titles = [stage_titles[0], *inputs, *stage_titles[1:], *cost, *back]
         return [f"Step {n}: {t}" for n, t in enumerate(titles, 1)]

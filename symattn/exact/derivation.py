@@ -475,6 +475,10 @@ def derive(problem: Problem, *, on_step=None, cls: type[Derivation] = Derivation
     if problem.kv_heads and problem.backward is not None:
         raise SymattnError("the backward pass of grouped-query attention (kv_heads) is not supported yet",
                            file=problem.source, field="backward")
+    if getattr(problem, "embeddings_norm", None) is not None and problem.backward is not None:
+        raise SymattnError("the backward pass through the embeddings' norm is not derived: give X as the layer's "
+                           "input (X_emb, the embeddings' norm's output) to go back to it, or leave out backward",
+                           file=problem.source, field="backward")
     values: dict[str, object] = {}
     steps: list[Step] = []
     for planned in stages.plan(problem):
@@ -491,10 +495,12 @@ def derive(problem: Problem, *, on_step=None, cls: type[Derivation] = Derivation
     return cls(problem, tuple(steps))
 
 
-NORMED_FROM = stages.BY_KEY[stages.MU].order  # the norm's first stage: the exactness rules below apply from it on
+NORMED_FROM = stages.BY_KEY[stages.EMU].order  # a norm's first stage: the exactness rules below apply from it on
 NORMED_MIXES_FROM = stages.BY_KEY[stages.O].order  # O = A·V: the stages from it on mix the normalised value rows
 NORMED_EXACT_LIMIT = 16  # n_k · d_model up to which they are written exactly (a hand-sized problem)
 NORMED_EXACT_CHARS = 24  # the longest exact entry (as text) a stage over normalised rows is written with
+NORMED_STREAM_FROM = stages.BY_KEY[stages.H].order  # the residual stream and a norm behind it: sums over the Z_i
+NORMED_STREAM_CHARS = 160  # the longest exact entry they are written with (a post norm's roots of such sums: none)
 
 
 def _exactly_zero(step: Step, i: int, j: int) -> bool:
@@ -509,27 +515,24 @@ def _exactly_zero(step: Step, i: int, j: int) -> bool:
 def _rational_norm(p: Problem, values: dict) -> bool:
     """Whether the problem has no norm, or one whose normalised rows are rational (every root
     √(σ_i² + ε) rational, as in a hand exercise)."""
-    norm = getattr(p, "norm", None)
-    if norm is None:
-        return True
-    hat = values.get(stages.R_HAT if norm.post else stages.X_HAT)
-    return hat is not None and _norms.rational_rows_of(hat)
+    return all(hat is not None and _norms.rational_rows_of(hat) for hat in
+               (values.get(key) for key in stages.hat_keys(p)))
 
 
-def _short_entries(value) -> bool:
-    """Whether the corners and the middle entry of ``value`` are each at most NORMED_EXACT_CHARS
-    long as text (a few entries built: the rest are like them); for the softmax, the exponents
-    z_ij − m_i that its weights are written with, each over its row's Z_i."""
+def _short_entries(value, chars: int = NORMED_EXACT_CHARS) -> bool:
+    """Whether the corners and the middle entry of ``value`` are each at most ``chars`` long as text
+    (a few entries built: the rest are like them); for the softmax, the exponents z_ij − m_i that
+    its weights are written with, each over its row's Z_i."""
     if isinstance(value, _structures.Softmax):
         rows = value.rows
-        return all(e is None or len(str(e)) <= NORMED_EXACT_CHARS
+        return all(e is None or len(str(e)) <= chars
                    for row in (rows[0], rows[len(rows) // 2], rows[-1]) for e in row.exponents)
     m = _structures.matrix_of(value)
     rows, cols = m.rows, m.cols
     if rows == 0 or cols == 0:
         return True
     spots = {(0, 0), (0, cols - 1), (rows - 1, 0), (rows - 1, cols - 1), (rows // 2, cols // 2)}
-    return all(len(str(m[i, j])) <= NORMED_EXACT_CHARS for i, j in spots)
+    return all(len(str(m[i, j])) <= chars for i, j in spots)
 
 
 def _step(planned: stages.Planned, values: dict, step_class: type[Step] = Step) -> Step:
@@ -556,11 +559,13 @@ def _step(planned: stages.Planned, values: dict, step_class: type[Step] = Step) 
     elif not given:
         terms = _rotary.terms_of(result)  # RoPE's long sums of cosines and sines: decimals past a size
         written = terms is None or terms <= _rotary.EXACT_TERMS
-        if written and getattr(p, "norm", None) is not None and kind.order >= NORMED_FROM:
+        if written and stages.has_norm(p) and kind.order >= NORMED_FROM:
             if kind.order >= NORMED_MIXES_FROM:
                 # an output mixes value rows that each carry their own root 1/√(σ_j² + ε): past a
                 # hand-sized problem its entries are sums of n_k such rows times exponentials
                 written = p.n_k * p.X.cols <= NORMED_EXACT_LIMIT
+                if written and kind.order >= NORMED_STREAM_FROM:  # the stream adds X: longer still
+                    written = _short_entries(result, NORMED_STREAM_CHARS)
             else:  # rows of real floats over their roots: long numbers, shown in decimals past a width
                 written = _short_entries(result)
     matrix = _structures.matrix_of(result)

@@ -332,9 +332,9 @@ def from_problem(problem) -> tuple[Spec, Drawn]:
         raise SymattnError(f"{problem.source}: --from needs a problem with X and weights (not Q, K, V given)")
     if problem.positions is not None:
         raise SymattnError(f"{problem.source}: --from does not vary problems with positions (remove positions: first)")
-    if problem.norm is not None or problem.residual:
-        raise SymattnError(f"{problem.source}: --from does not vary problems with a norm or a residual (remove norm: "
-                           "and residual: first)")
+    if problem.norm is not None or problem.residual or problem.embeddings_norm is not None:
+        raise SymattnError(f"{problem.source}: --from does not vary problems with a norm or a residual (remove norm:, "
+                           "embeddings_norm: and residual: first)")
     if problem.kv_heads:
         raise SymattnError(f"{problem.source}: --from does not vary grouped-query problems (kv_heads) yet")
     mask = problem.mask

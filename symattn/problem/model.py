@@ -186,6 +186,9 @@ class Problem:
     decode: int | None = None  # decode only this token's row from a KV cache (1-based)
     norm: Norm | None = None  # the layer normalisation in front of (or, post, behind) the attention
     residual: bool = False  # H = the attention's input + its output (implied by a post norm)
+    token_types: Matrix | None = None  # BERT's token-type rows, one per token, added with the positions
+    token_type_ids: tuple[int, ...] = ()  # which row of the token-type table each token took (0-based)
+    embeddings_norm: Norm | None = None  # the embeddings' own norm (BERT's): its output is the layer's input
 
     def kv_group(self, head: int) -> int:
         """The K/V group (1-based) that query head ``head`` (1-based) reads: heads

@@ -185,25 +185,35 @@ def _decode(p: Problem, out: dict, prefix, kv_prefix, Q, K, V, factor, O) -> Non
     out[st.DECODE_COST] = np.stack([steps * d_k, steps * d_v, steps**2 * d_k, steps**2 * d_v], axis=1).astype(float)
 
 
-def layer_norm_f64(x: np.ndarray, norm, out: dict, post: bool = False) -> np.ndarray:
+# each norm's stage ids: μ, σ², the mean square, the normalised rows, γ, β (the layer's norm has
+# the same names in front of the attention and behind it; the embeddings' norm its own)
+_NORM_IDS = {
+    "pre": (st.MU, st.VAR, st.MS, st.X_HAT, st.GAMMA, st.BETA),
+    "post": (st.MU, st.VAR, st.MS, st.R_HAT, st.GAMMA, st.BETA),
+    "emb": (st.EMU, st.EVAR, st.EMS, st.X_EMB_HAT, st.EGAMMA, st.EBETA),
+}
+
+
+def layer_norm_f64(x: np.ndarray, norm, out: dict, place: str = "pre") -> np.ndarray:
     """LayerNorm or RMSNorm of each row in float64, as PyTorch writes them (biased variance, ε
-    inside the root), its stages kept under their ids (the same names in front of the attention
-    and, ``post``, behind it); returns the norm's output."""
+    inside the root), its stages kept under the ids of its ``place`` (pre, post or emb); returns
+    the norm's output."""
+    MU, VAR, MS, HAT, GAMMA, BETA = _NORM_IDS[place]
     eps = float(norm.eps)
     if norm.kind == "rmsnorm":
-        ms = out[st.MS] = (x * x).mean(axis=1, keepdims=True)            # mean(x²) of each row
+        ms = out[MS] = (x * x).mean(axis=1, keepdims=True)            # mean(x²) of each row
         hat = x / np.sqrt(ms + eps)
     else:
-        mu = out[st.MU] = x.mean(axis=1, keepdims=True)
-        var = out[st.VAR] = ((x - mu) ** 2).mean(axis=1, keepdims=True)  # divided by d (biased)
+        mu = out[MU] = x.mean(axis=1, keepdims=True)
+        var = out[VAR] = ((x - mu) ** 2).mean(axis=1, keepdims=True)  # divided by d (biased)
         hat = (x - mu) / np.sqrt(var + eps)
-    out[st.R_HAT if post else st.X_HAT] = hat
+    out[HAT] = hat
     y = hat
     if norm.weight is not None:
-        g = out[st.GAMMA] = to_float64(norm.weight)
+        g = out[GAMMA] = to_float64(norm.weight)
         y = y * (norm.offset + g)
     if norm.bias is not None:
-        b = out[st.BETA] = to_float64(norm.bias)
+        b = out[BETA] = to_float64(norm.bias)
         y = y + b
     return y
 
@@ -215,7 +225,12 @@ def _layer_inputs(p: Problem, out: dict, subs) -> tuple[np.ndarray, np.ndarray]:
     PE = positions_f64(p)
     if PE is not None:
         out[st.PE] = PE
+        if p.token_types is not None:                           # BERT: X + PE + the token types
+            out[st.TT] = to_float64(p.token_types)
+            PE = PE + out[st.TT]
         X = out[st.X_POS] = X + PE                              # the projections read X + PE
+    if p.embeddings_norm is not None:                           # BERT: the embeddings' own LayerNorm
+        X = out[st.X_EMB] = layer_norm_f64(X, p.embeddings_norm, out, "emb")
     if p.norm is not None and not p.norm.post:
         X = out[st.X_NORM] = layer_norm_f64(X, p.norm, out)     # the attention reads the norm
     C = X
@@ -287,11 +302,11 @@ def numeric_stages(p: Problem) -> dict[str, np.ndarray]:
     if p.multi_head:
         _output_projection(p, out, outputs, subs)
     if p.residual:
-        block = out.get(st.X_POS, out[st.X])                    # the block's input (with its positions)
+        block = out.get(st.X_EMB, out.get(st.X_POS, out[st.X]))  # the block's input (with its positions, normed)
         total = block + out[st.O]                               # the layer's output, added to its input
         if p.norm is not None and p.norm.post:                  # BERT: H = LN(X + O)
             out[st.R] = total
-            out[st.H] = layer_norm_f64(total, p.norm, out, post=True)
+            out[st.H] = layer_norm_f64(total, p.norm, out, "post")
         else:
             out[st.H] = total
     return out

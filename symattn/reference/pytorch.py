@@ -113,10 +113,7 @@ def torch_stages(p: Problem) -> dict[str, np.ndarray]:
         if not p.projected:
             head(st.stage_id, t(p.Q), t(p.K), t(p.V))
             return out
-        X = block = t(p.X)
-        PE = positions_f64(p)
-        if PE is not None:
-            X = block = X + torch.from_numpy(PE)                # the projections read X + PE
+        X = block = torch_embedded(torch, F, p, t, out)         # X, with its positions (and its norm)
         if p.norm is not None and not p.norm.post:
             X = torch_norm(F, p.norm, X, t)                     # the attention reads the norm of X
             out[st.X_NORM] = X.numpy()
@@ -136,6 +133,21 @@ def torch_stages(p: Problem) -> dict[str, np.ndarray]:
         if p.residual:
             out[st.H] = torch_residual(F, p, block, O, t).numpy()
     return out
+
+
+def torch_embedded(torch, F, p: Problem, t, out: dict):
+    """The block's input: X, plus PE with positions (and BERT's token types), then the embeddings'
+    own norm when the problem has it (kept under its id)."""
+    X = t(p.X)
+    PE = positions_f64(p)
+    if PE is not None:
+        if p.token_types is not None:                           # BERT adds its token types too
+            PE = PE + to_float64(p.token_types)
+        X = X + torch.from_numpy(PE)                            # the projections read X + PE
+    if p.embeddings_norm is not None:                           # BERT's embeddings.LayerNorm: the layer's input
+        X = torch_norm(F, p.embeddings_norm, X, t)
+        out[st.X_EMB] = X.numpy()
+    return X
 
 
 def torch_residual(F, p: Problem, block, O, t):

@@ -170,14 +170,14 @@ def _step_blocks(d: Derivation, step: Step, digits: int, max_shown: int, shade: 
         out += _displays(lhs, step, lambda b: exact_tex_blocks(d, step, max_shown, b), "exact", split)
     out.append(Block("para", f"Shape: {step.shape_note}."))
     for dot in step.worked:  # a norm's rows of real floats: their long factors as decimals
-        out.append(Block("math", worked_dot_tex(dot, decimals=p.norm is not None, digits=digits)))
+        out.append(Block("math", worked_dot_tex(dot, decimals=registry.has_norm(p), digits=digits)))
     out += [Block(kind, text) for kind, text in rope_blocks(d, step)]
     if "softmax" in step.shows:
         for line in normaliser_lines(d, step, digits, max_shown):
             out.append(Block("math", line, source=Normalisers(step)))
     if "jacobian" in step.shows:
         out += jacobian_blocks(step, max_shown)
-    if "weighted_sum" in step.shows and step.softmax and evaluable and (p.norm is None or written_exactly(step)):
+    if "weighted_sum" in step.shows and step.softmax and evaluable and (not registry.has_norm(p) or written_exactly(step)):
         line = weighted_sum_tex(d, step, digits)
         if line:
             out.append(Block("math", line))
@@ -299,6 +299,8 @@ def _intro(d: Derivation) -> str:
     if p.positions is not None:  # said after the sizes: the projections read X + PE
         what += ("; sinusoidal positions (base " + str(p.positions.base) + ") are added to X"
                  if p.positions.kind == "sinusoidal" else "; learned positions are added to X")
+        what += ", and the token types" if p.token_types is not None else ""
+    what += _norms_said(p)
     heads = ((registry.B_Q, "query"), (registry.B_K, "key"), (registry.B_V, "value"))
     biases = [(b, word) for b, word in heads if p.projected and any(getattr(h, b) is not None for h in p.heads)]
     biases += [(registry.B_O, "output")] if p.b_O is not None else []
@@ -314,6 +316,22 @@ def _intro(d: Derivation) -> str:
             symbols += f"; decimals and the cross-check use {at}"
         symbols += "."
     return f"The problem: {what}; mask: {p.mask.rule()}{bias}; {scale}. Every number below is exact.{symbols}{_sharing(p)}"
+
+
+def _norms_said(p) -> str:
+    """The norms and the residual stream, in the problem's first sentence."""
+    def kind(n):
+        return "RMSNorm" if n.rms else "LayerNorm"
+
+    out = ""
+    if p.embeddings_norm is not None:
+        out += f"; the embeddings' {kind(p.embeddings_norm)} gives the layer's input"
+    if p.norm is not None:
+        out += (f"; a {kind(p.norm)} behind the attention normalises the residual sum (post-norm)" if p.norm.post
+                else f"; a {kind(p.norm)} in front of the attention normalises each token")
+    if p.residual and (p.norm is None or not p.norm.post):
+        out += "; the residual stream adds the output to the input"
+    return out
 
 
 def _word_list(words: list[str]) -> str:
@@ -400,7 +418,8 @@ def check_sentence(check) -> str:
     if check.torch is not None:
         what = "weights, outputs and gradients" if check.finite_differences is not None else "weights and outputs"
         compared = {registry.split_id(i)[1] for i in check.torch.per_stage}
-        extra = [name for key, name in ((registry.X_NORM, "the norm's output (F.layer_norm or F.rms_norm)"),
+        extra = [name for key, name in ((registry.X_EMB, "the embeddings' norm (F.layer_norm)"),
+                                        (registry.X_NORM, "the norm's output (F.layer_norm or F.rms_norm)"),
                                         (registry.H, "the residual stream")) if key in compared]
         if extra:
             what = what.replace(" and ", ", ") + ", " + " and ".join(extra)

@@ -155,6 +155,11 @@ NORMED_TOO_LONG = (
     "the exact entries are too long to print, so they are shown in certified "
     "decimals, computed in ball arithmetic from the exact values (symattn.derive(...).step(id).exact builds them)."
 )
+STREAM_TOO_LONG = (
+    "The exact entries here hold the softmax's sums ⟦Z_i⟧ over exponentials{roots}: too long to print, so they "
+    "are shown in certified decimals, computed in ball arithmetic from the exact values "
+    "(symattn.derive(...).step(id).exact builds them)."
+)
 ROTARY_TOO_LONG = (
     "At this size the exact entries, rational multiples of the cosines and sines of RoPE's angles "
     "({what}), have {terms:,} terms in all, too many to write out, so they are shown in decimals, computed in "
@@ -166,6 +171,11 @@ def too_long(step: Step) -> str:
     """Why a step is shown in decimals only (see :func:`written_exactly`)."""
     terms = rotary_terms(step.value)
     if terms is None:
+        kind = step.kind_of
+        if kind is not None and not kind.gradient and kind.order >= registry.BY_KEY[registry.H].order:
+            post = kind.order >= registry.BY_KEY[registry.R_HAT].order
+            return STREAM_TOO_LONG.format(roots=", and the norm's roots ⟦\\sqrt{\\sigma_i^2 + \\varepsilon}⟧ of sums of "
+                                          "them" if post else "")
         return NORMED_TOO_LONG if _irrational_norm(step.derivation) else TOO_LONG
     score = ("each score a sum over the pairs ⟦i⟧ of ⟦\\alpha_i \\cos(d\\theta_i) + \\beta_i \\sin(d\\theta_i)⟧, "
              "⟦d⟧ the key's position minus the query's")
@@ -180,10 +190,7 @@ def too_long(step: Step) -> str:
 
 def _irrational_norm(d: "Derivation | None") -> bool:
     """Whether the derivation's norm divides by irrational roots (its normalised rows are not rational)."""
-    norm = None if d is None else getattr(d.problem, "norm", None)
-    if norm is None:
-        return False
-    return not rational_rows_of(d.step(registry.R_HAT if norm.post else registry.X_HAT).value)
+    return d is not None and not all(rational_rows_of(d.step(key).value) for key in registry.hat_keys(d.problem))
 
 
 def written_exactly(step: Step) -> bool:

@@ -278,7 +278,7 @@ class _Page:
 
             def dot(i: int, j: int) -> str:
                 worked = registry.dot_at(key, v, result, c, i, j)
-                return mathml(worked_dot_tex(worked, decimals=c.p.norm is not None)) if worked is not None else ""
+                return mathml(worked_dot_tex(worked, decimals=registry.has_norm(c.p))) if worked is not None else ""
 
             return dot
         if step.is_softmax and key == registry.A:
@@ -297,26 +297,27 @@ class _Page:
             return weight
         if key == registry.O and d.can_evaluate:
             return self._weighted(step, c)
-        if key in (registry.X_HAT, registry.R_HAT) and d.can_evaluate:
+        if key in (registry.X_HAT, registry.R_HAT, registry.X_EMB_HAT) and d.can_evaluate:
             return self._normalised(step, c)
         return None
 
     def _normalised(self, step: Step, c: registry.Context) -> Callable[[int, int], str]:
         """Entry (i, k) of a norm's normalised rows from its row's statistics, in decimals:
         x̂_ik = (x_ik − μ_i)/√(σ_i² + ε), or x_ik/√(ms_i + ε) for RMSNorm."""
-        d, n = self.d, c.norm
+        d, n = self.d, c.emb_norm if step.kind_of.key == registry.X_EMB_HAT else c.norm
         source, *stats = [d.step(i) for i in registry.input_ids(step.kind_of, c)]
         x, own = self._decimal_tex(source), self._decimal_tex(step)
         mu, spread = (None, self._decimal_tex(stats[0])) if n.rms else (self._decimal_tex(stats[0]),
                                                                          self._decimal_tex(stats[1]))
-        hat, inp = ("\\hat{R}", "r") if n.post else ("\\hat{X}", "x")
+        hat, inp = ("\\hat{R}", "r") if step.kind_of.key == registry.R_HAT else \
+            ("\\hat{X}_{emb}" if step.kind_of.key == registry.X_EMB_HAT else "\\hat{X}", "x")
         s = "\\mathrm{ms}_{%d}" if n.rms else "\\sigma^2_{%d}"
         eps = tex(n.eps)
 
         def normalised(i: int, k: int) -> str:
             top = f"{inp}_{{{i + 1},{k + 1}}}" + ("" if n.rms else f" - \\mu_{{{i + 1}}}")
             top_value = x(i, k) + ("" if n.rms else f" - ({mu(i, 0)})")
-            return mathml(f"{hat}_{{{i + 1},{k + 1}}} = \\dfrac{{{top}}}{{\\sqrt{{{s % (i + 1)} + \\varepsilon}}}} "
+            return mathml(f"{registry.entry_tex(hat, f'{i + 1},{k + 1}')} = \\dfrac{{{top}}}{{\\sqrt{{{s % (i + 1)} + \\varepsilon}}}} "
                           f"\\approx \\dfrac{{{top_value}}}{{\\sqrt{{{spread(i, 0)} + {eps}}}}} \\approx {own(i, k)}")
 
         return normalised
@@ -335,7 +336,7 @@ class _Page:
             keys = [k for k in range(values.rows) if raw(i, k) != 0]
             return (keys[:3] + keys[-1:], True) if len(keys) > 6 else (keys, False)
 
-        shown = self._decimal_tex(d.step(registry.resolve(registry.V, c)[0])) if c.norm is not None else \
+        shown = self._decimal_tex(d.step(registry.resolve(registry.V, c)[0])) if registry.has_norm(c.p) else \
             (lambda k, j: tex(values[k, j]))  # a norm's value rows are long: their decimals
 
         def weighted(i: int, j: int) -> str:

@@ -35,9 +35,11 @@ from .ids import (
     BETA, BETA_POST, GAMMA, GAMMA_POST, H, H_POST, MEAN, MEAN_SQUARE, MS, MS_POST, MU, MU_POST, R, R_HAT, VAR,
     VAR_POST, VARIANCE, X_HAT, X_NORM,
 )
+from .ids import EBETA, EGAMMA, EMS, EMU, EVAR, TT, X_EMB, X_EMB_HAT
 from .ids import DBETA, DBETA_POST, DGAMMA, DGAMMA_POST, DH, DR, DR_HAT, DX_HAT, DX_NORM
 from .kinds import Context, Dot, Kind, Mistake, Section
 from .names import GRADIENT_NAMES, NAMES, TILED_NAMES, order_of, unknown_stage
+from .norms import entry_tex, has_norm, hat_keys
 from .outline import SECTIONS, section_of, sections
 from .plan import Planned, input_ids, plan, resolve
 from .registry import BY_KEY, KINDS
@@ -54,7 +56,8 @@ __all__ = [
     "V_CACHE", "W_K", "W_O", "W_Q", "W_V", "X", "X_POS",
     "BETA", "BETA_POST", "GAMMA", "GAMMA_POST", "H", "H_POST", "MEAN", "MEAN_SQUARE", "MS", "MS_POST", "MU",
     "MU_POST", "R", "R_HAT", "VAR", "VAR_POST", "VARIANCE", "X_HAT", "X_NORM",
+    "EBETA", "EGAMMA", "EMS", "EMU", "EVAR", "TT", "X_EMB", "X_EMB_HAT",
     "Context", "Dot", "Kind", "Mistake", "Planned", "Section",
-    "dot_at", "input_ids", "kv_cache_size", "kv_groups", "order_of", "plan", "resolve", "section_of",
+    "dot_at", "entry_tex", "has_norm", "hat_keys", "input_ids", "kv_cache_size", "kv_groups", "order_of", "plan", "resolve", "section_of",
     "sections", "split_id", "stage_id", "traces", "unknown_stage",
 ]

@@ -28,6 +28,12 @@ DQ_ROT, DK_ROT, DQ_BACK, DK_BACK = "dQ_rot", "dK_rot", "dQ_back", "dK_back"
 # FlashAttention's online softmax (``tiling:`` / ``--tiled B``)
 M_TILED, L_TILED, ACC_TILED, O_TILED = "m_tiled", "l_tiled", "acc_tiled", "O_tiled"
 PE, X_POS = "PE", "X_pos"
+TT = "TT"  # BERT's token-type (segment) embeddings, added with the positions: X_pos = X + PE + TT
+# the embeddings' own norm (embeddings_norm:, BERT's embeddings.LayerNorm): the same stages as the
+# layer's norm, of X_pos, ending in X_emb, the layer's input (the attention reads it, the residual
+# adds to it)
+EMU, EVAR, EMS, X_EMB_HAT = "emb_mean", "emb_var", "emb_ms", "X_emb_hat"
+EGAMMA, EBETA, X_EMB = "emb_gamma", "emb_beta", "X_emb"
 # the layer norm (norm:): each token's mean, variance (LayerNorm) or mean square (RMSNorm), the
 # normalised rows, γ and β, and the attention's input X_norm; with place: post the same stages of
 # R = X + O (keys with "_post", named as the others) end in H. H: the residual stream X + O.

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from .ids import B_O, CONTEXT, O, O_FINAL, SHARED_KV, X, X_NORM, X_POS
+from .ids import B_O, CONTEXT, O, O_FINAL, SHARED_KV, X, X_EMB, X_NORM, X_POS
 
 
 @dataclass(frozen=True)
@@ -46,6 +46,22 @@ class Context:
         return getattr(self.p, "norm", None)
 
     @property
+    def emb_norm(self):
+        """The embeddings' own norm (BERT's ``embeddings.LayerNorm``), whose output is the layer's
+        input, or None."""
+        return getattr(self.p, "embeddings_norm", None)
+
+    @property
+    def token_types(self) -> bool:
+        """BERT's token-type embeddings are added with the positions."""
+        return getattr(self.p, "token_types", None) is not None
+
+    @property
+    def embedded(self) -> str:
+        """The key of the embedding rows with what the model adds to them: X, or X_pos."""
+        return X_POS if self.positions else X
+
+    @property
     def pre_norm(self) -> bool:
         """The attention reads the normalised X (a norm in front: GPT-2, LLaMA)."""
         return self.norm is not None and not self.norm.post
@@ -57,9 +73,9 @@ class Context:
 
     @property
     def block(self) -> str:
-        """The key of the block's input: X, or X with its positions added (the norm's input and the
-        residual's base)."""
-        return X_POS if self.positions else X
+        """The key of the block's input: X, X with its positions added, or the embeddings' norm of
+        it (the layer's norm's input and the residual's base)."""
+        return X_EMB if self.emb_norm is not None else self.embedded
 
     @property
     def xq(self) -> str:
@@ -84,11 +100,11 @@ class Context:
     @property
     def block_name(self) -> str:
         """The block's input, in LaTeX."""
-        return "X_{pos}" if self.positions else "X"
+        return "X_{emb}" if self.emb_norm is not None else "X_{pos}" if self.positions else "X"
 
     def plain(self, name: str) -> str:
         """A name of :attr:`xq_name`/:attr:`kv_name` in plain text."""
-        return name.replace("_{pos}", "_pos").replace("_{norm}", "_norm")
+        return name.replace("_{pos}", "_pos").replace("_{norm}", "_norm").replace("_{emb}", "_emb")
 
     @property
     def heads(self) -> list[int | None]:

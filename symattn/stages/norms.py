@@ -11,14 +11,17 @@ rows turn the block's input (X, or X_pos) into X_norm, which the projections rea
 
 and the residual stream behind it is H = X + O (the output after W_O and b_O). Behind the
 attention (``place: post``, BERT) the same rows normalise R = X + O and end in H = LN(R); their
-keys end in ``_post`` and their ids are the same names.
+keys end in ``_post`` and their ids are the same names. The embeddings' own norm
+(``embeddings_norm:``, BERT's ``embeddings.LayerNorm``) is the same rows again, of X_pos, named
+``emb_mean`` ... ``X_emb``: X_emb is the layer's input, which the attention reads and the
+residual adds to.
 """
 
 from __future__ import annotations
 
 from .ids import (
-    BETA, BETA_POST, GAMMA, GAMMA_POST, H, H_POST, MEAN, MEAN_SQUARE, MS, MS_POST, MU, MU_POST, QUERIES, R, R_HAT,
-    VAR, VAR_POST, VARIANCE, X_HAT, X_NORM,
+    BETA, BETA_POST, EBETA, EGAMMA, EMS, EMU, EVAR, GAMMA, GAMMA_POST, H, H_POST, MEAN, MEAN_SQUARE, MS, MS_POST,
+    MU, MU_POST, QUERIES, R, R_HAT, VAR, VAR_POST, VARIANCE, X_EMB, X_EMB_HAT, X_HAT, X_NORM,
 )
 from .kinds import Context, Kind, Mistake
 from .shapes import plain
@@ -32,13 +35,39 @@ def _post(c: Context) -> bool:
     return c.norm is not None and c.norm.post
 
 
-def _layer(c: Context) -> bool:
-    return not c.norm.rms
+def _emb(c: Context) -> bool:
+    return c.emb_norm is not None
 
 
-def _eps(c: Context) -> str:
-    eps = c.norm.eps
-    return "0" if eps == 0 else str(eps)
+def _eps(n) -> str:
+    """ε as the why writes it: 0, a fraction, or a power of ten (10^{-12}, not 1/1000000000000)."""
+    eps = n.eps
+    if eps == 0:
+        return "0"
+    if eps.is_Rational and eps.p == 1 and eps.q >= 1000 and str(eps.q).rstrip("0") == "1":
+        return f"⟦10^{{-{len(str(eps.q)) - 1}}}⟧"
+    return str(eps)
+
+
+# each place's stage keys: μ, σ², the mean square, γ, β, the normalised rows and the output
+_KEYS = {
+    "pre": (MU, VAR, MS, GAMMA, BETA, X_HAT, X_NORM),
+    "post": (MU_POST, VAR_POST, MS_POST, GAMMA_POST, BETA_POST, R_HAT, H_POST),
+    "emb": (EMU, EVAR, EMS, EGAMMA, EBETA, X_EMB_HAT, X_EMB),
+}
+def has_norm(p) -> bool:
+    """Whether the problem normalises anything: the layer's norm or the embeddings' own."""
+    return getattr(p, "norm", None) is not None or getattr(p, "embeddings_norm", None) is not None
+
+
+def hat_keys(p) -> tuple[str, ...]:
+    """The keys of the normalised rows of each norm the problem has (the embeddings' first)."""
+    norm = getattr(p, "norm", None)
+    return ((X_EMB_HAT,) if getattr(p, "embeddings_norm", None) is not None else ()) + \
+        (() if norm is None else (R_HAT if norm.post else X_HAT,))
+
+
+NORM_OF = {"pre": lambda c: c.norm, "post": lambda c: c.norm, "emb": lambda c: c.emb_norm}  # each place's Norm
 
 
 NORM_WHY = {
@@ -59,17 +88,20 @@ NORM_WHY = {
     "R": "Behind the attention (post-norm, BERT's order) the output is first added to the input, ⟦R = X + O⟧, and "
          "the sum is normalised.",
     "out_post": "The norm of the residual sum is the block's output ⟦H⟧. {why}",
+    "out_emb": "The embeddings' norm gives ⟦X_{{emb}}⟧, the layer's input: the projections below read it, and the "
+               "residual stream adds the attention's output to it. {why}",
 }
 
 
-def _hat_why(c: Context) -> str:
-    if c.norm.rms:
-        return NORM_WHY["hat"].format(s="\\mathrm{ms}_i", eps=_eps(c), unit="mean square 1 (before ⟦\\varepsilon⟧ is added)").replace(
+def _hat_why(n) -> str:
+    if n.rms:
+        return NORM_WHY["hat"].format(s="\\mathrm{ms}_i", eps=_eps(n), unit="mean square 1 (before ⟦\\varepsilon⟧ is added)").replace(
             "has mean 0 and ", "has ")
-    return NORM_WHY["hat"].format(s="\\sigma_i^2", eps=_eps(c), unit="variance 1 (before ⟦\\varepsilon⟧ is added)")
+    return NORM_WHY["hat"].format(s="\\sigma_i^2", eps=_eps(n), unit="variance 1 (before ⟦\\varepsilon⟧ is added)")
 
 
 FACTORED_ROWS = 6, 8  # rows and columns up to which the normalised rows are written factored, row by row
+FACTOR_CHARS = 40  # the longest factor (as LaTeX) a factored row is written with
 
 
 def factored(value) -> str:
@@ -86,15 +118,16 @@ def factored(value) -> str:
     for i in range(U.rows):
         entries = [U[i, k] for k in range(U.cols)]
         common = sympy.gcd_list([sympy.Rational(x) for x in entries if x != 0]) if any(x != 0 for x in entries) else 1
-        factor = scales[i] * common
+        factor = sympy.latex(scales[i] * common)
+        if len(factor) > FACTOR_CHARS:
+            return ""  # a root of a long fraction (ε = 10⁻¹² on float rows): no easier to read than the entries
         inner = ", ".join(sympy.latex(sympy.Rational(x) / common) for x in entries)
-        rows.append(f"⟦\\text{{row }} {i + 1} = {sympy.latex(factor)} \\cdot ({inner})⟧")
+        rows.append(f"⟦\\text{{row }} {i + 1} = {factor} \\cdot ({inner})⟧")
     return (" Factored, each row is its own number times a row of rationals: " + "; ".join(rows) + ".")
 
 
-def _affine_text(c: Context, tex: bool, hat: str) -> str:
-    """``X̂ ∘ γ + β`` in LaTeX or text, with what the norm has."""
-    n = c.norm
+def _affine_text(n, tex: bool, hat: str) -> str:
+    """``X̂ ∘ γ + β`` in LaTeX or text, with what the norm ``n`` has."""
     g = ("(1 + \\gamma)" if tex else "(1 + γ)") if n.offset else ("\\gamma" if tex else "γ")
     out = hat
     if n.weight is not None:
@@ -104,8 +137,7 @@ def _affine_text(c: Context, tex: bool, hat: str) -> str:
     return out
 
 
-def _affine_why(c: Context) -> str:
-    n = c.norm
+def _affine_why(n) -> str:
     if n.weight is None and n.bias is None:
         return "This norm has no ⟦\\gamma⟧ or ⟦\\beta⟧ (1 and 0), so it is the normalised rows themselves."
     parts = []
@@ -116,15 +148,15 @@ def _affine_why(c: Context) -> str:
     return "Then " + " and ".join(parts) + "."
 
 
-def _forgot(which: str):
+def _forgot(which: str, place: str):
     """X_norm with γ or β (or both) left out, where the norm has them; None where it does not."""
+    norm_of, (_, _, _, gamma_key, beta_key, hat_key, _) = NORM_OF[place], _KEYS[place]
 
     def relation(ops, ex, c):
-        n = c.norm
-        hat = ex(X_HAT if not n.post else R_HAT)
+        n = norm_of(c)
+        hat = ex(hat_key)
         has_g, has_b = n.weight is not None, n.bias is not None
-        g, b = (ex(GAMMA if not n.post else GAMMA_POST) if has_g else None,
-                ex(BETA if not n.post else BETA_POST) if has_b else None)
+        g, b = ex(gamma_key) if has_g else None, ex(beta_key) if has_b else None
         gain = ops.given(n.gain) if has_g else None
         if which == "gamma" and has_g:
             return ops.add_row(hat, b) if has_b else hat
@@ -142,34 +174,37 @@ def _forgot(which: str):
     return relation
 
 
-def _stats(ops, x, c: Context, ddof: int = 0, rms: bool | None = None):
+def _stats(ops, x, n, ddof: int = 0, rms: bool | None = None):
     """(μ or None, σ² or the mean square) of each row of ``x``; ``rms`` overrides the norm's type."""
-    rms = c.norm.rms if rms is None else rms
+    rms = n.rms if rms is None else rms
     mu = None if rms else ops.row_mean(x)
     return mu, ops.row_spread(x, mu, ddof)
 
 
-def _normalised(ops, x, c: Context, ddof: int = 0, inside: bool = True, rms: bool | None = None):
-    mu, spread = _stats(ops, x, c, ddof, rms)
-    return ops.normalise(x, mu, spread, c.norm.eps, inside)
+def _normalised(ops, x, n, ddof: int = 0, inside: bool = True, rms: bool | None = None):
+    mu, spread = _stats(ops, x, n, ddof, rms)
+    return ops.normalise(x, mu, spread, n.eps, inside)
 
 
-def _hat_mistakes(src) -> tuple[Mistake, ...]:
+def _hat_mistakes(src, norm_of) -> tuple[Mistake, ...]:
     """The classic slips of the normalisation, each recomputed from the norm's exact input (``src(c)``)."""
 
     def unbiased(ops, ex, c):
-        return None if c.norm.rms or c.p.X.cols < 2 else _normalised(ops, ex(src(c)), c, ddof=1)
+        n = norm_of(c)
+        return None if n.rms or c.p.X.cols < 2 else _normalised(ops, ex(src(c)), n, ddof=1)
 
     def outside(ops, ex, c):
-        return None if c.norm.eps == 0 else _normalised(ops, ex(src(c)), c, inside=False)
+        n = norm_of(c)
+        return None if n.eps == 0 else _normalised(ops, ex(src(c)), n, inside=False)
 
     def over_tokens(ops, ex, c):
         x = ex(src(c))
         rows = len(x) if isinstance(x, list) else x.rows
-        return None if rows < 2 else ops.T(_normalised(ops, ops.T(x), c))
+        return None if rows < 2 else ops.T(_normalised(ops, ops.T(x), norm_of(c)))
 
     def other_type(ops, ex, c):
-        return _normalised(ops, ex(src(c)), c, rms=not c.norm.rms)
+        n = norm_of(c)
+        return _normalised(ops, ex(src(c)), n, rms=not n.rms)
 
     return (
         Mistake("the unbiased variance: the squared distances were divided by d − 1; LayerNorm divides by d", unbiased),
@@ -181,96 +216,118 @@ def _hat_mistakes(src) -> tuple[Mistake, ...]:
     )
 
 
-def _out_mistakes() -> tuple[Mistake, ...]:
+def _out_mistakes(place: str) -> tuple[Mistake, ...]:
     return (
-        Mistake("γ was left out (the normalised rows were not multiplied by the norm's weight)", _forgot("gamma")),
-        Mistake("β was left out (the norm's bias was not added)", _forgot("beta")),
-        Mistake("γ and β were both left out: the normalised rows themselves", _forgot("both")),
-        Mistake("γ and β swapped: multiplied by β and γ added", _forgot("swapped")),
-        Mistake("γ used where the norm multiplies by 1 + γ (Gemma's offset)", _forgot("offset")),
+        Mistake("γ was left out (the normalised rows were not multiplied by the norm's weight)", _forgot("gamma", place)),
+        Mistake("β was left out (the norm's bias was not added)", _forgot("beta", place)),
+        Mistake("γ and β were both left out: the normalised rows themselves", _forgot("both", place)),
+        Mistake("γ and β swapped: multiplied by β and γ added", _forgot("swapped", place)),
+        Mistake("γ used where the norm multiplies by 1 + γ (Gemma's offset)", _forgot("offset", place)),
     )
 
 
-def _hat_formula(c: Context, tex: str, name: str, x: str) -> tuple[str, str]:
-    if c.norm.rms:
+def entry_tex(tex: str, sub: str) -> str:
+    """Entry ``sub`` of the matrix ``tex``: bracketed when the name has a subscript of its own
+    ((\\hat{X}_{emb})_{ik}, not a double subscript)."""
+    return f"({tex})_{{{sub}}}" if "_" in tex else f"{tex}_{{{sub}}}"
+
+
+def _hat_formula(n, tex: str, name: str, x: str) -> tuple[str, str]:
+    tex = entry_tex(tex, "ik")[:-len("_{ik}")]
+    if n.rms:
         return (f"{tex}_{{ik}} = \\frac{{{x}_{{ik}}}}{{\\sqrt{{\\mathrm{{ms}}_i + \\varepsilon}}}}",
                 f"{name}[i,k] = {x}_ik / √(ms_i + ε)")
     return (f"{tex}_{{ik}} = \\frac{{{x}_{{ik}} - \\mu_i}}{{\\sqrt{{\\sigma_i^2 + \\varepsilon}}}}",
             f"{name}[i,k] = ({x}_ik − μ_i) / √(σ_i² + ε)")
 
 
-def norm_rows(post: bool) -> tuple[Kind, ...]:
-    """The rows of the norm in front of the attention (``post`` False) or behind it."""
-    when = _post if post else _pre
-    source = R if post else "block"  # the input key (block: X, or X_pos)
+# each place's first order, section, names of the normalised rows and the output, their LaTeX, and
+# the output's name in text
+_PLACES = {
+    "pre": (2.7, "norm", X_HAT, X_NORM, "\\hat{X}", "X_{norm}", "X_norm"),
+    "post": (18.6, "residual", R_HAT, H, "\\hat{R}", "H", "H"),
+    "emb": (2.615, "embeddings", X_EMB_HAT, X_EMB, "\\hat{X}_{emb}", "X_{emb}", "X_emb"),
+}
+
+
+def norm_rows(place: str) -> tuple[Kind, ...]:
+    """The rows of the norm in front of the attention (``place`` pre), behind it (post), or of the
+    embeddings' own norm (emb)."""
+    post = place == "post"
+    when = {"pre": _pre, "post": _post, "emb": _emb}[place]
+    N = NORM_OF[place]
+    source = {"pre": "block", "post": R, "emb": "embedded"}[place]  # the input key (block: X, X_pos or X_emb)
 
     def src(c):
-        return R if post else c.block
+        return {"pre": c.block, "post": R, "emb": c.embedded}[place]
 
-    keys = (MU_POST, VAR_POST, MS_POST, GAMMA_POST, BETA_POST) if post else (MU, VAR, MS, GAMMA, BETA)
-    mu, var, ms, gamma, beta = keys
-    hat, out = (R_HAT, H_POST) if post else (X_HAT, X_NORM)
+    mu, var, ms, gamma, beta, hat, out = _KEYS[place]
     x = "r" if post else "x"
-    base = 18.6 if post else 2.7
-    section = "residual" if post else "norm"
-    hat_name, out_name = (R_HAT, H) if post else (X_HAT, X_NORM)
-    hat_tex = "\\hat{R}" if post else "\\hat{X}"
+    base, section, hat_name, out_name, hat_tex, out_tex, out_plain = _PLACES[place]
+    by_relation = post
 
     def spread_of(ops, v, c):
-        return ops.row_spread(v(src(c)), None if c.norm.rms else v(mu))
+        return ops.row_spread(v(src(c)), None if N(c).rms else v(mu))
 
     def hat_relation(ops, v, c):
-        return ops.normalise(v(src(c)), None if c.norm.rms else v(mu), v(ms if c.norm.rms else var), c.norm.eps)
+        n = N(c)
+        return ops.normalise(v(src(c)), None if n.rms else v(mu), v(ms if n.rms else var), n.eps)
 
     def out_relation(ops, v, c):
-        y = v(hat)
-        if c.norm.weight is not None:
-            y = ops.times_row(y, ops.given(c.norm.gain))
-        if c.norm.bias is not None:
+        y, n = v(hat), N(c)
+        if n.weight is not None:
+            y = ops.times_row(y, ops.given(n.gain))
+        if n.bias is not None:
             y = ops.add_row(y, v(beta))
         return y
 
+    def layer(c):
+        return when(c) and not N(c).rms
+
     return (
-        Kind(mu, MU, base, section, "Mean of each token's features", NORM_WHY["mu"],
+        Kind(mu, mu if place == "emb" else MU, base, section, "Mean of each token's features", NORM_WHY["mu"],
              (f"\\mu_i = \\frac{{1}}{{d}}\\sum_k {x}_{{ik}}", f"μ_i = (1/d)·Σ_k {x}_ik"), (QUERIES, MEAN),
              lambda sh, r, c: plain(r, "one per token"), inputs=(source,),
-             relation=lambda ops, v, c: ops.row_mean(v(src(c))), when=lambda c: when(c) and _layer(c), tex="\\mu",
-             by_relation=post),
-        Kind(var, VAR, base + 0.02, section, "Variance of each token's features", NORM_WHY["var"],
+             relation=lambda ops, v, c: ops.row_mean(v(src(c))), when=layer, tex="\\mu", by_relation=by_relation),
+        Kind(var, var if place == "emb" else VAR, base + 0.02, section, "Variance of each token's features",
+             NORM_WHY["var"],
              (f"\\sigma_i^2 = \\frac{{1}}{{d}}\\sum_k ({x}_{{ik}} - \\mu_i)^2", f"σ_i² = (1/d)·Σ_k ({x}_ik − μ_i)²"),
              (QUERIES, VARIANCE), lambda sh, r, c: plain(r, "one per token"), inputs=(source, mu),
-             relation=spread_of, when=lambda c: when(c) and _layer(c), tex="\\sigma^2", by_relation=post,
+             relation=spread_of, when=layer, tex="\\sigma^2", by_relation=by_relation,
              mistakes=(Mistake("the unbiased variance: divided by d − 1 instead of d",
                                lambda ops, ex, c: ops.row_spread(ex(src(c)), ex(mu), 1) if c.p.X.cols > 1 else None),
                        Mistake("the mean square (RMSNorm's) instead of the variance: the mean was not taken away",
                                lambda ops, ex, c: ops.row_spread(ex(src(c)), None)))),
-        Kind(ms, MS, base + 0.02, section, "Mean square of each token's features", NORM_WHY["ms"],
+        Kind(ms, ms if place == "emb" else MS, base + 0.02, section, "Mean square of each token's features",
+             NORM_WHY["ms"],
              (f"\\mathrm{{ms}}_i = \\frac{{1}}{{d}}\\sum_k {x}_{{ik}}^2", f"ms_i = (1/d)·Σ_k {x}_ik²"),
              (QUERIES, MEAN_SQUARE), lambda sh, r, c: plain(r, "one per token"), inputs=(source,),
-             relation=spread_of, when=lambda c: when(c) and not _layer(c), tex="\\mathrm{ms}", by_relation=post,
+             relation=spread_of, when=lambda c: when(c) and N(c).rms, tex="\\mathrm{ms}", by_relation=by_relation,
              mistakes=(Mistake("the variance (LayerNorm's) instead of the mean square: RMSNorm takes no mean away",
                                lambda ops, ex, c: ops.row_spread(ex(src(c)), ops.row_mean(ex(src(c))))),)),
-        Kind(hat, hat_name, base + 0.04, section, "Normalise each token", _hat_why,
-             lambda c: _hat_formula(c, hat_tex, hat_name, x), (QUERIES, "d"),
+        Kind(hat, hat_name, base + 0.04, section, "Normalise each token", lambda c: _hat_why(N(c)),
+             lambda c: _hat_formula(N(c), hat_tex, hat_name, x), (QUERIES, "d"),
              lambda sh, r, c: plain(r, "like the input"), inputs=(source, mu, ms, var),
-             relation=hat_relation, when=when, tex=hat_tex, mistakes=_hat_mistakes(src), by_relation=post,
+             relation=hat_relation, when=when, tex=hat_tex, mistakes=_hat_mistakes(src, N), by_relation=by_relation,
              note=factored),
-        Kind(gamma, GAMMA, base + 0.06, section, "The norm's weight",
+        Kind(gamma, gamma if place == "emb" else GAMMA, base + 0.06, section, "The norm's weight",
              lambda c: NORM_WHY["gamma"].format(offset=" as 1 + ⟦\\gamma⟧ (the weight is stored as an offset from 1)"
-                                                if c.norm.offset else ""),
+                                                if N(c).offset else ""),
              ("\\gamma", "γ"), ("b", "d"), lambda sh, r, c: plain(r, "1 × d_model"),
-             source=lambda c: c.norm.weight, when=lambda c: when(c) and c.norm.weight is not None, labelled=False,
+             source=lambda c: N(c).weight, when=lambda c: when(c) and N(c).weight is not None, labelled=False,
              tex="\\gamma"),
-        Kind(beta, BETA, base + 0.07, section, "The norm's bias", NORM_WHY["beta"], ("\\beta", "β"), ("b", "d"),
-             lambda sh, r, c: plain(r, "1 × d_model"), source=lambda c: c.norm.bias,
-             when=lambda c: when(c) and c.norm.bias is not None, labelled=False, tex="\\beta"),
-        Kind(out, out_name, base + 0.08, section, "The block's output" if post else "The attention's input",
-             lambda c: NORM_WHY["out_post" if post else "out_pre"].format(why=_affine_why(c)),
-             lambda c: (f"{'H' if post else 'X_{norm}'} = {_affine_text(c, True, hat_tex)}",
-                        f"{'H' if post else 'X_norm'} = {_affine_text(c, False, hat_name)}"),
+        Kind(beta, beta if place == "emb" else BETA, base + 0.07, section, "The norm's bias", NORM_WHY["beta"],
+             ("\\beta", "β"), ("b", "d"),
+             lambda sh, r, c: plain(r, "1 × d_model"), source=lambda c: N(c).bias,
+             when=lambda c: when(c) and N(c).bias is not None, labelled=False, tex="\\beta"),
+        Kind(out, out_name, base + 0.08, section,
+             {"pre": "The attention's input", "post": "The block's output", "emb": "The layer's input"}[place],
+             lambda c: NORM_WHY["out_" + place].format(why=_affine_why(N(c))),
+             lambda c: (f"{out_tex} = {_affine_text(N(c), True, hat_tex)}",
+                        f"{out_plain} = {_affine_text(N(c), False, hat_name)}"),
              (QUERIES, "d"), lambda sh, r, c: plain(r, "like the input"), inputs=(hat, gamma, beta),
-             relation=out_relation, when=when, tex="H" if post else "X_{norm}", mistakes=_out_mistakes(),
-             by_relation=post),
+             relation=out_relation, when=when, tex=out_tex, mistakes=_out_mistakes(place),
+             by_relation=by_relation),
     )
 
 

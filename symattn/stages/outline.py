@@ -11,7 +11,10 @@ from .plan import per_head_blocks
 SECTIONS: tuple[Section, ...] = (
     Section("given", "The input: queries, keys and values given", applies=lambda c: not c.projected),
     Section("input", "The input", applies=lambda c: c.projected),
-    Section("positions", "Add the positions", applies=lambda c: c.positions),
+    Section("positions", "Add the positions", applies=lambda c: c.positions,
+            retitle=lambda c: "Add the positions and the token types" if c.token_types else "Add the positions"),
+    Section("embeddings", "Normalise the embeddings", applies=lambda c: c.emb_norm is not None,
+            retitle=lambda c: "Normalise the embeddings (" + ("RMSNorm" if c.emb_norm.rms else "LayerNorm") + ")"),
     Section("norm", "Normalise each token", applies=lambda c: c.pre_norm,
             retitle=lambda c: "Normalise each token (RMSNorm)" if c.norm.rms else "Normalise each token (LayerNorm)"),
     Section("project", "Project to queries, keys and values", per_head=True, applies=lambda c: c.projected,

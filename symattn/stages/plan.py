@@ -8,16 +8,18 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 from .ids import (
-    B_K, B_O, B_Q, B_V, BETA, BETA_POST, DH, DO, DO_HEAD, DR, DX, DX_HAT, GAMMA, GAMMA_POST, H, H_POST, K, K_ROT,
-    MS, MS_POST, MU, MU_POST, O, Q, Q_ROT, VAR, VAR_POST, X_HAT, stage_id,
+    B_K, B_O, B_Q, B_V, BETA, BETA_POST, DH, DO, DO_HEAD, DR, DX, DX_HAT, EBETA, EGAMMA, EMS, EMU, EVAR, GAMMA,
+    GAMMA_POST, H, H_POST, K, K_ROT, MS, MS_POST, MU, MU_POST, O, Q, Q_ROT, TT, VAR, VAR_POST, X_HAT, stage_id,
 )
 from .kinds import Context, Kind
 from .registry import BY_KEY, KINDS
 from .relations import input_paths
 
 
-NORM_WEIGHTS = {GAMMA: "weight", GAMMA_POST: "weight", BETA: "bias", BETA_POST: "bias"}
-NORM_STATS = (MU, MU_POST, VAR, VAR_POST, MS, MS_POST)
+NORM_WEIGHTS = {GAMMA: "weight", GAMMA_POST: "weight", BETA: "bias", BETA_POST: "bias", EGAMMA: "weight",
+                EBETA: "bias"}
+NORM_STATS = (MU, MU_POST, VAR, VAR_POST, MS, MS_POST, EMU, EVAR, EMS)
+EMB_KEYS = (EGAMMA, EBETA, EMU, EVAR, EMS)  # the embeddings' norm's (the others are the layer norm's)
 
 
 @dataclass(frozen=True)
@@ -69,9 +71,14 @@ def resolve(key: str, c: Context, head: "int | None | object" = ...) -> list[str
         key = c.xq
     if key == "block":
         key = c.block
-    if key in NORM_WEIGHTS and (c.norm is None or getattr(c.norm, NORM_WEIGHTS[key]) is None):
+    if key == "embedded":
+        key = c.embedded
+    if key == "token_types":
+        return [TT] if c.token_types else []
+    n = c.emb_norm if key in EMB_KEYS else c.norm
+    if key in NORM_WEIGHTS and (n is None or getattr(n, NORM_WEIGHTS[key]) is None):
         return []  # no γ (1) or no β (0)
-    if key in NORM_STATS and (c.norm is None or c.norm.rms != (key in (MS, MS_POST))):
+    if key in NORM_STATS and (n is None or n.rms != (key in (MS, MS_POST, EMS))):
         return []  # RMSNorm has a mean square, LayerNorm a mean and a variance
     if key == "output":
         key = c.output

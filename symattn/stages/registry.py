@@ -27,7 +27,7 @@ from .ids import (
     A, ACC_TILED, A_T, B_K, B_O, B_Q, B_V, CACHED, CONCAT, CONTEXT, COSTS, DA, DB_K, DB_O, DB_Q, DB_V,
     DCONCAT, DCONTEXT, DECODE_COST, DK, DO, DO_HEAD, DQ, DS, DS_MASKED, DV, DW_K, DW_O, DW_Q, DW_V, K,
     KEYS, K_CACHE, K_T, L_TILED, M, M_TILED, NEW, O, O_FINAL, O_T, O_TILED, O_T_DIFF, PE, Q, QUERIES, Q_T, S,
-    STEPS, S_MASKED, S_SCALED, S_T, V, V_CACHE, W_K, W_O, W_Q, W_V, X, X_POS, stage_id,
+    STEPS, S_MASKED, S_SCALED, S_T, TT, V, V_CACHE, W_K, W_O, W_Q, W_V, X, X_POS, stage_id,
 )
 from .kinds import Kind, Mistake, decoding, tiled
 from .norm_backward import WHY as NORM_BACK_WHY, input_gradient_rows, post_norm_backward_rows
@@ -43,7 +43,7 @@ from .rows import (
     weight_gradient, weights_row,
 )
 from .shapes import flip, is_square, plain, prod
-from .why import WHY, dX_why, decode_why, k_t_why, mask_why, pe_why, reads_note, s_why, scale_why
+from .why import WHY, dX_why, decode_why, k_t_why, mask_why, pe_why, reads_note, s_why, scale_why, tt_ids
 from .worked import worked_score
 
 
@@ -71,16 +71,33 @@ KINDS: tuple[Kind, ...] = (
                    Mistake("positions counted from 1: the first token is at p = 0", pe_slip(start=1)),
                    Mistake("exponent k/d with the column number k instead of 2i/d (the sine and cosine of a "
                            "pair share one frequency)", pe_slip(pairs=False)))),
-    # X_pos = X + PE  (n_q × d_model)
+    # TT = BERT's token-type embeddings, one row per token (its type's row), given  (n_q × d_model)
+    Kind(TT, TT, 2.4, "positions", "Token-type embeddings",
+         lambda c: "BERT adds one more learned row to each token: the row of its token type (segment) in "
+                   "the model's token-type table" + tt_ids(c) + ".",
+         ("TT", "TT"), (QUERIES, "d"), lambda sh, r, c: plain(r, "n_q × d_model, one row per token"),
+         source=lambda c: c.p.token_types, when=lambda c: c.token_types),
+    # X_pos = X + PE (+ TT)  (n_q × d_model)
     Kind(X_POS, X_POS, 2.6, "positions", "Add the positions to the tokens",
-         "Each token's row gets its position's row of ⟦PE⟧ added, entry by entry; the projections read ⟦X_{pos}⟧ "
-         "instead of ⟦X⟧, so the same word at two positions gives two different queries, keys and values.",
+         lambda c: "Each token's row gets its position's row of ⟦PE⟧ added, entry by entry"
+                   + (", and its token type's row of ⟦TT⟧" if c.token_types else "")
+                   + "; the projections read ⟦X_{pos}⟧ "
+                   + ("(through the embeddings' norm) " if c.emb_norm is not None else "")
+                   + "instead of ⟦X⟧, so the same word at two positions gives two different queries, keys and values.",
+         lambda c: ("X_{pos} = X + PE + TT", "X_pos = X + PE + TT") if c.token_types else
          ("X_{pos} = X + PE", "X_pos = X + PE"), (QUERIES, "d"), lambda sh, r, c: plain(r, "like X"),
-         inputs=(X, PE), relation=lambda ops, v, c: ops.sum([v(X), v(PE)]), when=lambda c: c.positions,
-         mistakes=(Mistake("the positions were not added: X_pos = X", lambda ops, ex, c: ex(X)),)),
+         inputs=(X, PE, "token_types"), relation=lambda ops, v, c: ops.sum([v(X), v(PE)] + ([v(TT)] if c.token_types else [])),
+         when=lambda c: c.positions,
+         mistakes=(Mistake("the positions were not added: X_pos = X",
+                           lambda ops, ex, c: ops.sum([ex(X), ex(TT)]) if c.token_types else ex(X)),
+                   Mistake("the token types were not added: X_pos = X + PE",
+                           lambda ops, ex, c: ops.sum([ex(X), ex(PE)]) if c.token_types else None))),
+    # the embeddings' own norm (embeddings_norm:, BERT's embeddings.LayerNorm): μ, σ², X̂_emb, γ, β
+    # and X_emb, the layer's input  (n × 1, n × d_model)
+    *norm_rows("emb"),
     # the layer norm in front of the attention (norm:, place pre): μ, σ² (or the mean square), X̂,
     # γ, β and X_norm = X̂ ∘ γ + β, which the projections read  (n × 1, n × d_model)
-    *norm_rows(post=False),
+    *norm_rows("pre"),
     # 2 projections (weights first, as the JSON contract lists them)
     weights_row(W_Q, 3, "Query weights"),  # W_Q given  (d_model × d_k)
     weights_row(W_K, 5, "Key weights"),  # W_K given  (d_model × d_k)
@@ -267,7 +284,7 @@ KINDS: tuple[Kind, ...] = (
                            lambda ops, ex, c: ops.matmul(ex(CONCAT), ex(W_O)) if c.has_bias(B_O) else None))),
     # the residual stream: H = X + O, or with a post norm R = X + O and H = LN(R)  (n_q × d_model)
     *residual_rows(),
-    *norm_rows(post=True),
+    *norm_rows("post"),
     # the backward pass: the upstream gradient, then back through the output projection
     # with the residual: dH = ∂L/∂H, and behind a post norm dR̂, dγ, dβ, dR  (n_q × d_model; 1 × d_model)
     *post_norm_backward_rows(),

@@ -50,7 +50,9 @@ def projection_row(key: str, order: int, title: str) -> Kind:
     def why(c):
         if not c.projected:
             return WHY[f"{key}_given"]
-        positions = WHY["positions_used"] if c.positions and (key == Q or not c.cross) else ""
+        positions = WHY["positions_used"].format(
+            x=c.xq_name, what="the norm of " if c.pre_norm else "the embeddings' norm of " if c.emb_norm else "") \
+            if c.positions and (key == Q or not c.cross) else ""
         added = WHY["bias_added"].format(L=key) if c.has_bias(bias) else ""
         return WHY[key] + added + (WHY["cross"] if c.cross and key != Q else "") + positions + group_note(c, key)
 

@@ -6,11 +6,12 @@ from .ids import (
     A, ACC_TILED, A_T, B_K, B_O, B_Q, B_V, CONCAT, DA, DB_K, DB_O, DB_Q, DB_V, DK, DK_BACK, DK_ROT, DO, DQ,
     DQ_BACK, DQ_ROT, DS, DS_MASKED, DV,
     DW_K, DW_Q, DW_V, K, K_CACHE, K_ROT, K_T, L_TILED, M, M_TILED, O, O_FINAL, O_T, O_TILED, O_T_DIFF, PE, Q,
-    Q_ROT, S, S_MASKED, S_SCALED, S_T, V, V_CACHE, W_K, W_O, W_Q, W_V, X, X_POS,
+    Q_ROT, S, S_MASKED, S_SCALED, S_T, TT, V, V_CACHE, W_K, W_O, W_Q, W_V, X, X_POS,
 )
 from .ids import (
     BETA, BETA_POST, GAMMA, GAMMA_POST, H, H_POST, MS, MS_POST, MU, MU_POST, R, R_HAT, VAR, VAR_POST, X_HAT, X_NORM,
 )
+from .ids import EBETA, EGAMMA, EMS, EMU, EVAR, X_EMB, X_EMB_HAT
 from .ids import DBETA, DBETA_POST, DGAMMA, DGAMMA_POST, DH, DR, DR_HAT, DX, DX_HAT, DX_NORM
 from .kinds import Context, Kind
 from .plan import resolve
@@ -23,7 +24,13 @@ from .plan import resolve
 # in ``Kind.inputs``.
 TRACES: dict[str, tuple[tuple[str, str], ...]] = {
     PE: (),
-    X_POS: ((X, "entry"), (PE, "entry")),
+    TT: (),
+    X_POS: ((X, "entry"), (PE, "entry"), ("token_types", "entry")),
+    EMU: (("embedded", "row"),),
+    EVAR: (("embedded", "row"), (EMU, "entry")),
+    EMS: (("embedded", "row"),),
+    X_EMB_HAT: (("embedded", "row"), (EMU, "row"), (EVAR, "row"), (EMS, "row")),
+    X_EMB: ((X_EMB_HAT, "entry"), (EGAMMA, "col"), (EBETA, "col")),
     # a norm: a row's statistics read the whole row; a normalised entry its row's, and the row itself
     MU: (("block", "row"),),
     VAR: (("block", "row"), (MU, "entry")),

@@ -122,7 +122,7 @@ WHY = {
     "dX_heads": " With several heads, every head's paths add up.",
     "dX_positions": (" The paths start at ⟦X_{pos} = X + PE⟧ and ⟦PE⟧ does not depend on ⟦X⟧, so the gradient of "
                      "⟦X⟧ is that of ⟦X_{pos}⟧ (for learned positions it is their gradient too, not derived here)."),
-    "positions_used": (" The rows are those of ⟦X_{pos}⟧, the tokens with their positions added, so it now "
+    "positions_used": (" The rows are those of ⟦{x}⟧, {what}the tokens with their positions added, so it now "
                        "depends on where each token stands."),
     DCONTEXT: "The context made the keys and the values, so its gradient is the sum of those two paths.",
     M_TILED: (
@@ -225,7 +225,7 @@ _POSITIONS_WHY = {
     ),
     "learned": (
         "Attention by itself ignores order: shuffling the tokens only shuffles the output rows. Here the "
-        "positions are learned (GPT-2 style): one trained row per position, given, and row ⟦p⟧ is added to the "
+        "positions are learned (as GPT-2 and BERT have them): one trained row per position, given, and row ⟦p⟧ is added to the "
         "token at position ⟦p⟧."
     ),
     "cross": (
@@ -233,6 +233,17 @@ _POSITIONS_WHY = {
         "transformer it is the encoder's output, whose positions were added before the encoder)."
     ),
 }
+
+
+def tt_ids(c: Context) -> str:
+    """Which row of the token-type table each token takes, in words (types counted from 0, as the
+    model's token_type_ids are)."""
+    ids = getattr(c.p, "token_type_ids", ())
+    if not ids:
+        return ""
+    if len(set(ids)) == 1:
+        return f" (type {ids[0]} for every token, row {ids[0] + 1} of the table)"
+    return " (types " + ", ".join(str(t) for t in ids) + " for tokens 1 to " + str(len(ids)) + ", counted from 0)"
 
 
 def pe_why(c: Context) -> str:

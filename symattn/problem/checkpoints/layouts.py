@@ -38,7 +38,8 @@ from ...text import excerpt, quote_path
 from .config import Config, bert_config, count_of, gpt2_scale, llama_config, read_config, shown_value
 
 LAYOUTS = ("gpt2", "llama", "bert")
-KEYS = ("file", "layout", "layer", "heads", "n_head", "n_kv_head", "rope_theta", "norm", "residual")
+KEYS = ("file", "layout", "layer", "heads", "n_head", "n_kv_head", "rope_theta", "norm", "residual", "embeddings",
+        "token_types")
 ALIASES = {"num_attention_heads": "n_head", "num_key_value_heads": "n_kv_head"}  # config.json's names
 USAGE = "from: {file: model.safetensors, layout: gpt2, layer: 0, heads: [1, 2]}"
 CONFLICTS = ("W_Q", "W_K", "W_V", "b_Q", "b_K", "b_V", "heads", "W_O", "b_O", "kv_heads", "kv", "context")
@@ -63,6 +64,7 @@ class Loaded:
     partial: bool = False  # only some of the layer's heads are read
     norm: Norm | None = None  # the layer's norm, with norm: true
     residual: bool = False  # residual: true (H = X + the layer's output)
+    embedded: tuple | None = None  # embeddings: true: (positions, token types, their ids, the embeddings' norm)
 
 
 @dataclass(frozen=True)
@@ -261,6 +263,14 @@ def _layer(reader, key, node, fields, X, given, word, layout, layout_node, path,
                     scale=scale, layout=word, partial=len(picked) < n_head, residual=residual)
     if loaded.multi:
         _read_output(loaded, at, given, layout, names, ckpt, picked, group, d_head)
+    if _flag(reader, given, "embeddings"):
+        from .embedded import read_embedded
+
+        prefix = names["q"][:len(names["q"]) - len(layout.q.format(layer=layer))]
+        loaded.embedded = read_embedded(reader, given, word, prefix, ckpt, config, layer, X, reader.token_ids.get("X"))
+    elif "token_types" in given:
+        raise at(given["token_types"][0]).error("token_types are read with the embeddings: give embeddings: true too",
+                                                "from.token_types")
     if norm_flag:
         loaded.norm = _read_norm(at, given, word, layout, names, ckpt, config, layer)
     loaded.rope = rope

@@ -131,8 +131,14 @@ def read_passes(reader: Reader, fields: Fields, layer: Layer, mask: Mask, bias: 
     positions = reader.positions(node_of(fields, "positions"), key_of(fields, "positions"), matrices.get("X")) \
         if "positions" in fields else None
     d_out = matrices["W_O"].cols if "W_O" in matrices else (heads[0].d_v if heads else matrices["V"].cols)
-    norm, residual = read_norm(reader, fields, layer, positions, d_out)
+    embedded = read_embeddings(reader, fields, layer, positions)
+    positions = embedded["positions"]
+    norm, residual = read_norm(reader, fields, layer, embedded, d_out)
     backward = reader.backward(node_of(fields, "backward"), n_q, d_out, residual) if "backward" in fields else None
+    if backward is not None and embedded["embeddings_norm"] is not None:
+        raise reader.at(key_of(fields, "backward")).error(
+            "the backward pass through the embeddings' norm is not derived: give X as the layer's input (X_emb, "
+            "the embeddings' norm's output) to go back to it, or leave out backward", "backward")
     rope = None
     if "rope" in fields:
         from .rope import read_rope
@@ -153,11 +159,33 @@ def read_passes(reader: Reader, fields: Fields, layer: Layer, mask: Mask, bias: 
     decode = None
     if "decode" in fields:
         decode = reader.decode(node_of(fields, "decode"), n_q, mask, "context" in fields, bias is not None)
-    return {"backward": backward, "rope": rope, "tiling": tiling, "positions": positions, "decode": decode,
-            "norm": norm, "residual": residual}
+    return {"backward": backward, "rope": rope, "tiling": tiling, "decode": decode, "norm": norm,
+            "residual": residual, **embedded}
 
 
-def read_norm(reader: Reader, fields: Fields, layer: Layer, positions, d_out: int):
+def read_embeddings(reader: Reader, fields: Fields, layer: Layer, positions) -> dict:
+    """What the model adds to the embedding rows before the layer: the positions, BERT's token types
+    and the embeddings' own norm, from the problem or from ``from: {embeddings: true}``."""
+    X, loaded = layer.matrices.get("X"), layer.loaded
+    token_types = reader.token_types(node_of(fields, "token_types"), key_of(fields, "token_types"), X, positions) \
+        if "token_types" in fields else None
+    type_ids = tuple(reader.token_ids.get("token_types", ()))
+    emb_norm = reader.norm(node_of(fields, "embeddings_norm"), key_of(fields, "embeddings_norm"), X,
+                           "embeddings_norm") if "embeddings_norm" in fields else None
+    if loaded is not None and loaded.embedded is not None:
+        for name in ("positions", "token_types", "embeddings_norm"):
+            if name in fields:
+                raise reader.at(key_of(fields, name)).error(
+                    f"from: {{embeddings: true}} takes the {name.replace('_', ' ')} from the checkpoint: remove "
+                    f"{name} or from's embeddings", name)
+        positions, token_types, type_ids, emb_norm = loaded.embedded
+    if emb_norm is not None:
+        check_norm_rows(reader, fields, emb_norm, X, positions, token_types, "embeddings_norm")
+    return {"positions": positions, "token_types": token_types, "token_type_ids": type_ids,
+            "embeddings_norm": emb_norm}
+
+
+def read_norm(reader: Reader, fields: Fields, layer: Layer, embedded: dict, d_out: int):
     """The norm (the problem's, or the one ``from: {norm: true}`` read) and whether H = X + O is
     derived, checked against the layer: a plain-number X, a residual as wide as X, no row that
     the norm would divide by 0."""
@@ -196,22 +224,29 @@ def read_norm(reader: Reader, fields: Fields, layer: Layer, positions, d_out: in
             raise reader.at(where_).error(
                 "the residual stream adds the whole layer's output, the sum over every head: give from: {heads: all} "
                 "(a part of the heads is not what the model adds)", "residual")
+    if norm is not None and embedded["embeddings_norm"] is not None and not norm.post and norm.eps == 0:
+        raise reader.at(key_of(fields, "norm")).error(
+            "with the embeddings' norm in front, the layer's norm needs eps > 0: its input rows are normalised "
+            "already, and whether one is constant is not decided", "norm.eps")
     if norm is not None:
-        check_norm_rows(reader, fields, norm, X, positions)
+        check_norm_rows(reader, fields, norm, X, embedded["positions"], embedded["token_types"])
     return norm, residual
 
 
-def check_norm_rows(reader: Reader, fields: Fields, norm, X: Matrix, positions) -> None:
+def check_norm_rows(reader: Reader, fields: Fields, norm, X: Matrix, positions, token_types=None,
+                    field: str = "norm") -> None:
     """The norm's input holds plain numbers, and with ε = 0 no row of it has variance (or mean square) 0."""
     from ...numbers.matrices import is_rational
 
     if not is_rational(X) and X.free_symbols:
-        raise reader.at(key_of(fields, "norm" if "norm" in fields else "from")).error(
+        raise reader.at(key_of(fields, field if field in fields else "from")).error(
             "the norm needs plain numbers: X holds symbols, whose mean and variance have no exact root "
-            "to divide by (give numbers, or leave out the norm)", "norm")
+            "to divide by (give numbers, or leave out the norm)", field)
     if norm.eps != 0 or norm.post:
         return
     inp = X if positions is None else X + positions.matrix
+    if token_types is not None:
+        inp = inp + token_types
     for i in range(inp.rows):
         row = [inp[i, j] for j in range(inp.cols)]
         if not all(x.is_Rational for x in row):
@@ -221,6 +256,6 @@ def check_norm_rows(reader: Reader, fields: Fields, norm, X: Matrix, positions) 
         mean = sympy.Add(*row) / len(row)
         if all(x == mean if not norm.rms else x == 0 for x in row):
             what = "every entry is 0" if norm.rms else "its entries are all equal (variance 0)"
-            raise reader.at(key_of(fields, "norm")).error(
-                f"row {i + 1} of {'X + PE' if positions is not None else 'X'}: {what}, and eps is 0, so the norm "
-                "would divide by 0: give eps > 0", "norm.eps")
+            raise reader.at(key_of(fields, field)).error(
+                f"row {i + 1} of {'X + PE + TT' if token_types is not None else 'X + PE' if positions is not None else 'X'}: "
+                f"{what}, and eps is 0, so the norm would divide by 0: give eps > 0", field + ".eps")

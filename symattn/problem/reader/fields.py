@@ -37,6 +37,8 @@ FIELDS = (
     "rope",
     "tiling",
     "positions",
+    "token_types",
+    "embeddings_norm",
     "norm",
     "residual",
     "decode",

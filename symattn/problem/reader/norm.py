@@ -28,50 +28,56 @@ USAGE = "norm: {type: layernorm, weight: [...], bias: [...], eps: 1e-5} or {type
 class NormFields:
     """The norm and the residual."""
 
-    def norm(self, node: yaml.Node, key: yaml.Node, X: Matrix | None) -> Norm:
-        """The ``norm:`` mapping, for an input X of d_model columns."""
+    def norm(self, node: yaml.Node, key: yaml.Node, X: Matrix | None, field: str = "norm") -> Norm:
+        """The ``norm:`` mapping, for an input X of d_model columns (``field`` embeddings_norm: the
+        embeddings' own norm, which has no place)."""
+        keys = NORM_KEYS if field == "norm" else NORM_KEYS[:-1]
         if X is None:
             raise self.at(key).error("the norm normalises each row of X: give X with the weights, not Q, K and V",
-                                     "norm")
+                                     field)
         if not isinstance(node, yaml.MappingNode):
             if _yaml.is_bool(node) and _yaml.bool_value(node):
+                if field != "norm":
+                    raise self.at(node).error("embeddings_norm: true takes the embeddings' norm from a checkpoint: give "
+                                              "from: {..., embeddings: true}, or the norm itself: {type: layernorm, "
+                                              "weight: [...], bias: [...], eps: 1e-12}", field)
                 raise self.at(node).error("norm: true takes the norm from a checkpoint's layer: give from: {..., norm: "
-                                          f"true}}, or the norm itself: {USAGE}", "norm")
-            raise self.at(node).error(f"norm is a mapping such as {USAGE}, not {_yaml.kind(node)}", "norm")
+                                          f"true}}, or the norm itself: {USAGE}", field)
+            raise self.at(node).error(f"{field} is a mapping such as {USAGE[6:]}, not {_yaml.kind(node)}", field)
         given: dict[str, tuple[yaml.Node, yaml.Node]] = {}
         for k, v in node.value:
             name = k.value if isinstance(k, yaml.ScalarNode) and not _yaml.is_null(k) else None
-            if name not in NORM_KEYS:
-                raise self.at(k).error(f"unknown key {excerpt(str(name)) if name else _yaml.kind(k)} in norm"
-                                       f"{did_you_mean(str(name), NORM_KEYS, ignore_case=True)}; norm takes "
-                                       f"{', '.join(NORM_KEYS)}", "norm")
+            if name not in keys:
+                raise self.at(k).error(f"unknown key {excerpt(str(name)) if name else _yaml.kind(k)} in {field}"
+                                       f"{did_you_mean(str(name), keys, ignore_case=True)}; {field} takes "
+                                       f"{', '.join(keys)}", field)
             if name in given:
-                raise self.at(k).error(f"{name} is given twice in norm", "norm." + name)
+                raise self.at(k).error(f"{name} is given twice in {field}", field + "." + name)
             given[name] = (k, v)
         if "type" not in given:
-            raise self.at(node).error(f"norm needs type: layernorm or rmsnorm ({USAGE})", "norm.type")
+            raise self.at(node).error(f"{field} needs type: layernorm or rmsnorm ({USAGE[6:]})", field + ".type")
         t = given["type"][1]
         kind = t.value if isinstance(t, yaml.ScalarNode) and not _yaml.is_null(t) and not t.style else None
         if kind not in NORM_KINDS:
             hint = did_you_mean(str(kind), NORM_KINDS, ignore_case=True) if kind else ""
             raise self.at(t).error(f"unknown norm type {excerpt(kind) if kind else _yaml.kind(t)}{hint}; the types are "
-                                   "layernorm ((x − μ)/√(σ² + ε)·γ + β) and rmsnorm (x/√(mean(x²) + ε)·γ)", "norm.type")
+                                   "layernorm ((x − μ)/√(σ² + ε)·γ + β) and rmsnorm (x/√(mean(x²) + ε)·γ)", field + ".type")
         d = X.cols
-        weight = self.norm_row(given["weight"][1], "norm.weight", d, "γ") if "weight" in given else None
+        weight = self.norm_row(given["weight"][1], field + ".weight", d, "γ") if "weight" in given else None
         bias = None
         if "bias" in given:
             if kind == "rmsnorm":
                 raise self.at(given["bias"][0]).error(
                     "rmsnorm has no bias: it is x/√(mean(x²) + ε)·γ, with no β and no mean taken away; "
-                    "use type: layernorm for (x − μ)/√(σ² + ε)·γ + β", "norm.bias")
-            bias = self.norm_row(given["bias"][1], "norm.bias", d, "β")
-        eps = self.norm_eps(given["eps"][1] if "eps" in given else None, kind)
+                    "use type: layernorm for (x − μ)/√(σ² + ε)·γ + β", field + ".bias")
+            bias = self.norm_row(given["bias"][1], field + ".bias", d, "β")
+        eps = self.norm_eps(given["eps"][1] if "eps" in given else None, kind, field + ".eps")
         offset = 0
         if "offset" in given:
             v = given["offset"][1]
             if not (isinstance(v, yaml.ScalarNode) and not v.style and v.value in ("0", "1")):
                 raise self.at(v).error(f"offset is 0 (γ) or 1 ((1 + γ), Gemma's RMSNorm), not {_yaml.kind(v)}",
-                                       "norm.offset")
+                                       field + ".offset")
             offset = int(v.value)
         place = "pre"
         if "place" in given:
@@ -81,7 +87,7 @@ class NormFields:
                 raise self.at(v).error(
                     f"place is pre (the attention reads the normalised X: GPT-2, LLaMA) or post (the norm of X + the "
                     f"attention's output: BERT), not {excerpt(place) if place else _yaml.kind(v)}"
-                    f"{did_you_mean(str(place), PLACES, ignore_case=True) if place else ''}", "norm.place")
+                    f"{did_you_mean(str(place), PLACES, ignore_case=True) if place else ''}", field + ".place")
         return Norm(kind, eps, weight, bias, offset, place)
 
     def norm_row(self, node: yaml.Node, field: str, d: int, letter: str) -> Matrix:
@@ -104,14 +110,14 @@ class NormFields:
                 "token's normalised row", field)
         return m
 
-    def norm_eps(self, node: yaml.Node | None, kind: str) -> sympy.Expr:
+    def norm_eps(self, node: yaml.Node | None, kind: str, field: str = "norm.eps") -> sympy.Expr:
         """ε, exactly from its text (``1e-5`` is 1/100000), ≥ 0; the type's usual value when not given."""
         if node is None:
             return sympy.Rational(DEFAULT_EPS[kind])
-        eps = self.number(node, "norm.eps", use_symbols=False)
+        eps = self.number(node, field, use_symbols=False)
         if not eps.is_real or eps.is_negative or (eps.is_nonnegative is None and sympy.N(eps, 30) < 0):
             raise self.at(node).error(f"eps must be ≥ 0 (it is added to the variance under the root), not "
-                                      f"{excerpt(node.value)}", "norm.eps")
+                                      f"{excerpt(node.value)}", field)
         return eps
 
     def residual(self, node: yaml.Node) -> bool:

@@ -63,3 +63,29 @@ class PositionFields:
         raise self.at(node if not isinstance(node, yaml.MappingNode) or not node.value else node.value[0][0]).error(
             f"unknown positions {shown}{hint}; {usage}", "positions")
 
+
+    def token_types(self, node: yaml.Node, key: yaml.Node, X: Matrix | None, positions: Positions | None) -> Matrix:
+        """BERT's token-type rows, one per token: ``{file, embeddings: TABLE, tokens: [type ids]}`` (rows of
+        the model's token-type table) or a matrix of n rows."""
+        if X is None:
+            raise self.at(key).error("token types are added to X: give X with the weights, not Q, K and V",
+                                     "token_types")
+        if positions is None:
+            raise self.at(key).error("token types are added with the positions, as BERT adds both: give positions "
+                                     "too", "token_types")
+        n, d = X.rows, X.cols
+        if isinstance(node, yaml.MappingNode):
+            names = [getattr(k, "value", None) for k, _ in node.value]
+            if "file" in names and "embeddings" not in names:
+                raise self.at(node).error(
+                    "token types are rows of the model's token-type table: {file: model.safetensors, embeddings: "
+                    "\"embeddings.token_type_embeddings.weight\", tokens: [0, 0, 1]} (each token's type id)",
+                    "token_types")
+        m = self.matrix(node, "token_types")
+        if m.shape != (n, d):
+            raise self.at(node).error(
+                f"the token types are {shape_text(m)} but X is {shape_text(X)}: give one row of d_model = {d} "
+                f"{'entry' if d == 1 else 'entries'} per token (one type id per token)", "token_types")
+        if not is_rational(m) and m.free_symbols:
+            raise self.at(node).error("the token types must be plain numbers, not symbols", "token_types")
+        return m
