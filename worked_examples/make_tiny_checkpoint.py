@@ -2,7 +2,10 @@
 GPT-2's tensor names and Conv1D layout, for worked_examples/tiny_gpt2_head.yaml; and
 tiny_gpt2_block.safetensors: the same layer with what a block needs around it (a token table
 wte of 16 rows, a position table wpe of 8, and ln_1's weight and bias), for
-worked_examples/tiny_gpt2_block.yaml, which starts from token ids.
+worked_examples/tiny_gpt2_block.yaml, which starts from token ids; and tiny_bert_block.safetensors:
+one BERT layer of the same size in BERT's names (nn.Linear, out × in) with its embeddings (token,
+position and token-type tables and their LayerNorm) and the post norm behind the attention, for
+worked_examples/tiny_bert_block.yaml.
 
 The weights are seeded and every one is a multiple of 1/4 between −1 and 1, stored as float32,
 so the exact solution stays readable. It needs NumPy and safetensors only (no PyTorch):
@@ -49,11 +52,28 @@ def block_tensors(seed: int = 2019) -> dict[str, np.ndarray]:
     }
 
 
+def bert_tensors(seed: int = 1810) -> dict[str, np.ndarray]:
+    """A BERT layer 0 with its embeddings: every weight a multiple of 1/4, each LayerNorm's γ from
+    1/2 to 3/2 and β from −1/2 to 1/2."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for name in ("self.query", "self.key", "self.value", "output.dense"):
+        out[f"encoder.layer.0.attention.{name}.weight"] = quarters(rng, D_MODEL, D_MODEL)  # out × in
+        out[f"encoder.layer.0.attention.{name}.bias"] = quarters(rng, D_MODEL)
+    for name, rows in (("word_embeddings", 16), ("position_embeddings", 8), ("token_type_embeddings", 2)):
+        out[f"embeddings.{name}.weight"] = quarters(rng, rows, D_MODEL)
+    for norm in ("embeddings.LayerNorm", "encoder.layer.0.attention.output.LayerNorm"):
+        out[norm + ".weight"] = (1 + quarters(rng, D_MODEL) / 2).astype(np.float32)
+        out[norm + ".bias"] = (quarters(rng, D_MODEL) / 2).astype(np.float32)
+    return out
+
+
 def main() -> None:
-    for name, made in (("tiny_gpt2.safetensors", tensors), ("tiny_gpt2_block.safetensors", block_tensors)):
+    for name, made, what in (("tiny_gpt2.safetensors", tensors, "GPT-2"), ("tiny_gpt2_block.safetensors", block_tensors, "GPT-2"),
+                             ("tiny_bert_block.safetensors", bert_tensors, "BERT")):
         path = HERE / name
         save_file(made(), str(path))
-        print(f"wrote {path} ({path.stat().st_size} bytes): one GPT-2 layer, d_model = {D_MODEL}, n_head = {N_HEAD}")
+        print(f"wrote {path} ({path.stat().st_size} bytes): one {what} layer, d_model = {D_MODEL}, n_head = {N_HEAD}")
 
 
 if __name__ == "__main__":
