@@ -32,7 +32,7 @@ from .float_ops import FloatOps
 from .lazy import LazyMatrix
 from .numeric_ops import NumericOps
 from .softmax import SoftmaxRow
-from ..problem.model import Problem
+from ..problem.model import NO_EMBEDDINGS_BACKWARD, Problem
 from ..stages.kinds import Dot, Kind
 from ..text import did_you_mean
 
@@ -476,9 +476,7 @@ def derive(problem: Problem, *, on_step=None, cls: type[Derivation] = Derivation
         raise SymattnError("the backward pass of grouped-query attention (kv_heads) is not supported yet",
                            file=problem.source, field="backward")
     if getattr(problem, "embeddings_norm", None) is not None and problem.backward is not None:
-        raise SymattnError("the backward pass through the embeddings' norm is not derived: give X as the layer's "
-                           "input (X_emb, the embeddings' norm's output) to go back to it, or leave out backward",
-                           file=problem.source, field="backward")
+        raise SymattnError(NO_EMBEDDINGS_BACKWARD, file=problem.source, field="backward")
     values: dict[str, object] = {}
     steps: list[Step] = []
     for planned in stages.plan(problem):

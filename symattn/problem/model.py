@@ -55,6 +55,9 @@ class Positions:
 
 
 NORM_KINDS = ("layernorm", "rmsnorm")
+# the backward pass is not derived through the embeddings' norm: the refusal, in the file and for --backward
+NO_EMBEDDINGS_BACKWARD = ("the backward pass through the embeddings' norm is not derived: give X as the layer's input "
+                          "(X_emb, the embeddings' norm's output) to go back to it, or leave out backward")
 
 
 @dataclass(frozen=True)

@@ -309,8 +309,7 @@ class _Page:
         x, own = self._decimal_tex(source), self._decimal_tex(step)
         mu, spread = (None, self._decimal_tex(stats[0])) if n.rms else (self._decimal_tex(stats[0]),
                                                                          self._decimal_tex(stats[1]))
-        hat, inp = ("\\hat{R}", "r") if step.kind_of.key == registry.R_HAT else \
-            ("\\hat{X}_{emb}" if step.kind_of.key == registry.X_EMB_HAT else "\\hat{X}", "x")
+        hat, inp = step.kind_of.symbol, "r" if step.kind_of.key == registry.R_HAT else "x"
         s = "\\mathrm{ms}_{%d}" if n.rms else "\\sigma^2_{%d}"
         eps = tex(n.eps)
 

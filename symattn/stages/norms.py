@@ -55,6 +55,8 @@ _KEYS = {
     "post": (MU_POST, VAR_POST, MS_POST, GAMMA_POST, BETA_POST, R_HAT, H_POST),
     "emb": (EMU, EVAR, EMS, EGAMMA, EBETA, X_EMB_HAT, X_EMB),
 }
+
+
 def has_norm(p) -> bool:
     """Whether the problem normalises anything: the layer's norm or the embeddings' own."""
     return getattr(p, "norm", None) is not None or getattr(p, "embeddings_norm", None) is not None
@@ -63,8 +65,9 @@ def has_norm(p) -> bool:
 def hat_keys(p) -> tuple[str, ...]:
     """The keys of the normalised rows of each norm the problem has (the embeddings' first)."""
     norm = getattr(p, "norm", None)
-    return ((X_EMB_HAT,) if getattr(p, "embeddings_norm", None) is not None else ()) + \
-        (() if norm is None else (R_HAT if norm.post else X_HAT,))
+    places = ["emb"] if getattr(p, "embeddings_norm", None) is not None else []
+    places += [] if norm is None else ["post" if norm.post else "pre"]
+    return tuple(_KEYS[place][5] for place in places)
 
 
 NORM_OF = {"pre": lambda c: c.norm, "post": lambda c: c.norm, "emb": lambda c: c.emb_norm}  # each place's Norm
@@ -262,6 +265,7 @@ def norm_rows(place: str) -> tuple[Kind, ...]:
         return {"pre": c.block, "post": R, "emb": c.embedded}[place]
 
     mu, var, ms, gamma, beta, hat, out = _KEYS[place]
+    names = _KEYS["emb" if place == "emb" else "pre"]  # the layer's norm: the same names in front and behind
     x = "r" if post else "x"
     base, section, hat_name, out_name, hat_tex, out_tex, out_plain = _PLACES[place]
     by_relation = post
@@ -285,11 +289,11 @@ def norm_rows(place: str) -> tuple[Kind, ...]:
         return when(c) and not N(c).rms
 
     return (
-        Kind(mu, mu if place == "emb" else MU, base, section, "Mean of each token's features", NORM_WHY["mu"],
+        Kind(mu, names[0], base, section, "Mean of each token's features", NORM_WHY["mu"],
              (f"\\mu_i = \\frac{{1}}{{d}}\\sum_k {x}_{{ik}}", f"μ_i = (1/d)·Σ_k {x}_ik"), (QUERIES, MEAN),
              lambda sh, r, c: plain(r, "one per token"), inputs=(source,),
              relation=lambda ops, v, c: ops.row_mean(v(src(c))), when=layer, tex="\\mu", by_relation=by_relation),
-        Kind(var, var if place == "emb" else VAR, base + 0.02, section, "Variance of each token's features",
+        Kind(var, names[1], base + 0.02, section, "Variance of each token's features",
              NORM_WHY["var"],
              (f"\\sigma_i^2 = \\frac{{1}}{{d}}\\sum_k ({x}_{{ik}} - \\mu_i)^2", f"σ_i² = (1/d)·Σ_k ({x}_ik − μ_i)²"),
              (QUERIES, VARIANCE), lambda sh, r, c: plain(r, "one per token"), inputs=(source, mu),
@@ -298,7 +302,7 @@ def norm_rows(place: str) -> tuple[Kind, ...]:
                                lambda ops, ex, c: ops.row_spread(ex(src(c)), ex(mu), 1) if c.p.X.cols > 1 else None),
                        Mistake("the mean square (RMSNorm's) instead of the variance: the mean was not taken away",
                                lambda ops, ex, c: ops.row_spread(ex(src(c)), None)))),
-        Kind(ms, ms if place == "emb" else MS, base + 0.02, section, "Mean square of each token's features",
+        Kind(ms, names[2], base + 0.02, section, "Mean square of each token's features",
              NORM_WHY["ms"],
              (f"\\mathrm{{ms}}_i = \\frac{{1}}{{d}}\\sum_k {x}_{{ik}}^2", f"ms_i = (1/d)·Σ_k {x}_ik²"),
              (QUERIES, MEAN_SQUARE), lambda sh, r, c: plain(r, "one per token"), inputs=(source,),
@@ -310,13 +314,13 @@ def norm_rows(place: str) -> tuple[Kind, ...]:
              lambda sh, r, c: plain(r, "like the input"), inputs=(source, mu, ms, var),
              relation=hat_relation, when=when, tex=hat_tex, mistakes=_hat_mistakes(src, N), by_relation=by_relation,
              note=factored),
-        Kind(gamma, gamma if place == "emb" else GAMMA, base + 0.06, section, "The norm's weight",
+        Kind(gamma, names[3], base + 0.06, section, "The norm's weight",
              lambda c: NORM_WHY["gamma"].format(offset=" as 1 + ⟦\\gamma⟧ (the weight is stored as an offset from 1)"
                                                 if N(c).offset else ""),
              ("\\gamma", "γ"), ("b", "d"), lambda sh, r, c: plain(r, "1 × d_model"),
              source=lambda c: N(c).weight, when=lambda c: when(c) and N(c).weight is not None, labelled=False,
              tex="\\gamma"),
-        Kind(beta, beta if place == "emb" else BETA, base + 0.07, section, "The norm's bias", NORM_WHY["beta"],
+        Kind(beta, names[4], base + 0.07, section, "The norm's bias", NORM_WHY["beta"],
              ("\\beta", "β"), ("b", "d"),
              lambda sh, r, c: plain(r, "1 × d_model"), source=lambda c: N(c).bias,
              when=lambda c: when(c) and N(c).bias is not None, labelled=False, tex="\\beta"),

@@ -266,8 +266,8 @@ def _layer(reader, key, node, fields, X, given, word, layout, layout_node, path,
     if _flag(reader, given, "embeddings"):
         from .embedded import read_embedded
 
-        prefix = names["q"][:len(names["q"]) - len(layout.q.format(layer=layer))]
-        loaded.embedded = read_embedded(reader, given, word, prefix, ckpt, config, layer, X, reader.token_ids.get("X"))
+        loaded.embedded = read_embedded(reader, given, word, _prefix(layout, names, layer), ckpt, config, layer, X,
+                                        reader.token_ids.get("X"))
     elif "token_types" in given:
         raise at(given["token_types"][0]).error("token_types are read with the embeddings: give embeddings: true too",
                                                 "from.token_types")
@@ -371,8 +371,7 @@ def _read_norm(at, given: dict, word: str, layout: _Layout, names: dict, ckpt: _
     input_layernorm (RMSNorm; Gemma's multiplies by 1 + γ) or bert's attention.output.LayerNorm (after
     the residual sum), with the config's ε."""
     tensor, kind, eps_names, default = _NORMS[word]
-    prefix = names["q"][:len(names["q"]) - len(layout.q.format(layer=layer))]
-    name = prefix + tensor.format(layer=layer)
+    name = _prefix(layout, names, layer) + tensor.format(layer=layer)
     node = given["norm"][1]
     if name + ".weight" not in ckpt.shapes:
         raise at(node).error(ckpt.missing(name + ".weight", f"the weight γ of layer {layer}'s norm"), "from.norm")
@@ -393,6 +392,11 @@ def _read_norm(at, given: dict, word: str, layout: _Layout, names: dict, ckpt: _
     bias = ckpt.exact(ckpt.array(name + ".bias", vector=True)) if kind == "layernorm" else None
     return Norm(kind, config.norm_eps(eps_names, default), weight, bias, offset=int(model_type == "gemma"),
                 place="post" if word == "bert" else "pre")
+
+
+def _prefix(layout: _Layout, names: dict, layer: int) -> str:
+    """The model's prefix the file's tensor names carry (``transformer.``, ``bert.``, or none)."""
+    return names["q"][:len(names["q"]) - len(layout.q.format(layer=layer))]
 
 
 def _names(layout: _Layout, layer: int, ckpt: _File) -> dict[str, str] | None:

@@ -20,7 +20,7 @@ from ...errors import SymattnError
 from ..budget import MAX_SIZE, max_values
 from ..located_yaml import Where, where
 from ..masks import Mask, mask_rule
-from ..model import Matrix, Problem
+from ..model import NO_EMBEDDINGS_BACKWARD, Matrix, Problem
 from ..places import shape_text
 from .fields import Fields, key_of, node_of, read_fields
 from .layer import Layer, LayerFields, read_layer
@@ -136,9 +136,7 @@ def read_passes(reader: Reader, fields: Fields, layer: Layer, mask: Mask, bias: 
     norm, residual = read_norm(reader, fields, layer, embedded, d_out)
     backward = reader.backward(node_of(fields, "backward"), n_q, d_out, residual) if "backward" in fields else None
     if backward is not None and embedded["embeddings_norm"] is not None:
-        raise reader.at(key_of(fields, "backward")).error(
-            "the backward pass through the embeddings' norm is not derived: give X as the layer's input (X_emb, "
-            "the embeddings' norm's output) to go back to it, or leave out backward", "backward")
+        raise reader.at(key_of(fields, "backward")).error(NO_EMBEDDINGS_BACKWARD, "backward")
     rope = None
     if "rope" in fields:
         from .rope import read_rope
@@ -167,11 +165,6 @@ def read_embeddings(reader: Reader, fields: Fields, layer: Layer, positions) -> 
     """What the model adds to the embedding rows before the layer: the positions, BERT's token types
     and the embeddings' own norm, from the problem or from ``from: {embeddings: true}``."""
     X, loaded = layer.matrices.get("X"), layer.loaded
-    token_types = reader.token_types(node_of(fields, "token_types"), key_of(fields, "token_types"), X, positions) \
-        if "token_types" in fields else None
-    type_ids = tuple(reader.token_ids.get("token_types", ()))
-    emb_norm = reader.norm(node_of(fields, "embeddings_norm"), key_of(fields, "embeddings_norm"), X,
-                           "embeddings_norm") if "embeddings_norm" in fields else None
     if loaded is not None and loaded.embedded is not None:
         for name in ("positions", "token_types", "embeddings_norm"):
             if name in fields:
@@ -179,6 +172,12 @@ def read_embeddings(reader: Reader, fields: Fields, layer: Layer, positions) -> 
                     f"from: {{embeddings: true}} takes the {name.replace('_', ' ')} from the checkpoint: remove "
                     f"{name} or from's embeddings", name)
         positions, token_types, type_ids, emb_norm = loaded.embedded
+    else:
+        token_types = reader.token_types(node_of(fields, "token_types"), key_of(fields, "token_types"), X,
+                                         positions) if "token_types" in fields else None
+        type_ids = tuple(reader.token_ids.get("token_types", ()))
+        emb_norm = reader.norm(node_of(fields, "embeddings_norm"), key_of(fields, "embeddings_norm"), X,
+                               "embeddings_norm") if "embeddings_norm" in fields else None
     if emb_norm is not None:
         check_norm_rows(reader, fields, emb_norm, X, positions, token_types, "embeddings_norm")
     return {"positions": positions, "token_types": token_types, "token_type_ids": type_ids,

@@ -31,7 +31,7 @@ class NormFields:
     def norm(self, node: yaml.Node, key: yaml.Node, X: Matrix | None, field: str = "norm") -> Norm:
         """The ``norm:`` mapping, for an input X of d_model columns (``field`` embeddings_norm: the
         embeddings' own norm, which has no place)."""
-        keys = NORM_KEYS if field == "norm" else NORM_KEYS[:-1]
+        keys = NORM_KEYS if field == "norm" else tuple(k for k in NORM_KEYS if k != "place")
         if X is None:
             raise self.at(key).error("the norm normalises each row of X: give X with the weights, not Q, K and V",
                                      field)
