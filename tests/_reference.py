@@ -21,16 +21,19 @@ import mpmath
 def backward_supported(path) -> bool:
     """Whether a worked example can take a backward pass: not with grouped K/V heads, which have
     none yet, nor through the embeddings' norm (embeddings_norm:, from: {embeddings: true} of a
-    BERT layer), which is not derived."""
+    BERT layer), nor through the MLP and the model's head (mlp:, logits:, from: {block: true}),
+    which are not derived yet."""
     text = path.read_text("utf-8")
     return "kv_heads" not in text and "embeddings_norm:" not in text and \
-        not ("embeddings: true" in text and "layout: bert" in text)
+        not ("embeddings: true" in text and "layout: bert" in text) and \
+        not re.search(r"(?m)^(mlp|logits):|block: true|n_kv_head", text)
 
 
 def has_norm(path) -> bool:
     """Whether a worked example has a norm or a residual stream (``norm:``, ``residual:``,
     ``from: {norm: true}``)."""
-    return bool(re.search(r"(?m)^(norm|residual):|norm: true|residual: true", path.read_text("utf-8")))
+    return bool(re.search(r"(?m)^(norm|residual|mlp|logits):|norm: true|residual: true|block: true",
+                          path.read_text("utf-8")))
 
 
 def frac(text: str, values: dict[str, Fraction] | None = None) -> Fraction:

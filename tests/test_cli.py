@@ -82,6 +82,35 @@ def _from_layer(raw: dict, folder: Path) -> dict:
         out["positions"] = True
         if spec["layout"] == "bert":
             out.update(token_types=True, embeddings_norm={"type": "layernorm", "weight": None, "bias": None})
+    if spec["layout"] == "llama":  # RoPE, and K/V heads shared in groups when there are fewer
+        out["rope"] = True
+        if spec.get("n_kv_head", spec.get("n_head")) != spec.get("n_head"):
+            out["kv_heads"] = spec["n_kv_head"]
+    out.update(_from_block(raw, spec))
+    return out
+
+
+def _layout_norm(layout: str, post: bool = False) -> dict:
+    """A layout's norm as a problem spells it: RMSNorm with γ (llama), LayerNorm with γ and β."""
+    return {"type": "rmsnorm", "weight": None} if layout == "llama" else \
+        {"type": "layernorm", "weight": None, "bias": None, **({"place": "post"} if post else {})}
+
+
+def _from_block(raw: dict, spec: dict) -> dict:
+    """What ``block: true`` (the layer's norm, the residual, the second norm and the MLP) and
+    ``logits: {from: true}`` (the final norm and the unembedding) fill in."""
+    out: dict = {}
+    layout = spec["layout"]
+    if spec.get("block"):
+        if "norm" not in spec:
+            out["norm"] = _layout_norm(layout, post=layout == "bert")
+        out["residual"] = True
+        weights = {"W_gate": None, "W_up": None, "W_down": None} if layout == "llama" else \
+            {"W_1": None, "b_1": None, "W_2": None, "b_2": None}
+        out["mlp"] = {"norm": _layout_norm(layout, post=layout == "bert"), **weights}
+    if isinstance(raw.get("logits"), dict) and raw["logits"].get("from"):
+        out["logits"] = {**{k: v for k, v in raw["logits"].items() if k != "from"}, "norm": _layout_norm(layout),
+                         "W_U": None}
     return out
 
 
@@ -90,7 +119,36 @@ def contract_ids(example: Path) -> list[str]:
     raw = yaml.safe_load(example.read_text("utf-8"))
     if "from" in raw:
         raw.update(_from_layer(raw, example.parent))
-    return _forward_ids(raw) + (_gradient_ids(raw) if "backward" in raw else [])
+    if "mlp" in raw or "logits" in raw:  # both read the residual stream
+        raw["residual"] = True
+    return _forward_ids(raw) + _block_ids(raw) + (_gradient_ids(raw) if "backward" in raw else [])
+
+
+def _block_ids(raw: dict) -> list[str]:
+    """The ids of the MLP (issue 31): its norm, its weights and stages, the block's output; then
+    the model's head: the final norm, the unembedding, the logits, P, and the loss."""
+    ids: list[str] = []
+    mlp, logits = raw.get("mlp"), raw.get("logits")
+
+    def renamed(norm_ids: list[str], prefix: str) -> list[str]:
+        return [prefix + i[len("norm"):] if i.startswith("norm_") else i for i in norm_ids]
+
+    if mlp is not None:
+        norm = mlp.get("norm")
+        post = norm is not None and norm.get("place") == "post"
+        if norm is not None and not post:
+            ids += renamed(_norm_ids(norm, "H_hat", "H_norm"), "mlp")
+        if "W_gate" in mlp:
+            ids += ["W_gate", "W_up", "U_gate", "U_up", "G", "W_down", "F"]
+        else:
+            ids += ["W_1"] + ["b_1"] * ("b_1" in mlp) + ["U", "G", "W_2"] + ["b_2"] * ("b_2" in mlp) + ["F"]
+        ids += ["Y_sum", *renamed(_norm_ids(norm, "Y_hat", "Y"), "mlp")] if post else ["Y"]
+    if logits is not None:
+        ids += ["Y_last"] * (logits.get("rows") == "last")
+        if "norm" in logits:
+            ids += renamed(_norm_ids(logits["norm"], "Y_final_hat", "Y_final"), "final")
+        ids += ["W_U", "logits", "P"] + (["nll", "L"] if "loss" in raw else [])
+    return ids
 
 
 def _forward_ids(raw: dict) -> list[str]:

@@ -43,7 +43,7 @@ GRADIENT_OPS = frozenset({"matmul", "T", "add_row", "col_sums", "scale", "softma
                           "normalise_backward"})
 LEFT_TO_NUMERIC = ("mask", "add_mask", "softmax", "row_mean", "row_spread", "normalise")  # ArbOps and FloatOps refuse these
 # The operations only the common mistakes call (on NumericOps), beside the protocol's.
-MISTAKE_OPS = frozenset({"columns_attend", "jacobian_diagonal", "zero_masked"})
+MISTAKE_OPS = frozenset({"columns_attend", "jacobian_diagonal", "zero_masked", "column_softmax", "grid"})
 
 
 def _make(backend):
@@ -203,6 +203,11 @@ CASES = {
     "hadamard": ("hadamard", ("a", "c"), lambda ops, p, m: ops.hadamard(_feed(ops, p["a"]), _feed(ops, p["c"]))),
     "normalise_backward": ("normalise_backward", ("s",), lambda ops, p, m: _back_through(ops, p, centred=True)),
     "normalise_backward_rms": ("normalise_backward", ("s",), lambda ops, p, m: _back_through(ops, p, centred=False)),
+    **{f"activate_{name}": ("activate", ("s",), lambda ops, p, m, name=name: ops.activate(_feed(ops, p["s"]), name))
+       for name in ("relu", "relu2", "gelu", "gelu-tanh", "silu")},
+    "row_softmax": ("row_softmax", ("s",), lambda ops, p, m: ops.row_softmax(_feed(ops, p["s"]))),
+    "nll": ("nll", ("s",), lambda ops, p, m: ops.nll(_feed(ops, p["s"]), [2, 0], [0, 2])),
+    "nll_bits": ("nll", ("s",), lambda ops, p, m: ops.nll(_feed(ops, p["s"]), [1], [1], "log2")),
     "tiled_max": ("tiled_max", ("s",), lambda ops, p, m: ops.tiled_max(_masked(ops, p, m), 2)),
     "tiled_sums": ("tiled_sums", ("s",), lambda ops, p, m: ops.tiled_sums(*_tiled(ops, p, m)[:2], 2)),
     "tiled_acc": ("tiled_acc", ("s", "c"), lambda ops, p, m: ops.tiled_acc(*_tiled(ops, p, m), 2)),

@@ -201,7 +201,41 @@ def _from_fields(problem: dict) -> dict:
         problem["positions"] = True
         if spec["layout"] == "bert":
             problem.update(token_types=True, embeddings_norm={"type": "layernorm"})
+    if spec["layout"] == "llama":  # RoPE, and K/V heads shared in groups when there are fewer
+        problem["rope"] = True
+        if spec.get("n_kv_head", spec.get("n_head")) != spec.get("n_head"):
+            problem["kv_heads"] = spec["n_kv_head"]
+    if spec.get("block"):  # the whole layer: its norm, the residual, its second norm and its MLP
+        norm = {"type": "rmsnorm" if spec["layout"] == "llama" else "layernorm",
+                **({"place": "post"} if spec["layout"] == "bert" else {})}
+        problem.setdefault("norm", norm)
+        problem.update(residual=True, heads=[None] * count,
+                       mlp={"norm": norm, **({"W_gate": None} if spec["layout"] == "llama" else {})})
+    if isinstance(problem.get("logits"), dict) and problem["logits"].get("from"):
+        problem["logits"] = {**problem["logits"], "norm": {"type": "rmsnorm" if spec["layout"] == "llama"
+                                                            else "layernorm"}}
     return problem
+
+
+def _block_headings(problem: dict) -> list[str]:
+    """The steps of the MLP and of the model's head (issue 31), after the residual stream."""
+    out = []
+    mlp, logits = problem.get("mlp"), problem.get("logits")
+    if mlp is not None:
+        norm = mlp.get("norm")
+        kind = "RMSNorm" if norm and norm.get("type") == "rmsnorm" else "LayerNorm"
+        post = bool(norm) and norm.get("place") == "post"
+        out += [f"Normalise the residual stream ({kind})"] * (bool(norm) and not post)
+        gated = {"silu": "SwiGLU", "gelu": "GeGLU", "gelu-tanh": "GeGLU, tanh form"}.get(mlp.get("activation", "silu"))
+        out.append(f"The MLP (gated: {gated})" if "W_gate" in mlp else "The MLP")
+        out.append(f"The residual sum and its norm (post-norm, {kind})" if post else
+                   "Add the MLP's output to the residual stream")
+    if logits is not None:
+        norm = logits.get("norm")
+        out += [f"The final norm ({'RMSNorm' if norm.get('type') == 'rmsnorm' else 'LayerNorm'})"] if norm else []
+        out += ["The logits: every word scored", "Next-token probabilities"]
+        out += ["The cross-entropy loss"] * ("loss" in problem)
+    return out
 
 
 def _norm_headings(problem: dict) -> tuple[list[str], list[str]]:
@@ -217,7 +251,10 @@ def _norm_headings(problem: dict) -> tuple[list[str], list[str]]:
 
 def _forward_headings(problem: dict) -> list[str]:
     problem = _from_fields(problem)
+    if "mlp" in problem or "logits" in problem:  # both read the residual stream
+        problem["residual"] = True
     front, back = _norm_headings(problem)
+    back = back + _block_headings(problem)
     stage_titles = STAGE_TITLES
     if "rope" in problem:  # RoPE rotates the queries and keys before the keys are transposed
         stage_titles = (*STAGE_TITLES[:2], ROPE_TITLE, *STAGE_TITLES[2:])

@@ -19,10 +19,10 @@ import mpmath
 from . import arb as _arb
 from . import evaluation as _evaluation
 from . import lazy as _lazy
-from . import norms as _norms
 from . import rotary as _rotary
 from . import softmax as _softmax
 from . import structures as _structures
+from . import written as _written
 from .. import stages
 from ..errors import SymattnError
 from ..numbers.matrices import Matrix, is_rational
@@ -38,9 +38,7 @@ from ..text import did_you_mean
 
 Values = list[list[mpmath.mpf]]
 
-# Gradient entries are sums of fractions over the rows' normalisers, and their size grows
-# quickly with n: above this many scores (n_q·n_k) a worked solution shows them in decimals.
-EXACT_LIMIT = 64
+EXACT_LIMIT = _written.EXACT_LIMIT  # the scores (n_q·n_k) above which gradients are shown in decimals
 # Up to this many entries, a written-out gradient's exact entries are read to show its exact zeros
 # as 0 in decimals (they are built for the worked solution anyway).
 ZERO_CHECK_LIMIT = 4096
@@ -478,27 +476,21 @@ def derive(problem: Problem, *, on_step=None, cls: type[Derivation] = Derivation
     if getattr(problem, "embeddings_norm", None) is not None and problem.backward is not None:
         raise SymattnError(NO_EMBEDDINGS_BACKWARD, file=problem.source, field="backward")
     values: dict[str, object] = {}
+    shown: dict[str, bool] = {}  # whether each stage so far is written exactly
     steps: list[Step] = []
     for planned in stages.plan(problem):
         try:
-            step = _step(planned, values, cls.step_class)
+            step = _step(planned, values, cls.step_class, shown)
         except SymattnError as exc:
             if exc.file is not None:
                 raise
             raise SymattnError(exc.message, file=problem.source, field=exc.field) from None
         values[step.id] = step.value
+        shown[step.id] = step.written_exactly
         steps.append(step)
         if on_step is not None:
             on_step(step.id)  # the progress display
     return cls(problem, tuple(steps))
-
-
-NORMED_FROM = stages.BY_KEY[stages.EMU].order  # a norm's first stage: the exactness rules below apply from it on
-NORMED_MIXES_FROM = stages.BY_KEY[stages.O].order  # O = A·V: the stages from it on mix the normalised value rows
-NORMED_EXACT_LIMIT = 16  # n_k · d_model up to which they are written exactly (a hand-sized problem)
-NORMED_EXACT_CHARS = 24  # the longest exact entry (as text) a stage over normalised rows is written with
-NORMED_STREAM_FROM = stages.BY_KEY[stages.H].order  # the residual stream and a norm behind it: sums over the Z_i
-NORMED_STREAM_CHARS = 160  # the longest exact entry they are written with (a post norm's roots of such sums: none)
 
 
 def _exactly_zero(step: Step, i: int, j: int) -> bool:
@@ -510,30 +502,7 @@ def _exactly_zero(step: Step, i: int, j: int) -> bool:
     return step.lazy[i, j] == 0
 
 
-def _rational_norm(p: Problem, values: dict) -> bool:
-    """Whether the problem has no norm, or one whose normalised rows are rational (every root
-    √(σ_i² + ε) rational, as in a hand exercise)."""
-    return all(hat is not None and _norms.rational_rows_of(hat) for hat in
-               (values.get(key) for key in stages.hat_keys(p)))
-
-
-def _short_entries(value, chars: int = NORMED_EXACT_CHARS) -> bool:
-    """Whether the corners and the middle entry of ``value`` are each at most ``chars`` long as text
-    (a few entries built: the rest are like them); for the softmax, the exponents z_ij − m_i that
-    its weights are written with, each over its row's Z_i."""
-    if isinstance(value, _structures.Softmax):
-        rows = value.rows
-        return all(e is None or len(str(e)) <= chars
-                   for row in (rows[0], rows[len(rows) // 2], rows[-1]) for e in row.exponents)
-    m = _structures.matrix_of(value)
-    rows, cols = m.rows, m.cols
-    if rows == 0 or cols == 0:
-        return True
-    spots = {(0, 0), (0, cols - 1), (rows - 1, 0), (rows - 1, cols - 1), (rows // 2, cols // 2)}
-    return all(len(str(m[i, j])) <= chars for i, j in spots)
-
-
-def _step(planned: stages.Planned, values: dict, step_class: type[Step] = Step) -> Step:
+def _step(planned: stages.Planned, values: dict, step_class: type[Step] = Step, shown: dict | None = None) -> Step:
     """One stage: its exact value (given, or by its relation on the earlier values) and how it is shown."""
     kind, c, p = planned.kind, planned.c, planned.c.p
 
@@ -546,26 +515,8 @@ def _step(planned: stages.Planned, values: dict, step_class: type[Step] = Step) 
     shape = _structures.shape_of(result)
     why = kind.text("why", c) + (kind.note(result) if kind.note is not None and not given else "")
     formula, formula_text = kind.text("formula", c)
-    written = True
-    if kind.gradient:
-        short = kind.short is not None and kind.short(ops, result, c)
-        written = p.n_q * p.n_k <= EXACT_LIMIT or short
-        if written and not short and not _rational_norm(p, values):
-            # behind a norm whose roots are irrational every gradient holds them, under the softmax's
-            # exponentials: entries far too long to print, shown as certified decimals
-            written = False
-    elif not given:
-        terms = _rotary.terms_of(result)  # RoPE's long sums of cosines and sines: decimals past a size
-        written = terms is None or terms <= _rotary.EXACT_TERMS
-        if written and stages.has_norm(p) and kind.order >= NORMED_FROM:
-            if kind.order >= NORMED_MIXES_FROM:
-                # an output mixes value rows that each carry their own root 1/√(σ_j² + ε): past a
-                # hand-sized problem its entries are sums of n_k such rows times exponentials
-                written = p.n_k * p.X.cols <= NORMED_EXACT_LIMIT
-                if written and kind.order >= NORMED_STREAM_FROM:  # the stream adds X: longer still
-                    written = _short_entries(result, NORMED_STREAM_CHARS)
-            else:  # rows of real floats over their roots: long numbers, shown in decimals past a width
-                written = _short_entries(result)
+    inputs_shown = shown is None or all(shown.get(i, True) for i in stages.input_ids(kind, c))
+    written = _written.written(kind, result, c, values, ops, given, inputs_shown)
     matrix = _structures.matrix_of(result)
     axes = kind.text("axes", c)
     return step_class(
@@ -592,5 +543,14 @@ def _labels(axis: str, n: int, p: Problem) -> tuple[str, ...]:
     if axis == stages.COSTS:
         return stages.COST_COLUMNS[:n]
     if axis in (stages.MEAN, stages.VARIANCE, stages.MEAN_SQUARE):  # a norm's one column of row statistics
+        return (axis,)
+    if axis == stages.LAST:  # the last position's row (the logits of rows: last)
+        return p.tokens[-1:]
+    if axis == stages.VOCAB:  # a column per word of the vocabulary: its word, or its id
+        return tuple(p.logits.word(j) for j in range(n))
+    if axis == stages.LOSS_ROWS:  # the rows the loss takes, each with its target word
+        tokens = p.tokens[-1:] if p.logits.last else p.tokens
+        return tuple(f"{tokens[r]} → {p.logits.word(t)}" for r, t in zip(p.loss.rows, p.loss.targets))
+    if axis in (stages.NLL_AXIS, stages.LOSS_AXIS):
         return (axis,)
     return tuple(f"{axis}{i + 1}" for i in range(n))

@@ -9,6 +9,7 @@ import sympy
 from sympy import QQ
 
 from ..numbers.matrices import Matrix, is_rational, rational_matrix, tidy
+from . import block as _block
 from . import norms as _norms
 from . import products as _products
 from . import rotary as _rotary
@@ -283,6 +284,17 @@ class ExactOps(Ops):
 
     def is_rational(self, x) -> bool:
         return is_rational(matrix_of(x))
+
+    # -- the MLP and the model's head (see symattn.exact.block) --------------------------------------
+
+    def activate(self, m, name: str):
+        return _block.activate(matrix_of(m), name)
+
+    def row_softmax(self, z):
+        return _block.row_softmax(matrix_of(z))
+
+    def nll(self, z, targets, rows, base=None):
+        return _block.nll(matrix_of(z), targets, rows, base)
 
     # -- the online (tiled) softmax (see symattn.exact.tiled) --------------------------------------
 

@@ -16,7 +16,7 @@ import mpmath
 import sympy
 from sympy import QQ
 
-from ..numbers.matrices import NEG_INF, Matrix, is_rational, qq_to_sympy, rational_matrix, tidy
+from ..numbers.matrices import NEG_INF, is_rational, qq_to_sympy, rational_matrix, tidy
 from . import products as _products
 from .evaluation import mpf_of_qq, to_mpf
 from .lazy import LazyMatrix, rational_rows
@@ -28,7 +28,9 @@ def row_mean(m):
         rows = rational_rows(m)
         d = QQ(m.cols)
         return rational_matrix(m.rows, 1, [sum(row, QQ(0)) / d for row in rows])
-    return Matrix(m.rows, 1, [sympy.Add(*[m[i, k] for k in range(m.cols)]) / m.cols for i in range(m.rows)])
+    # built when read: behind the softmax each entry is a long sum, and a stage far down the block
+    # (the final norm of the logit lens) shows its decimals without building them
+    return LazyMatrix(m.rows, 1, lambda i, j: sympy.Add(*[m[i, k] for k in range(m.cols)]) / m.cols)
 
 
 def row_spread(m, mu, ddof: int = 0):
@@ -44,9 +46,11 @@ def row_spread(m, mu, ddof: int = 0):
                 total += (x - c) * (x - c)
             out.append(total / QQ(d))
         return rational_matrix(m.rows, 1, out)
-    centres = [0] * m.rows if mu is None else [mu[i, 0] for i in range(m.rows)]
-    return Matrix(m.rows, 1, [sympy.Add(*[(m[i, k] - centres[i]) ** 2 for k in range(m.cols)]) / d
-                              for i in range(m.rows)])
+    def entry(i: int, j: int) -> sympy.Expr:
+        centre = 0 if mu is None else mu[i, 0]
+        return sympy.Add(*[(m[i, k] - centre) ** 2 for k in range(m.cols)]) / d
+
+    return LazyMatrix(m.rows, 1, entry)
 
 
 def inverse_root(r: sympy.Expr) -> sympy.Expr:
@@ -62,9 +66,14 @@ def normalise(m, mu, spread, eps: sympy.Expr, inside: bool = True):
         centred = _centred(m, mu)
         roots = tuple(inverse_root(qq_to_sympy(r[0]) + eps) for r in rational_rows(spread))
         return RowScaled(centred, roots)
-    centres = [0] * n if mu is None else [mu[i, 0] for i in range(n)]
-    dividers = [sympy.sqrt(spread[i, 0] + eps) if inside else sympy.sqrt(spread[i, 0]) + eps for i in range(n)]
-    return LazyMatrix(n, m.cols, lambda i, j: (m[i, j] - centres[i]) / dividers[i])
+    dividers: dict[int, sympy.Expr] = {}
+
+    def entry(i: int, j: int) -> sympy.Expr:
+        if i not in dividers:
+            dividers[i] = sympy.sqrt(spread[i, 0] + eps) if inside else sympy.sqrt(spread[i, 0]) + eps
+        return (m[i, j] - (0 if mu is None else mu[i, 0])) / dividers[i]
+
+    return LazyMatrix(n, m.cols, entry)
 
 
 def _centred(m, mu):

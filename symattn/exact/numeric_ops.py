@@ -8,6 +8,7 @@ import mpmath
 import sympy
 
 from ..numbers.matrices import is_rational
+from . import block as _block
 from . import tiled as _tiled
 from .arb import mp_matmul
 from .evaluation import evaluate, to_mpf
@@ -173,6 +174,21 @@ class NumericOps(Ops):
                 root = mpmath.sqrt(s + e)
                 out.append([(x - first - y * second) / root for x, y in zip(g, h)])
             return out
+
+    def activate(self, m, name: str) -> Values:
+        f = _block.NUMERIC[name]
+        with mpmath.workdps(self.dps + 10):
+            return [[f(x) for x in row] for row in self.grid(m)]
+
+    def row_softmax(self, z) -> Values:
+        return self.softmax(z)
+
+    def nll(self, z, targets, rows, base=None) -> Values:
+        return _block.numeric_nll(self.grid(z), targets, rows, self.dps, base)
+
+    def column_softmax(self, z) -> Values:
+        """The softmax of each column (over the wrong axis: a slip)."""
+        return self.T(self.softmax(self.T(self.grid(z))))
 
     def tiled_max(self, z, block: int, running: bool = True) -> Values:
         return _tiled.numeric_maxima(self.grid(z), block, running)

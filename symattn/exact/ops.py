@@ -142,6 +142,19 @@ class Ops(Protocol):
         the mean of ``d_i`` for RMSNorm."""
         raise NotImplementedError
 
+    def activate(self, m: Value, name: str) -> Value:
+        """The MLP's activation ``name`` (relu, relu2, gelu, gelu-tanh, silu) of each entry of ``m``."""
+        raise NotImplementedError
+
+    def row_softmax(self, z: Value) -> Value:
+        """The softmax of each row of ``z`` over every column (the vocabulary: nothing masked)."""
+        raise NotImplementedError
+
+    def nll(self, z: Value, targets: Sequence[int], rows: Sequence[int], base: str | None = None) -> Value:
+        """The len(rows) × 1 cross-entropies ``−log softmax(z)[r, t]`` of each used row ``r`` of the
+        logits ``z`` and its target ``t`` (natural log; ``base`` "log2": in bits, a slip)."""
+        raise NotImplementedError
+
     def tiled_max(self, z: Value, block: int) -> Value:
         """The running maximum of each row of ``z`` after each block of ``block`` keys."""
         raise NotImplementedError

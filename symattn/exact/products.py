@@ -97,5 +97,7 @@ def transpose(m):
 def scale(m: Matrix, factor: sympy.Expr) -> Matrix:
     if is_rational(m) and factor.is_Rational:
         return matrix_from_domain(_dm(m) * QQ(int(factor.p), int(factor.q)))
+    if isinstance(m, LazyMatrix):  # built when read (the loss of a block: its entries are long)
+        return LazyMatrix(m.rows, m.cols, lambda i, j: tidy(m[i, j] * factor))
     return m.applyfunc(lambda x: tidy(x * factor))
 

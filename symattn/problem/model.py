@@ -94,6 +94,80 @@ class Norm:
         return Matrix(1, self.weight.cols, lambda i, j: self.offset + self.weight[0, j])
 
 
+# the MLP's activations: ReLU, its square, GELU with erf (exact) or with tanh (GPT-2's), SiLU (x·σ(x))
+ACTIVATIONS = ("relu", "relu2", "gelu", "gelu-tanh", "silu")
+GATED_ACTIVATIONS = ("silu", "gelu-tanh", "gelu")  # SwiGLU, GeGLU (tanh or erf)
+# the backward pass is not derived through the MLP and the model's head yet: the refusal, in the file and for --backward
+NO_BLOCK_BACKWARD = ("the backward pass through the MLP, the logits and the loss is not derived yet: leave out "
+                     "backward, or mlp, logits and loss")
+
+
+@dataclass(frozen=True)
+class Mlp:
+    """The MLP behind the attention, on the residual stream H.
+
+    Plain: ``F = act(H_n·W_1 + b_1)·W_2 + b_2``; gated (LLaMA's): ``F = (act(H_n·W_gate) ∘
+    (H_n·W_up))·W_down`` with ``W_1`` the gate's weights, ``W_up`` the up weights and ``W_2`` the
+    down weights. H_n is ``norm``'s output (place pre: GPT-2's ln_2, LLaMA's
+    post_attention_layernorm), or H itself; with a post norm (BERT) the block's output is
+    ``Y = LN(H + F)``, else ``Y = H + F``.
+    """
+
+    activation: str
+    W_1: Matrix  # d_model × d_ff (the gate's weights when gated)
+    W_2: Matrix  # d_ff × d_model (the down weights when gated)
+    b_1: Matrix | None = None  # 1 × d_ff
+    b_2: Matrix | None = None  # 1 × d_model
+    W_up: Matrix | None = None  # d_model × d_ff: gated
+    norm: Norm | None = None
+
+    @property
+    def gated(self) -> bool:
+        return self.W_up is not None
+
+    @property
+    def d_ff(self) -> int:
+        return self.W_1.cols
+
+    @property
+    def post(self) -> bool:
+        return self.norm is not None and self.norm.post
+
+
+@dataclass(frozen=True)
+class Logits:
+    """The model's head: the final norm (``norm``, GPT-2's ln_f, LLaMA's model.norm; None: none)
+    and the unembedding ``W_U`` (d_model × vocabulary; ``tied``: the embedding table, transposed).
+    ``last``: only the last position's row; ``top``: how many of the likeliest tokens the solution
+    lists per row; ``vocab``: the words of the vocabulary's ids (0-based), or () for ids;
+    ``lens``: the layer is not the model's last (the logit lens)."""
+
+    W_U: Matrix
+    norm: Norm | None = None
+    last: bool = False
+    top: int = 5
+    tied: bool = False
+    vocab: tuple[str, ...] = ()
+    lens: bool = False
+
+    @property
+    def size(self) -> int:
+        return self.W_U.cols
+
+    def word(self, j: int) -> str:
+        """Vocabulary entry ``j`` (0-based) as the solution names it: its word, or #j."""
+        return self.vocab[j] if self.vocab else f"#{j}"
+
+
+@dataclass(frozen=True)
+class Loss:
+    """The cross-entropy loss: ``targets`` holds one vocabulary id (0-based) for each of the logits'
+    ``rows`` it is taken over (0-based); L is the mean over them of −log P[r, t] (natural log)."""
+
+    targets: tuple[int, ...]
+    rows: tuple[int, ...]
+
+
 @dataclass(frozen=True)
 class Head:
     """One attention head's weights, and its projection biases (1 × d rows added to every row of
@@ -192,6 +266,9 @@ class Problem:
     token_types: Matrix | None = None  # BERT's token-type rows, one per token, added with the positions
     token_type_ids: tuple[int, ...] = ()  # which row of the token-type table each token took (0-based)
     embeddings_norm: Norm | None = None  # the embeddings' own norm (BERT's): its output is the layer's input
+    mlp: Mlp | None = None  # the MLP behind the attention, on the residual stream; None: none
+    logits: Logits | None = None  # the final norm and the unembedding; None: none
+    loss: Loss | None = None  # the cross-entropy of the logits; None: none
 
     def kv_group(self, head: int) -> int:
         """The K/V group (1-based) that query head ``head`` (1-based) reads: heads

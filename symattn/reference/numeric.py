@@ -9,6 +9,7 @@ cross-check compares its stages with the exact ones, stage by stage.
 from __future__ import annotations
 
 import functools
+import math
 
 import numpy as np
 import sympy
@@ -191,7 +192,75 @@ _NORM_IDS = {
     "pre": (st.MU, st.VAR, st.MS, st.X_HAT, st.GAMMA, st.BETA),
     "post": (st.MU, st.VAR, st.MS, st.R_HAT, st.GAMMA, st.BETA),
     "emb": (st.EMU, st.EVAR, st.EMS, st.X_EMB_HAT, st.EGAMMA, st.EBETA),
+    "mlp": (st.MLP_MU, st.MLP_VAR, st.MLP_MS, st.H_HAT, st.MLP_GAMMA, st.MLP_BETA),
+    "mlp_post": (st.MLP_MU, st.MLP_VAR, st.MLP_MS, st.Y_HAT, st.MLP_GAMMA, st.MLP_BETA),
+    "final": (st.FINAL_MU, st.FINAL_VAR, st.FINAL_MS, st.Y_FINAL_HAT, st.FINAL_GAMMA, st.FINAL_BETA),
 }
+
+_erf = np.vectorize(math.erf, otypes=[np.float64])
+# the MLP's activations in float64, as PyTorch's and the models' code write them
+ACTIVATIONS = {
+    "relu": lambda x: np.maximum(x, 0.0),
+    "relu2": lambda x: np.maximum(x, 0.0) ** 2,
+    "gelu": lambda x: 0.5 * x * (1.0 + _erf(x / math.sqrt(2.0))),
+    "gelu-tanh": lambda x: 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3))),
+    "silu": lambda x: x / (1.0 + np.exp(-x)),
+}
+
+
+def block_f64(p: Problem, out: dict, H: np.ndarray) -> None:
+    """The MLP on the residual stream ``H`` (its norm first), the block's output Y, and the model's
+    head: the final norm, the logits, the softmax over the vocabulary and the cross-entropy."""
+    mlp, top = p.mlp, H
+    if mlp is not None:
+        x = H
+        if mlp.norm is not None and not mlp.post:                  # GPT-2's ln_2, LLaMA's post_attention_layernorm
+            x = out[st.H_NORM] = layer_norm_f64(H, mlp.norm, out, "mlp")
+        act = ACTIVATIONS[mlp.activation]
+        if mlp.gated:                                              # SwiGLU / GeGLU: act(x W_gate) * (x W_up)
+            W_gate, W_up = out[st.W_GATE], out[st.W_UP] = to_float64(mlp.W_1), to_float64(mlp.W_up)
+            gate, up = out[st.U_GATE], out[st.U_UP] = x @ W_gate, x @ W_up
+            G = out[st.G] = act(gate) * up
+            W_2 = out[st.W_DOWN] = to_float64(mlp.W_2)
+        else:
+            W_1 = out[st.W_1] = to_float64(mlp.W_1)
+            U = x @ W_1
+            if mlp.b_1 is not None:
+                U = U + _bias(out, st.B_1, mlp.b_1, None)
+            out[st.U] = U
+            G = out[st.G] = act(U)
+            W_2 = out[st.W_2] = to_float64(mlp.W_2)
+        F = G @ W_2
+        if mlp.b_2 is not None:
+            F = F + _bias(out, st.B_2, mlp.b_2, None)
+        out[st.F] = F
+        if mlp.post:                                               # BERT: Y = LN(H + F)
+            top = out[st.Y] = layer_norm_f64(out.setdefault(st.Y_SUM, H + F), mlp.norm, out, "mlp_post")
+        else:
+            top = out[st.Y] = H + F
+    if p.logits is not None:
+        _head_f64(p, out, top)
+
+
+def _head_f64(p: Problem, out: dict, top: np.ndarray) -> None:
+    """The final norm, the logits, their softmax over the vocabulary and the loss."""
+    head = p.logits
+    x = top
+    if head.last:
+        x = out[st.Y_LAST] = top[-1:]
+    if head.norm is not None:
+        x = out[st.Y_FINAL] = layer_norm_f64(x, head.norm, out, "final")
+    W_U = out[st.W_U] = to_float64(head.W_U)
+    z = out[st.LOGITS] = x @ W_U                                   # (rows, d_model) @ (d_model, vocabulary)
+    m = z.max(axis=1, keepdims=True)
+    e = np.exp(z - m)
+    total = e.sum(axis=1, keepdims=True)
+    out[st.P] = e / total
+    if p.loss is not None:
+        rows, targets = np.array(p.loss.rows), np.array(p.loss.targets)
+        nll = (m[rows, 0] + np.log(total[rows, 0])) - z[rows, targets]   # log Σ e^z − z_t, the max taken out
+        out[st.NLL] = nll[:, None]
+        out[st.LOSS] = np.array([[nll.mean()]])
 
 
 def layer_norm_f64(x: np.ndarray, norm, out: dict, place: str = "pre") -> np.ndarray:
@@ -309,4 +378,5 @@ def numeric_stages(p: Problem) -> dict[str, np.ndarray]:
             out[st.H] = layer_norm_f64(total, p.norm, out, "post")
         else:
             out[st.H] = total
+        block_f64(p, out, out[st.H])
     return out

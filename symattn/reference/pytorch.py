@@ -131,8 +131,52 @@ def torch_stages(p: Problem) -> dict[str, np.ndarray]:
             O = linear(torch.cat(outputs, dim=1), p.W_O, p.b_O)
             out[st.O] = O.numpy()
         if p.residual:
-            out[st.H] = torch_residual(F, p, block, O, t).numpy()
+            H = torch_residual(F, p, block, O, t)
+            out[st.H] = H.numpy()
+            torch_block(torch, F, p, H, t, out)
     return out
+
+
+# the MLP's activations as PyTorch's modules and functions compute them
+TORCH_ACTIVATIONS = {
+    "relu": lambda torch, F, x: F.relu(x),
+    "relu2": lambda torch, F, x: F.relu(x) ** 2,
+    "gelu": lambda torch, F, x: torch.nn.GELU()(x),
+    "gelu-tanh": lambda torch, F, x: torch.nn.GELU(approximate="tanh")(x),
+    "silu": lambda torch, F, x: F.silu(x),
+}
+
+
+def torch_block(torch, F, p: Problem, H, t, out: dict) -> None:
+    """The MLP (nn.Linear's arithmetic, nn.GELU, F.silu), the block's output Y, and the model's head:
+    the final norm, the logits, F.softmax over the vocabulary and F.cross_entropy."""
+    top, mlp = H, p.mlp
+    if mlp is not None:
+        x = torch_norm(F, mlp.norm, H, t) if mlp.norm is not None and not mlp.post else H
+        act = TORCH_ACTIVATIONS[mlp.activation]
+        if mlp.gated:                                       # LLaMA's down(act(gate(x)) * up(x))
+            G = act(torch, F, F.linear(x, t(mlp.W_1).T)) * F.linear(x, t(mlp.W_up).T)
+        else:
+            G = act(torch, F, F.linear(x, t(mlp.W_1).T, None if mlp.b_1 is None else t(mlp.b_1)[0]))
+        out[st.G] = G.numpy()
+        Fo = F.linear(G, t(mlp.W_2).T, None if mlp.b_2 is None else t(mlp.b_2)[0])
+        out[st.F] = Fo.numpy()
+        top = torch_norm(F, mlp.norm, H + Fo, t) if mlp.post else H + Fo
+        out[st.Y] = top.numpy()
+    head = p.logits
+    if head is None:
+        return
+    x = top[-1:] if head.last else top
+    if head.norm is not None:
+        x = torch_norm(F, head.norm, x, t)
+        out[st.Y_FINAL] = x.numpy()
+    z = x @ t(head.W_U)
+    out[st.LOGITS] = z.numpy()
+    out[st.P] = F.softmax(z, dim=-1).numpy()
+    if p.loss is not None:
+        rows, targets = torch.tensor(p.loss.rows), torch.tensor(p.loss.targets)
+        out[st.NLL] = F.cross_entropy(z[rows], targets, reduction="none")[:, None].numpy()
+        out[st.LOSS] = F.cross_entropy(z[rows], targets).reshape(1, 1).numpy()
 
 
 def torch_embedded(torch, F, p: Problem, t, out: dict):

@@ -9,6 +9,7 @@ from .. import stages as registry
 from . import prose
 from .escape import tex_token
 from .grid import MAX_SHOWN, grid, grid_blocks
+from .head import top_lines
 from .measure import LINE_WIDTH, SPLIT_WIDTH, answer_box, width
 from .numbers import tex
 from .matrices import (
@@ -186,6 +187,8 @@ def _step_blocks(d: Derivation, step: Step, digits: int, max_shown: int, shade: 
                          lambda b: approx_tex_blocks(d, step, digits, max_shown, shade, b), "decimal", split)
     if "tiles" in step.shows:
         out += tile_blocks(d, step, max_shown)
+    if "top" in step.shows and evaluable:
+        out += [Block("para", line) for line in top_lines(d, step, digits)]
     return out
 
 
@@ -416,13 +419,16 @@ def check_sentence(check) -> str:
         f"the largest difference is {check.max_abs_error:.1e} (tolerance {check.tolerance:.0e})."
     )
     if check.torch is not None:
-        what = "weights, outputs and gradients" if check.finite_differences is not None else "weights and outputs"
+        items = ["weights", "outputs"] + (["gradients"] if check.finite_differences is not None else [])
         compared = {registry.split_id(i)[1] for i in check.torch.per_stage}
-        extra = [name for key, name in ((registry.X_EMB, "the embeddings' norm (F.layer_norm)"),
-                                        (registry.X_NORM, "the norm's output (F.layer_norm or F.rms_norm)"),
-                                        (registry.H, "the residual stream")) if key in compared]
-        if extra:
-            what = what.replace(" and ", ", ") + ", " + " and ".join(extra)
+        items += [name for key, name in ((registry.X_EMB, "the embeddings' norm (F.layer_norm)"),
+                                         (registry.X_NORM, "the norm's output (F.layer_norm or F.rms_norm)"),
+                                         (registry.H, "the residual stream"),
+                                         (registry.G, "the MLP's activation (nn.GELU, F.silu, F.relu)"),
+                                         (registry.Y, "the block's output"), (registry.LOGITS, "the logits"),
+                                         (registry.P, "the probabilities (F.softmax)"),
+                                         (registry.LOSS, "the loss (F.cross_entropy)")) if key in compared]
+        what = ", ".join(items[:-1]) + " and " + items[-1]
         sentence += (
             f" The {what} also agree with PyTorch's scaled_dot_product_attention in float64: "
             f"the largest difference is {check.torch.max_abs_error:.1e}."

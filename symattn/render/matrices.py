@@ -165,6 +165,9 @@ def normaliser_tex(d: Derivation, step: Step, i: int, digits: int) -> tuple[str,
 WORKED_EXACT_CHARS = 24  # with decimals=True, a longer factor (a norm's row over its root) is a decimal
 
 
+WORKED_ROOT_CHARS = 16  # a factor over a row's root longer than this is written as its decimal
+
+
 def worked_dot_tex(dot, decimals: bool = False, digits: int = 4) -> str:
     """One entry worked as a dot product; with ``decimals``, each factor too long to read exactly
     (a real float over its row's root) as a decimal, and the value then ≈ its decimal."""
@@ -173,7 +176,7 @@ def worked_dot_tex(dot, decimals: bool = False, digits: int = 4) -> str:
     rounded = []
 
     def factor(x) -> str:
-        if decimals and len(str(x)) > WORKED_EXACT_CHARS:
+        if decimals and (len(str(x)) > WORKED_EXACT_CHARS or not x.is_Rational and len(str(x)) > WORKED_ROOT_CHARS):
             rounded.append(x)
             return tex_decimal(_mp(x), digits)
         return factor_tex(x)

@@ -58,7 +58,7 @@ def render(text: str, prose: Callable[[str], str], math: Callable[[str], str]) -
 # The subscripted names symattn's own sentences still write in words (shape notes, the problem's
 # sizes), set as math wherever they stand alone. Only these: a token such as a_b stays text.
 NAMES = {
-    "d_model": "d_{\\mathrm{model}}", "d_out": "d_{\\mathrm{out}}",
+    "d_model": "d_{\\mathrm{model}}", "d_out": "d_{\\mathrm{out}}", "d_ff": "d_{\\mathrm{ff}}",
     "d_k": "d_k", "d_v": "d_v", "n_q": "n_q", "n_k": "n_k", "n": "n", "m_i": "m_i", "Z_i": "Z_i",
     **{k.name: k.name for k in KINDS if k.source is not None and not k.labelled},  # W_Q, W_K, W_V, W_O
 }
@@ -102,6 +102,7 @@ _COMMANDS = {
     "\\left": "", "\\right": "", "\\ell": "ℓ", "\\ldots": "…",
     "\\theta": "θ", "\\alpha": "α", "\\beta": "β", "\\pi": "π", "\\varphi": "φ", "\\cos": "cos", "\\sin": "sin", "\\dots": "…",
     "\\mu": "μ", "\\sigma": "σ", "\\gamma": "γ", "\\varepsilon": "ε", "\\odot": "∘",
+    "\\log": "log ", "\\tanh": "tanh", "\\Phi": "Φ",
 }
 _OPERATORS = {"\\cdot", "\\times", "\\le", "\\ge", "\\to", "\\approx", "\\circ", "\\odot"}
 _WRAPPERS = ("\\operatorname", "\\mathrm", "\\mathbf", "\\text", "\\hat", "\\sqrt")

@@ -36,8 +36,8 @@ def turn_of(d: Derivation, step: Step) -> "_rope.Turn | None":
 
 def relative_of(d: Derivation, step: Step) -> "_rope.Relative | None":
     """The relative-position property the scores show (None without RoPE or with one token)."""
-    if d.problem.rope is None or "rope_relative" not in step.shows:
-        return None
+    if d.problem.rope is None or "rope_relative" not in step.shows or not step.written_exactly:
+        return None  # (scores shown in decimals: their exact rotated entries are too long to read)
     Q, K = (d.step(_id(d, step, name)).lazy for name in (stages.Q, stages.K))
     return _rope.relative(d.problem.rope, Q, K, step.lazy, _context(d, step).d_k)
 

@@ -9,6 +9,7 @@ import sympy
 from .. import stages as registry
 from ..text import show_bidi
 from . import prose
+from .head import top_lines
 from .blocks import JACOBIAN_ENTRY, check_sentence
 from .grid import MAX_SHOWN, shown
 from .numbers import DPS, MAX_CELL_TERMS, MAX_TERMS, decimal, exp_parts_text, exp_sum_text, text_entry, value_text
@@ -184,6 +185,8 @@ def document(derivation: Derivation, options: RenderOptions) -> str:
                 out.extend(text_grid(step.rows, step.cols, lambda i, j: decimal(value(i, j), digits), max_shown))
             if "tiles" in step.shows:
                 out.extend(_tiles(d, step, max_shown))
+            if "top" in step.shows and d.can_evaluate:
+                out.extend("  " + prose.plain(line) for line in top_lines(d, step, digits))
             out.append("")
     if options.check is not None:
         out.append(prose.plain(check_sentence(options.check)))

@@ -42,6 +42,25 @@ GAMMA, BETA, X_NORM = "norm_gamma", "norm_beta", "X_norm"
 H, R, R_HAT = "H", "R", "R_hat"
 MU_POST, VAR_POST, MS_POST, GAMMA_POST, BETA_POST, H_POST = (
     "norm_mean_post", "norm_var_post", "norm_ms_post", "norm_gamma_post", "norm_beta_post", "H_post")
+# the rest of the block (mlp:): the MLP's norm of H (the same stages again, named mlp_mean ... H_norm,
+# the MLP's input), its hidden pre-activation U = H_norm·W_1 + b_1 (gated: U_gate and U_up), the
+# activation G = act(U) (gated: act(U_gate) ∘ U_up), its output F = G·W_2 + b_2, and the block's
+# output Y = H + F; with a post norm (BERT) Y_sum = H + F and its norm (hat Y_hat) is Y.
+MLP_MU, MLP_VAR, MLP_MS, H_HAT = "mlp_mean", "mlp_var", "mlp_ms", "H_hat"
+MLP_GAMMA, MLP_BETA, H_NORM = "mlp_gamma", "mlp_beta", "H_norm"
+W_1, B_1, W_UP, W_2, B_2 = "W_1", "b_1", "W_up", "W_2", "b_2"
+W_GATE, U_GATE, W_DOWN = "W_gate", "U_gate", "W_down"  # gated: W_gate and W_up, then W_down
+U, U_UP, G, F, Y = "U", "U_up", "G", "F", "Y"
+Y_SUM, Y_HAT = "Y_sum", "Y_hat"
+MLP_MU_POST, MLP_VAR_POST, MLP_MS_POST, MLP_GAMMA_POST, MLP_BETA_POST, Y_POST = (
+    "mlp_mean_post", "mlp_var_post", "mlp_ms_post", "mlp_gamma_post", "mlp_beta_post", "Y_post")
+# the model's head (logits:): the last row of Y (rows: last), the final norm (final_mean ...
+# Y_final), the unembedding W_U, the logits, the probabilities P = softmax over the vocabulary,
+# each row's −log P[i, t_i] (nll) and the loss L, their mean
+Y_LAST = "Y_last"
+FINAL_MU, FINAL_VAR, FINAL_MS, Y_FINAL_HAT = "final_mean", "final_var", "final_ms", "Y_final_hat"
+FINAL_GAMMA, FINAL_BETA, Y_FINAL = "final_gamma", "final_beta", "Y_final"
+W_U, LOGITS, P, NLL, LOSS = "W_U", "logits", "P", "nll", "L"
 # the backward pass through them: dH, the upstream gradient on the residual stream H (then dO = dH);
 # in front of the attention dX_norm (the projections' paths), dX_hat = dX_norm ∘ γ, dγ, dβ, and dX
 # back through the norm (plus dH with the residual); behind it (post) dR_hat = dH ∘ γ, dγ, dβ, dR
@@ -66,12 +85,16 @@ _HEAD_NUMBER = re.compile(r"[0-9]{1,9}")
 # What a matrix's rows or columns stand for: the query tokens, the key tokens, or numbered
 # dimensions (any other value: its letter, "d" gives d1, d2, ...).
 QUERIES, KEYS = "queries", "keys"
+# the vocabulary (a column per word: its word, or its id #j) and the rows the logits are taken of
+# (every query token, or the last alone); the rows the loss is taken over
+VOCAB, LAST, LOSS_ROWS, NLL_AXIS, LOSS_AXIS = "vocab", "last", "loss rows", "cross-entropy", "loss"
 # A decoding step's axes: the cached key tokens 1..t, the new query token t alone, and the
 # columns of the cost table.
 CACHED, NEW, STEPS, COSTS = "cached", "new", "steps", "costs"
 # the one column of a norm's row statistics, labelled by what it holds
 MEAN, VARIANCE, MEAN_SQUARE = "mean", "variance", "mean square"
-TOKEN_AXES = (QUERIES, KEYS, CACHED, NEW, STEPS, COSTS, MEAN, VARIANCE, MEAN_SQUARE)  # labelled by words, not d1, d2
+TOKEN_AXES = (QUERIES, KEYS, CACHED, NEW, STEPS, COSTS, MEAN, VARIANCE, MEAN_SQUARE, VOCAB, LAST, LOSS_ROWS, NLL_AXIS,
+              LOSS_AXIS)  # labelled by words, not d1, d2
 COST_COLUMNS = ("scores (cache)", "output (cache)", "scores (full)", "outputs (full)")
 
 

@@ -9,10 +9,13 @@ the rows of the tiled pass and of the decoding step apply.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from .ids import B_O, CONTEXT, O, O_FINAL, SHARED_KV, X, X_EMB, X_NORM, X_POS
+from .ids import (
+    B_O, CONTEXT, H, H_NORM, H_POST, O, O_FINAL, SHARED_KV, X, X_EMB, X_NORM, X_POS, Y, Y_FINAL, Y_LAST, Y_POST,
+)
 
 
 @dataclass(frozen=True)
@@ -72,6 +75,48 @@ class Context:
         return bool(getattr(self.p, "residual", False))
 
     @property
+    def mlp(self):
+        """The MLP behind the attention (a :class:`symattn.problem.model.Mlp`), or None."""
+        return getattr(self.p, "mlp", None)
+
+    @property
+    def logits(self):
+        """The model's head: the final norm and the unembedding (a :class:`symattn.problem.model.Logits`), or None."""
+        return getattr(self.p, "logits", None)
+
+    @property
+    def ce(self):
+        """The cross-entropy loss of the logits (a :class:`symattn.problem.model.Loss`), or None."""
+        return getattr(self.p, "loss", None)
+
+    @property
+    def stream(self) -> str:
+        """The key of the residual stream after the attention: H (behind a post norm, its output)."""
+        return H_POST if self.norm is not None and self.norm.post else H
+
+    @property
+    def mlp_in(self) -> str:
+        """The key of what the MLP reads: its norm of the stream, or the stream itself."""
+        return H_NORM if self.mlp is not None and self.mlp.norm is not None and not self.mlp.post else self.stream
+
+    @property
+    def top(self) -> str:
+        """The key of the block's output: Y (behind the MLP's post norm, its output), or H without an MLP."""
+        if self.mlp is None:
+            return self.stream
+        return Y_POST if self.mlp.post else Y
+
+    @property
+    def final_in(self) -> str:
+        """The key of the rows the model's head reads: the block's output, or its last row (rows: last)."""
+        return Y_LAST if self.logits is not None and self.logits.last else self.top
+
+    @property
+    def unembedded(self) -> str:
+        """The key of what the unembedding multiplies: the final norm's output, or its input."""
+        return Y_FINAL if self.logits is not None and self.logits.norm is not None else self.final_in
+
+    @property
     def block(self) -> str:
         """The key of the block's input: X, X with its positions added, or the embeddings' norm of
         it (the layer's norm's input and the residual's base)."""
@@ -104,7 +149,7 @@ class Context:
 
     def plain(self, name: str) -> str:
         """A name of :attr:`xq_name`/:attr:`kv_name` in plain text."""
-        return name.replace("_{pos}", "_pos").replace("_{norm}", "_norm").replace("_{emb}", "_emb")
+        return re.sub(r"_\{(\w+)\}", r"_\1", name)
 
     @property
     def heads(self) -> list[int | None]:

@@ -20,8 +20,10 @@ residual adds to.
 from __future__ import annotations
 
 from .ids import (
-    BETA, BETA_POST, EBETA, EGAMMA, EMS, EMU, EVAR, GAMMA, GAMMA_POST, H, H_POST, MEAN, MEAN_SQUARE, MS, MS_POST,
-    MU, MU_POST, QUERIES, R, R_HAT, VAR, VAR_POST, VARIANCE, X_EMB, X_EMB_HAT, X_HAT, X_NORM,
+    BETA, BETA_POST, LAST, EBETA, EGAMMA, EMS, EMU, EVAR, FINAL_BETA, FINAL_GAMMA, FINAL_MS, FINAL_MU, FINAL_VAR, GAMMA,
+    GAMMA_POST, H, H_HAT, H_NORM, H_POST, MEAN, MEAN_SQUARE, MLP_BETA, MLP_BETA_POST, MLP_GAMMA, MLP_GAMMA_POST,
+    MLP_MS, MLP_MS_POST, MLP_MU, MLP_MU_POST, MLP_VAR, MLP_VAR_POST, MS, MS_POST, MU, MU_POST, QUERIES, R, R_HAT,
+    VAR, VAR_POST, VARIANCE, X_EMB, X_EMB_HAT, X_HAT, X_NORM, Y, Y_FINAL, Y_FINAL_HAT, Y_HAT, Y_POST, Y_SUM,
 )
 from .kinds import Context, Kind, Mistake
 from .shapes import plain
@@ -39,6 +41,20 @@ def _emb(c: Context) -> bool:
     return c.emb_norm is not None
 
 
+def _mlp_norm(c: Context):
+    return None if c.mlp is None else c.mlp.norm
+
+
+def _final_norm(c: Context):
+    return None if c.logits is None else c.logits.norm
+
+
+_WHEN = {"pre": _pre, "post": _post, "emb": _emb,
+         "mlp": lambda c: _mlp_norm(c) is not None and not c.mlp.post,
+         "mlp_post": lambda c: _mlp_norm(c) is not None and c.mlp.post,
+         "final": lambda c: _final_norm(c) is not None}
+
+
 def _eps(n) -> str:
     """ε as the why writes it: 0, a fraction, or a power of ten (10^{-12}, not 1/1000000000000)."""
     eps = n.eps
@@ -54,7 +70,13 @@ _KEYS = {
     "pre": (MU, VAR, MS, GAMMA, BETA, X_HAT, X_NORM),
     "post": (MU_POST, VAR_POST, MS_POST, GAMMA_POST, BETA_POST, R_HAT, H_POST),
     "emb": (EMU, EVAR, EMS, EGAMMA, EBETA, X_EMB_HAT, X_EMB),
+    "mlp": (MLP_MU, MLP_VAR, MLP_MS, MLP_GAMMA, MLP_BETA, H_HAT, H_NORM),
+    "mlp_post": (MLP_MU_POST, MLP_VAR_POST, MLP_MS_POST, MLP_GAMMA_POST, MLP_BETA_POST, Y_HAT, Y_POST),
+    "final": (FINAL_MU, FINAL_VAR, FINAL_MS, FINAL_GAMMA, FINAL_BETA, Y_FINAL_HAT, Y_FINAL),
 }
+_NAMES = {"pre": "pre", "post": "pre", "emb": "emb", "mlp": "mlp", "mlp_post": "mlp", "final": "final"}  # whose ids
+# each place's input key ("block": X, X_pos or X_emb; "stream": H; "final_in": Y, its last row, or H)
+_SOURCE = {"pre": "block", "post": R, "emb": "embedded", "mlp": "stream", "mlp_post": Y_SUM, "final": "final_in"}
 
 
 def has_norm(p) -> bool:
@@ -70,7 +92,8 @@ def hat_keys(p) -> tuple[str, ...]:
     return tuple(_KEYS[place][5] for place in places)
 
 
-NORM_OF = {"pre": lambda c: c.norm, "post": lambda c: c.norm, "emb": lambda c: c.emb_norm}  # each place's Norm
+NORM_OF = {"pre": lambda c: c.norm, "post": lambda c: c.norm, "emb": lambda c: c.emb_norm,  # each place's Norm
+           "mlp": _mlp_norm, "mlp_post": _mlp_norm, "final": _final_norm}
 
 
 NORM_WHY = {
@@ -93,6 +116,12 @@ NORM_WHY = {
     "out_post": "The norm of the residual sum is the block's output ⟦H⟧. {why}",
     "out_emb": "The embeddings' norm gives ⟦X_{{emb}}⟧, the layer's input: the projections below read it, and the "
                "residual stream adds the attention's output to it. {why}",
+    "out_mlp": "The norm's output ⟦H_{{norm}}⟧ is what the MLP reads; the residual stream ⟦H⟧ itself goes on "
+               "unnormalised, and the MLP's output is added to it. {why}",
+    "out_mlp_post": "Behind the MLP (post-norm, BERT's order) the sum ⟦H + F⟧ is normalised, and its norm is the "
+                    "block's output ⟦Y⟧. {why}",
+    "out_final": "The final norm's output is what the unembedding reads: each row is scored against every word "
+                 "of the vocabulary. {why}",
 }
 
 
@@ -110,8 +139,9 @@ FACTOR_CHARS = 40  # the longest factor (as LaTeX) a factored row is written wit
 def factored(value) -> str:
     """The normalised rows written as each row's own factor times a rational row, for a hand-sized
     matrix kept in that form (a RowScaled value: rational rows U_i, factors 1/√r_i, no C)."""
-    U, scales = getattr(value, "U", None), getattr(value, "scales", None)
-    if U is None or getattr(value, "C", None) is not None or U.rows > FACTORED_ROWS[0] or U.cols > FACTORED_ROWS[1]:
+    own = vars(value) if hasattr(value, "__dict__") else {}  # never a lazy matrix's delegated attributes
+    U, scales = own.get("U"), own.get("scales")
+    if U is None or own.get("C") is not None or U.rows > FACTORED_ROWS[0] or U.cols > FACTORED_ROWS[1]:
         return ""
     import sympy
 
@@ -244,31 +274,42 @@ def _hat_formula(n, tex: str, name: str, x: str) -> tuple[str, str]:
             f"{name}[i,k] = ({x}_ik − μ_i) / √(σ_i² + ε)")
 
 
-# each place's first order, section, names of the normalised rows and the output, their LaTeX, and
-# the output's name in text
+# each place's first order, section, names of the normalised rows and the output, their LaTeX, the
+# output's name in text, the letter of an input entry, and the step between its stages' orders
 _PLACES = {
-    "pre": (2.7, "norm", X_HAT, X_NORM, "\\hat{X}", "X_{norm}", "X_norm"),
-    "post": (18.6, "residual", R_HAT, H, "\\hat{R}", "H", "H"),
-    "emb": (2.615, "embeddings", X_EMB_HAT, X_EMB, "\\hat{X}_{emb}", "X_{emb}", "X_emb"),
+    "pre": (2.7, "norm", X_HAT, X_NORM, "\\hat{X}", "X_{norm}", "X_norm", "x", 0.01),
+    "post": (18.6, "residual", R_HAT, H, "\\hat{R}", "H", "H", "r", 0.01),
+    "emb": (2.615, "embeddings", X_EMB_HAT, X_EMB, "\\hat{X}_{emb}", "X_{emb}", "X_emb", "x", 0.01),
+    "mlp": (18.7, "mlp_norm", H_HAT, H_NORM, "\\hat{H}", "H_{norm}", "H_norm", "h", 0.002),
+    "mlp_post": (18.9, "mlp_residual", Y_HAT, Y, "\\hat{Y}", "Y", "Y", "r", 0.002),
+    "final": (18.93, "final_norm", Y_FINAL_HAT, Y_FINAL, "\\hat{Y}_{final}", "Y_{final}", "Y_final", "y", 0.002),
 }
+_OUT_TITLES = {"pre": "The attention's input", "post": "The block's output", "emb": "The layer's input",
+               "mlp": "The MLP's input", "mlp_post": "The block's output", "final": "The unembedding's input"}
+
+
+def _axes(place: str):
+    """A norm's axes with columns ``col``: a row per token, or for the final norm of ``rows: last``
+    the last token's row alone."""
+    if place != "final":
+        return lambda col: (QUERIES, col)
+    return lambda col: lambda c: (LAST if c.logits.last else QUERIES, col)
 
 
 def norm_rows(place: str) -> tuple[Kind, ...]:
     """The rows of the norm in front of the attention (``place`` pre), behind it (post), or of the
     embeddings' own norm (emb)."""
-    post = place == "post"
-    when = {"pre": _pre, "post": _post, "emb": _emb}[place]
-    N = NORM_OF[place]
-    source = {"pre": "block", "post": R, "emb": "embedded"}[place]  # the input key (block: X, X_pos or X_emb)
+    when, N = _WHEN[place], NORM_OF[place]
+    source = _SOURCE[place]  # the input key
 
     def src(c):
-        return {"pre": c.block, "post": R, "emb": c.embedded}[place]
+        return {"pre": c.block, "emb": c.embedded, "mlp": c.stream, "final": c.final_in}.get(place, source)
 
     mu, var, ms, gamma, beta, hat, out = _KEYS[place]
-    names = _KEYS["emb" if place == "emb" else "pre"]  # the layer's norm: the same names in front and behind
-    x = "r" if post else "x"
-    base, section, hat_name, out_name, hat_tex, out_tex, out_plain = _PLACES[place]
-    by_relation = post
+    names = _KEYS[_NAMES[place]]  # a norm in front of a sub-block and behind it: the same names
+    base, section, hat_name, out_name, hat_tex, out_tex, out_plain, x, unit = _PLACES[place]
+    by_relation = place not in ("pre", "emb")  # behind the softmax: from the inputs' values
+    axes = _axes(place)
 
     def spread_of(ops, v, c):
         return ops.row_spread(v(src(c)), None if N(c).rms else v(mu))
@@ -290,46 +331,45 @@ def norm_rows(place: str) -> tuple[Kind, ...]:
 
     return (
         Kind(mu, names[0], base, section, "Mean of each token's features", NORM_WHY["mu"],
-             (f"\\mu_i = \\frac{{1}}{{d}}\\sum_k {x}_{{ik}}", f"μ_i = (1/d)·Σ_k {x}_ik"), (QUERIES, MEAN),
+             (f"\\mu_i = \\frac{{1}}{{d}}\\sum_k {x}_{{ik}}", f"μ_i = (1/d)·Σ_k {x}_ik"), axes(MEAN),
              lambda sh, r, c: plain(r, "one per token"), inputs=(source,),
              relation=lambda ops, v, c: ops.row_mean(v(src(c))), when=layer, tex="\\mu", by_relation=by_relation),
-        Kind(var, names[1], base + 0.02, section, "Variance of each token's features",
+        Kind(var, names[1], base + 2 * unit, section, "Variance of each token's features",
              NORM_WHY["var"],
              (f"\\sigma_i^2 = \\frac{{1}}{{d}}\\sum_k ({x}_{{ik}} - \\mu_i)^2", f"σ_i² = (1/d)·Σ_k ({x}_ik − μ_i)²"),
-             (QUERIES, VARIANCE), lambda sh, r, c: plain(r, "one per token"), inputs=(source, mu),
+             axes(VARIANCE), lambda sh, r, c: plain(r, "one per token"), inputs=(source, mu),
              relation=spread_of, when=layer, tex="\\sigma^2", by_relation=by_relation,
              mistakes=(Mistake("the unbiased variance: divided by d − 1 instead of d",
                                lambda ops, ex, c: ops.row_spread(ex(src(c)), ex(mu), 1) if c.p.X.cols > 1 else None),
                        Mistake("the mean square (RMSNorm's) instead of the variance: the mean was not taken away",
                                lambda ops, ex, c: ops.row_spread(ex(src(c)), None)))),
-        Kind(ms, names[2], base + 0.02, section, "Mean square of each token's features",
+        Kind(ms, names[2], base + 2 * unit, section, "Mean square of each token's features",
              NORM_WHY["ms"],
              (f"\\mathrm{{ms}}_i = \\frac{{1}}{{d}}\\sum_k {x}_{{ik}}^2", f"ms_i = (1/d)·Σ_k {x}_ik²"),
-             (QUERIES, MEAN_SQUARE), lambda sh, r, c: plain(r, "one per token"), inputs=(source,),
+             axes(MEAN_SQUARE), lambda sh, r, c: plain(r, "one per token"), inputs=(source,),
              relation=spread_of, when=lambda c: when(c) and N(c).rms, tex="\\mathrm{ms}", by_relation=by_relation,
              mistakes=(Mistake("the variance (LayerNorm's) instead of the mean square: RMSNorm takes no mean away",
                                lambda ops, ex, c: ops.row_spread(ex(src(c)), ops.row_mean(ex(src(c))))),)),
-        Kind(hat, hat_name, base + 0.04, section, "Normalise each token", lambda c: _hat_why(N(c)),
-             lambda c: _hat_formula(N(c), hat_tex, hat_name, x), (QUERIES, "d"),
+        Kind(hat, hat_name, base + 4 * unit, section, "Normalise each token", lambda c: _hat_why(N(c)),
+             lambda c: _hat_formula(N(c), hat_tex, hat_name, x), axes("d"),
              lambda sh, r, c: plain(r, "like the input"), inputs=(source, mu, ms, var),
              relation=hat_relation, when=when, tex=hat_tex, mistakes=_hat_mistakes(src, N), by_relation=by_relation,
              note=factored),
-        Kind(gamma, names[3], base + 0.06, section, "The norm's weight",
+        Kind(gamma, names[3], base + 6 * unit, section, "The norm's weight",
              lambda c: NORM_WHY["gamma"].format(offset=" as 1 + ⟦\\gamma⟧ (the weight is stored as an offset from 1)"
                                                 if N(c).offset else ""),
              ("\\gamma", "γ"), ("b", "d"), lambda sh, r, c: plain(r, "1 × d_model"),
              source=lambda c: N(c).weight, when=lambda c: when(c) and N(c).weight is not None, labelled=False,
              tex="\\gamma"),
-        Kind(beta, names[4], base + 0.07, section, "The norm's bias", NORM_WHY["beta"],
+        Kind(beta, names[4], base + 7 * unit, section, "The norm's bias", NORM_WHY["beta"],
              ("\\beta", "β"), ("b", "d"),
              lambda sh, r, c: plain(r, "1 × d_model"), source=lambda c: N(c).bias,
              when=lambda c: when(c) and N(c).bias is not None, labelled=False, tex="\\beta"),
-        Kind(out, out_name, base + 0.08, section,
-             {"pre": "The attention's input", "post": "The block's output", "emb": "The layer's input"}[place],
+        Kind(out, out_name, base + 8 * unit, section, _OUT_TITLES[place],
              lambda c: NORM_WHY["out_" + place].format(why=_affine_why(N(c))),
              lambda c: (f"{out_tex} = {_affine_text(N(c), True, hat_tex)}",
                         f"{out_plain} = {_affine_text(N(c), False, hat_name)}"),
-             (QUERIES, "d"), lambda sh, r, c: plain(r, "like the input"), inputs=(hat, gamma, beta),
+             axes("d"), lambda sh, r, c: plain(r, "like the input"), inputs=(hat, gamma, beta),
              relation=out_relation, when=when, tex=out_tex, mistakes=_out_mistakes(place),
              by_relation=by_relation),
     )

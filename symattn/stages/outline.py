@@ -7,6 +7,10 @@ from .kinds import Context, Kind, Section, tiled
 from .plan import per_head_blocks
 
 
+def _norm_kind(n) -> str:
+    return "RMSNorm" if n.rms else "LayerNorm"
+
+
 # The numbered steps of a worked solution, in order.
 SECTIONS: tuple[Section, ...] = (
     Section("given", "The input: queries, keys and values given", applies=lambda c: not c.projected),
@@ -37,6 +41,20 @@ SECTIONS: tuple[Section, ...] = (
             retitle=lambda c: ("The residual sum and its norm (post-norm, "
                                + ("RMSNorm" if c.norm.rms else "LayerNorm") + ")") if c.norm is not None and c.norm.post
             else None),
+    Section("mlp_norm", "Normalise the residual stream", applies=lambda c: c.mlp is not None and c.mlp.norm is not None
+            and not c.mlp.post, retitle=lambda c: "Normalise the residual stream (" + _norm_kind(c.mlp.norm) + ")"),
+    Section("mlp", "The MLP", applies=lambda c: c.mlp is not None,
+            retitle=lambda c: ("The MLP (gated: " + {"silu": "SwiGLU", "gelu": "GeGLU", "gelu-tanh": "GeGLU, tanh form"}
+                               [c.mlp.activation] + ")") if c.mlp.gated else None),
+    Section("mlp_residual", "Add the MLP's output to the residual stream", applies=lambda c: c.mlp is not None,
+            retitle=lambda c: ("The residual sum and its norm (post-norm, " + _norm_kind(c.mlp.norm) + ")")
+            if c.mlp.post else None),
+    Section("final_norm", "The final norm", applies=lambda c: c.logits is not None and c.logits.norm is not None,
+            retitle=lambda c: "The final norm (" + _norm_kind(c.logits.norm) + ")"),
+    Section("logits", "The logits: every word scored", applies=lambda c: c.logits is not None,
+            retitle=lambda c: "The logits: every word scored (the logit lens)" if c.logits.lens else None),
+    Section("probabilities", "Next-token probabilities", applies=lambda c: c.logits is not None),
+    Section("loss", "The cross-entropy loss", applies=lambda c: c.ce is not None),
     Section("b_upstream", "Backward: the upstream gradient", backward=True),
     Section("b_residual", "Back through the norm and the residual (post-norm)", backward=True,
             applies=lambda c: c.norm is not None and c.norm.post),

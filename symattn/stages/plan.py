@@ -8,8 +8,10 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 from .ids import (
-    B_K, B_O, B_Q, B_V, BETA, BETA_POST, DH, DO, DO_HEAD, DR, DX, DX_HAT, EBETA, EGAMMA, EMS, EMU, EVAR, GAMMA,
-    GAMMA_POST, H, H_POST, K, K_ROT, MS, MS_POST, MU, MU_POST, O, Q, Q_ROT, TT, VAR, VAR_POST, X_HAT, stage_id,
+    B_1, B_2, B_K, B_O, B_Q, B_V, BETA, BETA_POST, DH, DO, DO_HEAD, DR, DX, DX_HAT, EBETA, EGAMMA, EMS, EMU, EVAR,
+    FINAL_BETA, FINAL_GAMMA, FINAL_MS, FINAL_MU, FINAL_VAR, GAMMA, GAMMA_POST, K, K_ROT, MLP_BETA, MLP_BETA_POST,
+    MLP_GAMMA, MLP_GAMMA_POST, MLP_MS, MLP_MS_POST, MLP_MU, MLP_MU_POST, MLP_VAR, MLP_VAR_POST, MS, MS_POST, MU,
+    MU_POST, O, Q, Q_ROT, TT, U, U_GATE, U_UP, VAR, VAR_POST, W_2, W_DOWN, X_HAT, stage_id,
 )
 from .kinds import Context, Kind
 from .registry import BY_KEY, KINDS
@@ -17,9 +19,40 @@ from .relations import input_paths
 
 
 NORM_WEIGHTS = {GAMMA: "weight", GAMMA_POST: "weight", BETA: "bias", BETA_POST: "bias", EGAMMA: "weight",
-                EBETA: "bias"}
-NORM_STATS = (MU, MU_POST, VAR, VAR_POST, MS, MS_POST, EMU, EVAR, EMS)
+                EBETA: "bias", MLP_GAMMA: "weight", MLP_BETA: "bias", MLP_GAMMA_POST: "weight",
+                MLP_BETA_POST: "bias", FINAL_GAMMA: "weight", FINAL_BETA: "bias"}
+NORM_STATS = (MU, MU_POST, VAR, VAR_POST, MS, MS_POST, EMU, EVAR, EMS, MLP_MU, MLP_VAR, MLP_MS, MLP_MU_POST,
+              MLP_VAR_POST, MLP_MS_POST, FINAL_MU, FINAL_VAR, FINAL_MS)
+MS_KEYS = (MS, MS_POST, EMS, MLP_MS, MLP_MS_POST, FINAL_MS)  # RMSNorm's mean square (LayerNorm: μ and σ²)
 EMB_KEYS = (EGAMMA, EBETA, EMU, EVAR, EMS)  # the embeddings' norm's (the others are the layer norm's)
+
+
+def _mlp_norm(c):
+    return c.mlp.norm if c.mlp is not None else None
+
+
+def _final_norm(c):
+    return c.logits.norm if c.logits is not None else None
+
+
+# the norm each norm stage key belongs to (the layer's norm for the others)
+NORM_BY_KEY = {**{k: (lambda c: c.emb_norm) for k in EMB_KEYS},
+               **{k: _mlp_norm for k in (MLP_GAMMA, MLP_BETA, MLP_MU, MLP_VAR, MLP_MS, MLP_GAMMA_POST, MLP_BETA_POST,
+                                          MLP_MU_POST, MLP_VAR_POST, MLP_MS_POST)},
+               **{k: _final_norm for k in (FINAL_GAMMA, FINAL_BETA, FINAL_MU, FINAL_VAR, FINAL_MS)}}
+# the pseudo-keys of the MLP's and the head's inputs: the stage each stands for here (None: none)
+BLOCK_KEYS = {
+    "stream": lambda c: c.stream,
+    "mlp_in": lambda c: c.mlp_in,
+    "mlp_u": lambda c: U_GATE if c.mlp.gated else U,
+    "mlp_w2": lambda c: W_DOWN if c.mlp.gated else W_2,
+    U_UP: lambda c: U_UP if c.mlp.gated else None,
+    B_1: lambda c: B_1 if c.mlp.b_1 is not None else None,
+    B_2: lambda c: B_2 if c.mlp.b_2 is not None else None,
+    "top": lambda c: c.top,
+    "final_in": lambda c: c.final_in,
+    "unembedded": lambda c: c.unembedded,
+}
 
 
 @dataclass(frozen=True)
@@ -75,16 +108,18 @@ def resolve(key: str, c: Context, head: "int | None | object" = ...) -> list[str
         key = c.embedded
     if key == "token_types":
         return [TT] if c.token_types else []
-    n = c.emb_norm if key in EMB_KEYS else c.norm
+    if key in BLOCK_KEYS:  # the MLP's and the head's inputs: which stage, or none
+        key = BLOCK_KEYS[key](c)
+        if key is None:
+            return []
+    n = NORM_BY_KEY.get(key, lambda c: c.norm)(c)
     if key in NORM_WEIGHTS and (n is None or getattr(n, NORM_WEIGHTS[key]) is None):
         return []  # no γ (1) or no β (0)
-    if key in NORM_STATS and (n is None or n.rms != (key in (MS, MS_POST, EMS))):
+    if key in NORM_STATS and (n is None or n.rms != (key in MS_KEYS)):
         return []  # RMSNorm has a mean square, LayerNorm a mean and a variance
     if key == "output":
         key = c.output
     post = c.norm is not None and c.norm.post
-    if key == "stream":  # the residual stream H (behind a post norm: the norm's output)
-        key = H_POST if post else H
     if key == "upstream":  # what dO is read from: the loss on O, or the residual's gradient
         key = "skip" if c.residual else c.output
     if key == "skip":  # the residual's gradient, added at the input: dH, or dR behind a post norm

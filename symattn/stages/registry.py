@@ -31,6 +31,7 @@ from .ids import (
 )
 from .kinds import Kind, Mistake, decoding, tiled
 from .norm_backward import WHY as NORM_BACK_WHY, input_gradient_rows, post_norm_backward_rows
+from .mlp import head_rows, head_rows_before, mlp_rows
 from .norms import norm_rows, residual_rows
 from .mistakes import (
     BLOCK_MAX, BY_D_K, FUTURE_KEY, MASK_MISSING, NO_RESCALE, NO_SCALING, ROPE_O_MISTAKES,
@@ -285,6 +286,17 @@ KINDS: tuple[Kind, ...] = (
     # the residual stream: H = X + O, or with a post norm R = X + O and H = LN(R)  (n_q × d_model)
     *residual_rows(),
     *norm_rows("post"),
+    # the rest of the block: the MLP's norm of H (mlp_mean ... H_norm), U = H_norm·W_1 + b_1 (gated:
+    # U_gate, U_up), G = act(U), F = G·W_2 + b_2, Y = H + F (post: Y_sum = H + F, Y = LN(Y_sum))
+    # (n × d_model, n × d_ff)
+    *norm_rows("mlp"),
+    *mlp_rows(),
+    *norm_rows("mlp_post"),
+    # the model's head: Y_last (rows: last), the final norm (final_mean ... Y_final), W_U, the logits,
+    # P = softmax over the vocabulary, nll = −log P[i, t_i], L = their mean  (rows × vocabulary; 1 × 1)
+    *head_rows_before(),
+    *norm_rows("final"),
+    *head_rows(),
     # the backward pass: the upstream gradient, then back through the output projection
     # with the residual: dH = ∂L/∂H, and behind a post norm dR̂, dγ, dβ, dR  (n_q × d_model; 1 × d_model)
     *post_norm_backward_rows(),

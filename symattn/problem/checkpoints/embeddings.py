@@ -67,4 +67,5 @@ def embedding_rows(reader, keys: dict, path, rel: str, where_, name: str):
             raise reader.at(table).error(f"{rel!r} {text}" if text.startswith("has") else text, name) from None
         raise where_.error(f"{rel!r} {text}" if not text.startswith("the ") else text, name) from None
     reader.token_ids[name] = ids
+    reader.tables[name] = (path, rel, table.value, where_)  # a tied unembedding reads the whole table
     return array

@@ -39,7 +39,7 @@ from .config import Config, bert_config, count_of, gpt2_scale, llama_config, rea
 
 LAYOUTS = ("gpt2", "llama", "bert")
 KEYS = ("file", "layout", "layer", "heads", "n_head", "n_kv_head", "rope_theta", "norm", "residual", "embeddings",
-        "token_types")
+        "token_types", "block")
 ALIASES = {"num_attention_heads": "n_head", "num_key_value_heads": "n_kv_head"}  # config.json's names
 USAGE = "from: {file: model.safetensors, layout: gpt2, layer: 0, heads: [1, 2]}"
 CONFLICTS = ("W_Q", "W_K", "W_V", "b_Q", "b_K", "b_V", "heads", "W_O", "b_O", "kv_heads", "kv", "context")
@@ -65,6 +65,8 @@ class Loaded:
     norm: Norm | None = None  # the layer's norm, with norm: true
     residual: bool = False  # residual: true (H = X + the layer's output)
     embedded: tuple | None = None  # embeddings: true: (positions, token types, their ids, the embeddings' norm)
+    mlp: object = None  # block: true: the layer's MLP and its norm (a problem.model.Mlp)
+    head: tuple | None = None  # logits: {from: true}: (the final norm, W_U, logit lens?, tied?)
 
 
 @dataclass(frozen=True)
@@ -256,8 +258,9 @@ def _layer(reader, key, node, fields, X, given, word, layout, layout_node, path,
     elif bert_config(config):
         mask = "causal"  # is_decoder: a BERT decoder's self-attention is causal
     rope = _rope(config, reader, key, given, fields, d_head) if layout.rope else None
-    norm_flag = _flag(reader, given, "norm")
-    residual = _flag(reader, given, "residual")
+    block = _flag(reader, given, "block")  # the whole layer: its norm, the residual and the MLP too
+    norm_flag = _flag(reader, given, "norm") if "norm" in given else block
+    residual = _flag(reader, given, "residual") if "residual" in given else block
     heads = _read_heads(layout, names, ckpt, picked, group, d_model, d_head)
     loaded = Loaded(heads, mask="sliding-window" if window else mask, multi=len(picked) > 1 or residual, window=window,
                     scale=scale, layout=word, partial=len(picked) < n_head, residual=residual)
@@ -272,9 +275,27 @@ def _layer(reader, key, node, fields, X, given, word, layout, layout_node, path,
         raise at(given["token_types"][0]).error("token_types are read with the embeddings: give embeddings: true too",
                                                 "from.token_types")
     if norm_flag:
-        loaded.norm = _read_norm(at, given, word, layout, names, ckpt, config, layer)
+        loaded.norm = _read_norm(at, given, word, layout, names, ckpt, config, layer, "block" if "norm" not in given
+                                 else "norm")
+    if block or "logits" in fields:
+        _read_rest(reader, given, fields, word, _prefix(layout, names, layer), ckpt, config, layer, found, d_model,
+                   loaded)
     loaded.rope = rope
     return loaded
+
+
+def _read_rest(reader, given: dict, fields: dict, word: str, prefix: str, ckpt, config, layer: int, found: list,
+               d_model: int, loaded: Loaded) -> None:
+    """The MLP (``block: true``) and the model's head (the problem's ``logits: {from: true}``)."""
+    from .block import read_block, read_head
+
+    if _flag(reader, given, "block"):
+        loaded.mlp = read_block(reader, given, word, prefix, ckpt, config, layer, d_model)
+    node = fields.get("logits", (None, None))[1]
+    flag = next((v for k, v in node.value if isinstance(k, yaml.ScalarNode) and k.value == "from"), None) \
+        if isinstance(node, yaml.MappingNode) else None
+    if flag is not None and _yaml.is_bool(flag) and _yaml.bool_value(flag):
+        loaded.head = read_head(reader, flag, word, prefix, ckpt, config, layer, found[-1] if found else None, d_model)
 
 
 def _kv_count(reader, node, given: dict, config: Config, word: str, names: dict, ckpt: _File, n_head: int,
@@ -366,13 +387,14 @@ _NORMS = {
 }
 
 
-def _read_norm(at, given: dict, word: str, layout: _Layout, names: dict, ckpt: _File, config: Config, layer: int) -> Norm:
+def _read_norm(at, given: dict, word: str, layout: _Layout, names: dict, ckpt: _File, config: Config, layer: int,
+               flag: str = "norm") -> Norm:
     """The layer's norm from the checkpoint (``from: {norm: true}``): gpt2's ln_1 (LayerNorm), llama's
     input_layernorm (RMSNorm; Gemma's multiplies by 1 + γ) or bert's attention.output.LayerNorm (after
     the residual sum), with the config's ε."""
     tensor, kind, eps_names, default = _NORMS[word]
     name = _prefix(layout, names, layer) + tensor.format(layer=layer)
-    node = given["norm"][1]
+    node = given[flag][1]
     if name + ".weight" not in ckpt.shapes:
         raise at(node).error(ckpt.missing(name + ".weight", f"the weight γ of layer {layer}'s norm"), "from.norm")
     model_type = config.data.get("model_type")

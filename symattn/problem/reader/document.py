@@ -20,9 +20,10 @@ from ...errors import SymattnError
 from ..budget import MAX_SIZE, max_values
 from ..located_yaml import Where, where
 from ..masks import Mask, mask_rule
-from ..model import NO_EMBEDDINGS_BACKWARD, Matrix, Problem
+from ..model import NO_BLOCK_BACKWARD, NO_EMBEDDINGS_BACKWARD, Matrix, Problem
 from ..places import shape_text
 from .fields import Fields, key_of, node_of, read_fields
+from .block import BlockFields
 from .layer import Layer, LayerFields, read_layer
 from .masks import MaskFields
 from .matrices import MatrixFields
@@ -32,7 +33,7 @@ from .positions import PositionFields
 from .scalars import ScalarFields
 
 
-class Reader(ScalarFields, MatrixFields, LayerFields, MaskFields, PositionFields, PassFields, NormFields):
+class Reader(ScalarFields, MatrixFields, LayerFields, MaskFields, PositionFields, PassFields, NormFields, BlockFields):
     """Reads one problem file: ``Reader(file, base_dir, max_size).read(text)``."""
 
     def __init__(self, file: str, base_dir: Path | None, max_size: int = MAX_SIZE) -> None:
@@ -43,6 +44,7 @@ class Reader(ScalarFields, MatrixFields, LayerFields, MaskFields, PositionFields
         self.symbols: dict[str, sympy.Symbol] = {}
         self.read_numbers: dict[tuple[str, bool], sympy.Expr] = {}  # entries read so far, by text
         self.token_ids: dict[str, list[int]] = {}  # X or context looked up in an embedding table: the ids
+        self.tables: dict[str, tuple] = {}  # ... and the table: (path, name as written, tensor, where)
 
     def read(self, text: str) -> Problem:
         if "\x00" in text:
@@ -134,9 +136,12 @@ def read_passes(reader: Reader, fields: Fields, layer: Layer, mask: Mask, bias: 
     embedded = read_embeddings(reader, fields, layer, positions)
     positions = embedded["positions"]
     norm, residual = read_norm(reader, fields, layer, embedded, d_out)
+    block = read_block(reader, fields, layer)
     backward = reader.backward(node_of(fields, "backward"), n_q, d_out, residual) if "backward" in fields else None
     if backward is not None and embedded["embeddings_norm"] is not None:
         raise reader.at(key_of(fields, "backward")).error(NO_EMBEDDINGS_BACKWARD, "backward")
+    if backward is not None and any(block.values()):
+        raise reader.at(key_of(fields, "backward")).error(NO_BLOCK_BACKWARD, "backward")
     rope = None
     if "rope" in fields:
         from .rope import read_rope
@@ -158,7 +163,24 @@ def read_passes(reader: Reader, fields: Fields, layer: Layer, mask: Mask, bias: 
     if "decode" in fields:
         decode = reader.decode(node_of(fields, "decode"), n_q, mask, "context" in fields, bias is not None)
     return {"backward": backward, "rope": rope, "tiling": tiling, "decode": decode, "norm": norm,
-            "residual": residual, **embedded}
+            "residual": residual, **embedded, **block}
+
+
+def read_block(reader: Reader, fields: Fields, layer: Layer) -> dict:
+    """The rest of the block and the model's head: the MLP, the logits and the loss (the residual
+    stream they read is implied, and checked by :func:`read_norm`)."""
+    X, loaded = layer.matrices.get("X"), layer.loaded
+    mlp = getattr(loaded, "mlp", None)
+    if "mlp" in fields:
+        if mlp is not None:
+            raise reader.at(key_of(fields, "mlp")).error(
+                "from: {block: true} takes the MLP from the checkpoint: remove mlp or from's block", "mlp")
+        mlp = reader.mlp(node_of(fields, "mlp"), key_of(fields, "mlp"), X)
+    logits = reader.logits(node_of(fields, "logits"), key_of(fields, "logits"), X, getattr(loaded, "head", None)) \
+        if "logits" in fields else None
+    loss = reader.loss(node_of(fields, "loss"), key_of(fields, "loss"), logits, layer.n_q, reader.token_ids.get("X")) \
+        if "loss" in fields else None
+    return {"mlp": mlp, "logits": logits, "loss": loss}
 
 
 def read_embeddings(reader: Reader, fields: Fields, layer: Layer, positions) -> dict:
@@ -203,7 +225,13 @@ def read_norm(reader: Reader, fields: Fields, layer: Layer, embedded: dict, d_ou
     residual = reader.residual(node_of(fields, "residual")) if "residual" in fields else \
         bool(loaded is not None and loaded.residual)
     where_ = key_of(fields, "residual") if "residual" in fields else key_of(fields, "norm") if "norm" in fields \
-        else key_of(fields, "from") if "from" in fields else None
+        else next((key_of(fields, f) for f in ("mlp", "logits", "from") if f in fields), None)
+    reads = next((f for f in ("mlp", "logits") if f in fields), "block" if getattr(loaded, "mlp", None) else None)
+    if reads is not None:  # the MLP and the logits read the residual stream
+        if "residual" in fields and not residual:
+            raise reader.at(where_).error(f"the {'logits read' if reads == 'logits' else 'MLP reads'} the residual stream "
+                                          f"H = X + O: remove residual: false", "residual")
+        residual = True
     if norm is not None and norm.post:
         if "residual" in fields and not residual:
             raise reader.at(where_).error("a post norm normalises X + the attention's output: the residual is part of "

@@ -41,6 +41,9 @@ FIELDS = (
     "embeddings_norm",
     "norm",
     "residual",
+    "mlp",
+    "logits",
+    "loss",
     "decode",
     "from",
 )

@@ -224,6 +224,16 @@ class MatrixFields:
             array = array.T
         return self.checkpoint_array(array, keys["tensor"][1], rel, where_, name)
 
+    def read_table(self, path: Path, rel: str, tensor: str, where_: Where, name: str = "logits.tied") -> Matrix:
+        """The whole of the embedding table ``tensor`` (a tied unembedding), counted against the size limit."""
+        try:
+            array = _safetensors.read_slice(path, rel, tensor, None, None, self.max_size - self.size)
+        except _safetensors.CheckpointError as exc:
+            raise where_.error(f"{quote_path(rel)} {exc}", name) from None
+        m = self.slice_matrix(array, rel, where_, name)
+        self.count(m.rows * m.cols, where_, name)
+        return m
+
     def checkpoint_array(self, array, at: yaml.Node, rel: str, where_: Where, name: str) -> Matrix:
         """The exact matrix of an array read from a checkpoint (``at``: where to report its values),
         counted against the size limit."""

@@ -25,18 +25,38 @@ DEFAULT_EPS = {"layernorm": "1e-5", "rmsnorm": "1e-6"}  # PyTorch's nn.LayerNorm
 USAGE = "norm: {type: layernorm, weight: [...], bias: [...], eps: 1e-5} or {type: rmsnorm, weight: [...], eps: 1e-6}"
 
 
+def mapping_keys(reader, node: yaml.MappingNode, field: str, keys: tuple[str, ...]) -> dict:
+    """The keys of the mapping ``node`` of ``field``, each one of ``keys`` and given once: name →
+    (key node, value node)."""
+    given: dict[str, tuple[yaml.Node, yaml.Node]] = {}
+    for k, v in node.value:
+        name = k.value if isinstance(k, yaml.ScalarNode) and not _yaml.is_null(k) else None
+        if name not in keys:
+            raise reader.at(k).error(f"unknown key {excerpt(str(name)) if name else _yaml.kind(k)} in {field}"
+                                     f"{did_you_mean(str(name), keys, ignore_case=True)}; {field} takes "
+                                     f"{', '.join(keys)}", field)
+        if name in given:
+            raise reader.at(k).error(f"{name} is given twice in {field}", field + "." + name)
+        given[name] = (k, v)
+    return given
+
+
 class NormFields:
     """The norm and the residual."""
 
     def norm(self, node: yaml.Node, key: yaml.Node, X: Matrix | None, field: str = "norm") -> Norm:
         """The ``norm:`` mapping, for an input X of d_model columns (``field`` embeddings_norm: the
         embeddings' own norm, which has no place)."""
-        keys = NORM_KEYS if field == "norm" else tuple(k for k in NORM_KEYS if k != "place")
+        keys = NORM_KEYS if field in ("norm", "mlp.norm") else tuple(k for k in NORM_KEYS if k != "place")
         if X is None:
             raise self.at(key).error("the norm normalises each row of X: give X with the weights, not Q, K and V",
                                      field)
         if not isinstance(node, yaml.MappingNode):
             if _yaml.is_bool(node) and _yaml.bool_value(node):
+                if field in ("mlp.norm", "logits.norm"):
+                    raise self.at(node).error(f"{field}: true is not a norm: give the norm itself ({USAGE[6:]}), or "
+                                              "from: {..., block: true} / logits: {from: true} to take it from a "
+                                              "checkpoint", field)
                 if field != "norm":
                     raise self.at(node).error("embeddings_norm: true takes the embeddings' norm from a checkpoint: give "
                                               "from: {..., embeddings: true}, or the norm itself: {type: layernorm, "
@@ -44,16 +64,7 @@ class NormFields:
                 raise self.at(node).error("norm: true takes the norm from a checkpoint's layer: give from: {..., norm: "
                                           f"true}}, or the norm itself: {USAGE}", field)
             raise self.at(node).error(f"{field} is a mapping such as {USAGE[6:]}, not {_yaml.kind(node)}", field)
-        given: dict[str, tuple[yaml.Node, yaml.Node]] = {}
-        for k, v in node.value:
-            name = k.value if isinstance(k, yaml.ScalarNode) and not _yaml.is_null(k) else None
-            if name not in keys:
-                raise self.at(k).error(f"unknown key {excerpt(str(name)) if name else _yaml.kind(k)} in {field}"
-                                       f"{did_you_mean(str(name), keys, ignore_case=True)}; {field} takes "
-                                       f"{', '.join(keys)}", field)
-            if name in given:
-                raise self.at(k).error(f"{name} is given twice in {field}", field + "." + name)
-            given[name] = (k, v)
+        given = mapping_keys(self, node, field, keys)
         if "type" not in given:
             raise self.at(node).error(f"{field} needs type: layernorm or rmsnorm ({USAGE[6:]})", field + ".type")
         t = given["type"][1]
@@ -85,8 +96,9 @@ class NormFields:
             place = v.value if isinstance(v, yaml.ScalarNode) and not _yaml.is_null(v) and not v.style else None
             if place not in PLACES:
                 raise self.at(v).error(
-                    f"place is pre (the attention reads the normalised X: GPT-2, LLaMA) or post (the norm of X + the "
-                    f"attention's output: BERT), not {excerpt(place) if place else _yaml.kind(v)}"
+                    f"place is pre (the {'MLP reads the normalised H' if field == 'mlp.norm' else 'attention reads the normalised X'}: "
+                    f"GPT-2, LLaMA) or post (the norm of {'H + the MLP' if field == 'mlp.norm' else 'X + the attention'}'s "
+                    f"output: BERT), not {excerpt(place) if place else _yaml.kind(v)}"
                     f"{did_you_mean(str(place), PLACES, ignore_case=True) if place else ''}", field + ".place")
         return Norm(kind, eps, weight, bias, offset, place)
 

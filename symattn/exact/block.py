@@ -1,0 +1,116 @@
+"""The rest of the block and the model's head, exactly and at high precision: the MLP's activations,
+the softmax over the vocabulary and the cross-entropy of each row.
+
+Exactly, each entry is a SymPy expression built when read (:class:`LazyMatrix`): GELU is
+``x/2·(1 + erf(x/√2))``, GPT-2's tanh form ``x/2·(1 + tanh(√(2/π)(x + 0.044715x³)))`` with
+0.044715 = 44715/10⁶, SiLU ``x/(1 + e^{−x})``; ReLU takes the sign of its argument, decided
+exactly for a rational and by a certified evaluation otherwise. ``P_ij = 1/Σ_k e^{z_ik − z_ij}``
+(e^{z_ij}/Σ_k e^{z_ik}, each exponent a difference of two logits), and ``−log P[i, t] =
+log Σ_k e^{z_ik − z_it}``.
+
+At high precision (mpmath, for the decimals shown and for ``symattn check``) the same formulas on
+each entry's value.
+"""
+
+from __future__ import annotations
+
+import mpmath
+import sympy
+
+from ..errors import SymattnError
+from sympy import QQ
+
+from ..numbers.matrices import is_rational, rational_matrix
+from .evaluation import to_mpf
+from .lazy import LazyMatrix, rational_rows
+
+GELU_TANH_C = sympy.Rational(44715, 10**6)  # GPT-2's cubic term, exactly as its code writes 0.044715
+SIGN_DPS = 60  # the digits a sign is decided at; below 10^-50 the entry is tested for an exact 0
+LN2 = "log2"
+
+
+def _sign(x: sympy.Expr) -> int:
+    """The sign of an exact number: exactly for a rational, else from its value when that is clear
+    of 0, else an exact test for 0 (refused when neither decides)."""
+    if x.is_Rational:
+        return 1 if x > 0 else -1 if x < 0 else 0
+    if x.is_positive:
+        return 1
+    if x.is_negative:
+        return -1
+    value = to_mpf(x, SIGN_DPS)
+    if abs(value) > mpmath.mpf(10) ** -50:
+        return 1 if value > 0 else -1
+    if sympy.simplify(x) == 0:
+        return 0
+    raise SymattnError("ReLU cannot decide the sign of an entry within 10^-50 of 0: give other numbers")
+
+
+def relu(x: sympy.Expr) -> sympy.Expr:
+    return x if _sign(x) > 0 else sympy.Integer(0)
+
+
+EXACT = {
+    "relu": relu,
+    "relu2": lambda x: relu(x) ** 2,
+    "gelu": lambda x: x / 2 * (1 + sympy.erf(x / sympy.sqrt(2))),
+    "gelu-tanh": lambda x: x / 2 * (1 + sympy.tanh(sympy.sqrt(2 / sympy.pi) * (x + GELU_TANH_C * x**3))),
+    "silu": lambda x: x / (1 + sympy.exp(-x)),
+}
+
+
+def _mp_relu(x):
+    return x if x > 0 else mpmath.mpf(0)
+
+
+NUMERIC = {
+    "relu": _mp_relu,
+    "relu2": lambda x: _mp_relu(x) ** 2,
+    "gelu": lambda x: x / 2 * (1 + mpmath.erf(x / mpmath.sqrt(2))),
+    "gelu-tanh": lambda x: x / 2 * (1 + mpmath.tanh(mpmath.sqrt(2 / mpmath.pi) * (x + mpmath.mpf(44715) / 10**6 * x**3))),
+    "silu": lambda x: x / (1 + mpmath.exp(-x)),
+}
+
+
+def activate(m, name: str):
+    """``act(m)`` entry by entry, exactly (each entry built when read)."""
+    f = EXACT[name]
+    if is_rational(m) and name in ("relu", "relu2"):  # a rational stays rational, read without SymPy
+        zero = QQ(0)
+        flat = [x if x > 0 else zero for row in rational_rows(m) for x in row]
+        return rational_matrix(m.rows, m.cols, [x * x for x in flat] if name == "relu2" else flat)
+    return LazyMatrix(m.rows, m.cols, lambda i, j: f(m[i, j]))
+
+
+def _over_sum(z, i: int, j: int) -> sympy.Expr:
+    """Σ_k e^{z_ik − z_ij}: row i's softmax denominator seen from column j (each exponent short)."""
+    return sympy.Add(*[sympy.exp(z[i, k] - z[i, j]) for k in range(z.cols)])
+
+
+def row_softmax(z):
+    """The softmax of each row over every column (the vocabulary: nothing is masked), each entry
+    written ``P_ij = 1/Σ_k e^{z_ik − z_ij}`` (the same number as e^{z_ij}/Σ_k e^{z_ik})."""
+    return LazyMatrix(z.rows, z.cols, lambda i, j: 1 / _over_sum(z, i, j))
+
+
+def nll(z, targets, rows, base: str | None = None):
+    """``−log P[r, t] = log Σ_k e^{z_rk − z_rt}`` for each used row ``r`` of the logits and its
+    target ``t`` (one column); ``base`` log2 divides by log 2 (a slip)."""
+
+    def entry(i: int, j: int) -> sympy.Expr:
+        value = sympy.log(_over_sum(z, rows[i], targets[i]))
+        return value / sympy.log(2) if base == LN2 else value
+
+    return LazyMatrix(len(rows), 1, entry)
+
+
+def numeric_nll(z, targets, rows, dps: int, base: str | None = None):
+    """:func:`nll` on mpmath rows at ``dps`` digits."""
+    out = []
+    with mpmath.workdps(dps + 10):
+        for r, t in zip(rows, targets):
+            row = z[r]
+            m = max(row)
+            value = m + mpmath.log(mpmath.fsum(mpmath.exp(x - m) for x in row)) - row[t]
+            out.append([value / mpmath.log(2) if base == LN2 else value])
+    return out
