@@ -50,10 +50,10 @@ def problem(tokens: list[int], norm: bool) -> str:
             f"from: {{file: model.safetensors, layout: gpt2, layer: 0, heads: all, n_head: {D_MODEL // HEAD_DIM}{extra}}}\n")
 
 
-def run(workdir: Path, env: dict, name: str, out: str) -> tuple[float, float, int]:
+def run(workdir: Path, env: dict, name: str, out: str, max_size: str = "3000000") -> tuple[float, float, int]:
     """Wall seconds, CPU seconds and peak resident kilobytes of one fresh ``symattn derive``."""
     start = time.perf_counter()
-    child = subprocess.Popen([sys.executable, "-m", "symattn", "derive", name, "-o", out, "--max-size", "3000000"],
+    child = subprocess.Popen([sys.executable, "-m", "symattn", "derive", name, "-o", out, "--max-size", max_size],
                              cwd=workdir, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     err = child.stderr.read()
     _, status, usage = os.wait4(child.pid, 0)
