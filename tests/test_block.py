@@ -217,3 +217,12 @@ def test_a_tied_unembedding_is_the_table_transposed(tmp_path):
 def test_bad_block_inputs(tmp_path, symattn_cli, extra, fragment):
     line = _error(tmp_path, ATTENTION + extra, symattn_cli)
     assert fragment in line, line
+
+
+def test_a_constant_row_under_a_norm_without_eps_and_symbols_are_refused(tmp_path, symattn_cli):
+    # uniform attention on equal rows: H's rows are constant, and the MLP's LayerNorm has ε = 0
+    flat = ATTENTION.replace("X: [[1, 0], [0, 1]]", "X: [[1, 1], [1, 1]]") + \
+        MLP.replace("mlp:\n", "mlp:\n  norm: {type: layernorm, eps: 0}\n")
+    assert "has variance 0 (every entry equal" in _error(tmp_path, flat, symattn_cli)
+    symbolic = "symbols: [a]\n" + ATTENTION.replace("X: [[1, 0], [0, 1]]", "X: [[a, 0], [0, 1]]") + MLP
+    assert "mlp: the MLP needs numbers" in _error(tmp_path, symbolic, symattn_cli)

@@ -55,7 +55,18 @@ def row_spread(m, mu, ddof: int = 0):
 
 def inverse_root(r: sympy.Expr) -> sympy.Expr:
     """1/√r, as SymPy writes it (2√3/3 for r = 3/4)."""
+    _not_zero(r)
     return 1 / sympy.sqrt(r)
+
+
+def _not_zero(r: sympy.Expr) -> None:
+    """A norm's σ_i² + ε that is exactly 0 (a constant row with ε = 0: the MLP's norm of a rational
+    stream) is refused: the norm would divide by 0."""
+    if r == 0:
+        from ..errors import SymattnError
+
+        raise SymattnError("a row of a norm's input has variance 0 (every entry equal, or all 0 for RMSNorm) and "
+                           "that norm's eps is 0, so it would divide by 0: give it eps > 0")
 
 
 def normalise(m, mu, spread, eps: sympy.Expr, inside: bool = True):
@@ -70,6 +81,7 @@ def normalise(m, mu, spread, eps: sympy.Expr, inside: bool = True):
 
     def entry(i: int, j: int) -> sympy.Expr:
         if i not in dividers:
+            _not_zero(spread[i, 0] + eps if inside else spread[i, 0] + eps)
             dividers[i] = sympy.sqrt(spread[i, 0] + eps) if inside else sympy.sqrt(spread[i, 0]) + eps
         return (m[i, j] - (0 if mu is None else mu[i, 0])) / dividers[i]
 

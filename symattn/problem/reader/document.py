@@ -171,6 +171,11 @@ def read_block(reader: Reader, fields: Fields, layer: Layer) -> dict:
     stream they read is implied, and checked by :func:`read_norm`)."""
     X, loaded = layer.matrices.get("X"), layer.loaded
     mlp = getattr(loaded, "mlp", None)
+    for name in ("mlp", "logits"):
+        if name in fields and reader.symbols:
+            raise reader.at(key_of(fields, name)).error(
+                f"the {'MLP needs' if name == 'mlp' else 'logits need'} numbers: an activation's sign and the likeliest "
+                "words of symbols are not decided (remove symbols)", name)
     if "mlp" in fields:
         if mlp is not None:
             raise reader.at(key_of(fields, "mlp")).error(
