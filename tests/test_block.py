@@ -219,6 +219,16 @@ def test_bad_block_inputs(tmp_path, symattn_cli, extra, fragment):
     assert fragment in line, line
 
 
+def test_the_backward_option_and_generate_from_refuse_the_block(tmp_path, symattn_cli):
+    """--backward would put its loss on H, skipping the MLP and the head: refused, as the file's
+    backward: is; generate --from does not vary a block yet."""
+    path = _write(tmp_path, HAND)
+    r = symattn_cli.main("derive", path, "--backward")
+    assert r.code == 1 and "backward: the backward pass through the MLP, the logits and the loss" in r.stderr, r.stderr
+    r = symattn_cli.main("generate", "--from", path, "--count", "1", "--out-dir", tmp_path / "out")
+    assert r.code == 1 and "--from does not vary problems with an MLP or logits yet" in r.stderr, r.stderr
+
+
 def test_a_constant_row_under_a_norm_without_eps_and_symbols_are_refused(tmp_path, symattn_cli):
     # uniform attention on equal rows: H's rows are constant, and the MLP's LayerNorm has ε = 0
     flat = ATTENTION.replace("X: [[1, 0], [0, 1]]", "X: [[1, 1], [1, 1]]") + \

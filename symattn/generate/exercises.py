@@ -332,6 +332,9 @@ def from_problem(problem) -> tuple[Spec, Drawn]:
         raise SymattnError(f"{problem.source}: --from needs a problem with X and weights (not Q, K, V given)")
     if problem.positions is not None:
         raise SymattnError(f"{problem.source}: --from does not vary problems with positions (remove positions: first)")
+    if problem.mlp is not None or problem.logits is not None:
+        raise SymattnError(f"{problem.source}: --from does not vary problems with an MLP or logits yet (remove mlp:, "
+                           "logits: and loss: first)")
     if problem.norm is not None or problem.residual or problem.embeddings_norm is not None:
         raise SymattnError(f"{problem.source}: --from does not vary problems with a norm or a residual (remove norm:, "
                            "embeddings_norm: and residual: first)")
