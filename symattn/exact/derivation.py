@@ -475,7 +475,7 @@ def derive(problem: Problem, *, on_step=None, cls: type[Derivation] = Derivation
                            file=problem.source, field="backward")
     if getattr(problem, "embeddings_norm", None) is not None and problem.backward is not None:
         raise SymattnError(NO_EMBEDDINGS_BACKWARD, file=problem.source, field="backward")
-    if (getattr(problem, "mlp", None) is not None or getattr(problem, "logits", None) is not None) \
+    if (problem.mlp is not None or problem.logits is not None) \
             and problem.backward is not None:  # --backward too: its loss would skip the MLP and the head
         raise SymattnError(NO_BLOCK_BACKWARD, file=problem.source, field="backward")
     values: dict[str, object] = {}
