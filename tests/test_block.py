@@ -206,7 +206,12 @@ def test_a_tied_unembedding_is_the_table_transposed(tmp_path):
     (MLP + HEAD.replace("[the, cat, sat]", "[the, cat]"), "logits.vocab: vocab has 2 words, but the vocabulary has 3"),
     (MLP + HEAD.replace("vocab", "top: 0\n  vocab"), "logits.top: top is a whole number from 1 to 50"),
     (MLP + HEAD + "residual: false\n", "residual: the MLP reads the residual stream"),
-    (MLP + HEAD + "backward: {loss: sum}\n", "backward: the backward pass through the MLP, the logits and the loss"),
+    (MLP + HEAD + "backward: {loss: sum}\n",
+     "backward: the backward pass through the MLP and the model's head starts from the cross-entropy"),
+    (MLP + HEAD.replace("loss: {targets: [cat, sat]}\n", "") + "backward: {loss: cross-entropy}\n",
+     "backward: loss: cross-entropy needs the problem's cross-entropy: give logits: and loss: {targets: [...]}"),
+    (MLP + "backward: {loss: cross-entropy}\n", "backward: loss: cross-entropy needs the problem's cross-entropy"),
+    (MLP + HEAD + "backward: {loss: cross_entropy}\n", "backward.loss: loss must be sum"),
     (MLP + "loss: {targets: [1, 2]}\n", "loss: the loss is the cross-entropy of the logits: give logits"),
     (MLP + HEAD.replace("[cat, sat]", "next"), "loss.targets: targets: next takes each token's next id"),
     (MLP + HEAD.replace("W_U: [[1, 0, -1], [0, 1, 1]]", "from: true"), "logits.from: logits: {from: true} reads the"),
@@ -219,12 +224,17 @@ def test_bad_block_inputs(tmp_path, symattn_cli, extra, fragment):
     assert fragment in line, line
 
 
-def test_the_backward_option_and_generate_from_refuse_the_block(tmp_path, symattn_cli):
-    """--backward would put its loss on H, skipping the MLP and the head: refused, as the file's
-    backward: is; generate --from does not vary a block yet."""
+def test_the_backward_option_goes_back_from_the_cross_entropy_and_generate_from_refuses_the_block(tmp_path, symattn_cli):
+    """--backward on a problem with its own cross-entropy goes back from it (a loss on H would skip
+    the MLP and the head); without a loss it is refused; generate --from does not vary a block yet."""
     path = _write(tmp_path, HAND)
-    r = symattn_cli.main("derive", path, "--backward")
-    assert r.code == 1 and "backward: the backward pass through the MLP, the logits and the loss" in r.stderr, r.stderr
+    r = symattn_cli.main("derive", path, "--backward", "-f", "json", "--no-check")
+    assert r.code == 0, r.stderr
+    ids = [s["id"] for s in json.loads(r.stdout)["stages"]]
+    assert ids.index("dlogits") < ids.index("dW_U") < ids.index("dF") < ids.index("dH") < ids.index("dX")
+    no_loss = _write(tmp_path, ATTENTION + MLP + HEAD.replace("loss: {targets: [cat, sat]}\n", ""), "no_loss.yaml")
+    r = symattn_cli.main("derive", no_loss, "--backward")
+    assert r.code == 1 and "loss: cross-entropy needs the problem's cross-entropy" in r.stderr, r.stderr
     r = symattn_cli.main("generate", "--from", path, "--count", "1", "--out-dir", tmp_path / "out")
     assert r.code == 1 and "--from does not vary problems with an MLP or logits yet" in r.stderr, r.stderr
 

@@ -135,7 +135,7 @@ _FIELD_MODULES = {"problem/model.py", "problem/reader/fields.py", "problem/reade
                   "generate/exercises.py"} | {
     f"stages/{name}.py" for name in
     ("__init__", "ids", "kinds", "registry", "rows", "norms", "norm_backward", "formulas", "why", "relations",
-     "outline", "mlp")}
+     "outline", "mlp", "block_backward")}
 # generated tables of LaTeX pieces and their MathML ('K' there is a letter to typeset, not a stage)
 _DATA_MODULES = {"render/mathml_known.py"}
 _NAMES = set(stages.NAMES) | {k.key for k in stages.KINDS}

@@ -166,3 +166,56 @@ class ArbOps(NumericOps):
             m, row = arb_matrix(m, self.dps), arb_matrix(row, self.dps)
             return flint.arb_mat([[m[i, j] * row[0, j] for j in range(m.ncols())] for i in range(m.nrows())])
 
+
+    def table(self, rows: list[list[int]]):
+        return flint.arb_mat(rows)
+
+    def activate(self, m, name: str):
+        """``act(m)`` (or its derivative, ``d:act``) entry by entry in ball arithmetic."""
+        f = ARB_ACTIVATIONS[name]
+        with arb_precision(self.dps):
+            m = arb_matrix(m, self.dps)
+            return flint.arb_mat([[f(m[i, j]) for j in range(m.ncols())] for i in range(m.nrows())])
+
+
+def _relu(x):
+    if x > 0:
+        return x
+    if x <= 0:
+        return flint.arb(0)
+    return flint.arb(0).union(x)  # a ball around 0: both branches (its sign is not decided)
+
+
+def _step(x):
+    if x > 0:
+        return flint.arb(1)
+    if x <= 0:
+        return flint.arb(0)  # 0 at 0, as PyTorch takes it
+    return flint.arb(0).union(flint.arb(1))
+
+
+def _gelu_tanh(x, slope: bool = False):
+    root = (2 / flint.arb.pi()).sqrt()
+    c = flint.arb(flint.fmpq(44715, 10**6))
+    t = (root * (x + c * x**3)).tanh()
+    if not slope:
+        return x / 2 * (1 + t)
+    return (1 + t) / 2 + x * (1 - t**2) * root * (1 + 3 * c * x**2) / 2
+
+
+def _sigmoid(x):
+    return 1 / (1 + (-x).exp())
+
+
+ARB_ACTIVATIONS = {
+    "relu": _relu,
+    "relu2": lambda x: _relu(x) ** 2,
+    "gelu": lambda x: x / 2 * (1 + (x / flint.arb(2).sqrt()).erf()),
+    "gelu-tanh": _gelu_tanh,
+    "silu": lambda x: x * _sigmoid(x),
+    "d:relu": _step,
+    "d:relu2": lambda x: 2 * _relu(x),
+    "d:gelu": lambda x: (1 + (x / flint.arb(2).sqrt()).erf()) / 2 + x * (-x**2 / 2).exp() / (2 * flint.arb.pi()).sqrt(),
+    "d:gelu-tanh": lambda x: _gelu_tanh(x, slope=True),
+    "d:silu": lambda x: _sigmoid(x) * (1 + x * (1 - _sigmoid(x))),
+}

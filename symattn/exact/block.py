@@ -59,6 +59,34 @@ EXACT = {
 }
 
 
+def _step(x: sympy.Expr) -> sympy.Expr:
+    """ReLU's derivative: 1 where the entry is positive, else 0 (0 at 0, as PyTorch takes it)."""
+    return sympy.Integer(1 if _sign(x) > 0 else 0)
+
+
+def _gelu_tanh_slope(x: sympy.Expr) -> sympy.Expr:
+    """GPT-2's GELU, differentiated: ½(1 + t) + ½x(1 − t²)·√(2/π)(1 + 3c x²), t = tanh(√(2/π)(x + c x³))."""
+    root = sympy.sqrt(2 / sympy.pi)
+    t = sympy.tanh(root * (x + GELU_TANH_C * x**3))
+    return (1 + t) / 2 + x * (1 - t**2) * root * (1 + 3 * GELU_TANH_C * x**2) / 2
+
+
+def _silu_slope(x: sympy.Expr) -> sympy.Expr:
+    """SiLU, differentiated: σ(x)(1 + x(1 − σ(x))), σ(x) = 1/(1 + e^{−x})."""
+    s = 1 / (1 + sympy.exp(-x))
+    return s * (1 + x * (1 - s))
+
+
+DERIVATIVE = "d:"  # the prefix of an activation's derivative's name: "d:gelu" is GELU'
+EXACT.update({
+    DERIVATIVE + "relu": _step,
+    DERIVATIVE + "relu2": lambda x: 2 * relu(x),
+    DERIVATIVE + "gelu": lambda x: (1 + sympy.erf(x / sympy.sqrt(2))) / 2 + x * sympy.exp(-x**2 / 2) / sympy.sqrt(2 * sympy.pi),
+    DERIVATIVE + "gelu-tanh": _gelu_tanh_slope,
+    DERIVATIVE + "silu": _silu_slope,
+})
+
+
 def _mp_relu(x):
     return x if x > 0 else mpmath.mpf(0)
 
@@ -72,13 +100,37 @@ NUMERIC = {
 }
 
 
+def _mp_gelu_tanh_slope(x):
+    root = mpmath.sqrt(2 / mpmath.pi)
+    c = mpmath.mpf(44715) / 10**6
+    t = mpmath.tanh(root * (x + c * x**3))
+    return (1 + t) / 2 + x * (1 - t**2) * root * (1 + 3 * c * x**2) / 2
+
+
+def _mp_silu_slope(x):
+    s = 1 / (1 + mpmath.exp(-x))
+    return s * (1 + x * (1 - s))
+
+
+NUMERIC.update({
+    DERIVATIVE + "relu": lambda x: mpmath.mpf(1 if x > 0 else 0),
+    DERIVATIVE + "relu2": lambda x: 2 * _mp_relu(x),
+    DERIVATIVE + "gelu": lambda x: (1 + mpmath.erf(x / mpmath.sqrt(2))) / 2 + x * mpmath.exp(-x**2 / 2) / mpmath.sqrt(2 * mpmath.pi),
+    DERIVATIVE + "gelu-tanh": _mp_gelu_tanh_slope,
+    DERIVATIVE + "silu": _mp_silu_slope,
+})
+RATIONAL = {"relu": lambda x, zero: x if x > 0 else zero, "relu2": lambda x, zero: x * x if x > 0 else zero,
+            DERIVATIVE + "relu": lambda x, zero: QQ(1) if x > 0 else zero,
+            DERIVATIVE + "relu2": lambda x, zero: 2 * x if x > 0 else zero}  # a rational stays rational
+
+
 def activate(m, name: str):
-    """``act(m)`` entry by entry, exactly (each entry built when read)."""
+    """``act(m)`` entry by entry, exactly (each entry built when read); ``name`` ``d:act`` is the
+    activation's derivative."""
     f = EXACT[name]
-    if is_rational(m) and name in ("relu", "relu2"):  # a rational stays rational, read without SymPy
-        zero = QQ(0)
-        flat = [x if x > 0 else zero for row in rational_rows(m) for x in row]
-        return rational_matrix(m.rows, m.cols, [x * x for x in flat] if name == "relu2" else flat)
+    if is_rational(m) and name in RATIONAL:  # a rational stays rational, read without SymPy
+        zero, g = QQ(0), RATIONAL[name]
+        return rational_matrix(m.rows, m.cols, [g(x, zero) for row in rational_rows(m) for x in row])
     return LazyMatrix(m.rows, m.cols, lambda i, j: f(m[i, j]))
 
 

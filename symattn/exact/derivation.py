@@ -32,7 +32,7 @@ from .float_ops import FloatOps
 from .lazy import LazyMatrix
 from .numeric_ops import NumericOps
 from .softmax import SoftmaxRow
-from ..problem.model import NO_BLOCK_BACKWARD, NO_EMBEDDINGS_BACKWARD, Problem
+from ..problem.model import NO_EMBEDDINGS_BACKWARD, Problem, block_backward_refusal
 from ..stages.kinds import Dot, Kind
 from ..text import did_you_mean
 
@@ -475,9 +475,10 @@ def derive(problem: Problem, *, on_step=None, cls: type[Derivation] = Derivation
                            file=problem.source, field="backward")
     if getattr(problem, "embeddings_norm", None) is not None and problem.backward is not None:
         raise SymattnError(NO_EMBEDDINGS_BACKWARD, file=problem.source, field="backward")
-    if (problem.mlp is not None or problem.logits is not None) \
-            and problem.backward is not None:  # --backward too: its loss would skip the MLP and the head
-        raise SymattnError(NO_BLOCK_BACKWARD, file=problem.source, field="backward")
+    refusal = problem.backward is not None and block_backward_refusal(problem.backward, problem.mlp, problem.logits,
+                                                                      problem.loss)
+    if refusal:  # a loss on H would skip the MLP and the head
+        raise SymattnError(refusal, file=problem.source, field="backward")
     values: dict[str, object] = {}
     shown: dict[str, bool] = {}  # whether each stage so far is written exactly
     steps: list[Step] = []

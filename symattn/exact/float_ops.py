@@ -104,8 +104,61 @@ class FloatOps(ArbOps):
 
         return numpy.ones((rows, cols))
 
+    def table(self, rows: list[list[int]]):
+        import numpy
+
+        return numpy.array(rows, dtype=numpy.float64)
+
+    def activate(self, m, name: str):
+        """``act(m)`` (or its derivative, ``d:act``) in float64 (the cross-check's arithmetic)."""
+        return FLOAT_ACTIVATIONS[name](self.grid(m))
+
     def is_rational(self, x) -> bool:
         import numpy
 
         return not isinstance(x, (list, flint.arb_mat, numpy.ndarray)) and is_rational(x)
 
+
+
+def _erf(x):
+    import math
+
+    import numpy
+
+    return numpy.vectorize(math.erf, otypes=[float])(x)
+
+
+def _gelu_tanh(x, slope: bool = False):
+    import numpy
+
+    root, c = numpy.sqrt(2 / numpy.pi), 0.044715
+    t = numpy.tanh(root * (x + c * x**3))
+    if not slope:
+        return x / 2 * (1 + t)
+    return (1 + t) / 2 + x * (1 - t**2) * root * (1 + 3 * c * x**2) / 2
+
+
+def _normal_density(x):
+    import numpy
+
+    return numpy.exp(-x**2 / 2) / numpy.sqrt(2 * numpy.pi)
+
+
+def _sigmoid(x):
+    import numpy
+
+    return 1 / (1 + numpy.exp(-x))
+
+
+FLOAT_ACTIVATIONS = {
+    "relu": lambda x: x * (x > 0),
+    "relu2": lambda x: (x * (x > 0)) ** 2,
+    "gelu": lambda x: x / 2 * (1 + _erf(x / 2 ** 0.5)),
+    "gelu-tanh": _gelu_tanh,
+    "silu": lambda x: x * _sigmoid(x),
+    "d:relu": lambda x: (x > 0).astype(float),
+    "d:relu2": lambda x: 2 * x * (x > 0),
+    "d:gelu": lambda x: (1 + _erf(x / 2 ** 0.5)) / 2 + x * _normal_density(x),
+    "d:gelu-tanh": lambda x: _gelu_tanh(x, slope=True),
+    "d:silu": lambda x: _sigmoid(x) * (1 + x * (1 - _sigmoid(x))),
+}

@@ -4,7 +4,7 @@ size and length, by the stage's place in the formula (see :func:`written`)."""
 from __future__ import annotations
 
 from .. import stages
-from ..problem.model import Problem
+from ..problem.model import CROSS_ENTROPY, Problem
 from . import lazy as _lazy
 from . import norms as _norms
 from . import rotary as _rotary
@@ -65,7 +65,12 @@ def written(kind, result, c, values: dict, ops, given: bool, inputs_shown: bool 
     shown in decimals is longer still, and is not built to find that out)."""
     p = c.p
     written = True
-    if kind.gradient:
+    if kind.gradient and p.backward.kind == CROSS_ENTROPY:
+        # back from the cross-entropy every gradient is a sum over the softmaxes' Z_i, through the MLP:
+        # written exactly when rational or hand-sized and short, as the block's forward stages are (and
+        # not built to find out when an input is in decimals)
+        written = inputs_shown and _block_written(p, result)
+    elif kind.gradient:
         short = kind.short is not None and kind.short(ops, result, c)
         written = p.n_q * p.n_k <= EXACT_LIMIT or short
         if written and not short and not _rational_norm(p, values):

@@ -97,9 +97,22 @@ class Norm:
 # the MLP's activations: ReLU, its square, GELU with erf (exact) or with tanh (GPT-2's), SiLU (x·σ(x))
 ACTIVATIONS = ("relu", "relu2", "gelu", "gelu-tanh", "silu")
 GATED_ACTIVATIONS = ("silu", "gelu-tanh", "gelu")  # SwiGLU, GeGLU (tanh or erf)
-# the backward pass is not derived through the MLP and the model's head yet: the refusal, in the file and for --backward
-NO_BLOCK_BACKWARD = ("the backward pass through the MLP, the logits and the loss is not derived yet: leave out "
-                     "backward, or mlp, logits and loss")
+# the backward pass through the MLP and the model's head starts from the cross-entropy of the logits
+CROSS_ENTROPY = "cross-entropy"
+NO_BLOCK_BACKWARD = ("the backward pass through the MLP and the model's head starts from the cross-entropy of the "
+                     "logits: give logits: and loss: {targets: [...]}, and backward: {loss: cross-entropy}")
+
+
+def block_backward_refusal(backward: "Backward", mlp, logits, loss) -> str | None:
+    """Why a backward pass cannot start where ``backward`` says, given the problem's MLP, logits
+    and loss (None: it can): through the MLP and the head only from the cross-entropy, and the
+    cross-entropy only with a loss."""
+    if backward.kind == CROSS_ENTROPY:
+        return None if loss is not None else ("loss: cross-entropy needs the problem's cross-entropy: give logits: "
+                                              "and loss: {targets: [...]}")
+    if mlp is not None or logits is not None:
+        return NO_BLOCK_BACKWARD
+    return None
 
 
 @dataclass(frozen=True)
@@ -195,7 +208,8 @@ class Backward:
 
     ``kind`` is ``"dO"`` (the matrix is dL/dO itself), ``"sum"`` (L = Σ O,
     so dL/dO is all ones; no matrix), ``"weights"`` (L = Σ W ∘ O, the matrix
-    is W) or ``"target"`` (L = ½‖O − T‖², the matrix is T).
+    is W), ``"target"`` (L = ½‖O − T‖², the matrix is T) or ``"cross-entropy"`` (the problem's
+    own loss L of the logits, behind the MLP and the model's head; no matrix).
     """
 
     kind: str
@@ -213,6 +227,8 @@ class Backward:
                        f"⟦\\partial L/\\partial {of} = W⟧",
             "target": f"the loss is ⟦L = \\tfrac{{1}}{{2}}\\|{of} - T\\|^2⟧ (squared distance to the target ⟦T⟧), so "
                       f"⟦\\partial L/\\partial {of} = {of} - T⟧",
+            CROSS_ENTROPY: f"the loss is the cross-entropy ⟦L⟧ of the logits, and ⟦\\partial L/\\partial {of}⟧ comes "
+                           "back to it through the model's head and the MLP",
         }[self.kind]
 
 

@@ -23,12 +23,12 @@ from ..errors import SymattnError
 from ..numbers.parse import NumberError, check_size, parse_number
 from ..text import excerpt, shown
 from .masks import Mask
-from .model import SUM_LOSS, Backward, Matrix, Problem, Tiling
+from .model import CROSS_ENTROPY, SUM_LOSS, Backward, block_backward_refusal, Matrix, Problem, Tiling
 from .places import entry_field, row_field
 
 __all__ = ["decode_problem", "with_backward", "with_decode", "with_tiling"]
 
-_LOSSES = "sum, {'weights': rows} or {'target': rows}"
+_LOSSES = "sum, {'weights': rows}, {'target': rows} or 'cross-entropy'"
 
 
 def with_backward(problem: Problem, loss=None) -> Problem:
@@ -38,11 +38,20 @@ def with_backward(problem: Problem, loss=None) -> Problem:
     ``{"weights": rows}`` (L = Σ W ∘ O) or ``{"target": rows}`` (L = ½‖O − T‖²), with one entry
     per output entry, each an int, a :class:`fractions.Fraction`, an exact SymPy number or a
     string as in a problem file (``"1/2"``, ``"0.25"``, ``"exp(2)"``). None (``--backward``) keeps
-    the problem's own ``backward:`` section, else takes L = Σ O.
+    the problem's own ``backward:`` section, else takes the problem's cross-entropy (``loss:``) when
+    it has one, else L = Σ O; ``"cross-entropy"`` goes back from the cross-entropy of the logits.
     """
     if loss is None:
-        return problem if problem.backward is not None else dataclasses.replace(problem, backward=SUM_LOSS)
-    return dataclasses.replace(problem, backward=_loss(problem, loss))
+        if problem.backward is not None:
+            return problem
+        # a problem with its own cross-entropy goes back from it; an MLP or logits without one is refused
+        loss = CROSS_ENTROPY if problem.loss is not None or problem.mlp is not None or problem.logits is not None \
+            else "sum"
+    backward = _loss(problem, loss)
+    refusal = block_backward_refusal(backward, problem.mlp, problem.logits, problem.loss)
+    if refusal:
+        raise SymattnError(refusal, file=problem.source, field="backward")
+    return dataclasses.replace(problem, backward=backward)
 
 
 def with_tiling(problem: Problem, block: int) -> Problem:
@@ -89,6 +98,8 @@ def _loss(problem: Problem, loss) -> Backward:
     if isinstance(loss, str):
         if loss == "sum":
             return SUM_LOSS
+        if loss == CROSS_ENTROPY:
+            return Backward(CROSS_ENTROPY)
         raise SymattnError(f"unknown loss {excerpt(loss)}; give {_LOSSES}", field="loss")
     if not isinstance(loss, dict) or len(loss) != 1:
         raise SymattnError(f"the loss is {_LOSSES}, not {shown(loss)}", field="loss")

@@ -76,14 +76,14 @@ def norm_input_gradient(norm: Norm, dhat: np.ndarray, hat: np.ndarray, stat: np.
 
 
 def norm_layer_gradients(norm: Norm, dY: np.ndarray, hat: np.ndarray, stat: np.ndarray, out: dict,
-                         hat_id: str) -> np.ndarray:
-    """Back through y = x̂∘gain + β from ∂L/∂y: ∂L/∂x̂ (under ``hat_id``), dnorm_gamma and
-    dnorm_beta into ``out``; returns ∂L/∂x."""
+                         hat_id: str, weight_ids: tuple[str, str] = (st.DGAMMA, st.DBETA)) -> np.ndarray:
+    """Back through y = x̂∘gain + β from ∂L/∂y: ∂L/∂x̂ (under ``hat_id``), dγ and dβ (under
+    ``weight_ids``: dnorm_gamma and dnorm_beta by default) into ``out``; returns ∂L/∂x."""
     dhat = out[hat_id] = dY * gain_f64(norm)                     # (n, d) ∘ (1, d)
     if norm.weight is not None:                                  # ∂(x̂·(offset + γ))/∂γ = x̂
-        out[st.DGAMMA] = (dY * hat).sum(axis=0, keepdims=True)   # γ is on every row: the column sums
+        out[weight_ids[0]] = (dY * hat).sum(axis=0, keepdims=True)  # γ is on every row: the column sums
     if norm.bias is not None:
-        out[st.DBETA] = dY.sum(axis=0, keepdims=True)
+        out[weight_ids[1]] = dY.sum(axis=0, keepdims=True)
     return norm_input_gradient(norm, dhat, hat, stat)
 
 
@@ -157,20 +157,20 @@ def torch_hat(torch, norm: Norm, x):
     return centred / torch.sqrt((centred * centred).mean(dim=1, keepdim=True) + eps)
 
 
-def torch_norm_graph(graph, norm: Norm, x, hat_id: str):
+def torch_norm_graph(graph, norm: Norm, x, hat_id: str, weight_ids: tuple[str, str] = (st.DGAMMA, st.DBETA)):
     """The norm of the rows of ``x`` in a torch ``graph`` (with ``leaf``, ``keep``, ``fused`` and
     ``torch``), γ and β leaves (dnorm_gamma, dnorm_beta): fused, PyTorch's own F.layer_norm or
     F.rms_norm (pytorch.torch_norm); else x̂ written out, kept under ``hat_id``, times
     offset + γ plus β."""
     if graph.fused:
         def leaf(m):  # torch_norm asks for the tensors of γ and β
-            return graph.leaf(st.DGAMMA if m is norm.weight else st.DBETA, m)
+            return graph.leaf(weight_ids[0] if m is norm.weight else weight_ids[1], m)
         return torch_norm(graph.torch.nn.functional, norm, x, leaf)
     y = graph.keep(hat_id, torch_hat(graph.torch, norm, x))
     if norm.weight is not None:
-        y = y * (graph.leaf(st.DGAMMA, norm.weight)[0] + norm.offset)
+        y = y * (graph.leaf(weight_ids[0], norm.weight)[0] + norm.offset)
     if norm.bias is not None:
-        y = y + graph.leaf(st.DBETA, norm.bias)[0]
+        y = y + graph.leaf(weight_ids[1], norm.bias)[0]
     return y
 
 

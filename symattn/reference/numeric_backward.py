@@ -39,6 +39,7 @@ import numpy as np
 
 from .. import stages as st
 
+from .block_backward import block_gradients, from_cross_entropy, torch_block_loss
 from .norm_backward import (
     fd_norm_output, fd_top, input_gradients, norm_f64, pre_norm, stream_f64, top_gradients, torch_norm_graph,
     torch_stream,
@@ -136,7 +137,10 @@ def numeric_gradients(p: Problem) -> dict[str, np.ndarray]:
     G = loss_matrix(p)
     fwd = numeric_stages(p)
     out: dict[str, np.ndarray] = {}
-    d_top = _upstream(p.backward.kind, G, fwd[st.H] if p.residual else fwd[st.O])
+    if from_cross_entropy(p):                                   # back through the head and the MLP to dH
+        d_top = block_gradients(p, fwd, out)
+    else:
+        d_top = _upstream(p.backward.kind, G, fwd[st.H] if p.residual else fwd[st.O])
     dO, d_block = top_gradients(p, fwd, d_top, out)             # dH (dR_hat, dγ, dβ, dR) with the residual
     out[st.DO] = dO                                              # (n_q, d_out)
 
@@ -450,8 +454,11 @@ def _torch_backward(p: Problem, fused: bool) -> dict[str, np.ndarray]:
         O, block = graph.layer()
         if p.residual:
             O = torch_stream(graph, p, block, O)                # the loss is on H
-    G = loss_matrix(p)
-    _loss(p.backward.kind, None if G is None else graph.torch.from_numpy(G), O).backward()
+    if from_cross_entropy(p):                                   # the MLP, the head and F.cross_entropy on H
+        torch_block_loss(graph, p, O).backward()
+    else:
+        G = loss_matrix(p)
+        _loss(p.backward.kind, None if G is None else graph.torch.from_numpy(G), O).backward()
     return {stage: t.grad.numpy() for stage, t in graph.kept.items()}
 
 

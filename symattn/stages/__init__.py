@@ -41,6 +41,10 @@ from .ids import (
     MLP_MU, MLP_VAR, MLP_MS, H_HAT, MLP_GAMMA, MLP_BETA, H_NORM, W_1, B_1, W_UP, W_2, B_2, W_GATE, U_GATE, W_DOWN, U, U_UP, G, F, Y,
     Y_SUM, Y_HAT, Y_POST, Y_LAST, FINAL_MU, FINAL_VAR, FINAL_MS, Y_FINAL_HAT, FINAL_GAMMA, FINAL_BETA, Y_FINAL, W_U, LOGITS, P, NLL, LOSS, VOCAB, LAST, LOSS_ROWS, NLL_AXIS, LOSS_AXIS,
 )
+from .ids import (
+    DLOGITS, DW_U, DY_FINAL, DY_FINAL_HAT, DFINAL_GAMMA, DFINAL_BETA, DY_LAST, DY, DY_HAT, DMLP_GAMMA_POST, DMLP_BETA_POST, DY_SUM, DF, DB_2,
+    DW_2, DW_DOWN, DG, DU, DU_GATE, DU_UP, DB_1, DW_1, DW_GATE, DW_UP, DH_NORM, DH_HAT, DMLP_GAMMA, DMLP_BETA,
+)
 from .kinds import Context, Dot, Kind, Mistake, Section
 from .names import GRADIENT_NAMES, NAMES, TILED_NAMES, order_of, unknown_stage
 from .norms import entry_tex, has_norm, hat_keys
@@ -64,6 +68,8 @@ __all__ = [
     "MLP_MU", "MLP_VAR", "MLP_MS", "H_HAT", "MLP_GAMMA", "MLP_BETA", "H_NORM", "W_1", "B_1", "W_UP", "W_2", "B_2", "W_GATE", "U_GATE",
     "W_DOWN", "U", "U_UP", "G", "F", "Y", "Y_SUM", "Y_HAT", "Y_POST", "Y_LAST", "FINAL_MU", "FINAL_VAR", "FINAL_MS", "Y_FINAL_HAT",
     "FINAL_GAMMA", "FINAL_BETA", "Y_FINAL", "W_U", "LOGITS", "P", "NLL", "LOSS", "VOCAB", "LAST", "LOSS_ROWS", "NLL_AXIS", "LOSS_AXIS",
+    "DLOGITS", "DW_U", "DY_FINAL", "DY_FINAL_HAT", "DFINAL_GAMMA", "DFINAL_BETA", "DY_LAST", "DY", "DY_HAT", "DMLP_GAMMA_POST", "DMLP_BETA_POST", "DY_SUM", "DF", "DB_2",
+    "DW_2", "DW_DOWN", "DG", "DU", "DU_GATE", "DU_UP", "DB_1", "DW_1", "DW_GATE", "DW_UP", "DH_NORM", "DH_HAT", "DMLP_GAMMA", "DMLP_BETA",
     "Context", "Dot", "Kind", "Mistake", "Planned", "Section",
     "dot_at", "entry_tex", "has_norm", "hat_keys", "input_ids", "kv_cache_size", "kv_groups", "order_of", "plan", "resolve", "section_of",
     "sections", "split_id", "stage_id", "traces", "unknown_stage",

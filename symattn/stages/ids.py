@@ -61,6 +61,18 @@ Y_LAST = "Y_last"
 FINAL_MU, FINAL_VAR, FINAL_MS, Y_FINAL_HAT = "final_mean", "final_var", "final_ms", "Y_final_hat"
 FINAL_GAMMA, FINAL_BETA, Y_FINAL = "final_gamma", "final_beta", "Y_final"
 W_U, LOGITS, P, NLL, LOSS = "W_U", "logits", "P", "nll", "L"
+# the backward pass of the model's head and the MLP, with backward: {loss: cross-entropy}: dlogits =
+# (P − onehot)/rows, dW_U, the head's input gradient (dY_final, back through the final norm: dY_final_hat,
+# dfinal_gamma, dfinal_beta), dY_last (rows: last), dY (the block's output); behind the MLP's post norm
+# dY_hat, dmlp_gamma, dmlp_beta (keys with "_post") and dY_sum; then dF, db_2, dW_2 (gated dW_down), dG,
+# dU (gated dU_gate, dU_up), db_1, dW_1 (gated dW_gate, dW_up), dH_norm and, back through the MLP's norm,
+# dH_hat, dmlp_gamma, dmlp_beta, and dH (the MLP's path plus the residual's)
+DLOGITS, DW_U, DY_FINAL, DY_FINAL_HAT = "dlogits", "dW_U", "dY_final", "dY_final_hat"
+DFINAL_GAMMA, DFINAL_BETA, DY_LAST, DY = "dfinal_gamma", "dfinal_beta", "dY_last", "dY"
+DY_HAT, DMLP_GAMMA_POST, DMLP_BETA_POST, DY_SUM = "dY_hat", "dmlp_gamma_post", "dmlp_beta_post", "dY_sum"
+DF, DB_2, DW_2, DW_DOWN, DG = "dF", "db_2", "dW_2", "dW_down", "dG"
+DU, DU_GATE, DU_UP, DB_1, DW_1, DW_GATE, DW_UP = "dU", "dU_gate", "dU_up", "db_1", "dW_1", "dW_gate", "dW_up"
+DH_NORM, DH_HAT, DMLP_GAMMA, DMLP_BETA = "dH_norm", "dH_hat", "dmlp_gamma", "dmlp_beta"
 # the backward pass through them: dH, the upstream gradient on the residual stream H (then dO = dH);
 # in front of the attention dX_norm (the projections' paths), dX_hat = dX_norm ∘ γ, dγ, dβ, and dX
 # back through the norm (plus dH with the residual); behind it (post) dR_hat = dH ∘ γ, dγ, dβ, dR

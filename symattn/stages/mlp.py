@@ -55,7 +55,7 @@ def _gated(c: Context) -> bool:
     return c.mlp is not None and c.mlp.gated
 
 
-def _in_name(c: Context) -> str:
+def in_name(c: Context) -> str:
     """What the MLP reads, in LaTeX."""
     return "H_{norm}" if c.mlp_in.endswith("norm") else "H"
 
@@ -192,8 +192,8 @@ def mlp_rows() -> tuple[Kind, ...]:
         Kind(U, U, 18.74, "mlp", "The hidden layer, before the activation",
              "Each token's row goes through the MLP on its own: the tokens do not mix here (only the attention mixes "
              "them). ⟦U⟧ has one column per hidden unit.",
-             lambda c: (f"U = {_in_name(c)}\\,W_1" + (" + b_1" if _bias(c, "b_1") else ""),
-                        f"U = {c.plain(_in_name(c))}·W_1" + (" + b_1" if _bias(c, "b_1") else "")),
+             lambda c: (f"U = {in_name(c)}\\,W_1" + (" + b_1" if _bias(c, "b_1") else ""),
+                        f"U = {c.plain(in_name(c))}·W_1" + (" + b_1" if _bias(c, "b_1") else "")),
              (QUERIES, "f"), lambda sh, r, c: prod(sh(c.mlp_in), sh(W_1), "n × d_ff"),
              inputs=("mlp_in", W_1, B_1), relation=_hidden, when=_plain, by_relation=True,
              mistakes=(Mistake("the bias b_1 was not added",
@@ -201,12 +201,12 @@ def mlp_rows() -> tuple[Kind, ...]:
         Kind(U_GATE, U_GATE, 18.74, "mlp", "The gate's pre-activation",
              "Each token's row goes through the MLP on its own: the tokens do not mix here (only the attention mixes "
              "them). ⟦U_{gate}⟧ has one column per hidden unit.",
-             lambda c: (f"U_{{gate}} = {_in_name(c)}\\,W_{{gate}}", f"U_gate = {c.plain(_in_name(c))}·W_gate"),
+             lambda c: (f"U_{{gate}} = {in_name(c)}\\,W_{{gate}}", f"U_gate = {c.plain(in_name(c))}·W_gate"),
              (QUERIES, "f"), lambda sh, r, c: prod(sh(c.mlp_in), sh(W_GATE), "n × d_ff"),
              inputs=("mlp_in", W_GATE), relation=_hidden, when=_gated, by_relation=True, tex="U_{gate}"),
         Kind(U_UP, U_UP, 18.745, "mlp", "The up projection",
              "The second projection of the same rows: the gate's activation multiplies it entry by entry.",
-             lambda c: (f"U_{{up}} = {_in_name(c)}\\,W_{{up}}", f"U_up = {c.plain(_in_name(c))}·W_up"), (QUERIES, "f"),
+             lambda c: (f"U_{{up}} = {in_name(c)}\\,W_{{up}}", f"U_up = {c.plain(in_name(c))}·W_up"), (QUERIES, "f"),
              lambda sh, r, c: prod(sh(c.mlp_in), sh(W_UP), "n × d_ff"), inputs=("mlp_in", W_UP),
              relation=lambda ops, v, c: ops.matmul(v(c.mlp_in), v(W_UP)), when=_gated, by_relation=True,
              tex="U_{up}"),

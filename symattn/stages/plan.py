@@ -140,7 +140,7 @@ def resolve(key: str, c: Context, head: "int | None | object" = ...) -> list[str
 def input_ids(kind: Kind, c: Context) -> list[str]:
     """The ids of the stages ``kind`` is computed from, in context ``c``."""
     out = []
-    for key in kind.inputs:
+    for key in (kind.inputs(c) if callable(kind.inputs) else kind.inputs):
         if key == "through" and c.pre_norm:  # dX back through the norm in front
             n = c.norm
             out += [i for k in (DX_HAT, X_HAT, MS if n.rms else VAR) for i in resolve(k, c)]

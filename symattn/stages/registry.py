@@ -25,11 +25,12 @@ from .formulas import (
 )
 from .ids import (
     A, ACC_TILED, A_T, B_K, B_O, B_Q, B_V, CACHED, CONCAT, CONTEXT, COSTS, DA, DB_K, DB_O, DB_Q, DB_V,
-    DCONCAT, DCONTEXT, DECODE_COST, DK, DO, DO_HEAD, DQ, DS, DS_MASKED, DV, DW_K, DW_O, DW_Q, DW_V, K,
+    DCONCAT, DCONTEXT, DECODE_COST, DH, DK, DO, DO_HEAD, DQ, DS, DS_MASKED, DV, DW_K, DW_O, DW_Q, DW_V, K,
     KEYS, K_CACHE, K_T, L_TILED, M, M_TILED, NEW, O, O_FINAL, O_T, O_TILED, O_T_DIFF, PE, Q, QUERIES, Q_T, S,
     STEPS, S_MASKED, S_SCALED, S_T, TT, V, V_CACHE, W_K, W_O, W_Q, W_V, X, X_POS, stage_id,
 )
 from .kinds import Kind, Mistake, decoding, tiled
+from .block_backward import from_cross_entropy, rows as block_backward_rows
 from .norm_backward import WHY as NORM_BACK_WHY, input_gradient_rows, post_norm_backward_rows
 from .mlp import head_rows, head_rows_before, mlp_rows
 from .norms import norm_rows, residual_rows
@@ -297,9 +298,13 @@ KINDS: tuple[Kind, ...] = (
     *head_rows_before(),
     *norm_rows("final"),
     *head_rows(),
+    # the backward pass from the cross-entropy (backward: {loss: cross-entropy}): dlogits, dW_U, back through
+    # the final norm (dY_final ... dY_last, dY), the MLP's post norm (dY_hat ... dY_sum), then dF, db_2, dW_2,
+    # dG, dU (dU_gate, dU_up), db_1, dW_1 (dW_gate, dW_up), dH_norm and the MLP's norm (dH_hat ...), to dH
+    *block_backward_rows(),
     # the backward pass: the upstream gradient, then back through the output projection
     # with the residual: dH = ∂L/∂H, and behind a post norm dR̂, dγ, dβ, dR  (n_q × d_model; 1 × d_model)
-    *post_norm_backward_rows(),
+    *(from_cross_entropy(k) if k.key == DH else k for k in post_norm_backward_rows()),
     # dO = ∂L/∂O (dH with the residual, dR behind a post norm)  (n_q × d_out)
     Kind(DO, DO, 19, lambda c: "b_residual" if c.norm is not None and c.norm.post else "b_upstream",
          lambda c: "Back through the residual" if c.residual else "The upstream gradient",

@@ -20,7 +20,7 @@ from ...errors import SymattnError
 from ..budget import MAX_SIZE, max_values
 from ..located_yaml import Where, where
 from ..masks import Mask, mask_rule
-from ..model import NO_BLOCK_BACKWARD, NO_EMBEDDINGS_BACKWARD, Matrix, Problem
+from ..model import NO_EMBEDDINGS_BACKWARD, block_backward_refusal, Matrix, Problem
 from ..places import shape_text
 from .fields import Fields, key_of, node_of, read_fields
 from .block import BlockFields
@@ -140,8 +140,9 @@ def read_passes(reader: Reader, fields: Fields, layer: Layer, mask: Mask, bias: 
     backward = reader.backward(node_of(fields, "backward"), n_q, d_out, residual) if "backward" in fields else None
     if backward is not None and embedded["embeddings_norm"] is not None:
         raise reader.at(key_of(fields, "backward")).error(NO_EMBEDDINGS_BACKWARD, "backward")
-    if backward is not None and any(block.values()):
-        raise reader.at(key_of(fields, "backward")).error(NO_BLOCK_BACKWARD, "backward")
+    refusal = backward and block_backward_refusal(backward, block["mlp"], block["logits"], block["loss"])
+    if refusal:
+        raise reader.at(key_of(fields, "backward")).error(refusal, "backward")
     rope = None
     if "rope" in fields:
         from .rope import read_rope

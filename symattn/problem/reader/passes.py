@@ -8,7 +8,7 @@ import yaml
 from .. import located_yaml as _yaml
 from ...text import did_you_mean, excerpt
 from ..masks import Mask
-from ..model import Backward, Matrix, Tiling
+from ..model import CROSS_ENTROPY, Backward, Matrix, Tiling
 from ..passes import decode_problem
 from ..places import item_field, shape_text
 
@@ -20,8 +20,8 @@ class PassFields:
         """The ``backward:`` section: ``dO: [[...]]`` (``dH: [[...]]`` with the residual, whose loss is
         on H) or ``loss: sum | {weights: ...} | {target: ...}``."""
         given = "dH" if residual else "dO"
-        usage = (f"backward: needs {given}: [[...]] (dL/d{given[1]}) or loss: sum, loss: {{weights: [[...]]}} or "
-                 "loss: {target: [[...]]}")
+        usage = (f"backward: needs {given}: [[...]] (dL/d{given[1]}) or loss: sum, loss: {{weights: [[...]]}}, "
+                 "loss: {target: [[...]]} or loss: cross-entropy")
         if not isinstance(node, yaml.MappingNode) or len(node.value) != 1:
             raise self.at(node).error(usage, "backward")
         key, value = node.value[0]
@@ -38,8 +38,8 @@ class PassFields:
         if name != "loss":
             hint = did_you_mean(str(name), (given, "loss"), ignore_case=True)
             raise self.at(key).error(f"unknown entry {excerpt(name)} in backward{hint}; {usage}", "backward")
-        if isinstance(value, yaml.ScalarNode) and value.value == "sum":
-            return Backward("sum")
+        if isinstance(value, yaml.ScalarNode) and value.value in ("sum", CROSS_ENTROPY):
+            return Backward(value.value)
         if isinstance(value, yaml.MappingNode) and len(value.value) == 1:
             kind_node, matrix_node = value.value[0]
             kind = kind_node.value if isinstance(kind_node, yaml.ScalarNode) else None
@@ -48,12 +48,14 @@ class PassFields:
                 return Backward(kind, self.sized(self.matrix(matrix_node, field), matrix_node, field, n_q, d_out))
             hint = did_you_mean(str(kind), ("weights", "target"), ignore_case=True)
             raise self.at(kind_node).error(
-                f"unknown loss {excerpt(kind)}{hint}; write loss: sum, loss: {{weights: [[...]]}} or loss: {{target: [[...]]}}",
+                f"unknown loss {excerpt(kind)}{hint}; write loss: sum, loss: {{weights: [[...]]}}, loss: {{target: [[...]]}} "
+                "or loss: cross-entropy",
                 "backward.loss",
             )
-        hint = did_you_mean(str(value.value), ("sum",), ignore_case=True) if isinstance(value, yaml.ScalarNode) else ""
+        hint = did_you_mean(str(value.value), ("sum", CROSS_ENTROPY), ignore_case=True) \
+            if isinstance(value, yaml.ScalarNode) else ""
         raise self.at(value).error(
-            f"loss must be sum, {{weights: [[...]]}} or {{target: [[...]]}}, not {_yaml.kind(value)}{hint}",
+            f"loss must be sum, {{weights: [[...]]}}, {{target: [[...]]}} or cross-entropy, not {_yaml.kind(value)}{hint}",
             "backward.loss",
         )
 
