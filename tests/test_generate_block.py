@@ -364,3 +364,5 @@ def test_the_library_writes_what_the_command_line_writes(tmp_path, symattn_cli):
         symattn.generate(d_ff=2)
     with pytest.raises(symattn.SymattnError, match="block is True or False"):
         symattn.generate(block="yes")
+    with pytest.raises(symattn.SymattnError, match="a word of the sentence or the vocabulary is empty"):
+        symattn.generate(block=True, vocab=["the", "cat", "sat", "on", "a", " "])

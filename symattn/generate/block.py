@@ -118,6 +118,8 @@ def sentence(spec) -> tuple[list[str], tuple[str, ...], tuple[str, ...]]:
         if after is None:
             after = next(f"w{k}" for k in range(1, 100) if f"w{k}" not in tokens)
     different = list(dict.fromkeys(tokens + [after]))
+    if any(not w.strip() for w in different + list(spec.vocab or ())):
+        raise SymattnError("a word of the sentence or the vocabulary is empty; each is a word of text")
     if spec.vocab is not None:
         vocab = tuple(spec.vocab)
         if len(set(vocab)) != len(vocab):
