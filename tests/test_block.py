@@ -12,6 +12,7 @@ from __future__ import annotations
 import html
 import json
 import math
+from pathlib import Path
 
 import mpmath
 import numpy as np
@@ -21,6 +22,8 @@ import sympy
 import symattn
 from symattn.problem.load import load_problem
 from test_problem_checkpoints import _error, _write
+
+ROOT_EXAMPLES = Path(__file__).resolve().parent.parent / "worked_examples"
 
 E, log, R = sympy.exp, sympy.log, sympy.Rational
 ATTENTION = ("tokens: [the, cat]\nX: [[1, 0], [0, 1]]\nW_Q: [[1, 0], [0, 1]]\nW_K: [[0, 0], [0, 0]]\n"
@@ -73,6 +76,27 @@ def test_the_hand_block_in_every_format(tmp_path):
     ids = [s["id"] for s in json.loads(symattn.render(d, "json"))["stages"]]
     assert ids[ids.index("H"):] == ["H", "W_1", "b_1", "U", "G", "W_2", "F", "Y", "W_U", "logits", "P", "nll", "L"]
 
+
+def test_an_exact_zero_behind_the_softmax_is_zero_in_decimals(tmp_path):
+    """The MLP's norm behind uniform attention (worked_examples/block_by_hand.yaml with β = (1, 0)):
+    H = X + O is rational, each row normalises to ±1 (d_model 2), and H_norm = H_hat ∘ γ + β has
+    exact zeros, as does all of row 2 of U = H_norm·W_1 + b_1 (by hand below). Their decimals,
+    computed by the relation from the earlier stages' 30-digit values, are 0 too, not rounding
+    noise (they were 1e-41)."""
+    text = (ROOT_EXAMPLES / "block_by_hand.yaml").read_text("utf-8").replace(
+        "mlp:\n", "mlp:\n  norm: {type: layernorm, bias: [1, 0], eps: 0}\n")
+    d = _derive(tmp_path, text)
+    # A is 1, (1/2, 1/2), (1/3, 1/3, 1/3) and V = X·W_V, so H = X + O = (2, 0), (1/2, 2), (5/3, 7/3)
+    assert d.step("H").exact.tolist() == [[2, 0], [R(1, 2), 2], [R(5, 3), R(7, 3)]]
+    assert d.step("H_norm").exact.tolist() == [[2, -1], [0, 1], [0, 1]]  # (±1, ∓1) + (1, 0)
+    # (2, −1)·W_1 = (2, −3, 1) and (0, 1)·W_1 = (0, 1, −1), plus b_1 = (0, −1, 1)
+    assert d.step("U").exact.tolist() == [[2, -4, 2], [0, 0, 0], [0, 0, 0]]
+    stages = {s["id"]: s for s in json.loads(symattn.render(d, "json"))["stages"]}
+    for stage in ("H_norm", "U", "G"):
+        zeros = np.array(d.step(stage).exact.tolist(), dtype=object) == 0
+        assert (d.approx(stage)[zeros] == 0).all(), (stage, d.approx(stage))
+        assert (np.array(stages[stage]["approx"])[zeros] == 0).all(), stages[stage]
+    assert "e-4" not in symattn.render(d, "text")  # no 1e-41 shown for a 0
 
 def _rms(x, g, eps):
     return x / np.sqrt((x * x).mean(axis=1, keepdims=True) + eps) * g

@@ -11,7 +11,9 @@ from .options import Whole, WholeRange, output_option
 from .paths import check_outputs, echo, inputs, refuse_input, same_file, write_atomic
 
 # what --from takes from its problem instead (so giving one of them with --from is refused)
-SHAPE_OPTIONS = ("tokens", "d_model", "d_k", "d_v", "mask", "heads", "cross", "no_scale", "words", "norm", "residual")
+SHAPE_OPTIONS = ("tokens", "d_model", "d_k", "d_v", "mask", "heads", "cross", "no_scale", "words", "norm", "residual",
+                 "block", "d_ff", "activation", "vocab", "rows")
+BLOCK_OPTIONS = ("d_ff", "activation", "vocab", "rows")  # the options of --block alone
 
 
 def _range(ctx, param, value: str | None) -> tuple[int, int] | None:
@@ -51,6 +53,17 @@ class RecordingCommand(click.Command):
 @click.option("--norm", type=click.Choice(["layernorm", "rmsnorm"]),
               help="A norm in front of the attention, eps: 0, rows chosen so that it gives whole numbers.")
 @click.option("--residual", is_flag=True, help="Derive the residual stream H = X + O too (O as wide as X).")
+@click.option("--block", is_flag=True,
+              help="The whole block: a norm in front (--norm, default layernorm), the residual, the MLP with its "
+                   "own norm, the logits and the loss (guarantees below).")
+@click.option("--d-ff", type=Whole(), default=3, show_default=True, help="With --block: the MLP's hidden units (1 to 8).")
+@click.option("--activation", type=click.Choice(["relu", "relu2", "gelu", "gelu-tanh", "silu"]), default="relu",
+              show_default=True, help="With --block: the MLP's activation; gelu, gelu-tanh and silu are refused, "
+                                      "as their values are not fractions.")
+@click.option("--vocab", help='With --block: the vocabulary, 4 to 6 words holding the tokens\' words and the next '
+                              'word (default: those and a few more).')
+@click.option("--rows", type=click.Choice(["last", "all"]), default="last", show_default=True,
+              help="With --block: the logits and the loss of the last position only, or of every position.")
 @click.option("--level", type=click.Choice(["easy", "medium", "hard"]), default="easy", show_default=True,
               help="Difficulty: the guarantees of each level are in symattn.generate's documentation.")
 @click.option("--range", "range_", callback=_range, metavar="LOW..HIGH", help="Entry range (default by level: 0..1, -1..1, -2..2).")
@@ -65,14 +78,29 @@ class RecordingCommand(click.Command):
 @click.option("--force", is_flag=True, help="With --count: replace files of the same names already in --out-dir (without it they are listed and nothing is written).")
 @click.option("--from", "base", type=click.Path(path_type=Path), help="Keep the structure of this problem and draw new numbers.")
 @click.option("--vary", type=click.Choice(["weights", "inputs"]), default="weights", show_default=True, help="With --from: what gets new numbers.")
-def generate(tokens, d_model, d_k, d_v, mask, heads, cross, no_scale, norm, residual, level, range_, words, seed,
-             output, count, out_dir, sheets, force, base, vary) -> None:
+def generate(tokens, d_model, d_k, d_v, mask, heads, cross, no_scale, norm, residual, block, d_ff, activation, vocab,
+             rows, level, range_, words, seed, output, count, out_dir, sheets, force, base, vary) -> None:
     """Write new problems with small, hand-friendly numbers.
 
     Every problem is checked against its level's guarantees before it is
     written (integer projections and scores within a bound, integer scaled
     scores at easy, halves or thirds at medium, at most two distinct exponents
     per softmax row at easy, no fully masked row, no two variants alike).
+
+    --block adds, past the attention's guarantees: the MLP's and W_U's weights
+    in the range, integers at easy, integers and halves at medium and hard; no
+    MLP pre-activation 0 (at hard none within 0.1 of 0), ReLU cutting some and
+    passing some; no constant row of logits. At easy and medium the attention
+    is uniform (each query's visible scores equal, each weight 1/k) and every
+    row of H has a variance that is a fraction squared, so every stage up to
+    the logits is a fraction (from H on, denominators at most 12 at easy, 24 at
+    medium) and P, the cross-entropy and L are exact in e^(…) and log. |U| and
+    |logits| are at most 6 and 10 (easy), 8 and 16 (medium), 16 and 32 (hard).
+    At hard the
+    attention is not uniform: from H on the stages carry its exponentials,
+    shown in certified decimals where long. The vocabulary is the tokens'
+    words, the next word and a few more (4 to 6); each row's target is the
+    next word (the last row's: the word after the tokens).
 
     \b
     Examples:
@@ -81,6 +109,7 @@ def generate(tokens, d_model, d_k, d_v, mask, heads, cross, no_scale, norm, resi
       symattn generate --count 30 --out-dir variants/ --sheets html
       symattn generate --from problem.yaml --vary weights --seed 3
       symattn generate --norm layernorm --residual --d-v 4 --seed 1 -o ln.yaml
+      symattn generate --block --tokens 3 --words "the cat sat on" --seed 2 -o block.yaml
     """
     import shlex
 
@@ -98,7 +127,8 @@ def generate(tokens, d_model, d_k, d_v, mask, heads, cross, no_scale, norm, resi
         argv = click.get_current_context().meta.get("symattn.argv", [])
         shape = {} if base is not None else dict(tokens=tokens, d_model=d_model, d_k=d_k, d_v=d_v, mask=mask,
                                                  heads=heads, cross=cross, scale=not no_scale, words=words,
-                                                 norm=norm, residual=residual)
+                                                 norm=norm, residual=residual, block=block, d_ff=d_ff,
+                                                 activation=activation, vocab=vocab, rows=rows)
         problems = make(count or 1, seed=seed, level=level, range=range_, base=loaded, vary=vary,
                         numbered=count is not None,
                         command=" ".join(["symattn generate", *(shlex.quote(a) for a in argv)]), **shape)
@@ -136,8 +166,13 @@ def _refuse_options(base: Path | None, output: Path | None, out_dir: Path | None
     """The options that cannot go together, and a batch that would overwrite the --from problem."""
     from ..generate.batch import exercise_files
 
+    ctx = click.get_current_context()
+    given = [f"--{name.replace('_', '-')}" for name in BLOCK_OPTIONS
+             if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE]
+    if given and not ctx.params["block"] and base is None:
+        raise click.UsageError(f"{', '.join(given)} {'goes' if len(given) == 1 else 'go'} with --block "
+                               "(the whole block: the MLP, the logits and the loss)")
     if base is not None:  # the structure comes from the problem: a shape option would be ignored, so refuse it
-        ctx = click.get_current_context()
         given = [f"--{name.replace('_', '-')}" for name in SHAPE_OPTIONS
                  if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE]
         if given:

@@ -287,8 +287,9 @@ class Derivation:
         if kind.gradient and _lazy.qq_entries(exact) is not None:
             return _evaluation.evaluate(exact, dps)  # rationals: their values, not a rounded product's
         values = self.by_relation(step, dps)
-        if kind.gradient and step.written_exactly and exact.rows * exact.cols <= ZERO_CHECK_LIMIT:
-            # A sum that cancels exactly (its exact entry is 0) is 0 in decimals too, not the
+        if step.written_exactly and exact.rows * exact.cols <= ZERO_CHECK_LIMIT:
+            # A sum that cancels exactly (its exact entry is 0: a gradient's, or a stage behind the
+            # softmax such as the MLP's H_norm = H_hat ∘ γ + β) is 0 in decimals too, not the
             # rounding noise of its terms (such as 1e-45).
             values = [[mpmath.mpf(0) if _exactly_zero(step, i, j) else v for j, v in enumerate(row)]
                       for i, row in enumerate(values)]
@@ -498,8 +499,9 @@ def derive(problem: Problem, *, on_step=None, cls: type[Derivation] = Derivation
 
 
 def _exactly_zero(step: Step, i: int, j: int) -> bool:
-    """Whether a gradient's exact entry (i, j) is 0: a sum over the rows' ``Z_i`` whose terms all
-    cancel (gathered, as the worked solution writes it), or an entry equal to 0."""
+    """Whether the exact entry (i, j) of a stage computed by its relation is 0: a gradient's sum over
+    the rows' ``Z_i`` whose terms all cancel (gathered, as the worked solution writes it), or an
+    entry equal to 0."""
     value = step.value
     if isinstance(value, _structures.OverRows) and value.plain is None and not value.tops(i, j):
         return True

@@ -17,7 +17,8 @@ from typing import Sequence
 
 from ..errors import SymattnError
 from ..text import shown
-from .exercises import LEVELS, Spec, from_problem, generate as _draw, to_yaml
+from . import block as _block
+from .exercises import LEVELS, Spec, from_problem, generate as _attention, to_yaml as _attention_yaml
 from ..problem.load import load_problem, parse_problem
 from ..problem.model import Problem
 
@@ -30,7 +31,8 @@ _TRIES = 1000  # spare seeds tried for one variant before the options are deemed
 _BOUNDS = {level: (proj, score) for level, (_, proj, score, _) in LEVELS.items()}
 # The shape options, which a base problem gives instead, and their defaults
 _SHAPE = {"tokens": 4, "d_model": 4, "d_k": 4, "d_v": 4, "mask": "causal", "heads": 1, "cross": None,
-          "scale": True, "words": None, "norm": None, "residual": False}
+          "scale": True, "words": None, "norm": None, "residual": False, "block": False, "d_ff": 3,
+          "activation": "relu", "vocab": None, "rows": "last"}
 
 
 class GeneratedProblem(Problem):
@@ -56,7 +58,9 @@ def generate(count: int = 1, *, seed: int = 0, level: str = "easy", tokens: int 
              d_k: int = 4, d_v: int = 4, mask: str = "causal", heads: int = 1, cross: int | None = None,
              scale: bool = True, range: tuple[int, int] | None = None, words: str | Sequence[str] | None = None,
              base: Problem | str | os.PathLike | None = None, vary: str = "weights", numbered: bool | None = None,
-             command: str | None = None, norm: str | None = None, residual: bool = False) -> list[GeneratedProblem]:
+             command: str | None = None, norm: str | None = None, residual: bool = False, block: bool = False,
+             d_ff: int = 3, activation: str = "relu", vocab: str | Sequence[str] | None = None,
+             rows: str = "last") -> list[GeneratedProblem]:
     """``count`` different exercises with small, hand-friendly numbers, the same for the same
     options and seed (the options of ``symattn generate``; ``scale=False`` is ``--no-scale``).
 
@@ -88,14 +92,22 @@ def generate(count: int = 1, *, seed: int = 0, level: str = "easy", tokens: int 
     of X is a·z + b with z a row of ±1, so the normalised rows are ±1 exactly, and the
     guarantees hold for X_norm = X̂ ∘ γ + β (γ of 1s and 2s, β of 0s and 1s), which the
     projections read. ``residual`` (``--residual``) derives H = X + O too.
+
+    ``block`` (``--block``) writes the whole block: that norm (``norm``, by default
+    "layernorm") and the residual, then an MLP of ``d_ff`` hidden units with its own norm and
+    ``activation`` ("relu" or "relu2"), the logits of the last position (``rows="all"``: of
+    every one) over a vocabulary of 4 to 6 words (``vocab``, or the tokens' words, the next word
+    and a few more) and the loss; its guarantees are in :mod:`symattn.generate.block`.
     """
     options = dict(tokens=tokens, d_model=d_model, d_k=d_k, d_v=d_v, mask=mask, heads=heads, cross=cross,
-                   scale=scale, words=words, norm=norm, residual=residual)
+                   scale=scale, words=words, norm=norm, residual=residual, block=block, d_ff=d_ff,
+                   activation=activation, vocab=vocab, rows=rows)
     _check(count, seed, level, options, range, vary, numbered, command)
     if command is None:
         command = _call(count, dict(seed=seed, level=level, **options, range=range, base=base, vary=vary,
                                     numbered=numbered))
     spec, drawn_base = _spec(level, range, options, base, vary)
+    to_yaml = _block.to_yaml if spec.block else _attention_yaml
     numbered = count > 1 if numbered is None else numbered
     problems: list[GeneratedProblem] = []
     seen: set = set()
@@ -112,12 +124,13 @@ def generate(count: int = 1, *, seed: int = 0, level: str = "easy", tokens: int 
             variant_seed, spare = spare, spare + 1
             drawn = _draw(spec, variant_seed, drawn_base)
         seen.add(drawn.key())
+        what = "Transformer block exercise" if spec.block else "Attention exercise"
         if numbered:
             text = to_yaml(spec, drawn, f"{command}  (variant {k} of {count}, seed {variant_seed})",
-                           f"Attention exercise, variant {k}")
+                           f"{what}, variant {k}")
             source = f"variant-{k:02d}.yaml"
         else:
-            text = to_yaml(spec, drawn, command, f"Attention exercise (seed {variant_seed})")
+            text = to_yaml(spec, drawn, command, f"{what} (seed {variant_seed})")
             source = "<generated>"
         problems.append(_verified(parse_problem(text, source), text, variant_seed, k if numbered else None))
     return problems
@@ -184,10 +197,15 @@ def _check(count, seed, level, options: dict, range, vary, numbered, command) ->
         _whole(name, options[name], None)
     if not isinstance(options["mask"], str):
         raise SymattnError(f"mask is text such as 'causal' or 'padding:1', not {shown(options['mask'])}")
-    words = options["words"]
-    if words is not None and not isinstance(words, str) and not (
-            isinstance(words, (list, tuple)) and all(isinstance(w, str) for w in words)):
-        raise SymattnError(f"words are text (\"the cat sat\") or a list of strings, not {shown(words)}")
+    for name in ("words", "vocab"):
+        words = options[name]
+        if words is not None and not isinstance(words, str) and not (
+                isinstance(words, (list, tuple)) and all(isinstance(w, str) for w in words)):
+            raise SymattnError(f"{name} are text (\"the cat sat\") or a list of strings, not {shown(words)}")
+    _whole("d_ff", options["d_ff"], None)
+    for name in ("activation", "rows"):
+        if not isinstance(options[name], str):
+            raise SymattnError(f"{name} is text such as {_SHAPE[name]!r}, not {shown(options[name])}")
     if range is not None and not (isinstance(range, (list, tuple)) and len(range) == 2):
         raise SymattnError(f"range is (low, high), two whole numbers, not {shown(range)}")
     for end in range or ():
@@ -196,7 +214,8 @@ def _check(count, seed, level, options: dict, range, vary, numbered, command) ->
         raise SymattnError(f"vary is 'weights' or 'inputs', not {shown(vary)}")
     if options["norm"] not in (None, "layernorm", "rmsnorm"):
         raise SymattnError(f"norm is 'layernorm', 'rmsnorm' or None, not {shown(options['norm'])}")
-    for name, value in (("scale", options["scale"]), ("numbered", numbered), ("residual", options["residual"])):
+    for name, value in (("scale", options["scale"]), ("numbered", numbered), ("residual", options["residual"]),
+                        ("block", options["block"])):
         if not isinstance(value, bool) and not (name == "numbered" and value is None):
             raise SymattnError(f"{name} is True or False, not {shown(value)}")
     if command is not None and not isinstance(command, str):
@@ -217,12 +236,18 @@ def _whole(name: str, value, low: int | None, high: int | None = None) -> None:
 def _spec(level: str, range, options: dict, base, vary: str):
     """The :class:`Spec` of the options, and the drawn matrices of ``base`` (None without one)."""
     if base is None:
-        words = options["words"]
-        words = tuple(words.split()) if isinstance(words, str) else tuple(words) if words is not None else None
+        words, vocab = (_words(options[name]) for name in ("words", "vocab"))
+        block = options["block"]
+        if not block:
+            given = [name for name in ("d_ff", "activation", "vocab", "rows") if options[name] != _SHAPE[name]]
+            if given:
+                raise SymattnError(f"{given[0]} is an option of the whole block: it goes with block=True (--block)")
         return Spec(tokens=options["tokens"], d_model=options["d_model"], d_k=options["d_k"], d_v=options["d_v"],
                     mask=options["mask"], heads=options["heads"], cross=options["cross"], scale=options["scale"],
-                    level=level, range=tuple(range) if range is not None else None, words=words or None,
-                    norm=options["norm"], residual=options["residual"]), None
+                    level=level, range=tuple(range) if range is not None else None, words=words,
+                    norm=options["norm"] or ("layernorm" if block else None), residual=options["residual"] or block,
+                    block=block, d_ff=options["d_ff"], activation=options["activation"], vocab=vocab,
+                    rows=options["rows"]), None
     given = [name for name, default in _SHAPE.items() if options[name] != default]
     if given:
         raise SymattnError(f"{given[0]} comes from the base problem, which keeps its structure; leave it out with base")
@@ -237,6 +262,17 @@ def _spec(level: str, range, options: dict, base, vary: str):
     lo, hi = min([lo] + [int(e.min()) for e in entries]), max([hi] + [int(e.max()) for e in entries])
     bounds = tuple(max(a, b) for a, b in zip(spec.bounds, _BOUNDS[level]))
     return Spec(**{**spec.__dict__, "level": level, "range": (lo, hi), "vary": vary, "bounds": bounds}), drawn
+
+
+def _words(words) -> tuple[str, ...] | None:
+    """``--words`` or ``--vocab`` as a tuple of words (None when not given or empty)."""
+    words = tuple(words.split()) if isinstance(words, str) else tuple(words) if words is not None else None
+    return words or None
+
+
+def _draw(spec: Spec, seed: int, base):
+    """The problem of one seed: a whole block, or the attention alone (a variant of ``base``)."""
+    return _block.generate(spec, seed) if spec.block else _attention(spec, seed, base)
 
 
 def _call(count: int, options: dict) -> str:

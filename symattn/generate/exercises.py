@@ -49,6 +49,11 @@ class Spec:
     bounds: tuple[int, int] | None = None  # |projection| and |score| bounds instead of the level's
     norm: str | None = None  # "layernorm" or "rmsnorm" in front of the attention (eps: 0, whole normalised rows)
     residual: bool = False  # H = X + O (the output as wide as X)
+    block: bool = False  # the whole block: the MLP, the logits and the loss too (symattn.generate.block)
+    d_ff: int = 3  # with block: the MLP's hidden units
+    activation: str = "relu"  # with block: relu or relu2
+    vocab: tuple[str, ...] | None = None  # with block: the vocabulary (else the sentence's words and a few)
+    rows: str = "last"  # with block: the logits of the last position, or of every one ("all")
 
     @property
     def proj_score_bounds(self) -> tuple[int, int]:
@@ -73,11 +78,13 @@ class Drawn:
     W_O: np.ndarray | None
     gamma: np.ndarray | None = None  # the norm's weight (1 × d_model), with a norm
     beta: np.ndarray | None = None  # the norm's bias (1 × d_model), with a LayerNorm
+    mlp: object = None  # with a block: its symattn.generate.block.Mlp (the MLP's norm and weights, W_U)
 
     def key(self) -> tuple:
         parts = [self.X] + ([self.context] if self.context is not None else []) + [w for h in self.heads for w in h]
         parts += [m for m in (self.W_O, self.gamma, self.beta) if m is not None]
-        return tuple(tuple(map(int, p.ravel())) + (p.shape,) for p in parts)
+        key = tuple(tuple(map(int, p.ravel())) + (p.shape,) for p in parts)
+        return key + (self.mlp.key() if self.mlp is not None else ())
 
     def attention_input(self) -> np.ndarray:
         """What the projections read: X, or with a norm X_norm = X̂ ∘ γ + β, whole numbers by
@@ -112,7 +119,7 @@ def validate(spec: Spec) -> None:
     if spec.norm == "layernorm" and spec.d_model % 2:
         raise SymattnError(f"--norm layernorm needs an even --d-model (each row's normalised entries are +1 and −1, "
                            f"half each, so that its variance is a perfect square), not {spec.d_model}")
-    if spec.residual and spec.heads == 1 and spec.d_v != spec.d_model:
+    if spec.residual and not spec.block and spec.heads == 1 and spec.d_v != spec.d_model:
         raise SymattnError(f"--residual adds the output to X, so it needs the output as wide as X: --d-v {spec.d_v} "
                            f"is not --d-model {spec.d_model} (or use several --heads, whose W_O gives d_model columns)")
     if spec.scale and spec.level != "hard" and math.isqrt(spec.d_k) ** 2 != spec.d_k:
@@ -120,6 +127,9 @@ def validate(spec: Spec) -> None:
             f"d_k = {spec.d_k} is not a perfect square, so the scaled scores carry √{spec.d_k}; "
             "use --level hard, --no-scale, or a d_k such as 1, 4 or 9"
         )
+    if spec.block:
+        if spec.norm is None:
+            raise SymattnError("a block exercise has a norm in front of the attention: choose layernorm or rmsnorm")
     allowed(spec)  # raises for a bad mask
 
 
@@ -193,6 +203,12 @@ def niceness(spec: Spec, drawn: Drawn) -> str | None:
                     if Fraction(int(s), root).denominator not in denominators:
                         return f"a scaled score is not {'an integer' if denominators == (1,) else 'an integer, half or third'}"
         distinct = [len({int(s) for s, ok in zip(S[i], mask[i]) if ok}) for i in range(S.shape[0])]
+        if spec.block and spec.level != "hard":  # uniform attention: every softmax weight is 1/k
+            if max(distinct) > 1:
+                return "a query's visible scores differ (its softmax weights would not be fractions)"
+            if not S.any():
+                return "every score is 0 (nothing to compute)"
+            continue
         if spec.level == "easy" and max(distinct) > 2:
             return "a softmax row has more than two distinct exponents"
         if max(distinct) < 2 and max(len(row) for row in mask.tolist()) > 1 and sum(mask.ravel()) > mask.shape[0]:
@@ -257,6 +273,8 @@ def generate(spec: Spec, seed: int, base: Drawn | None = None, avoid: set | None
     A variant of ``base`` is never the base itself.
     """
     validate(spec)
+    if spec.block:
+        raise SymattnError("a whole block is drawn by symattn.generate.block.generate")
     if seed < 0:
         raise SymattnError(f"the seed must be 0 or more, not {seed}")
     avoid = set(avoid or ())
@@ -282,15 +300,15 @@ def to_yaml(spec: Spec, drawn: Drawn, command: str, title: str) -> str:
         return "\n".join(f"{indent}- [{', '.join(str(int(v)) for v in row)}]" for row in m)
 
     words = spec.words or DEFAULT_WORDS
-    tokens = [words[i] if i < len(words) else f"t{i + 1}" for i in range(spec.tokens)]
+    tokens = token_words(spec)
     made_by = "\n#   ".join(_LINE_BREAK.split(command))  # a line break in an argument stays in the comment
-    out = [f"# Made by: {made_by}", f"# Level {spec.level}: see `symattn generate --help` for its guarantees.", f"title: {_quote(title)}"]
-    out.append("tokens: [" + ", ".join(_quote(t) for t in tokens) + "]")
+    out = [f"# Made by: {made_by}", f"# Level {spec.level}: see `symattn generate --help` for its guarantees.", f"title: {quote(title)}"]
+    out.append("tokens: [" + ", ".join(quote(t) for t in tokens) + "]")
     out.append("X:\n" + matrix(drawn.X))
     if drawn.context is not None:
         ctx_words = words[spec.tokens:] if spec.words else DEFAULT_WORDS[::-1]
         ctx = [ctx_words[j] if j < len(ctx_words) else f"c{j + 1}" for j in range(spec.cross)]
-        out.append("context_tokens: [" + ", ".join(_quote(t) for t in ctx) + "]")
+        out.append("context_tokens: [" + ", ".join(quote(t) for t in ctx) + "]")
         out.append("context:\n" + matrix(drawn.context))
     if spec.heads == 1:
         W_Q, W_K, W_V = drawn.heads[0]
@@ -317,6 +335,12 @@ def to_yaml(spec: Spec, drawn: Drawn, command: str, title: str) -> str:
         out.append("residual: true")
     out.extend(spec.extra)
     return "\n".join(out) + "\n"
+
+
+def token_words(spec: Spec) -> list[str]:
+    """The tokens' labels: the first words of ``--words`` (or of the default sentence), then t5, t6, ..."""
+    words = spec.words or DEFAULT_WORDS
+    return [words[i] if i < len(words) else f"t{i + 1}" for i in range(spec.tokens)]
 
 
 def from_problem(problem) -> tuple[Spec, Drawn]:
@@ -361,12 +385,12 @@ def from_problem(problem) -> tuple[Spec, Drawn]:
     score = max(int(abs((drawn.X @ W_Q) @ (C @ W_K).T).max()) for W_Q, W_K, _ in heads)
     extra = []
     if not isinstance(problem.scale, str):
-        extra.append(f"scale: {_quote(sympy.sstr(problem.scale))}")
+        extra.append(f"scale: {quote(sympy.sstr(problem.scale))}")
     if problem.bias is not None:
         def entry(x):
             if x == sympy.S.NegativeInfinity:
                 return "-inf"
-            return str(x) if isinstance(x, sympy.Integer) else _quote(sympy.sstr(x))
+            return str(x) if isinstance(x, sympy.Integer) else quote(sympy.sstr(x))
 
         rows = ["  - [" + ", ".join(entry(x) for x in row) + "]" for row in problem.bias.tolist()]
         extra.append("bias:\n" + "\n".join(rows))
@@ -382,5 +406,5 @@ def from_problem(problem) -> tuple[Spec, Drawn]:
     return spec, drawn
 
 
-def _quote(text: str) -> str:
+def quote(text: str) -> str:
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
