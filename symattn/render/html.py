@@ -297,19 +297,20 @@ class _Page:
             return weight
         if key == registry.O and d.can_evaluate:
             return self._weighted(step, c)
-        if key in (registry.X_HAT, registry.R_HAT, registry.X_EMB_HAT) and d.can_evaluate:
+        if key in _HATS and d.can_evaluate:
             return self._normalised(step, c)
         return None
 
     def _normalised(self, step: Step, c: registry.Context) -> Callable[[int, int], str]:
         """Entry (i, k) of a norm's normalised rows from its row's statistics, in decimals:
         x̂_ik = (x_ik − μ_i)/√(σ_i² + ε), or x_ik/√(ms_i + ε) for RMSNorm."""
-        d, n = self.d, c.emb_norm if step.kind_of.key == registry.X_EMB_HAT else c.norm
+        inp, norm_of = _HATS[step.kind_of.key]
+        d, n = self.d, norm_of(c)
         source, *stats = [d.step(i) for i in registry.input_ids(step.kind_of, c)]
         x, own = self._decimal_tex(source), self._decimal_tex(step)
         mu, spread = (None, self._decimal_tex(stats[0])) if n.rms else (self._decimal_tex(stats[0]),
                                                                          self._decimal_tex(stats[1]))
-        hat, inp = step.kind_of.symbol, "r" if step.kind_of.key == registry.R_HAT else "x"
+        hat = step.kind_of.symbol
         s = "\\mathrm{ms}_{%d}" if n.rms else "\\sigma^2_{%d}"
         eps = tex(n.eps)
 
@@ -363,6 +364,14 @@ class _Page:
         return self._decimals[step.id]
 
 
+# Each norm's normalised rows: the letter of its input's entries, and the norm (see _Page._normalised).
+_HATS: dict[str, tuple[str, Callable[[registry.Context], object]]] = {
+    registry.X_HAT: ("x", lambda c: c.norm), registry.R_HAT: ("r", lambda c: c.norm),
+    registry.X_EMB_HAT: ("x", lambda c: c.emb_norm), registry.H_HAT: ("h", lambda c: c.mlp.norm),
+    registry.Y_HAT: ("r", lambda c: c.mlp.norm), registry.Y_FINAL_HAT: ("y", lambda c: c.logits.norm),
+}
+
+
 def _names(step: Step) -> tuple[Callable[[int], str], Callable[[int], str]]:
     """Row and column labels as HTML, each written when drawn: tokens as text, dimensions as d<sub>1</sub>."""
     def label(axis: str, names) -> Callable[[int], str]:
@@ -378,7 +387,7 @@ _DIMENSION = re.compile(r"^([a-z]+)([0-9]+)$")
 
 # How each input entry that makes entry (i, j) is named (the ``how`` of registry.TRACES).
 _TRACED = {"row": "row i", "col": "column j", "row_j": "row j", "col_i": "column i", "entry": "entry (i, j)",
-           "T": "entry (j, i)"}
+           "T": "entry (j, i)", "last": "entry j of the last row"}
 
 
 def _table(step: Step, form: str, rows, cols, cell, decimal, *, masked, shade, traces, explain) -> str:

@@ -99,6 +99,7 @@ PAGE_SCRIPT = """
     if (how === "col_i") { return tc === r; }
     if (how === "entry") { return tr === r && tc === c; }
     if (how === "T") { return tr === c && tc === r; }
+    if (how === "last") { return tc === c && !td.parentElement.nextElementSibling; }
     return false;
   }
   function point(td) {
