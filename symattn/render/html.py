@@ -34,6 +34,7 @@ from .mathml import mathml
 from .numbers import DPS, NEG_INF, tex_decimal, tex
 from .matrices import form_tex, normaliser_tex, worked_dot_tex
 from .page_style import PAGE_SCRIPT, PAGE_STYLE
+from .stream import picture, step_anchor, stream_svg
 from .entries import entry_forms, jacobian_form, needs_decimals, written_exactly
 
 if TYPE_CHECKING:
@@ -132,8 +133,12 @@ class _Page:
     def body(self, parts: list[Block]) -> str:
         out: list[str] = []
         open_section = False
+        figure = self.stream(parts)
         for block in parts:
             if block.kind == "section":
+                if figure:  # the picture of the stream, after the opening lines
+                    out.append(figure)
+                    figure = ""
                 if open_section:
                     out.append("</section>")
                 id = self._section_id(block.text)
@@ -141,7 +146,8 @@ class _Page:
                 out.append(f'<section id="{id}" aria-labelledby="{id}-h">\n<h2 id="{id}-h">{escape_html(block.text)}</h2>')
                 open_section = True
             elif block.kind == "step":
-                out.append(f'<h3>{escape_html(block.text)}</h3>\n<p class="why">{_prose(block.extra)}</p>')
+                anchor = f' id="{step_anchor(block.source.id)}"' if block.source is not None else ""
+                out.append(f'<h3{anchor}>{escape_html(block.text)}</h3>\n<p class="why">{_prose(block.extra)}</p>')
             elif block.kind == "para":
                 out.append(f"<p>{_prose(block.text)}</p>")
             else:
@@ -149,6 +155,12 @@ class _Page:
         if open_section:
             out.append("</section>")
         return "\n".join(out)
+
+    def stream(self, parts: list[Block]) -> str:
+        """The picture of the residual stream (:mod:`.stream`), its boxes linked to the steps shown; or ""."""
+        shown = frozenset(b.source.id for b in parts if b.kind == "step" and b.source is not None)
+        pic = picture(self.d, shown)
+        return "" if pic is None else stream_svg(pic)
 
     def _section_id(self, text: str) -> str:
         base = _SLUG.sub("-", text.lower()).strip("-")[:48].strip("-") or "section"
