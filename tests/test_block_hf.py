@@ -20,6 +20,7 @@ import pytest
 
 import symattn
 from symattn.problem.load import load_problem
+from symattn.render.stream import picture
 from test_embeddings_hf import _seen
 from test_problem_checkpoints import _error, _write
 
@@ -118,10 +119,12 @@ def test_gpt2_block_and_logit_lens_match_transformers(tmp_path):
         lens = model.lm_head(model.transformer.ln_f(torch.from_numpy(hidden[1]))).numpy()
     _close(d.approx("logits"), lens)
     assert "logit lens" in d.step("logits").why
+    assert picture(d).blocks[-1].label == "The next token (the logit lens)"  # the web page's picture says so
     # layer 1 is the last: its logits are the model's own, and no lens
     d1 = _derive(tmp_path, "transformer.wte.weight", "gpt2", layer=1, embeddings=False,
                  extra="logits: {from: true}\n")
     assert "logit lens" not in d1.step("logits").why
+    assert picture(d1).blocks[-1].label == "The next token"
 
 
 def test_gpt2_logits_and_loss_match_transformers(tmp_path):

@@ -61,14 +61,15 @@ CHROMIUM = next((shutil.which(n) for n in ("chromium", "chromium-browser", "goog
 CHROMEDRIVER = shutil.which("chromedriver")
 
 # Which input entries make entry (i, j) of a stage, for each ``how`` of ``data-traces``
-# (symattn.stages.traces.TRACES): (row, col) of an input entry -> whether it is one of them.
+# (symattn.stages.traces.TRACES): (row, col) of an input entry of ``n`` rows -> whether it is one of them.
 RULES = {
-    "row": lambda i, j, r, c: r == i,
-    "col": lambda i, j, r, c: c == j,
-    "row_j": lambda i, j, r, c: r == j,
-    "col_i": lambda i, j, r, c: c == i,
-    "entry": lambda i, j, r, c: (r, c) == (i, j),
-    "T": lambda i, j, r, c: (r, c) == (j, i),
+    "row": lambda i, j, r, c, n: r == i,
+    "col": lambda i, j, r, c, n: c == j,
+    "row_j": lambda i, j, r, c, n: r == j,
+    "col_i": lambda i, j, r, c, n: c == i,
+    "entry": lambda i, j, r, c, n: (r, c) == (i, j),
+    "T": lambda i, j, r, c, n: (r, c) == (j, i),
+    "last": lambda i, j, r, c, n: (r, c) == (n - 1, j),
 }
 
 # Recorded while pointing at entries, for the report: [(page, message)].
@@ -120,7 +121,8 @@ def test_traces_are_the_inputs_of_each_entry(name):
             checked += 1
         elif step.kind_of.key == registry.L_TILED:
             continue  # the running sum: a recurrence over row i of Ŝ and its running maxima, not a product
-        elif step.kind_of.key in (registry.X_HAT, registry.R_HAT):  # row i over its root: not a product
+        elif step.kind_of.key in (registry.X_HAT, registry.R_HAT, registry.X_EMB_HAT, registry.H_HAT, registry.Y_HAT,
+                                  registry.Y_FINAL_HAT):  # row i over its root: not a product
             (inp, how), *stats = traces
             assert how == "row" and all(h == "row" for _, h in stats), step.id
             checked += 1
@@ -387,8 +389,9 @@ def test_pointing_highlights_exactly_the_traced_inputs(visits, name):
             id, how = trace.rsplit(":", 1)
             assert how in RULES, trace
             assert p["inputs"][id], f"{stage} is traced to {id}, which has no table on the page"
+            n = derivation(name).step(id).shape[0]
             lit = {(id, f, r, c) for f, r, c in ((x[1], x[2], x[3]) for x in p["inputs"][id])
-                   if RULES[how](i, j, r, c)}
+                   if RULES[how](i, j, r, c, n)}
             assert lit, f"{stage}[{i},{j}]: the {how} of {id} it is made from is not shown"
             expected |= lit
         assert {tuple(x) for x in p["hl"]} == expected, f"{stage}/{form}[{i},{j}]"

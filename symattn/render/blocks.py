@@ -45,7 +45,8 @@ class Block:
     text: str
     extra: str = ""
     # what a ``math`` block draws, for a renderer that builds it from the derivation rather than
-    # from ``text`` (the web page): a tuple of Matrix (side by side), a Normalisers or a Jacobian
+    # from ``text`` (the web page): a tuple of Matrix (side by side), a Normalisers or a Jacobian;
+    # a ``step`` block's Step (the web page's anchor of the step)
     source: object = None
 
 
@@ -117,7 +118,7 @@ def blocks(d: Derivation, options: RenderOptions | None = None, *, shade: bool =
         head = f"Head {stage.head} · " if stage.head else ""
         out.append(Block("section", f"{head}Step {stage.number}: {stage.title}"))
         for step in steps:
-            out.append(Block("step", step.title, step.why))
+            out.append(Block("step", step.title, step.why, source=step))
             if exercise:
                 # the shape first: it says what to fill in, and a display is never split from
                 # the line before it, so no page ends up holding only that line

@@ -34,6 +34,7 @@ from .mathml import mathml
 from .numbers import DPS, NEG_INF, tex_decimal, tex
 from .matrices import form_tex, normaliser_tex, worked_dot_tex
 from .page_style import PAGE_SCRIPT, PAGE_STYLE
+from .stream import picture, step_anchor, stream_svg
 from .entries import entry_forms, jacobian_form, needs_decimals, written_exactly
 
 if TYPE_CHECKING:
@@ -132,8 +133,12 @@ class _Page:
     def body(self, parts: list[Block]) -> str:
         out: list[str] = []
         open_section = False
+        figure = self.stream(parts)
         for block in parts:
             if block.kind == "section":
+                if figure:  # the picture of the stream, after the opening lines
+                    out.append(figure)
+                    figure = ""
                 if open_section:
                     out.append("</section>")
                 id = self._section_id(block.text)
@@ -141,7 +146,8 @@ class _Page:
                 out.append(f'<section id="{id}" aria-labelledby="{id}-h">\n<h2 id="{id}-h">{escape_html(block.text)}</h2>')
                 open_section = True
             elif block.kind == "step":
-                out.append(f'<h3>{escape_html(block.text)}</h3>\n<p class="why">{_prose(block.extra)}</p>')
+                anchor = f' id="{step_anchor(block.source.id)}"' if block.source is not None else ""
+                out.append(f'<h3{anchor}>{escape_html(block.text)}</h3>\n<p class="why">{_prose(block.extra)}</p>')
             elif block.kind == "para":
                 out.append(f"<p>{_prose(block.text)}</p>")
             else:
@@ -149,6 +155,12 @@ class _Page:
         if open_section:
             out.append("</section>")
         return "\n".join(out)
+
+    def stream(self, parts: list[Block]) -> str:
+        """The picture of the residual stream (:mod:`.stream`), its boxes linked to the steps shown; or ""."""
+        shown = frozenset(b.source.id for b in parts if b.kind == "step" and b.source is not None)
+        pic = picture(self.d, shown)
+        return "" if pic is None else stream_svg(pic)
 
     def _section_id(self, text: str) -> str:
         base = _SLUG.sub("-", text.lower()).strip("-")[:48].strip("-") or "section"
@@ -297,19 +309,20 @@ class _Page:
             return weight
         if key == registry.O and d.can_evaluate:
             return self._weighted(step, c)
-        if key in (registry.X_HAT, registry.R_HAT, registry.X_EMB_HAT) and d.can_evaluate:
+        if key in _HATS and d.can_evaluate:
             return self._normalised(step, c)
         return None
 
     def _normalised(self, step: Step, c: registry.Context) -> Callable[[int, int], str]:
         """Entry (i, k) of a norm's normalised rows from its row's statistics, in decimals:
         x̂_ik = (x_ik − μ_i)/√(σ_i² + ε), or x_ik/√(ms_i + ε) for RMSNorm."""
-        d, n = self.d, c.emb_norm if step.kind_of.key == registry.X_EMB_HAT else c.norm
+        inp, norm_of = _HATS[step.kind_of.key]
+        d, n = self.d, norm_of(c)
         source, *stats = [d.step(i) for i in registry.input_ids(step.kind_of, c)]
         x, own = self._decimal_tex(source), self._decimal_tex(step)
         mu, spread = (None, self._decimal_tex(stats[0])) if n.rms else (self._decimal_tex(stats[0]),
                                                                          self._decimal_tex(stats[1]))
-        hat, inp = step.kind_of.symbol, "r" if step.kind_of.key == registry.R_HAT else "x"
+        hat = step.kind_of.symbol
         s = "\\mathrm{ms}_{%d}" if n.rms else "\\sigma^2_{%d}"
         eps = tex(n.eps)
 
@@ -363,6 +376,14 @@ class _Page:
         return self._decimals[step.id]
 
 
+# Each norm's normalised rows: the letter of its input's entries, and the norm (see _Page._normalised).
+_HATS: dict[str, tuple[str, Callable[[registry.Context], object]]] = {
+    registry.X_HAT: ("x", lambda c: c.norm), registry.R_HAT: ("r", lambda c: c.norm),
+    registry.X_EMB_HAT: ("x", lambda c: c.emb_norm), registry.H_HAT: ("h", lambda c: c.mlp.norm),
+    registry.Y_HAT: ("r", lambda c: c.mlp.norm), registry.Y_FINAL_HAT: ("y", lambda c: c.logits.norm),
+}
+
+
 def _names(step: Step) -> tuple[Callable[[int], str], Callable[[int], str]]:
     """Row and column labels as HTML, each written when drawn: tokens as text, dimensions as d<sub>1</sub>."""
     def label(axis: str, names) -> Callable[[int], str]:
@@ -378,7 +399,7 @@ _DIMENSION = re.compile(r"^([a-z]+)([0-9]+)$")
 
 # How each input entry that makes entry (i, j) is named (the ``how`` of registry.TRACES).
 _TRACED = {"row": "row i", "col": "column j", "row_j": "row j", "col_i": "column i", "entry": "entry (i, j)",
-           "T": "entry (j, i)"}
+           "T": "entry (j, i)", "last": "entry j of the last row"}
 
 
 def _table(step: Step, form: str, rows, cols, cell, decimal, *, masked, shade, traces, explain) -> str:

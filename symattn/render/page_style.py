@@ -55,6 +55,32 @@ overflow-x:auto}
 .symattn-page figure.heatmap text.row{text-anchor:end}
 .symattn-page figure.heatmap text.v{text-anchor:middle;font-size:11px}
 .symattn-page figcaption{font-size:.9em;color:#444}
+.symattn-page figure.stream{margin:1rem 0 1.5rem}
+.symattn-page figure.stream svg{display:block;max-width:100%;height:auto}
+.symattn-page figure.stream figcaption{margin-top:.5rem;max-width:40rem}
+.symattn-page figure.stream text{font:12.5px system-ui,sans-serif;fill:#1a1a1a}
+.symattn-page figure.stream text.name{font-size:14px;font-weight:700}
+.symattn-page figure.stream text.steps{text-anchor:end;fill:#4d4d4d}
+.symattn-page figure.stream text.detail{fill:#4d4d4d}
+.symattn-page figure.stream text.label{font-weight:700;font-size:13px;letter-spacing:.02em}
+.symattn-page figure.stream text.sum{font-size:14px;font-weight:700}
+.symattn-page figure.stream .stream-line{stroke:#1a56c4;stroke-width:5}
+.symattn-page figure.stream .edge{stroke:#333;stroke-width:1.5;fill:none}
+.symattn-page figure.stream marker path{fill:#333}
+.symattn-page figure.stream .stream-end{fill:#1a56c4}
+.symattn-page figure.stream rect{fill:#fff;stroke:#333;stroke-width:1.2}
+.symattn-page figure.stream [data-sub-block="attention"] .side rect{fill:#eef3fc}
+.symattn-page figure.stream [data-sub-block="mlp"] .side rect{fill:#f6f0fb}
+.symattn-page figure.stream [data-sub-block="next-token"] .side rect{fill:#eef8ef}
+.symattn-page figure.stream .on-stream rect,.symattn-page figure.stream .start rect{fill:#f5f5f5;stroke-width:2}
+.symattn-page figure.stream circle{fill:#fff;stroke:#1a1a1a;stroke-width:2}
+.symattn-page figure.stream .cross{stroke:#1a1a1a;stroke-width:2}
+.symattn-page figure.stream a:hover rect,.symattn-page figure.stream a:focus rect,
+.symattn-page figure.stream a:hover circle,.symattn-page figure.stream a:focus circle{stroke:#c05a00;stroke-width:3}
+.symattn-page figure.stream a:focus{outline:none}
+.symattn-page figure.stream a:hover text.name,.symattn-page figure.stream a:focus text.name,
+.symattn-page figure.stream a:hover text.sum,.symattn-page figure.stream a:focus text.sum{text-decoration:underline}
+.symattn-page h3[id]{scroll-margin-top:1rem}
 .symattn-page .controls{margin:.5rem 0}
 .symattn-page button{font:inherit;padding:.3rem .8rem;border:1px solid #333;border-radius:4px;background:#f5f5f5;
 cursor:pointer}
@@ -99,6 +125,7 @@ PAGE_SCRIPT = """
     if (how === "col_i") { return tc === r; }
     if (how === "entry") { return tr === r && tc === c; }
     if (how === "T") { return tr === c && tc === r; }
+    if (how === "last") { return tc === c && !td.parentElement.nextElementSibling; }
     return false;
   }
   function point(td) {

@@ -13,8 +13,22 @@ from .ids import (
 )
 from .ids import EBETA, EGAMMA, EMS, EMU, EVAR, X_EMB, X_EMB_HAT
 from .ids import DBETA, DBETA_POST, DGAMMA, DGAMMA_POST, DH, DR, DR_HAT, DX, DX_HAT, DX_NORM
+from .ids import (
+    B_1, B_2, F, FINAL_BETA, FINAL_GAMMA, FINAL_MS, FINAL_MU, FINAL_VAR, G, H_HAT, H_NORM, LOGITS, LOSS,
+    MLP_BETA, MLP_BETA_POST, MLP_GAMMA, MLP_GAMMA_POST, MLP_MS, MLP_MS_POST, MLP_MU, MLP_MU_POST, MLP_VAR,
+    MLP_VAR_POST, NLL, P, U, U_GATE, U_UP, W_1, W_GATE, W_U, W_UP, Y, Y_FINAL, Y_FINAL_HAT, Y_HAT, Y_LAST, Y_POST,
+    Y_SUM,
+)
 from .kinds import Context, Kind
 from .plan import resolve
+
+
+def _norm(source: str, mu: str, var: str, ms: str, hat: str, gamma: str, beta: str, out: str) -> dict:
+    """A norm of ``source``'s rows: a row's statistics read the whole row; a normalised entry its
+    row's statistics and the row itself; an output entry its normalised entry, γ and β."""
+    return {mu: ((source, "row"),), var: ((source, "row"), (mu, "entry")), ms: ((source, "row"),),
+            hat: ((source, "row"), (mu, "row"), (var, "row"), (ms, "row")),
+            out: ((hat, "entry"), (gamma, "col"), (beta, "col"))}
 
 
 # Which entries of its inputs make an entry (i, j) of a stage: ``row`` (row i of the input),
@@ -26,24 +40,31 @@ TRACES: dict[str, tuple[tuple[str, str], ...]] = {
     PE: (),
     TT: (),
     X_POS: ((X, "entry"), (PE, "entry"), ("token_types", "entry")),
-    EMU: (("embedded", "row"),),
-    EVAR: (("embedded", "row"), (EMU, "entry")),
-    EMS: (("embedded", "row"),),
-    X_EMB_HAT: (("embedded", "row"), (EMU, "row"), (EVAR, "row"), (EMS, "row")),
-    X_EMB: ((X_EMB_HAT, "entry"), (EGAMMA, "col"), (EBETA, "col")),
-    # a norm: a row's statistics read the whole row; a normalised entry its row's, and the row itself
-    MU: (("block", "row"),),
-    VAR: (("block", "row"), (MU, "entry")),
-    MS: (("block", "row"),),
-    X_HAT: (("block", "row"), (MU, "row"), (VAR, "row"), (MS, "row")),
-    X_NORM: ((X_HAT, "entry"), (GAMMA, "col"), (BETA, "col")),
+    # the norms: the embeddings', the layer's (in front of the attention or behind it), the MLP's
+    # (in front or behind) and the final norm
+    **_norm("embedded", EMU, EVAR, EMS, X_EMB_HAT, EGAMMA, EBETA, X_EMB),
+    **_norm("block", MU, VAR, MS, X_HAT, GAMMA, BETA, X_NORM),
+    **_norm(R, MU_POST, VAR_POST, MS_POST, R_HAT, GAMMA_POST, BETA_POST, H_POST),
+    **_norm("stream", MLP_MU, MLP_VAR, MLP_MS, H_HAT, MLP_GAMMA, MLP_BETA, H_NORM),
+    **_norm(Y_SUM, MLP_MU_POST, MLP_VAR_POST, MLP_MS_POST, Y_HAT, MLP_GAMMA_POST, MLP_BETA_POST, Y_POST),
+    **_norm("final_in", FINAL_MU, FINAL_VAR, FINAL_MS, Y_FINAL_HAT, FINAL_GAMMA, FINAL_BETA, Y_FINAL),
+    # the residual sums, entry by entry
     H: (("block", "entry"), ("output", "entry")),
     R: (("block", "entry"), ("output", "entry")),
-    MU_POST: ((R, "row"),),
-    VAR_POST: ((R, "row"), (MU_POST, "entry")),
-    MS_POST: ((R, "row"),),
-    R_HAT: ((R, "row"), (MU_POST, "row"), (VAR_POST, "row"), (MS_POST, "row")),
-    H_POST: ((R_HAT, "entry"), (GAMMA_POST, "col"), (BETA_POST, "col")),
+    Y: (("stream", "entry"), (F, "entry")),
+    Y_SUM: (("stream", "entry"), (F, "entry")),
+    # the MLP: each token's row on its own, through the hidden units and back
+    U: (("mlp_in", "row"), (W_1, "col"), (B_1, "col")),
+    U_GATE: (("mlp_in", "row"), (W_GATE, "col")),
+    U_UP: (("mlp_in", "row"), (W_UP, "col")),
+    G: (("mlp_u", "entry"), (U_UP, "entry")),
+    F: ((G, "row"), ("mlp_w2", "col"), (B_2, "col")),
+    # the model's head: the last row (rows: last), the logits, their softmax and the loss
+    Y_LAST: (("top", "last"),),
+    LOGITS: (("unembedded", "row"), (W_U, "col")),
+    P: ((LOGITS, "row"),),
+    NLL: ((LOGITS, "row"),),
+    LOSS: ((NLL, "col"),),
     Q: (("xq", "row"), (W_Q, "col"), (B_Q, "col")),
     K: (("kv", "row"), (W_K, "col"), (B_K, "col")),
     V: (("kv", "row"), (W_V, "col"), (B_V, "col")),
