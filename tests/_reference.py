@@ -21,8 +21,9 @@ import mpmath
 def backward_supported(path) -> bool:
     """Whether a worked example can take a backward pass: not with grouped K/V heads, which have
     none yet, nor through the embeddings' norm (embeddings_norm:, from: {embeddings: true} of a
-    BERT layer), nor through the MLP and the model's head (mlp:, logits:, from: {block: true}),
-    which are not derived yet."""
+    BERT layer); nor a block with an MLP or the model's head (mlp:, logits:, from: {block: true}),
+    whose backward pass starts from its cross-entropy, not from a loss on O or H, and has its own
+    tests (test_block_backward.py, test_block_backward_hf.py)."""
     text = path.read_text("utf-8")
     return "kv_heads" not in text and "embeddings_norm:" not in text and \
         not ("embeddings: true" in text and "layout: bert" in text) and \
