@@ -148,10 +148,17 @@ def _logit_rows(c: Context):
 
 def _loss_why(c: Context) -> str:
     rows = len(c.ce.rows)
-    what = "row" if rows == 1 else f"each of the {rows} rows"
+    what = "the row" if rows == 1 else f"each of the {rows} rows"
     return (f"The cross-entropy of {what}: ⟦-\\log P_{{i, t_i}} = \\log\\sum_v e^{{z_{{iv}} - z_{{i,t_i}}}}⟧, minus the "
             "natural log of the probability the model gives the target word ⟦t_i⟧: 0 when it is sure and right, "
             "large when it gives the target little.")
+
+
+def _loss_formula(c: Context) -> tuple[str, str]:
+    n = len(c.ce.rows)
+    if n == 1:
+        return "L = -\\log P_{i, t_i}", "L = −log P[i, t_i] (one row)"
+    return f"L = \\frac{{1}}{{{n}}}\\sum_i -\\log P_{{i, t_i}}", f"L = (1/{n})·Σ_i −log P[i, t_i]"
 
 
 def _nll_mistakes() -> tuple[Mistake, ...]:
@@ -300,7 +307,7 @@ def head_rows() -> tuple[Kind, ...]:
              lambda c: ("The loss is the mean of the rows' cross-entropies (divided by the number of rows, not summed), "
                         "so it does not grow with the length of the text." if len(c.ce.rows) > 1 else
                         "With one row, the loss is its cross-entropy."),
-             lambda c: (f"L = \\frac{{1}}{{{len(c.ce.rows)}}}\\sum_i -\\log P_{{i, t_i}}", f"L = (1/{len(c.ce.rows)})·Σ_i −log P[i, t_i]"),
+             _loss_formula,
              (LOSS_AXIS, LOSS_AXIS), lambda sh, r, c: plain(r, "one number"), inputs=(NLL,),
              relation=lambda ops, v, c: ops.scale(ops.col_sums(v(NLL)), ops.rational(1, len(c.ce.rows))),
              when=lambda c: c.ce is not None, by_relation=True, tex="L",
