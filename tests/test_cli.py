@@ -192,6 +192,33 @@ def _norm_ids(norm: dict, hat: str, out: str) -> list[str]:
             + [out])
 
 
+def _block_gradient_ids(raw: dict) -> list[str]:
+    """Back from the cross-entropy (issue 31): the head's and the MLP's gradients, before dH."""
+    if (raw.get("backward") or {}).get("loss") != "cross-entropy":
+        return []
+    mlp, logits = raw.get("mlp"), raw["logits"]
+
+    def weights(norm: dict, prefix: str) -> list[str]:
+        return [f"d{prefix}_gamma"] * ("weight" in norm) + [f"d{prefix}_beta"] * ("bias" in norm)
+
+    ids = ["dlogits", "dW_U"]
+    if "norm" in logits:
+        ids += ["dY_final", "dY_final_hat", *weights(logits["norm"], "final")]
+    ids += ["dY_last"] * (logits.get("rows") == "last")
+    if mlp is None:
+        return ids
+    norm = mlp.get("norm")
+    post = norm is not None and norm.get("place") == "post"
+    ids += ["dY"] + (["dY_hat", *weights(norm, "mlp"), "dY_sum"] if post else []) + ["dF"]
+    if "W_gate" in mlp:
+        ids += ["dW_down", "dG", "dU_gate", "dU_up", "dW_gate", "dW_up"]
+    else:
+        ids += ["db_2"] * ("b_2" in mlp) + ["dW_2", "dG", "dU"] + ["db_1"] * ("b_1" in mlp) + ["dW_1"]
+    if norm is not None and not post:
+        ids += ["dH_norm", "dH_hat", *weights(norm, "mlp")]
+    return ids
+
+
 def _gradient_ids(raw: dict) -> list[str]:
     """The backward pass's stage ids (issue 9), in the order backpropagation visits them."""
     head = ["dV", "dA", "dS_masked", "dS"] + (["dQ_rot", "dK_rot"] if "rope" in raw else []) + ["dQ", "dK"]
@@ -203,6 +230,7 @@ def _gradient_ids(raw: dict) -> list[str]:
     # the norm's weight and bias gradients, where it has them (issue 30)
     params = [] if norm is None else ["dnorm_gamma"] * ("weight" in norm) + ["dnorm_beta"] * ("bias" in norm)
     top = ["dH"] if raw.get("residual") or post else []  # the loss on the residual stream H
+    top = _block_gradient_ids(raw) + top  # back from the cross-entropy to H
     top += ["dR_hat", *params, "dR"] if post else []  # then back through a post norm
     pre = ["dX_norm", "dX_hat", *params] if norm is not None and not post else []  # the paths reach X_norm
     tail = pre + ["dX"] + (["dcontext"] if "context" in raw else [])

@@ -112,8 +112,8 @@ WHY = {
     "tied": " The unembedding is the embedding table, transposed (tied weights): in training this gradient is "
             "added, transposed, to the table's, on top of what the rows of ⟦X⟧ looked up get.",
     "head": "Each row of ⟦{x}⟧ reached the loss only through its logits: its gradient is ⟦dz⟧ times ⟦W_U^{{\\top}}⟧, "
-            "a weighted sum of the words' columns of ⟦W_U⟧, the target's pulled towards the row and every "
-            "other word's pushed away by its probability.",
+            "the words' columns of ⟦W_U⟧ each weighted by its probability, less the target's column, so a step "
+            "against it moves the row towards the target word and away from the words the model found likely.",
     DY_LAST: "Only the last position's row reached the logits, so the gradient of the block's output is that row "
              "of ⟦dY_{{last}}⟧ in row {n}, and 0 in every other row.",
     DF: "⟦Y = H + F⟧ is a sum, and a sum passes its gradient on to each of its terms unchanged: ⟦dF = {d}⟧ (the "
