@@ -162,6 +162,8 @@ def expected_headings(problem: dict) -> list[str]:
     # behind a post norm the gradient goes back through it first; in front of the attention, dX
     # comes back through the norm (and "Back to the input" has only a context's gradient)
     upstream = ["Backward: the upstream gradient"]
+    if (problem["backward"] or {}).get("loss") == "cross-entropy":  # back through the head and the MLP first
+        upstream = _block_backward_headings(_from_fields(problem)) + ["Back through the attention's residual"] * (not post)
     upstream += ["Back through the norm and the residual (post-norm)"] if post else []
     kind = "RMSNorm" if norm is not None and norm.get("type") == "rmsnorm" else "LayerNorm"
     back = ["Back to the input"] if norm is None or post or "context" in problem else []
@@ -180,6 +182,25 @@ def expected_headings(problem: dict) -> list[str]:
     if "Q" not in problem:
         titles += ["Back to the projection weights", *back]
     return forward + [f"Step {k}: {t}" for k, t in enumerate(titles, n)]
+
+
+def _block_backward_headings(problem: dict) -> list[str]:
+    """The steps back from the cross-entropy (issue 31): the loss, the unembedding, the norms and the MLP."""
+    def kind(norm: dict) -> str:
+        return "RMSNorm" if norm.get("type") == "rmsnorm" else "LayerNorm"
+
+    out = ["Backward: back through the loss and the softmax", "Back through the unembedding"]
+    final = problem["logits"].get("norm")
+    out += [f"Back through the final norm ({kind(final)})"] if final else []
+    mlp = problem.get("mlp")
+    if mlp is not None:
+        norm = mlp.get("norm")
+        post = bool(norm) and norm.get("place") == "post"
+        out.append(f"Back through the norm and the MLP's residual (post-norm, {kind(norm)})" if post else
+                   "Back through the MLP's residual")
+        out.append("Back through the MLP")
+        out += [f"Back through the MLP's norm ({kind(norm)})"] if norm and not post else []
+    return out
 
 
 def _from_fields(problem: dict) -> dict:

@@ -132,7 +132,7 @@ def test_the_cli_suggests_a_stage_name(symattn_cli, tmp_path):
 _FIELD_MODULES = {"problem/model.py", "problem/reader/fields.py", "problem/reader/document.py",
                   "problem/reader/layer.py", "problem/reader/passes.py", "problem/reader/block.py",
                   "problem/checkpoints/layouts.py",
-                  "generate/exercises.py"} | {
+                  "generate/exercises.py", "generate/block.py"} | {
     f"stages/{name}.py" for name in
     ("__init__", "ids", "kinds", "registry", "rows", "norms", "norm_backward", "formulas", "why", "relations",
      "outline", "mlp", "block_backward")}

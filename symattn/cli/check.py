@@ -53,7 +53,8 @@ csv gives a spreadsheet, --format json everything.
 @click.option("--precision", type=click.Choice(["auto", "exact", "float32", "float64"]), default="auto", show_default=True,
               help="Decimals printed from a binary float computation: float32/float64 accept any entry within that "
                    "format's rounding; auto accepts a stage when every entry of it fits one format; exact never does.")
-@backward_option("Mark gradient stages too (dV, dA, ...): the file's backward: section, else the loss L = Σ O.")
+@backward_option("Mark gradient stages too (dV, dA, ...): the file's backward: section, else its cross-entropy "
+                 "(loss:), else the loss L = Σ O.")
 @tiled_option("Mark the online softmax's stages too (m_tiled, l_tiled, acc_tiled, O_tiled) over blocks of B keys.")
 @max_size_option("The size budget: the most numbers the problem may hold (the budget for its scores grows with it).")
 def check(problem: Path, answers: tuple[Path, ...], fmt: str, tolerance: float | None, precision: str,

@@ -45,7 +45,8 @@ SUFFIXES = {".tex": "latex", ".md": "markdown", ".markdown": "markdown", ".json"
                  "less for JSON, the backward pass or an irrational scale) grows in proportion.")
 @click.option("--plot", type=click.Path(path_type=Path),
               help="Also draw the attention weights as a labelled heat map (.png, .svg or .pdf; needs pip install 'symattn[plot]').")
-@backward_option("Also derive the gradients (dO back to dX): the file's backward: section, else the loss L = Σ O.")
+@backward_option("Also derive the gradients (dO back to dX): the file's backward: section, else its cross-entropy "
+                 "(loss:), else the loss L = Σ O.")
 @tiled_option("Also derive FlashAttention's online softmax over blocks of B keys (the file's tiling: rows are kept).")
 @click.option("--decode", type=Whole(), metavar="T",
               help="Also decode token T (from 1) from the KV cache and prove its row equals row T of the full "
