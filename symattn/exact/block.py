@@ -14,6 +14,7 @@ each entry's value.
 
 from __future__ import annotations
 
+import flint
 import mpmath
 import sympy
 
@@ -21,6 +22,7 @@ from ..errors import SymattnError
 from sympy import QQ
 
 from ..numbers.matrices import is_rational, rational_matrix
+from .arb import arb_precision, arb_to_mpf
 from .evaluation import to_mpf
 from .lazy import LazyMatrix, rational_rows
 
@@ -70,6 +72,28 @@ NUMERIC = {
     "gelu-tanh": lambda x: x / 2 * (1 + mpmath.tanh(mpmath.sqrt(2 / mpmath.pi) * (x + mpmath.mpf(44715) / 10**6 * x**3))),
     "silu": lambda x: x / (1 + mpmath.exp(-x)),
 }
+
+
+def _arb_gelu_tanh(x):
+    c = (2 / flint.arb.pi()).sqrt()  # at the working precision, as each call makes it
+    return x / 2 * (1 + (c * (x + flint.fmpq(44715, 10**6) * x * x * x)).tanh())
+
+
+ARB = {  # the same in ball arithmetic, for rows of many entries (an MLP's hidden layer)
+    "gelu": lambda x: x / 2 * (1 + (x / flint.arb(2).sqrt()).erf()),
+    "gelu-tanh": _arb_gelu_tanh,
+    "silu": lambda x: x / (1 + (-x).exp()),
+}
+
+
+def arb_activated(rows, name: str, dps: int):
+    """``act`` of each entry of rows of mpmath numbers at ``dps`` digits, in ball arithmetic (each
+    number read into arb exactly), or None for an activation it leaves to mpmath (ReLU's)."""
+    f = ARB.get(name)
+    if f is None:
+        return None
+    with arb_precision(dps):
+        return [[arb_to_mpf(f(flint.arb(x))) for x in row] for row in rows]
 
 
 def activate(m, name: str):

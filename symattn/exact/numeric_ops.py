@@ -176,6 +176,9 @@ class NumericOps(Ops):
             return out
 
     def activate(self, m, name: str) -> Values:
+        balls = _block.arb_activated(self.grid(m), name, self.dps)
+        if balls is not None:
+            return balls
         f = _block.NUMERIC[name]
         with mpmath.workdps(self.dps + 10):
             return [[f(x) for x in row] for row in self.grid(m)]
