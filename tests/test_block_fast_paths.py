@@ -159,3 +159,22 @@ def test_a_whole_model_with_every_float_matrix_deferred_gives_the_same_solution(
     # what the exact logits are built from is still each float's dyadic rational
     W_U = p.logits.W_U
     assert W_U[3, 5] == sympy.Rational(*float(matrix_float64(W_U)[3, 5]).as_integer_ratio())
+
+
+def test_the_softmax_over_a_vocabulary_and_the_cross_entropy_match_mpmath_at_60_digits():
+    gen = random.Random(11)
+    with mpmath.workdps(40):
+        z = [[mpmath.mpf(gen.randint(-4000, 4000)) / 97 for _ in range(500)] for _ in range(2)]
+    P = _block.numeric_row_softmax(z, 30)
+    nll = _block.numeric_nll(z, [7, 499], [0, 1], 30)
+    bits = _block.numeric_nll(z, [7], [1], 30, _block.LN2)
+    with mpmath.workdps(60):
+        for row, got in zip(z, P):
+            total = mpmath.fsum(mpmath.exp(x) for x in row)
+            for x, p in zip(row, got):
+                assert abs(p - mpmath.exp(x) / total) <= mpmath.exp(x) / total * mpmath.mpf(10) ** -35
+        for (r, t), (value,) in zip([(0, 7), (1, 499)], nll):
+            want = -mpmath.log(mpmath.exp(z[r][t]) / mpmath.fsum(mpmath.exp(x) for x in z[r]))
+            assert abs(value - want) <= mpmath.mpf(10) ** -35
+        want = -mpmath.log(mpmath.exp(z[1][7]) / mpmath.fsum(mpmath.exp(x) for x in z[1])) / mpmath.log(2)
+        assert abs(bits[0][0] - want) <= mpmath.mpf(10) ** -35
