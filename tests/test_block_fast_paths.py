@@ -178,3 +178,21 @@ def test_the_softmax_over_a_vocabulary_and_the_cross_entropy_match_mpmath_at_60_
             assert abs(value - want) <= mpmath.mpf(10) ** -35
         want = -mpmath.log(mpmath.exp(z[1][7]) / mpmath.fsum(mpmath.exp(x) for x in z[1])) / mpmath.log(2)
         assert abs(bits[0][0] - want) <= mpmath.mpf(10) ** -35
+
+
+@pytest.mark.parametrize("name", ["tiny_llama_block", "tiny_bert_block", "tiny_gpt2_head"])
+def test_every_format_is_the_same_with_the_checkpoints_matrices_deferred(monkeypatch, name):
+    from symattn import crosscheck, derive, load_problem
+    from symattn.render import render
+    from symattn.render.json import write_json
+
+    def outputs():
+        d = derive(load_problem(EXAMPLES / f"{name}.yaml"))
+        check = crosscheck(d)
+        parts: list[str] = []
+        write_json(d, parts.append, check=check)
+        return [render(d, f, check=check) for f in ("latex", "markdown", "html", "text")] + ["".join(parts)]
+
+    made = outputs()
+    monkeypatch.setattr(dyadic, "DEFER_FROM", 1)
+    assert outputs() == made
