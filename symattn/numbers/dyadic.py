@@ -99,11 +99,6 @@ class DyadicFloats:
     def part(self, rows: slice, cols: slice):
         return float_matrix(self.values[rows, cols])
 
-    def row(self, i: int) -> list:
-        """Row ``i`` as flint fmpq numbers."""
-        fmpq = flint.fmpq
-        return [fmpq(*v.as_integer_ratio()) for v in self.values[i].tolist()]
-
 
 def exact_floats(m) -> "numpy.ndarray | None":
     """The float64 array of a matrix read from binary floats (:func:`float_matrix`), whose entries
