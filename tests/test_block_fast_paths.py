@@ -55,9 +55,9 @@ def test_integer_product_is_the_exact_product(n, k, m):
             assert Fraction(rows[i][j], 2**power) == exact
 
 
-def test_integer_product_declines_a_range_it_cannot_slice():
-    b = np.array([[1e-300, 1e300]])
-    assert dyadic.integer_product([[1]], b) is None
+@pytest.mark.parametrize("b", [[[1e-300, 1e300]], [[1.0, np.inf]], [[np.nan, 1.0]], [[5e-324, 1.0]]])
+def test_integer_product_declines_what_it_cannot_slice(b):
+    assert dyadic.integer_product([[1]], np.array(b)) is None
 
 
 def test_float_product_matches_mpmath_at_60_digits_and_the_arb_path():

@@ -125,8 +125,9 @@ _RANGE = 900  # the most bits of range (and of size) of the numbers integer_prod
 
 def integer_product(a: list[list[int]], b) -> "tuple[list[list[int]], int] | None":
     """``a·b`` exactly, for rows of Python integers ``a`` (n × k) and a float64 array ``b`` (k × m)
-    of finite floats: ``(rows, power)``, rows of Python integers with ``a·b = rows·2^-power``; None
-    when b's nonzero numbers span too wide a range of sizes (more than 900 bits, or beyond 2^±960).
+    of floats: ``(rows, power)``, rows of Python integers with ``a·b = rows·2^-power``; None when an
+    entry of b is not finite or b's nonzero numbers span too wide a range of sizes (more than 900
+    bits, or beyond 2^±900).
 
     Both sides are cut into signed slices of ``w`` bits (b's entries as integers over one power
     of two), ``w`` chosen so that a product of two slices summed over the k terms stays below
@@ -136,7 +137,10 @@ def integer_product(a: list[list[int]], b) -> "tuple[list[list[int]], int] | Non
     import numpy as np
 
     k, m = b.shape
-    low, high = _exponent_range(b)
+    sizes = _exponent_range(b)
+    if sizes is None:
+        return None
+    low, high = sizes
     if high - low > _RANGE or low < -_RANGE or high > _RANGE:
         return None
     power = 53 - low  # every entry of b times 2^power is an integer, below 2^(53 + high − low)
@@ -160,14 +164,17 @@ def integer_product(a: list[list[int]], b) -> "tuple[list[list[int]], int] | Non
     return out.tolist(), power
 
 
-def _exponent_range(b) -> tuple[int, int]:
-    """The least and the largest binary exponent e of b's nonzero entries (x = f·2^e, 1/2 ≤ |f| < 1)."""
+def _exponent_range(b) -> "tuple[int, int] | None":
+    """The least and the largest binary exponent e of b's nonzero entries (x = f·2^e, 1/2 ≤ |f| < 1);
+    None when an entry is not finite."""
     import numpy as np
 
     low, high = None, None
     for first in range(0, b.shape[1], _CHUNK):
         block = np.abs(b[:, first:first + _CHUNK])
         largest = float(block.max()) if block.size else 0.0
+        if not math.isfinite(largest):
+            return None
         if largest:
             block[block == 0] = np.inf
             lo, hi = math.frexp(float(block.min()))[1], math.frexp(largest)[1]
