@@ -15,6 +15,7 @@ import mpmath
 import sympy
 from mpmath.libmp import from_man_exp as _from_man_exp
 
+from ..numbers.dyadic import exact_floats, integer_product
 from ..numbers.matrices import is_rational
 from ..numbers.sympy_internals import flint_matrix, qq_dense
 from .evaluation import evaluate, to_mpf
@@ -306,7 +307,12 @@ def arb_floats(m) -> list[list[float]]:
 
 def mp_matmul(a, b, dps: int) -> list[list[mpmath.mpf]]:
     """The product of two matrices at ``dps`` digits (with arb unless ``b`` has an infinite entry):
-    each is a list of rows of mpmath numbers, or a rational matrix (see :func:`operand`)."""
+    each is a list of rows of mpmath numbers, or a rational matrix (see :func:`operand`). Rows
+    of finite numbers times a matrix read from binary floats (a checkpoint's weights) are
+    multiplied exactly in float64 slices instead (:func:`float_product`)."""
+    fast = float_product(a, b, dps)
+    if fast is not None:
+        return fast
     if not isinstance(b, list) or not any(mpmath.isinf(x) for row in b for x in row):
         with arb_precision(dps):
             product = arb_operand(a) * arb_operand(b)
@@ -315,3 +321,41 @@ def mp_matmul(a, b, dps: int) -> list[list[mpmath.mpf]]:
     with mpmath.workdps(dps + 10):
         return [[mpmath.fsum(x * row_b[j] for x, row_b in zip(row, b)) for j in range(len(b[0]))] for row in a]
 
+
+
+_MAX_BITS = 4000  # the widest integers float_product makes of a row of mpmath numbers
+
+
+def float_product(a, b, dps: int) -> "list[list[mpmath.mpf]] | None":
+    """``a·b`` for rows of finite mpmath numbers ``a`` and a matrix ``b`` whose entries are binary
+    floats (:func:`~symattn.numbers.dyadic.exact_floats`): the exact product of the numbers given
+    (:func:`~symattn.numbers.dyadic.integer_product`), each entry rounded once to the working
+    precision of ``dps`` digits. None for anything else (or numbers of too wide a range)."""
+    floats = exact_floats(b)
+    if floats is None or not isinstance(a, list) or not a or not a[0]:
+        return None
+    scaled = _mpf_integers(a)
+    if scaled is None:
+        return None
+    got = integer_product(scaled[0], floats)
+    if got is None:
+        return None
+    rows, power = got
+    exp, prec = scaled[1] - power, prec_bits(dps)
+    return [[_make_mpf(_from_man_exp(x, exp, prec, "n")) for x in row] for row in rows]
+
+
+def _mpf_integers(a: list[list[mpmath.mpf]]) -> "tuple[list[list[int]], int] | None":
+    """Rows of finite mpmath numbers as rows of integers times one power of two, exactly:
+    ``(ints, shift)`` with ``a = ints·2^shift``; None for an infinite entry or too wide a range."""
+    parts = [[x._mpf_ for x in row] for row in a]
+    exps = [e for row in parts for (_, man, e, bc) in row if man]
+    if any(not man and (e or bc) for row in parts for (_, man, e, bc) in row):
+        return None  # ±∞ or NaN
+    if not exps:
+        return [[0] * len(row) for row in a], 0
+    shift = min(exps)
+    top = max(e + bc for row in parts for (_, man, e, bc) in row if man)
+    if top - shift > _MAX_BITS:
+        return None
+    return [[(-man if sign else man) << (e - shift) if man else 0 for (sign, man, e, bc) in row] for row in parts], shift

@@ -7,6 +7,7 @@ import flint
 
 from ..numbers.matrices import is_rational
 from .arb import ArbProducts, ArbTransposed, angle_digits, arb_angle, arb_lines, arb_matrix, arb_precision, arb_scalar
+from .block import ARB
 from .numeric_ops import NumericOps
 
 
@@ -194,12 +195,11 @@ def _step(x):
     return flint.arb(0).union(flint.arb(1))
 
 
-def _gelu_tanh(x, slope: bool = False):
+def _gelu_tanh_slope(x):
+    """GPT-2's GELU, differentiated (see symattn.exact.block)."""
     root = (2 / flint.arb.pi()).sqrt()
     c = flint.arb(flint.fmpq(44715, 10**6))
     t = (root * (x + c * x**3)).tanh()
-    if not slope:
-        return x / 2 * (1 + t)
     return (1 + t) / 2 + x * (1 - t**2) * root * (1 + 3 * c * x**2) / 2
 
 
@@ -208,14 +208,12 @@ def _sigmoid(x):
 
 
 ARB_ACTIVATIONS = {
+    **ARB,  # GELU (both forms) and SiLU, as the forward pass computes them
     "relu": _relu,
     "relu2": lambda x: _relu(x) ** 2,
-    "gelu": lambda x: x / 2 * (1 + (x / flint.arb(2).sqrt()).erf()),
-    "gelu-tanh": _gelu_tanh,
-    "silu": lambda x: x * _sigmoid(x),
     "d:relu": _step,
     "d:relu2": lambda x: 2 * _relu(x),
     "d:gelu": lambda x: (1 + (x / flint.arb(2).sqrt()).erf()) / 2 + x * (-x**2 / 2).exp() / (2 * flint.arb.pi()).sqrt(),
-    "d:gelu-tanh": lambda x: _gelu_tanh(x, slope=True),
+    "d:gelu-tanh": _gelu_tanh_slope,
     "d:silu": lambda x: _sigmoid(x) * (1 + x * (1 - _sigmoid(x))),
 }

@@ -8,12 +8,15 @@ exactly for a rational and by a certified evaluation otherwise. ``P_ij = 1/Σ_k 
 (e^{z_ij}/Σ_k e^{z_ik}, each exponent a difference of two logits), and ``−log P[i, t] =
 log Σ_k e^{z_ik − z_it}``.
 
-At high precision (mpmath, for the decimals shown and for ``symattn check``) the same formulas on
-each entry's value.
+At high precision (for the decimals shown and for ``symattn check``) the same formulas on each
+entry's value: in flint's ball arithmetic for the activations, the softmax over the vocabulary and
+the cross-entropy (each number read into arb exactly, the midpoints returned as mpmath numbers),
+in mpmath for ReLU.
 """
 
 from __future__ import annotations
 
+import flint
 import mpmath
 import sympy
 
@@ -21,6 +24,7 @@ from ..errors import SymattnError
 from sympy import QQ
 
 from ..numbers.matrices import is_rational, rational_matrix
+from .arb import arb_precision, arb_to_mpf
 from .evaluation import to_mpf
 from .lazy import LazyMatrix, rational_rows
 
@@ -124,6 +128,28 @@ RATIONAL = {"relu": lambda x, zero: x if x > 0 else zero, "relu2": lambda x, zer
             DERIVATIVE + "relu2": lambda x, zero: 2 * x if x > 0 else zero}  # a rational stays rational
 
 
+def _arb_gelu_tanh(x):
+    c = (2 / flint.arb.pi()).sqrt()  # at the working precision, as each call makes it
+    return x / 2 * (1 + (c * (x + flint.fmpq(44715, 10**6) * x * x * x)).tanh())
+
+
+ARB = {  # the same in ball arithmetic, for rows of many entries (an MLP's hidden layer)
+    "gelu": lambda x: x / 2 * (1 + (x / flint.arb(2).sqrt()).erf()),
+    "gelu-tanh": _arb_gelu_tanh,
+    "silu": lambda x: x / (1 + (-x).exp()),
+}
+
+
+def arb_activated(rows, name: str, dps: int):
+    """``act`` of each entry of rows of mpmath numbers at ``dps`` digits, in ball arithmetic (each
+    number read into arb exactly), or None for an activation it leaves to mpmath (ReLU's)."""
+    f = ARB.get(name)
+    if f is None:
+        return None
+    with arb_precision(dps):
+        return [[arb_to_mpf(f(flint.arb(x))) for x in row] for row in rows]
+
+
 def activate(m, name: str):
     """``act(m)`` entry by entry, exactly (each entry built when read); ``name`` ``d:act`` is the
     activation's derivative."""
@@ -156,13 +182,33 @@ def nll(z, targets, rows, base: str | None = None):
     return LazyMatrix(len(rows), 1, entry)
 
 
-def numeric_nll(z, targets, rows, dps: int, base: str | None = None):
-    """:func:`nll` on mpmath rows at ``dps`` digits."""
+def _exponentials(row):
+    """``(m, [e^{x − m}])`` of a row of finite mpmath numbers in ball arithmetic (m its largest,
+    found on the exact values), under :func:`arb_precision` (each number read into arb exactly)."""
+    top = max(row)
+    m = flint.arb(top)
+    return top, [(flint.arb(x) - m).exp() for x in row]
+
+
+def numeric_row_softmax(z, dps: int):
+    """The softmax of each row of mpmath numbers at ``dps`` digits, in ball arithmetic: a row over
+    the vocabulary is 50,257 exponentials (the midpoints, exactly as mpmath numbers)."""
     out = []
-    with mpmath.workdps(dps + 10):
+    with arb_precision(dps):
+        for row in z:
+            e = _exponentials(row)[1]
+            total = sum(e, flint.arb(0))
+            out.append([arb_to_mpf(x / total) for x in e])
+    return out
+
+
+def numeric_nll(z, targets, rows, dps: int, base: str | None = None):
+    """:func:`nll` on mpmath rows at ``dps`` digits: ``m + log Σ_k e^{z_k − m} − z_t`` in ball arithmetic."""
+    out = []
+    with arb_precision(dps):
         for r, t in zip(rows, targets):
             row = z[r]
-            m = max(row)
-            value = m + mpmath.log(mpmath.fsum(mpmath.exp(x - m) for x in row)) - row[t]
-            out.append([value / mpmath.log(2) if base == LN2 else value])
+            top, e = _exponentials(row)
+            value = flint.arb(top) + sum(e, flint.arb(0)).log() - flint.arb(row[t])
+            out.append([arb_to_mpf(value / flint.arb(2).log() if base == LN2 else value)])
     return out

@@ -13,7 +13,9 @@ from collections.abc import Sequence
 from typing import Callable, Iterator
 
 import sympy
+from flint import fmpq
 
+from ..numbers.dyadic import deferred_floats
 from ..numbers.matrices import Matrix, is_rational
 from ..numbers.sympy_internals import flint_matrix, qq_dense
 
@@ -23,6 +25,9 @@ _dm = qq_dense  # the QQ DomainMatrix of a rational matrix (dense; fmpq_mat unde
 def rational_rows(m: Matrix) -> "list[list] | LazyRows":
     """The entries of a rational matrix as ``QQ`` numbers (no SymPy objects), as rows: lists, or
     for flint's fmpq_mat, :class:`LazyRows` of its rows (a renderer that shows a corner reads a corner)."""
+    floats = deferred_floats(m)
+    if floats is not None:  # a big float matrix whose fmpq_mat is not made: its rows read from the floats
+        return LazyRows(floats.shape[0], lambda i: _FloatRow(floats, i, floats.shape[1]))
     dense = _dm(m)
     fmpq_mat = flint_matrix(dense)
     if fmpq_mat is None:
@@ -93,8 +98,30 @@ class _FmpqRow(Sequence):
         return (dense[i, j] for j in range(self._width))
 
 
+class _FloatRow(_FmpqRow):
+    """Row ``i`` of a float64 array of binary floats, each entry read as the fmpq it stands for."""
+
+    __slots__ = ()
+
+    def __getitem__(self, j):
+        if isinstance(j, slice):
+            return [self[k] for k in range(*j.indices(self._width))]
+        return fmpq(*float(self._dense[self._i, position(j, self._width)]).as_integer_ratio())
+
+    def __iter__(self):
+        return (fmpq(*v.as_integer_ratio()) for v in self._dense[self._i].tolist())
+
+
 def all_integers(m) -> bool:
-    """Whether every entry of a rational matrix is an integer (read from its common denominator)."""
+    """Whether every entry of a rational matrix is an integer (read from its common denominator,
+    or for a float matrix whose fmpq_mat is not made, from its floats)."""
+    floats = deferred_floats(m)
+    if floats is not None:  # a block of rows at a time: weights show a fraction in their first rows
+        import numpy
+
+        step = max(1, (1 << 16) // max(1, floats.shape[1]))
+        return all(numpy.array_equal(numpy.floor(block), block)
+                   for block in (floats[i:i + step] for i in range(0, floats.shape[0], step)))
     fmpq_mat = flint_matrix(_dm(m))
     if fmpq_mat is not None:
         return fmpq_mat.numer_denom()[1] == 1

@@ -176,12 +176,15 @@ class NumericOps(Ops):
             return out
 
     def activate(self, m, name: str) -> Values:
+        balls = _block.arb_activated(self.grid(m), name, self.dps)
+        if balls is not None:
+            return balls
         f = _block.NUMERIC[name]
         with mpmath.workdps(self.dps + 10):
             return [[f(x) for x in row] for row in self.grid(m)]
 
     def row_softmax(self, z) -> Values:
-        return self.softmax(z)
+        return _block.numeric_row_softmax(self.grid(z), self.dps)
 
     def nll(self, z, targets, rows, base=None) -> Values:
         return _block.numeric_nll(self.grid(z), targets, rows, self.dps, base)

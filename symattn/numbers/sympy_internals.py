@@ -67,7 +67,7 @@ class QQMatrix(sympy.ImmutableDenseMatrix):
         """SymPy's internal form (a sparse DomainMatrix), built on first use."""
         d = self.__dict__
         if "_sparse" not in d:
-            d["_sparse"] = d["_dense"].to_sparse()
+            d["_sparse"] = self.dense.to_sparse()
         return d["_sparse"]
 
     @_rep.setter
@@ -90,6 +90,8 @@ class QQMatrix(sympy.ImmutableDenseMatrix):
     def dense(self):
         """The entries as a dense QQ DomainMatrix (``fmpq_mat`` under flint)."""
         d = self.__dict__
+        if "_dense" not in d and "_deferred" in d:  # made whole now (see deferred_matrix)
+            d["_dense"] = d["_deferred"].dense()
         if "_dense" not in d:
             rep = d["_sparse"]
             d["_dense"] = (rep if rep.domain.is_QQ else rep.convert_to(QQ)).to_dense()
@@ -110,15 +112,19 @@ class QQMatrix(sympy.ImmutableDenseMatrix):
             key = divmod(key % (rows * cols), cols)
         if type(key) is tuple and len(key) == 2:
             i, j = key
+            deferred = self.__dict__.get("_deferred") if "_dense" not in self.__dict__ else None
             if type(i) is int and type(j) is int:
                 if -rows <= i < rows and -cols <= j < cols:
-                    x = self.dense.rep.getitem(i % rows, j % cols)
-                    p, q = int(x.numerator), int(x.denominator)
+                    if deferred is not None:
+                        p, q = deferred.entry(i % rows, j % cols)
+                    else:
+                        x = self.dense.rep.getitem(i % rows, j % cols)
+                        p, q = int(x.numerator), int(x.denominator)
                     return sympy.Integer(p) if q == 1 else sympy.Rational(p, q)
             elif type(i) in (int, slice) and type(j) in (int, slice):
                 i, j = _as_slice(i, rows), _as_slice(j, cols)
                 if i is not None and j is not None:
-                    return matrix_from_domain(self.dense[i, j])
+                    return deferred.part(i, j) if deferred is not None else matrix_from_domain(self.dense[i, j])
         return super().__getitem__(key)
 
 
@@ -141,6 +147,26 @@ def matrix_from_fmpq_mat(dense) -> QQMatrix:
     from sympy.polys.matrices._dfm import DFM
 
     return matrix_from_domain(DomainMatrix.from_rep(DFM(dense, (dense.nrows(), dense.ncols()), QQ)))
+
+
+def deferred_matrix(rows: int, cols: int, source) -> QQMatrix:
+    """A :class:`QQMatrix` of ``rows × cols`` rationals whose dense QQ DomainMatrix is made by
+    ``source.dense()`` only when an operation needs it whole; until then an entry is
+    ``source.entry(i, j)`` (its numerator and denominator) and a block of rows and columns
+    ``source.part(rows, cols)`` (slices): a model's embedding table, of which a derivation reads
+    a few entries and products that need no fmpq_mat, is never made one."""
+    obj = object.__new__(QQMatrix)
+    obj._assumptions = QQMatrix.default_assumptions
+    obj._mhash = None
+    obj._rows, obj._cols = rows, cols
+    obj.__dict__["_deferred"] = source
+    return obj
+
+
+def deferred_source(m):
+    """The source of a :func:`deferred_matrix` not yet made whole, else None."""
+    d = getattr(m, "__dict__", None)
+    return d["_deferred"] if isinstance(m, QQMatrix) and "_deferred" in d and "_dense" not in d else None
 
 
 def is_rational_matrix(m) -> bool:

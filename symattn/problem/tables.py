@@ -10,7 +10,7 @@ import re
 from sympy import QQ
 
 from ..errors import SymattnError
-from ..numbers.matrices import binary_float_matrix, rational_matrix
+from ..numbers.matrices import rational_matrix
 from ..numbers.parse import NumberError, check_size, parse_decimal
 from ..text import quote_path
 from .located_yaml import Where
@@ -60,47 +60,11 @@ def read_npy(data: bytes, rel: str, where_: Where, name: str, room: int, vector:
 
 def float_matrix(array) -> Matrix:
     """The exact matrix of a 2-d NumPy array of finite binary floats, each the dyadic rational it
-    stands for (what :func:`~symattn.numbers.matrices.binary_float_matrix` makes).
+    stands for (see :func:`~symattn.numbers.dyadic.float_matrix`: a big one keeps its floats and
+    makes its fmpq_mat only when an operation needs it whole)."""
+    from ..numbers.dyadic import float_matrix as dyadic_matrix
 
-    Floats of few significant bits over a modest range of sizes (a checkpoint's float32 or
-    bfloat16 weights) are integers over one power of two, 2^K: their numerators are read as one
-    int64 array, and flint reduces each fraction, with no Python number made per entry.
-    Anything else goes entry by entry."""
-    import numpy as np
-
-    from ..numbers.parse import keep_float64
-    from ..numbers.sympy_internals import FLINT_QQ, matrix_from_fmpq_mat
-
-    values = np.array(array, dtype=np.float64)  # float16 and float32 values are exact in float64
-    power = _common_power(values) if FLINT_QQ and values.size else None
-    if power is None:
-        return binary_float_matrix(values)
-    import flint
-
-    rows, cols = values.shape
-    numerators = np.ldexp(values, power).astype(np.int64)  # exact: each an integer below 2^62
-    m = matrix_from_fmpq_mat(flint.fmpq_mat(flint.fmpz_mat(rows, cols, numerators.ravel().tolist())) / (1 << power))
-    keep_float64(m, values)  # each entry is its own correctly rounded float
-    return m
-
-
-def _common_power(values) -> "int | None":
-    """The least K ≥ 0 with every value times 2^K an integer below 2^62 in size, or None when
-    there is none (53-bit floats over a wide range of sizes)."""
-    import numpy as np
-
-    nonzero = values[values != 0]
-    if not nonzero.size:
-        return 0
-    mantissas, exponents = np.frexp(nonzero)  # value = m·2^e, 1/2 ≤ |m| < 1, m·2^53 an integer
-    whole = np.abs(np.ldexp(mantissas, 53)).astype(np.int64)
-    low = whole & -whole  # the lowest set bit: 2^(trailing zeros)
-    bits = 53 - np.log2(low).astype(np.int64)  # significant bits of each value
-    needed = bits - exponents.astype(np.int64)  # value·2^k is an integer for k ≥ needed
-    power = max(0, int(needed.max()))
-    if int(exponents.max()) + power > 62 or power > 1000:
-        return None
-    return power
+    return dyadic_matrix(array)
 
 
 def _csv_text(data: bytes, rel: str, where_: Where, name: str) -> str:

@@ -32,6 +32,13 @@ def to_float64(m, subs=None) -> np.ndarray:
     )
 
 
+def weights_float64(m) -> np.ndarray:
+    """A weight matrix the reference only multiplies by, as float64: a rational one's own rounded
+    entries, shared (read-only, not copied: an embedding table is hundreds of megabytes)."""
+    values = matrix_float64(m)
+    return to_float64(m) if values is None else values
+
+
 def _bias(out: dict, stage: str, row, subs) -> np.ndarray:
     """A projection's bias (1 × d) in float64, kept under its stage id; NumPy broadcasts it over the rows."""
     b = out[stage] = to_float64(row, subs)
@@ -218,18 +225,18 @@ def block_f64(p: Problem, out: dict, H: np.ndarray) -> None:
             x = out[st.H_NORM] = layer_norm_f64(H, mlp.norm, out, "mlp")
         act = ACTIVATIONS[mlp.activation]
         if mlp.gated:                                              # SwiGLU / GeGLU: act(x W_gate) * (x W_up)
-            W_gate, W_up = out[st.W_GATE], out[st.W_UP] = to_float64(mlp.W_1), to_float64(mlp.W_up)
+            W_gate, W_up = out[st.W_GATE], out[st.W_UP] = weights_float64(mlp.W_1), weights_float64(mlp.W_up)
             gate, up = out[st.U_GATE], out[st.U_UP] = x @ W_gate, x @ W_up
             G = out[st.G] = act(gate) * up
-            W_2 = out[st.W_DOWN] = to_float64(mlp.W_2)
+            W_2 = out[st.W_DOWN] = weights_float64(mlp.W_2)
         else:
-            W_1 = out[st.W_1] = to_float64(mlp.W_1)
+            W_1 = out[st.W_1] = weights_float64(mlp.W_1)
             U = x @ W_1
             if mlp.b_1 is not None:
                 U = U + _bias(out, st.B_1, mlp.b_1, None)
             out[st.U] = U
             G = out[st.G] = act(U)
-            W_2 = out[st.W_2] = to_float64(mlp.W_2)
+            W_2 = out[st.W_2] = weights_float64(mlp.W_2)
         F = G @ W_2
         if mlp.b_2 is not None:
             F = F + _bias(out, st.B_2, mlp.b_2, None)
@@ -250,7 +257,7 @@ def _head_f64(p: Problem, out: dict, top: np.ndarray) -> None:
         x = out[st.Y_LAST] = top[-1:]
     if head.norm is not None:
         x = out[st.Y_FINAL] = layer_norm_f64(x, head.norm, out, "final")
-    W_U = out[st.W_U] = to_float64(head.W_U)
+    W_U = out[st.W_U] = weights_float64(head.W_U)
     z = out[st.LOGITS] = x @ W_U                                   # (rows, d_model) @ (d_model, vocabulary)
     m = z.max(axis=1, keepdims=True)
     e = np.exp(z - m)

@@ -20,6 +20,7 @@ from .numbers import (
     tex,
     value_tex,
 )
+from ..exact.lazy import LazyRows
 from ..stages.ids import O_T, TOKEN_AXES
 from .entries import EntryForm, Over, entry_forms, normaliser_is_number, quotient, written_exactly
 
@@ -27,11 +28,15 @@ if TYPE_CHECKING:
     from ..exact.derivation import Derivation, Step
 
 
+_LAZY_LABELS = 4096  # labels from which only those shown are written (a column per word of the vocabulary)
+
+
 def axis_labels(step: Step) -> tuple[list[str] | None, list[str] | None]:
     """Row and column labels for a matrix: tokens as written (``tex_token``), dimensions as math."""
     if not step.kind_of.labelled:  # weights
         return None, None
-    tokens = lambda names: [tex_token(n) for n in names]  # noqa: E731
+    tokens = lambda names: ([tex_token(n) for n in names] if len(names) < _LAZY_LABELS  # noqa: E731
+                            else LazyRows(len(names), lambda i: tex_token(names[i])))  # a vocabulary: those shown
     dims = lambda names: [re.sub(r"([a-z])([0-9]+)", r"\1_{\2}", n) for n in names]  # noqa: E731
     rows, cols = ((tokens if axis in TOKEN_AXES else dims)(names) for axis, names in zip(step.axes, (step.rows, step.cols)))
     return rows, cols
