@@ -8,18 +8,21 @@ Options: --runs N (default 3), --tokens N (default 16), --format latex|json|mark
 --seed N, --json PATH (default benchmarks/results/bench_block.json).
 
 The checkpoint is bench_checkpoint.py's (GPT-2 small's names, shapes and layout, random float32,
-fixed seed). Three problems read the same token ids' rows of wte.weight and layer 0 with
+fixed seed). Four problems read the same token ids' rows of wte.weight and layer 0 with
 ``from: {layout: gpt2, layer: 0, heads: all, embeddings: true, ...}``:
 
 - ``attention.yaml``: ``norm: true, residual: true``: ln_1, the 12 heads and H = X_pos + O;
 - ``block.yaml``: ``block: true``: the same, then ln_2, the MLP (c_fc, GELU, c_proj) and Y = H + F;
 - ``logits.yaml``: ``block: true`` and ``logits: {from: true, rows: last}``: then ln_f, the logits of
-  the last position against wte (tied), P and −log P of a target.
+  the last position against wte (tied), P and −log P of a target;
+- ``backward.yaml``: the logits problem with ``backward: {loss: cross-entropy}``: every gradient from
+  the loss back to X and every weight; the backward pass is its time less the logits problem's.
 
 Each is ``python -m symattn derive P -o out.EXT --max-size 60000000`` in a fresh process, in turn,
 --runs rounds after an untimed warm-up of each. Reported: the median wall and CPU time and the
 peak resident memory (ru_maxrss) of each, the ratio block / attention, and the logits' extra time
-over the block (targets: the block under 10 s and 2 GiB, the logits under 10 s more), as JSON too.
+over the block, and the backward pass over the forward (targets: the block under 10 s and 2 GiB,
+the logits under 10 s more, the backward pass at most 1.5× the forward), as JSON too.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ PROBLEMS = {
     "attention.yaml": "norm: true, residual: true",
     "block.yaml": "block: true",
     "logits.yaml": "block: true",
+    "backward.yaml": "block: true",
 }
 
 
@@ -51,8 +55,10 @@ def problem(tokens: list[int], name: str) -> str:
     text = (f"title: GPT-2-sized layer 0, {name[:-5]}, {len(tokens)} tokens\n"
             f"X: {{file: model.safetensors, embeddings: wte.weight, tokens: {json.dumps(tokens)}}}\n"
             f"from: {{file: model.safetensors, layout: gpt2, layer: 0, heads: all, n_head: 12, embeddings: true, {extra}}}\n")
-    if name == "logits.yaml":
+    if name in ("logits.yaml", "backward.yaml"):
         text += f"logits: {{from: true, rows: last, top: 5}}\nloss: {{targets: [{tokens[0]}]}}\n"
+    if name == "backward.yaml":
+        text += "backward: {loss: cross-entropy}\n"
     return text
 
 
@@ -104,9 +110,14 @@ def main() -> None:
           f"{'PASS' if block['wall_s'] < 10 and block['max_rss_mb'] < 2048 else 'MISS'}")
     print(f"  the last position's logits over {VOCAB:,} words: {extra:+.2f} s (target < 10 s more): "
           f"{'PASS' if extra < 10 else 'MISS'}")
+    forward, backward = rows["logits.yaml"]["wall_s"], rows["backward.yaml"]["wall_s"] - rows["logits.yaml"]["wall_s"]
+    print(f"  the backward pass from the loss to every weight: {backward:+.2f} s, {backward / forward:.2f}× the forward "
+          f"pass ({forward:.2f} s; target ≤ 1.5×): {'PASS' if backward <= 1.5 * forward else 'MISS'}; "
+          f"peak RSS {rows['backward.yaml']['max_rss_mb']:.0f} MB")
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps({"tokens": args.tokens, "format": args.format, "runs": args.runs, "rows": rows,
                                      "ratio_block_attention": ratio, "logits_extra_s": extra,
+                                     "backward_over_forward": backward / forward,
                                      "load": [load_before, load_after]}, indent=2) + "\n")
     if tmp is not None:
         tmp.cleanup()

@@ -103,6 +103,21 @@ def test_a_deferred_float_matrix_reads_as_the_made_one(monkeypatch):
     assert m == made
 
 
+def test_a_deferred_float_matrix_transposes_without_being_made(monkeypatch):
+    """The backward pass multiplies by W_Uᵀ, W_2ᵀ and W_1ᵀ: their transposes stay floats."""
+    from symattn.exact.products import transpose
+
+    rng = np.random.default_rng(6)
+    values = _floats(rng, (5, 7))
+    made = dyadic.made_float_matrix(values)
+    monkeypatch.setattr(dyadic, "DEFER_FROM", 1)
+    m = dyadic.float_matrix(values)
+    t = transpose(m)
+    assert deferred_source(m) is not None and deferred_source(t) is not None  # neither made whole
+    assert t.shape == (7, 5) and all(t[j, i] == made[i, j] for i in range(5) for j in range(7))
+    assert t == made.T
+
+
 @pytest.mark.parametrize("name", ["gelu", "gelu-tanh", "silu"])
 def test_the_activation_in_ball_arithmetic_matches_mpmath_at_60_digits(name):
     with mpmath.workdps(40):

@@ -12,6 +12,7 @@ import bisect
 import sympy
 from sympy import QQ
 
+from ..numbers.dyadic import deferred_floats, float_matrix
 from ..numbers.matrices import Matrix, is_rational, rational_matrix, tidy, tidy_trig
 from ..numbers.sympy_internals import matrix_from_domain, matrix_from_fmpq_mat, qq_dense
 from .lazy import LazyMatrix, fmpq_matrix
@@ -87,7 +88,11 @@ def add_row(m, row) -> "Matrix | LazyMatrix":
 
 def transpose(m):
     """``mᵀ``; a rational matrix held as flint's fmpq_mat is transposed by flint (SymPy's own
-    transpose goes through its sparse form, entry by entry)."""
+    transpose goes through its sparse form, entry by entry), and a big one still held as its
+    binary floats (a checkpoint's W_U, W_1, W_2) as their transposed floats, its fmpq_mat not made."""
+    floats = deferred_floats(m)
+    if floats is not None:
+        return float_matrix(floats.T)
     dense = fmpq_matrix(m)
     if dense is None:
         return m.T
