@@ -209,6 +209,13 @@ def test_check_diagnoses_the_backward_slips(tmp_path, stage, slip, fragment):
     assert fragment in report, report
 
 
+def test_finite_differences_of_the_cross_entropy_are_refused_by_name(tmp_path):
+    from symattn.reference.numeric_backward import finite_difference_gradients
+
+    with pytest.raises(ValueError, match="not taken back from the cross-entropy"):
+        finite_difference_gradients(_derive(tmp_path, BLOCKS["relu"] + CE).problem)
+
+
 def test_the_block_backward_refusals(tmp_path, symattn_cli):
     from test_problem_checkpoints import _error
 

@@ -255,6 +255,9 @@ def finite_difference_gradients(p: Problem, eps: float = 1e-6) -> dict[str, np.n
     eps = 1e-6 they agree with :func:`numeric_gradients` to about 1e-9 of
     max(1, |gradient|) on the worked examples.
     """
+    if from_cross_entropy(p):
+        raise ValueError("finite differences are not taken back from the cross-entropy through the MLP and the "
+                         "head: compare with numeric_gradients or torch_gradients")
     fwd = numeric_stages(p)
     prefixes = _prefixes(p)
     block = fwd.get(st.X_POS, fwd.get(st.X))                   # the residual's B: X, or X + PE
