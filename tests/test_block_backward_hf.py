@@ -137,8 +137,7 @@ def test_llama_gradients_match_transformers_autograd(tmp_path):
 
 
 def test_bert_layer_gradients_match_transformers_autograd(tmp_path):
-    import torch
-
+    torch = pytest.importorskip("torch")
     model = _build(tmp_path, "BertModel", "BertConfig", **BERT)
     layer = model.encoder.layer[0]
     rng = np.random.default_rng(5)
