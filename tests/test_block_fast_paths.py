@@ -83,12 +83,16 @@ def test_float_product_leaves_infinities_and_other_matrices_to_arb():
     assert _arb.float_product([[mpmath.mpf(1), mpmath.mpf(1)]], sympy.ImmutableMatrix([[1, 2], [3, 4]]), 30) is None
 
 
-def test_a_deferred_float_matrix_reads_as_the_made_one(monkeypatch):
-    rng = np.random.default_rng(5)
-    values = _floats(rng, (6, 9))
+def _deferred(monkeypatch, seed: int, shape: tuple[int, int]):
+    """Random binary floats of ``shape``: their float64 array, their matrix made now, and deferred."""
+    values = _floats(np.random.default_rng(seed), shape)
     made = dyadic.made_float_matrix(values)
     monkeypatch.setattr(dyadic, "DEFER_FROM", 1)
-    m = dyadic.float_matrix(values)
+    return values, made, dyadic.float_matrix(values)
+
+
+def test_a_deferred_float_matrix_reads_as_the_made_one(monkeypatch):
+    values, made, m = _deferred(monkeypatch, 5, (6, 9))
     assert deferred_source(m) is not None
     assert m[2, 3] == made[2, 3] and m[-1, -1] == made[-1, -1]
     assert m[1:4, 2:5] == made[1:4, 2:5]
@@ -107,11 +111,7 @@ def test_a_deferred_float_matrix_transposes_without_being_made(monkeypatch):
     """The backward pass multiplies by W_Uᵀ, W_2ᵀ and W_1ᵀ: their transposes stay floats."""
     from symattn.exact.products import transpose
 
-    rng = np.random.default_rng(6)
-    values = _floats(rng, (5, 7))
-    made = dyadic.made_float_matrix(values)
-    monkeypatch.setattr(dyadic, "DEFER_FROM", 1)
-    m = dyadic.float_matrix(values)
+    _, made, m = _deferred(monkeypatch, 6, (5, 7))
     t = transpose(m)
     assert deferred_source(m) is not None and deferred_source(t) is not None  # neither made whole
     assert t.shape == (7, 5) and all(t[j, i] == made[i, j] for i in range(5) for j in range(7))

@@ -26,12 +26,10 @@ import math
 import numpy as np
 
 from .. import stages as st
-from ..problem.model import Problem
+from ..problem.model import CROSS_ENTROPY, Problem
 from .norm_backward import norm_layer_gradients, torch_norm_graph
-from .numeric import ACTIVATIONS, to_float64
+from .numeric import ACTIVATIONS, erf_f64, to_float64
 
-CROSS_ENTROPY = "cross-entropy"
-_erf = np.vectorize(math.erf, otypes=[np.float64])
 
 
 def _sigmoid(x):
@@ -47,7 +45,7 @@ def _gelu_tanh_slope(x):
 SLOPES = {
     "relu": lambda x: (x > 0).astype(np.float64),
     "relu2": lambda x: 2.0 * np.maximum(x, 0.0),
-    "gelu": lambda x: 0.5 * (1.0 + _erf(x / math.sqrt(2.0))) + x * np.exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi),
+    "gelu": lambda x: 0.5 * (1.0 + erf_f64(x / math.sqrt(2.0))) + x * np.exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi),
     "gelu-tanh": _gelu_tanh_slope,
     "silu": lambda x: _sigmoid(x) * (1.0 + x * (1.0 - _sigmoid(x))),
 }

@@ -204,12 +204,12 @@ _NORM_IDS = {
     "final": (st.FINAL_MU, st.FINAL_VAR, st.FINAL_MS, st.Y_FINAL_HAT, st.FINAL_GAMMA, st.FINAL_BETA),
 }
 
-_erf = np.vectorize(math.erf, otypes=[np.float64])
+erf_f64 = np.vectorize(math.erf, otypes=[np.float64])  # erf of each entry of a float64 array
 # the MLP's activations in float64, as PyTorch's and the models' code write them
 ACTIVATIONS = {
     "relu": lambda x: np.maximum(x, 0.0),
     "relu2": lambda x: np.maximum(x, 0.0) ** 2,
-    "gelu": lambda x: 0.5 * x * (1.0 + _erf(x / math.sqrt(2.0))),
+    "gelu": lambda x: 0.5 * x * (1.0 + erf_f64(x / math.sqrt(2.0))),
     "gelu-tanh": lambda x: 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3))),
     "silu": lambda x: x / (1.0 + np.exp(-x)),
 }

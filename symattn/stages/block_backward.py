@@ -36,6 +36,7 @@ from .ids import (
 )
 from .kinds import Context, Kind, Mistake
 from .mistakes import transposed
+from .mlp import ACT_TEX, ACT_TEXT, OTHER_GELU, c_unembedded_tex, in_name
 from .norm_backward import NormBack, back_mistakes, norm_gradient_rows, back_why, mean_back, row_i
 from .shapes import flip, plain, prod
 
@@ -61,14 +62,10 @@ def _mlp_pre_norm(c: Context) -> bool:
 
 
 def _act(c: Context) -> str:
-    from .mlp import ACT_TEXT
-
     return ACT_TEXT[c.mlp.activation]
 
 
 def _act_tex(c: Context) -> str:
-    from .mlp import ACT_TEX
-
     return ACT_TEX[c.mlp.activation]
 
 
@@ -189,34 +186,38 @@ def _last_row(ops, v, c: Context):
     return ops.matmul(ops.table([[1 if i == n - 1 else 0] for i in range(n)]), v(DY_LAST))
 
 
-def _head_inputs(c: Context, key: str) -> tuple[str, ...]:
-    """The keys the head's gradient ``key`` (dY_final, dY_last, dY or dH) is computed from."""
+PRODUCT, THROUGH_NORM, LAST_ROW = "product", "norm", "last"  # how each of the head's gradients is made
+
+
+def _head_step(key: str, c: Context) -> str:
+    """How the head's gradient ``key`` (dY_final, dY_last, dY or dH) is made here: the product
+    dz·W_Uᵀ, back through the final norm, or the last row's gradient put in the last row."""
     if key == head_grad(c):
-        return DLOGITS, W_U
+        return PRODUCT
     if key == below_final(c) and c.logits.norm is not None:
-        return DY_FINAL_HAT, Y_FINAL_HAT, FINAL_VAR, FINAL_MS
-    return (DY_LAST,)
+        return THROUGH_NORM
+    return LAST_ROW
+
+
+def _head_inputs(c: Context, key: str) -> tuple[str, ...]:
+    """The keys the head's gradient ``key`` is computed from."""
+    return {PRODUCT: (DLOGITS, W_U), THROUGH_NORM: (DY_FINAL_HAT, Y_FINAL_HAT, FINAL_VAR, FINAL_MS),
+            LAST_ROW: (DY_LAST,)}[_head_step(key, c)]
 
 
 def head_relation(key: str):
     """The relation of the head's gradient ``key``: the product, back through the final norm, or the last row."""
-    def relation(ops, v, c):
-        if key == head_grad(c):
-            return _head_product(ops, v, c)
-        if key == below_final(c) and c.logits.norm is not None:
-            return FINAL_BACK.back(ops, v, c)
-        return _last_row(ops, v, c)
-
-    return relation
+    made = {PRODUCT: _head_product, THROUGH_NORM: FINAL_BACK.back, LAST_ROW: _last_row}
+    return lambda ops, v, c: made[_head_step(key, c)](ops, v, c)
 
 
 def head_formula(key: str, name: str, text: str):
     def formula(c):
-        if key == head_grad(c):
+        step = _head_step(key, c)
+        if step == PRODUCT:
             return f"{name} = dz\\,W_U^{{\\top}}", f"{text} = dz·W_Uᵀ"
-        if key == below_final(c) and c.logits.norm is not None:
-            tex, plain_text = mean_back(c.logits.norm, name[1:], "\\hat{Y}_{final}", "Ŷ_final", None)
-            return tex, plain_text
+        if step == THROUGH_NORM:
+            return mean_back(c.logits.norm, name[1:], "\\hat{Y}_{final}", "Ŷ_final", None)
         return f"{name} = \\begin{{bmatrix}} 0 \\\\ dY_{{last}} \\end{{bmatrix}}", f"{text} = dY_last in row {c.p.n_q}, 0 above"
 
     return formula
@@ -224,11 +225,10 @@ def head_formula(key: str, name: str, text: str):
 
 def head_why(key: str, name: str):
     def why(c):
-        if key == head_grad(c):
-            from .mlp import c_unembedded_tex
-
+        step = _head_step(key, c)
+        if step == PRODUCT:
             return WHY["head"].format(x=c_unembedded_tex(c))
-        if key == below_final(c) and c.logits.norm is not None:
+        if step == THROUGH_NORM:
             return back_why(c.logits.norm, name[1:], "\\hat{Y}_{final}", None)
         return WHY[DY_LAST].format(n=c.p.n_q)
 
@@ -239,9 +239,10 @@ def head_section(key: str):
     def section(c):
         if c.logits is None:  # (a problem without the head has none of these rows)
             return "b_logits"
-        if key == head_grad(c):
+        step = _head_step(key, c)
+        if step == PRODUCT:
             return "b_logits"
-        if key == below_final(c) and c.logits.norm is not None:
+        if step == THROUGH_NORM:
             return "b_final_norm"
         return "b_mlp_residual" if c.mlp is not None else "b_final_norm" if c.logits.norm is not None else "b_logits"
 
@@ -252,13 +253,9 @@ def head_rows() -> tuple[Kind, ...]:
     """dlogits, dW_U, then back to the block's output: dY_final, the final norm, dY_last and dY."""
 
     def dW_U_why(c):
-        from .mlp import c_unembedded_tex
-
         return WHY[DW_U].format(x=c_unembedded_tex(c)) + (WHY["tied"] if c.logits.tied else "")
 
     def dW_U_formula(c):
-        from .mlp import c_unembedded_tex
-
         x = c_unembedded_tex(c)
         return f"dW_U = {x}^{{\\top}} dz", f"dW_U = {c.plain(x)}ᵀ·dz"
 
@@ -299,12 +296,6 @@ def head_rows() -> tuple[Kind, ...]:
         if key == DY_FINAL:
             grads.extend(norm_gradient_rows(FINAL_BACK))
     return rows + tuple(grads)
-
-
-def _mlp_in_tex(c: Context) -> str:
-    from .mlp import in_name
-
-    return in_name(c)
 
 
 def _gated(c: Context) -> bool:
@@ -416,8 +407,6 @@ def mlp_rows() -> tuple[Kind, ...]:
 
     def slope_mistakes(gated: bool):
         def swapped(ops, ex, c):
-            from .mlp import OTHER_GELU
-
             other = OTHER_GELU.get(c.mlp.activation)
             if other is None:
                 return None
@@ -431,11 +420,11 @@ def mlp_rows() -> tuple[Kind, ...]:
         return (Mistake("GELU's erf and tanh forms swapped in the slope", swapped),
                 Mistake("the activation's slope taken at its output G instead of its input U", at_output))
 
-    def weight_row(key, name, w, w_tex, d, order, when):
+    def weight_row(key, name, w, w_tex, d, u_tex, order, when):
+        """dW = (the MLP's input)ᵀ·d, ``u_tex`` the pre-activation d is the gradient of (U, U_{gate})."""
         return Kind(key, key, b + order, "b_mlp", "Gradient of the " + name,
-                    lambda c: WHY[DW_1].format(w=w_tex, x=_mlp_in_tex(c), u=d[1:].replace("_", "_{") + ("}" if "_" in d else "")),
-                    lambda c: (f"d{w_tex} = {_mlp_in_tex(c)}^{{\\top}} d{d[1:].replace('_', '_{') + ('}' if '_' in d else '')}",
-                               f"d{w} = {c.plain(_mlp_in_tex(c))}ᵀ·{d}"),
+                    lambda c: WHY[DW_1].format(w=w_tex, x=in_name(c), u=u_tex),
+                    lambda c: (f"d{w_tex} = {in_name(c)}^{{\\top}} d{u_tex}", f"d{w} = {c.plain(in_name(c))}ᵀ·{d}"),
                     ("d", "f"), lambda sh, r, c: prod(flip(sh("mlp_in")), sh(d), "like " + w), inputs=("mlp_in", d),
                     relation=lambda ops, v, c: ops.matmul(ops.T(v(c.mlp_in)), v(d)), when=when, gradient=True,
                     labelled=False, tex=f"d{w_tex}", mistakes=(transposed(key, square_only=True),))
@@ -462,9 +451,9 @@ def mlp_rows() -> tuple[Kind, ...]:
              ("db_1 = \\mathbf{1}^{\\top} dU", "db_1 = 1ᵀ·dU (the column sums of dU)"), ("b", "f"),
              lambda sh, r, c: plain(r, "like b_1"), inputs=(DU,), relation=lambda ops, v, c: ops.col_sums(v(DU)),
              when=lambda c: _plain_mlp(c) and c.mlp.b_1 is not None, gradient=True, labelled=False, tex="db_1"),
-        weight_row(DW_1, "MLP's first weights", "W_1", "W_1", DU, 0.0007, _plain_mlp),
-        weight_row(DW_GATE, "gate's weights", "W_gate", "W_{gate}", DU_GATE, 0.0007, _gated),
-        weight_row(DW_UP, "up weights", "W_up", "W_{up}", DU_UP, 0.0008, _gated),
+        weight_row(DW_1, "MLP's first weights", "W_1", "W_1", DU, "U", 0.0007, _plain_mlp),
+        weight_row(DW_GATE, "gate's weights", "W_gate", "W_{gate}", DU_GATE, "U_{gate}", 0.0007, _gated),
+        weight_row(DW_UP, "up weights", "W_up", "W_{up}", DU_UP, "U_{up}", 0.0008, _gated),
         Kind(DH_NORM, DH_NORM, b + 0.0009, "b_mlp", "Gradient of the MLP's input",
              lambda c: WHY[DH_NORM].format(paths="both projections, the gate's and the up one" if c.mlp.gated
                                            else "⟦W_1⟧", sum="their sum" if c.mlp.gated else "⟦dU\\,W_1^{\\top}⟧"),

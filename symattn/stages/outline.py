@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
+from .block_backward import ce
 from .ids import K
 from .kinds import Context, Kind, Section, tiled
 from .plan import per_head_blocks
-
-
-def _ce(c) -> bool:
-    """The backward pass starts from the cross-entropy, through the model's head and the MLP."""
-    return c.loss is not None and c.loss.kind == "cross-entropy"
 
 
 def _norm_kind(n) -> str:
@@ -60,22 +56,22 @@ SECTIONS: tuple[Section, ...] = (
             retitle=lambda c: "The logits: every word scored (the logit lens)" if c.logits.lens else None),
     Section("probabilities", "Next-token probabilities", applies=lambda c: c.logits is not None),
     Section("loss", "The cross-entropy loss", applies=lambda c: c.ce is not None),
-    Section("b_loss", "Backward: back through the loss and the softmax", backward=True, applies=_ce),
-    Section("b_logits", "Back through the unembedding", backward=True, applies=_ce),
+    Section("b_loss", "Backward: back through the loss and the softmax", backward=True, applies=ce),
+    Section("b_logits", "Back through the unembedding", backward=True, applies=ce),
     Section("b_final_norm", "Back through the final norm", backward=True,
-            applies=lambda c: _ce(c) and c.logits.norm is not None,
+            applies=lambda c: ce(c) and c.logits.norm is not None,
             retitle=lambda c: "Back through the final norm (" + _norm_kind(c.logits.norm) + ")"),
     Section("b_mlp_residual", "Back through the MLP's residual", backward=True,
-            applies=lambda c: _ce(c) and c.mlp is not None,
+            applies=lambda c: ce(c) and c.mlp is not None,
             retitle=lambda c: ("Back through the norm and the MLP's residual (post-norm, " + _norm_kind(c.mlp.norm) + ")")
             if c.mlp.post else None),
-    Section("b_mlp", "Back through the MLP", backward=True, applies=lambda c: _ce(c) and c.mlp is not None),
+    Section("b_mlp", "Back through the MLP", backward=True, applies=lambda c: ce(c) and c.mlp is not None),
     Section("b_mlp_norm", "Back through the MLP's norm", backward=True,
-            applies=lambda c: _ce(c) and c.mlp is not None and c.mlp.norm is not None and not c.mlp.post,
+            applies=lambda c: ce(c) and c.mlp is not None and c.mlp.norm is not None and not c.mlp.post,
             retitle=lambda c: "Back through the MLP's norm (" + _norm_kind(c.mlp.norm) + ")"),
     Section("b_upstream", "Backward: the upstream gradient", backward=True,
-            applies=lambda c: not (_ce(c) and c.norm is not None and c.norm.post),  # dO = dH, or with it dH
-            retitle=lambda c: "Back through the attention's residual" if _ce(c) else None),
+            applies=lambda c: not (ce(c) and c.norm is not None and c.norm.post),  # dO = dH, or with it dH
+            retitle=lambda c: "Back through the attention's residual" if ce(c) else None),
     Section("b_residual", "Back through the norm and the residual (post-norm)", backward=True,
             applies=lambda c: c.norm is not None and c.norm.post),
     Section("b_projection", "Back through the output projection", backward=True, applies=lambda c: c.multi),
