@@ -106,8 +106,13 @@ class ArbLines:
 
     def __init__(self, m, dps: int) -> None:
         self.dps = dps
+        self.floats = None  # a big matrix of binary floats: its float64 array (see big_floats)
         if isinstance(m, _flint.arb_mat):
             self._source = self._whole = m
+        elif (floats := big_floats(m)) is not None:
+            # read from its floats, each exactly (no fmpq_mat made): products by it are made in
+            # float64 slices (ball_float_product)
+            self.floats, self._source, self._whole = floats, floats, None
         else:
             rational = flint_matrix(_dm(m)) if is_rational(m) else None  # an fmpq_mat under flint
             if rational is not None:
@@ -115,7 +120,7 @@ class ArbLines:
             else:
                 with arb_precision(dps):  # read at dps digits, not flint's 53-bit default
                     self._source = self._whole = arb_matrix(m, dps)
-        self._shape = (self._source.nrows(), self._source.ncols())
+        self._shape = self.floats.shape if self.floats is not None else (self._source.nrows(), self._source.ncols())
         self._row_of: dict[int, object] = {}
         self._col_of: dict[int, object] = {}
 
@@ -130,7 +135,11 @@ class ArbLines:
         if got is None:
             m = self._source
             with arb_precision(self.dps):
-                got = self._row_of[i] = _flint.arb_mat([[m[i, k] for k in range(self._shape[1])]])
+                if self.floats is not None:  # a float is a dyadic rational: read exactly
+                    got = _flint.arb_mat([m[i].tolist()])
+                else:
+                    got = _flint.arb_mat([[m[i, k] for k in range(self._shape[1])]])
+                self._row_of[i] = got
         return got
 
     def col(self, j: int):
@@ -138,13 +147,20 @@ class ArbLines:
         if got is None:
             m = self._source
             with arb_precision(self.dps):
-                got = self._col_of[j] = _flint.arb_mat([[m[k, j]] for k in range(self._shape[0])])
+                if self.floats is not None:
+                    got = _flint.arb_mat([[x] for x in m[:, j].tolist()])
+                else:
+                    got = _flint.arb_mat([[m[k, j]] for k in range(self._shape[0])])
+                self._col_of[j] = got
         return got
 
     def whole(self):
         if self._whole is None:
             with arb_precision(self.dps):
-                self._whole = _flint.arb_mat(self._source)
+                if self.floats is not None:
+                    self._whole = _flint.arb_mat(self.floats.tolist())
+                else:
+                    self._whole = _flint.arb_mat(self._source)
         return self._whole
 
 
@@ -155,6 +171,8 @@ class ArbTransposed:
     def __init__(self, m) -> None:
         self.m = m
         self._whole = None
+        floats = getattr(m, "floats", None)
+        self.floats = None if floats is None else floats.T
 
     def nrows(self) -> int:
         return self.m.ncols()
@@ -211,21 +229,42 @@ class ArbProducts:
         got = self._row_of.get(i)
         if got is None:
             with arb_precision(self.dps):
-                got = self._row_of[i] = _arb_sum(a.row(i) * b.whole() for a, b in self.parts)
+                got = self._row_of[i] = _arb_sum(_times(a.row(i), b) for a, b in self.parts)
         return got
 
     def col(self, j: int):
         got = self._col_of.get(j)
         if got is None:
             with arb_precision(self.dps):
-                got = self._col_of[j] = _arb_sum(a.whole() * b.col(j) for a, b in self.parts)
+                got = self._col_of[j] = _arb_sum(_times_by(a, b.col(j)) for a, b in self.parts)
         return got
 
     def whole(self):
         if self._whole is None:
             with arb_precision(self.dps):
-                self._whole = _arb_sum(a.whole() * b.whole() for a, b in self.parts)
+                self._whole = _arb_sum(_times(a.whole(), b) if getattr(b, "floats", None) is not None
+                                       else _times_by(a, b.whole()) for a, b in self.parts)
         return self._whole
+
+
+def _times(a, b):
+    """The arb_mat ``a`` times the lazy matrix ``b`` (its floats in float64 slices when it has them)."""
+    floats = getattr(b, "floats", None)
+    if floats is not None:
+        got = ball_float_product(a, floats)
+        if got is not None:
+            return got
+    return a * b.whole()
+
+
+def _times_by(a, b):
+    """The lazy matrix ``a`` times the arb_mat ``b`` (``(bᵀ·aᵀ)ᵀ`` in float64 slices when ``a`` has floats)."""
+    floats = getattr(a, "floats", None)
+    if floats is not None:
+        got = ball_float_product(b.transpose(), floats.T)
+        if got is not None:
+            return got.transpose()
+    return a.whole() * b
 
 
 def _arb_sum(terms):
@@ -324,6 +363,73 @@ def mp_matmul(a, b, dps: int) -> list[list[mpmath.mpf]]:
 
 
 _MAX_BITS = 4000  # the widest integers float_product makes of a row of mpmath numbers
+
+
+def big_floats(m) -> "numpy.ndarray | None":
+    """The float64 array of a matrix read from binary floats with at least
+    :data:`~symattn.numbers.dyadic.DEFER_FROM` entries (a model's unembedding, its MLP's weights),
+    whose products :class:`ArbProducts` makes in float64 slices; None for any other matrix."""
+    from ..numbers import dyadic
+
+    floats = exact_floats(m) if not isinstance(m, list) else None
+    return floats if floats is not None and floats.size >= dyadic.DEFER_FROM else None
+
+
+def ball_float_product(a, b) -> "_flint.arb_mat | None":
+    """The ball product of an arb_mat ``a`` (n × k) and a float64 array ``b`` (k × m) of finite floats,
+    at flint's working precision, without reading ``b`` into arb: None when either has numbers it
+    cannot take (not finite, a radius beyond float64's range, too wide a range of sizes).
+
+    The midpoints' product is exact (:func:`~symattn.numbers.dyadic.integer_product`), each entry then
+    rounded once to the working precision, the rounding added to its radius. The radii's part,
+    Σ_k rad(a_ik)·|b_kj|, is a float64 product rounded up: a classical sum of k products of
+    nonnegative floats is within a factor 1 + k·u of the exact one (u = 2⁻⁵³), so the float64 product
+    times 1 + (2k + 8)·u, plus k of the smallest subnormal for underflow, bounds it from above."""
+    import numpy as np
+
+    n, k = a.nrows(), a.ncols()
+    if k != b.shape[0]:
+        raise ValueError(f"a {n}×{k} ball matrix times a {b.shape[0]}×{b.shape[1]} array")
+    mans, exps, rads = [], [], np.zeros((n, k), dtype=np.float64)
+    for i in range(n):
+        row_m, row_e = [], []
+        for j in range(k):
+            x = a[i, j]
+            if not x.is_finite():
+                return None
+            man, exp = x.mid().man_exp()
+            row_m.append(int(man))
+            row_e.append(int(exp))
+            r = x.rad()
+            if r != 0:
+                value = float(r)
+                if not (0 < value < math.inf):
+                    return None  # a radius below or beyond float64's range
+                rads[i, j] = math.nextafter(value, math.inf)
+        mans.append(row_m)
+        exps.append(row_e)
+    nonzero = [e for row_m, row_e in zip(mans, exps) for m_, e in zip(row_m, row_e) if m_]
+    shift = min(nonzero, default=0)
+    if nonzero and max(e + abs(m_).bit_length() for row_m, row_e in zip(mans, exps)
+                       for m_, e in zip(row_m, row_e) if m_) - shift > _MAX_BITS:
+        return None
+    ints = [[m_ << (e - shift) if m_ else 0 for m_, e in zip(row_m, row_e)] for row_m, row_e in zip(mans, exps)]
+    got = integer_product(ints, b)
+    if got is None:
+        return None
+    rows, power = got
+    exp = _flint.fmpz(shift - power)
+    spread = rads @ np.abs(b)
+    if not np.isfinite(spread).all():
+        return None
+    spread = spread * (1 + (2 * k + 8) * 2.0**-53) + k * 5e-324
+    out = _flint.arb_mat(n, b.shape[1])
+    for i, row in enumerate(rows):
+        radii = spread[i].tolist()
+        for j, x in enumerate(row):
+            # +: rounded to the working precision, the rounding's error added to the radius
+            out[i, j] = +_flint.arb(_flint.arf((_flint.fmpz(x), exp)), radii[j])
+    return out
 
 
 def float_product(a, b, dps: int) -> "list[list[mpmath.mpf]] | None":
