@@ -94,7 +94,8 @@ def test_each_activations_slope_against_mpmaths_derivative(name):
 @pytest.mark.parametrize("block", sorted(BLOCKS))
 def test_every_gradient_exact_balls_and_autograd_agree(tmp_path, block):
     pytest.importorskip("torch")
-    from symattn.reference.numeric_backward import numeric_gradients, torch_gradients
+    from symattn.reference.numeric_backward import numeric_gradients
+    from symattn.reference.torch_backward import torch_gradients
 
     d = _derive(tmp_path, BLOCKS[block] + CE)
     p = d.problem

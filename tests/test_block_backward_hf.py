@@ -12,9 +12,10 @@ rounded once) must equal them at 1e-12 of the largest entry:
   X_pos = X + PE), ``ln_1``, ``c_attn`` (each head's dW_Q, dW_K, dW_V and their biases, in its
   columns), ``attn.c_proj`` (dW_O, db_O), ``ln_2``, ``mlp.c_fc`` and ``mlp.c_proj`` (dW_1, db_1, dW_2,
   db_2) and ``ln_f``;
-- LLaMA (RMSNorm, RoPE, SwiGLU, an untied lm_head; as many K/V heads as heads):
-  ``embed_tokens``, each head's rows of ``q_proj``, ``k_proj``, ``v_proj``, ``o_proj``, the gate,
-  up and down projections, the three norms' weights and ``lm_head``;
+- LLaMA (RMSNorm, RoPE, SwiGLU, an untied lm_head; 4 heads with 4, 2 or 1 K/V heads):
+  ``embed_tokens``, each head's rows of ``q_proj``, each K/V group's rows of ``k_proj`` and
+  ``v_proj`` (the sum of its heads' shares, as ``repeat_kv`` makes autograd add them), ``o_proj``,
+  the gate, up and down projections, the three norms' weights and ``lm_head``;
 - BERT (post-norm, GELU): layer 0 called on the word embeddings' rows, its output times a given
   W_U and the cross-entropy: every weight of the layer and the input's gradient.
 """
@@ -103,12 +104,12 @@ def test_gpt2_gradients_match_transformers_autograd(tmp_path):
     assert symattn.crosscheck(d, torch=True).passed
 
 
-def test_llama_gradients_match_transformers_autograd(tmp_path):
+@pytest.mark.parametrize("kv_heads", [4, 2, 1], ids=["mha", "gqa", "mqa"])
+def test_llama_gradients_match_transformers_autograd(tmp_path, kv_heads):
     from test_norm import _float64_rms
     from test_problem_configs import _float64_rope
 
-    # as many K/V heads as heads: grouped heads have no backward pass yet
-    fields = dict(LLAMA, num_key_value_heads=LLAMA["num_attention_heads"])
+    fields = dict(LLAMA, num_key_value_heads=kv_heads)
     model = _build(tmp_path, "LlamaForCausalLM", "LlamaConfig", num_hidden_layers=1, tie_word_embeddings=False,
                    **fields)
     _float64_rope(model)  # transformers' float32 steps (RoPE's angles, RMSNorm's cast) in float64
@@ -126,9 +127,12 @@ def test_llama_gradients_match_transformers_autograd(tmp_path):
         _close(g[name + ".weight"][None], d.approx(stage), stage)
     heads, width = 4, 8 // 4
     attn = "model.layers.0.self_attn."
-    for proj, stage in (("q_proj", "dW_Q"), ("k_proj", "dW_K"), ("v_proj", "dW_V")):
-        for h, block in enumerate(_heads(g[attn + proj + ".weight"].T, heads, width)):
-            _close(block, d.approx(f"head{h + 1}.{stage}"), f"{proj} head {h + 1}")
+    for h, block in enumerate(_heads(g[attn + "q_proj.weight"].T, heads, width)):
+        _close(block, d.approx(f"head{h + 1}.dW_Q"), f"q_proj head {h + 1}")
+    for proj, stage in (("k_proj", "dW_K"), ("v_proj", "dW_V")):  # K/V head k's ids: its group's first head's
+        for k, block in enumerate(_heads(g[attn + proj + ".weight"].T, kv_heads, width)):
+            _close(block, d.approx(f"head{k * (heads // kv_heads) + 1}.{stage}"), f"{proj} K/V head {k + 1}")
+    assert not any(f"head{h}.dW_K" in d.ids for h in range(1, heads + 1) if (h - 1) % (heads // kv_heads))
     _close(g[attn + "o_proj.weight"].T, d.approx("dW_O"), "o_proj")
     mlp = "model.layers.0.mlp."
     for proj, stage in (("gate_proj", "dW_gate"), ("up_proj", "dW_up"), ("down_proj", "dW_down")):

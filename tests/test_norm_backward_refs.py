@@ -23,13 +23,12 @@ from symattn.problem.model import SUM_LOSS, Backward
 from symattn.reference import fd_bound
 from symattn.reference.numeric import numeric_stages
 from symattn.reference.numeric_backward import (
-    _stage_ids,
-    _torch_backward,
     finite_difference_gradients,
+    gradient_ids as _stage_ids,
     loss_matrix,
     numeric_gradients,
-    torch_gradients,
 )
+from symattn.reference.torch_backward import _torch_backward, torch_gradients
 from _reference import FLOAT64_UNIT_ROUNDOFF, attention_loss_rounding
 from test_reference_numeric_backward import finite_differences_with_bounds
 

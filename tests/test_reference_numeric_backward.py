@@ -17,13 +17,8 @@ import sympy
 
 from symattn import load_problem
 from symattn.reference.numeric import numeric_stages
-from symattn.reference.numeric_backward import (
-    _torch_backward,
-    finite_difference_gradients,
-    loss_matrix,
-    numeric_gradients,
-    torch_gradients,
-)
+from symattn.reference.numeric_backward import finite_difference_gradients, loss_matrix, numeric_gradients
+from symattn.reference.torch_backward import _torch_backward, torch_gradients
 from symattn.problem.model import SUM_LOSS, Backward
 from _reference import (
     FLOAT64_UNIT_ROUNDOFF, attention_loss_rounding, backward_supported, central_difference_bound, has_norm,

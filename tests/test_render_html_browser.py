@@ -126,14 +126,16 @@ def test_traces_are_the_inputs_of_each_entry(name):
             (inp, how), *stats = traces
             assert how == "row" and all(h == "row" for _, h in stats), step.id
             checked += 1
-        elif len(traces) == 2 and all(how in ("row", "col", "row_j", "col_i") for _, how in traces):
-            (a, how_a), (b, how_b) = traces
-            left, right = d.approx(a), d.approx(b)
+        elif traces and len(traces) % 2 == 0 and all(how in ("row", "col", "row_j", "col_i") for _, how in traces):
+            # a product, or a K/V group's sum of products (one pair per head that reads it)
             rows, cols = value.shape
-            made = numpy.array([[_vector(left, how_a, i, j) @ _vector(right, how_b, i, j) for j in range(cols)]
-                                for i in range(rows)])
+            made = numpy.zeros(value.shape)
+            for (a, how_a), (b, how_b) in zip(traces[::2], traces[1::2]):
+                left, right = d.approx(a), d.approx(b)
+                made += numpy.array([[_vector(left, how_a, i, j) @ _vector(right, how_b, i, j) for j in range(cols)]
+                                     for i in range(rows)])
             assert numpy.allclose(made, value, rtol=1e-9, atol=1e-12), (
-                f"{step.id} is not {how_a} of {a} · {how_b} of {b}")
+                f"{step.id} is not the sum of the products of {traces}")
             checked += 1
     assert checked >= 3
 

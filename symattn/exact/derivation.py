@@ -471,9 +471,6 @@ def derive(problem: Problem, *, on_step=None, cls: type[Derivation] = Derivation
     >>> derive(p).step("A").exact
     Matrix([[1/(exp(-1) + 1), exp(-1)/(exp(-1) + 1)]])
     """
-    if problem.kv_heads and problem.backward is not None:
-        raise SymattnError("the backward pass of grouped-query attention (kv_heads) is not supported yet",
-                           file=problem.source, field="backward")
     if getattr(problem, "embeddings_norm", None) is not None and problem.backward is not None:
         raise SymattnError(NO_EMBEDDINGS_BACKWARD, file=problem.source, field="backward")
     refusal = problem.backward is not None and block_backward_refusal(problem.backward, problem.mlp, problem.logits,

@@ -135,7 +135,7 @@ def block_gradients(p: Problem, fwd: dict, out: dict) -> np.ndarray:
 
 def torch_block_loss(graph, p: Problem, H):
     """The MLP, the head and the mean cross-entropy from the residual stream ``H`` in a torch
-    ``graph`` (see numeric_backward._TorchGraph: ``leaf``, ``keep``, ``torch``, ``fused``): the
+    ``graph`` (see torch_backward._TorchGraph: ``leaf``, ``keep``, ``torch``, ``fused``): the
     weights as leaves under their gradients' ids, the intermediates kept. Returns the loss."""
     from .pytorch import TORCH_ACTIVATIONS
 

@@ -136,7 +136,7 @@ def _crosscheck(derivation: Derivation, tolerance: float, torch: bool) -> CrossC
 
     torch_reference = torch_stages(p)
     if p.backward is not None:
-        from .numeric_backward import torch_gradients
+        from .torch_backward import torch_gradients
 
         torch_reference.update(torch_gradients(p))
     torch_check = compare(derivation, torch_reference, tolerance,

@@ -6,7 +6,8 @@ exact code path: each starts again from the problem's input matrices.
 - :func:`numeric_gradients`: the chain rule by hand in NumPy, stage by stage;
 - :func:`finite_difference_gradients`: central differences of a NumPy forward
   pass and the loss, taken "from each stage on";
-- :func:`torch_gradients`: PyTorch autograd through ``scaled_dot_product_attention``.
+- :func:`symattn.reference.torch_backward.torch_gradients`: PyTorch autograd through
+  ``scaled_dot_product_attention``.
 
 All three return the same stage ids (``pre`` is ``headN.`` with ``heads``), in the order of
 the registry (:func:`symattn.stages.plan`): with a residual stream (``residual:``, or a post
@@ -19,7 +20,9 @@ queries and keys the scores read), ``pre+dQ``, ``pre+dK`` and, with X and weight
 ``pre+dW_Q``, ``pre+dW_K``, ``pre+dW_V`` (and ``pre+db_Q``, ``pre+db_K``,
 ``pre+db_V`` for the biases the problem has; ``db_O`` with ``b_O``); then with a pre norm
 ``dX_norm`` (the projections' input), ``dX_hat``, ``dnorm_gamma`` and ``dnorm_beta``; then
-``dX`` and, for cross-attention, ``dcontext``. The norm's and the residual's gradients are
+``dX`` and, for cross-attention, ``dcontext``. With K/V groups (``kv_heads``) a group's ``dV``,
+``dK`` (``dK_rot``), ``dW_K``, ``dW_V``, ``db_K`` and ``db_V`` are under its first head's prefix
+and sum the shares of every head of the group. The norm's and the residual's gradients are
 :mod:`symattn.reference.norm_backward`'s.
 
 With a residual stream the loss is on H (``H = X + O``, or ``LN(X + O)`` behind a post norm)
@@ -39,23 +42,20 @@ import numpy as np
 
 from .. import stages as st
 
-from .block_backward import block_gradients, from_cross_entropy, torch_block_loss
-from .norm_backward import (
-    fd_norm_output, fd_top, input_gradients, norm_f64, pre_norm, stream_f64, top_gradients, torch_norm_graph,
-    torch_stream,
-)
-from .numeric import numeric_stages, positions_f64, rope_matrices, rope_rotate, scale_factor, to_float64
+from .block_backward import block_gradients, from_cross_entropy
+from .norm_backward import fd_norm_output, fd_top, input_gradients, norm_f64, pre_norm, stream_f64, top_gradients
+from .numeric import numeric_stages, rope_matrices, rope_rotate, scale_factor, to_float64
 from ..problem.model import Problem
 
 
-def _prefixes(p: Problem) -> list:
+def head_prefixes(p: Problem) -> list:
     """For each head, the function that names its stages (``head1.dQ``, ... with heads, else ``dQ``)."""
     if not p.multi_head:
         return [st.stage_id]
     return [functools.partial(st.stage_id, head=h) for h in range(1, len(p.heads) + 1)]
 
 
-def _stage_ids(p: Problem) -> list[str]:
+def gradient_ids(p: Problem) -> list[str]:
     """The gradient stage ids of a problem, in the order of the backward pass, head by head; the
     norm's and the residual's inserted where the registry does not have them (yet)."""
     planned = [x for x in st.plan(p) if x.kind.gradient]
@@ -66,8 +66,8 @@ def _stage_ids(p: Problem) -> list[str]:
 
 
 def _in_order(p: Problem, grads: dict[str, np.ndarray], who: str) -> dict[str, np.ndarray]:
-    """``grads`` in the order of :func:`_stage_ids`, which must hold the same ids."""
-    ids = _stage_ids(p)
+    """``grads`` in the order of :func:`gradient_ids`, which must hold the same ids."""
+    ids = gradient_ids(p)
     if set(ids) != set(grads):
         raise AssertionError(f"{who}: the gradients {sorted(set(grads) - set(ids))} are not planned, "
                              f"{sorted(set(ids) - set(grads))} planned but not computed")
@@ -98,7 +98,7 @@ def loss_matrix(p: Problem) -> np.ndarray | None:
     return to_float64(p.backward.matrix, p.substitutions or None)
 
 
-def _loss(kind: str, G, O):
+def loss_of(kind: str, G, O):
     """The loss L(O) of a backward section (L(H) with a residual stream: called with H); works on
     NumPy arrays and torch tensors alike.
 
@@ -144,14 +144,14 @@ def numeric_gradients(p: Problem) -> dict[str, np.ndarray]:
     dO, d_block = top_gradients(p, fwd, d_top, out)             # dH (dR_hat, dγ, dβ, dR) with the residual
     out[st.DO] = dO                                              # (n_q, d_out)
 
-    prefixes = _prefixes(p)
+    prefixes = head_prefixes(p)
     if p.multi_head:
         W_O = fwd[st.W_O]
         out[st.DW_O] = fwd[st.CONCAT].T @ dO                      # (h·d_v, n_q) @ (n_q, d_out)
         if p.b_O is not None:
             out[st.DB_O] = dO.sum(axis=0, keepdims=True)         # b_O is on every row: the column sums
         dconcat = out[st.DCONCAT] = dO @ W_O.T                   # (n_q, d_out) @ (d_out, h·d_v)
-        widths = [fwd[pre(st.V)].shape[1] for pre in prefixes]
+        widths = [weights.d_v for weights in p.heads]
         blocks = np.split(dconcat, np.cumsum(widths)[:-1], axis=1)
     else:
         blocks = [dO]
@@ -161,14 +161,24 @@ def numeric_gradients(p: Problem) -> dict[str, np.ndarray]:
         C = fwd.get(st.CONTEXT, X)
         dX = np.zeros_like(X)
         dC = np.zeros_like(C)                                   # the keys' and values' path
-    for pre, dO_h in zip(prefixes, blocks):
+    groups: dict[int, list] = {}                                 # K/V group's first head -> its [dK, dV] sums
+    for h, (pre, dO_h) in enumerate(zip(prefixes, blocks), 1):
         if p.multi_head:
             out[pre(st.DO)] = dO_h                              # (n_q, d_v): this head's columns
-        dQ, dK, dV = _head_gradients(p, fwd, out, pre, dO_h)
+        kv = prefixes[p.kv_leader(h) - 1]                       # whose ids hold the K and V this head reads
+        dQ, dK, dV = _head_gradients(p, fwd, out, (pre, kv), dO_h)
+        if p.kv_heads:                                          # a group's keys and values: every head's share
+            sums = groups.setdefault(p.kv_leader(h), [0.0, 0.0])
+            sums[0], sums[1] = sums[0] + dK, sums[1] + dV
         if p.projected:
-            paths = _projection_gradients(p, fwd, out, pre, (X, C), (dQ, dK, dV))
-            dX += paths[0]
-            dC += paths[1]
+            dX += _query_gradients(p, fwd, out, pre, X, dQ)
+            if not p.kv_heads:
+                dC += _kv_gradients(p, fwd, out, pre, C, dK, dV)
+    for leader, (dK, dV) in groups.items():
+        kv = prefixes[leader - 1]
+        _group_gradients(p, fwd, out, kv, dK, dV)
+        if p.projected:
+            dC += _kv_gradients(p, fwd, out, kv, C, out[kv(st.DK)], out[kv(st.DV)])
     if p.projected:
         if p.context is None:                                    # X gives queries, keys and values
             dX = dX + dC
@@ -183,38 +193,63 @@ def _projection_input(fwd: dict) -> np.ndarray:
     return fwd.get(st.X_NORM, fwd.get(st.X_POS, fwd[st.X]))
 
 
-def _head_gradients(p: Problem, fwd: dict, out: dict, pre, dO_h: np.ndarray) -> tuple:
-    """One head's dV, dA, dS_masked, dS (dQ_rot, dK_rot) and dQ, dK from its dO; returns dQ, dK, dV."""
-    Q, K, V, A = (fwd[pre(name)] for name in (st.Q, st.K, st.V, st.A))
-    dV = out[pre(st.DV)] = A.T @ dO_h                           # (n_k, n_q) @ (n_q, d_v)
+def _head_gradients(p: Problem, fwd: dict, out: dict, prefixes: tuple, dO_h: np.ndarray) -> tuple:
+    """One head's dV, dA, dS_masked, dS (dQ_rot, dK_rot) and dQ, dK from its dO; returns dQ, dK, dV.
+
+    ``prefixes`` are the head's own and its K/V group's (the same without groups). A group's dK,
+    dK_rot and dV are the sums of its heads' (:func:`_group_gradients`): they are kept here only
+    without groups."""
+    pre, kv = prefixes
+    Q, A = fwd[pre(st.Q)], fwd[pre(st.A)]
+    K, V = fwd[kv(st.K)], fwd[kv(st.V)]
+    dV = A.T @ dO_h                                             # (n_k, n_q) @ (n_q, d_v)
     dA = out[pre(st.DA)] = dO_h @ V.T                           # (n_q, d_v) @ (d_v, n_k)
     # Softmax backward, row by row: a ∘ (da − da·a); A is exactly 0 where masked.
     dZ = out[pre(st.DS_MASKED)] = A * (dA - (dA * A).sum(axis=1, keepdims=True))
     dS = out[pre(st.DS)] = scale_factor(p, Q.shape[1]) * dZ     # Ŝ = scale·S + M
     if p.rope is None:
         dQ = out[pre(st.DQ)] = dS @ K                           # (n_q, n_k) @ (n_k, d_k)
-        dK = out[pre(st.DK)] = dS.T @ Q                         # (n_k, n_q) @ (n_q, d_k)
+        dK = dS.T @ Q                                           # (n_k, n_q) @ (n_q, d_k)
     else:                                                       # S = Q_rot·K_rotᵀ, q_rot_p = R_p·q_p
-        dQ_rot = out[pre(st.DQ_ROT)] = dS @ fwd[pre(st.K_ROT)]
-        dK_rot = out[pre(st.DK_ROT)] = dS.T @ fwd[pre(st.Q_ROT)]
+        dQ_rot = out[pre(st.DQ_ROT)] = dS @ fwd[kv(st.K_ROT)]
+        dK = dS.T @ fwd[pre(st.Q_ROT)]                          # dK_rot: turned back in _group_gradients
         R = rope_matrices(p.rope, Q.shape[0], Q.shape[1])       # (n, d_k, d_k)
         dQ = out[pre(st.DQ)] = np.einsum("pji,pj->pi", R, dQ_rot)  # dq_p = R_pᵀ·dq_rot_p
-        dK = out[pre(st.DK)] = np.einsum("pji,pj->pi", R, dK_rot)
+    if not p.kv_heads:
+        dK, dV = _group_gradients(p, fwd, out, pre, dK, dV)
     return dQ, dK, dV
 
 
-def _projection_gradients(p: Problem, fwd: dict, out: dict, pre, inputs: tuple, grads: tuple) -> tuple:
-    """One head's dW_Q, dW_K, dW_V (and its biases') from dQ, dK, dV and the projections'
-    inputs (X, C); returns the gradients of X (the queries' path) and of C (the keys' and values')."""
-    (X, C), (dQ, dK, dV) = inputs, grads
-    W_Q, W_K, W_V = (fwd[pre(name)] for name in (st.W_Q, st.W_K, st.W_V))
+def _group_gradients(p: Problem, fwd: dict, out: dict, kv, dK: np.ndarray, dV: np.ndarray) -> tuple:
+    """A K/V group's dV and dK (under RoPE dK_rot, then each row turned back) from the sums of its
+    heads' shares: Σ Aᵀ·dO and Σ dSᵀ·Q (Σ dSᵀ·Q_rot); returns dK, dV."""
+    out[kv(st.DV)] = dV
+    if p.rope is not None:
+        out[kv(st.DK_ROT)] = dK
+        R = rope_matrices(p.rope, dK.shape[0], dK.shape[1])
+        dK = np.einsum("pji,pj->pi", R, dK)                     # dk_p = R_pᵀ·dk_rot_p
+    out[kv(st.DK)] = dK
+    return dK, dV
+
+
+def _query_gradients(p: Problem, fwd: dict, out: dict, pre, X: np.ndarray, dQ: np.ndarray) -> np.ndarray:
+    """One head's dW_Q (and db_Q) from dQ and what the queries are made from; returns the gradient
+    of X along the queries' path."""
     out[pre(st.DW_Q)] = X.T @ dQ                                # (d_model, n_q) @ (n_q, d_k)
-    out[pre(st.DW_K)] = C.T @ dK                                # (d_model, n_k) @ (n_k, d_k)
-    out[pre(st.DW_V)] = C.T @ dV                                # (d_model, n_k) @ (n_k, d_v)
-    for name, grad in ((st.DB_Q, dQ), (st.DB_K, dK), (st.DB_V, dV)):
-        if _has_bias(p, name):                                  # a bias is on every row: the column sums
-            out[pre(name)] = grad.sum(axis=0, keepdims=True)
-    return dQ @ W_Q.T, dK @ W_K.T + dV @ W_V.T                  # (n_q, d_k) @ (d_k, d_model), ...
+    if _has_bias(p, st.DB_Q):                                   # a bias is on every row: the column sums
+        out[pre(st.DB_Q)] = dQ.sum(axis=0, keepdims=True)
+    return dQ @ fwd[pre(st.W_Q)].T                              # (n_q, d_k) @ (d_k, d_model)
+
+
+def _kv_gradients(p: Problem, fwd: dict, out: dict, kv, C: np.ndarray, dK: np.ndarray, dV: np.ndarray) -> np.ndarray:
+    """A head's (a K/V group's) dW_K, dW_V (and db_K, db_V) from dK, dV and what the keys and values
+    are made from; returns the gradient of C along their paths."""
+    out[kv(st.DW_K)] = C.T @ dK                                 # (d_model, n_k) @ (n_k, d_k)
+    out[kv(st.DW_V)] = C.T @ dV                                 # (d_model, n_k) @ (n_k, d_v)
+    for name, grad in ((st.DB_K, dK), (st.DB_V, dV)):
+        if _has_bias(p, name):
+            out[kv(name)] = grad.sum(axis=0, keepdims=True)
+    return dK @ fwd[kv(st.W_K)].T + dV @ fwd[kv(st.W_V)].T      # (n_k, d_k) @ (d_k, d_model), ...
 
 
 # -- finite differences ----------------------------------------------------------
@@ -259,13 +294,17 @@ def finite_difference_gradients(p: Problem, eps: float = 1e-6) -> dict[str, np.n
         raise ValueError("finite differences are not taken back from the cross-entropy through the MLP and the "
                          "head: compare with numeric_gradients or torch_gradients")
     fwd = numeric_stages(p)
-    prefixes = _prefixes(p)
+    prefixes = head_prefixes(p)
     block = fwd.get(st.X_POS, fwd.get(st.X))                   # the residual's B: X, or X + PE
     onward = _FromEachStage(p, eps, loss_matrix(p), fwd, prefixes, fwd[prefixes[0](st.M)], block)  # M: every head's
     out: dict[str, np.ndarray] = {}
     onward.output_layer(out)
     for h, pre in enumerate(prefixes):
         onward.head(out, h, pre)
+    if p.kv_heads:                                              # a K/V group's, through all its heads
+        size = len(p.heads) // p.kv_heads
+        for first in range(0, len(p.heads), size):
+            onward.group(out, list(range(first, first + size)))
     if p.projected:
         onward.inputs(out)
     return _in_order(p, out, "finite_difference_gradients")
@@ -288,7 +327,7 @@ class _FromEachStage:
         return _central(f, x, self.eps, skip)
 
     def loss_top(self, Y: np.ndarray) -> float:                 # L(H) with a residual stream, else L(O)
-        return _loss(self.p.backward.kind, self.G, Y)
+        return loss_of(self.p.backward.kind, self.G, Y)
 
     def loss(self, O: np.ndarray) -> float:                     # L(O), O the layer's output
         if self.p.residual:                                     # H = B + O, or LN(B + O): B held
@@ -328,7 +367,7 @@ class _FromEachStage:
         fwd = self.fwd
         W_O, concat = fwd[st.W_O], fwd[st.CONCAT]
         b_O = fwd.get(st.B_O, 0.0)
-        end = np.cumsum([fwd[pre(st.V)].shape[1] for pre in self.prefixes])[h]
+        end = np.cumsum([weights.d_v for weights in self.p.heads])[h]
 
         def L_O(O_h):
             c = concat.copy()
@@ -336,10 +375,60 @@ class _FromEachStage:
             return self.loss(c @ W_O + b_O)
         return L_O
 
+    def kv(self, h: int):
+        """The ids of the keys and values head h (0-based) reads: its K/V group's first head's."""
+        return self.prefixes[self.p.kv_leader(h + 1) - 1]
+
+    def group_loss(self, heads: list[int]) -> Callable[[list], float]:
+        """L(O_h for h in heads): the loss as a function of those heads' (0-based) outputs, each in its
+        columns of concat (the other heads' held)."""
+        fwd = self.fwd
+        W_O, concat = fwd[st.W_O], fwd[st.CONCAT]
+        b_O = fwd.get(st.B_O, 0.0)
+        ends = np.cumsum([weights.d_v for weights in self.p.heads])
+
+        def L(outputs):
+            c = concat.copy()
+            for h, O_h in zip(heads, outputs):
+                c[:, ends[h] - O_h.shape[1]:ends[h]] = O_h
+            return self.loss(c @ W_O + b_O)
+        return L
+
+    def group(self, out: dict, heads: list[int]) -> None:
+        """A K/V group's dV, dK (dK_rot) and its weights' (dW_K, dW_V, db_K, db_V): the loss through every
+        head of the group (0-based ``heads``), the keys or values perturbed once for them all."""
+        p, fwd, central, rot, attend = self.p, self.fwd, self.central, self.rot, self.attend_rotated
+        kv = self.prefixes[heads[0]]
+        L = self.group_loss(heads)
+        queries = [rot(fwd[self.prefixes[h](st.Q)]) for h in heads]   # held, as the scores read them
+        K, V = fwd[kv(st.K)], fwd[kv(st.V)]
+        K_rot = rot(K)
+
+        def through(K_rot_, V_):
+            return L([attend(Q_rot, K_rot_, V_) for Q_rot in queries])
+
+        out[kv(st.DV)] = central(lambda V_: through(K_rot, V_), V)
+        if p.rope is not None:
+            out[kv(st.DK_ROT)] = central(lambda K_: through(K_, V), K_rot)
+        out[kv(st.DK)] = central(lambda K_: through(rot(K_), V), K)
+        if not p.projected:
+            return
+        C = fwd.get(st.CONTEXT, _projection_input(fwd))
+        _, bk, bv = _biases(p, p.heads[heads[0]])
+        W_K, W_V = fwd[kv(st.W_K)], fwd[kv(st.W_V)]
+        out[kv(st.DW_K)] = central(lambda W: through(rot(C @ W + bk), V), W_K)
+        out[kv(st.DW_V)] = central(lambda W: through(K_rot, C @ W + bv), W_V)
+        if _has_bias(p, st.DB_K):
+            out[kv(st.DB_K)] = central(lambda b: through(rot(C @ W_K + b), V), bk)
+        if _has_bias(p, st.DB_V):
+            out[kv(st.DB_V)] = central(lambda b: through(K_rot, C @ W_V + b), bv)
+
     def head(self, out: dict, h: int, pre) -> None:
-        """Head h's (0-based) gradients: dO_h with heads, dV, dA, dŜ, dS, dQ, dK, and its weights'."""
+        """Head h's (0-based) gradients: dO_h with heads, dA, dŜ, dS, dQ, and its weights'; without K/V
+        groups also dV, dK (dK_rot) and its key and value weights' (with groups, :meth:`group`)."""
         fwd, central = self.fwd, self.central
-        Q, K, V = fwd[pre(st.Q)], fwd[pre(st.K)], fwd[pre(st.V)]
+        grouped = bool(self.p.kv_heads)
+        Q, K, V = fwd[pre(st.Q)], fwd[self.kv(h)(st.K)], fwd[self.kv(h)(st.V)]
         factor = scale_factor(self.p, Q.shape[1])
         masked = np.isneginf(self.M)                            # from the mask or a −∞ bias
         L_O = self.head_output_loss(h)
@@ -357,30 +446,36 @@ class _FromEachStage:
             out[pre(st.DO)] = central(L_O, fwd[pre(st.O)])
         rotated, rot = self.attend_rotated, self.rot
         Q_rot, K_rot = rot(Q), rot(K)                           # held: only what a loss perturbs is turned
-        out[pre(st.DV)] = central(lambda V_: L_O(rotated(Q_rot, K_rot, V_)), V)
+        if not grouped:
+            out[pre(st.DV)] = central(lambda V_: L_O(rotated(Q_rot, K_rot, V_)), V)
         out[pre(st.DA)] = central(L_A, fwd[pre(st.A)])
         out[pre(st.DS_MASKED)] = central(L_Shat, fwd[pre(st.S_MASKED)], skip=masked)
         out[pre(st.DS)] = central(L_S, fwd[pre(st.S)], skip=masked)
         if self.p.rope is not None:                             # L(Q_rot), L(K_rot)
             out[pre(st.DQ_ROT)] = central(lambda Q_: L_O(rotated(Q_, K_rot, V)), Q_rot)
-            out[pre(st.DK_ROT)] = central(lambda K_: L_O(rotated(Q_rot, K_, V)), K_rot)
+            if not grouped:
+                out[pre(st.DK_ROT)] = central(lambda K_: L_O(rotated(Q_rot, K_, V)), K_rot)
         out[pre(st.DQ)] = central(lambda Q_: L_O(rotated(rot(Q_), K_rot, V)), Q)
-        out[pre(st.DK)] = central(lambda K_: L_O(rotated(Q_rot, rot(K_), V)), K)
+        if not grouped:
+            out[pre(st.DK)] = central(lambda K_: L_O(rotated(Q_rot, rot(K_), V)), K)
         if self.p.projected:
             self.projections(out, h, pre, L_O)
 
     def projections(self, out: dict, h: int, pre, L_O: Callable[[np.ndarray], float]) -> None:
         """Head h's (0-based) dW_Q, dW_K, dW_V and the gradients of the biases it has."""
         p, fwd, attend, central, rot = self.p, self.fwd, self.attend_rotated, self.central, self.rot
-        Q, K, V = rot(fwd[pre(st.Q)]), rot(fwd[pre(st.K)]), fwd[pre(st.V)]  # as the scores read them
+        kv = self.kv(h)
+        Q, K, V = rot(fwd[pre(st.Q)]), rot(fwd[kv(st.K)]), fwd[kv(st.V)]  # as the scores read them
         X = _projection_input(fwd)                               # X, X + PE, or its norm
         C = fwd.get(st.CONTEXT, X)
         bq, bk, bv = _biases(p, p.heads[h])
         out[pre(st.DW_Q)] = central(lambda W: L_O(attend(rot(X @ W + bq), K, V)), fwd[pre(st.W_Q)])
-        out[pre(st.DW_K)] = central(lambda W: L_O(attend(Q, rot(C @ W + bk), V)), fwd[pre(st.W_K)])
-        out[pre(st.DW_V)] = central(lambda W: L_O(attend(Q, K, C @ W + bv)), fwd[pre(st.W_V)])
         if _has_bias(p, st.DB_Q):
             out[pre(st.DB_Q)] = central(lambda b: L_O(attend(rot(X @ fwd[pre(st.W_Q)] + b), K, V)), bq)
+        if p.kv_heads:
+            return                                              # the group's key and value weights: group()
+        out[pre(st.DW_K)] = central(lambda W: L_O(attend(Q, rot(C @ W + bk), V)), fwd[pre(st.W_K)])
+        out[pre(st.DW_V)] = central(lambda W: L_O(attend(Q, K, C @ W + bv)), fwd[pre(st.W_V)])
         if _has_bias(p, st.DB_K):
             out[pre(st.DB_K)] = central(lambda b: L_O(attend(Q, rot(C @ fwd[pre(st.W_K)] + b), V)), bk)
         if _has_bias(p, st.DB_V):
@@ -391,9 +486,10 @@ class _FromEachStage:
         block's input ``block`` the residual adds (None without one)."""
         p, fwd = self.p, self.fwd
         outputs = []
-        for pre, weights in zip(self.prefixes, p.heads):
+        for h, (pre, weights) in enumerate(zip(self.prefixes, p.heads)):
             bq, bk, bv = _biases(p, weights)
-            outputs.append(self.attend(X @ fwd[pre(st.W_Q)] + bq, C @ fwd[pre(st.W_K)] + bk, C @ fwd[pre(st.W_V)] + bv))
+            kv = self.kv(h)
+            outputs.append(self.attend(X @ fwd[pre(st.W_Q)] + bq, C @ fwd[kv(st.W_K)] + bk, C @ fwd[kv(st.W_V)] + bv))
         O = outputs[0]
         if p.multi_head:
             O = np.concatenate(outputs, axis=1) @ fwd[st.W_O] + fwd.get(st.B_O, 0.0)
@@ -421,118 +517,3 @@ class _FromEachStage:
         if C is not None:
             X_in = _projection_input(fwd)
             out[st.DCONTEXT] = central(lambda C_: self.whole_pass_loss(X_in, C_, B), C)
-
-
-# -- PyTorch autograd --------------------------------------------------------------
-
-
-def torch_gradients(p: Problem) -> dict[str, np.ndarray]:
-    """Every gradient stage from PyTorch autograd in float64, by stage id.
-
-    The forward pass goes through ``torch.nn.functional.scaled_dot_product_attention``
-    with the mask (and bias) as a float ``attn_mask`` (0 allowed, −∞ masked), and a norm
-    through ``F.layer_norm`` or ``F.rms_norm`` (γ and β leaves); the loss's ``backward()``
-    gives the leaves' ``.grad`` (Q, K, V, or X, context, each head's weights, W_O, γ, β) and,
-    by ``retain_grad()``, the intermediates' (H, R, O, concat, each head's O, Q, K, V, X_norm).
-
-    SDPA fuses the scores and the weights away, and PyTorch's norms the normalised rows, so
-    ``dA``, ``dS_masked``, ``dS`` and ``dX_hat`` (``dR_hat``) are not reachable through them:
-    they come from a second, manual graph of the same forward pass (Q Kᵀ, ·scale + M,
-    softmax, · V; x̂ = (x − μ)/√(σ² + ε), times offset + γ, plus β), each intermediate with
-    ``retain_grad()``. Its other gradients are the same as the fused graph's (the tests
-    compare the two).
-    """
-    fused = _torch_backward(p, fused=True)
-    manual = _torch_backward(p, fused=False)
-    return {stage: fused[stage] if stage in fused else manual[stage] for stage in _stage_ids(p)}
-
-
-def _torch_backward(p: Problem, fused: bool) -> dict[str, np.ndarray]:
-    """The gradients one torch graph reaches: through SDPA and PyTorch's norm (``fused``) or written out."""
-    graph = _TorchGraph(p, fused)
-    if not p.projected:
-        O = graph.keep(st.DO, graph.head(st.stage_id, graph.leaf(st.DQ, p.Q), graph.leaf(st.DK, p.K),
-                                         graph.leaf(st.DV, p.V)))
-    else:
-        O, block = graph.layer()
-        if p.residual:
-            O = torch_stream(graph, p, block, O)                # the loss is on H
-    if from_cross_entropy(p):                                   # the MLP, the head and F.cross_entropy on H
-        torch_block_loss(graph, p, O).backward()
-    else:
-        G = loss_matrix(p)
-        _loss(p.backward.kind, None if G is None else graph.torch.from_numpy(G), O).backward()
-    return {stage: t.grad.numpy() for stage, t in graph.kept.items()}
-
-
-class _TorchGraph:
-    """One torch graph of the forward pass: its leaves and its kept intermediates by gradient id."""
-
-    def __init__(self, p: Problem, fused: bool):
-        from .pytorch import import_torch  # PyTorch is optional: imported only when asked for
-
-        self.p, self.fused = p, fused
-        self.torch = import_torch()
-        self.subs = p.substitutions or None
-        self.kept: dict = {}                                    # stage id -> the tensor whose .grad it is
-        allowed = self.torch.tensor(p.mask.allowed, dtype=self.torch.bool)
-        M = self.torch.zeros(allowed.shape, dtype=self.torch.float64).masked_fill(~allowed, float("-inf"))
-        if p.bias is not None:
-            M = M + self.torch.from_numpy(to_float64(p.bias, self.subs))
-        self.M = M
-
-    def leaf(self, stage: str, m):
-        t = self.kept[stage] = self.torch.from_numpy(to_float64(m, self.subs)).requires_grad_()
-        return t
-
-    def keep(self, stage: str, t):
-        t.retain_grad()
-        self.kept[stage] = t
-        return t
-
-    def head(self, pre, Q, K, V):
-        """One head's output: (n_q, d_k), (n_k, d_k), (n_k, d_v) -> (n_q, d_v)."""
-        from .pytorch import torch_rope
-
-        p, torch = self.p, self.torch
-        factor = scale_factor(p, Q.shape[1])
-        if p.rope is not None:                                  # the scores compare the rotated Q and K
-            Q = self.keep(pre(st.DQ_ROT), torch_rope(torch, Q, p.rope))
-            K = self.keep(pre(st.DK_ROT), torch_rope(torch, K, p.rope))
-        if self.fused:                                          # a batch of one
-            return torch.nn.functional.scaled_dot_product_attention(
-                Q[None], K[None], V[None], attn_mask=self.M, scale=factor)[0]
-        S = self.keep(pre(st.DS), Q @ K.T)
-        Z = self.keep(pre(st.DS_MASKED), S * factor + self.M)
-        A = self.keep(pre(st.DA), torch.softmax(Z, dim=1))
-        return A @ V
-
-    def layer(self):
-        """From X (and the context): X + PE, a pre norm, every head, W_O. Returns the layer's
-        output O and the block's input B (X, or X + PE) the residual adds."""
-        p, F = self.p, self.torch.nn.functional
-        X = block = self.leaf(st.DX, p.X)
-        PE = positions_f64(p)
-        if PE is not None:
-            X = block = X + self.torch.from_numpy(PE)           # X_pos = X + PE; dX flows through unchanged
-        if pre_norm(p):                                         # the projections read X_norm
-            X = self.keep(st.DX_NORM, torch_norm_graph(self, p.norm, X, st.DX_HAT))
-        C = X if p.context is None else self.leaf(st.DCONTEXT, p.context)
-        outputs = []
-        for pre, weights in zip(_prefixes(p), p.heads):
-            projected = []
-            for inp, grad, dw, db, w, b in ((X, st.DQ, st.DW_Q, st.DB_Q, weights.W_Q, weights.b_Q),
-                                            (C, st.DK, st.DW_K, st.DB_K, weights.W_K, weights.b_K),
-                                            (C, st.DV, st.DW_V, st.DB_V, weights.W_V, weights.b_V)):
-                if b is None:
-                    y = inp @ self.leaf(pre(dw), w)
-                else:  # nn.Linear's x·Wᵀ + b, with the problem's W stored in × out
-                    y = F.linear(inp, self.leaf(pre(dw), w).T, self.leaf(pre(db), b)[0])
-                projected.append(self.keep(pre(grad), y))
-            outputs.append(self.keep(pre(st.DO), self.head(pre, *projected)))
-        if not p.multi_head:
-            return outputs[0], block
-        concat = self.keep(st.DCONCAT, self.torch.cat(outputs, dim=1))
-        if p.b_O is None:
-            return self.keep(st.DO, concat @ self.leaf(st.DW_O, p.W_O)), block
-        return self.keep(st.DO, F.linear(concat, self.leaf(st.DW_O, p.W_O).T, self.leaf(st.DB_O, p.b_O)[0])), block

@@ -88,8 +88,10 @@ BIASES = {Q: B_Q, K: B_K, V: B_V, O_FINAL: B_O}  # each projection's bias
 K_CACHE, V_CACHE, Q_T, S_T, A_T, O_T = "K_cache", "V_cache", "q_t", "s_t", "a_t", "o_t"
 O_T_DIFF, DECODE_COST = "o_t_diff", "step_cost"
 # With kv_heads (grouped-query attention) these stages exist once per K/V group, under the id of
-# the group's first query head (head1.K for group 1); the group's other heads read them.
-SHARED_KV = frozenset({"W_K", "W_V", "b_K", "b_V", "K", "V", "K_rot", "K_T", "K_cache", "V_cache"})
+# the group's first query head (head1.K for group 1); the group's other heads read them. So do
+# their gradients: a group's dK and dV sum the shares of every head that reads it.
+SHARED_KV = frozenset({"W_K", "W_V", "b_K", "b_V", "K", "V", "K_rot", "K_T", "K_cache", "V_cache",
+                       "dK", "dV", "dK_rot", "dK_back", "dW_K", "dW_V", "db_K", "db_V"})
 
 _HEAD_PREFIX = "head"
 _HEAD_NUMBER = re.compile(r"[0-9]{1,9}")

@@ -222,6 +222,16 @@ class Context:
             return getattr(self.p, "b_O", None)
         return getattr(self.weights, key, None) if self.projected else None
 
+    @property
+    def group_heads(self) -> list[int | None]:
+        """The query heads that read this head's keys and values: its K/V group's (grouped-query
+        attention), else this head alone."""
+        if not self.grouped or self.head is None:
+            return [self.head]
+        size = len(self.p.heads) // self.p.kv_heads
+        first = self.p.kv_leader(self.head)
+        return list(range(first, first + size))
+
     def reads(self, key: str, head: int | None) -> int | None:
         """The head whose stage ``key`` head ``head`` reads: its K/V group's first head for a
         shared key or value stage, else ``head`` itself."""

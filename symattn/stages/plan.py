@@ -11,7 +11,7 @@ from .ids import (
     B_1, B_2, B_K, B_O, B_Q, B_V, BETA, BETA_POST, DH, DO, DO_HEAD, DR, DX, DX_HAT, EBETA, EGAMMA, EMS, EMU, EVAR,
     FINAL_BETA, FINAL_GAMMA, FINAL_MS, FINAL_MU, FINAL_VAR, GAMMA, GAMMA_POST, K, K_ROT, MLP_BETA, MLP_BETA_POST,
     MLP_GAMMA, MLP_GAMMA_POST, MLP_MS, MLP_MS_POST, MLP_MU, MLP_MU_POST, MLP_VAR, MLP_VAR_POST, MS, MS_POST, MU,
-    MU_POST, O, Q, Q_ROT, TT, U, U_GATE, U_UP, VAR, VAR_POST, W_2, W_DOWN, X_HAT, stage_id,
+    MU_POST, O, Q, Q_ROT, SHARED_KV, TT, U, U_GATE, U_UP, VAR, VAR_POST, W_2, W_DOWN, X_HAT, stage_id,
 )
 from .kinds import Context, Kind
 from .registry import BY_KEY, KINDS
@@ -86,12 +86,17 @@ def per_head_blocks(items: list, per_head: Callable, heads: list) -> Iterator[tu
 def plan(problem) -> list[Planned]:
     """The stages of ``problem`` in the order they are derived (the JSON contract's order)."""
     c = Context(problem)
-    out = []
+    out: list[Planned] = []
+    shared: list[Planned] = []  # a K/V group's gradients: after the last of its heads has given its share
     for kind, h in per_head_blocks([k for k in KINDS if k.when(c)], lambda k: k.per_head, c.heads):
         if c.reads(kind.key, h) != h:
             continue  # a grouped head reads its group's keys and values: shown once, with the group's first head
-        out.append(Planned(kind, h, stage_id(kind.name, h), c.at(h)))
-    return out
+        if shared and (h is None or problem.kv_group(h) != problem.kv_group(shared[0].head)):
+            out += shared
+            shared = []
+        planned = Planned(kind, h, stage_id(kind.name, h), c.at(h))
+        (shared if kind.gradient and c.grouped and h is not None and kind.key in SHARED_KV else out).append(planned)
+    return out + shared
 
 
 def resolve(key: str, c: Context, head: "int | None | object" = ...) -> list[str]:
@@ -147,6 +152,9 @@ def input_ids(kind: Kind, c: Context) -> list[str]:
         elif key in ("paths", "through"):  # the paths through the projections
             out += [i for g, w, h in input_paths(c, DX if key == "through" else kind.key)
                     for i in resolve(g, c, h) + resolve(w, c, h)]
+        elif kind.gradient and c.grouped and kind.key in SHARED_KV and key not in SHARED_KV:
+            # a K/V group's gradient sums a share from each of its heads
+            out += list(dict.fromkeys(i for h in c.group_heads for i in resolve(key, c, h)))
         else:
             out += resolve(key, c)
     return out

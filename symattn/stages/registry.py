@@ -19,6 +19,7 @@ The comment above each row gives its relation and its shape.
 
 from __future__ import annotations
 
+from .grouped import group_formula, group_product, group_why, one_share, ungrouped
 from .formulas import (
     dO_formula, dO_head_formula, dS_formula, dX_formula, dcontext_formula, few, k_t_formula, masked_formula,
     pe_formula, rot_tex, rot_text, s_formula, s_t_formula, scale_formula,
@@ -337,14 +338,15 @@ KINDS: tuple[Kind, ...] = (
          (QUERIES, "v"), lambda sh, r, c: plain(r, "like this head's O"),
          inputs=(DCONCAT,), relation=lambda ops, v, c: ops.block(v(DCONCAT), *head_block(c)),
          when=lambda c: c.multi and c.loss is not None, per_head="shares", gradient=True),
-    # dV = Aᵀ·dO  (n_k × d_v)
-    Kind(DV, DV, 22, "b_weighted_sum", "Gradient of the values", WHY[DV], ("dV = A^{\\top} dO", "dV = Aᵀ·dO"),
+    # dV = Aᵀ·dO  (n_k × d_v); a K/V group's: Σ over its heads of A⁽ʰ⁾ᵀ·dO⁽ʰ⁾
+    Kind(DV, DV, 22, "b_weighted_sum", "Gradient of the values", lambda c: WHY[DV] + group_why("values")(c),
+         group_formula(("dV", "dV"), ("A", "A"), ("dO", "dO")),
          (KEYS, "v"), lambda sh, r, c: prod(flip(sh(A)), sh(DO), "like V"),
-         inputs=(A, DO), relation=lambda ops, v, c: ops.matmul(ops.T(v(A)), v(DO)),
+         inputs=(A, DO), relation=group_product(A, DO),
          when=lambda c: c.loss is not None, per_head=True, gradient=True,
-         mistakes=(square_product("A·dO instead of Aᵀ·dO (the weights were not transposed)",
-                                  lambda ops, ex: ex(A), lambda ops, ex: ex(DO), lambda ex: is_square(ex(A))),
-                   transposed(DV, square_only=True))),
+         mistakes=(ungrouped(square_product("A·dO instead of Aᵀ·dO (the weights were not transposed)",
+                                            lambda ops, ex: ex(A), lambda ops, ex: ex(DO), lambda ex: is_square(ex(A)))),
+                   one_share(A, DO), transposed(DV, square_only=True))),
     # dA = dO·Vᵀ  (n_q × n_k)
     Kind(DA, DA, 23, "b_weighted_sum", "Gradient of the weights", WHY[DA], ("dA = dO\\,V^{\\top}", "dA = dO·Vᵀ"),
          (QUERIES, KEYS), lambda sh, r, c: prod(sh(DO), flip(sh(V)), "like A"),
@@ -387,15 +389,16 @@ KINDS: tuple[Kind, ...] = (
                    square_product("dSᵀ·K instead of dS·K (dS was transposed)",
                                   lambda ops, ex: ops.T(ex(DS)), lambda ops, ex: ex(K), lambda ex: is_square(ex(DS))),
                    transposed(DQ, square_only=True))),
-    # dK = dSᵀ·Q  (n_k × d_k; with RoPE, dK_back below)
-    Kind(DK, DK, 27, "b_qk", "Gradient of the keys", WHY[DK], ("dK = dS^{\\top} Q", "dK = dSᵀ·Q"), (KEYS, "k"),
+    # dK = dSᵀ·Q  (n_k × d_k; with RoPE, dK_back below); a K/V group's: Σ over its heads of dS⁽ʰ⁾ᵀ·Q⁽ʰ⁾
+    Kind(DK, DK, 27, "b_qk", "Gradient of the keys", lambda c: WHY[DK] + group_why("keys")(c),
+         group_formula(("dK", "dK"), ("dS", "dS"), ("Q", "Q")), (KEYS, "k"),
          lambda sh, r, c: prod(flip(sh(DS)), sh(Q), "like K"),
-         inputs=(DS, Q), relation=lambda ops, v, c: ops.matmul(ops.T(v(DS)), v(Q)),
+         inputs=(DS, Q), relation=group_product(DS, Q),
          when=lambda c: c.loss is not None and c.rope is None, per_head=True, gradient=True,
-         mistakes=(Mistake(SCALE_MISSING_DQDK, lambda ops, ex, c: ops.matmul(ops.T(ex(DS_MASKED)), ex(Q))),
-                   square_product("dS·Q instead of dSᵀ·Q (dS was not transposed)",
-                                  lambda ops, ex: ex(DS), lambda ops, ex: ex(Q), lambda ex: is_square(ex(DS))),
-                   transposed(DK, square_only=True))),
+         mistakes=(ungrouped(Mistake(SCALE_MISSING_DQDK, lambda ops, ex, c: ops.matmul(ops.T(ex(DS_MASKED)), ex(Q)))),
+                   ungrouped(square_product("dS·Q instead of dSᵀ·Q (dS was not transposed)",
+                                            lambda ops, ex: ex(DS), lambda ops, ex: ex(Q), lambda ex: is_square(ex(DS)))),
+                   one_share(DS, Q), transposed(DK, square_only=True))),
     # with RoPE: dQ = R(−pθ)·dQ_rot, dK = R(−pθ)·dK_rot, row by row  (n_q × d_k, n_k × d_k)
     *turned_back_rows(),
     weight_gradient(DW_Q, 28, "query"),  # dW_Q = Xᵀ·dQ  (d_model × d_k)

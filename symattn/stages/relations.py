@@ -3,7 +3,7 @@ concatenation, the input's gradient along all its paths, the output projection a
 
 from __future__ import annotations
 
-from .ids import B_O, CONCAT, DCONTEXT, DK, DQ, DV, W_K, W_O, W_Q, W_V
+from .ids import B_O, CONCAT, DCONTEXT, DK, DQ, DV, K, W_K, W_O, W_Q, W_V
 from .kinds import Context, Relation
 
 
@@ -28,11 +28,12 @@ def input_paths(c: Context, kind: str) -> list[tuple[str, str, int | None]]:
     """(gradient, weights, head) of every path to X (``kind`` dX) or to the context (dcontext),
     heads' query paths first."""
     heads = c.heads
+    kv = [h for h in heads if c.reads(K, h) == h]  # one path per K/V group: its first head's
     if kind == DCONTEXT:
-        return [(g, w, h) for h in heads for g, w in ((DK, W_K), (DV, W_V))]
+        return [(g, w, h) for h in kv for g, w in ((DK, W_K), (DV, W_V))]
     paths = [(DQ, W_Q, h) for h in heads]
     if not c.cross:
-        paths += [(g, w, h) for h in heads for g, w in ((DK, W_K), (DV, W_V))]
+        paths += [(g, w, h) for h in kv for g, w in ((DK, W_K), (DV, W_V))]
     return paths
 
 

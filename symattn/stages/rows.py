@@ -12,6 +12,7 @@ from .ids import (
     Q_ROT, SHARED_KV, V, W_K, W_V,
 )
 from .kinds import Context, Kind, Mistake
+from .grouped import group_formula, group_product, group_why, one_share, ungrouped
 from .mistakes import ROPE_V_MISTAKES, SCALE_MISSING_DQDK, rope_mistakes, square_product, transposed
 from .shapes import flip, is_square, plain, prod
 from .why import K_ROT_WHY, WHY, group_note, rope_why, turned_back_why
@@ -179,7 +180,7 @@ def rotated_gradient_rows() -> tuple[Kind, ...]:
         plain_other = K if query else Q
 
         def relation(ops, v, c):
-            return ops.matmul(v(DS), v(K_ROT)) if query else ops.matmul(ops.T(v(DS)), v(Q_ROT))
+            return ops.matmul(v(DS), v(K_ROT)) if query else group_product(DS, Q_ROT)(ops, v, c)
 
         def unscaled(ops, ex, c):
             return ops.matmul(ex(DS_MASKED), ex(K_ROT)) if query else ops.matmul(ops.T(ex(DS_MASKED)), ex(Q_ROT))
@@ -188,15 +189,16 @@ def rotated_gradient_rows() -> tuple[Kind, ...]:
             return ops.matmul(ex(DS), ex(K)) if query else ops.matmul(ops.T(ex(DS)), ex(Q))
 
         formula = (("dQ^{\\mathrm{rot}} = dS\\,K^{\\mathrm{rot}}", "dQ_rot = dS·K_rot") if query
-                   else ("dK^{\\mathrm{rot}} = dS^{\\top} Q^{\\mathrm{rot}}", "dK_rot = dSᵀ·Q_rot"))
+                   else group_formula(("dK^{\\mathrm{rot}}", "dK_rot"), ("dS", "dS"), ("Q^{\\mathrm{rot}}", "Q_rot")))
         return Kind(
-            key, key, order, "b_qk", f"Gradient of the rotated {noun}", WHY[key], formula,
+            key, key, order, "b_qk", f"Gradient of the rotated {noun}",
+            WHY[key] if query else (lambda c: WHY[key] + group_why("keys")(c)), formula,
             (QUERIES if query else KEYS, "q" if query else "k"),
             lambda sh, r, c: prod(sh(DS) if query else flip(sh(DS)), sh(other), f"like {Q_ROT if query else K_ROT}"),
             inputs=(DS, other), relation=relation,
             when=lambda c: c.rope is not None and c.loss is not None, per_head=True, gradient=True,
             tex=f"d{'Q' if query else 'K'}^{{\\mathrm{{rot}}}}",
-            mistakes=(
+            mistakes=tuple(m if query else ungrouped(m) for m in (
                 Mistake(SCALE_MISSING_DQDK, unscaled),
                 Mistake(f"the unrotated {'keys' if query else 'queries'} were used: d{'S·K' if query else 'Sᵀ·Q'} "
                         f"instead of d{'S·K_rot' if query else 'Sᵀ·Q_rot'} (the scores compared the rotated "
@@ -205,8 +207,7 @@ def rotated_gradient_rows() -> tuple[Kind, ...]:
                                else "dS·Q_rot instead of dSᵀ·Q_rot (dS was not transposed)",
                                lambda ops, ex: ops.T(ex(DS)) if query else ex(DS), lambda ops, ex: ex(other),
                                lambda ex: is_square(ex(DS))),
-                transposed(key, square_only=True),
-            ),
+            )) + (() if query else (one_share(DS, Q_ROT),)) + (transposed(key, square_only=True),),
         )
 
     return row(DQ_ROT, 25.5, "queries"), row(DK_ROT, 25.7, "keys")

@@ -6,7 +6,7 @@ from .ids import (
     A, ACC_TILED, A_T, B_K, B_O, B_Q, B_V, CONCAT, DA, DB_K, DB_O, DB_Q, DB_V, DK, DK_BACK, DK_ROT, DO, DQ,
     DQ_BACK, DQ_ROT, DS, DS_MASKED, DV,
     DW_K, DW_Q, DW_V, K, K_CACHE, K_ROT, K_T, L_TILED, M, M_TILED, O, O_FINAL, O_T, O_TILED, O_T_DIFF, PE, Q,
-    Q_ROT, S, S_MASKED, S_SCALED, S_T, TT, V, V_CACHE, W_K, W_O, W_Q, W_V, X, X_POS,
+    Q_ROT, S, S_MASKED, S_SCALED, S_T, SHARED_KV, TT, V, V_CACHE, W_K, W_O, W_Q, W_V, X, X_POS,
 )
 from .ids import (
     BETA, BETA_POST, GAMMA, GAMMA_POST, H, H_POST, MS, MS_POST, MU, MU_POST, R, R_HAT, VAR, VAR_POST, X_HAT, X_NORM,
@@ -130,4 +130,7 @@ def traces(kind: Kind, c: Context) -> list[tuple[str, str]]:
         pairs = ()  # dH is given, or all ones
     else:
         pairs = TRACES.get(kind.key, ())
+    if kind.gradient and c.grouped and kind.key in SHARED_KV:  # a K/V group's: a share from each of its heads
+        return list(dict.fromkeys((i, how) for h in c.group_heads for key, how in pairs
+                                  for i in resolve(key, c, ... if key in SHARED_KV else h)))
     return [(i, how) for key, how in pairs for i in resolve(key, c)]

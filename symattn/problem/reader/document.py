@@ -157,9 +157,6 @@ def read_passes(reader: Reader, fields: Fields, layer: Layer, mask: Mask, bias: 
         raise reader.at(key_of(fields, "tiling")).error(
             "the tiled softmax needs numbers: the running maximum of scores with symbols cannot be decided; "
             "remove symbols or tiling", "tiling")
-    if layer.kv_heads and backward is not None:
-        raise reader.at(key_of(fields, "backward")).error(
-            "the backward pass of grouped-query attention (kv_heads) is not supported yet", "backward")
     decode = None
     if "decode" in fields:
         decode = reader.decode(node_of(fields, "decode"), n_q, mask, "context" in fields, bias is not None)
