@@ -278,3 +278,39 @@ def test_problems_without_sinks_have_no_sink_stage():
     d = symattn.derive(symattn.load_problem(EXAMPLES / "two_heads.yaml"))
     assert not any(i.endswith("A_sink") for i in d.ids)
 
+
+
+def test_sinks_with_rope_and_grouped_heads_as_gpt_oss_runs_them(tmp_path):
+    """gpt-oss's layout: RoPE, 4 query heads on 2 K/V heads, a sink per query head. Reference: HF's
+    eager_attention_forward on the queries and keys rotated here in NumPy (d_k = 2: one pair, the
+    token at position p, from 0, turned by p·π/3); the decoded row against the full one exactly."""
+    torch = pytest.importorskip("torch")
+    data = _data(GQA)
+    data["X"] = [[1, 0], [0, 1], [1, 1]]
+    data["heads"] = [{"W_Q": [[1, 0], [0, 1]]}, {"W_Q": [[0, 1], [1, 0]]}, {"W_Q": [[1, 1], [0, 1]]},
+                     {"W_Q": [[2, 0], [0, 1]]}]
+    data["kv"] = [{"W_K": [[1, 0], [1, 1]], "W_V": [[1], [0]]}, {"W_K": [[0, 1], [2, 0]], "W_V": [[0], [1]]}]
+    data["rope"] = {"angles": ["pi/3"]}
+    data["scale"] = "none"
+    data["sink"] = [0, 1, "1/2", -2]
+    d = symattn.derive(symattn.load_problem(_write(tmp_path, data)))
+    X = np.array(data["X"], dtype=np.float64)
+
+    def rotate(x):  # d = 2: one pair, position p turned by p·π/3
+        out = np.empty_like(x)
+        for p_, (a, b) in enumerate(x):
+            c, s = np.cos(p_ * np.pi / 3), np.sin(p_ * np.pi / 3)
+            out[p_] = [a * c - b * s, a * s + b * c]
+        return out
+
+    Q = torch.tensor(np.stack([rotate(X @ np.array(h["W_Q"], dtype=np.float64)) for h in data["heads"]]))[None]
+    K = torch.tensor(np.stack([rotate(X @ np.array(kv["W_K"], dtype=np.float64)) for kv in data["kv"]]))[None]
+    V = torch.tensor(np.stack([X @ np.array(kv["W_V"], dtype=np.float64) for kv in data["kv"]]))[None]
+    out, weights = _hf_eager(torch, Q, K, V, [0.0, 1.0, 0.5, -2.0], torch.tensor(_causal(3))[None, None], groups=2)
+    for h in range(4):
+        assert np.allclose(_floats(d, f"head{h + 1}.A"), weights[0, h].numpy(), rtol=0, atol=ATOL)
+        assert np.allclose(_floats(d, f"head{h + 1}.O"), out[0, :, h].numpy(), rtol=0, atol=ATOL)
+    assert symattn.crosscheck(d, torch=True).passed
+    decoded = symattn.derive(with_decode(d.problem, 3))
+    for q in range(1, 5):
+        assert _zero(decoded.step(f"head{q}.o_t").exact - d.step(f"head{q}.O").exact.row(2))

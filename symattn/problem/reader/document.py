@@ -165,7 +165,7 @@ def read_passes(reader: Reader, fields: Fields, layer: Layer, mask: Mask, bias: 
     if "decode" in fields:
         decode = reader.decode(node_of(fields, "decode"), n_q, mask, "context" in fields, bias is not None)
     sinks = read_sinks(reader, fields, len(heads) or 1,
-                       {"rope": rope is not None, "tiling": tiling is not None, "backward": backward is not None})
+                       {"tiling": tiling is not None, "backward": backward is not None})
     return {"backward": backward, "rope": rope, "tiling": tiling, "decode": decode, "sinks": sinks, "norm": norm,
             "residual": residual, **embedded, **block}
 
