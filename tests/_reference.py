@@ -23,9 +23,10 @@ def backward_supported(path) -> bool:
     none yet, nor through the embeddings' norm (embeddings_norm:, from: {embeddings: true} of a
     BERT layer); nor a block with an MLP or the model's head (mlp:, logits:, from: {block: true}),
     whose backward pass starts from its cross-entropy, not from a loss on O or H, and has its own
-    tests (test_block_backward.py, test_block_backward_hf.py)."""
+    tests (test_block_backward.py, test_block_backward_hf.py); nor learned sinks (sink:), whose
+    backward pass is not supported yet."""
     text = path.read_text("utf-8")
-    return "kv_heads" not in text and "embeddings_norm:" not in text and \
+    return "kv_heads" not in text and not re.search(r"(?m)^sink:", text) and "embeddings_norm:" not in text and \
         not ("embeddings: true" in text and "layout: bert" in text) and \
         not re.search(r"(?m)^(mlp|logits):|block: true|n_kv_head", text)
 
@@ -78,6 +79,9 @@ def allowed_grid(mask, n_q: int, n_k: int) -> list[list[bool]]:
         return [[str(mask["padding"][j]) == "1" for j in range(n_k)] for _ in range(n_q)]
     if isinstance(mask, dict) and "valid-length" in mask:  # keys 1..n are real (1-based)
         return [[j < int(mask["valid-length"]) for j in range(n_k)] for _ in range(n_q)]
+    if isinstance(mask, dict) and "sink" in mask:  # StreamingLLM: the first k keys and a causal window of w
+        k, w = int(mask["sink"]), int(mask["window"])
+        return [[j <= i and (j < k or i - j < w) for j in range(n_k)] for i in range(n_q)]
     if isinstance(mask, dict):
         w = int(mask["sliding-window"])
         return [[j <= i and i - j < w for j in range(n_k)] for i in range(n_q)]

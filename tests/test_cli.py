@@ -156,9 +156,12 @@ def _forward_ids(raw: dict) -> list[str]:
     if "rope" in raw:  # RoPE rotates Q and K before the keys are transposed
         given, head_ids = (ids[:ids.index("V") + 1] + ["Q_rot", "K_rot"] + ids[ids.index("V") + 1:]
                            for ids in (GIVEN_IDS, HEAD_IDS))
+    if "sink" in raw:  # a learned sink: what it absorbed, after the weights
+        given, head_ids = (ids[:ids.index("A") + 1] + ["A_sink"] + ids[ids.index("A") + 1:]
+                           for ids in (given, head_ids))
     tiled = ["m_tiled", "l_tiled", "acc_tiled", "O_tiled"] if "tiling" in raw else []  # after each head's O
     if "Q" in raw:
-        return given + tiled
+        return given + tiled + (DECODE_IDS + ["step_cost"] if "decode" in raw else [])
     ids = ["X"] + (["context"] if "context" in raw else []) + (["PE", "X_pos"] if "positions" in raw else [])
     if "token_types" in raw:  # TT between PE and X_pos: X_pos = X + PE + TT
         ids.insert(ids.index("X_pos"), "TT")

@@ -366,7 +366,7 @@ def reference(key, spec: Spec) -> dict[str, list]:
 def forward_ids(spec: Spec) -> list[str]:
     tiled = FORWARD_TILED if spec.tiled else []
     if not spec.projected:
-        return FORWARD_GIVEN + tiled
+        return FORWARD_GIVEN + tiled + ([*DECODE_PER_HEAD, "step_cost"] if spec.decode is not None else [])
     ids = ["X"] + (["context"] if spec.cross else [])
     for h in range(spec.n_heads):
         ids += [spec.prefix(h) + s for s in FORWARD_PER_HEAD + tiled]

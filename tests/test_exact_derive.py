@@ -108,6 +108,9 @@ def _allowed(mask, n_q: int, n_k: int) -> list[list[bool]]:
         return [[mask["padding"][j] == "1" for j in range(n_k)] for _ in range(n_q)]
     if isinstance(mask, dict) and "valid-length" in mask:  # keys 1..n (1-based) are real
         return [[j < int(mask["valid-length"]) for j in range(n_k)] for _ in range(n_q)]
+    if isinstance(mask, dict) and "sink" in mask:  # StreamingLLM: the first k keys and a causal window of w
+        k, w = int(mask["sink"]), int(mask["window"])
+        return [[j <= i and (j < k or i - j < w) for j in range(n_k)] for i in range(n_q)]
     if isinstance(mask, dict):
         w = int(mask["sliding-window"])
         return [[j <= i and i - j < w for j in range(n_k)] for i in range(n_q)]

@@ -41,7 +41,7 @@ PROTOCOL = sorted(name for name, member in vars(Ops).items() if inspect.isfuncti
 GRADIENT_OPS = frozenset({"matmul", "T", "add_row", "col_sums", "scale", "softmax_backward", "hstack", "block",
                           "sum", "sub", "ones", "given", "is_rational", "rational", "table", "times_row", "hadamard",
                           "normalise_backward"})
-LEFT_TO_NUMERIC = ("mask", "add_mask", "softmax", "row_mean", "row_spread", "normalise")  # ArbOps and FloatOps refuse these
+LEFT_TO_NUMERIC = ("mask", "add_mask", "softmax", "sink_weight", "row_mean", "row_spread", "normalise")  # ArbOps and FloatOps refuse these
 # The operations only the common mistakes call (on NumericOps), beside the protocol's.
 MISTAKE_OPS = frozenset({"columns_attend", "jacobian_diagonal", "zero_masked", "column_softmax", "grid"})
 
@@ -176,6 +176,10 @@ CASES = {
     "mask_bias": ("mask", ("s",), lambda ops, p, m: ops.mask(MASKS[m], p["g"])),
     "add_mask": ("add_mask", ("s",), lambda ops, p, m: ops.add_mask(_feed(ops, p["s"]), ops.mask(MASKS[m], None))),
     "softmax": ("softmax", ("s",), lambda ops, p, m: ops.softmax(_masked(ops, p, m))),
+    "softmax_sink": ("softmax", ("s",), lambda ops, p, m: ops.softmax(_masked(ops, p, m), sink=Rational(1, 2))),
+    "softmax_sink_surd": ("softmax", ("s",), lambda ops, p, m: ops.softmax(_masked(ops, p, m), sink=-sqrt(2))),
+    "sink_weight": ("sink_weight", ("s",),
+                    lambda ops, p, m: ops.sink_weight(ops.softmax(_masked(ops, p, m), sink=Rational(-1, 3)))),
     "attention": ("matmul", ("s", "c"), lambda ops, p, m: ops.matmul(_weights(ops, p, MASKS[m]), _feed(ops, p["c"]))),
     "softmax_backward": ("softmax_backward", ("s", "g"),
                          lambda ops, p, m: ops.softmax_backward(_weights(ops, p, MASKS[m]), _feed(ops, p["g"]))),
@@ -324,7 +328,8 @@ def test_the_forward_operations_are_left_to_numeric_ops(backend):
     ops = _make(backend)
     s = RATIONAL["s"]
     calls = {"mask": lambda: ops.mask(CAUSAL, None), "add_mask": lambda: ops.add_mask(ops.grid(s), None),
-             "softmax": lambda: ops.softmax(ops.grid(s)), "row_mean": lambda: ops.row_mean(ops.grid(s)),
+             "softmax": lambda: ops.softmax(ops.grid(s)), "sink_weight": lambda: ops.sink_weight(ops.grid(s)),
+             "row_mean": lambda: ops.row_mean(ops.grid(s)),
              "row_spread": lambda: ops.row_spread(ops.grid(s), None),
              "normalise": lambda: ops.normalise(ops.grid(s), None, ops.grid(RATIONAL["a"]), 0)}
     assert set(calls) == set(LEFT_TO_NUMERIC)

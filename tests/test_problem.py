@@ -1003,7 +1003,7 @@ def test_unknown_mask_mapping_did_you_mean():
     err = fail(QKV3 + "mask: {sliding_window: 2}\n")
     assert_at(err, 4, 8, "mask")  # the key inside "{" starts in column 8
     assert err.message == ("unknown mask 'sliding_window' (did you mean 'sliding-window'?); the mapping forms are "
-                           "{sliding-window: w}, {padding: [1, 1, 0]} and {valid-length: n}")
+                           "{sliding-window: w}, {sink: k, window: w}, {padding: [1, 1, 0]} and {valid-length: n}")
 
 
 @pytest.mark.parametrize("w", ["0", "-1", "two", "1.5", "'2'", "~"])

@@ -12,7 +12,7 @@ from .paths import check_outputs, echo, inputs, refuse_input, same_file, write_a
 
 # what --from takes from its problem instead (so giving one of them with --from is refused)
 SHAPE_OPTIONS = ("tokens", "d_model", "d_k", "d_v", "mask", "heads", "cross", "no_scale", "words", "norm", "residual",
-                 "block", "d_ff", "activation", "vocab", "rows")
+                 "block", "d_ff", "activation", "vocab", "rows", "sink")
 BLOCK_OPTIONS = ("d_ff", "activation", "vocab", "rows")  # the options of --block alone
 
 
@@ -46,12 +46,15 @@ class RecordingCommand(click.Command):
 @click.option("--d-k", type=Whole(), default=4, show_default=True, help="Query/key width (a perfect square keeps the scale rational).")
 @click.option("--d-v", type=Whole(), default=4, show_default=True)
 @click.option("--mask", default="causal", show_default=True,
-              help="none, causal, causal-bottom-right, sliding-window:W or padding:P (the last P keys hidden).")
+              help="none, causal, causal-bottom-right, sliding-window:W, sink-window:K,W (the first K keys and a "
+                   "window of W) or padding:P (the last P keys hidden).")
 @click.option("--heads", type=Whole(), default=1, show_default=True, help="Several heads get W_O.")
 @click.option("--cross", "cross", type=Whole(), metavar="N_K", help="Cross-attention with N_K context tokens.")
 @click.option("--no-scale", is_flag=True, help="Write scale: none (no division by √d_k).")
 @click.option("--norm", type=click.Choice(["layernorm", "rmsnorm"]),
               help="A norm in front of the attention, eps: 0, rows chosen so that it gives whole numbers.")
+@click.option("--sink", type=click.IntRange(-9, 9), metavar="LOGIT",
+              help="A learned sink logit (gpt-oss's sink:, a whole number from -9 to 9) in every head's softmax.")
 @click.option("--residual", is_flag=True, help="Derive the residual stream H = X + O too (O as wide as X).")
 @click.option("--block", is_flag=True,
               help="The whole block: a norm in front (--norm, default layernorm), the residual, the MLP with its "
@@ -78,8 +81,8 @@ class RecordingCommand(click.Command):
 @click.option("--force", is_flag=True, help="With --count: replace files of the same names already in --out-dir (without it they are listed and nothing is written).")
 @click.option("--from", "base", type=click.Path(path_type=Path), help="Keep the structure of this problem and draw new numbers.")
 @click.option("--vary", type=click.Choice(["weights", "inputs"]), default="weights", show_default=True, help="With --from: what gets new numbers.")
-def generate(tokens, d_model, d_k, d_v, mask, heads, cross, no_scale, norm, residual, block, d_ff, activation, vocab,
-             rows, level, range_, words, seed, output, count, out_dir, sheets, force, base, vary) -> None:
+def generate(tokens, d_model, d_k, d_v, mask, heads, cross, no_scale, norm, sink, residual, block, d_ff, activation,
+             vocab, rows, level, range_, words, seed, output, count, out_dir, sheets, force, base, vary) -> None:
     """Write new problems with small, hand-friendly numbers.
 
     Every problem is checked against its level's guarantees before it is
@@ -128,7 +131,7 @@ def generate(tokens, d_model, d_k, d_v, mask, heads, cross, no_scale, norm, resi
         shape = {} if base is not None else dict(tokens=tokens, d_model=d_model, d_k=d_k, d_v=d_v, mask=mask,
                                                  heads=heads, cross=cross, scale=not no_scale, words=words,
                                                  norm=norm, residual=residual, block=block, d_ff=d_ff,
-                                                 activation=activation, vocab=vocab, rows=rows)
+                                                 activation=activation, vocab=vocab, rows=rows, sink=sink)
         problems = make(count or 1, seed=seed, level=level, range=range_, base=loaded, vary=vary,
                         numbered=count is not None,
                         command=" ".join(["symattn generate", *(shlex.quote(a) for a in argv)]), **shape)

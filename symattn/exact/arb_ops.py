@@ -128,8 +128,11 @@ class ArbOps(NumericOps):
     def add_mask(self, scores, mask):
         self._numeric("adding the mask")
 
-    def softmax(self, z):
+    def softmax(self, z, sink=None):
         self._numeric("the softmax")
+
+    def sink_weight(self, a):
+        self._numeric("the sink's weight")
 
     def hadamard(self, a, b):
         with arb_precision(self.dps):

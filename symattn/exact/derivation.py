@@ -538,14 +538,14 @@ def _labels(axis: str, n: int, p: Problem) -> tuple[str, ...]:
     if axis == stages.KEYS:
         return p.key_tokens
     if axis == stages.CACHED:  # the keys in the cache when token t is decoded
-        return p.key_tokens[:n]
+        return tuple(p.key_tokens[j] for j in p.mask.cache_rows(p.decode))[:n]
     if axis == stages.NEW:  # the decoded token
         return p.tokens[p.decode - 1:p.decode]
     if axis == stages.STEPS:  # the decoding steps t = 1..n
         return tuple(f"t = {t}" for t in range(1, n + 1))
     if axis == stages.COSTS:
         return stages.COST_COLUMNS[:n]
-    if axis in (stages.MEAN, stages.VARIANCE, stages.MEAN_SQUARE):  # a norm's one column of row statistics
+    if axis in (stages.MEAN, stages.VARIANCE, stages.MEAN_SQUARE, stages.SINK_AXIS):  # one column: what it holds
         return (axis,)
     if axis == stages.LAST:  # the last position's row (the logits of rows: last)
         return p.tokens[-1:]

@@ -209,10 +209,15 @@ class ExactOps(Ops):
                 return masked
         return add_mask(scores, mask)
 
-    def softmax(self, z) -> Softmax:
-        if isinstance(z, _rotary.RotaryScores) and z.allowed is not None:
+    def softmax(self, z, sink=None) -> Softmax:
+        if isinstance(z, _rotary.RotaryScores) and z.allowed is not None and sink is None:
             return Softmax(_rotary.softmax_rows(z))
-        return Softmax(softmax_rows(z, expanded=isinstance(z, _norms.NormedMasked)))
+        return Softmax(softmax_rows(matrix_of(z) if isinstance(z, _rotary.RotaryScores) else z,
+                                    expanded=isinstance(z, _norms.NormedMasked), sink=sink))
+
+    def sink_weight(self, a: Softmax):
+        rows = a.rows
+        return LazyMatrix(len(rows), 1, lambda i, j: rows[i].sink_weight())
 
     def softmax_backward(self, a: Softmax, dA) -> OverZ2:
         """dŜ_ij = e_ij (dA_ij Z_i − D_i) / Z_i² with D_i = Σ_k e_ik dA_ik (``e`` the row's terms):

@@ -61,19 +61,26 @@ class NumericOps(Ops):
         with mpmath.workdps(self.dps + 10):
             return [[NINF if b == NINF else a + b for a, b in zip(r1, r2)] for r1, r2 in zip(scores, mask)]
 
-    def softmax(self, z) -> Values:
-        """Row by row, the maximum subtracted; a row with nothing allowed has no softmax."""
+    def softmax(self, z, sink=None) -> Values:
+        """Row by row, the maximum subtracted; a row with nothing allowed has no softmax. A learned
+        ``sink`` logit s adds e^{s − m} to each row's sum (m the maximum over the row and s)."""
         with mpmath.workdps(self.dps + 10):
+            s = None if sink is None else to_mpf(sink, self.dps, self.subs)
             out = []
             for row in self.grid(z):
                 finite = [v for v in row if v != NINF]
                 if not finite:
                     raise Undefined("a row of scores with every key masked has no softmax")
-                m = max(finite)
+                m = max(finite + ([s] if s is not None else []))
                 e = [mpmath.mpf(0) if v == NINF else mpmath.exp(v - m) for v in row]
-                total = mpmath.fsum(e)
+                total = mpmath.fsum(e + ([mpmath.exp(s - m)] if s is not None else []))
                 out.append([x / total for x in e])
             return out
+
+    def sink_weight(self, a) -> Values:
+        """``1 − Σ_j a_ij`` of each row, in a column."""
+        with mpmath.workdps(self.dps + 10):
+            return [[1 - mpmath.fsum(row)] for row in self.grid(a)]
 
     def softmax_backward(self, a, dA) -> Values:
         return softmax_backward(self.grid(a), self.grid(dA), self.dps)

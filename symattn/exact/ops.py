@@ -61,8 +61,14 @@ class Ops(Protocol):
         """``scores + mask``, where a −∞ in the mask stays −∞."""
         raise NotImplementedError
 
-    def softmax(self, z: Value) -> Value:
-        """The softmax of each row of ``z`` (0 at its −∞ positions)."""
+    def softmax(self, z: Value, sink: sympy.Expr | None = None) -> Value:
+        """The softmax of each row of ``z`` (0 at its −∞ positions); with a learned ``sink`` logit s,
+        each row's denominator has one more term e^{s − m_i} (m_i the maximum over the row and s)."""
+        raise NotImplementedError
+
+    def sink_weight(self, a: Value) -> Value:
+        """The n × 1 weight each row of the weights ``a`` (a softmax with a sink) gives its sink:
+        e^{s − m_i} / Z_i = 1 − Σ_j a_ij."""
         raise NotImplementedError
 
     def softmax_backward(self, a: Value, dA: Value) -> Value:

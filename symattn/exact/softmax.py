@@ -63,16 +63,37 @@ class SoftmaxRow:
     position is masked (its weight is exactly 0). ``raw`` holds the exponents
     as built: ``QQ`` numbers when the row is rational (converted to SymPy only
     when shown), SymPy expressions otherwise.
+
+    ``sink`` is a learned sink's exponent ``s - m_i`` (gpt-oss): one more term
+    ``e^{s - m_i}`` in ``Z_i`` that no key's weight has, so the row's weights sum
+    to less than 1; ``m_i`` is then the maximum over the scores and ``s``.
     """
 
     maximum: sympy.Expr
     raw: tuple
     is_max: bool = True  # False for a symbolic row, normalised by its first allowed score
     algebraic: bool = False  # every exponent an algebraic number (sums of rationals times square roots)
+    sink: object = None  # the sink's exponent s − m_i (QQ in a rational row), or None without a sink
 
     @cached_property
     def rational(self) -> bool:
-        return all(e is None or not isinstance(e, sympy.Basic) for e in self.raw)
+        return all(e is None or not isinstance(e, sympy.Basic) for e in self.raw + (self.sink,))
+
+    @cached_property
+    def sink_exponent(self) -> sympy.Expr | None:
+        """``s - m_i`` as SymPy writes it, or None without a sink."""
+        if self.sink is None:
+            return None
+        return qq_to_sympy(self.sink) if self.rational else self.sink
+
+    @cached_property
+    def sink_term(self) -> sympy.Expr:
+        """``e^{s - m_i}``, the sink's term in ``Z_i`` (0 without a sink)."""
+        return sympy.Integer(0) if self.sink is None else _exp(self.sink_exponent)
+
+    def sink_weight(self) -> sympy.Expr:
+        """``e^{s - m_i} / Z_i``: what the sink absorbs, ``1 - Σ_j a_ij``."""
+        return self._over_normaliser(self.sink_term)
 
     @property
     def has_balls(self) -> bool:
@@ -103,7 +124,7 @@ class SoftmaxRow:
         """``Z_i = Σ_j e^{z_ij - m_i}`` (like terms collected)."""
         if self.rational:  # collected in QQ first: SymPy only orders the distinct terms
             return sum_of_distinct([self._term(c, e) for c, e in self.numerator_parts()])
-        return sympy.Add(*self.terms)
+        return sympy.Add(*self.terms, self.sink_term)
 
     @cached_property
     def normaliser_is_number(self) -> bool:
@@ -112,18 +133,25 @@ class SoftmaxRow:
         if self.rational or self.algebraic:
             # Lindemann–Weierstrass: e^a for distinct algebraic a are linearly independent over the
             # algebraic numbers, so Z_i is rational only when every exponent is 0
-            return all(e is None or e == 0 for e in self.raw)
+            return all(e is None or e == 0 for e in self.raw + (self.sink,))
         return self.normaliser.is_Rational
 
     def numerator_parts(self, column=None) -> list:
         """``Σ_j e^{z_ij - m_i} v_j`` of a rational row and rational values ``column`` (all 1 when
         None: ``Z_i`` itself) as ``(coefficient, exponent)`` pairs in QQ: like exponents collected,
-        zero terms dropped, the largest exponent first. No SymPy expression is built."""
+        zero terms dropped, the largest exponent first. No SymPy expression is built. ``Z_i``
+        has the sink's term too."""
         parts = []
         for e, positions in self._exponent_groups:
             c = len(positions) if column is None else sum(column[k] for k in positions)
             if c:
                 parts.append((QQ(c), e))
+        if column is None and self.sink is not None:
+            same = [k for k, (_, e) in enumerate(parts) if e == self.sink]
+            if same:
+                parts[same[0]] = (parts[same[0]][0] + 1, self.sink)
+            else:
+                parts = sorted(parts + [(QQ(1), self.sink)], key=lambda part: part[1], reverse=True)
         return parts
 
     def _term(self, c, e) -> sympy.Expr:
@@ -137,7 +165,10 @@ class SoftmaxRow:
 
     @cached_property
     def _powers(self) -> dict:
-        return {e: self.terms[positions[0]] for e, positions in self._exponent_groups}
+        powers = {e: self.terms[positions[0]] for e, positions in self._exponent_groups}
+        if self.sink is not None and self.sink not in powers:
+            powers[self.sink] = self.sink_term
+        return powers
 
     @cached_property
     def _exponent_groups(self) -> list:
@@ -216,7 +247,7 @@ class SoftmaxRow:
             return cache[dps][0]
         with arb_precision(dps):
             exps = self._exps(dps, None)
-            total = sum(exps, _flint.arb(0))
+            total = sum(exps, self._arb_sink())
             found = ([e / total for e in exps], total)
         if keep:
             cache[dps] = found
@@ -228,8 +259,23 @@ class SoftmaxRow:
         positions = [k for k, e in enumerate(self.raw) if e is not None]
         with arb_precision(dps):
             exps = [_flint.arb(fmpq(self.raw[k])).exp() for k in positions]
-            total = sum(exps, _flint.arb(0))
+            total = sum(exps, self._arb_sink())
             return positions, [e / total for e in exps]
+
+    def _arb_sink(self):
+        """``e^{s - m_i}`` as an arb ball at the current precision (0 without a sink)."""
+        return _flint.arb(0) if self.sink is None else _flint.arb(fmpq(self.sink)).exp()
+
+    def sink_value(self, dps: int, subs=None) -> mpmath.mpf:
+        """``e^{s - m_i} / Z_i`` at ``dps`` digits (0 without a sink)."""
+        if self.sink is None:
+            return mpmath.mpf(0)
+        if self.rational:
+            with arb_precision(dps):
+                total = sum(self._exps(dps, None), self._arb_sink())
+                return arb_to_mpf(self._arb_sink() / total)
+        with mpmath.workdps(dps + 10):
+            return mpmath.exp(to_mpf(self.sink_exponent, dps, subs)) / self.evaluate_normaliser(dps, subs)
 
     def _evaluate(self, dps: int, subs) -> tuple[list[mpmath.mpf], mpmath.mpf]:
         if self.rational:
@@ -237,7 +283,8 @@ class SoftmaxRow:
             return [arb_to_mpf(w) for w in weights], arb_to_mpf(self.__dict__["_arb"][dps][1])
         with mpmath.workdps(dps + 10):
             exps = self._exps(dps, subs)
-            total = mpmath.fsum(e for e, x in zip(exps, self.raw) if x is not None)
+            total = mpmath.fsum([e for e, x in zip(exps, self.raw) if x is not None]
+                                + ([mpmath.exp(to_mpf(self.sink_exponent, dps, subs))] if self.sink is not None else []))
             return [mpmath.mpf(0) if x is None else e / total for e, x in zip(exps, self.raw)], total
 
 
@@ -278,16 +325,18 @@ def softmax_backward(A: list[list[mpmath.mpf]], dA: list[list[mpmath.mpf]], dps:
         return out
 
 
-def softmax_rows(masked, expanded: bool = False) -> tuple[SoftmaxRow, ...]:
+def softmax_rows(masked, expanded: bool = False, sink: sympy.Expr | None = None) -> tuple[SoftmaxRow, ...]:
     """The softmax rows of ``masked``; ``expanded``: its entries are sums of distinct algebraic
-    terms (a norm's scores), so z − m is already in expanded form and is not expanded again."""
+    terms (a norm's scores), so z − m is already in expanded form and is not expanded again.
+    ``sink``: a learned sink logit, one more term in each row's ``Z_i`` (and in its maximum)."""
     qq = getattr(masked, "qq_rows", None)
-    if qq is not None:  # rational scores: the maximum and the exponents in exact QQ arithmetic
+    if qq is not None and (sink is None or sink.is_Rational):  # rational: the maximum and exponents in QQ
+        s = None if sink is None else QQ(int(sink.p), int(sink.q))
         rows = []
         for values in qq:
-            m = max(v for v in values if v is not None)
-            rows.append(SoftmaxRow(qq_to_sympy(m),
-                                   tuple(None if v is None else v - m for v in values)))
+            m = max([v for v in values if v is not None] + ([s] if s is not None else []))
+            rows.append(SoftmaxRow(qq_to_sympy(m), tuple(None if v is None else v - m for v in values),
+                                   sink=None if s is None else s - m))
         return tuple(rows)
     rows = []
     for i in range(masked.rows):
@@ -296,12 +345,14 @@ def softmax_rows(masked, expanded: bool = False) -> tuple[SoftmaxRow, ...]:
         symbolic = any(v.free_symbols for v in finite)
         # The maximum keeps exponents ≤ 0; with symbols it cannot be picked, and the first
         # allowed score serves (any reference cancels in the quotient).
-        m = finite[0] if symbolic else row_max(values)
+        m = finite[0] if symbolic else row_max(values + ([sink] if sink is not None else []))
         exponents = tuple(None if v == NEG_INF else (v - m) if expanded else tidy(v - m) for v in values)
-        for e in exponents:
+        sink_exponent = None if sink is None else tidy(sink - m)
+        for e in exponents + (sink_exponent,):
             if e is not None:
                 _check_exponent(e)  # now, while the derivation runs, not when the row is first shown
-        rows.append(SoftmaxRow(m, exponents, is_max=not symbolic, algebraic=expanded))
+        rows.append(SoftmaxRow(m, exponents, is_max=not symbolic, algebraic=expanded and sink is None,
+                               sink=sink_exponent))
     return tuple(rows)
 
 

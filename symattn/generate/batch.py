@@ -32,7 +32,7 @@ _BOUNDS = {level: (proj, score) for level, (_, proj, score, _) in LEVELS.items()
 # The shape options, which a base problem gives instead, and their defaults
 _SHAPE = {"tokens": 4, "d_model": 4, "d_k": 4, "d_v": 4, "mask": "causal", "heads": 1, "cross": None,
           "scale": True, "words": None, "norm": None, "residual": False, "block": False, "d_ff": 3,
-          "activation": "relu", "vocab": None, "rows": "last"}
+          "activation": "relu", "vocab": None, "rows": "last", "sink": None}
 
 
 class GeneratedProblem(Problem):
@@ -60,7 +60,7 @@ def generate(count: int = 1, *, seed: int = 0, level: str = "easy", tokens: int 
              base: Problem | str | os.PathLike | None = None, vary: str = "weights", numbered: bool | None = None,
              command: str | None = None, norm: str | None = None, residual: bool = False, block: bool = False,
              d_ff: int = 3, activation: str = "relu", vocab: str | Sequence[str] | None = None,
-             rows: str = "last") -> list[GeneratedProblem]:
+             rows: str = "last", sink: int | None = None) -> list[GeneratedProblem]:
     """``count`` different exercises with small, hand-friendly numbers, the same for the same
     options and seed (the options of ``symattn generate``; ``scale=False`` is ``--no-scale``).
 
@@ -91,7 +91,7 @@ def generate(count: int = 1, *, seed: int = 0, level: str = "easy", tokens: int 
     ``norm`` ("layernorm" or "rmsnorm", ``--norm``) puts a norm with ε = 0 in front: each row
     of X is a·z + b with z a row of ±1, so the normalised rows are ±1 exactly, and the
     guarantees hold for X_norm = X̂ ∘ γ + β (γ of 1s and 2s, β of 0s and 1s), which the
-    projections read. ``residual`` (``--residual``) derives H = X + O too.
+    projections read. ``residual`` (``--residual``) derives H = X + O too. ``sink``: see ``Spec``.
 
     ``block`` (``--block``) writes the whole block: that norm (``norm``, by default
     "layernorm") and the residual, then an MLP of ``d_ff`` hidden units with its own norm and
@@ -101,7 +101,7 @@ def generate(count: int = 1, *, seed: int = 0, level: str = "easy", tokens: int 
     """
     options = dict(tokens=tokens, d_model=d_model, d_k=d_k, d_v=d_v, mask=mask, heads=heads, cross=cross,
                    scale=scale, words=words, norm=norm, residual=residual, block=block, d_ff=d_ff,
-                   activation=activation, vocab=vocab, rows=rows)
+                   activation=activation, vocab=vocab, rows=rows, sink=sink)
     _check(count, seed, level, options, range, vary, numbered, command)
     if command is None:
         command = _call(count, dict(seed=seed, level=level, **options, range=range, base=base, vary=vary,
@@ -203,6 +203,8 @@ def _check(count, seed, level, options: dict, range, vary, numbered, command) ->
                 isinstance(words, (list, tuple)) and all(isinstance(w, str) for w in words)):
             raise SymattnError(f"{name} are text (\"the cat sat\") or a list of strings, not {shown(words)}")
     _whole("d_ff", options["d_ff"], None)
+    if options["sink"] is not None:
+        _whole("sink", options["sink"], None)
     for name in ("activation", "rows"):
         if not isinstance(options[name], str):
             raise SymattnError(f"{name} is text such as {_SHAPE[name]!r}, not {shown(options[name])}")
@@ -247,7 +249,7 @@ def _spec(level: str, range, options: dict, base, vary: str):
                     level=level, range=tuple(range) if range is not None else None, words=words,
                     norm=options["norm"] or ("layernorm" if block else None), residual=options["residual"] or block,
                     block=block, d_ff=options["d_ff"], activation=options["activation"], vocab=vocab,
-                    rows=options["rows"]), None
+                    rows=options["rows"], sink=options["sink"]), None
     given = [name for name, default in _SHAPE.items() if options[name] != default]
     if given:
         raise SymattnError(f"{given[0]} comes from the base problem, which keeps its structure; leave it out with base")

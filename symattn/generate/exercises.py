@@ -37,7 +37,7 @@ class Spec:
     d_model: int = 4
     d_k: int = 4
     d_v: int = 4
-    mask: str = "causal"  # none, causal, causal-bottom-right, sliding-window:W, padding:P
+    mask: str = "causal"  # none, causal, causal-bottom-right, sliding-window:W, sink-window:K,W, padding:P
     heads: int = 1
     cross: int | None = None  # n_k of a context (cross-attention)
     scale: bool = True
@@ -54,6 +54,10 @@ class Spec:
     activation: str = "relu"  # with block: relu or relu2
     vocab: tuple[str, ...] | None = None  # with block: the vocabulary (else the sentence's words and a few)
     rows: str = "last"  # with block: the logits of the last position, or of every one ("all")
+    # --sink: gpt-oss's learned sink logit, the same whole number (−9 to 9) in every head; at easy each
+    # softmax row has at most two distinct exponents counting the sink's. mask "sink-window:K,W" is
+    # StreamingLLM's: the first K keys and a causal window of W
+    sink: int | None = None
 
     @property
     def proj_score_bounds(self) -> tuple[int, int]:
@@ -127,6 +131,10 @@ def validate(spec: Spec) -> None:
             f"d_k = {spec.d_k} is not a perfect square, so the scaled scores carry √{spec.d_k}; "
             "use --level hard, --no-scale, or a d_k such as 1, 4 or 9"
         )
+    if spec.sink is not None and not -9 <= spec.sink <= 9:
+        raise SymattnError(f"--sink must be a small whole number (at most 9 in size), not {spec.sink}")
+    if spec.sink is not None and spec.block:
+        raise SymattnError("--sink does not go with --block yet (a block's attention is uniform by design)")
     if spec.block:
         if spec.norm is None:
             raise SymattnError("a block exercise has a norm in front of the attention: choose layernorm or rmsnorm")
@@ -140,6 +148,8 @@ def allowed(spec: Spec) -> list[list[bool]]:
     if colon and kind in ("none", "causal", "causal-bottom-right"):
         raise SymattnError(f"the mask {kind} takes no argument; write --mask {kind}")
     width = None
+    if kind == "sink-window":
+        return _sink_window(spec, arg)
     if kind in ("sliding-window", "padding"):
         try:
             width = whole_number(arg)
@@ -158,15 +168,31 @@ def allowed(spec: Spec) -> list[list[bool]]:
     else:
         import difflib
 
-        close = difflib.get_close_matches(kind, ["none", "causal", "causal-bottom-right", "sliding-window", "padding"], n=1)
+        close = difflib.get_close_matches(kind, ["none", "causal", "causal-bottom-right", "sliding-window", "sink-window",
+                                                 "padding"], n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         raise SymattnError(
-            f"unknown mask {excerpt(spec.mask)}{hint}; choose none, causal, causal-bottom-right, sliding-window:W or padding:P"
+            f"unknown mask {excerpt(spec.mask)}{hint}; choose none, causal, causal-bottom-right, sliding-window:W, "
+            "sink-window:K,W or padding:P"
         )
     for i, row in enumerate(grid):
         if not any(row):
             raise SymattnError(f"the mask {spec.mask} leaves query {i + 1} with no key to attend to; choose another mask or shape")
     return grid
+
+
+def _sink_window(spec: Spec, arg: str) -> list[list[bool]]:
+    """``sink-window:K,W``: StreamingLLM's mask, the first K keys and a causal window of W."""
+    try:
+        numbers = [whole_number(x) for x in arg.split(",")]
+    except LongNumber as exc:
+        raise SymattnError(f"--mask sink-window:K,W: {exc}") from None
+    if len(numbers) != 2 or None in numbers or min(numbers) < 1:
+        raise SymattnError(f"--mask sink-window:K,W needs two whole numbers ≥ 1 (K sink tokens, a window of W), "
+                           f"not {excerpt(arg)}")
+    if spec.cross is not None:
+        raise SymattnError("--mask sink-window:K,W is for self-attention (its window is causal), not --cross")
+    return [list(row) for row in mask_rule("sink-window", spec.tokens, spec.n_k, numbers[1], numbers[0])]
 
 
 def niceness(spec: Spec, drawn: Drawn) -> str | None:
@@ -202,7 +228,9 @@ def niceness(spec: Spec, drawn: Drawn) -> str | None:
                 for s in S.ravel():
                     if Fraction(int(s), root).denominator not in denominators:
                         return f"a scaled score is not {'an integer' if denominators == (1,) else 'an integer, half or third'}"
-        distinct = [len({int(s) for s, ok in zip(S[i], mask[i]) if ok}) for i in range(S.shape[0])]
+        root = math.isqrt(W_Q.shape[1]) if spec.scale else 1
+        sink = set() if spec.sink is None else {Fraction(spec.sink) * root}  # the sink, on the scores' scale
+        distinct = [len({int(s) for s, ok in zip(S[i], mask[i]) if ok} | sink) for i in range(S.shape[0])]
         if spec.block and spec.level != "hard":  # uniform attention: every softmax weight is 1/k
             if max(distinct) > 1:
                 return "a query's visible scores differ (its softmax weights would not be fractions)"
@@ -321,12 +349,17 @@ def to_yaml(spec: Spec, drawn: Drawn, command: str, title: str) -> str:
     kind, _, arg = spec.mask.partition(":")
     if kind == "sliding-window":
         out.append(f"mask: {{sliding-window: {arg}}}")
+    elif kind == "sink-window":
+        k, w = arg.split(",")
+        out.append(f"mask: {{sink: {int(k)}, window: {int(w)}}}")
     elif kind == "padding":
         out.append("mask:\n" + matrix(np.array(allowed(spec), dtype=int)))
     else:
         out.append(f"mask: {kind}")
     if not spec.scale:
         out.append("scale: none")
+    if spec.sink is not None:
+        out.append(f"sink: {spec.sink}" if spec.heads == 1 else f"sink: [{', '.join([str(spec.sink)] * spec.heads)}]")
     if drawn.gamma is not None:
         row = lambda m: "[" + ", ".join(str(int(v)) for v in m[0]) + "]"  # noqa: E731
         bias = f", bias: {row(drawn.beta)}" if drawn.beta is not None else ""
@@ -367,6 +400,8 @@ def from_problem(problem) -> tuple[Spec, Drawn]:
     mask = problem.mask
     if mask.kind == "sliding-window":
         kind = f"sliding-window:{mask.window}"
+    elif mask.kind == "sink-window":
+        kind = f"sink-window:{mask.sink},{mask.window}"
     elif mask.kind in ("matrix", "padding", "valid-length"):
         last = [row.index(False) if False in row else len(row) for row in mask.allowed]
         if len(set(last)) != 1 or any(any(row[last[0]:]) for row in mask.allowed):
@@ -396,6 +431,8 @@ def from_problem(problem) -> tuple[Spec, Drawn]:
         extra.append("bias:\n" + "\n".join(rows))
     if problem.decode is not None:
         extra.append(f"decode: {problem.decode}")
+    if problem.sinks is not None:  # learned sinks are kept as they are (the numbers that vary are X or the weights)
+        extra.append("sink: [" + ", ".join(quote(sympy.sstr(s)) for s in problem.sinks) + "]")
     spec = Spec(
         extra=tuple(extra),
         bounds=(proj, score),

@@ -12,7 +12,8 @@ class Mask:
     """Which positions each query may attend to.
 
     ``kind`` is ``none``, ``causal``, ``causal-bottom-right``,
-    ``sliding-window`` (with ``window``) or ``matrix`` (given 0/1 entries);
+    ``sliding-window`` (with ``window``), ``sink-window`` (StreamingLLM's: ``sink`` first keys
+    and a causal ``window``) or ``matrix`` (given 0/1 entries);
     ``allowed[i][j]`` says whether query i may attend to key j.
     """
 
@@ -22,6 +23,14 @@ class Mask:
     keys: tuple[bool, ...] | None = None  # padding and valid-length: which keys are real tokens
     valid_length: int | None = None
     parts: tuple["Mask", ...] = ()  # combined: the masks whose allowed sets are intersected
+    sink: int | None = None  # sink-window: the number of sink tokens (the first keys), kept by every query
+
+    def cache_rows(self, t: int) -> tuple[int, ...]:
+        """The 0-based keys a KV cache holds when token ``t`` (1-based) is decoded: keys ``1..t``
+        under the causal mask; under a sink window only the sink tokens and the last ``window``."""
+        if self.kind == "sink-window":
+            return tuple(j for j in range(t) if j < self.sink or t - 1 - j < self.window)
+        return tuple(range(t))
 
     @property
     def kinds(self) -> frozenset[str]:
@@ -50,17 +59,22 @@ class Mask:
             "causal-bottom-right": "causal, aligned bottom-right: query ⟦i⟧ may attend to keys ⟦j \\le i + (n_k - n_q)⟧",
             "sliding-window": (f"sliding window of ⟦{self.window}⟧: query ⟦i⟧ may attend to keys ⟦j \\le i⟧ "
                                f"with ⟦i - j < {self.window}⟧"),
+            "sink-window": (f"sink tokens and a sliding window (StreamingLLM's): query ⟦i⟧ may attend to keys "
+                            f"⟦j \\le i⟧ that are one of the first ⟦{self.sink}⟧ (the sink tokens) or have "
+                            f"⟦i - j < {self.window}⟧ (the window, the query itself included)"),
             "matrix": "given matrix: ⟦1⟧ = may attend, ⟦0⟧ = may not",
         }[self.kind]
 
 
-def mask_rule(kind: str, n_q: int, n_k: int, window: int | None = None) -> tuple[tuple[bool, ...], ...]:
+def mask_rule(kind: str, n_q: int, n_k: int, window: int | None = None,
+              sink: int | None = None) -> tuple[tuple[bool, ...], ...]:
     """Which keys each query may attend to under a named mask (query i, key j, 0-based)."""
     rule = {
         "none": lambda i, j: True,
         "causal": lambda i, j: j <= i,  # top-left aligned, as PyTorch's is_causal
         "causal-bottom-right": lambda i, j: j <= i + n_k - n_q,  # as FlashAttention
         "sliding-window": lambda i, j: j <= i and i - j < window,
+        "sink-window": lambda i, j: j <= i and (j < sink or i - j < window),
     }[kind]
     return tuple(tuple(bool(rule(i, j)) for j in range(n_k)) for i in range(n_q))
 

@@ -277,6 +277,7 @@ class Problem:
     positions: Positions | None = None  # positional encodings added to X; None: X as given
     kv_heads: int | None = None  # grouped-query attention: the heads share K/V in this many groups
     decode: int | None = None  # decode only this token's row from a KV cache (1-based)
+    sinks: tuple | None = None  # gpt-oss's learned sink logits, one exact number per query head
     norm: Norm | None = None  # the layer normalisation in front of (or, post, behind) the attention
     residual: bool = False  # H = the attention's input + its output (implied by a post norm)
     token_types: Matrix | None = None  # BERT's token-type rows, one per token, added with the positions

@@ -47,6 +47,9 @@ def with_backward(problem: Problem, loss=None) -> Problem:
         # a problem with its own cross-entropy goes back from it; an MLP or logits without one is refused
         loss = CROSS_ENTROPY if problem.loss is not None or problem.mlp is not None or problem.logits is not None \
             else "sum"
+    if problem.sinks is not None:
+        raise SymattnError("the backward pass with learned sinks is not supported yet; remove sink or --backward",
+                           file=problem.source, field="--backward")
     backward = _loss(problem, loss)
     refusal = block_backward_refusal(backward, problem.mlp, problem.logits, problem.loss)
     if refusal:
@@ -60,6 +63,9 @@ def with_tiling(problem: Problem, block: int) -> Problem:
     if isinstance(block, bool) or not isinstance(block, int) or block < 1:
         raise SymattnError(f"the block must be a whole number of keys, 1 or more, not {shown(block)}",
                            field="--tiled")
+    if problem.sinks is not None:
+        raise SymattnError("the tiled softmax with learned sinks is not supported yet; remove sink or --tiled",
+                           file=problem.source, field="--tiled")
     if problem.symbols:
         raise SymattnError("the tiled softmax needs numbers: the running maximum of scores with symbols cannot be "
                            "decided; remove symbols or --tiled", file=problem.source, field="--tiled")
@@ -73,9 +79,10 @@ def decode_problem(t: int, n: int, mask: Mask, cross: bool, bias: bool) -> str |
     if cross:
         return ("decoding from a KV cache is for causal self-attention; this problem is cross-attention "
                 "(context), whose keys do not grow one token at a time")
-    if mask.kind != "causal":
+    if mask.kind not in ("causal", "sink-window"):
         return (f"decoding from a KV cache needs the causal mask (mask: causal); this problem's mask is "
-                f"{mask.kind}, so token {t}'s row would not be the cache's row")
+                f"{mask.kind}, so token {t}'s row would not be the cache's row (a cache that keeps sink tokens "
+                "and a window is mask: {sink: k, window: w})")
     if bias:
         return "decoding with a bias is not supported; remove bias or decode"
     if not 1 <= t <= n:

@@ -151,8 +151,30 @@ def _mask_f64(p: Problem, subs) -> np.ndarray:
     return M
 
 
+def _sink(p: Problem, head: int) -> "float | None":
+    """Query head ``head``'s (1-based) learned sink logit in float64, or None."""
+    return None if p.sinks is None else float(p.sinks[head - 1])
+
+
+def _softmax_rows(Z: np.ndarray, sink: "float | None") -> tuple[np.ndarray, "np.ndarray | None"]:
+    """Each row's softmax, the maximum subtracted first; with a learned sink s (gpt-oss) the
+    denominator has one more term exp(s − m) and m is the maximum over the row and s. Returns the
+    weights and, with a sink, each row's share of it (n × 1)."""
+    m = Z.max(axis=1, keepdims=True)                        # finite: no row is fully masked
+    if sink is not None:
+        m = np.maximum(m, sink)
+    E = Z - m
+    np.exp(E, out=E)                                        # exp(-inf) = 0 for masked positions
+    total = E.sum(axis=1, keepdims=True)
+    if sink is None:
+        return np.divide(E, total, out=E), None             # in place: one n² array
+    absorbed = np.exp(sink - m)
+    total = total + absorbed
+    return E / total, absorbed / total
+
+
 def _head(p: Problem, out: dict, M: np.ndarray, prefix, Q: np.ndarray, K: np.ndarray, V: np.ndarray,
-          kv_prefix=None) -> np.ndarray:
+          kv_prefix=None, sink: "float | None" = None) -> np.ndarray:
     """One head's stages, from its Q, K and V to its output O (returned)."""
     factor = scale_factor(p, Q.shape[1])
     if p.rope is not None:  # RoPE: the scores compare the rotated queries and keys
@@ -163,34 +185,37 @@ def _head(p: Problem, out: dict, M: np.ndarray, prefix, Q: np.ndarray, K: np.nda
     S_scaled = out[prefix(st.S_SCALED)] = S * factor
     out[prefix(st.M)] = M
     Z = out[prefix(st.S_MASKED)] = S_scaled + M
-    m = Z.max(axis=1, keepdims=True)                        # finite: no row is fully masked
-    E = Z - m
-    np.exp(E, out=E)                                        # exp(-inf) = 0 for masked positions
-    A = out[prefix(st.A)] = np.divide(E, E.sum(axis=1, keepdims=True), out=E)  # in place: one n² array
+    A, absorbed = _softmax_rows(Z, sink)
+    out[prefix(st.A)] = A
+    if absorbed is not None:
+        out[prefix(st.A_SINK)] = absorbed
     O = out[prefix(st.O)] = A @ V                           # (n_q, n_k) @ (n_k, d_v)
     if p.tiling is not None:
         m, l, acc = _online_softmax(Z, V, p.tiling.block)
         out[prefix(st.M_TILED)], out[prefix(st.L_TILED)], out[prefix(st.ACC_TILED)] = m, l, acc
         out[prefix(st.O_TILED)] = acc / l[:, -1:]
     if p.decode is not None:
-        _decode(p, out, prefix, kv_prefix or prefix, Q, K, V, factor, O)
+        _decode(p, out, prefix, kv_prefix or prefix, Q, K, V, factor, O, sink)
     return O
 
 
-def _decode(p: Problem, out: dict, prefix, kv_prefix, Q, K, V, factor, O) -> None:
+def _decode(p: Problem, out: dict, prefix, kv_prefix, Q, K, V, factor, O, sink=None) -> None:
     """Token t's row from the cache of keys and values 1..t (t counted from 1)."""
     t = p.decode
-    K_cache = out[kv_prefix(st.K_CACHE)] = K[:t]            # (t, d_k)
-    V_cache = out[kv_prefix(st.V_CACHE)] = V[:t]            # (t, d_v)
+    kept = np.arange(t)                                     # the causal cache: keys 1..t
+    if p.mask.kind == "sink-window":                        # StreamingLLM: the sink tokens and the last w keys
+        kept = kept[(kept < p.mask.sink) | (t - 1 - kept < p.mask.window)]
+    K_cache = out[kv_prefix(st.K_CACHE)] = K[kept]          # (r, d_k)
+    V_cache = out[kv_prefix(st.V_CACHE)] = V[kept]          # (r, d_v)
     q = out[prefix(st.Q_T)] = Q[t - 1:t]                    # (1, d_k)
-    s = out[prefix(st.S_T)] = (q @ K_cache.T) * factor      # (1, t): no mask, the cache holds keys 1..t
-    e = np.exp(s - s.max())
-    a = out[prefix(st.A_T)] = e / e.sum()
+    s = out[prefix(st.S_T)] = (q @ K_cache.T) * factor      # (1, r): no mask, the cache holds the allowed keys
+    a = out[prefix(st.A_T)] = _softmax_rows(s, sink)[0]
     o = out[prefix(st.O_T)] = a @ V_cache                   # (1, d_v)
     out[prefix(st.O_T_DIFF)] = o - O[t - 1:t]
     d_k, d_v = Q.shape[1], V.shape[1]
     steps = np.arange(1, p.n_q + 1)
-    out[st.DECODE_COST] = np.stack([steps * d_k, steps * d_v, steps**2 * d_k, steps**2 * d_v], axis=1).astype(float)
+    cached = steps if p.mask.kind != "sink-window" else np.minimum(steps, p.mask.sink + p.mask.window)
+    out[st.DECODE_COST] = np.stack([cached * d_k, cached * d_v, steps**2 * d_k, steps**2 * d_v], axis=1).astype(float)
 
 
 # each norm's stage ids: μ, σ², the mean square, the normalised rows, γ, β (the layer's norm has
@@ -331,7 +356,7 @@ def _projected_heads(p: Problem, out: dict, M: np.ndarray, X: np.ndarray, C: np.
         if h == first:  # the group's K and V, under its first head's ids
             kv_prefix = prefix
             K, V = _keys_and_values(out, prefix, weights, C, subs)
-        outputs.append(_head(p, out, M, prefix, Q, K, V, kv_prefix))
+        outputs.append(_head(p, out, M, prefix, Q, K, V, kv_prefix, sink=_sink(p, h)))
     return outputs
 
 
@@ -371,7 +396,7 @@ def numeric_stages(p: Problem) -> dict[str, np.ndarray]:
         Q = out[st.Q] = to_float64(p.Q, subs)
         K = out[st.K] = to_float64(p.K, subs)
         V = out[st.V] = to_float64(p.V, subs)
-        _head(p, out, M, st.stage_id, Q, K, V)
+        _head(p, out, M, st.stage_id, Q, K, V, sink=_sink(p, 1))
         return out
     X, C = _layer_inputs(p, out, subs)
     outputs = _projected_heads(p, out, M, X, C, subs)

@@ -56,6 +56,38 @@ def torch_norm(F, n, x, t):
                         eps=float(n.eps))
 
 
+def _sink(p: Problem, head: int) -> "float | None":
+    return None if p.sinks is None else float(p.sinks[head - 1])
+
+
+def with_sink_key(torch, K, V, mask, sink: float):
+    """A learned sink as SDPA can take it: one more key, all zeros (so its score q·0 is 0), with the
+    value 0 and the mask entry ``sink`` in every row, so each row's softmax has the extra term
+    exp(s − m) in its denominator and the sink adds nothing to the output. K and V are (…, n_k, d);
+    ``mask`` (n_q × n_k) gets the sink's column (None: left None)."""
+    zero_k, zero_v = torch.zeros_like(K[..., :1, :]), torch.zeros_like(V[..., :1, :])
+    K, V = torch.cat([K, zero_k], dim=-2), torch.cat([V, zero_v], dim=-2)
+    if mask is not None:
+        mask = torch.cat([mask, torch.full((mask.shape[0], 1), sink, dtype=mask.dtype)], dim=1)
+    return K, V, mask
+
+
+def _attn_mask(torch, p: Problem, t):
+    """SDPA's float mask: 0 where allowed, −inf where masked, plus the bias if the problem has one."""
+    allowed = torch.tensor(p.mask.allowed, dtype=torch.bool)
+    attn_mask = torch.zeros(allowed.shape, dtype=torch.float64).masked_fill(~allowed, float("-inf"))
+    return attn_mask + t(p.bias) if p.bias is not None else attn_mask
+
+
+def grouped_sink_keys(torch, K, V, mask, sinks):
+    """:func:`with_sink_key` for grouped heads: one zero key per K/V group and a mask per query head,
+    each with its own sink's column; unchanged without sinks."""
+    if sinks is None:
+        return K, V, mask
+    K2, V2, _ = with_sink_key(torch, K, V, None, 0.0)
+    return K2, V2, torch.stack([with_sink_key(torch, K[0], V[0], mask, float(s))[2] for s in sinks])
+
+
 def torch_stages(p: Problem) -> dict[str, np.ndarray]:
     """Each head's ``A`` and ``O`` (and with heads, the projected ``O``) from PyTorch in float64."""
     torch = import_torch()
@@ -69,20 +101,19 @@ def torch_stages(p: Problem) -> dict[str, np.ndarray]:
         """x·W + b as nn.Linear computes it (its weight is stored out × in: Wᵀ)."""
         return F.linear(x, t(W).T, None if b is None else t(b)[0])
 
-    allowed = torch.tensor(p.mask.allowed, dtype=torch.bool)
-    attn_mask = torch.zeros(allowed.shape, dtype=torch.float64).masked_fill(~allowed, float("-inf"))
-    if p.bias is not None:
-        attn_mask = attn_mask + t(p.bias)
+    attn_mask = _attn_mask(torch, p, t)
     out: dict[str, np.ndarray] = {}
 
-    def head(prefix: str, Q, K, V):
+    def head(prefix: str, Q, K, V, sink=None):
         if p.rope is not None:
             Q, K = torch_rope(torch, Q, p.rope), torch_rope(torch, K, p.rope)
         d_k = Q.shape[1]
         scale = {"auto": d_k**-0.5, "none": 1.0}.get(p.scale) if isinstance(p.scale, str) else float(p.scale)
+        n_k = K.shape[0]
+        K, V, mask = with_sink_key(torch, K, V, attn_mask, sink) if sink is not None else (K, V, attn_mask)
         eye = torch.eye(K.shape[0], dtype=torch.float64)
-        A = F.scaled_dot_product_attention(Q[None], K[None], eye[None], attn_mask=attn_mask, scale=scale)[0]
-        O = F.scaled_dot_product_attention(Q[None], K[None], V[None], attn_mask=attn_mask, scale=scale)[0]
+        A = F.scaled_dot_product_attention(Q[None], K[None], eye[None], attn_mask=mask, scale=scale)[0][:, :n_k]
+        O = F.scaled_dot_product_attention(Q[None], K[None], V[None], attn_mask=mask, scale=scale)[0]
         out[prefix(st.A)] = A.numpy()
         out[prefix(st.O)] = O.numpy()
         return O
@@ -101,9 +132,11 @@ def torch_stages(p: Problem) -> dict[str, np.ndarray]:
         V = torch.stack([linear(C, w.W_V, w.b_V) for w in firsts])              # (g, n_k, d_v)
         d_k = Q.shape[-1]
         scale = {"auto": d_k**-0.5, "none": 1.0}.get(p.scale) if isinstance(p.scale, str) else float(p.scale)
+        n_k = K.shape[1]
+        K, V, mask = grouped_sink_keys(torch, K, V, attn_mask, p.sinks)
         eye = torch.eye(K.shape[1], dtype=torch.float64).expand(p.kv_heads, -1, -1)
-        A = F.scaled_dot_product_attention(Q, K, eye, attn_mask=attn_mask, scale=scale, enable_gqa=True)
-        O = F.scaled_dot_product_attention(Q, K, V, attn_mask=attn_mask, scale=scale, enable_gqa=True)
+        A = F.scaled_dot_product_attention(Q, K, eye, attn_mask=mask, scale=scale, enable_gqa=True)[..., :n_k]
+        O = F.scaled_dot_product_attention(Q, K, V, attn_mask=mask, scale=scale, enable_gqa=True)
         for h in range(n_heads):
             out[st.stage_id(st.A, h + 1)] = A[h].numpy()
             out[st.stage_id(st.O, h + 1)] = O[h].numpy()
@@ -111,7 +144,7 @@ def torch_stages(p: Problem) -> dict[str, np.ndarray]:
 
     with torch.no_grad():
         if not p.projected:
-            head(st.stage_id, t(p.Q), t(p.K), t(p.V))
+            head(st.stage_id, t(p.Q), t(p.K), t(p.V), _sink(p, 1))
             return out
         X = block = torch_embedded(torch, F, p, t, out)         # X, with its positions (and its norm)
         if p.norm is not None and not p.norm.post:
@@ -125,7 +158,7 @@ def torch_stages(p: Problem) -> dict[str, np.ndarray]:
             for h, weights in enumerate(p.heads, 1):
                 prefix = functools.partial(st.stage_id, head=h if p.multi_head else None)  # this head's ids
                 outputs.append(head(prefix, linear(X, weights.W_Q, weights.b_Q), linear(C, weights.W_K, weights.b_K),
-                                    linear(C, weights.W_V, weights.b_V)))
+                                    linear(C, weights.W_V, weights.b_V), _sink(p, h)))
         O = outputs[0]
         if p.multi_head:
             O = linear(torch.cat(outputs, dim=1), p.W_O, p.b_O)

@@ -163,7 +163,7 @@ def _step_blocks(d: Derivation, step: Step, digits: int, max_shown: int, shade: 
     evaluable = d.can_evaluate
     out: list[Block] = []
     if "softmax" in step.shows:
-        out.append(Block("math", _SOFTMAX_DEF))
+        out.append(Block("math", _SINK_SOFTMAX_DEF if any(r.sink is not None for r in step.softmax) else _SOFTMAX_DEF))
     if not written_exactly(step):
         out.append(Block("math", step.formula))
         out.append(Block("para", too_long(step)))
@@ -247,6 +247,10 @@ def _boxes(d: Derivation, step: Step, max_shown: int, digits: int, budget: float
 _SOFTMAX_DEF = (
     "A_{ij} = \\frac{e^{\\hat{S}_{ij} - m_i}}{Z_i},\\qquad "
     "m_i = \\max_k \\hat{S}_{ik},\\qquad Z_i = \\sum_k e^{\\hat{S}_{ik} - m_i}"
+)
+_SINK_SOFTMAX_DEF = (  # a learned sink s: one more term in Z_i, and in the maximum
+    "A_{ij} = \\frac{e^{\\hat{S}_{ij} - m_i}}{Z_i},\\qquad "
+    "m_i = \\max\\bigl(\\max_k \\hat{S}_{ik},\\ s\\bigr),\\qquad Z_i = \\sum_k e^{\\hat{S}_{ik} - m_i} + e^{s - m_i}"
 )
 _FORMULA = "\\operatorname{Attention}(Q, K, V) = \\operatorname{softmax}\\!\\left(\\frac{Q K^{\\top}}{\\sqrt{d_k}} + M\\right) V"
 

@@ -65,6 +65,8 @@ def _sharing_and_decoding(d: Derivation) -> dict:
         diffs = [d.step(registry.stage_id(registry.O_T_DIFF, h)).exact for h in registry.Context(p).heads]
         out["decode"] = {"token": p.decode, "row": p.decode - 1, "label": p.tokens[p.decode - 1],
                          "equals_full_row": all(x == 0 for m in diffs for x in m)}
+        if p.mask.kind == "sink-window":  # StreamingLLM's cache: the keys it keeps (0-based rows) and its bound
+            out["decode"].update(cached_rows=list(p.mask.cache_rows(p.decode)), max_cached=p.mask.sink + p.mask.window)
     return out
 
 

@@ -468,7 +468,7 @@ def _entry_texts(step: "Step", printer: _Printer, fractions: "_Fractions | None"
         return general
 
     def structured(i: int) -> list[str]:
-        if not rows[i].rational:
+        if not rows[i].rational or rows[i].sink is not None:  # a learned sink's Z_i: SymPy's own text
             return general(i)
         row = _RowText(rows[i])
         return [row.weight(j) for j in range(m.cols)] if columns is None else row.outputs(columns)

@@ -151,14 +151,17 @@ def normaliser_lines(d: Derivation, step: Step, digits: int, max_shown: int = MA
 def normaliser_tex(d: Derivation, step: Step, i: int, digits: int) -> tuple[str, str]:
     """Row ``i``'s ``m_i = …`` and ``Z_i = … ≈ …`` (the decimal when the problem can be evaluated)."""
     row = step.softmax[i]
+    # with a learned sink, Z_i has the sink's term too
+    total = f"\\sum_k e^{{\\hat{{S}}_{{{i + 1}k}} - m_{{{i + 1}}}}}" + (
+        f" + e^{{s - m_{{{i + 1}}}}}" if row.sink is not None else "")
     if not written_exactly(step):  # too long to write: the decimals alone (RoPE at size)
         dps = max(digits + 5, DPS)
         return (f"m_{{{i + 1}}} \\approx {tex_decimal(row.maximum_value(dps), digits)}",
-                f"Z_{{{i + 1}}} = \\sum_k e^{{\\hat{{S}}_{{{i + 1}k}} - m_{{{i + 1}}}}} \\approx "
+                f"Z_{{{i + 1}}} = {total} \\approx "
                 f"{tex_decimal(row.evaluate_normaliser(dps), digits)}")
     m = f"m_{{{i + 1}}} = {tex(row.maximum)}"
     z = (
-        f"Z_{{{i + 1}}} = \\sum_k e^{{\\hat{{S}}_{{{i + 1}k}} - m_{{{i + 1}}}}} = "
+        f"Z_{{{i + 1}}} = {total} = "
         f"{exp_parts_tex(row.numerator_parts()) if row.rational else exp_sum_tex(row.normaliser)}"
     )
     subs = d.problem.substitutions

@@ -25,10 +25,10 @@ from __future__ import annotations
 
 from .groups import kv_cache_size, kv_groups
 from .ids import (
-    A, A_T, ACC_TILED, B_K, B_O, B_Q, B_V, BIASES, CACHED, CONCAT, CONTEXT, COST_COLUMNS, COSTS, DA, DB_K,
+    A, A_SINK, A_T, ACC_TILED, B_K, B_O, B_Q, B_V, BIASES, CACHED, CONCAT, CONTEXT, COST_COLUMNS, COSTS, DA, DB_K,
     DB_O, DB_Q, DB_V, DCONCAT, DCONTEXT, DECODE_COST, DK, DK_BACK, DK_ROT, DO, DO_HEAD, DQ, DQ_BACK, DQ_ROT, DS, DS_MASKED, DV, DW_K, DW_O,
     DW_Q, DW_V, DX, K, K_CACHE, K_ROT, K_T, KEYS, L_TILED, M, M_TILED, NEW, O, O_FINAL, O_T, O_T_DIFF,
-    O_TILED, PE, Q, Q_ROT, Q_T, QUERIES, S, S_MASKED, S_SCALED, S_T, SHARED_KV, STEPS, TOKEN_AXES, V,
+    O_TILED, PE, Q, Q_ROT, Q_T, QUERIES, S, S_MASKED, S_SCALED, S_T, SHARED_KV, SINK_AXIS, STEPS, TOKEN_AXES, V,
     V_CACHE, W_K, W_O, W_Q, W_V, X, X_POS, split_id, stage_id,
 )
 from .ids import (
@@ -55,12 +55,12 @@ from .traces import TRACES, traces
 from .worked import dot_at
 
 __all__ = [
-    "A", "A_T", "ACC_TILED", "B_K", "B_O", "B_Q", "B_V", "BIASES", "BY_KEY", "CACHED", "CONCAT", "CONTEXT",
+    "A", "A_SINK", "A_T", "ACC_TILED", "B_K", "B_O", "B_Q", "B_V", "BIASES", "BY_KEY", "CACHED", "CONCAT", "CONTEXT",
     "COST_COLUMNS", "COSTS", "DA", "DB_K", "DB_O", "DB_Q", "DB_V", "DCONCAT", "DCONTEXT", "DECODE_COST", "DK",
     "DK_BACK", "DK_ROT", "DO", "DO_HEAD", "DQ", "DQ_BACK", "DQ_ROT", "DS", "DS_MASKED", "DV", "DW_K", "DW_O", "DW_Q", "DW_V", "DX", "GRADIENT_NAMES",
     "K", "K_CACHE", "K_ROT", "K_T", "KEYS", "KINDS", "L_TILED", "M", "M_TILED", "NAMES", "NEW", "O",
     "O_FINAL", "O_T", "O_T_DIFF", "O_TILED", "PE", "Q", "Q_ROT", "Q_T", "QUERIES", "S", "S_MASKED",
-    "S_SCALED", "S_T", "SECTIONS", "SHARED_KV", "STEPS", "TILED_NAMES", "TOKEN_AXES", "TRACES", "V",
+    "S_SCALED", "S_T", "SECTIONS", "SHARED_KV", "SINK_AXIS", "STEPS", "TILED_NAMES", "TOKEN_AXES", "TRACES", "V",
     "V_CACHE", "W_K", "W_O", "W_Q", "W_V", "X", "X_POS",
     "BETA", "BETA_POST", "GAMMA", "GAMMA_POST", "H", "H_POST", "MEAN", "MEAN_SQUARE", "MS", "MS_POST", "MU",
     "MU_POST", "R", "R_HAT", "VAR", "VAR_POST", "VARIANCE", "X_HAT", "X_NORM",

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Callable
 
 from .kinds import Context
+from .relations import cache_runs
 from .relations import head_block
 
 
@@ -123,6 +124,31 @@ def rot_tex(c: Context, letter: str) -> str:
 
 def rot_text(c: Context, letter: str) -> str:
     return f"{letter}_rot" if c.rope is not None else letter
+
+
+def cache_span(c: Context, tex: bool) -> str:
+    """The cached rows, 1-based: ``1..t``, or the sink tokens' and the window's ``1..2, 4..5``."""
+    sep = ",\\," if tex else ", "
+    runs = cache_runs(c)
+    if c.p.mask.kind != "sink-window":
+        return sep.join(f"{first + 1}..{first + count}" for first, count in runs)
+    return sep.join(f"{first + 1}..{first + count}" if count > 1 else f"{first + 1}" for first, count in runs)
+
+
+def cache_formula(c: Context, letter: str) -> tuple[str, str]:
+    """``K_cache = K[1..t, :]`` (or the rows a sink window keeps), in LaTeX and text."""
+    tex_letter, text_letter = (rot_tex(c, letter), rot_text(c, letter)) if letter == "K" else (letter, letter)
+    return (f"{letter}_{{\\mathrm{{cache}}}} = {tex_letter}_{{{cache_span(c, True)},\\,:}}",
+            f"{letter}_cache = {text_letter}[{cache_span(c, False)}, :]")
+
+
+def softmax_formula(c: Context) -> tuple[str, str]:
+    """``A = softmax(Ŝ)``; with a learned sink s, one more term in Z_i and in the maximum."""
+    if c.sink is None:
+        return ("A = \\operatorname{softmax}(\\hat{S})",
+                "A[i,j] = exp(Ŝ[i,j] − m_i) / Z_i,  m_i = max_k Ŝ[i,k],  Z_i = Σ_k exp(Ŝ[i,k] − m_i)")
+    return ("A_{ij} = \\frac{e^{\\hat{S}_{ij} - m_i}}{\\sum_k e^{\\hat{S}_{ik} - m_i} + e^{s - m_i}}",
+            "A[i,j] = exp(Ŝ[i,j] − m_i) / Z_i,  m_i = max(max_k Ŝ[i,k], s),  Z_i = Σ_k exp(Ŝ[i,k] − m_i) + exp(s − m_i)")
 
 
 def s_t_formula(c: Context) -> tuple[str, str]:

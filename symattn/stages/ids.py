@@ -87,6 +87,8 @@ BIASES = {Q: B_Q, K: B_K, V: B_V, O_FINAL: B_O}  # each projection's bias
 # decoding one token from the KV cache (decode: t)
 K_CACHE, V_CACHE, Q_T, S_T, A_T, O_T = "K_cache", "V_cache", "q_t", "s_t", "a_t", "o_t"
 O_T_DIFF, DECODE_COST = "o_t_diff", "step_cost"
+# a learned sink (gpt-oss's sink: field): what each row's sink absorbed, 1 − Σ_j a_ij
+A_SINK = "A_sink"
 # With kv_heads (grouped-query attention) these stages exist once per K/V group, under the id of
 # the group's first query head (head1.K for group 1); the group's other heads read them. So do
 # their gradients: a group's dK and dV sum the shares of every head that reads it.
@@ -107,8 +109,9 @@ VOCAB, LAST, LOSS_ROWS, NLL_AXIS, LOSS_AXIS = "vocab", "last", "loss rows", "cro
 CACHED, NEW, STEPS, COSTS = "cached", "new", "steps", "costs"
 # the one column of a norm's row statistics, labelled by what it holds
 MEAN, VARIANCE, MEAN_SQUARE = "mean", "variance", "mean square"
+SINK_AXIS = "sink"  # the one column of what a learned sink absorbed
 TOKEN_AXES = (QUERIES, KEYS, CACHED, NEW, STEPS, COSTS, MEAN, VARIANCE, MEAN_SQUARE, VOCAB, LAST, LOSS_ROWS, NLL_AXIS,
-              LOSS_AXIS)  # labelled by words, not d1, d2
+              LOSS_AXIS, SINK_AXIS)  # labelled by words, not d1, d2
 COST_COLUMNS = ("scores (cache)", "output (cache)", "scores (full)", "outputs (full)")
 
 

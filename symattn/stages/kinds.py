@@ -201,6 +201,12 @@ class Context:
         return self.p.decode
 
     @property
+    def sink(self):
+        """This query head's learned sink logit (an exact number), or None without sinks."""
+        sinks = self.p.sinks
+        return None if sinks is None else sinks[(self.head or 1) - 1]
+
+    @property
     def grouped(self) -> bool:
         """Grouped-query attention: the query heads share keys and values (kv_heads)."""
         return bool(self.p.kv_heads) and self.multi

@@ -45,7 +45,7 @@ def score_variants(kind: str) -> tuple[Mistake, ...]:
     def carried(weights_of: Callable) -> Relation:
         def relation(ops, ex, c):
             a = weights_of(ops, ex, c)
-            return a if kind == A else ops.matmul(a, ex(V))
+            return a if kind == A or a is None else ops.matmul(a, ex(V))
 
         return relation
 
@@ -56,15 +56,38 @@ def score_variants(kind: str) -> tuple[Mistake, ...]:
         return ops.T(ops.softmax(ops.T(z)))
 
     def after(ops, ex, c):
-        return ops.zero_masked(ops.softmax(ex(S_SCALED)), ex(M))
+        return ops.zero_masked(ops.softmax(ex(S_SCALED), sink=c.sink), ex(M))
+
+    def with_sink(weights_of: Callable) -> Callable:
+        def relation(ops, ex, c):
+            return None if c.sink is None else weights_of(ops, ex, c)
+
+        return relation
 
     return (
-        Mistake(NO_SCALING, carried(lambda ops, ex, c: ops.softmax(ops.add_mask(ex(S), ex(M))))),
-        Mistake(BY_D_K, carried(lambda ops, ex, c: ops.softmax(ops.add_mask(by_d_k(ops, ex, c), ex(M))))),
-        Mistake(MASK_MISSING, carried(lambda ops, ex, c: ops.softmax(ex(S_SCALED)))),
+        Mistake(NO_SCALING, carried(lambda ops, ex, c: ops.softmax(ops.add_mask(ex(S), ex(M)), sink=c.sink))),
+        Mistake(BY_D_K, carried(lambda ops, ex, c: ops.softmax(ops.add_mask(by_d_k(ops, ex, c), ex(M)), sink=c.sink))),
+        Mistake(MASK_MISSING, carried(lambda ops, ex, c: ops.softmax(ex(S_SCALED), sink=c.sink))),
         Mistake(_MASK_AFTER, carried(after)),
         Mistake(_COLUMNS, carried(columns)),
+        Mistake(SINK_MISSING, carried(with_sink(lambda ops, ex, c: ops.softmax(ex(S_MASKED))))),
+        Mistake(SINK_NUMERATOR, carried(with_sink(sink_in_numerator))),
     )
+
+
+SINK_MISSING = ("the sink was left out: the weights were normalised over the keys alone, so each row sums to 1; "
+                "with a learned sink Z_i has one more term e^(s − m_i)")
+SINK_NUMERATOR = ("the sink was added to the numerator: each allowed weight got e^(s − m_i)/Z_i on top of its "
+                  "own e^(Ŝ_ij − m_i)/Z_i; the sink's term belongs in Z_i only")
+
+
+def sink_in_numerator(ops, ex, c):
+    """Each allowed weight plus the row's sink weight, as a student who put e^{s − m_i} in every
+    numerator gets it."""
+    a = ops.softmax(ex(S_MASKED), sink=c.sink)
+    allowed = ops.table([[1 if ok else 0 for ok in row] for row in c.p.mask.allowed])
+    spread = ops.matmul(ops.sink_weight(a), ops.ones(1, c.p.n_k))
+    return ops.hadamard(ops.sum([a, spread]), allowed)
 
 
 def square_product(name: str, left: Callable, right: Callable, when: Callable = is_square) -> Mistake:
@@ -129,10 +152,22 @@ def output_without_rescale(ops, ex, c: Context):
                             ops.tiled_sums(ex(S_MASKED), ex(M_TILED), block, rescale=False))
 
 
+EVICTED = ("the cache kept every earlier key: a sink window keeps only the sink tokens and the last w "
+           "keys, and the keys between them were evicted")
 FUTURE_KEY = ("the cache row used a future key: the weights were normalised over every key, "
               "including keys after t, as if the row were unmasked")
 
 
+def kept_every_key(ops, ex, c: Context):
+    """The decoded output with every key 1..t in the cache, as a student who evicted nothing from a
+    sink window's cache gets it; None when the window evicted nothing."""
+    if c.p.mask.kind != "sink-window" or len(c.p.mask.cache_rows(c.t)) == c.t:
+        return None
+    weights = ops.softmax(ops.block(row_t(ops, ex(S_SCALED), c), 0, c.t), sink=c.sink)
+    return ops.matmul(weights, ops.rows(ex(V), 0, c.t))
+
+
 def future_weights(ops, ex, c: Context):
-    """The decoded row's weights over all n keys (unmasked), as a student who used future keys gets them."""
-    return ops.softmax(row_t(ops, ex(S_SCALED), c))
+    """The decoded row's weights over all n keys (unmasked), as a student who used future keys gets
+    them (under the causal mask, whose cache is keys 1..t: a sink window's is not a prefix)."""
+    return ops.softmax(row_t(ops, ex(S_SCALED), c), sink=c.sink)

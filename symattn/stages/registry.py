@@ -21,14 +21,14 @@ from __future__ import annotations
 
 from .grouped import group_formula, group_product, group_why, one_share, ungrouped
 from .formulas import (
-    dO_formula, dO_head_formula, dS_formula, dX_formula, dcontext_formula, few, k_t_formula, masked_formula,
-    pe_formula, rot_tex, rot_text, s_formula, s_t_formula, scale_formula,
+    cache_formula, dO_formula, dO_head_formula, dS_formula, dX_formula, dcontext_formula, few, k_t_formula, masked_formula,
+    pe_formula, rot_tex, rot_text, s_formula, s_t_formula, scale_formula, softmax_formula,
 )
 from .ids import (
-    A, ACC_TILED, A_T, B_K, B_O, B_Q, B_V, CACHED, CONCAT, CONTEXT, COSTS, DA, DB_K, DB_O, DB_Q, DB_V,
+    A, ACC_TILED, A_SINK, A_T, B_K, B_O, B_Q, B_V, CACHED, CONCAT, CONTEXT, COSTS, DA, DB_K, DB_O, DB_Q, DB_V,
     DCONCAT, DCONTEXT, DECODE_COST, DH, DK, DO, DO_HEAD, DQ, DS, DS_MASKED, DV, DW_K, DW_O, DW_Q, DW_V, K,
     KEYS, K_CACHE, K_T, L_TILED, M, M_TILED, NEW, O, O_FINAL, O_T, O_TILED, O_T_DIFF, PE, Q, QUERIES, Q_T, S,
-    STEPS, S_MASKED, S_SCALED, S_T, TT, V, V_CACHE, W_K, W_O, W_Q, W_V, X, X_POS, stage_id,
+    SINK_AXIS, STEPS, S_MASKED, S_SCALED, S_T, TT, V, V_CACHE, W_K, W_O, W_Q, W_V, X, X_POS, stage_id,
 )
 from .kinds import Kind, Mistake, decoding, tiled
 from .block_backward import from_cross_entropy, rows as block_backward_rows
@@ -36,17 +36,19 @@ from .norm_backward import WHY as NORM_BACK_WHY, input_gradient_rows, post_norm_
 from .mlp import head_rows, head_rows_before, mlp_rows
 from .norms import norm_rows, residual_rows
 from .mistakes import (
-    BLOCK_MAX, BY_D_K, FUTURE_KEY, MASK_MISSING, NO_RESCALE, NO_SCALING, ROPE_O_MISTAKES,
-    ROPE_SCORE_MISTAKES, SCALE_MISSING_DQDK, by_d_k, future_weights, output_without_rescale, pe_slip,
+    BLOCK_MAX, BY_D_K, EVICTED, FUTURE_KEY, MASK_MISSING, NO_RESCALE, NO_SCALING, ROPE_O_MISTAKES,
+    ROPE_SCORE_MISTAKES, SCALE_MISSING_DQDK, by_d_k, future_weights, kept_every_key, output_without_rescale, pe_slip,
     score_variants, square_product, transposed,
 )
-from .relations import dO_relation, decode_cost_rows, head_block, input_gradient, output_projection, row_t
+from .relations import (
+    cache_size, cached, dO_relation, decode_cost_rows, head_block, input_gradient, output_projection, row_t,
+)
 from .rows import (
     bias_gradient, bias_row, given_title, projection_row, rope_rows, rotated_gradient_rows, turned_back_rows,
     weight_gradient, weights_row,
 )
 from .shapes import flip, is_square, plain, prod
-from .why import WHY, dX_why, decode_why, k_t_why, mask_why, pe_why, reads_note, s_why, scale_why, tt_ids
+from .why import WHY, dX_why, decode_why, k_t_why, mask_why, pe_why, reads_note, s_why, scale_why, sink_why, tt_ids
 from .worked import worked_score
 
 
@@ -150,15 +152,22 @@ KINDS: tuple[Kind, ...] = (
                    Mistake(NO_SCALING, lambda ops, ex, c: ops.add_mask(ex(S), ex(M))),
                    Mistake(BY_D_K, lambda ops, ex, c: ops.add_mask(by_d_k(ops, ex, c), ex(M))))),
     # A = softmax(Ŝ), row by row  (n_q × n_k)
-    Kind(A, A, 14, "softmax", "Softmax on each row", WHY[A],
-         ("A = \\operatorname{softmax}(\\hat{S})",
-          "A[i,j] = exp(Ŝ[i,j] − m_i) / Z_i,  m_i = max_k Ŝ[i,k],  Z_i = Σ_k exp(Ŝ[i,k] − m_i)"),
-         (QUERIES, KEYS), lambda sh, r, c: f"{r[0]}×{r[1]} (n_q × n_k), each row sums to 1",
-         inputs=(S_MASKED,), relation=lambda ops, v, c: ops.softmax(v(S_MASKED)), per_head=True,
+    Kind(A, A, 14, "softmax", lambda c: "Softmax on each row" if c.sink is None else "Softmax on each row, with the sink",
+         lambda c: WHY[A] if c.sink is None else sink_why(c, A), softmax_formula,
+         (QUERIES, KEYS), lambda sh, r, c: f"{r[0]}×{r[1]} (n_q × n_k), each row sums to "
+         + ("1" if c.sink is None else "less than 1 (the sink takes the rest)"),
+         inputs=(S_MASKED,), relation=lambda ops, v, c: ops.softmax(v(S_MASKED), sink=c.sink), per_head=True,
          shows=frozenset({"softmax"}), mistakes=score_variants(A),
          note=lambda value: WHY["A_max"] if all(r.is_max for r in value.rows) else WHY["A_symbolic"]),
+    # a_sink = e^(s − m_i) / Z_i = 1 − Σ_j a_ij, what each row's learned sink absorbed  (n_q × 1)
+    Kind(A_SINK, A_SINK, 14.5, "softmax", "What the sink absorbed", lambda c: sink_why(c, A_SINK),
+         ("a^{\\text{sink}}_i = e^{s - m_i} / Z_i = 1 - \\sum_j a_{ij}", "a_sink[i] = exp(s − m_i) / Z_i = 1 − Σ_j A[i,j]"),
+         (QUERIES, SINK_AXIS), lambda sh, r, c: plain(r, "n_q × 1"), inputs=(A,),
+         relation=lambda ops, v, c: ops.sink_weight(v(A)), when=lambda c: c.sink is not None, per_head=True,
+         tex="a^{\\text{sink}}"),
     # O = A·V  (n_q × d_v)
-    Kind(O, O, 15, "output", "Weighted sum of the values", lambda c: WHY[O] + reads_note(c, V), ("O = A\\,V", "O = A·V"), (QUERIES, "v"),
+    Kind(O, O, 15, "output", "Weighted sum of the values",
+         lambda c: WHY[O] + reads_note(c, V) + (WHY["O_sink"] if c.sink is not None else ""), ("O = A\\,V", "O = A·V"), (QUERIES, "v"),
          lambda sh, r, c: f"({sh(A)[0]}×{sh(A)[1]})·({sh(V)[0]}×{sh(V)[1]}) → {r[0]}×{r[1]} (n_q × d_v)",
          inputs=(A, V), relation=lambda ops, v, c: ops.matmul(v(A), v(V)), per_head=True,
          shows=frozenset({"weighted_sum"}),
@@ -210,14 +219,15 @@ KINDS: tuple[Kind, ...] = (
     # decoding one token from the KV cache
     # K_cache = K[1..t, :]  (t × d_k)
     Kind(K_CACHE, K_CACHE, 15.1, "decode", "The key cache", decode_why(K_CACHE),
-         lambda c: (f"K_{{\\mathrm{{cache}}}} = {rot_tex(c, 'K')}_{{1..{c.t},\\,:}}",
-                    f"K_cache = {rot_text(c, 'K')}[1..{c.t}, :]"), (CACHED, "k"),
-         lambda sh, r, c: plain(r, "t × d_k"), inputs=("k_in",), relation=lambda ops, v, c: ops.rows(v("k_in"), 0, c.t),
+         lambda c: cache_formula(c, "K"), (CACHED, "k"),
+         lambda sh, r, c: plain(r, "t × d_k" if r[0] == c.t else "(sink + window) × d_k"), inputs=("k_in",),
+         relation=lambda ops, v, c: cached(ops, v("k_in"), c),
          when=decoding, per_head=True, tex="K_{\\mathrm{cache}}"),
     # V_cache = V[1..t, :]  (t × d_v)
     Kind(V_CACHE, V_CACHE, 15.2, "decode", "The value cache", decode_why(V_CACHE),
-         lambda c: (f"V_{{\\mathrm{{cache}}}} = V_{{1..{c.t},\\,:}}", f"V_cache = V[1..{c.t}, :]"), (CACHED, "v"),
-         lambda sh, r, c: plain(r, "t × d_v"), inputs=(V,), relation=lambda ops, v, c: ops.rows(v(V), 0, c.t),
+         lambda c: cache_formula(c, "V"), (CACHED, "v"),
+         lambda sh, r, c: plain(r, "t × d_v" if r[0] == c.t else "(sink + window) × d_v"), inputs=(V,),
+         relation=lambda ops, v, c: cached(ops, v(V), c),
          when=decoding, per_head=True, tex="V_{\\mathrm{cache}}"),
     # q_t = Q[t, :]  (1 × d_k)
     Kind(Q_T, Q_T, 15.3, "decode", "The new token's query", decode_why(Q_T),
@@ -233,19 +243,24 @@ KINDS: tuple[Kind, ...] = (
          mistakes=(Mistake(NO_SCALING, lambda ops, ex, c: ops.matmul(ex(Q_T), ops.T(ex(K_CACHE)))),)),
     # a_t = softmax(s_t)  (1 × t)
     Kind(A_T, A_T, 15.5, "decode", "Its weights", decode_why(A_T),
-         ("a_t = \\operatorname{softmax}(s_t)", "a_t = softmax(s_t)"), (NEW, CACHED),
-         lambda sh, r, c: f"{r[0]}×{r[1]} (1 × t), sums to 1", inputs=(S_T,),
-         relation=lambda ops, v, c: ops.softmax(ops.add_mask(v(S_T), ops.mask(((True,) * c.t,), None))),
+         lambda c: ("a_t = \\operatorname{softmax}(s_t)", "a_t = softmax(s_t)") if c.sink is None else
+         ("a_t = \\operatorname{softmax}(s_t) \\text{ with the sink } s", "a_t = softmax(s_t) with the sink s"),
+         (NEW, CACHED),
+         lambda sh, r, c: f"{r[0]}×{r[1]} (1 × t), sums to " + ("1" if c.sink is None else "less than 1 (the sink takes the rest)"),
+         inputs=(S_T,),
+         relation=lambda ops, v, c: ops.softmax(ops.add_mask(v(S_T), ops.mask(((True,) * cache_size(c),), None)),
+                                                sink=c.sink),
          when=decoding, per_head=True, tex="a_t", shows=frozenset({"softmax"}),
          mistakes=(Mistake(FUTURE_KEY, lambda ops, ex, c: ops.block(future_weights(ops, ex, c), 0, c.t)
-                           if c.t < c.p.n_k else None),)),
+                           if c.t < c.p.n_k and c.p.mask.kind == "causal" else None),)),
     # o_t = a_t·V_cache  (1 × d_v)
     Kind(O_T, O_T, 15.6, "decode", "Its output", decode_why(O_T), ("o_t = a_t\\,V_{\\mathrm{cache}}", "o_t = a_t·V_cache"),
          (NEW, "v"), lambda sh, r, c: prod(sh(A_T), sh(V_CACHE), "1 × d_v"), inputs=(A_T, V_CACHE),
          relation=lambda ops, v, c: ops.matmul(v(A_T), v(V_CACHE)), when=decoding, per_head=True, tex="o_t",
          shows=frozenset({"weighted_sum"}),
          mistakes=(Mistake(FUTURE_KEY, lambda ops, ex, c: ops.matmul(future_weights(ops, ex, c), ex(V))
-                           if c.t < c.p.n_k else None),)),
+                           if c.t < c.p.n_k and c.p.mask.kind == "causal" else None),
+                   Mistake(EVICTED, kept_every_key))),
     # o_t − O[t, :]  (1 × d_v, exactly 0)
     Kind(O_T_DIFF, O_T_DIFF, 15.7, "decode", "The same as row t of the full computation", decode_why(O_T_DIFF),
          lambda c: (f"o_t - O_{{{c.t},:}}", f"o_t − O[{c.t}, :]"), (NEW, "v"),
@@ -254,7 +269,8 @@ KINDS: tuple[Kind, ...] = (
          tex="o_t - O_{t,:}"),
     # cost(t) = (t·d_k, t·d_v, t²·d_k, t²·d_v) for t = 1..n  (n_q × 4)
     Kind(DECODE_COST, DECODE_COST, 15.8, "step_cost", "The cost of a decoding step", decode_why(DECODE_COST),
-         ("\\text{cost}", "cost(t) = (t·d_k, t·d_v, t²·d_k, t²·d_v)"), (STEPS, COSTS),
+         lambda c: ("\\text{cost}", "cost(t) = (r_t·d_k, r_t·d_v, t²·d_k, t²·d_v)" if c.p.mask.kind == "sink-window"
+                    else "cost(t) = (t·d_k, t·d_v, t²·d_k, t²·d_v)"), (STEPS, COSTS),
          lambda sh, r, c: plain(r, "one row per decoding step t = 1..n: from the cache, then recomputed in full"),
          relation=lambda ops, v, c: ops.table(decode_cost_rows(c)), when=decoding, tex="\\text{cost}"),
     # several heads: concatenate, then project

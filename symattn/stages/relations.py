@@ -53,6 +53,31 @@ def row_t(ops, m, c: Context):
     return ops.rows(m, c.t - 1, 1)
 
 
+def cache_runs(c: Context, t: int | None = None) -> list[tuple[int, int]]:
+    """The KV cache's rows when token ``t`` (default the decoded one) is decoded, as runs
+    ``(first, count)`` of consecutive 0-based keys: ``[(0, t)]`` under the causal mask; the sink
+    tokens and the window under a sink-window mask."""
+    runs: list[tuple[int, int]] = []
+    for j in c.p.mask.cache_rows(c.t if t is None else t):
+        if runs and runs[-1][0] + runs[-1][1] == j:
+            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
+        else:
+            runs.append((j, 1))
+    return runs
+
+
+def cached(ops, m, c: Context):
+    """The rows of ``m`` the KV cache keeps (see :func:`cache_runs`), stacked in order."""
+    parts = [ops.rows(m, first, count) for first, count in cache_runs(c)]
+    return parts[0] if len(parts) == 1 else ops.T(ops.hstack([ops.T(part) for part in parts]))
+
+
+def cache_size(c: Context, t: int | None = None) -> int:
+    """How many keys the cache holds when token ``t`` (default the decoded one) is decoded."""
+    return len(c.p.mask.cache_rows(c.t if t is None else t))
+
+
 def decode_cost_rows(c: Context) -> list[list[int]]:
     d_k, d_v = c.d_k, c.d_v
-    return [[t * d_k, t * d_v, t * t * d_k, t * t * d_v] for t in range(1, c.p.n_q + 1)]
+    r = [cache_size(c, t) for t in range(1, c.p.n_q + 1)]
+    return [[r[t - 1] * d_k, r[t - 1] * d_v, t * t * d_k, t * t * d_v] for t in range(1, c.p.n_q + 1)]

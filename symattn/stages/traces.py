@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .ids import (
-    A, ACC_TILED, A_T, B_K, B_O, B_Q, B_V, CONCAT, DA, DB_K, DB_O, DB_Q, DB_V, DK, DK_BACK, DK_ROT, DO, DQ,
+    A, ACC_TILED, A_SINK, A_T, B_K, B_O, B_Q, B_V, CONCAT, DA, DB_K, DB_O, DB_Q, DB_V, DK, DK_BACK, DK_ROT, DO, DQ,
     DQ_BACK, DQ_ROT, DS, DS_MASKED, DV,
     DW_K, DW_Q, DW_V, K, K_CACHE, K_ROT, K_T, L_TILED, M, M_TILED, O, O_FINAL, O_T, O_TILED, O_T_DIFF, PE, Q,
     Q_ROT, S, S_MASKED, S_SCALED, S_T, SHARED_KV, TT, V, V_CACHE, W_K, W_O, W_Q, W_V, X, X_POS,
@@ -103,6 +103,7 @@ TRACES: dict[str, tuple[tuple[str, str], ...]] = {
     A_T: ((S_T, "row"),),
     O_T: ((A_T, "row"), (V_CACHE, "col")),
     O_T_DIFF: ((O_T, "entry"),),
+    A_SINK: ((A, "row"),),
     # back through the residual and the norm: dH (from H under a target), dX̂ = dX_norm ∘ γ, the
     # column sums dγ and dβ, and a row of dX (dR) from its row of dX̂, X̂ and the statistics
     DH: (("stream", "entry"),),

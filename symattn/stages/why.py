@@ -14,12 +14,14 @@ from typing import Callable
 
 from .groups import kv_cache_size, kv_groups
 from .ids import (
-    A, ACC_TILED, A_T, B_K, B_O, B_Q, B_V, CONCAT, CONTEXT, DA, DCONCAT, DCONTEXT, DECODE_COST, DK, DO,
+    A, ACC_TILED, A_SINK, A_T, B_K, B_O, B_Q, B_V, CONCAT, CONTEXT, DA, DCONCAT, DCONTEXT, DECODE_COST, DK, DO,
     DO_HEAD, DQ, DQ_ROT, DK_ROT, DS, DS_MASKED, DV, DW_K, DW_O, DW_Q, DW_V, DX, K, K_CACHE, K_T, L_TILED, M, M_TILED, O,
     O_FINAL, O_T, O_TILED, O_T_DIFF, Q, Q_T, S, S_MASKED, S_SCALED, S_T, V, V_CACHE, W_K, W_O, W_Q, W_V, X,
     stage_id,
 )
+from .formulas import rot_tex
 from .kinds import Context, Text
+from .relations import cache_runs, cache_size
 
 
 WHY = {
@@ -66,6 +68,8 @@ WHY = {
     ),
     # A's why is this sentence and its end, which depends on how the rows were normalised (the note)
     A: "The softmax turns each row of scores into weights that are positive and sum to ⟦1⟧; ",
+    "O_sink": (" The weights of a row sum to less than ⟦1⟧ here: the sink's share multiplies no value (as a key "
+               "whose value is ⟦0⟧), so the row is pulled toward ⟦0⟧ by as much as the sink absorbed."),
     "A_max": "subtracting the row maximum ⟦m_i⟧ first changes nothing (it cancels) and keeps every exponent ⟦\\le 0⟧.",
     "A_symbolic": (
         "subtracting a reference score ⟦m_i⟧ from a row first changes nothing (it cancels). With symbols the "
@@ -156,6 +160,51 @@ def _heads_words(heads: list[int]) -> str:
     if len(heads) == 1:
         return f"head {heads[0]}"
     return "heads " + ", ".join(str(h) for h in heads[:-1]) + f" and {heads[-1]}"
+
+
+def sink_why(c: Context, key: str) -> str:
+    """The softmax with a learned sink (gpt-oss's), and what the sink absorbed."""
+    import sympy
+
+    s = sympy.latex(c.sink)
+    if key == A_SINK:
+        return (f"The sink's share of each row: ⟦e^{{s - m_i}} / Z_i⟧ with ⟦s = {s}⟧, which is ⟦1⟧ minus the row's "
+                "weights. A query with no key worth attending to puts its weight here, and its output shrinks "
+                "toward ⟦0⟧ instead of averaging values it does not want.")
+    return (f"The softmax with a learned sink ⟦s = {s}⟧ (gpt-oss's, one per head): each row's normaliser ⟦Z_i⟧ gets "
+            "one more term ⟦e^{s - m_i}⟧ that belongs to no key, as if a key with score ⟦s⟧ and value ⟦0⟧ were "
+            "always there. The weights are positive and sum to less than ⟦1⟧; ⟦m_i⟧ is the maximum over the row's "
+            "scores and ⟦s⟧, and ")
+
+
+def _sink_window_why(c: Context, key: str, text: str) -> str:
+    """The decoding step's why under StreamingLLM's sink window: the cache keeps the sink tokens and
+    the window only, and says how many keys that is."""
+    t, k, w = c.t, c.p.mask.sink, c.p.mask.window
+    rows = ", ".join(f"⟦{a + 1}⟧" if n == 1 else f"⟦{a + 1}⟧ to ⟦{a + n}⟧" for a, n in cache_runs(c))
+    size = cache_size(c)
+    if key == K_CACHE:
+        return (f"Decoding token ⟦t = {t}⟧ with ⟦{k}⟧ sink {'token' if k == 1 else 'tokens'} and a window of ⟦{w}⟧, "
+                f"the model keeps only the keys the mask lets a query see: the first ⟦{k}⟧ "
+                f"{'token' if k == 1 else 'tokens'} and the last ⟦{w}⟧ (the new token "
+                f"included). The cache holds rows {rows} of ⟦{rot_tex(c, 'K')}⟧: ⟦{size}⟧ "
+                f"{'key' if size == 1 else 'keys'}, never more than ⟦{k} + {w} = {k + w}⟧ however long the "
+                "text grows; every other key has been evicted.")
+    if key == V_CACHE:
+        return f"The values are cached the same way: rows {rows} of ⟦V⟧."
+    if key == S_T:
+        return ("The new query against every cached key, scaled as before: one row of scores. No mask is needed, "
+                "since the cache holds exactly the keys the mask allows.")
+    if key == O_T_DIFF:
+        return (f"The decoded row is exactly row ⟦{t}⟧ of the full masked computation: the mask gave every "
+                "evicted key (and every key after the new token) weight exactly ⟦0⟧, so leaving them out of the cache "
+                f"changes nothing. The difference ⟦o_t - O_{{{t},:}}⟧ simplifies to exactly ⟦0⟧.")
+    if key == DECODE_COST:
+        return (f"Decoding token ⟦t⟧ from the cache costs ⟦r_t\\,d_k⟧ multiplications for its scores (and "
+                f"⟦r_t\\,d_v⟧ for its output), with ⟦r_t⟧ = the smaller of ⟦t⟧ and ⟦{k} + {w} = {k + w}⟧ cached keys; recomputing all ⟦t⟧ rows "
+                "from scratch costs ⟦t^2 d_k⟧ for the scores and ⟦t^2 d_v⟧ for the outputs. Row ⟦t⟧ is the step "
+                f"that decodes that token; here ⟦d_k = {c.d_k}⟧ and ⟦d_v = {c.d_v}⟧" + (", per head." if c.multi else "."))
+    return text
 
 
 def _cache_sentence(c: Context) -> str:
@@ -344,6 +393,11 @@ def decode_why(key: str) -> Callable[[Context], str]:
                           f"⟦t⟧ is the step that decodes that token; here ⟦d_k = {c.d_k}⟧ and ⟦d_v = {c.d_v}⟧"
                           + (", per head." if c.multi else ".")),
         }[key]
+        if key == A_T and c.sink is not None:
+            text = ("The softmax of the one row of scores, with the head's learned sink in its denominator as in "
+                    "⟦A⟧: weights over the cached keys that sum to less than ⟦1⟧.")
+        if c.p.mask.kind == "sink-window":
+            return _sink_window_why(c, key, text)
         if key == K_CACHE:
             text += _cache_sentence(c)
             if c.grouped:

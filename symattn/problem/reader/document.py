@@ -31,6 +31,7 @@ from .norm import NormFields
 from .passes import PassFields
 from .positions import PositionFields
 from .scalars import ScalarFields
+from .sinks import read_sinks
 
 
 class Reader(ScalarFields, MatrixFields, LayerFields, MaskFields, PositionFields, PassFields, NormFields, BlockFields):
@@ -160,7 +161,9 @@ def read_passes(reader: Reader, fields: Fields, layer: Layer, mask: Mask, bias: 
     decode = None
     if "decode" in fields:
         decode = reader.decode(node_of(fields, "decode"), n_q, mask, "context" in fields, bias is not None)
-    return {"backward": backward, "rope": rope, "tiling": tiling, "decode": decode, "norm": norm,
+    sinks = read_sinks(reader, fields, len(heads) or 1,
+                       {"tiling": tiling is not None, "backward": backward is not None})
+    return {"backward": backward, "rope": rope, "tiling": tiling, "decode": decode, "sinks": sinks, "norm": norm,
             "residual": residual, **embedded, **block}
 
 

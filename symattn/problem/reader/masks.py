@@ -41,6 +41,8 @@ class MaskFields:
                 "mask",
             )
         if isinstance(node, yaml.MappingNode):
+            if any(getattr(k, "value", None) == "sink" for k, _ in node.value):
+                return self.sink_window(node, n_q, n_k, "mask")
             if len(node.value) == 1 and node.value[0][0].value == "sliding-window":
                 w_node = node.value[0][1]
                 w = self.plain_whole(w_node, "mask")
@@ -53,7 +55,8 @@ class MaskFields:
             raise self.at(first).error(
                 f"unknown mask {_yaml.kind(first)}"
                 f"{did_you_mean(getattr(first, 'value', ''), ('sliding-window', 'padding', 'valid-length'), ignore_case=True)}; "
-                "the mapping forms are {sliding-window: w}, {padding: [1, 1, 0]} and {valid-length: n}",
+                "the mapping forms are {sliding-window: w}, {sink: k, window: w}, {padding: [1, 1, 0]} and "
+                "{valid-length: n}",
                 "mask",
             )
         if isinstance(node, yaml.SequenceNode):
@@ -113,6 +116,9 @@ class MaskFields:
                 if name == "sliding-window":
                     parts.append(self.mask(item, n_q, n_k))
                     continue
+            if isinstance(item, yaml.MappingNode) and any(getattr(k, "value", None) == "sink" for k, _ in item.value):
+                parts.append(self.sink_window(item, n_q, n_k, field))
+                continue
             word = getattr(item, "value", "")
             hint = did_you_mean(word, MASK_WORDS + ("padding", "valid-length", "sliding-window"), ignore_case=True) \
                 if isinstance(word, str) else ""
@@ -123,6 +129,27 @@ class MaskFields:
             return parts[0]
         allowed = tuple(tuple(all(p.allowed[i][j] for p in parts) for j in range(n_k)) for i in range(n_q))
         return Mask("combined", allowed, parts=tuple(parts))
+
+    def sink_window(self, node: yaml.MappingNode, n_q: int, n_k: int, field: str) -> Mask:
+        """``{sink: k, window: w}``: StreamingLLM's mask, each query sees the first ``k`` keys (causally)
+        and the ``w`` keys up to itself."""
+        values = {}
+        for key, value in node.value:
+            name = getattr(key, "value", None)
+            if name not in ("sink", "window"):
+                raise self.at(key).error(
+                    f"a sink-window mask has two fields, sink and window, not {_yaml.kind(key)}"
+                    f"{did_you_mean(name or '', ('sink', 'window'), ignore_case=True)}", field)
+            number = self.plain_whole(value, f"{field}.{name}")
+            if number is None or number < 1:
+                what = "sink tokens" if name == "sink" else "keys in the window (the query itself included)"
+                raise self.at(value).error(
+                    f"{name} is the number of {what}, a whole number ≥ 1, not {_yaml.kind(value)}", f"{field}.{name}")
+            values[name] = number
+        if "window" not in values:
+            raise self.at(node).error("a sink-window mask needs its window too: write {sink: 4, window: 8}", field)
+        sink, window = values["sink"], values["window"]
+        return Mask("sink-window", mask_rule("sink-window", n_q, n_k, window, sink), window=window, sink=sink)
 
     def padding_entry(self, node: yaml.Node, field: str) -> bool:
         if isinstance(node, yaml.ScalarNode) and not node.style and node.value in ("0", "1"):
