@@ -10,6 +10,7 @@ from sympy import QQ
 
 from ..numbers.matrices import Matrix, is_rational, rational_matrix, tidy
 from . import block as _block
+from . import linear as _linear
 from . import norms as _norms
 from . import products as _products
 from . import rotary as _rotary
@@ -274,7 +275,7 @@ class ExactOps(Ops):
 
     def sub(self, a, b):
         a, b = matrix_of(a), matrix_of(b)
-        return LazyMatrix(a.rows, a.cols, lambda i, j: tidy(a[i, j] - b[i, j]))
+        return LazyMatrix(a.rows, a.cols, lambda i, j: _difference(a[i, j], b[i, j]))
 
     def ones(self, rows: int, cols: int):
         return rational_matrix(rows, cols, [QQ(1)] * (rows * cols))
@@ -284,6 +285,9 @@ class ExactOps(Ops):
 
     def is_rational(self, x) -> bool:
         return is_rational(matrix_of(x))
+
+    def divide_rows(self, m, d):
+        return _linear.divide_rows(matrix_of(m), matrix_of(d))
 
     # -- the MLP and the model's head (see symattn.exact.block) --------------------------------------
 
@@ -332,6 +336,13 @@ class ExactOps(Ops):
         positions = [p + offset for p in range(m.rows)]
         fast = _rotary.rotated(m, thetas, pairs, [sign * p for p in positions])
         return fast if fast is not None else rotate(m, thetas, pairs, positions, sign)
+
+
+def _difference(a, b):
+    """``a − b`` expanded; exactly 0 when it is 0 as a function of powers of e (see
+    :func:`symattn.exact.linear.vanishes`), however SymPy arranged the two sides' quotients."""
+    x = tidy(a - b)
+    return sympy.Integer(0) if x != 0 and not x.is_Rational and _linear.vanishes(x) else x
 
 
 def _over_hadamard(a, b):

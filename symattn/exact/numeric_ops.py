@@ -193,6 +193,13 @@ class NumericOps(Ops):
         """The softmax of each column (over the wrong axis: a slip)."""
         return self.T(self.softmax(self.T(self.grid(z))))
 
+    def divide_rows(self, m, d) -> Values:
+        m, d = self.grid(m), self.grid(d)
+        with mpmath.workdps(self.dps + 10):
+            if any(row[0] == 0 for row in d):
+                raise Undefined("a normaliser of 0 has nothing to divide by")
+            return [[x / z[0] for x in row] for row, z in zip(m, d)]
+
     def tiled_max(self, z, block: int, running: bool = True) -> Values:
         return _tiled.numeric_maxima(self.grid(z), block, running)
 
