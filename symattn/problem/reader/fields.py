@@ -45,6 +45,7 @@ FIELDS = (
     "logits",
     "loss",
     "decode",
+    "linear",
     "from",
 )
 
