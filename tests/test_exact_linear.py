@@ -360,3 +360,30 @@ def test_the_zero_test_finds_zeros_and_invents_none():
     assert vanishes(1 / (1 + 11 * sympy.E) - e(-1) / (11 + e(-1)))
     for nonzero in (e(-1) + 1 - 1, 1 / (1 + 11 * sympy.E) - 1 / (11 + e(-1)), sympy.sqrt(2) * e(-1) - e(-1)):
         assert not vanishes(nonzero) and abs(sympy.N(nonzero, 30)) > 1e-3
+
+
+@pytest.mark.parametrize("feature, n, d, fits", [("relu", 125, 8, True), ("relu", 126, 8, False),
+                                                 ("elu1", 43, 4, True), ("elu1", 44, 4, False)])
+def test_the_size_budget_counts_the_table_and_the_state(feature, n, d, fits):
+    """Reference: the count written here, n² × d_k × d_v against 1,000,000 (30,000 with elu1); the scale
+    1/√8 is irrational but linear attention has no softmax to keep in SymPy expressions."""
+    from symattn.problem.budget import check_budget
+
+    rows = "[" + ", ".join(["[" + ", ".join(["1"] * d) + "]"] * n) + "]"
+    p = symattn.load_problem(f"Q: {rows}\nK: {rows}\nV: {rows}\nlinear: {{feature: {feature}}}\n")
+    if fits:
+        check_budget(p, "latex", False)
+    else:
+        with pytest.raises(symattn.SymattnError, match=f"{n * n * d * d:,} terms of linear attention's table and state"):
+            check_budget(p, "latex", False)
+
+
+def test_the_heat_map_shows_the_linear_weights(tmp_path):
+    """Reference: the worked example's weights by hand (row 4: 3/10, 1/5, 1/10, 2/5), read back from the SVG's labels."""
+    pytest.importorskip("matplotlib")
+    from symattn.render.plot import plot_weights
+
+    svg = plot_weights(symattn.derive(symattn.load_problem(EXAMPLE)), ".svg").decode("utf-8")
+    assert "Attention weights A_lin" in svg
+    for label in ("0.30", "0.20", "0.10", "0.40", "0.75", "0.25"):
+        assert label in svg, label
