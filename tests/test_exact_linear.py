@@ -387,3 +387,40 @@ def test_the_heat_map_shows_the_linear_weights(tmp_path):
     assert "Attention weights A_lin" in svg
     for label in ("0.30", "0.20", "0.10", "0.40", "0.75", "0.25"):
         assert label in svg, label
+
+
+# -- symattn generate --linear ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("feature, options", [("relu", {"d_k": 2, "d_v": 2}), ("elu1", {"tokens": 3, "mask": "padding:1"}),
+                                              ("identity", {"heads": 2, "mask": "none"})])
+def test_generated_linear_exercises_keep_their_guarantees(feature, options):
+    """Reference: each problem's features and normalisers recomputed here in NumPy from its own numbers."""
+    problems = symattn.generate(3, seed=11, linear=feature, **options)
+    assert [p.to_yaml() for p in problems] == [p.to_yaml() for p in symattn.generate(3, seed=11, linear=feature, **options)]
+    for p in problems:
+        assert p.linear.feature == feature and f"linear: {{feature: {feature}}}" in p.to_yaml()
+        d = symattn.derive(p)
+        assert symattn.crosscheck(d).passed
+        X = np.array(p.X.tolist(), float)
+        for h, w in enumerate(p.heads, 1):
+            f = lambda m: np.array(m.tolist(), float)  # noqa: E731
+            Q, K = X @ f(w.W_Q), X @ f(w.W_K)
+            phi = FEATURES[feature]
+            table = np.where(np.array(p.mask.allowed), phi(Q) @ phi(K).T, 0.0)
+            assert (table.sum(axis=1) > 0).all()  # every normaliser positive
+            if feature == "relu":
+                assert (Q < 0).any() or (K < 0).any()  # relu cuts something
+                assert phi(K).any(axis=1).all()
+            prefix = f"head{h}." if p.multi_head else ""
+            assert all(x == 0 for x in d.step(prefix + "O_rec_diff").exact)
+
+
+def test_generate_linear_refuses_what_it_cannot_follow(capsys):
+    for args, message in ((["--linear", "relu", "--no-scale"], "--no-scale"),
+                          (["--linear", "elu1", "--mask", "sliding-window:2"], "follows --mask none, causal or padding"),
+                          (["--linear", "relu", "--cross", "3"], "--cross"),
+                          (["--linear", "relu", "--block"], "--block")):
+        assert main(["generate", *args]) == 1
+        err = capsys.readouterr().err
+        assert message in err and len(err.strip().splitlines()) == 1, err

@@ -12,7 +12,7 @@ from .paths import check_outputs, echo, inputs, refuse_input, same_file, write_a
 
 # what --from takes from its problem instead (so giving one of them with --from is refused)
 SHAPE_OPTIONS = ("tokens", "d_model", "d_k", "d_v", "mask", "heads", "cross", "no_scale", "words", "norm", "residual",
-                 "block", "d_ff", "activation", "vocab", "rows")
+                 "block", "d_ff", "activation", "vocab", "rows", "linear")
 BLOCK_OPTIONS = ("d_ff", "activation", "vocab", "rows")  # the options of --block alone
 
 
@@ -53,6 +53,9 @@ class RecordingCommand(click.Command):
 @click.option("--norm", type=click.Choice(["layernorm", "rmsnorm"]),
               help="A norm in front of the attention, eps: 0, rows chosen so that it gives whole numbers.")
 @click.option("--residual", is_flag=True, help="Derive the residual stream H = X + O too (O as wide as X).")
+@click.option("--linear", type=click.Choice(["relu", "elu1", "identity"]),
+              help="Linear attention with this feature map instead of the softmax (mask none, causal or padding:P): "
+                   "every normaliser positive, with relu some entry cut.")
 @click.option("--block", is_flag=True,
               help="The whole block: a norm in front (--norm, default layernorm), the residual, the MLP with its "
                    "own norm, the logits and the loss (guarantees below).")
@@ -78,7 +81,7 @@ class RecordingCommand(click.Command):
 @click.option("--force", is_flag=True, help="With --count: replace files of the same names already in --out-dir (without it they are listed and nothing is written).")
 @click.option("--from", "base", type=click.Path(path_type=Path), help="Keep the structure of this problem and draw new numbers.")
 @click.option("--vary", type=click.Choice(["weights", "inputs"]), default="weights", show_default=True, help="With --from: what gets new numbers.")
-def generate(tokens, d_model, d_k, d_v, mask, heads, cross, no_scale, norm, residual, block, d_ff, activation, vocab,
+def generate(tokens, d_model, d_k, d_v, mask, heads, cross, no_scale, norm, residual, linear, block, d_ff, activation, vocab,
              rows, level, range_, words, seed, output, count, out_dir, sheets, force, base, vary) -> None:
     """Write new problems with small, hand-friendly numbers.
 
@@ -110,6 +113,7 @@ def generate(tokens, d_model, d_k, d_v, mask, heads, cross, no_scale, norm, resi
       symattn generate --from problem.yaml --vary weights --seed 3
       symattn generate --norm layernorm --residual --d-v 4 --seed 1 -o ln.yaml
       symattn generate --block --tokens 3 --words "the cat sat on" --seed 2 -o block.yaml
+      symattn generate --linear relu --d-k 2 --d-v 2 --seed 1 -o linear.yaml
     """
     import shlex
 
@@ -128,7 +132,7 @@ def generate(tokens, d_model, d_k, d_v, mask, heads, cross, no_scale, norm, resi
         shape = {} if base is not None else dict(tokens=tokens, d_model=d_model, d_k=d_k, d_v=d_v, mask=mask,
                                                  heads=heads, cross=cross, scale=not no_scale, words=words,
                                                  norm=norm, residual=residual, block=block, d_ff=d_ff,
-                                                 activation=activation, vocab=vocab, rows=rows)
+                                                 activation=activation, vocab=vocab, rows=rows, linear=linear)
         problems = make(count or 1, seed=seed, level=level, range=range_, base=loaded, vary=vary,
                         numbered=count is not None,
                         command=" ".join(["symattn generate", *(shlex.quote(a) for a in argv)]), **shape)
