@@ -62,7 +62,7 @@ def plot_weights(d: Derivation, suffix: str = ".png") -> bytes:
         ax.set_yticks(ys, labels=[show_bidi(step.rows[i]) for i in ys], fontsize=font)
         ax.set_xlabel("key" + (f" (one token in {step_k} labelled)" if step_k > 1 else ""))
         ax.set_ylabel("query" + (f" (one token in {step_q} labelled)" if step_q > 1 else ""))
-        name = "A_lin" if linear else "A"
+        name = stages.A_LIN if linear else stages.A
         ax.set_title(f"Head {step.head}: weights {name}" if step.head else f"Attention weights {name}")
         fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
     fig.tight_layout()
