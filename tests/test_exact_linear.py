@@ -240,6 +240,9 @@ def test_several_heads_each_get_both_forms(tmp_path):
     # the state's size summed over the heads: (2·1 + 2) + (2·2 + 2) = 10 numbers, against t·(3 + 4)
     assert _rows(d.step("state_cost").exact) == [[10, 7 * t] for t in range(1, 5)]
     assert "head1.phi_Q" in d.ids and "head2.S_state" in d.ids and "A" not in d.ids and "head1.A" not in d.ids
+    data = json.loads(symattn.render(d, "json"))
+    assert data["linear"] == {"feature": "elu1", "causal": True, "forms_equal": True, "state_numbers": 10,
+                              "kv_cache_per_token": 7}
 
 
 def test_causal_is_the_default_and_none_is_followed(tmp_path):
@@ -348,6 +351,9 @@ def test_every_format_shows_both_forms(tmp_path, capsys):
     assert ids == ["Q", "K", "V", "phi_Q", "phi_K", "S_lin", "z_lin", "A_lin", "O", "z_state", "S_state", "rec_num",
                    "rec_den", "O_rec", "O_rec_diff", "state_cost"]
     assert data["crosscheck"]["passed"] is True
+    # by hand: d_k·d_v + d_k = 2·2 + 2 state numbers, d_k + d_v = 4 cache numbers per token
+    assert data["linear"] == {"feature": "relu", "causal": True, "forms_equal": True, "state_numbers": 6,
+                              "kv_cache_per_token": 4}
 
 
 def test_the_zero_test_finds_zeros_and_invents_none():
