@@ -430,3 +430,30 @@ def test_generate_linear_refuses_what_it_cannot_follow(capsys):
         assert main(["generate", *args]) == 1
         err = capsys.readouterr().err
         assert message in err and len(err.strip().splitlines()) == 1, err
+
+
+BLOCK = """X: [[1, 0, 1, 0], [0, 2, 0, 2], [1, 1, 1, 1], [0, 1, 0, 1]]
+W_Q: [[1, 0], [0, 1], [1, 1], [0, 1]]
+W_K: [[0, 1], [1, 0], [-1, 1], [1, 0]]
+W_V: [[1, 0, 0, 1], [0, 1, 1, 0], [1, 1, 0, 0], [0, 0, 1, 1]]
+linear: {feature: relu}
+mlp: {W_1: [[1, 0], [0, 1], [1, 1], [0, 0]], W_2: [[1, 0, 0, 1], [0, 1, 1, 0]], activation: relu}
+"""
+
+
+def test_the_rest_of_the_block_reads_the_linear_output(tmp_path):
+    """Reference: NumPy from the paper for O, then H = X + O and the ReLU MLP written here."""
+    p, _ = _problem(BLOCK, tmp_path)
+    d = symattn.derive(p)
+    X = np.array([[1, 0, 1, 0], [0, 2, 0, 2], [1, 1, 1, 1], [0, 1, 0, 1]], float)
+    f = lambda m: np.array(m.tolist(), float)  # noqa: E731
+    O, _, _ = katharopoulos(X @ f(p.W_Q), X @ f(p.W_K), X @ f(p.W_V), "relu", p.mask.allowed)
+    H = X + O
+    Y = H + np.maximum(H @ f(p.mlp.W_1), 0) @ f(p.mlp.W_2)
+    assert np.max(np.abs(d.approx("Y") - Y)) <= _bound(Y)
+    assert symattn.crosscheck(d).passed
+    page = symattn.render(d, "html")
+    assert "linear: φ(Q)φ(K)ᵀ masked," in page and "softmax(Q·Kᵀ" not in page  # the residual stream picture
+    from symattn.render.display import derivation_latex
+
+    assert "\\varphi(q_i)" in derivation_latex(d) and "softmax" not in derivation_latex(d)
