@@ -187,6 +187,7 @@ CASES = {
     "rows": ("rows", ("a",), lambda ops, p, m: ops.rows(_feed(ops, p["a"]), 1, 2)),
     "table": ("table", (), lambda ops, p, m: ops.table([[1, 2, 3], [4, 5, 6]])),
     "sub": ("sub", ("a", "c"), lambda ops, p, m: ops.sub(_feed(ops, p["a"]), _feed(ops, p["c"]))),
+    "difference": ("difference", ("a", "c"), lambda ops, p, m: ops.difference(_feed(ops, p["a"]), _feed(ops, p["c"]))),
     "ones": ("ones", (), lambda ops, p, m: ops.ones(2, 3)),
     "given": ("given", ("g",), lambda ops, p, m: ops.given(p["g"])),
     "rotate": ("rotate", ("a",), lambda ops, p, m: ops.rotate(_feed(ops, p["a"]), THETAS, PAIRS)),

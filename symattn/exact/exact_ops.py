@@ -275,7 +275,10 @@ class ExactOps(Ops):
 
     def sub(self, a, b):
         a, b = matrix_of(a), matrix_of(b)
-        return LazyMatrix(a.rows, a.cols, lambda i, j: _difference(a[i, j], b[i, j]))
+        return LazyMatrix(a.rows, a.cols, lambda i, j: tidy(a[i, j] - b[i, j]))
+
+    def difference(self, a, b):
+        return _linear.difference(matrix_of(a), matrix_of(b))
 
     def ones(self, rows: int, cols: int):
         return rational_matrix(rows, cols, [QQ(1)] * (rows * cols))
@@ -336,13 +339,6 @@ class ExactOps(Ops):
         positions = [p + offset for p in range(m.rows)]
         fast = _rotary.rotated(m, thetas, pairs, [sign * p for p in positions])
         return fast if fast is not None else rotate(m, thetas, pairs, positions, sign)
-
-
-def _difference(a, b):
-    """``a − b`` expanded; exactly 0 when it is 0 as a function of powers of e (see
-    :func:`symattn.exact.linear.vanishes`), however SymPy arranged the two sides' quotients."""
-    x = tidy(a - b)
-    return sympy.Integer(0) if x != 0 and not x.is_Rational and _linear.vanishes(x) else x
 
 
 def _over_hadamard(a, b):

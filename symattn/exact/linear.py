@@ -50,3 +50,13 @@ def vanishes(x: sympy.Expr) -> bool:
     y = x.xreplace({e: t ** (e.args[0] * denominator) for e in powers})
     y = y.xreplace({sympy.E: t ** denominator})
     return sympy.cancel(sympy.together(y)) == 0
+
+
+def difference(a, b):
+    """``a − b`` entry by entry, expanded; exactly 0 where it is 0 as a function of powers of e (see
+    :func:`vanishes`), however SymPy arranged the two forms' quotients."""
+    def entry(i: int, j: int) -> sympy.Expr:
+        x = tidy(a[i, j] - b[i, j])
+        return sympy.Integer(0) if x != 0 and not x.is_Rational and vanishes(x) else x
+
+    return LazyMatrix(a.rows, a.cols, entry)

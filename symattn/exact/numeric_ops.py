@@ -103,6 +103,9 @@ class NumericOps(Ops):
         with mpmath.workdps(self.dps + 10):
             return [[x - y for x, y in zip(ra, rb)] for ra, rb in zip(a, b)]
 
+    def difference(self, a, b) -> Values:
+        return self.sub(a, b)
+
     def ones(self, rows: int, cols: int) -> Values:
         return [[mpmath.mpf(1)] * cols for _ in range(rows)]
 

@@ -93,6 +93,11 @@ class Ops(Protocol):
         """The difference ``a − b``."""
         raise NotImplementedError
 
+    def difference(self, a: Value, b: Value) -> Value:
+        """``a − b`` for two forms of one value (linear attention's recurrent and parallel outputs):
+        exactly 0 where it is 0, however the two forms are written."""
+        raise NotImplementedError
+
     def ones(self, rows: int, cols: int) -> Value:
         """The ``rows × cols`` matrix of ones."""
         raise NotImplementedError

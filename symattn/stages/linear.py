@@ -224,7 +224,7 @@ def recurrent_rows() -> tuple[Kind, ...]:
         # O_rec − O  (n_q × d_v, exactly 0)
         _kind(O_REC_DIFF, O_REC_DIFF, 15.16, "recurrent", "The same output as the parallel form",
               ("O_{rec} - O", "O_rec − O"), (QUERIES, "v"), lambda sh, r, c: plain(r, "n × d_v") + ", exactly 0",
-              (O_REC, O), lambda ops, v, c: ops.sub(v(O_REC), v(O)), tex="O_{rec} - O"),
+              (O_REC, O), lambda ops, v, c: ops.difference(v(O_REC), v(O)), tex="O_{rec} - O"),
         # per step t: (d_k·d_v + d_k, t·(d_k + d_v)), summed over the heads  (n × 2)
         _kind(STATE_COST, STATE_COST, 15.19, "state_cost", "The state against the KV cache",
               ("\\text{size}", "size(t) = (d_k·d_v + d_k, t·(d_k + d_v))"), (STEPS, STATE_COSTS),
