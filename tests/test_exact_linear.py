@@ -457,3 +457,33 @@ def test_the_rest_of_the_block_reads_the_linear_output(tmp_path):
     from symattn.render.display import derivation_latex
 
     assert "\\varphi(q_i)" in derivation_latex(d) and "softmax" not in derivation_latex(d)
+
+
+GQA = """X: [[1, 0], [0, 1]]
+kv_heads: 1
+heads:
+  - W_Q: [[1, 0], [0, 1]]
+  - W_Q: [[0, 1], [1, 0]]
+kv:
+  - {W_K: [[1, 0], [0, 1]], W_V: [[1], [0]]}
+W_O: [[1], [1]]
+"""
+QKV = "Q: [[1, 0], [0, 1]]\nK: [[1, 0], [0, 1]]\nV: [[1, 2], [3, 4]]\n"
+
+
+@pytest.mark.parametrize("text, field, words", [
+    (QKV + "bias: [[0, 0], [0, 0]]\n", "bias", "no place in linear attention"),
+    (QKV + "tiling: {block: 1}\n", "tiling", "no softmax to tile"),
+    (QKV + "mask: causal\ndecode: 2\n", "decode", "constant-size state"),
+    (QKV + "symbols: [a]\n", "symbols", "needs numbers"),
+    (QKV + "mask: causal-bottom-right\n", "mask", "a causal-bottom-right mask is not one of them"),
+    (GQA, "kv_heads", "shared keys and values"),
+])
+def test_fields_linear_attention_cannot_follow_are_one_line_at_their_field(text, field, words, tmp_path, capsys):
+    path = tmp_path / "p.yaml"
+    path.write_text(text + "linear: {feature: relu}\n", encoding="utf-8")
+    assert main(["derive", str(path), "-f", "json"]) == 1
+    out, err = capsys.readouterr()
+    line = next(k for k, row in enumerate((text + "linear:").splitlines(), 1) if row.startswith(field + ":"))
+    assert out == "" and len(err.splitlines()) == 1 and f"{path}:{line}:" in err, err
+    assert f": {field}: " in err and words in err, err
