@@ -24,11 +24,17 @@ def backward_supported(path) -> bool:
     BERT layer); nor a block with an MLP or the model's head (mlp:, logits:, from: {block: true}),
     whose backward pass starts from its cross-entropy, not from a loss on O or H, and has its own
     tests (test_block_backward.py, test_block_backward_hf.py); nor learned sinks (sink:), whose
-    backward pass is not supported yet."""
+    backward pass is not supported yet; nor linear attention (linear:), which has none."""
     text = path.read_text("utf-8")
     return "kv_heads" not in text and not re.search(r"(?m)^sink:", text) and "embeddings_norm:" not in text and \
         not ("embeddings: true" in text and "layout: bert" in text) and \
-        not re.search(r"(?m)^(mlp|logits):|block: true|n_kv_head", text)
+        not re.search(r"(?m)^(mlp|logits|linear):|block: true|n_kv_head", text)
+
+
+def is_linear(path) -> bool:
+    """Whether a worked example is linear attention (linear:): no scores, no softmax, no A; its own
+    tests are in test_exact_linear.py."""
+    return re.search(r"(?m)^linear:", path.read_text("utf-8")) is not None
 
 
 def has_norm(path) -> bool:

@@ -40,6 +40,9 @@ SPEC_STAGE_KEYS = {"id", "title", "shape", "exact", "approx"}
 SPEC_CROSSCHECK_KEYS = {"reference", "max_abs_error", "tolerance", "passed", "per_stage"}
 SPEC_DIMS_KEYS = {"n_q", "n_k", "d_model", "d_k", "d_v", "heads"}
 HEAD_IDS = ["W_Q", "W_K", "W_V", "Q", "K", "V", "K_T", "S", "S_scaled", "M", "S_masked", "A", "O"]
+# linear: instead of K_T … A, then O and the recurrent form (then state_cost, after the heads)
+LINEAR_IDS = ["phi_Q", "phi_K", "S_lin", "z_lin", "A_lin", "O", "z_state", "S_state", "rec_num", "rec_den", "O_rec",
+              "O_rec_diff"]
 # decode: t adds token t's row from the KV cache after each head's stages, then the cost table
 DECODE_IDS = ["K_cache", "V_cache", "q_t", "s_t", "a_t", "o_t", "o_t_diff"]
 # with kv_heads, a K/V group's stages are listed once, with the group's first query head
@@ -160,8 +163,10 @@ def _forward_ids(raw: dict) -> list[str]:
         given, head_ids = (ids[:ids.index("A") + 1] + ["A_sink"] + ids[ids.index("A") + 1:]
                            for ids in (given, head_ids))
     tiled = ["m_tiled", "l_tiled", "acc_tiled", "O_tiled"] if "tiling" in raw else []  # after each head's O
+    if "linear" in raw:  # linear attention: its features and both forms instead of K_T … A; the state's cost after
+        given, head_ids = (ids[:ids.index("K_T")] + LINEAR_IDS for ids in (GIVEN_IDS, HEAD_IDS))
     if "Q" in raw:
-        return given + tiled + (DECODE_IDS + ["step_cost"] if "decode" in raw else [])
+        return given + tiled + (DECODE_IDS + ["step_cost"] if "decode" in raw else []) + ["state_cost"] * ("linear" in raw)
     ids = ["X"] + (["context"] if "context" in raw else []) + (["PE", "X_pos"] if "positions" in raw else [])
     if "token_types" in raw:  # TT between PE and X_pos: X_pos = X + PE + TT
         ids.insert(ids.index("X_pos"), "TT")
@@ -175,7 +180,7 @@ def _forward_ids(raw: dict) -> list[str]:
     biases = _biases(raw)  # after the weights, before the projections
     head_ids = head_ids[:3] + biases + head_ids[3:] if biases and "Q" not in raw else head_ids
     per_head = head_ids + tiled + (DECODE_IDS if "decode" in raw else [])
-    cost = ["step_cost"] if "decode" in raw else []
+    cost = ["step_cost"] if "decode" in raw else ["state_cost"] if "linear" in raw else []
     # behind the attention: H = X + O, or with a post norm R = X + O and its norm H
     residual = (["R"] + _norm_ids(norm, "R_hat", "H")) if post else ["H"] if raw.get("residual") else []
     if "heads" not in raw:

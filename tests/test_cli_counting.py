@@ -108,8 +108,8 @@ def test_golden_files_count_from_1(path):
     text = path.read_text("utf-8")
     for pattern in ZERO_BASED:
         assert not pattern.search(text), f"{pattern.pattern!r} in {path.name}: {pattern.search(text).group()}"
-    # the worked entries are subscripted from 1: S_{12}, q_{1d}, never S_{01}
-    assert re.search(r"[A-Za-z]_\{1[0-9a-z]\}", text), f"no subscript counted from 1 in {path.name}"
+    # the worked entries are subscripted from 1: S_{12}, q_{1d}, (S_{lin})_{11}, never S_{01}
+    assert re.search(r"[A-Za-z)]_\{1[0-9a-z]\}", text), f"no subscript counted from 1 in {path.name}"
     assert "_{0" not in text
 
 

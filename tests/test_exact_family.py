@@ -865,7 +865,8 @@ def test_cli_check_torch_on_worked_example(symattn_cli, path, tmp_path):
     assert check["torch"]["passed"] is True, check["torch"]
     assert "torch" in check["torch"]["reference"]
     stages = check["torch"]["per_stage"]
-    assert "O" in stages and any(s == "A" or s.endswith(".A") for s in stages), stages
+    weights = "phi_Q" if "linear:" in path.read_text("utf-8") else "A"  # linear attention: no A, its features
+    assert "O" in stages and any(s == weights or s.endswith("." + weights) for s in stages), stages
 
 
 def test_cli_check_torch_on_multi_head_cross_attention(symattn_cli, tmp_path):

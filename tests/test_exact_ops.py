@@ -41,7 +41,8 @@ PROTOCOL = sorted(name for name, member in vars(Ops).items() if inspect.isfuncti
 GRADIENT_OPS = frozenset({"matmul", "T", "add_row", "col_sums", "scale", "softmax_backward", "hstack", "block",
                           "sum", "sub", "ones", "given", "is_rational", "rational", "table", "times_row", "hadamard",
                           "normalise_backward"})
-LEFT_TO_NUMERIC = ("mask", "add_mask", "softmax", "sink_weight", "row_mean", "row_spread", "normalise")  # ArbOps and FloatOps refuse these
+LEFT_TO_NUMERIC = ("mask", "add_mask", "softmax", "sink_weight", "row_mean", "row_spread", "normalise",
+                   "divide_rows")  # ArbOps and FloatOps refuse these
 # The operations only the common mistakes call (on NumericOps), beside the protocol's.
 MISTAKE_OPS = frozenset({"columns_attend", "jacobian_diagonal", "zero_masked", "column_softmax", "grid"})
 
@@ -91,6 +92,7 @@ RATIONAL = {
     "s": _q(3, 3, ["1/2", "-1", "3/4", "2/3", 0, "-5/4", 1, "1/5", "-2/7"]),
     "g": _q(3, 3, ["1", "-1/2", "1/3", "-2/3", "3/4", "1/6", "1/8", "-1", "2/5"]),
     "row": _q(1, 2, ["1/3", "-5/2"]),
+    "z": _q(3, 1, ["2/3", "-5", "7/4"]),  # normalisers: none 0
 }
 SURD = {
     "a": Matrix([[sqrt(2), Rational(-1, 2)], [1 + sqrt(3), Rational(2, 3)], [Rational(1, 4), -sqrt(5) / 2]]),
@@ -99,6 +101,7 @@ SURD = {
     "s": Matrix([[sqrt(2) / 2, -1, Rational(1, 3)], [Rational(2, 5), sqrt(3), -sqrt(2)], [1, Rational(-1, 4), sqrt(5) / 5]]),
     "g": Matrix([[1, -sqrt(2), Rational(1, 3)], [Rational(-2, 3), Rational(3, 4), sqrt(3)], [sqrt(5), -1, Rational(2, 5)]]),
     "row": Matrix([[sqrt(2), Rational(-1, 3)]]),
+    "z": Matrix([[1 + sqrt(2)], [Rational(-3, 2)], [sqrt(5) / 3]]),
 }
 PROBLEMS = {"rational": RATIONAL, "surd": SURD}
 CAUSAL = [[True, False, False], [True, True, False], [True, True, True]]
@@ -189,6 +192,7 @@ CASES = {
     "rows": ("rows", ("a",), lambda ops, p, m: ops.rows(_feed(ops, p["a"]), 1, 2)),
     "table": ("table", (), lambda ops, p, m: ops.table([[1, 2, 3], [4, 5, 6]])),
     "sub": ("sub", ("a", "c"), lambda ops, p, m: ops.sub(_feed(ops, p["a"]), _feed(ops, p["c"]))),
+    "difference": ("difference", ("a", "c"), lambda ops, p, m: ops.difference(_feed(ops, p["a"]), _feed(ops, p["c"]))),
     "ones": ("ones", (), lambda ops, p, m: ops.ones(2, 3)),
     "given": ("given", ("g",), lambda ops, p, m: ops.given(p["g"])),
     "rotate": ("rotate", ("a",), lambda ops, p, m: ops.rotate(_feed(ops, p["a"]), THETAS, PAIRS)),
@@ -208,7 +212,8 @@ CASES = {
     "normalise_backward": ("normalise_backward", ("s",), lambda ops, p, m: _back_through(ops, p, centred=True)),
     "normalise_backward_rms": ("normalise_backward", ("s",), lambda ops, p, m: _back_through(ops, p, centred=False)),
     **{f"activate_{name}": ("activate", ("s",), lambda ops, p, m, name=name: ops.activate(_feed(ops, p["s"]), name))
-       for name in ("relu", "relu2", "gelu", "gelu-tanh", "silu")},
+       for name in ("relu", "relu2", "gelu", "gelu-tanh", "silu", "elu1", "identity")},
+    "divide_rows": ("divide_rows", ("a", "z"), lambda ops, p, m: ops.divide_rows(_feed(ops, p["a"]), _feed(ops, p["z"]))),
     "row_softmax": ("row_softmax", ("s",), lambda ops, p, m: ops.row_softmax(_feed(ops, p["s"]))),
     "nll": ("nll", ("s",), lambda ops, p, m: ops.nll(_feed(ops, p["s"]), [2, 0], [0, 2])),
     "nll_bits": ("nll", ("s",), lambda ops, p, m: ops.nll(_feed(ops, p["s"]), [1], [1], "log2")),
@@ -331,7 +336,8 @@ def test_the_forward_operations_are_left_to_numeric_ops(backend):
              "softmax": lambda: ops.softmax(ops.grid(s)), "sink_weight": lambda: ops.sink_weight(ops.grid(s)),
              "row_mean": lambda: ops.row_mean(ops.grid(s)),
              "row_spread": lambda: ops.row_spread(ops.grid(s), None),
-             "normalise": lambda: ops.normalise(ops.grid(s), None, ops.grid(RATIONAL["a"]), 0)}
+             "normalise": lambda: ops.normalise(ops.grid(s), None, ops.grid(RATIONAL["a"]), 0),
+             "divide_rows": lambda: ops.divide_rows(ops.grid(RATIONAL["a"]), ops.grid(RATIONAL["z"]))}
     assert set(calls) == set(LEFT_TO_NUMERIC)
     for name, call in calls.items():
         with pytest.raises(NotImplementedError):

@@ -280,9 +280,12 @@ def _forward_headings(problem: dict) -> list[str]:
     if "rope" in problem:  # RoPE rotates the queries and keys before the keys are transposed
         stage_titles = (*STAGE_TITLES[:2], ROPE_TITLE, *STAGE_TITLES[2:])
     stage_titles = stage_titles + ((TILED_TITLE,) if "tiling" in problem else ())
+    if "linear" in problem:  # linear attention: the features and the parallel form instead of the softmax's steps
+        stage_titles = (*stage_titles[:2], *LINEAR_TITLES[:2], STAGE_TITLES[-1], LINEAR_TITLES[2])
     # decode: t adds its step after each head's, and the cost table after the heads
     stage_titles = stage_titles + (("Decode the new token from the KV cache",) if "decode" in problem else ())
     cost = ("The cost of a decoding step",) if "decode" in problem else ()
+    cost += ("The state against the KV cache",) if "linear" in problem else ()
     if "Q" in problem:  # queries, keys and values given: no projection stage
         titles = [GIVEN_INPUT_TITLE, *stage_titles[2:], *cost]
         return [f"Step {n}: {t}" for n, t in enumerate(titles, 1)]
@@ -313,6 +316,10 @@ def _forward_headings(problem: dict) -> list[str]:
     return out + [f"Step {k}: {t}" for k, t in enumerate(["Concatenate the heads", "Output projection", *back], n)]
 
 
+# with linear:, instead of the transpose, scores, scale, mask and softmax (then the weighted sum, then the
+# recurrent form; the state's cost after the heads)
+LINEAR_TITLES = ("Linear attention: the feature maps", "The parallel form: the masked table and its normalisers",
+                 "The recurrent form: one state update per token")
 # with a tiling: section, after the weighted sum
 TILED_TITLE = "The same output in one pass: FlashAttention's online softmax"
 
@@ -472,7 +479,8 @@ def test_worked_example_pdf_has_title_headings_and_token_labels(symattn_cli, tmp
     # the score table S carries the key tokens as column labels and the query tokens as row labels
     query_tokens = problem["tokens"]
     key_tokens = problem.get("context_tokens", query_tokens)
-    scores = section(lines, "Score every query against every key")
+    # (linear attention's table of φ(q_i)·φ(k_j) is its parallel form's)
+    scores = section(lines, "The parallel form" if "linear" in problem else "Score every query against every key")
     ellipses = {"·", "···", "…", "...", ".."}
     header = shown_labels(key_tokens)
     rows_of_words = [[w for w in line.split() if w not in ellipses] for line in scores]

@@ -83,7 +83,7 @@ def derivation(name: str):
 
 def tokens(d) -> int:
     """The most tokens on either side of the scores (queries or keys)."""
-    return max(max(d.step(i).shape) for i in d.ids if i.split(".")[-1] == "S")
+    return max(max(d.step(i).shape) for i in d.ids if i.split(".")[-1] in ("S", "S_lin"))  # linear attention: S_lin
 
 
 # -- the registry's traces against the arithmetic (no browser) ---------------------------------
@@ -121,6 +121,13 @@ def test_traces_are_the_inputs_of_each_entry(name):
             checked += 1
         elif step.kind_of.key == registry.L_TILED:
             continue  # the running sum: a recurrence over row i of Ŝ and its running maxima, not a product
+        elif step.kind_of.key == registry.REC_NUM:
+            continue  # φ(q_t) against the d_k × d_v state read row by row: a contraction, not one dot product
+        elif step.kind_of.key == registry.S_LIN:  # φ(q_i)·φ(k_j) where the mask allows, else 0
+            (a, _), (b, _) = traces
+            made = numpy.where(numpy.array(d.problem.mask.allowed), d.approx(a) @ d.approx(b).T, 0.0)
+            assert numpy.allclose(made, value), step.id
+            checked += 1
         elif step.kind_of.key in (registry.X_HAT, registry.R_HAT, registry.X_EMB_HAT, registry.H_HAT, registry.Y_HAT,
                                   registry.Y_FINAL_HAT):  # row i over its root: not a product
             (inp, how), *stats = traces

@@ -134,6 +134,9 @@ class ArbOps(NumericOps):
     def sink_weight(self, a):
         self._numeric("the sink's weight")
 
+    def divide_rows(self, m, d):
+        self._numeric("linear attention's division by the normalisers")
+
     def hadamard(self, a, b):
         with arb_precision(self.dps):
             a, b = arb_matrix(a, self.dps), arb_matrix(b, self.dps)
@@ -210,8 +213,18 @@ def _sigmoid(x):
     return 1 / (1 + (-x).exp())
 
 
+def _elu1(x):
+    if x > 0:
+        return x + 1
+    if x <= 0:
+        return x.exp()
+    return (x + 1).union(x.exp())  # a ball around 0: both branches (they meet at 0 with slope 1)
+
+
 ARB_ACTIVATIONS = {
     **ARB,  # GELU (both forms) and SiLU, as the forward pass computes them
+    "elu1": _elu1,
+    "identity": lambda x: x,
     "relu": _relu,
     "relu2": lambda x: _relu(x) ** 2,
     "d:relu": _step,

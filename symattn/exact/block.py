@@ -60,6 +60,9 @@ EXACT = {
     "gelu": lambda x: x / 2 * (1 + sympy.erf(x / sympy.sqrt(2))),
     "gelu-tanh": lambda x: x / 2 * (1 + sympy.tanh(sympy.sqrt(2 / sympy.pi) * (x + GELU_TANH_C * x**3))),
     "silu": lambda x: x / (1 + sympy.exp(-x)),
+    # linear attention's feature maps: elu(x) + 1 is e^x for x ≤ 0 (exact: e^{rational} stays a power of e)
+    "elu1": lambda x: x + 1 if _sign(x) > 0 else sympy.exp(x),
+    "identity": lambda x: x,
 }
 
 
@@ -101,6 +104,8 @@ NUMERIC = {
     "gelu": lambda x: x / 2 * (1 + mpmath.erf(x / mpmath.sqrt(2))),
     "gelu-tanh": lambda x: x / 2 * (1 + mpmath.tanh(mpmath.sqrt(2 / mpmath.pi) * (x + mpmath.mpf(44715) / 10**6 * x**3))),
     "silu": lambda x: x / (1 + mpmath.exp(-x)),
+    "elu1": lambda x: x + 1 if x > 0 else mpmath.exp(x),
+    "identity": lambda x: x,
 }
 
 
@@ -123,7 +128,7 @@ NUMERIC.update({
     DERIVATIVE + "gelu-tanh": _mp_gelu_tanh_slope,
     DERIVATIVE + "silu": _mp_silu_slope,
 })
-RATIONAL = {"relu": lambda x, zero: x if x > 0 else zero, "relu2": lambda x, zero: x * x if x > 0 else zero,
+RATIONAL = {"identity": lambda x, zero: x, "relu": lambda x, zero: x if x > 0 else zero, "relu2": lambda x, zero: x * x if x > 0 else zero,
             DERIVATIVE + "relu": lambda x, zero: QQ(1) if x > 0 else zero,
             DERIVATIVE + "relu2": lambda x, zero: 2 * x if x > 0 else zero}  # a rational stays rational
 

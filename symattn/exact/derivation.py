@@ -486,7 +486,9 @@ def derive(problem: Problem, *, on_step=None, cls: type[Derivation] = Derivation
         except SymattnError as exc:
             if exc.file is not None:
                 raise
-            raise SymattnError(exc.message, file=problem.source, field=exc.field) from None
+            lin = getattr(problem, "linear", None)  # a normaliser of 0: reported at the linear field
+            line, col = (lin.line, lin.col) if lin is not None and exc.field == "linear" else (None, None)
+            raise SymattnError(exc.message, file=problem.source, line=line, col=col, field=exc.field) from None
         values[step.id] = step.value
         shown[step.id] = step.written_exactly
         steps.append(step)
@@ -545,7 +547,9 @@ def _labels(axis: str, n: int, p: Problem) -> tuple[str, ...]:
         return tuple(f"t = {t}" for t in range(1, n + 1))
     if axis == stages.COSTS:
         return stages.COST_COLUMNS[:n]
-    if axis in (stages.MEAN, stages.VARIANCE, stages.MEAN_SQUARE, stages.SINK_AXIS):  # one column: what it holds
+    if axis == stages.STATE_COSTS:
+        return stages.STATE_COST_COLUMNS[:n]
+    if axis in (stages.MEAN, stages.VARIANCE, stages.MEAN_SQUARE, stages.SINK_AXIS, stages.NORMALISER):  # one column: what it holds
         return (axis,)
     if axis == stages.LAST:  # the last position's row (the logits of rows: last)
         return p.tokens[-1:]

@@ -10,6 +10,7 @@ from sympy import QQ
 
 from ..numbers.matrices import Matrix, is_rational, rational_matrix, tidy
 from . import block as _block
+from . import linear as _linear
 from . import norms as _norms
 from . import products as _products
 from . import rotary as _rotary
@@ -281,6 +282,9 @@ class ExactOps(Ops):
         a, b = matrix_of(a), matrix_of(b)
         return LazyMatrix(a.rows, a.cols, lambda i, j: tidy(a[i, j] - b[i, j]))
 
+    def difference(self, a, b):
+        return _linear.difference(matrix_of(a), matrix_of(b))
+
     def ones(self, rows: int, cols: int):
         return rational_matrix(rows, cols, [QQ(1)] * (rows * cols))
 
@@ -289,6 +293,9 @@ class ExactOps(Ops):
 
     def is_rational(self, x) -> bool:
         return is_rational(matrix_of(x))
+
+    def divide_rows(self, m, d):
+        return _linear.divide_rows(matrix_of(m), matrix_of(d))
 
     # -- the MLP and the model's head (see symattn.exact.block) --------------------------------------
 

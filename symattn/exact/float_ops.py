@@ -144,6 +144,12 @@ def _normal_density(x):
     return numpy.exp(-x**2 / 2) / numpy.sqrt(2 * numpy.pi)
 
 
+def _elu1(x):
+    import numpy
+
+    return numpy.where(x > 0, x + 1, numpy.exp(numpy.minimum(x, 0)))
+
+
 def _sigmoid(x):
     import numpy
 
@@ -156,6 +162,8 @@ FLOAT_ACTIVATIONS = {
     "gelu": lambda x: x / 2 * (1 + _erf(x / 2 ** 0.5)),
     "gelu-tanh": _gelu_tanh,
     "silu": lambda x: x * _sigmoid(x),
+    "elu1": lambda x: _elu1(x),
+    "identity": lambda x: x,
     "d:relu": lambda x: (x > 0).astype(float),
     "d:relu2": lambda x: 2 * x * (x > 0),
     "d:gelu": lambda x: (1 + _erf(x / 2 ** 0.5)) / 2 + x * _normal_density(x),

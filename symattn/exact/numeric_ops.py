@@ -110,6 +110,9 @@ class NumericOps(Ops):
         with mpmath.workdps(self.dps + 10):
             return [[x - y for x, y in zip(ra, rb)] for ra, rb in zip(a, b)]
 
+    def difference(self, a, b) -> Values:
+        return self.sub(a, b)
+
     def ones(self, rows: int, cols: int) -> Values:
         return [[mpmath.mpf(1)] * cols for _ in range(rows)]
 
@@ -199,6 +202,13 @@ class NumericOps(Ops):
     def column_softmax(self, z) -> Values:
         """The softmax of each column (over the wrong axis: a slip)."""
         return self.T(self.softmax(self.T(self.grid(z))))
+
+    def divide_rows(self, m, d) -> Values:
+        m, d = self.grid(m), self.grid(d)
+        with mpmath.workdps(self.dps + 10):
+            if any(row[0] == 0 for row in d):
+                raise Undefined("a normaliser of 0 has nothing to divide by")
+            return [[x / z[0] for x in row] for row, z in zip(m, d)]
 
     def tiled_max(self, z, block: int, running: bool = True) -> Values:
         return _tiled.numeric_maxima(self.grid(z), block, running)

@@ -99,6 +99,11 @@ class Ops(Protocol):
         """The difference ``a − b``."""
         raise NotImplementedError
 
+    def difference(self, a: Value, b: Value) -> Value:
+        """``a − b`` for two forms of one value (linear attention's recurrent and parallel outputs):
+        exactly 0 where it is 0, however the two forms are written."""
+        raise NotImplementedError
+
     def ones(self, rows: int, cols: int) -> Value:
         """The ``rows × cols`` matrix of ones."""
         raise NotImplementedError
@@ -149,7 +154,8 @@ class Ops(Protocol):
         raise NotImplementedError
 
     def activate(self, m: Value, name: str) -> Value:
-        """The MLP's activation ``name`` (relu, relu2, gelu, gelu-tanh, silu) of each entry of ``m``."""
+        """The MLP's activation ``name`` (relu, relu2, gelu, gelu-tanh, silu) of each entry of ``m``, or
+        linear attention's feature map (relu, elu1 = elu(x) + 1, identity)."""
         raise NotImplementedError
 
     def row_softmax(self, z: Value) -> Value:
@@ -159,6 +165,11 @@ class Ops(Protocol):
     def nll(self, z: Value, targets: Sequence[int], rows: Sequence[int], base: str | None = None) -> Value:
         """The len(rows) × 1 cross-entropies ``−log softmax(z)[r, t]`` of each used row ``r`` of the
         logits ``z`` and its target ``t`` (natural log; ``base`` "log2": in bits, a slip)."""
+        raise NotImplementedError
+
+    def divide_rows(self, m: Value, d: Value) -> Value:
+        """Each row ``i`` of ``m`` divided by ``d[i][0]`` (linear attention's normalisers, n × 1); a
+        normaliser that is 0 is refused, never divided by."""
         raise NotImplementedError
 
     def tiled_max(self, z: Value, block: int) -> Value:

@@ -32,7 +32,7 @@ _BOUNDS = {level: (proj, score) for level, (_, proj, score, _) in LEVELS.items()
 # The shape options, which a base problem gives instead, and their defaults
 _SHAPE = {"tokens": 4, "d_model": 4, "d_k": 4, "d_v": 4, "mask": "causal", "heads": 1, "cross": None,
           "scale": True, "words": None, "norm": None, "residual": False, "block": False, "d_ff": 3,
-          "activation": "relu", "vocab": None, "rows": "last", "sink": None}
+          "activation": "relu", "vocab": None, "rows": "last", "sink": None, "linear": None}
 
 
 class GeneratedProblem(Problem):
@@ -60,10 +60,9 @@ def generate(count: int = 1, *, seed: int = 0, level: str = "easy", tokens: int 
              base: Problem | str | os.PathLike | None = None, vary: str = "weights", numbered: bool | None = None,
              command: str | None = None, norm: str | None = None, residual: bool = False, block: bool = False,
              d_ff: int = 3, activation: str = "relu", vocab: str | Sequence[str] | None = None,
-             rows: str = "last", sink: int | None = None) -> list[GeneratedProblem]:
+             rows: str = "last", sink: int | None = None, linear: str | None = None) -> list[GeneratedProblem]:
     """``count`` different exercises with small, hand-friendly numbers, the same for the same
     options and seed (the options of ``symattn generate``; ``scale=False`` is ``--no-scale``).
-
     Variant k is what seed ``seed + k − 1`` gives alone; one equal to an earlier variant takes
     the next spare seed after the batch's own (``seed + count``, ...), and its ``seed`` says so.
     ``base`` (a problem or its path; ``--from``) keeps that problem's structure, its shape and
@@ -91,7 +90,8 @@ def generate(count: int = 1, *, seed: int = 0, level: str = "easy", tokens: int 
     ``norm`` ("layernorm" or "rmsnorm", ``--norm``) puts a norm with ε = 0 in front: each row
     of X is a·z + b with z a row of ±1, so the normalised rows are ±1 exactly, and the
     guarantees hold for X_norm = X̂ ∘ γ + β (γ of 1s and 2s, β of 0s and 1s), which the
-    projections read. ``residual`` (``--residual``) derives H = X + O too. ``sink``: see ``Spec``.
+    projections read. ``residual`` (``--residual``) derives H = X + O too; ``linear`` (``--linear``:
+    "relu", "elu1", "identity") linear attention instead of the softmax (its guarantees: the README). ``sink``: see ``Spec``.
 
     ``block`` (``--block``) writes the whole block: that norm (``norm``, by default
     "layernorm") and the residual, then an MLP of ``d_ff`` hidden units with its own norm and
@@ -101,7 +101,7 @@ def generate(count: int = 1, *, seed: int = 0, level: str = "easy", tokens: int 
     """
     options = dict(tokens=tokens, d_model=d_model, d_k=d_k, d_v=d_v, mask=mask, heads=heads, cross=cross,
                    scale=scale, words=words, norm=norm, residual=residual, block=block, d_ff=d_ff,
-                   activation=activation, vocab=vocab, rows=rows, sink=sink)
+                   activation=activation, vocab=vocab, rows=rows, sink=sink, linear=linear)
     _check(count, seed, level, options, range, vary, numbered, command)
     if command is None:
         command = _call(count, dict(seed=seed, level=level, **options, range=range, base=base, vary=vary,
@@ -216,6 +216,8 @@ def _check(count, seed, level, options: dict, range, vary, numbered, command) ->
         raise SymattnError(f"vary is 'weights' or 'inputs', not {shown(vary)}")
     if options["norm"] not in (None, "layernorm", "rmsnorm"):
         raise SymattnError(f"norm is 'layernorm', 'rmsnorm' or None, not {shown(options['norm'])}")
+    if options["linear"] not in (None, "relu", "elu1", "identity"):
+        raise SymattnError(f"linear is 'relu', 'elu1', 'identity' or None, not {shown(options['linear'])}")
     for name, value in (("scale", options["scale"]), ("numbered", numbered), ("residual", options["residual"]),
                         ("block", options["block"])):
         if not isinstance(value, bool) and not (name == "numbered" and value is None):
@@ -249,7 +251,7 @@ def _spec(level: str, range, options: dict, base, vary: str):
                     level=level, range=tuple(range) if range is not None else None, words=words,
                     norm=options["norm"] or ("layernorm" if block else None), residual=options["residual"] or block,
                     block=block, d_ff=options["d_ff"], activation=options["activation"], vocab=vocab,
-                    rows=options["rows"], sink=options["sink"]), None
+                    rows=options["rows"], sink=options["sink"], linear=options["linear"]), None
     given = [name for name, default in _SHAPE.items() if options[name] != default]
     if given:
         raise SymattnError(f"{given[0]} comes from the base problem, which keeps its structure; leave it out with base")

@@ -58,6 +58,7 @@ class Spec:
     # softmax row has at most two distinct exponents counting the sink's. mask "sink-window:K,W" is
     # StreamingLLM's: the first K keys and a causal window of W
     sink: int | None = None
+    linear: str | None = None  # linear attention's feature map (relu, elu1, identity) instead of the softmax
 
     @property
     def proj_score_bounds(self) -> tuple[int, int]:
@@ -65,6 +66,8 @@ class Spec:
 
     @property
     def lo_hi(self) -> tuple[int, int]:
+        if self.range is None and self.linear == "relu" and self.level == "easy":
+            return -1, 1  # relu has something to cut only with negative entries
         return self.range or LEVELS[self.level][0]
 
     @property
@@ -126,7 +129,9 @@ def validate(spec: Spec) -> None:
     if spec.residual and not spec.block and spec.heads == 1 and spec.d_v != spec.d_model:
         raise SymattnError(f"--residual adds the output to X, so it needs the output as wide as X: --d-v {spec.d_v} "
                            f"is not --d-model {spec.d_model} (or use several --heads, whose W_O gives d_model columns)")
-    if spec.scale and spec.level != "hard" and math.isqrt(spec.d_k) ** 2 != spec.d_k:
+    if spec.linear is not None:
+        _validate_linear(spec)
+    elif spec.scale and spec.level != "hard" and math.isqrt(spec.d_k) ** 2 != spec.d_k:
         raise SymattnError(
             f"d_k = {spec.d_k} is not a perfect square, so the scaled scores carry √{spec.d_k}; "
             "use --level hard, --no-scale, or a d_k such as 1, 4 or 9"
@@ -139,6 +144,40 @@ def validate(spec: Spec) -> None:
         if spec.norm is None:
             raise SymattnError("a block exercise has a norm in front of the attention: choose layernorm or rmsnorm")
     allowed(spec)  # raises for a bad mask
+
+
+def _validate_linear(spec: Spec) -> None:
+    """Linear attention: a known feature map, a mask its state can follow, no scale, self-attention."""
+    from ..problem.model import FEATURES
+
+    if spec.linear not in FEATURES:
+        raise SymattnError(f"unknown feature {excerpt(str(spec.linear))}; choose relu, elu1 or identity")
+    if spec.mask.partition(":")[0] not in ("none", "causal", "padding"):
+        raise SymattnError(f"linear attention follows --mask none, causal or padding:P, not {excerpt(spec.mask)}")
+    for given, what in ((not spec.scale, "--no-scale (linear attention takes no scale)"),
+                        (spec.cross is not None, "--cross (linear attention is derived for self-attention)"),
+                        (spec.block, "--block (the block's attention is the softmax's)")):
+        if given:
+            raise SymattnError(f"--linear cannot go with {what}")
+
+
+def _linear_niceness(spec: Spec, Q: np.ndarray, K: np.ndarray, mask: np.ndarray, score_bound: int) -> str | None:
+    """Linear attention's guarantees: every normaliser positive (never a division by 0, and weights that
+    are a share of the row); with relu, some entry cut, no key whose features all vanish, and the
+    table's entries within the score bound."""
+    if spec.linear == "elu1":  # positive features: every normaliser is; the powers of e are kept exact
+        return None
+    fq, fk = (np.maximum(m, 0) for m in (Q, K)) if spec.linear == "relu" else (Q, K)
+    if spec.linear == "relu" and (Q >= 0).all() and (K >= 0).all():
+        return "relu cuts no entry of Q or K (nothing to compute)"
+    if spec.linear == "relu" and not fk.any(axis=1).all():
+        return "a key's features all vanish (it would take no weight anywhere)"
+    table = np.where(mask, fq @ fk.T, 0)
+    if abs(table).max() > score_bound:
+        return f"an entry of the table is larger than {score_bound} in size"
+    if (table < 0).any() or (table.sum(axis=1) <= 0).any():
+        return "a normaliser is 0 or a weight negative"
+    return None
 
 
 def allowed(spec: Spec) -> list[list[bool]]:
@@ -217,6 +256,11 @@ def niceness(spec: Spec, drawn: Drawn) -> str | None:
         Q, K, V = X @ W_Q, C @ W_K, C @ W_V
         if max(abs(Q).max(), abs(K).max(), abs(V).max()) > proj_bound:
             return f"a projection is larger than {proj_bound} in size"
+        if spec.linear is not None:
+            reason = _linear_niceness(spec, Q, K, mask, score_bound)
+            if reason is not None:
+                return reason
+            continue
         S = Q @ K.T
         if abs(S).max() > score_bound:
             return f"a score is larger than {score_bound} in size"
@@ -352,6 +396,8 @@ def to_yaml(spec: Spec, drawn: Drawn, command: str, title: str) -> str:
     elif kind == "sink-window":
         k, w = arg.split(",")
         out.append(f"mask: {{sink: {int(k)}, window: {int(w)}}}")
+    elif kind == "padding" and spec.linear is not None:  # the keys' vector: a state skips padding keys
+        out.append("mask: {padding: [" + ", ".join("1" if ok else "0" for ok in allowed(spec)[0]) + "]}")
     elif kind == "padding":
         out.append("mask:\n" + matrix(np.array(allowed(spec), dtype=int)))
     else:
@@ -366,6 +412,8 @@ def to_yaml(spec: Spec, drawn: Drawn, command: str, title: str) -> str:
         out.append(f"norm: {{type: {spec.norm}, weight: {row(drawn.gamma)}{bias}, eps: 0}}")
     if spec.residual:
         out.append("residual: true")
+    if spec.linear is not None:
+        out.append(f"linear: {{feature: {spec.linear}}}")
     out.extend(spec.extra)
     return "\n".join(out) + "\n"
 
@@ -439,6 +487,7 @@ def from_problem(problem) -> tuple[Spec, Drawn]:
         tokens=problem.n_q, d_model=problem.d_model, d_k=problem.d_k, d_v=problem.d_v, mask=kind,
         heads=len(heads), cross=problem.n_k if problem.context is not None else None,
         scale=problem.scale != "none", words=problem.tokens + (problem.key_tokens if problem.context is not None else ()),
+        linear=problem.linear.feature if problem.linear is not None else None,
     )
     return spec, drawn
 

@@ -45,6 +45,8 @@ SCORE_CELLS = 1_000_000  # rational scale, LaTeX/Markdown/text/PDF, forward pass
 SCORE_CELLS_IRRATIONAL = 40_000  # an irrational scale or symbols: the softmax in SymPy expressions
 SCORE_WORK_IRRATIONAL = 100_000  # ... and cells × d_k, as the scores' size and variety grow with d_k
 ROPE_WORK = 5_000  # cells × d_k with RoPE on its general path, its cosines transcendental
+LINEAR_WORK = 1_000_000  # linear attention: cells × d_k × d_v (its table and its state), in rationals
+LINEAR_WORK_EXP = 30_000  # ... with elu(x) + 1's powers of e in every entry of both forms
 HEADS = 4_096  # heads of one problem: each has a fixed cost of its own
 PDF_HEADS = 256  # ... in a PDF, where pdflatex typesets three pages a head (about 0.2 s)
 DEARER = 4  # JSON, and the backward pass, each divide the budget by this
@@ -66,7 +68,7 @@ def _symbolic(p: Problem) -> bool:
     RoPE's fast path, which computes it in balls."""
     if p.symbols:
         return True
-    if fast_rope(p):
+    if fast_rope(p) or getattr(p, "linear", None) is not None:  # linear attention: no softmax, no scale
         return False
     scales = [p.scale_for(h.d_k) for h in p.heads] if p.projected else [p.scale_value]
     return any(not getattr(s, "is_Rational", False) for s in scales)
@@ -134,6 +136,14 @@ def check_budget(p: Problem, kind: str, backward: bool, max_size: int = MAX_SIZE
     if _transcendental_rope(p):
         checks.append((cells * d_k, ROPE_WORK, f"{cells * d_k:,} rotated score terms ({cells:,} attention scores × "
                                                f"d_k = {d_k:,}, with RoPE's cos and sin kept exact)", False))
+    linear = getattr(p, "linear", None)
+    if linear is not None:
+        d_v = max(h.d_v for h in p.heads) if p.projected else p.d_v
+        work = cells * d_k * d_v
+        checks.append((work, LINEAR_WORK_EXP if linear.feature == "elu1" else LINEAR_WORK,
+                       f"{work:,} terms of linear attention's table and state ({cells:,} attention scores × d_k = "
+                       f"{d_k:,} × d_v = {d_v:,}" + (", each with powers of e" if linear.feature == "elu1" else "") + ")",
+                       False))
     if len(p.heads) > 1:
         pages = {"pdf": " and pages of a PDF", "html": " and sections of a web page"}.get(kind, "")
         allowed = PDF_HEADS if kind == "pdf" else HEADS // DEARER if kind == "html" else HEADS

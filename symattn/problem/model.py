@@ -244,6 +244,20 @@ class Tiling:
     rows: tuple[int, ...] | None = None
 
 
+FEATURES = ("relu", "elu1", "identity")  # linear attention's feature maps φ (elu1: elu(x) + 1)
+
+
+@dataclass(frozen=True)
+class Linear:
+    """Linear attention: the softmax replaced by φ(q_i)·φ(k_j) over φ(q_i)·Σ_j φ(k_j), with the feature
+    map ``feature`` (one of :data:`FEATURES`) applied to the unscaled queries and keys; ``line`` and
+    ``col`` are where the field is written (a normaliser found to be 0 is reported there)."""
+
+    feature: str
+    line: int | None = None
+    col: int | None = None
+
+
 @dataclass(frozen=True)
 class Problem:
     """A validated attention problem; every matrix entry is an exact SymPy number.
@@ -286,6 +300,7 @@ class Problem:
     mlp: Mlp | None = None  # the MLP behind the attention, on the residual stream; None: none
     logits: Logits | None = None  # the final norm and the unembedding; None: none
     loss: Loss | None = None  # the cross-entropy of the logits; None: none
+    linear: Linear | None = None  # linear attention instead of the softmax; None: the softmax
 
     def kv_group(self, head: int) -> int:
         """The K/V group (1-based) that query head ``head`` (1-based) reads: heads

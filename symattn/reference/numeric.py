@@ -176,6 +176,10 @@ def _softmax_rows(Z: np.ndarray, sink: "float | None") -> tuple[np.ndarray, "np.
 def _head(p: Problem, out: dict, M: np.ndarray, prefix, Q: np.ndarray, K: np.ndarray, V: np.ndarray,
           kv_prefix=None, sink: "float | None" = None) -> np.ndarray:
     """One head's stages, from its Q, K and V to its output O (returned)."""
+    if p.linear is not None:                                # linear attention: no scores, no softmax
+        from .linear import linear_head
+
+        return linear_head(p, out, prefix, Q, K, V)
     factor = scale_factor(p, Q.shape[1])
     if p.rope is not None:  # RoPE: the scores compare the rotated queries and keys
         Q = out[prefix(st.Q_ROT)] = rope_rotate(Q, p.rope)
@@ -392,6 +396,11 @@ def numeric_stages(p: Problem) -> dict[str, np.ndarray]:
     subs = p.substitutions or None
     out: dict[str, np.ndarray] = {}
     M = _mask_f64(p, subs)
+    if p.linear is not None:                                # the state's size against the KV cache's
+        from .linear import state_cost
+
+        sizes = [(h.d_k, h.d_v) for h in p.heads] if p.projected else [(p.Q.cols, p.V.cols)]
+        out[st.STATE_COST] = state_cost(p, sizes)
     if not p.projected:
         Q = out[st.Q] = to_float64(p.Q, subs)
         K = out[st.K] = to_float64(p.K, subs)

@@ -105,6 +105,8 @@ def torch_stages(p: Problem) -> dict[str, np.ndarray]:
     out: dict[str, np.ndarray] = {}
 
     def head(prefix: str, Q, K, V, sink=None):
+        if p.linear is not None:
+            return torch_linear(torch, F, p, allowed, out, prefix, Q, K, V)
         if p.rope is not None:
             Q, K = torch_rope(torch, Q, p.rope), torch_rope(torch, K, p.rope)
         d_k = Q.shape[1]
@@ -168,6 +170,35 @@ def torch_stages(p: Problem) -> dict[str, np.ndarray]:
             out[st.H] = H.numpy()
             torch_block(torch, F, p, H, t, out)
     return out
+
+
+# linear attention's feature maps as PyTorch's functions compute them (elu(x) + 1 with F.elu)
+TORCH_FEATURES = {
+    "relu": lambda F, x: F.relu(x),
+    "elu1": lambda F, x: F.elu(x) + 1,
+    "identity": lambda F, x: x,
+}
+
+
+def torch_linear(torch, F, p: Problem, allowed, out: dict, prefix, Q, K, V):
+    """Linear attention's recurrent form with cumulative sums (the state S_t = Σ_{j≤t} φ(k_j)v_jᵀ and
+    z_t = Σ_{j≤t} φ(k_j) for every t at once; with no causal mask, the sums over every key), a real
+    key (not padding) only; returns O = φ(q_t)ᵀS_t / φ(q_t)ᵀz_t."""
+    fq, fk = TORCH_FEATURES[p.linear.feature](F, Q), TORCH_FEATURES[p.linear.feature](F, K)
+    real = allowed.any(dim=0).to(torch.float64)                     # keys some query may read: not padding
+    kv = torch.einsum("jk,jv->jkv", fk, V) * real[:, None, None]    # φ(k_j)v_jᵀ of each key
+    zk = fk * real[:, None]
+    if "causal" in p.mask.kinds:
+        S, z = kv.cumsum(dim=0), zk.cumsum(dim=0)
+    else:
+        S, z = kv.sum(dim=0).expand(Q.shape[0], -1, -1), zk.sum(dim=0).expand(Q.shape[0], -1)
+    num = torch.einsum("tk,tkv->tv", fq, S)
+    den = torch.einsum("tk,tk->t", fq, z)[:, None]
+    O = num / den
+    out[prefix(st.PHI_Q)], out[prefix(st.PHI_K)] = fq.numpy(), fk.numpy()
+    out[prefix(st.Z_STATE)], out[prefix(st.S_STATE)] = z.numpy(), S.reshape(Q.shape[0], -1).numpy()
+    out[prefix(st.O_REC)] = out[prefix(st.O)] = O.numpy()
+    return O
 
 
 # the MLP's activations as PyTorch's modules and functions compute them

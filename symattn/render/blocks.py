@@ -103,7 +103,7 @@ def blocks(d: Derivation, options: RenderOptions | None = None, *, shade: bool =
     max_shown, first, last, exercise, ask = options.max_shown, options.first, options.last, options.exercise, options.ask
     split = split if split or latex else None  # None: the displays' LaTeX is not written (see _displays)
     chosen = select(d, first, last)
-    out: list[Block] = [Block("para", _intro(d)), Block("math", _FORMULA)]
+    out: list[Block] = [Block("para", _intro(d)), Block("math", _FORMULA if d.problem.linear is None else registry.LINEAR_FORMULA[0])]
     givens = given_inputs(d, chosen)
     if exercise:
         givens = [s for s in d.steps if s.given] + [s for s in givens if not s.given]
@@ -303,6 +303,9 @@ def _intro(d: Derivation) -> str:
     )
     if p.scale == "auto" and p.multi_head:
         scale = "each head's scores scaled by 1/√d_k"
+    if p.linear is not None:  # no softmax, no scale: the feature map of the unscaled q and k
+        scale = (f"linear attention with the feature map {'elu(x) + 1' if p.linear.feature == 'elu1' else p.linear.feature}"
+                 " on the unscaled queries and keys (no softmax, no 1/√d_k)")
     bias = "; a bias is added to the mask" if p.bias is not None else ""
     if p.positions is not None:  # said after the sizes: the projections read X + PE
         what += ("; sinusoidal positions (base " + str(p.positions.base) + ") are added to X"
@@ -433,9 +436,14 @@ def check_sentence(check) -> str:
                                          (registry.Y, "the block's output"), (registry.LOGITS, "the logits"),
                                          (registry.P, "the probabilities (F.softmax)"),
                                          (registry.LOSS, "the loss (F.cross_entropy)")) if key in compared]
+        linear = registry.PHI_Q in compared
+        if linear:  # no SDPA: the recurrent form with F.relu or F.elu and cumulative sums
+            items = ["feature maps", "states", "outputs"] + items[2:]
         what = ", ".join(items[:-1]) + " and " + items[-1]
+        torch_what = ("PyTorch's own functions (F.relu or F.elu, and the states as cumulative sums)"
+                      if linear else "PyTorch's scaled_dot_product_attention")
         sentence += (
-            f" The {what} also agree with PyTorch's scaled_dot_product_attention in float64: "
+            f" The {what} also agree with {torch_what} in float64: "
             f"the largest difference is {check.torch.max_abs_error:.1e}."
         )
     fd = check.finite_differences

@@ -88,6 +88,10 @@ def derivation_latex(d: Derivation) -> str:
         matrix = f"{out.kind_of.symbol} = {exact_tex_matrix(d, out, NOTEBOOK_SHOWN)}"
     formula = ("\\operatorname{Attention}(Q, K, V) = "
                "\\operatorname{softmax}\\!\\left(\\frac{Q K^{\\top}}{\\sqrt{d_k}} + M\\right) V")
+    if d.problem.linear is not None:
+        from ..stages import LINEAR_FORMULA
+
+        formula = LINEAR_FORMULA[0]
     return f"$$ {formula},\\qquad {matrix} $$"
 
 

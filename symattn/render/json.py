@@ -42,13 +42,28 @@ def as_dict(derivation: "Derivation", *, check=None) -> dict:
 
 
 def _extras(d: "Derivation") -> dict:
-    """The top-level keys only some problems have: ``rope``, ``kv_groups``, ``kv_cache``, ``decode``."""
+    """The top-level keys only some problems have: ``rope``, ``kv_groups``, ``kv_cache``, ``decode``,
+    ``linear``."""
     out = {}
     rope = rope_json(d)
     if rope is not None:  # only with RoPE: every other problem's JSON is as it was
         out["rope"] = rope
     out.update(_sharing_and_decoding(d))
+    if d.problem.linear is not None:
+        out["linear"] = _linear(d)
     return out
+
+
+def _linear(d: Derivation) -> dict:
+    """Linear attention: its feature map, whether the recurrent form equals the parallel one exactly
+    (every entry of each head's O_rec − O is 0), and the numbers its state keeps against the KV cache's
+    per token (every head's)."""
+    c = registry.Context(d.problem)
+    diffs = [d.step(registry.stage_id(registry.O_REC_DIFF, h)).exact for h in c.heads]
+    sizes = [(c.at(h).d_k, c.at(h).d_v) for h in c.heads]
+    return {"feature": d.problem.linear.feature, "causal": "causal" in d.problem.mask.kinds,
+            "forms_equal": all(x == 0 for m in diffs for x in m),
+            "state_numbers": sum(k * v + k for k, v in sizes), "kv_cache_per_token": sum(k + v for k, v in sizes)}
 
 
 def _sharing_and_decoding(d: Derivation) -> dict:

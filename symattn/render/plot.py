@@ -33,7 +33,8 @@ def plot_weights(d: Derivation, suffix: str = ".png") -> bytes:
         raise SymattnError("plotting needs matplotlib, which is not installed; pip install 'symattn[plot]'") from None
     if not d.can_evaluate:
         raise SymattnError("the weights hold symbols without values, so they cannot be plotted; give values")
-    weights = [s for s in d.steps if s.key == stages.A]
+    linear = d.problem.linear is not None  # linear attention's weights A_lin, masked where the mask forbids
+    weights = [s for s in d.steps if s.key == (stages.A_LIN if linear else stages.A)]
     n_q, n_k = weights[0].shape
     # Cells shrink as n grows so that a panel stays slide-sized (at most about 11 × 10 inches,
     # 1650 × 1500 px at 150 dpi); tick labels keep a readable size and are thinned out instead.
@@ -44,7 +45,8 @@ def plot_weights(d: Derivation, suffix: str = ".png") -> bytes:
     fig, axes = plt.subplots(1, len(weights), figsize=(size[0] * len(weights), size[1]), squeeze=False)
     for ax, step in zip(axes[0], weights):
         values = np.array([[float(v) for v in row] for row in d.evaluate(step.id, 20)])
-        masked = np.array([[e is None for e in row.exponents] for row in step.softmax])
+        masked = (~np.array(d.problem.mask.allowed, dtype=bool) if linear else
+                  np.array([[e is None for e in row.exponents] for row in step.softmax]))
         image = ax.imshow(np.ma.masked_array(values, masked), cmap="Blues", vmin=0, vmax=1)
         ax.set_facecolor("#d9d9d9")
         for i in range(n_q):
@@ -60,7 +62,8 @@ def plot_weights(d: Derivation, suffix: str = ".png") -> bytes:
         ax.set_yticks(ys, labels=[show_bidi(step.rows[i]) for i in ys], fontsize=font)
         ax.set_xlabel("key" + (f" (one token in {step_k} labelled)" if step_k > 1 else ""))
         ax.set_ylabel("query" + (f" (one token in {step_q} labelled)" if step_q > 1 else ""))
-        ax.set_title(f"Head {step.head}: weights A" if step.head else "Attention weights A")
+        name = stages.A_LIN if linear else stages.A
+        ax.set_title(f"Head {step.head}: weights {name}" if step.head else f"Attention weights {name}")
         fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
     fig.tight_layout()
     out = io.BytesIO()

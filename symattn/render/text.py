@@ -157,7 +157,8 @@ def document(derivation: Derivation, options: RenderOptions) -> str:
     chosen = {s.id for s in select(d, options.first, options.last)}
     title = show_bidi(d.problem.title)
     out = [title, "=" * len(title), ""]
-    out.append("Attention(Q, K, V) = softmax(Q·Kᵀ / √d_k + M)·V")
+    out.append("Attention(Q, K, V) = softmax(Q·Kᵀ / √d_k + M)·V" if d.problem.linear is None
+               else registry.LINEAR_FORMULA[1])
     out.append("")
     for stage in stages(d):
         steps = [s for s in stage.steps if s.id in chosen]

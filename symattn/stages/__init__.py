@@ -45,6 +45,11 @@ from .ids import (
     DLOGITS, DW_U, DY_FINAL, DY_FINAL_HAT, DFINAL_GAMMA, DFINAL_BETA, DY_LAST, DY, DY_HAT, DMLP_GAMMA_POST, DMLP_BETA_POST, DY_SUM, DF, DB_2,
     DW_2, DW_DOWN, DG, DU, DU_GATE, DU_UP, DB_1, DW_1, DW_GATE, DW_UP, DH_NORM, DH_HAT, DMLP_GAMMA, DMLP_BETA,
 )
+from .ids import (
+    A_LIN, NORMALISER, O_LIN, O_REC, O_REC_DIFF, PHI_K, PHI_Q, REC_DEN, REC_NUM, S_LIN, S_STATE, STATE_COST,
+    STATE_COST_COLUMNS, STATE_COSTS, Z_LIN, Z_STATE,
+)
+from .linear import FORMULA as LINEAR_FORMULA
 from .kinds import Context, Dot, Kind, Mistake, Section
 from .names import GRADIENT_NAMES, NAMES, TILED_NAMES, order_of, unknown_stage
 from .norms import entry_tex, has_norm, hat_keys
@@ -70,6 +75,8 @@ __all__ = [
     "FINAL_GAMMA", "FINAL_BETA", "Y_FINAL", "W_U", "LOGITS", "P", "NLL", "LOSS", "VOCAB", "LAST", "LOSS_ROWS", "NLL_AXIS", "LOSS_AXIS",
     "DLOGITS", "DW_U", "DY_FINAL", "DY_FINAL_HAT", "DFINAL_GAMMA", "DFINAL_BETA", "DY_LAST", "DY", "DY_HAT", "DMLP_GAMMA_POST", "DMLP_BETA_POST", "DY_SUM", "DF", "DB_2",
     "DW_2", "DW_DOWN", "DG", "DU", "DU_GATE", "DU_UP", "DB_1", "DW_1", "DW_GATE", "DW_UP", "DH_NORM", "DH_HAT", "DMLP_GAMMA", "DMLP_BETA",
+    "A_LIN", "LINEAR_FORMULA", "NORMALISER", "O_LIN", "O_REC", "O_REC_DIFF", "PHI_K", "PHI_Q", "REC_DEN", "REC_NUM", "S_LIN", "S_STATE",
+    "STATE_COST", "STATE_COST_COLUMNS", "STATE_COSTS", "Z_LIN", "Z_STATE",
     "Context", "Dot", "Kind", "Mistake", "Planned", "Section",
     "dot_at", "entry_tex", "has_norm", "hat_keys", "input_ids", "kv_cache_size", "kv_groups", "order_of", "plan", "resolve", "section_of",
     "sections", "split_id", "stage_id", "traces", "unknown_stage",

@@ -89,6 +89,15 @@ K_CACHE, V_CACHE, Q_T, S_T, A_T, O_T = "K_cache", "V_cache", "q_t", "s_t", "a_t"
 O_T_DIFF, DECODE_COST = "o_t_diff", "step_cost"
 # a learned sink (gpt-oss's sink: field): what each row's sink absorbed, 1 − Σ_j a_ij
 A_SINK = "A_sink"
+# linear attention (linear: {feature: ...}): the features φ(Q) and φ(K); the parallel form's masked
+# table S_lin = φ(Q)·φ(K)ᵀ (0 where masked), its row sums z_lin (the normalisers φ(q_i)·Σ_j φ(k_j)),
+# the weights A_lin = S_lin / z_lin and the output (key "O_lin", named O); the recurrent form's
+# states (row t of z_state is z_t, of S_state the d_k × d_v state S_t read row by row), its
+# numerators φ(q_t)ᵀS_t and denominators φ(q_t)ᵀz_t, O_rec and O_rec_diff = O_rec − O (exactly 0); the
+# state's size against the KV cache's
+PHI_Q, PHI_K, S_LIN, Z_LIN, A_LIN, O_LIN = "phi_Q", "phi_K", "S_lin", "z_lin", "A_lin", "O_lin"
+Z_STATE, S_STATE, REC_NUM, REC_DEN, O_REC, O_REC_DIFF = "z_state", "S_state", "rec_num", "rec_den", "O_rec", "O_rec_diff"
+STATE_COST = "state_cost"
 # With kv_heads (grouped-query attention) these stages exist once per K/V group, under the id of
 # the group's first query head (head1.K for group 1); the group's other heads read them. So do
 # their gradients: a group's dK and dV sum the shares of every head that reads it.
@@ -110,9 +119,12 @@ CACHED, NEW, STEPS, COSTS = "cached", "new", "steps", "costs"
 # the one column of a norm's row statistics, labelled by what it holds
 MEAN, VARIANCE, MEAN_SQUARE = "mean", "variance", "mean square"
 SINK_AXIS = "sink"  # the one column of what a learned sink absorbed
+# linear attention: the one column of the normalisers, and the columns of the state's cost table
+NORMALISER, STATE_COSTS = "normaliser", "state costs"
 TOKEN_AXES = (QUERIES, KEYS, CACHED, NEW, STEPS, COSTS, MEAN, VARIANCE, MEAN_SQUARE, VOCAB, LAST, LOSS_ROWS, NLL_AXIS,
-              LOSS_AXIS, SINK_AXIS)  # labelled by words, not d1, d2
+              LOSS_AXIS, SINK_AXIS, NORMALISER, STATE_COSTS)  # labelled by words, not d1, d2
 COST_COLUMNS = ("scores (cache)", "output (cache)", "scores (full)", "outputs (full)")
+STATE_COST_COLUMNS = ("state (linear)", "KV cache (softmax)")
 
 
 def stage_id(name: str, head: int | None = None) -> str:

@@ -207,6 +207,12 @@ class Context:
         return None if sinks is None else sinks[(self.head or 1) - 1]
 
     @property
+    def linear(self) -> str | None:
+        """Linear attention's feature map (relu, elu1, identity), or None for the softmax."""
+        lin = getattr(self.p, "linear", None)
+        return lin.feature if lin is not None else None
+
+    @property
     def grouped(self) -> bool:
         """Grouped-query attention: the query heads share keys and values (kv_heads)."""
         return bool(self.p.kv_heads) and self.multi
@@ -348,6 +354,11 @@ class Kind:
 def tiled(c: Context) -> bool:
     """The problem asks for FlashAttention's online softmax (``tiling:``)."""
     return getattr(c.p, "tiling", None) is not None
+
+
+def softmax_attention(c: Context) -> bool:
+    """The attention is the softmax's (not linear attention)."""
+    return c.linear is None
 
 
 def decoding(c: Context) -> bool:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from .block_backward import ce
 from .ids import K
-from .kinds import Context, Kind, Section, tiled
+from .kinds import Context, Kind, Section, softmax_attention, tiled
+from .linear import linear
 from .plan import per_head_blocks
 
 
@@ -26,16 +27,20 @@ SECTIONS: tuple[Section, ...] = (
             retitle=lambda c: (f"Project to queries (K/V of group {c.p.kv_group(c.head)} above)"
                                if c.reads(K, c.head) != c.head else None)),
     Section("rotate", "Rotate the queries and keys (RoPE)", per_head=True, applies=lambda c: c.rope is not None),
-    Section("transpose", "Transpose the keys", per_head=True),
-    Section("scores", "Score every query against every key", per_head=True),
-    Section("scale", "Scale the scores", per_head=True),
-    Section("mask", "Apply the mask", per_head=True),
-    Section("softmax", "Softmax on each row", per_head=True),
+    Section("transpose", "Transpose the keys", per_head=True, applies=softmax_attention),
+    Section("scores", "Score every query against every key", per_head=True, applies=softmax_attention),
+    Section("scale", "Scale the scores", per_head=True, applies=softmax_attention),
+    Section("mask", "Apply the mask", per_head=True, applies=softmax_attention),
+    Section("softmax", "Softmax on each row", per_head=True, applies=softmax_attention),
+    Section("features", "Linear attention: the feature maps", per_head=True, applies=linear),
+    Section("linear", "The parallel form: the masked table and its normalisers", per_head=True, applies=linear),
     Section("output", "Weighted sum of the values", per_head=True),
+    Section("recurrent", "The recurrent form: one state update per token", per_head=True, applies=linear),
     Section("tiled", "The same output in one pass: FlashAttention's online softmax", per_head=True,
             applies=lambda c: tiled(c)),
     Section("decode", "Decode the new token from the KV cache", per_head=True, applies=lambda c: c.t is not None),
     Section("step_cost", "The cost of a decoding step", applies=lambda c: c.t is not None),
+    Section("state_cost", "The state against the KV cache", applies=linear),
     Section("concat", "Concatenate the heads", applies=lambda c: c.multi),
     Section("projection", "Output projection", applies=lambda c: c.multi),
     Section("residual", "The residual stream", applies=lambda c: c.residual,

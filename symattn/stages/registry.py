@@ -30,7 +30,8 @@ from .ids import (
     KEYS, K_CACHE, K_T, L_TILED, M, M_TILED, NEW, O, O_FINAL, O_T, O_TILED, O_T_DIFF, PE, Q, QUERIES, Q_T, S,
     SINK_AXIS, STEPS, S_MASKED, S_SCALED, S_T, TT, V, V_CACHE, W_K, W_O, W_Q, W_V, X, X_POS, stage_id,
 )
-from .kinds import Kind, Mistake, decoding, tiled
+from .kinds import Kind, Mistake, decoding, softmax_attention, tiled
+from .linear import linear_rows, recurrent_rows
 from .block_backward import from_cross_entropy, rows as block_backward_rows
 from .norm_backward import WHY as NORM_BACK_WHY, input_gradient_rows, post_norm_backward_rows
 from .mlp import head_rows, head_rows_before, mlp_rows
@@ -118,11 +119,13 @@ KINDS: tuple[Kind, ...] = (
     # K_T = Kᵀ (K_rotᵀ with RoPE)  (d_k × n_k)
     Kind(K_T, K_T, 9, "transpose", "Transpose the keys", k_t_why, k_t_formula, ("k", KEYS),
          lambda sh, r, c: f"{r[1]}×{r[0]} → {r[0]}×{r[1]} (d_k × n_k)",
-         inputs=("k_in",), relation=lambda ops, v, c: ops.T(v("k_in")), per_head=True, tex="K^{\\top}", slips=True),
+         inputs=("k_in",), relation=lambda ops, v, c: ops.T(v("k_in")), per_head=True, tex="K^{\\top}", slips=True,
+         when=softmax_attention),
     # S = Q·Kᵀ (Q_rot·K_rotᵀ with RoPE)  (n_q × n_k)
     Kind(S, S, 10, "scores", "Scores", lambda c: s_why(c) + reads_note(c, K_T), s_formula, (QUERIES, KEYS),
          lambda sh, r, c: prod(sh("q_in"), sh(K_T), "n_q × n_k"),
          inputs=("q_in", K_T), relation=lambda ops, v, c: ops.matmul(v("q_in"), v(K_T)), per_head=True, slips=True,
+         when=softmax_attention,
          worked=worked_score, shows=frozenset({"rope_relative"}),
          mistakes=(
              Mistake("K·Qᵀ instead of Q·Kᵀ (the scores are transposed)",
@@ -134,19 +137,19 @@ KINDS: tuple[Kind, ...] = (
     # S_scaled = S / √d_k, or S times the problem's scale  (n_q × n_k)
     Kind(S_SCALED, S_SCALED, 11, "scale", "Scale the scores", scale_why, scale_formula, (QUERIES, KEYS),
          lambda sh, r, c: plain(r, "n_q × n_k"),
-         inputs=(S,), relation=lambda ops, v, c: ops.scale(v(S), c.factor), per_head=True,
+         inputs=(S,), relation=lambda ops, v, c: ops.scale(v(S), c.factor), per_head=True, when=softmax_attention,
          tex="\\frac{S}{\\sqrt{d_k}}",
          mistakes=(Mistake(NO_SCALING, lambda ops, ex, c: ex(S)), Mistake(BY_D_K, by_d_k))),
     # M = the mask (0 or −∞), plus the bias  (n_q × n_k)
     Kind(M, M, 12, "mask", "The mask", mask_why,
          lambda c: ("M = M_{\\text{mask}} + B", "M = mask + bias") if c.p.bias is not None else ("M", "M"),
          (QUERIES, KEYS), lambda sh, r, c: plain(r, "n_q × n_k"),
-         relation=lambda ops, v, c: ops.mask(c.p.mask.allowed, c.p.bias), per_head=True,
+         relation=lambda ops, v, c: ops.mask(c.p.mask.allowed, c.p.bias), per_head=True, when=softmax_attention,
          shows=frozenset({"mask_parts"})),
     # Ŝ = S_scaled + M  (n_q × n_k)
     Kind(S_MASKED, S_MASKED, 13, "mask", "Add the mask", WHY[S_MASKED], masked_formula, (QUERIES, KEYS),
          lambda sh, r, c: plain(r, "n_q × n_k"),
-         inputs=(S_SCALED, M), relation=lambda ops, v, c: ops.add_mask(v(S_SCALED), v(M)), per_head=True,
+         inputs=(S_SCALED, M), relation=lambda ops, v, c: ops.add_mask(v(S_SCALED), v(M)), per_head=True, when=softmax_attention,
          tex="\\hat{S}",
          mistakes=(Mistake(MASK_MISSING, lambda ops, ex, c: ex(S_SCALED)),
                    Mistake(NO_SCALING, lambda ops, ex, c: ops.add_mask(ex(S), ex(M))),
@@ -156,7 +159,7 @@ KINDS: tuple[Kind, ...] = (
          lambda c: WHY[A] if c.sink is None else sink_why(c, A), softmax_formula,
          (QUERIES, KEYS), lambda sh, r, c: f"{r[0]}×{r[1]} (n_q × n_k), each row sums to "
          + ("1" if c.sink is None else "less than 1 (the sink takes the rest)"),
-         inputs=(S_MASKED,), relation=lambda ops, v, c: ops.softmax(v(S_MASKED), sink=c.sink), per_head=True,
+         inputs=(S_MASKED,), relation=lambda ops, v, c: ops.softmax(v(S_MASKED), sink=c.sink), per_head=True, when=softmax_attention,
          shows=frozenset({"softmax"}), mistakes=score_variants(A),
          note=lambda value: WHY["A_max"] if all(r.is_max for r in value.rows) else WHY["A_symbolic"]),
     # a_sink = e^(s − m_i) / Z_i = 1 − Σ_j a_ij, what each row's learned sink absorbed  (n_q × 1)
@@ -169,7 +172,7 @@ KINDS: tuple[Kind, ...] = (
     Kind(O, O, 15, "output", "Weighted sum of the values",
          lambda c: WHY[O] + reads_note(c, V) + (WHY["O_sink"] if c.sink is not None else ""), ("O = A\\,V", "O = A·V"), (QUERIES, "v"),
          lambda sh, r, c: f"({sh(A)[0]}×{sh(A)[1]})·({sh(V)[0]}×{sh(V)[1]}) → {r[0]}×{r[1]} (n_q × d_v)",
-         inputs=(A, V), relation=lambda ops, v, c: ops.matmul(v(A), v(V)), per_head=True,
+         inputs=(A, V), relation=lambda ops, v, c: ops.matmul(v(A), v(V)), per_head=True, when=softmax_attention,
          shows=frozenset({"weighted_sum"}),
          mistakes=score_variants(O) + (
              Mistake("Aᵀ·V instead of A·V (the weights were transposed)",
@@ -177,6 +180,12 @@ KINDS: tuple[Kind, ...] = (
              transposed(O),
              *ROPE_O_MISTAKES,
          )),
+    # linear attention (linear:), instead of K_T … O: φ(Q), φ(K)  (n × d_k); S_lin = φ(Q)·φ(K)ᵀ, 0 where
+    # masked  (n_q × n_k); z_lin = its row sums  (n_q × 1); A_lin = S_lin / z_lin  (n_q × n_k); O = A_lin·V
+    *linear_rows(),
+    # its recurrent form: z_t = z_(t−1) + φ(k_t)  (n × d_k); S_t = S_(t−1) + φ(k_t)v_tᵀ  (n × d_k·d_v);
+    # φ(q_t)ᵀS_t  (n × d_v); φ(q_t)ᵀz_t  (n × 1); O_rec = their quotient; O_rec − O = 0  (n × d_v)
+    *recurrent_rows()[:-1],
     # FlashAttention's online softmax: the same weighted sum in one pass over blocks of keys
     # m(b) = max(m(b−1), max of block b of Ŝ)  (n_q × blocks)
     Kind(M_TILED, M_TILED, 15.02, "tiled", "Running maximum, block by block",
@@ -273,6 +282,8 @@ KINDS: tuple[Kind, ...] = (
                     else "cost(t) = (t·d_k, t·d_v, t²·d_k, t²·d_v)"), (STEPS, COSTS),
          lambda sh, r, c: plain(r, "one row per decoding step t = 1..n: from the cache, then recomputed in full"),
          relation=lambda ops, v, c: ops.table(decode_cost_rows(c)), when=decoding, tex="\\text{cost}"),
+    # linear attention's state against the KV cache, per step: (d_k·d_v + d_k, t·(d_k + d_v))  (n × 2)
+    recurrent_rows()[-1],
     # several heads: concatenate, then project
     # concat = [O⁽¹⁾ | O⁽²⁾ | … | O⁽ʰ⁾]  (n_q × h·d_v)
     Kind(CONCAT, CONCAT, 16, "concat", "Concatenate the heads", WHY[CONCAT],

@@ -19,6 +19,9 @@ from .ids import (
     MLP_VAR_POST, NLL, P, U, U_GATE, U_UP, W_1, W_GATE, W_U, W_UP, Y, Y_FINAL, Y_FINAL_HAT, Y_HAT, Y_LAST, Y_POST,
     Y_SUM,
 )
+from .ids import (
+    A_LIN, O_LIN, O_REC, O_REC_DIFF, PHI_K, PHI_Q, REC_DEN, REC_NUM, S_LIN, S_STATE, Z_LIN, Z_STATE,
+)
 from .kinds import Context, Kind
 from .plan import resolve
 
@@ -114,6 +117,20 @@ TRACES: dict[str, tuple[tuple[str, str], ...]] = {
     DX_HAT: ((DX_NORM, "entry"), (GAMMA, "col")),
     DGAMMA: ((DX_NORM, "col"), (X_HAT, "col")),
     DBETA: ((DX_NORM, "col"),),
+    # linear attention: a feature from its entry; the table from φ(q_i) and φ(k_j) (0 where masked); the
+    # normaliser from its row; a weight from its entry and its row's normaliser; the recurrent form's
+    # running sums from the key features' columns, a step from its row of the state
+    PHI_Q: ((Q, "entry"),),
+    PHI_K: ((K, "entry"),),
+    S_LIN: ((PHI_Q, "row"), (PHI_K, "row_j")),
+    Z_LIN: ((S_LIN, "row"),),
+    A_LIN: ((S_LIN, "entry"), (Z_LIN, "row")),
+    O_LIN: ((A_LIN, "row"), (V, "col")),
+    Z_STATE: ((PHI_K, "col"),),
+    REC_NUM: ((PHI_Q, "row"), (S_STATE, "row")),
+    REC_DEN: ((PHI_Q, "row"), (Z_STATE, "row")),
+    O_REC: ((REC_NUM, "entry"), (REC_DEN, "row")),
+    O_REC_DIFF: ((O_REC, "entry"), (O, "entry")),
 }
 # dX back through a norm in front (without one, dX sums the paths, and only the residual's entry
 # is traced)

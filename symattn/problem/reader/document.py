@@ -71,6 +71,10 @@ class Reader(ScalarFields, MatrixFields, LayerFields, MaskFields, PositionFields
         mask, bias = read_mask_and_bias(self, root, fields, layer, tokens)
         passes = read_passes(self, fields, layer, mask, bias)
         loaded = layer.loaded
+        if "linear" in fields:
+            from .linear import read_linear
+
+            passes["linear"], mask = read_linear(self, fields, layer.n_q, layer.n_k, mask, loaded)
         return Problem(
             source=self.file,
             title=self.title(node_of(fields, "title")),

@@ -46,6 +46,7 @@ FIELDS = (
     "loss",
     "decode",
     "sink",
+    "linear",
     "from",
 )
 
