@@ -247,8 +247,12 @@ def _gradient_ids(raw: dict) -> list[str]:
     ids = top + ["dO", "dW_O"] + (["db_O"] if "b_O" in raw else []) + ["dconcat"]
     heads = range(1, len(raw["heads"]) + 1)  # every head's share dO first, as the README says
     ids += [f"head{h}.dO" for h in heads]
+    size = len(raw["heads"]) // raw.get("kv_heads", len(raw["heads"]))
+    shared = {"dV", "dK", "dK_rot", "dW_K", "dW_V", "db_K", "db_V"}  # a K/V group's, after its last head
     for h in heads:
-        ids += [f"head{h}.{i}" for i in head]
+        ids += [f"head{h}.{i}" for i in head if size == 1 or i not in shared]
+        if size > 1 and h % size == 0:
+            ids += [f"head{h - size + 1}.{i}" for i in head if i in shared]
     return ids + tail
 
 # A small valid problem (queries, keys and values given) used by the file tests.

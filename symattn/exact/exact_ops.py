@@ -40,8 +40,7 @@ def _over(x) -> bool:
 
 
 class ExactOps(Ops):
-    """The relations' operations on exact values. A forward product is expanded (``expand``);
-    a gradient's is kept as a sum of products, as backpropagation forms it."""
+    """The relations' operations on exact values: a forward product expanded (``expand``), a gradient's kept."""
 
     def __init__(self, expand: bool = True) -> None:
         self.expand = expand
@@ -334,16 +333,45 @@ class ExactOps(Ops):
 
     def rotate(self, m, thetas, pairs, sign: int = 1, offset: int = 0):
         """RoPE: row ``p`` with each pair ``pairs[i]`` turned by ``sign·(p + offset)·θ_i``, exactly."""
-        from ..problem.rope import rotate
+        return _rotate(m, thetas, pairs, sign, offset, gradient=not self.expand)
 
-        if isinstance(m, (OverZ2, OverRows)):  # a gradient turned back: row p keeps its denominators
-            turns = [sign * (p + offset) for p in range(shape_of(m)[0])]
-            relative = _turned_product(m, thetas, pairs, turns)
-            return relative if relative is not None else _turned_rows(m, _turns(thetas, turns), pairs)
-        m = matrix_of(m)
-        positions = [p + offset for p in range(m.rows)]
-        fast = _rotary.rotated(m, thetas, pairs, [sign * p for p in positions])
-        return fast if fast is not None else rotate(m, thetas, pairs, positions, sign)
+
+def _rotate(m, thetas, pairs, sign: int, offset: int, gradient: bool):
+    """:meth:`ExactOps.rotate`: a gradient over the rows' Z_i keeps its denominators, rational rows take the
+    fast path, a gradient kept entry by entry is turned lazily, anything else entry by entry now."""
+    from ..problem.rope import rotate
+
+    if isinstance(m, (OverZ2, OverRows)):  # a gradient turned back: row p keeps its denominators
+        turns = [sign * (p + offset) for p in range(shape_of(m)[0])]
+        relative = _turned_product(m, thetas, pairs, turns)
+        return relative if relative is not None else _turned_rows(m, _turns(thetas, turns), pairs)
+    m = matrix_of(m)
+    positions = [p + offset for p in range(m.rows)]
+    fast = _rotary.rotated(m, thetas, pairs, [sign * p for p in positions])
+    if fast is None and gradient and isinstance(m, LazyMatrix):  # a K/V group's dK_rot, entry by entry
+        fast = _turned_lazily(m, thetas, pairs, positions, sign)
+    return fast if fast is not None else rotate(m, thetas, pairs, positions, sign)
+
+
+def _turned_lazily(m: LazyMatrix, thetas, pairs, positions: list[int], sign: int) -> LazyMatrix:
+    """``m`` with row ``p``'s pairs turned by ``sign·positions[p]·θ_i``, each entry made when asked for
+    (the same entries as :func:`symattn.problem.rope.rotate`): a gradient kept entry by entry (a K/V
+    group's dK_rot, summed over its heads' shares) is turned back without building its whole closed
+    form, which through a block's MLP and norms is far too long to build."""
+    from ..problem.rope import cos_sin
+
+    partner = {}
+    for (a, b), theta in zip(pairs, thetas):
+        partner[a], partner[b] = (b, theta, True), (a, theta, False)
+
+    def entry(r: int, k: int) -> sympy.Expr:
+        if k not in partner:
+            return m[r, k]  # a component in no pair stays
+        other, theta, first = partner[k]
+        c, s = cos_sin(sign * positions[r] * theta)
+        return tidy(m[r, k] * c - m[r, other] * s) if first else tidy(m[r, other] * s + m[r, k] * c)
+
+    return LazyMatrix(m.rows, m.cols, entry)
 
 
 def _over_hadamard(a, b):

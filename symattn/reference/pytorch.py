@@ -106,7 +106,7 @@ def torch_stages(p: Problem) -> dict[str, np.ndarray]:
 
     def head(prefix: str, Q, K, V, sink=None):
         if p.linear is not None:
-            return torch_linear(torch, F, p, allowed, out, prefix, Q, K, V)
+            return torch_linear(torch, F, p, torch.tensor(p.mask.allowed, dtype=torch.bool), out, prefix, Q, K, V)
         if p.rope is not None:
             Q, K = torch_rope(torch, Q, p.rope), torch_rope(torch, K, p.rope)
         d_k = Q.shape[1]
@@ -121,12 +121,10 @@ def torch_stages(p: Problem) -> dict[str, np.ndarray]:
         return O
 
     def grouped(X, C):
-        """Grouped-query attention as PyTorch does it: every query head stacked, each K/V group once
-        (its first head's weights), and SDPA's ``enable_gqa=True`` repeating them."""
+        """Grouped-query attention as PyTorch does it: each K/V group once, SDPA's enable_gqa repeating it."""
         n_heads = len(p.heads)
         per_group = n_heads // p.kv_heads
-        def rot(x):  # RoPE turns each head's queries and each group's keys (LLaMA's order: rotate, then share)
-            return torch_rope(torch, x, p.rope) if p.rope is not None else x
+        rot = (lambda x: torch_rope(torch, x, p.rope)) if p.rope is not None else (lambda x: x)  # queries, group keys
 
         Q = torch.stack([rot(linear(X, w.W_Q, w.b_Q)) for w in p.heads])        # (h, n_q, d_k)
         firsts = p.heads[::per_group]
