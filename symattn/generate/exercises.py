@@ -396,6 +396,9 @@ def from_problem(problem) -> tuple[Spec, Drawn]:
         extra.append("bias:\n" + "\n".join(rows))
     if problem.decode is not None:
         extra.append(f"decode: {problem.decode}")
+    for name in ("softcap", "temperature"):  # kept as they are: the variants change the numbers only
+        if getattr(problem, name) is not None:
+            extra.append(f"{name}: {quote(sympy.sstr(getattr(problem, name)))}")
     spec = Spec(
         extra=tuple(extra),
         bounds=(proj, score),

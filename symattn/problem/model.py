@@ -285,6 +285,8 @@ class Problem:
     mlp: Mlp | None = None  # the MLP behind the attention, on the residual stream; None: none
     logits: Logits | None = None  # the final norm and the unembedding; None: none
     loss: Loss | None = None  # the cross-entropy of the logits; None: none
+    softcap: sympy.Expr | None = None  # c: the scaled scores become c·tanh(S_scaled/c) before the mask; None: none
+    temperature: sympy.Expr | None = None  # T: the masked scores are divided by T; None: none
 
     def kv_group(self, head: int) -> int:
         """The K/V group (1-based) that query head ``head`` (1-based) reads: heads

@@ -23,6 +23,7 @@ from ..errors import SymattnError
 from ..numbers.parse import NumberError, check_size, parse_number
 from ..text import excerpt, shown
 from .masks import Mask
+from .scores import score_change_refusal
 from .model import CROSS_ENTROPY, SUM_LOSS, Backward, block_backward_refusal, Matrix, Problem, Tiling
 from .places import entry_field, row_field
 
@@ -47,6 +48,7 @@ def with_backward(problem: Problem, loss=None) -> Problem:
         # a problem with its own cross-entropy goes back from it; an MLP or logits without one is refused
         loss = CROSS_ENTROPY if problem.loss is not None or problem.mlp is not None or problem.logits is not None \
             else "sum"
+    _score_changes(problem, "backward", "backward")
     backward = _loss(problem, loss)
     refusal = block_backward_refusal(backward, problem.mlp, problem.logits, problem.loss)
     if refusal:
@@ -63,8 +65,16 @@ def with_tiling(problem: Problem, block: int) -> Problem:
     if problem.symbols:
         raise SymattnError("the tiled softmax needs numbers: the running maximum of scores with symbols cannot be "
                            "decided; remove symbols or --tiled", file=problem.source, field="--tiled")
+    _score_changes(problem, "tiling", "--tiled")
     rows = problem.tiling.rows if problem.tiling is not None else None
     return dataclasses.replace(problem, tiling=Tiling(block, rows))
+
+
+def _score_changes(problem: Problem, passing: str, field: str) -> None:
+    """Refuse the pass ``passing`` (backward, tiling, decode) on a problem with soft-capping or a temperature."""
+    for name in ("softcap", "temperature"):
+        if getattr(problem, name) is not None:
+            raise SymattnError(score_change_refusal(name, **{passing: True}), file=problem.source, field=field)
 
 
 
@@ -88,6 +98,7 @@ def with_decode(problem: Problem, t: int) -> Problem:
     if isinstance(t, bool) or not isinstance(t, int):
         raise SymattnError(f"the token to decode is a whole number from 1, not {excerpt(repr(t))}",
                            file=problem.source, field="--decode")
+    _score_changes(problem, "decode", "--decode")
     wrong = decode_problem(t, problem.n_q, problem.mask, problem.context is not None, problem.bias is not None)
     if wrong:
         raise SymattnError(wrong, file=problem.source, field="--decode")

@@ -162,11 +162,16 @@ def _head(p: Problem, out: dict, M: np.ndarray, prefix, Q: np.ndarray, K: np.nda
     S = out[prefix(st.S)] = Q @ K.T                         # (n_q, d_k) @ (d_k, n_k)
     S_scaled = out[prefix(st.S_SCALED)] = S * factor
     out[prefix(st.M)] = M
-    Z = out[prefix(st.S_MASKED)] = S_scaled + M
-    m = Z.max(axis=1, keepdims=True)                        # finite: no row is fully masked
-    E = Z - m
-    np.exp(E, out=E)                                        # exp(-inf) = 0 for masked positions
-    A = out[prefix(st.A)] = np.divide(E, E.sum(axis=1, keepdims=True), out=E)  # in place: one n² array
+    if p.softcap is not None:                               # Gemma 2: c·tanh(s/c), before the mask
+        c = float(p.softcap)
+        capped = out[prefix(st.S_CAPPED)] = c * np.tanh(S_scaled / c)
+        Z = out[prefix(st.S_MASKED)] = capped + M
+    else:
+        Z = out[prefix(st.S_MASKED)] = S_scaled + M
+    if p.temperature is not None:                           # the masked scores over T (−∞ stays −∞)
+        Z = out[prefix(st.S_TEMP)] = Z / float(p.temperature)
+    A = out[prefix(st.A)] = _softmax_rows(Z)
+    _compared_rows(p, out, prefix, S_scaled, M, A)
     O = out[prefix(st.O)] = A @ V                           # (n_q, n_k) @ (n_k, d_v)
     if p.tiling is not None:
         m, l, acc = _online_softmax(Z, V, p.tiling.block)
@@ -175,6 +180,22 @@ def _head(p: Problem, out: dict, M: np.ndarray, prefix, Q: np.ndarray, K: np.nda
     if p.decode is not None:
         _decode(p, out, prefix, kv_prefix or prefix, Q, K, V, factor, O)
     return O
+
+
+def _softmax_rows(Z: np.ndarray) -> np.ndarray:
+    m = Z.max(axis=1, keepdims=True)                        # finite: no row is fully masked
+    E = Z - m
+    np.exp(E, out=E)                                        # exp(-inf) = 0 for masked positions
+    return np.divide(E, E.sum(axis=1, keepdims=True), out=E)  # in place: one n² array
+
+
+def _compared_rows(p: Problem, out: dict, prefix, S_scaled: np.ndarray, M: np.ndarray, A: np.ndarray) -> None:
+    """The last query's weights without and with soft-capping (and without and with the temperature)."""
+    T = 1.0 if p.temperature is None else float(p.temperature)
+    if p.softcap is not None:
+        out[prefix(st.CAP_ROW)] = np.vstack([_softmax_rows((S_scaled[-1:] + M[-1:]) / T), A[-1:]])
+    if p.temperature is not None:
+        out[prefix(st.TEMP_ROW)] = np.vstack([_softmax_rows(out[prefix(st.S_MASKED)][-1:].copy()), A[-1:]])
 
 
 def _decode(p: Problem, out: dict, prefix, kv_prefix, Q, K, V, factor, O) -> None:

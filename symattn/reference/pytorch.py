@@ -81,8 +81,8 @@ def torch_stages(p: Problem) -> dict[str, np.ndarray]:
         d_k = Q.shape[1]
         scale = {"auto": d_k**-0.5, "none": 1.0}.get(p.scale) if isinstance(p.scale, str) else float(p.scale)
         eye = torch.eye(K.shape[0], dtype=torch.float64)
-        A = F.scaled_dot_product_attention(Q[None], K[None], eye[None], attn_mask=attn_mask, scale=scale)[0]
-        O = F.scaled_dot_product_attention(Q[None], K[None], V[None], attn_mask=attn_mask, scale=scale)[0]
+        A = attend(torch, F, p, Q[None], K[None], eye[None], attn_mask, scale)[0]
+        O = attend(torch, F, p, Q[None], K[None], V[None], attn_mask, scale)[0]
         out[prefix(st.A)] = A.numpy()
         out[prefix(st.O)] = O.numpy()
         return O
@@ -102,8 +102,8 @@ def torch_stages(p: Problem) -> dict[str, np.ndarray]:
         d_k = Q.shape[-1]
         scale = {"auto": d_k**-0.5, "none": 1.0}.get(p.scale) if isinstance(p.scale, str) else float(p.scale)
         eye = torch.eye(K.shape[1], dtype=torch.float64).expand(p.kv_heads, -1, -1)
-        A = F.scaled_dot_product_attention(Q, K, eye, attn_mask=attn_mask, scale=scale, enable_gqa=True)
-        O = F.scaled_dot_product_attention(Q, K, V, attn_mask=attn_mask, scale=scale, enable_gqa=True)
+        A = attend(torch, F, p, Q, K, eye, attn_mask, scale, gqa=True)
+        O = attend(torch, F, p, Q, K, V, attn_mask, scale, gqa=True)
         for h in range(n_heads):
             out[st.stage_id(st.A, h + 1)] = A[h].numpy()
             out[st.stage_id(st.O, h + 1)] = O[h].numpy()
@@ -135,6 +135,20 @@ def torch_stages(p: Problem) -> dict[str, np.ndarray]:
             out[st.H] = H.numpy()
             torch_block(torch, F, p, H, t, out)
     return out
+
+
+def attend(torch, F, p: Problem, Q, K, V, attn_mask, scale: float, gqa: bool = False):
+    """SDPA's output, with the problem's temperature T folded into its ``scale=`` (and the mask, which
+    is divided by T with the scores: −∞/T = −∞); with soft-capping, the scores capped by torch.tanh
+    before the mask and the softmax taken by hand, as Gemma 2's eager attention does."""
+    T = 1.0 if p.temperature is None else float(p.temperature)
+    if p.softcap is None:
+        return F.scaled_dot_product_attention(Q, K, V, attn_mask=attn_mask / T, scale=scale / T, enable_gqa=gqa)
+    if gqa:
+        K, V = (x.repeat_interleave(Q.shape[0] // K.shape[0], dim=0) for x in (K, V))
+    c = float(p.softcap)
+    scores = c * torch.tanh(Q @ K.transpose(-1, -2) * scale / c)
+    return torch.softmax((scores + attn_mask) / T, dim=-1) @ V
 
 
 # the MLP's activations as PyTorch's modules and functions compute them

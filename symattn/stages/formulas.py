@@ -38,6 +38,8 @@ def masked_formula(c: Context) -> tuple[str, str]:
     import sympy
 
     p = c.p
+    if getattr(p, "softcap", None) is not None:
+        return "\\hat{S} = \\tilde{S} + M", "Ŝ = S_capped + M"
     scaled = {"auto": "\\frac{S}{\\sqrt{d_k}}", "none": "S"}.get(p.scale) if isinstance(p.scale, str) else None
     scaled = scaled or f"{sympy.latex(p.scale)}\\,S"
     return f"\\hat{{S}} = {scaled} + M", "Ŝ = S_scaled + M"

@@ -22,6 +22,9 @@ DO, DW_O, DCONCAT, DO_HEAD = "dO", "dW_O", "dconcat", "dO_head"
 DV, DA, DS_MASKED, DS, DQ, DK = "dV", "dA", "dS_masked", "dS", "dQ", "dK"
 DW_Q, DW_K, DW_V, DX, DCONTEXT = "dW_Q", "dW_K", "dW_V", "dX", "dcontext"
 Q_ROT, K_ROT = "Q_rot", "K_rot"  # the queries and keys rotated by RoPE
+# soft-capping (softcap: c): S_capped = c·tanh(S_scaled/c) before the mask, Gemma 2's; temperature
+# (temperature: T): S_temp = Ŝ/T after it; each with one row's weights with and without it, side by side
+S_CAPPED, S_TEMP, CAP_ROW, TEMP_ROW = "S_capped", "S_temp", "cap_row", "temp_row"
 # the backward pass through RoPE: the gradients of the rotated queries and keys, then dQ and dK
 # rotated back (keys "dQ_back", "dK_back": rows named dQ and dK, as O_final is named O)
 DQ_ROT, DK_ROT, DQ_BACK, DK_BACK = "dQ_rot", "dK_rot", "dQ_back", "dK_back"
@@ -103,9 +106,11 @@ VOCAB, LAST, LOSS_ROWS, NLL_AXIS, LOSS_AXIS = "vocab", "last", "loss rows", "cro
 # A decoding step's axes: the cached key tokens 1..t, the new query token t alone, and the
 # columns of the cost table.
 CACHED, NEW, STEPS, COSTS = "cached", "new", "steps", "costs"
+# the two rows of a comparison of one row's weights: without soft-capping (or temperature), then with it
+CAP_ROWS, TEMP_ROWS = "softcap rows", "temperature rows"
 # the one column of a norm's row statistics, labelled by what it holds
 MEAN, VARIANCE, MEAN_SQUARE = "mean", "variance", "mean square"
-TOKEN_AXES = (QUERIES, KEYS, CACHED, NEW, STEPS, COSTS, MEAN, VARIANCE, MEAN_SQUARE, VOCAB, LAST, LOSS_ROWS, NLL_AXIS,
+TOKEN_AXES = (QUERIES, KEYS, CACHED, NEW, STEPS, COSTS, CAP_ROWS, TEMP_ROWS, MEAN, VARIANCE, MEAN_SQUARE, VOCAB, LAST, LOSS_ROWS, NLL_AXIS,
               LOSS_AXIS)  # labelled by words, not d1, d2
 COST_COLUMNS = ("scores (cache)", "output (cache)", "scores (full)", "outputs (full)")
 

@@ -8,6 +8,7 @@ from typing import Callable
 from .ids import A, K, M, M_TILED, Q, Q_ROT, S, S_MASKED, S_SCALED, V
 from .kinds import Context, Mistake, Relation
 from .relations import row_t
+from .scores import cap, finish, temper
 from .shapes import is_square
 
 
@@ -50,18 +51,21 @@ def score_variants(kind: str) -> tuple[Mistake, ...]:
         return relation
 
     def columns(ops, ex, c):
-        z = ex(S_MASKED)
+        z = ex("a_in")
         if not ops.columns_attend(z):
             return None
         return ops.T(ops.softmax(ops.T(z)))
 
+    def unmasked(ops, ex, c):  # the scores as the softmax reads them, with no mask
+        return temper(ops, cap(ops, ex(S_SCALED), c), c)
+
     def after(ops, ex, c):
-        return ops.zero_masked(ops.softmax(ex(S_SCALED)), ex(M))
+        return ops.zero_masked(ops.softmax(unmasked(ops, ex, c)), ex(M))
 
     return (
-        Mistake(NO_SCALING, carried(lambda ops, ex, c: ops.softmax(ops.add_mask(ex(S), ex(M))))),
-        Mistake(BY_D_K, carried(lambda ops, ex, c: ops.softmax(ops.add_mask(by_d_k(ops, ex, c), ex(M))))),
-        Mistake(MASK_MISSING, carried(lambda ops, ex, c: ops.softmax(ex(S_SCALED)))),
+        Mistake(NO_SCALING, carried(lambda ops, ex, c: ops.softmax(finish(ops, ex(S), ex(M), c)))),
+        Mistake(BY_D_K, carried(lambda ops, ex, c: ops.softmax(finish(ops, by_d_k(ops, ex, c), ex(M), c)))),
+        Mistake(MASK_MISSING, carried(lambda ops, ex, c: ops.softmax(unmasked(ops, ex, c)))),
         Mistake(_MASK_AFTER, carried(after)),
         Mistake(_COLUMNS, carried(columns)),
     )

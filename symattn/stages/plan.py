@@ -11,7 +11,7 @@ from .ids import (
     B_1, B_2, B_K, B_O, B_Q, B_V, BETA, BETA_POST, DH, DO, DO_HEAD, DR, DX, DX_HAT, EBETA, EGAMMA, EMS, EMU, EVAR,
     FINAL_BETA, FINAL_GAMMA, FINAL_MS, FINAL_MU, FINAL_VAR, GAMMA, GAMMA_POST, K, K_ROT, MLP_BETA, MLP_BETA_POST,
     MLP_GAMMA, MLP_GAMMA_POST, MLP_MS, MLP_MS_POST, MLP_MU, MLP_MU_POST, MLP_VAR, MLP_VAR_POST, MS, MS_POST, MU,
-    MU_POST, O, Q, Q_ROT, TT, U, U_GATE, U_UP, VAR, VAR_POST, W_2, W_DOWN, X_HAT, stage_id,
+    MU_POST, O, Q, Q_ROT, S_CAPPED, S_MASKED, S_SCALED, S_TEMP, TT, U, U_GATE, U_UP, VAR, VAR_POST, W_2, W_DOWN, X_HAT, stage_id,
 )
 from .kinds import Context, Kind
 from .registry import BY_KEY, KINDS
@@ -100,6 +100,10 @@ def resolve(key: str, c: Context, head: "int | None | object" = ...) -> list[str
         key = c.kv
     if key in ("q_in", "k_in"):  # what the scores read: the rotated queries and keys under RoPE
         key = {"q_in": Q_ROT, "k_in": K_ROT}[key] if c.rope is not None else {"q_in": Q, "k_in": K}[key]
+    if key == "mask_in":  # what the mask is added to: the soft-capped scores with softcap
+        key = S_CAPPED if getattr(c.p, "softcap", None) is not None else S_SCALED
+    if key == "a_in":  # what the softmax reads: the masked scores over the temperature with one
+        key = S_TEMP if getattr(c.p, "temperature", None) is not None else S_MASKED
     if key == "xq":
         key = c.xq
     if key == "block":

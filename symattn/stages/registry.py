@@ -34,6 +34,7 @@ from .block_backward import from_cross_entropy, rows as block_backward_rows
 from .norm_backward import WHY as NORM_BACK_WHY, input_gradient_rows, post_norm_backward_rows
 from .mlp import head_rows, head_rows_before, mlp_rows
 from .norms import norm_rows, residual_rows
+from .scores import cap, comparison_rows, masked_mistakes, score_rows, tempered, weight_mistakes
 from .mistakes import (
     BLOCK_MAX, BY_D_K, FUTURE_KEY, MASK_MISSING, NO_RESCALE, NO_SCALING, ROPE_O_MISTAKES,
     ROPE_SCORE_MISTAKES, SCALE_MISSING_DQDK, by_d_k, future_weights, output_without_rescale, pe_slip,
@@ -134,6 +135,8 @@ KINDS: tuple[Kind, ...] = (
          inputs=(S,), relation=lambda ops, v, c: ops.scale(v(S), c.factor), per_head=True,
          tex="\\frac{S}{\\sqrt{d_k}}",
          mistakes=(Mistake(NO_SCALING, lambda ops, ex, c: ex(S)), Mistake(BY_D_K, by_d_k))),
+    # with softcap: S_capped = c·tanh(S_scaled / c), before the mask  (n_q × n_k)
+    *score_rows()[:1],
     # M = the mask (0 or −∞), plus the bias  (n_q × n_k)
     Kind(M, M, 12, "mask", "The mask", mask_why,
          lambda c: ("M = M_{\\text{mask}} + B", "M = mask + bias") if c.p.bias is not None else ("M", "M"),
@@ -143,19 +146,27 @@ KINDS: tuple[Kind, ...] = (
     # Ŝ = S_scaled + M  (n_q × n_k)
     Kind(S_MASKED, S_MASKED, 13, "mask", "Add the mask", WHY[S_MASKED], masked_formula, (QUERIES, KEYS),
          lambda sh, r, c: plain(r, "n_q × n_k"),
-         inputs=(S_SCALED, M), relation=lambda ops, v, c: ops.add_mask(v(S_SCALED), v(M)), per_head=True,
+         inputs=("mask_in", M), relation=lambda ops, v, c: ops.add_mask(v("mask_in"), v(M)), per_head=True,
          tex="\\hat{S}",
-         mistakes=(Mistake(MASK_MISSING, lambda ops, ex, c: ex(S_SCALED)),
-                   Mistake(NO_SCALING, lambda ops, ex, c: ops.add_mask(ex(S), ex(M))),
-                   Mistake(BY_D_K, lambda ops, ex, c: ops.add_mask(by_d_k(ops, ex, c), ex(M))))),
+         mistakes=(Mistake(MASK_MISSING, lambda ops, ex, c: ex("mask_in")),
+                   Mistake(NO_SCALING, lambda ops, ex, c: ops.add_mask(cap(ops, ex(S), c), ex(M))),
+                   Mistake(BY_D_K, lambda ops, ex, c: ops.add_mask(cap(ops, by_d_k(ops, ex, c), c), ex(M))),
+                   *masked_mistakes())),
+    # with temperature: S_temp = Ŝ / T  (n_q × n_k)
+    *score_rows()[1:],
     # A = softmax(Ŝ), row by row  (n_q × n_k)
     Kind(A, A, 14, "softmax", "Softmax on each row", WHY[A],
+         lambda c: ("A = \\operatorname{softmax}(\\hat{S}_T)",
+                    "A[i,j] = exp(Ŝ_T[i,j] − m_i) / Z_i,  m_i = max_k Ŝ_T[i,k],  Z_i = Σ_k exp(Ŝ_T[i,k] − m_i)")
+         if tempered(c) else
          ("A = \\operatorname{softmax}(\\hat{S})",
           "A[i,j] = exp(Ŝ[i,j] − m_i) / Z_i,  m_i = max_k Ŝ[i,k],  Z_i = Σ_k exp(Ŝ[i,k] − m_i)"),
          (QUERIES, KEYS), lambda sh, r, c: f"{r[0]}×{r[1]} (n_q × n_k), each row sums to 1",
-         inputs=(S_MASKED,), relation=lambda ops, v, c: ops.softmax(v(S_MASKED)), per_head=True,
-         shows=frozenset({"softmax"}), mistakes=score_variants(A),
+         inputs=("a_in",), relation=lambda ops, v, c: ops.softmax(v("a_in")), per_head=True,
+         shows=frozenset({"softmax"}), mistakes=score_variants(A) + weight_mistakes(),
          note=lambda value: WHY["A_max"] if all(r.is_max for r in value.rows) else WHY["A_symbolic"]),
+    # with softcap or temperature: the last query's weights without and with it  (2 × n_k)
+    *comparison_rows(),
     # O = A·V  (n_q × d_v)
     Kind(O, O, 15, "output", "Weighted sum of the values", lambda c: WHY[O] + reads_note(c, V), ("O = A\\,V", "O = A·V"), (QUERIES, "v"),
          lambda sh, r, c: f"({sh(A)[0]}×{sh(A)[1]})·({sh(V)[0]}×{sh(V)[1]}) → {r[0]}×{r[1]} (n_q × d_v)",

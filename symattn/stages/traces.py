@@ -6,7 +6,7 @@ from .ids import (
     A, ACC_TILED, A_T, B_K, B_O, B_Q, B_V, CONCAT, DA, DB_K, DB_O, DB_Q, DB_V, DK, DK_BACK, DK_ROT, DO, DQ,
     DQ_BACK, DQ_ROT, DS, DS_MASKED, DV,
     DW_K, DW_Q, DW_V, K, K_CACHE, K_ROT, K_T, L_TILED, M, M_TILED, O, O_FINAL, O_T, O_TILED, O_T_DIFF, PE, Q,
-    Q_ROT, S, S_MASKED, S_SCALED, S_T, TT, V, V_CACHE, W_K, W_O, W_Q, W_V, X, X_POS,
+    Q_ROT, S, S_CAPPED, S_MASKED, S_TEMP, S_SCALED, S_T, TT, V, V_CACHE, W_K, W_O, W_Q, W_V, X, X_POS,
 )
 from .ids import (
     BETA, BETA_POST, GAMMA, GAMMA_POST, H, H_POST, MS, MS_POST, MU, MU_POST, R, R_HAT, VAR, VAR_POST, X_HAT, X_NORM,
@@ -73,8 +73,10 @@ TRACES: dict[str, tuple[tuple[str, str], ...]] = {
     K_T: (("k_in", "T"),),
     S: (("q_in", "row"), (K_T, "col")),
     S_SCALED: ((S, "entry"),),
-    S_MASKED: ((S_SCALED, "entry"), (M, "entry")),
-    A: ((S_MASKED, "row"),),
+    S_CAPPED: ((S_SCALED, "entry"),),
+    S_MASKED: (("mask_in", "entry"), (M, "entry")),
+    S_TEMP: ((S_MASKED, "entry"),),
+    A: (("a_in", "row"),),
     O: ((A, "row"), (V, "col")),
     M_TILED: ((S_MASKED, "row"),),
     L_TILED: ((S_MASKED, "row"), (M_TILED, "row")),

@@ -31,6 +31,7 @@ from .norm import NormFields
 from .passes import PassFields
 from .positions import PositionFields
 from .scalars import ScalarFields
+from .scores import read_scores
 
 
 class Reader(ScalarFields, MatrixFields, LayerFields, MaskFields, PositionFields, PassFields, NormFields, BlockFields):
@@ -84,6 +85,7 @@ class Reader(ScalarFields, MatrixFields, LayerFields, MaskFields, PositionFields
             symbols=tuple(self.symbols.values()),
             values=tuple(values.items()),
             kv_heads=layer.kv_heads,
+            **read_scores(self, fields, passes),
             **passes,
             **layer.matrices,
         )

@@ -30,6 +30,8 @@ FIELDS = (
     "mask",
     "bias",
     "scale",
+    "softcap",
+    "temperature",
     "symbols",
     "values",
     "digits",
