@@ -313,3 +313,18 @@ def test_generate_command_line_options(symattn_cli, tmp_path):
     assert r.code != 0 and "softcap must be positive" in r.output
     r = symattn_cli("generate", "--from", str(SOFTCAP), "--temperature", "2")
     assert r.code != 0 and "--temperature cannot go with --from" in r.output
+
+
+def test_with_grouped_heads_rope_and_a_norm_against_pytorch():
+    """The tiny LLaMA block (RMSNorm, 4 query heads on 2 K/V heads, RoPE, the SwiGLU MLP) with both:
+    the package's NumPy reference and PyTorch (SDPA's scale= for T, torch.tanh before the mask,
+    enable_gqa's repeat) agree with every exact stage."""
+    pytest.importorskip("torch")
+    from symattn.problem.load import parse_problem
+
+    path = ROOT / "worked_examples" / "tiny_llama_block.yaml"
+    text = path.read_text(encoding="utf-8") + "softcap: 50\ntemperature: 2\n"
+    d = symattn.derive(parse_problem(text, "llama.yaml", path.parent))
+    assert {"head1.S_capped", "head4.S_temp", "head3.cap_row"} <= set(d.ids)
+    check = symattn.crosscheck(d, torch=True)
+    assert check.passed, str(check)
