@@ -131,7 +131,7 @@ def test_the_cli_suggests_a_stage_name(symattn_cli, tmp_path):
 # own modules spell the ids by right.
 _FIELD_MODULES = {"problem/model.py", "problem/reader/fields.py", "problem/reader/document.py",
                   "problem/reader/layer.py", "problem/reader/passes.py", "problem/reader/block.py",
-                  "problem/checkpoints/layouts.py",
+                  "problem/checkpoints/layouts.py", "problem/reader/qk_norm.py",
                   "generate/exercises.py", "generate/block.py"} | {
     f"stages/{name}.py" for name in
     ("__init__", "ids", "kinds", "registry", "rows", "norms", "norm_backward", "formulas", "why", "relations",

@@ -364,6 +364,8 @@ def from_problem(problem) -> tuple[Spec, Drawn]:
                            "embeddings_norm: and residual: first)")
     if problem.kv_heads:
         raise SymattnError(f"{problem.source}: --from does not vary grouped-query problems (kv_heads) yet")
+    if problem.qk_norm is not None:
+        raise SymattnError(f"{problem.source}: --from does not vary problems with qk_norm yet (remove qk_norm: first)")
     mask = problem.mask
     if mask.kind == "sliding-window":
         kind = f"sliding-window:{mask.window}"

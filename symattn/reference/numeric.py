@@ -155,6 +155,9 @@ def _head(p: Problem, out: dict, M: np.ndarray, prefix, Q: np.ndarray, K: np.nda
           kv_prefix=None) -> np.ndarray:
     """One head's stages, from its Q, K and V to its output O (returned)."""
     factor = scale_factor(p, Q.shape[1])
+    if p.qk_norm is not None:  # QK-norm: each query and key row normalised over d_k, before RoPE
+        Q = _rms_rows(Q, p.qk_norm.q, out, prefix, (st.QN_MS, st.Q_HAT, st.QN_GAMMA, st.Q_NORM))
+        K = _rms_rows(K, p.qk_norm.k, out, kv_prefix or prefix, (st.KN_MS, st.K_HAT, st.KN_GAMMA, st.K_NORM))
     if p.rope is not None:  # RoPE: the scores compare the rotated queries and keys
         Q = out[prefix(st.Q_ROT)] = rope_rotate(Q, p.rope)
         K = out[prefix(st.K_ROT)] = rope_rotate(K, p.rope)
@@ -180,6 +183,18 @@ def _head(p: Problem, out: dict, M: np.ndarray, prefix, Q: np.ndarray, K: np.nda
     if p.decode is not None:
         _decode(p, out, prefix, kv_prefix or prefix, Q, K, V, factor, O)
     return O
+
+
+def _rms_rows(x: np.ndarray, norm, out: dict, prefix, ids) -> np.ndarray:
+    """RMSNorm of each row of ``x``, x/√(mean(x²) + ε)·γ, its stages kept under this head's ``ids``."""
+    ms_id, hat_id, gamma_id, out_id = (prefix(i) for i in ids)
+    ms = out[ms_id] = (x * x).mean(axis=1, keepdims=True)
+    y = out[hat_id] = x / np.sqrt(ms + float(norm.eps))
+    if norm.weight is not None:
+        g = out[gamma_id] = to_float64(norm.weight)
+        y = y * (norm.offset + g)
+    out[out_id] = y
+    return y
 
 
 def _softmax_rows(Z: np.ndarray) -> np.ndarray:

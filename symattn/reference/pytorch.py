@@ -76,6 +76,7 @@ def torch_stages(p: Problem) -> dict[str, np.ndarray]:
     out: dict[str, np.ndarray] = {}
 
     def head(prefix: str, Q, K, V):
+        Q, K = qk_normed(F, p, Q, K, t)
         if p.rope is not None:
             Q, K = torch_rope(torch, Q, p.rope), torch_rope(torch, K, p.rope)
         d_k = Q.shape[1]
@@ -92,18 +93,18 @@ def torch_stages(p: Problem) -> dict[str, np.ndarray]:
         (its first head's weights), and SDPA's ``enable_gqa=True`` repeating them."""
         n_heads = len(p.heads)
         per_group = n_heads // p.kv_heads
-        def rot(x):  # RoPE turns each head's queries and each group's keys (LLaMA's order: rotate, then share)
+        def rot(x, side):  # QK-norm, then RoPE, on each head's queries and each group's keys (then shared)
+            x = qk_normed(F, p, x, x, t)[side]
             return torch_rope(torch, x, p.rope) if p.rope is not None else x
 
-        Q = torch.stack([rot(linear(X, w.W_Q, w.b_Q)) for w in p.heads])        # (h, n_q, d_k)
+        Q = torch.stack([rot(linear(X, w.W_Q, w.b_Q), 0) for w in p.heads])     # (h, n_q, d_k)
         firsts = p.heads[::per_group]
-        K = torch.stack([rot(linear(C, w.W_K, w.b_K)) for w in firsts])         # (g, n_k, d_k)
+        K = torch.stack([rot(linear(C, w.W_K, w.b_K), 1) for w in firsts])      # (g, n_k, d_k)
         V = torch.stack([linear(C, w.W_V, w.b_V) for w in firsts])              # (g, n_k, d_v)
         d_k = Q.shape[-1]
         scale = {"auto": d_k**-0.5, "none": 1.0}.get(p.scale) if isinstance(p.scale, str) else float(p.scale)
         eye = torch.eye(K.shape[1], dtype=torch.float64).expand(p.kv_heads, -1, -1)
-        A = attend(torch, F, p, Q, K, eye, attn_mask, scale, gqa=True)
-        O = attend(torch, F, p, Q, K, V, attn_mask, scale, gqa=True)
+        A, O = (attend(torch, F, p, Q, K, values, attn_mask, scale, gqa=True) for values in (eye, V))
         for h in range(n_heads):
             out[st.stage_id(st.A, h + 1)] = A[h].numpy()
             out[st.stage_id(st.O, h + 1)] = O[h].numpy()
@@ -135,6 +136,13 @@ def torch_stages(p: Problem) -> dict[str, np.ndarray]:
             out[st.H] = H.numpy()
             torch_block(torch, F, p, H, t, out)
     return out
+
+
+def qk_normed(F, p: Problem, Q, K, t):
+    """QK-norm as Qwen 3 applies it: F.rms_norm of each query and key row over d_head, before RoPE."""
+    if p.qk_norm is None:
+        return Q, K
+    return tuple(torch_norm(F, n, x, t) for n, x in ((p.qk_norm.q, Q), (p.qk_norm.k, K)))
 
 
 def attend(torch, F, p: Problem, Q, K, V, attn_mask, scale: float, gqa: bool = False):

@@ -22,6 +22,13 @@ DO, DW_O, DCONCAT, DO_HEAD = "dO", "dW_O", "dconcat", "dO_head"
 DV, DA, DS_MASKED, DS, DQ, DK = "dV", "dA", "dS_masked", "dS", "dQ", "dK"
 DW_Q, DW_K, DW_V, DX, DCONTEXT = "dW_Q", "dW_K", "dW_V", "dX", "dcontext"
 Q_ROT, K_ROT = "Q_rot", "K_rot"  # the queries and keys rotated by RoPE
+# QK-norm (qk_norm:, Qwen 3, OLMo 2, Gemma 3): each head's query and key rows normalised (RMSNorm over
+# d_head) before RoPE: the mean square of each row, the normalised rows, γ_q (γ_k) and Q_norm (K_norm),
+# which RoPE (or the scores) then read. The K side is shared by a K/V group, as K is.
+QN_MU, QN_VAR, QN_MS, QN_GAMMA, QN_BETA, Q_HAT, Q_NORM = (
+    "q_norm_mean", "q_norm_var", "q_norm_ms", "q_norm_gamma", "q_norm_beta", "Q_hat", "Q_norm")
+KN_MU, KN_VAR, KN_MS, KN_GAMMA, KN_BETA, K_HAT, K_NORM = (
+    "k_norm_mean", "k_norm_var", "k_norm_ms", "k_norm_gamma", "k_norm_beta", "K_hat", "K_norm")
 # soft-capping (softcap: c): S_capped = c·tanh(S_scaled/c) before the mask, Gemma 2's; temperature
 # (temperature: T): S_temp = Ŝ/T after it; each with one row's weights with and without it, side by side
 S_CAPPED, S_TEMP, CAP_ROW, TEMP_ROW = "S_capped", "S_temp", "cap_row", "temp_row"
@@ -92,7 +99,8 @@ K_CACHE, V_CACHE, Q_T, S_T, A_T, O_T = "K_cache", "V_cache", "q_t", "s_t", "a_t"
 O_T_DIFF, DECODE_COST = "o_t_diff", "step_cost"
 # With kv_heads (grouped-query attention) these stages exist once per K/V group, under the id of
 # the group's first query head (head1.K for group 1); the group's other heads read them.
-SHARED_KV = frozenset({"W_K", "W_V", "b_K", "b_V", "K", "V", "K_rot", "K_T", "K_cache", "V_cache"})
+SHARED_KV = frozenset({"W_K", "W_V", "b_K", "b_V", "K", "V", "K_rot", "K_T", "K_cache", "V_cache", "k_norm_mean",
+                       "k_norm_var", "k_norm_ms", "k_norm_gamma", "k_norm_beta", "K_hat", "K_norm"})
 
 _HEAD_PREFIX = "head"
 _HEAD_NUMBER = re.compile(r"[0-9]{1,9}")

@@ -83,7 +83,7 @@ SCALE_MISSING_DQDK = "the scale factor is missing: dŜ was used instead of dS = 
 
 
 def rope_mistakes(key: str) -> tuple[Mistake, ...]:
-    from_ = Q if key == Q_ROT else K
+    from_ = "q_pre" if key == Q_ROT else "k_pre"  # the queries (keys) RoPE turns: normalised first under QK-norm
 
     def swapped(ops, ex, c):
         from ..problem.rope import other
@@ -118,7 +118,7 @@ ROPE_O_MISTAKES = (Mistake(_ROPE_ON_V, lambda ops, ex, c: None if _rope_on_v(ops
                            else ops.matmul(ex(A), _rope_on_v(ops, ex, c))),)
 ROPE_SCORE_MISTAKES = (
     Mistake("the rotation was left out: Q·Kᵀ of the unrotated queries and keys",
-            lambda ops, ex, c: None if c.rope is None else ops.matmul(ex(Q), ops.T(ex(K)))),
+            lambda ops, ex, c: None if c.rope is None else ops.matmul(ex("q_pre"), ops.T(ex("k_pre")))),
 )
 
 

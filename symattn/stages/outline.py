@@ -25,6 +25,8 @@ SECTIONS: tuple[Section, ...] = (
     Section("project", "Project to queries, keys and values", per_head=True, applies=lambda c: c.projected,
             retitle=lambda c: (f"Project to queries (K/V of group {c.p.kv_group(c.head)} above)"
                                if c.reads(K, c.head) != c.head else None)),
+    Section("qk_norm", "Normalise the queries and keys (QK-norm)", per_head=True,
+            applies=lambda c: getattr(c.p, "qk_norm", None) is not None),
     Section("rotate", "Rotate the queries and keys (RoPE)", per_head=True, applies=lambda c: c.rope is not None),
     Section("transpose", "Transpose the keys", per_head=True),
     Section("scores", "Score every query against every key", per_head=True),

@@ -34,7 +34,7 @@ from .block_backward import from_cross_entropy, rows as block_backward_rows
 from .norm_backward import WHY as NORM_BACK_WHY, input_gradient_rows, post_norm_backward_rows
 from .mlp import head_rows, head_rows_before, mlp_rows
 from .norms import norm_rows, residual_rows
-from .scores import cap, comparison_rows, masked_mistakes, score_rows, tempered, weight_mistakes
+from .scores import cap, comparison_rows, qk_bound, masked_mistakes, score_rows, tempered, weight_mistakes
 from .mistakes import (
     BLOCK_MAX, BY_D_K, FUTURE_KEY, MASK_MISSING, NO_RESCALE, NO_SCALING, ROPE_O_MISTAKES,
     ROPE_SCORE_MISTAKES, SCALE_MISSING_DQDK, by_d_k, future_weights, output_without_rescale, pe_slip,
@@ -112,6 +112,10 @@ KINDS: tuple[Kind, ...] = (
     projection_row(K, 6, "Key projection"),  # K = X·W_K + b_K (C·W_K + b_K with a context), or given  (n_k × d_k)
     projection_row(V, 8, "Value projection"),  # V = X·W_V + b_V (C·W_V + b_V with a context), or given  (n_k × d_v)
     # 3 to 8: one head, scores to output
+    # QK-norm (qk_norm:): each head's query rows, then key rows, normalised over d_k (RMSNorm): the mean
+    # squares, Q̂ (K̂), γ_q (γ_k) and Q_norm = Q̂ ∘ γ_q (K_norm), which RoPE reads  (n × 1, n × d_k, 1 × d_k)
+    *norm_rows("q"),
+    *norm_rows("k"),
     *rope_rows(),  # Q_rot, K_rot = each pair of q_p, k_p turned by p·θ_i  (n_q × d_k, n_k × d_k)
     # K_T = Kᵀ (K_rotᵀ with RoPE)  (d_k × n_k)
     Kind(K_T, K_T, 9, "transpose", "Transpose the keys", k_t_why, k_t_formula, ("k", KEYS),
@@ -130,7 +134,8 @@ KINDS: tuple[Kind, ...] = (
              *ROPE_SCORE_MISTAKES,
          )),
     # S_scaled = S / √d_k, or S times the problem's scale  (n_q × n_k)
-    Kind(S_SCALED, S_SCALED, 11, "scale", "Scale the scores", scale_why, scale_formula, (QUERIES, KEYS),
+    Kind(S_SCALED, S_SCALED, 11, "scale", "Scale the scores", lambda c: scale_why(c) + qk_bound(c), scale_formula,
+         (QUERIES, KEYS),
          lambda sh, r, c: plain(r, "n_q × n_k"),
          inputs=(S,), relation=lambda ops, v, c: ops.scale(v(S), c.factor), per_head=True,
          tex="\\frac{S}{\\sqrt{d_k}}",

@@ -45,6 +45,25 @@ def finish(ops, scaled, mask, c: Context):
     return temper(ops, ops.add_mask(cap(ops, scaled, c), mask), c)
 
 
+def qk_bound(c: Context) -> str:
+    """The bound QK-norm puts on every scaled score, proved and stated with this head's numbers ('' without it)."""
+    n = getattr(c.p, "qk_norm", None)
+    if n is None:
+        return ""
+    gq, gk, d = n.q.largest_gain, n.k.largest_gain, c.d_k
+    bound = c.factor * gq * gk * d
+    value = sympy.N(bound, 4)
+    rope = " and RoPE's rotations keep lengths" if c.rope is not None else ""
+    return (f" With QK-norm every score is bounded, whatever the inputs: a normalised row has mean square "
+            f"⟦\\mathrm{{ms}}_i/(\\mathrm{{ms}}_i + \\varepsilon) \\le 1⟧, so its length ⟦|q_i|⟧ is at most "
+            f"⟦\\sqrt{{d_k}} = {_num(sympy.sqrt(d))}⟧; ⟦\\gamma⟧ stretches it by at most its largest entry, "
+            f"⟦\\max_k|\\gamma_{{q,k}}| = {_num(gq)}⟧ and ⟦\\max_k|\\gamma_{{k,k}}| = {_num(gk)}⟧{rope}; so by "
+            f"Cauchy–Schwarz ⟦|S_{{ij}}| \\le |q_i|\\,|k_j| \\le "
+            f"\\max|\\gamma_q|\\,\\max|\\gamma_k|\\,d_k⟧ and each scaled score has "
+            f"⟦|S_{{\\mathrm{{scaled}},ij}}| \\le {_num(c.factor)} \\cdot {_num(gq)} \\cdot {_num(gk)} "
+            f"\\cdot {d} = {_num(bound)}⟧" + ("" if bound.is_Integer else f" ≈ {value}") + " here.")
+
+
 def _last(c: Context) -> int:
     return c.p.n_q - 1
 

@@ -19,6 +19,7 @@ from .ids import (
     MLP_VAR_POST, NLL, P, U, U_GATE, U_UP, W_1, W_GATE, W_U, W_UP, Y, Y_FINAL, Y_FINAL_HAT, Y_HAT, Y_LAST, Y_POST,
     Y_SUM,
 )
+from .ids import KN_BETA, KN_GAMMA, KN_MS, KN_MU, KN_VAR, K_HAT, K_NORM, QN_BETA, QN_GAMMA, QN_MS, QN_MU, QN_VAR, Q_HAT, Q_NORM
 from .kinds import Context, Kind
 from .plan import resolve
 
@@ -47,6 +48,8 @@ TRACES: dict[str, tuple[tuple[str, str], ...]] = {
     **_norm(R, MU_POST, VAR_POST, MS_POST, R_HAT, GAMMA_POST, BETA_POST, H_POST),
     **_norm("stream", MLP_MU, MLP_VAR, MLP_MS, H_HAT, MLP_GAMMA, MLP_BETA, H_NORM),
     **_norm(Y_SUM, MLP_MU_POST, MLP_VAR_POST, MLP_MS_POST, Y_HAT, MLP_GAMMA_POST, MLP_BETA_POST, Y_POST),
+    **_norm(Q, QN_MU, QN_VAR, QN_MS, Q_HAT, QN_GAMMA, QN_BETA, Q_NORM),
+    **_norm(K, KN_MU, KN_VAR, KN_MS, K_HAT, KN_GAMMA, KN_BETA, K_NORM),
     **_norm("final_in", FINAL_MU, FINAL_VAR, FINAL_MS, Y_FINAL_HAT, FINAL_GAMMA, FINAL_BETA, Y_FINAL),
     # the residual sums, entry by entry
     H: (("block", "entry"), ("output", "entry")),
@@ -68,8 +71,8 @@ TRACES: dict[str, tuple[tuple[str, str], ...]] = {
     Q: (("xq", "row"), (W_Q, "col"), (B_Q, "col")),
     K: (("kv", "row"), (W_K, "col"), (B_K, "col")),
     V: (("kv", "row"), (W_V, "col"), (B_V, "col")),
-    Q_ROT: ((Q, "row"),),
-    K_ROT: ((K, "row"),),
+    Q_ROT: (("q_pre", "row"),),
+    K_ROT: (("k_pre", "row"),),
     K_T: (("k_in", "T"),),
     S: (("q_in", "row"), (K_T, "col")),
     S_SCALED: ((S, "entry"),),

@@ -31,6 +31,7 @@ from .norm import NormFields
 from .passes import PassFields
 from .positions import PositionFields
 from .scalars import ScalarFields
+from .qk_norm import read_qk_norm
 from .scores import read_scores
 
 
@@ -86,6 +87,7 @@ class Reader(ScalarFields, MatrixFields, LayerFields, MaskFields, PositionFields
             values=tuple(values.items()),
             kv_heads=layer.kv_heads,
             **read_scores(self, fields, passes),
+            qk_norm=read_qk_norm(self, fields, layer, passes, bool(self.symbols)),
             **passes,
             **layer.matrices,
         )

@@ -32,6 +32,7 @@ FIELDS = (
     "scale",
     "softcap",
     "temperature",
+    "qk_norm",
     "symbols",
     "values",
     "digits",
