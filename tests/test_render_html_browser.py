@@ -122,7 +122,7 @@ def test_traces_are_the_inputs_of_each_entry(name):
         elif step.kind_of.key == registry.L_TILED:
             continue  # the running sum: a recurrence over row i of Ŝ and its running maxima, not a product
         elif step.kind_of.key in (registry.X_HAT, registry.R_HAT, registry.X_EMB_HAT, registry.H_HAT, registry.Y_HAT,
-                                  registry.Y_FINAL_HAT):  # row i over its root: not a product
+                                  registry.Y_FINAL_HAT, registry.Q_HAT, registry.K_HAT):  # row i over its root: not a product
             (inp, how), *stats = traces
             assert how == "row" and all(h == "row" for _, h in stats), step.id
             checked += 1
