@@ -38,7 +38,8 @@ DPS = 30  # the digits NumericOps and ArbOps work at
 BACKENDS = (ExactOps, NumericOps, ArbOps, FloatOps)
 PROTOCOL = sorted(name for name, member in vars(Ops).items() if inspect.isfunction(member) and not name.startswith("_"))
 # What ArbOps and FloatOps serve: the operations of the gradients' relations (and the plain ones).
-GRADIENT_OPS = frozenset({"matmul", "T", "add_row", "col_sums", "scale", "softmax_backward", "hstack", "block",
+GRADIENT_OPS = frozenset({"matmul", "T", "add_row", "col_sums", "scale", "softmax_backward", "hstack", "vstack", "block",
+                          "softcap",
                           "sum", "sub", "ones", "given", "is_rational", "rational", "table", "times_row", "hadamard",
                           "normalise_backward"})
 LEFT_TO_NUMERIC = ("mask", "add_mask", "softmax", "sink_weight", "row_mean", "row_spread", "normalise",
@@ -187,6 +188,13 @@ CASES = {
     "softmax_backward": ("softmax_backward", ("s", "g"),
                          lambda ops, p, m: ops.softmax_backward(_weights(ops, p, MASKS[m]), _feed(ops, p["g"]))),
     "hstack": ("hstack", ("a", "c"), lambda ops, p, m: ops.hstack([_feed(ops, p["a"]), _feed(ops, p["c"])])),
+    "vstack": ("vstack", ("a", "c"), lambda ops, p, m: ops.vstack([_feed(ops, p["a"]), _feed(ops, p["c"])])),
+    "vstack_rows": ("vstack", ("s",), lambda ops, p, m: ops.vstack([ops.rows(_feed(ops, p["s"]), 2, 1),
+                                                                   ops.rows(_feed(ops, p["s"]), 0, 1)])
+                    if type(ops) in (ExactOps, NumericOps) else ops.vstack([_feed(ops, p["s"][2:3, :]),
+                                                                                _feed(ops, p["s"][0:1, :])])),
+    "softcap": ("softcap", ("s",), lambda ops, p, m: ops.softcap(_feed(ops, p["s"]), Rational(1, 2))),
+    "softcap_surd": ("softcap", ("a",), lambda ops, p, m: ops.softcap(_feed(ops, p["a"]), sqrt(3))),
     "block": ("block", ("b",), lambda ops, p, m: ops.block(_feed(ops, p["b"]), 1, 2)),
     "sum": ("sum", ("a", "c"), lambda ops, p, m: ops.sum([_feed(ops, p["a"]), _feed(ops, p["c"]), _feed(ops, p["a"])])),
     "rows": ("rows", ("a",), lambda ops, p, m: ops.rows(_feed(ops, p["a"]), 1, 2)),

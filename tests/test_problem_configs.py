@@ -256,7 +256,8 @@ REFUSED = [
     ("llama_partial_rotary", "llama", "sets rope_parameters.partial_rotary_factor 0.5 (RoPE on part of each head), "
                                       "which symattn does not apply"),
     ("gemma2", "llama", "is for a 'gemma2' model (model_type), whose attention symattn's llama layout does not follow"),
-    ("qwen3", "llama", "is for a 'qwen3' model (model_type)"),
+    ("qwen3", "llama", "is for a qwen3 model, which normalises its queries and keys (QK-norm), but the file has no "
+                       "model.layers.1.self_attn.q_norm.weight"),  # a qwen3 config: its q_norm and k_norm are needed
     ("bert_relative_key", "bert", "sets position_embedding_type 'relative_key' (relative positions in the scores), "
                                   "which symattn does not apply"),
 ]
@@ -339,15 +340,16 @@ def test_a_mask_in_the_problem_answers_an_undecided_window(tmp_path):
     assert (p.mask.kind, p.mask.window) == ("sliding-window", 2)
 
 
-def test_normalised_queries_are_refused(tmp_path, symattn_cli):
-    """Qwen 3 names its layers as LLaMA does but normalises each head's queries and keys."""
+def test_normalised_queries_without_keys_are_refused(tmp_path, symattn_cli):
+    """Qwen 3 normalises each head's queries and keys; a file with q_norm alone is no layer symattn follows
+    (both are applied: tests/test_qk_norm.py)."""
     t = _llama_tensors(16, 4, 2, 4)
     t["model.layers.1.self_attn.q_norm.weight"] = np.ones(4, np.float32)
     _save(tmp_path, t, {"num_attention_heads": 4, "num_key_value_heads": 2})
     line = _error(tmp_path, f"X: {json.dumps(_x(4, 16).tolist())}\n"
                             "from: {file: model.safetensors, layout: llama, layer: 1, heads: all}\n", symattn_cli)
-    assert ("from.layout: 'model.safetensors' has model.layers.1.self_attn.q_norm.weight: the layer normalises each "
-            "head's queries (QK-norm), which symattn does not apply") in line, line
+    assert ("from.layout: 'model.safetensors' has model.layers.1.self_attn.q_norm.weight but no "
+            "model.layers.1.self_attn.k_norm.weight: symattn applies QK-norm to the queries and the keys together") in line, line
 
 
 @pytest.mark.parametrize("config, layout, fragment", [

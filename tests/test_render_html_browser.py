@@ -129,7 +129,7 @@ def test_traces_are_the_inputs_of_each_entry(name):
             assert numpy.allclose(made, value), step.id
             checked += 1
         elif step.kind_of.key in (registry.X_HAT, registry.R_HAT, registry.X_EMB_HAT, registry.H_HAT, registry.Y_HAT,
-                                  registry.Y_FINAL_HAT):  # row i over its root: not a product
+                                  registry.Y_FINAL_HAT, registry.Q_HAT, registry.K_HAT):  # row i over its root: not a product
             (inp, how), *stats = traces
             assert how == "row" and all(h == "row" for _, h in stats), step.id
             checked += 1
@@ -279,7 +279,7 @@ return {
                 .map(function (t) { return t.getAttribute("data-stage") + "/" + t.getAttribute("data-form"); }),
   heatmaps: document.querySelectorAll("figure.heatmap > svg").length,
   weights: Array.prototype.filter.call(document.querySelectorAll("table.matrix[data-form=decimal]"), function (t) {
-    return /(^|\\.)(A|a_t)$/.test(t.getAttribute("data-stage")); }).length  // the softmax steps: A, a decoded row's a_t
+    return /(^|\\.)(A|a_t|cap_row|temp_row)$/.test(t.getAttribute("data-stage")); }).length  // the softmax steps: A, a decoded row's a_t, one row without and with a cap or temperature
 };
 """
 

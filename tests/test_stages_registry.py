@@ -131,7 +131,7 @@ def test_the_cli_suggests_a_stage_name(symattn_cli, tmp_path):
 # own modules spell the ids by right.
 _FIELD_MODULES = {"problem/model.py", "problem/reader/fields.py", "problem/reader/document.py",
                   "problem/reader/layer.py", "problem/reader/passes.py", "problem/reader/block.py",
-                  "problem/reader/linear.py",
+                  "problem/reader/linear.py", "problem/reader/qk_norm.py",
                   "problem/checkpoints/layouts.py",
                   "generate/exercises.py", "generate/block.py"} | {
     f"stages/{name}.py" for name in

@@ -12,7 +12,7 @@ from .paths import check_outputs, echo, inputs, refuse_input, same_file, write_a
 
 # what --from takes from its problem instead (so giving one of them with --from is refused)
 SHAPE_OPTIONS = ("tokens", "d_model", "d_k", "d_v", "mask", "heads", "cross", "no_scale", "words", "norm", "residual",
-                 "block", "d_ff", "activation", "vocab", "rows", "sink", "linear")
+                 "block", "d_ff", "activation", "vocab", "rows", "sink", "linear", "softcap", "temperature")
 BLOCK_OPTIONS = ("d_ff", "activation", "vocab", "rows")  # the options of --block alone
 
 
@@ -70,6 +70,8 @@ class RecordingCommand(click.Command):
                               'word (default: those and a few more).')
 @click.option("--rows", type=click.Choice(["last", "all"]), default="last", show_default=True,
               help="With --block: the logits and the loss of the last position only, or of every position.")
+@click.option("--softcap", metavar="C", help='Soft-cap the scaled scores, c·tanh(s/c), before the mask (an exact number such as 50).')
+@click.option("--temperature", metavar="T", help='Divide the masked scores by T (an exact number such as 2 or "1/2").')
 @click.option("--level", type=click.Choice(["easy", "medium", "hard"]), default="easy", show_default=True,
               help="Difficulty: the guarantees of each level are in symattn.generate's documentation.")
 @click.option("--range", "range_", callback=_range, metavar="LOW..HIGH", help="Entry range (default by level: 0..1, -1..1, -2..2).")
@@ -85,7 +87,8 @@ class RecordingCommand(click.Command):
 @click.option("--from", "base", type=click.Path(path_type=Path), help="Keep the structure of this problem and draw new numbers.")
 @click.option("--vary", type=click.Choice(["weights", "inputs"]), default="weights", show_default=True, help="With --from: what gets new numbers.")
 def generate(tokens, d_model, d_k, d_v, mask, heads, cross, no_scale, norm, sink, residual, linear, block, d_ff,
-             activation, vocab, rows, level, range_, words, seed, output, count, out_dir, sheets, force, base, vary) -> None:
+             activation, vocab, rows, softcap, temperature, level, range_, words, seed, output, count, out_dir, sheets,
+             force, base, vary) -> None:
     """Write new problems with small, hand-friendly numbers.
 
     Every problem is checked against its level's guarantees before it is
@@ -135,7 +138,8 @@ def generate(tokens, d_model, d_k, d_v, mask, heads, cross, no_scale, norm, sink
         shape = {} if base is not None else dict(tokens=tokens, d_model=d_model, d_k=d_k, d_v=d_v, mask=mask,
                                                  heads=heads, cross=cross, scale=not no_scale, words=words,
                                                  norm=norm, residual=residual, block=block, d_ff=d_ff,
-                                                 activation=activation, vocab=vocab, rows=rows, sink=sink, linear=linear)
+                                                 activation=activation, vocab=vocab, rows=rows, sink=sink, linear=linear,
+                                                 softcap=softcap, temperature=temperature)
         problems = make(count or 1, seed=seed, level=level, range=range_, base=loaded, vary=vary,
                         numbered=count is not None,
                         command=" ".join(["symattn generate", *(shlex.quote(a) for a in argv)]), **shape)

@@ -91,6 +91,16 @@ class ArbOps(NumericOps):
             blocks = [arb_matrix(p, self.dps) for p in parts]
             return flint.arb_mat([[b[i, j] for b in blocks for j in range(b.ncols())] for i in range(blocks[0].nrows())])
 
+    def vstack(self, parts):
+        with arb_precision(self.dps):
+            blocks = [arb_matrix(p, self.dps) for p in parts]
+            return flint.arb_mat([[b[i, j] for j in range(b.ncols())] for b in blocks for i in range(b.nrows())])
+
+    def softcap(self, a, cap):
+        with arb_precision(self.dps):
+            m, c = arb_matrix(a, self.dps), arb_scalar(cap, self.dps)
+            return flint.arb_mat([[c * (m[i, j] / c).tanh() for j in range(m.ncols())] for i in range(m.nrows())])
+
     def block(self, m, first: int, width: int):
         with arb_precision(self.dps):
             m = arb_matrix(m, self.dps)

@@ -15,6 +15,7 @@ from functools import cached_property
 from typing import ClassVar, Iterator
 
 import mpmath
+import sympy
 
 from . import arb as _arb
 from . import evaluation as _evaluation
@@ -549,6 +550,10 @@ def _labels(axis: str, n: int, p: Problem) -> tuple[str, ...]:
         return stages.COST_COLUMNS[:n]
     if axis == stages.STATE_COSTS:
         return stages.STATE_COST_COLUMNS[:n]
+    if axis == stages.CAP_ROWS:  # one row's weights without the cap, then with it
+        return ("no cap", f"c = {sympy.sstr(p.softcap)}")
+    if axis == stages.TEMP_ROWS:  # one row's weights at T = 1, then at the problem's T
+        return ("T = 1", f"T = {sympy.sstr(p.temperature)}")
     if axis in (stages.MEAN, stages.VARIANCE, stages.MEAN_SQUARE, stages.SINK_AXIS, stages.NORMALISER):  # one column: what it holds
         return (axis,)
     if axis == stages.LAST:  # the last position's row (the logits of rows: last)

@@ -39,6 +39,13 @@ def _over(x) -> bool:
     return isinstance(x, OverZ2) or isinstance(x, OverRows) and x.plain is None
 
 
+def _stacked(parts):
+    """``parts`` one above the other; rows of softmax weights stay structure (e^{s − m_i}/Z_i)."""
+    if all(isinstance(p, Softmax) for p in parts):
+        return Softmax(tuple(row for p in parts for row in p.rows))
+    return _products.vstack([matrix_of(p) for p in parts])
+
+
 class ExactOps(Ops):
     """The relations' operations on exact values: a forward product expanded (``expand``), a gradient's kept."""
 
@@ -246,6 +253,12 @@ class ExactOps(Ops):
 
     def hstack(self, parts):
         return _products.hstack(*[matrix_of(p) for p in parts])
+
+    def vstack(self, parts):
+        return _stacked(parts)
+
+    def softcap(self, a, cap):
+        return _products.softcap(matrix_of(a), cap)
 
     def block(self, m, first: int, width: int):
         m = matrix_of(m)

@@ -87,6 +87,17 @@ class FloatOps(ArbOps):
 
         return numpy.hstack([self.grid(p) for p in parts])
 
+    def vstack(self, parts):
+        import numpy
+
+        return numpy.vstack([self.grid(p) for p in parts])
+
+    def softcap(self, a, cap):
+        import numpy
+
+        c = float(cap)
+        return c * numpy.tanh(self.grid(a) / c)
+
     def block(self, m, first: int, width: int):
         return self.grid(m)[:, first:first + width]
 

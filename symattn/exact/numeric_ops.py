@@ -89,6 +89,15 @@ class NumericOps(Ops):
         blocks = [self.grid(p) for p in parts]
         return [sum((block[i] for block in blocks), []) for i in range(len(blocks[0]))]
 
+    def vstack(self, parts) -> Values:
+        return [list(row) for p in parts for row in self.grid(p)]
+
+    def softcap(self, a, cap) -> Values:
+        a = self.grid(a)
+        with mpmath.workdps(self.dps + 10):
+            c = to_mpf(cap, self.dps, self.subs)
+            return [[c * mpmath.tanh(x / c) for x in row] for row in a]
+
     def block(self, m, first: int, width: int) -> Values:
         return [row[first:first + width] for row in self.grid(m)]
 

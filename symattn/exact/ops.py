@@ -79,6 +79,14 @@ class Ops(Protocol):
         """The matrices ``parts`` side by side (the heads concatenated)."""
         raise NotImplementedError
 
+    def vstack(self, parts: Sequence[Value]) -> Value:
+        """The matrices ``parts`` one above the other (one row's weights without and with a change)."""
+        raise NotImplementedError
+
+    def softcap(self, a: Value, cap: sympy.Expr) -> Value:
+        """``cap · tanh(a / cap)`` of each entry, for an exact number ``cap`` > 0 (Gemma 2's soft-capping)."""
+        raise NotImplementedError
+
     def block(self, m: Value, first: int, width: int) -> Value:
         """Columns ``first … first + width − 1`` (0-based) of ``m`` (one head's block)."""
         raise NotImplementedError

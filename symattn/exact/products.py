@@ -106,3 +106,19 @@ def scale(m: Matrix, factor: sympy.Expr) -> Matrix:
         return LazyMatrix(m.rows, m.cols, lambda i, j: tidy(m[i, j] * factor))
     return m.applyfunc(lambda x: tidy(x * factor))
 
+
+
+def vstack(parts) -> "LazyMatrix | Matrix":
+    """The matrices ``parts`` one above the other (rational stays rational)."""
+    from .lazy import rational_rows
+
+    if all(is_rational(m) for m in parts):
+        flat = [x for m in parts for row in rational_rows(m) for x in row]
+        return rational_matrix(sum(m.rows for m in parts), parts[0].cols, flat)
+    where = [(m, i) for m in parts for i in range(m.rows)]
+    return LazyMatrix(len(where), parts[0].cols, lambda i, j: where[i][0][where[i][1], j])
+
+
+def softcap(m, cap: sympy.Expr) -> LazyMatrix:
+    """``cap · tanh(m / cap)`` of each entry, exactly (SymPy keeps tanh of an exact argument); −∞ gives −cap."""
+    return LazyMatrix(m.rows, m.cols, lambda i, j: tidy(cap * sympy.tanh(m[i, j] / cap)))

@@ -32,7 +32,8 @@ _BOUNDS = {level: (proj, score) for level, (_, proj, score, _) in LEVELS.items()
 # The shape options, which a base problem gives instead, and their defaults
 _SHAPE = {"tokens": 4, "d_model": 4, "d_k": 4, "d_v": 4, "mask": "causal", "heads": 1, "cross": None,
           "scale": True, "words": None, "norm": None, "residual": False, "block": False, "d_ff": 3,
-          "activation": "relu", "vocab": None, "rows": "last", "sink": None, "linear": None}
+          "activation": "relu", "vocab": None, "rows": "last", "sink": None, "linear": None, "softcap": None,
+          "temperature": None}
 
 
 class GeneratedProblem(Problem):
@@ -60,7 +61,8 @@ def generate(count: int = 1, *, seed: int = 0, level: str = "easy", tokens: int 
              base: Problem | str | os.PathLike | None = None, vary: str = "weights", numbered: bool | None = None,
              command: str | None = None, norm: str | None = None, residual: bool = False, block: bool = False,
              d_ff: int = 3, activation: str = "relu", vocab: str | Sequence[str] | None = None,
-             rows: str = "last", sink: int | None = None, linear: str | None = None) -> list[GeneratedProblem]:
+             rows: str = "last", sink: int | None = None, linear: str | None = None, softcap=None,
+             temperature=None) -> list[GeneratedProblem]:
     """``count`` different exercises with small, hand-friendly numbers, the same for the same
     options and seed (the options of ``symattn generate``; ``scale=False`` is ``--no-scale``).
     Variant k is what seed ``seed + k − 1`` gives alone; one equal to an earlier variant takes
@@ -97,11 +99,12 @@ def generate(count: int = 1, *, seed: int = 0, level: str = "easy", tokens: int 
     "layernorm") and the residual, then an MLP of ``d_ff`` hidden units with its own norm and
     ``activation`` ("relu" or "relu2"), the logits of the last position (``rows="all"``: of
     every one) over a vocabulary of 4 to 6 words (``vocab``, or the tokens' words, the next word
-    and a few more) and the loss; its guarantees are in :mod:`symattn.generate.block`.
-    """
-    options = dict(tokens=tokens, d_model=d_model, d_k=d_k, d_v=d_v, mask=mask, heads=heads, cross=cross,
-                   scale=scale, words=words, norm=norm, residual=residual, block=block, d_ff=d_ff,
-                   activation=activation, vocab=vocab, rows=rows, sink=sink, linear=linear)
+    and a few more) and the loss; its guarantees are in :mod:`symattn.generate.block`. ``softcap``,
+    ``temperature`` (exact, "50" or "1/2") add those fields to an attention exercise."""
+    options = dict(tokens=tokens, d_model=d_model, d_k=d_k, d_v=d_v, mask=mask, heads=heads, cross=cross, scale=scale,
+                   words=words, norm=norm, residual=residual, block=block, d_ff=d_ff, activation=activation,
+                   vocab=vocab, rows=rows, softcap=softcap, temperature=temperature,
+                   sink=sink, linear=linear)
     _check(count, seed, level, options, range, vary, numbered, command)
     if command is None:
         command = _call(count, dict(seed=seed, level=level, **options, range=range, base=base, vary=vary,
@@ -222,6 +225,8 @@ def _check(count, seed, level, options: dict, range, vary, numbered, command) ->
                         ("block", options["block"])):
         if not isinstance(value, bool) and not (name == "numbered" and value is None):
             raise SymattnError(f"{name} is True or False, not {shown(value)}")
+    for name in ("softcap", "temperature"):
+        _positive(name, options[name])
     if command is not None and not isinstance(command, str):
         raise SymattnError(f"command is the text of the header's 'Made by' line, not {shown(command)}")
 
@@ -235,6 +240,32 @@ def _whole(name: str, value, low: int | None, high: int | None = None) -> None:
     if (low is not None and value < low) or (high is not None and value > high):
         span = f"from {low} to {high}" if high is not None else f"{low} or more"
         raise SymattnError(f"{name} must be {span}, not {value}")
+
+
+def _positive(name: str, value) -> None:
+    """``value`` is None, or an exact positive number: an int, or text such as "50" or "1/2"."""
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise SymattnError(f"{name} is an exact positive number, an int or text such as \"1/2\", not {shown(value)}")
+    from ..numbers.parse import NumberError, is_positive, parse_number
+
+    try:
+        number = parse_number(str(value))
+    except NumberError as exc:
+        raise SymattnError(f"{name}: {exc}") from None
+    if not is_positive(number):
+        raise SymattnError(f"{name} must be positive, not {shown(value)}")
+
+
+def _score_lines(options: dict) -> tuple[str, ...]:
+    """The problem file's softcap: and temperature: lines of the options (none when not given)."""
+    from .exercises import quote
+
+    if options["block"] and (options["softcap"] is not None or options["temperature"] is not None):
+        raise SymattnError("softcap and temperature go with the attention exercises, not with block=True (--block)")
+    return tuple(f"{name}: {quote(str(options[name]))}" for name in ("softcap", "temperature")
+                 if options[name] is not None)
 
 
 def _spec(level: str, range, options: dict, base, vary: str):
@@ -251,7 +282,8 @@ def _spec(level: str, range, options: dict, base, vary: str):
                     level=level, range=tuple(range) if range is not None else None, words=words,
                     norm=options["norm"] or ("layernorm" if block else None), residual=options["residual"] or block,
                     block=block, d_ff=options["d_ff"], activation=options["activation"], vocab=vocab,
-                    rows=options["rows"], sink=options["sink"], linear=options["linear"]), None
+                    rows=options["rows"], sink=options["sink"], linear=options["linear"],
+                    extra=_score_lines(options)), None
     given = [name for name, default in _SHAPE.items() if options[name] != default]
     if given:
         raise SymattnError(f"{given[0]} comes from the base problem, which keeps its structure; leave it out with base")

@@ -445,6 +445,8 @@ def from_problem(problem) -> tuple[Spec, Drawn]:
                            "embeddings_norm: and residual: first)")
     if problem.kv_heads:
         raise SymattnError(f"{problem.source}: --from does not vary grouped-query problems (kv_heads) yet")
+    if problem.qk_norm is not None:
+        raise SymattnError(f"{problem.source}: --from does not vary problems with qk_norm yet (remove qk_norm: first)")
     mask = problem.mask
     if mask.kind == "sliding-window":
         kind = f"sliding-window:{mask.window}"
@@ -481,6 +483,9 @@ def from_problem(problem) -> tuple[Spec, Drawn]:
         extra.append(f"decode: {problem.decode}")
     if problem.sinks is not None:  # learned sinks are kept as they are (the numbers that vary are X or the weights)
         extra.append("sink: [" + ", ".join(quote(sympy.sstr(s)) for s in problem.sinks) + "]")
+    for name in ("softcap", "temperature"):  # kept as they are: the variants change the numbers only
+        if getattr(problem, name) is not None:
+            extra.append(f"{name}: {quote(sympy.sstr(getattr(problem, name)))}")
     spec = Spec(
         extra=tuple(extra),
         bounds=(proj, score),

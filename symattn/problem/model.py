@@ -87,6 +87,12 @@ class Norm:
         return self.place == "post"
 
     @property
+    def largest_gain(self) -> sympy.Expr:
+        """max_k |γ_k| (of 1 + γ with the offset; 1 without a weight): how far γ can stretch a row."""
+        g = self.gain
+        return sympy.Integer(1) if g is None else max(abs(g[0, j]) for j in range(g.cols))
+
+    @property
     def gain(self) -> Matrix | None:
         """The row each normalised row is multiplied by, entry by entry: γ, or offset + γ (None: 1)."""
         if self.weight is None or not self.offset:
@@ -259,6 +265,16 @@ class Linear:
 
 
 @dataclass(frozen=True)
+class QkNorm:
+    """QK-norm (Qwen 3, OLMo 2, Gemma 3): each head's query rows and key rows normalised over the
+    head's d_head features, before RoPE, by the norms ``q`` and ``k`` (one weight row of width
+    d_head each, shared by every head)."""
+
+    q: Norm
+    k: Norm
+
+
+@dataclass(frozen=True)
 class Problem:
     """A validated attention problem; every matrix entry is an exact SymPy number.
 
@@ -301,6 +317,9 @@ class Problem:
     logits: Logits | None = None  # the final norm and the unembedding; None: none
     loss: Loss | None = None  # the cross-entropy of the logits; None: none
     linear: Linear | None = None  # linear attention instead of the softmax; None: the softmax
+    softcap: sympy.Expr | None = None  # c: the scaled scores become c·tanh(S_scaled/c) before the mask; None: none
+    temperature: sympy.Expr | None = None  # T: the masked scores are divided by T; None: none
+    qk_norm: QkNorm | None = None  # each head's queries and keys normalised before RoPE; None: not
 
     def kv_group(self, head: int) -> int:
         """The K/V group (1-based) that query head ``head`` (1-based) reads: heads

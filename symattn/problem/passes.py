@@ -23,6 +23,7 @@ from ..errors import SymattnError
 from ..numbers.parse import NumberError, check_size, parse_number
 from ..text import excerpt, shown
 from .masks import Mask
+from .scores import score_change_refusal
 from .model import CROSS_ENTROPY, SUM_LOSS, Backward, block_backward_refusal, Matrix, Problem, Tiling
 from .places import entry_field, row_field
 
@@ -53,6 +54,7 @@ def with_backward(problem: Problem, loss=None) -> Problem:
     if problem.sinks is not None:
         raise SymattnError("the backward pass with learned sinks is not supported yet; remove sink or --backward",
                            file=problem.source, field="--backward")
+    _score_changes(problem, "backward", "backward")
     backward = _loss(problem, loss)
     refusal = block_backward_refusal(backward, problem.mlp, problem.logits, problem.loss)
     if refusal:
@@ -75,8 +77,16 @@ def with_tiling(problem: Problem, block: int) -> Problem:
     if getattr(problem, "linear", None) is not None:
         raise SymattnError("the tiled (online) softmax is the softmax's: linear attention has none to tile, and "
                            "shows its own recurrent form", file=problem.source, field="--tiled")
+    _score_changes(problem, "tiling", "--tiled")
     rows = problem.tiling.rows if problem.tiling is not None else None
     return dataclasses.replace(problem, tiling=Tiling(block, rows))
+
+
+def _score_changes(problem: Problem, passing: str, field: str) -> None:
+    """Refuse the pass ``passing`` (backward, tiling, decode) on a problem with soft-capping or a temperature."""
+    for name in ("softcap", "temperature"):
+        if getattr(problem, name) is not None:
+            raise SymattnError(score_change_refusal(name, **{passing: True}), file=problem.source, field=field)
 
 
 
@@ -104,6 +114,7 @@ def with_decode(problem: Problem, t: int) -> Problem:
     if getattr(problem, "linear", None) is not None:
         raise SymattnError("linear attention decodes from its constant-size state, which its solution shows step "
                            "by step: drop --decode", file=problem.source, field="--decode")
+    _score_changes(problem, "decode", "--decode")
     wrong = decode_problem(t, problem.n_q, problem.mask, problem.context is not None, problem.bias is not None)
     if wrong:
         raise SymattnError(wrong, file=problem.source, field="--decode")

@@ -181,6 +181,9 @@ def _head(p: Problem, out: dict, M: np.ndarray, prefix, Q: np.ndarray, K: np.nda
 
         return linear_head(p, out, prefix, Q, K, V)
     factor = scale_factor(p, Q.shape[1])
+    if p.qk_norm is not None:  # QK-norm: each query and key row normalised over d_k, before RoPE
+        Q = _rms_rows(Q, p.qk_norm.q, out, prefix, (st.QN_MS, st.Q_HAT, st.QN_GAMMA, st.Q_NORM))
+        K = _rms_rows(K, p.qk_norm.k, out, kv_prefix or prefix, (st.KN_MS, st.K_HAT, st.KN_GAMMA, st.K_NORM))
     if p.rope is not None:  # RoPE: the scores compare the rotated queries and keys
         Q = out[prefix(st.Q_ROT)] = rope_rotate(Q, p.rope)
         K = out[prefix(st.K_ROT)] = rope_rotate(K, p.rope)
@@ -188,11 +191,19 @@ def _head(p: Problem, out: dict, M: np.ndarray, prefix, Q: np.ndarray, K: np.nda
     S = out[prefix(st.S)] = Q @ K.T                         # (n_q, d_k) @ (d_k, n_k)
     S_scaled = out[prefix(st.S_SCALED)] = S * factor
     out[prefix(st.M)] = M
-    Z = out[prefix(st.S_MASKED)] = S_scaled + M
+    if p.softcap is not None:                               # Gemma 2: c·tanh(s/c), before the mask
+        c = float(p.softcap)
+        capped = out[prefix(st.S_CAPPED)] = c * np.tanh(S_scaled / c)
+        Z = out[prefix(st.S_MASKED)] = capped + M
+    else:
+        Z = out[prefix(st.S_MASKED)] = S_scaled + M
+    if p.temperature is not None:                           # the masked scores over T (−∞ stays −∞)
+        Z = out[prefix(st.S_TEMP)] = Z / float(p.temperature)
     A, absorbed = _softmax_rows(Z, sink)
     out[prefix(st.A)] = A
     if absorbed is not None:
         out[prefix(st.A_SINK)] = absorbed
+    _compared_rows(p, out, prefix, S_scaled, M, A)
     O = out[prefix(st.O)] = A @ V                           # (n_q, n_k) @ (n_k, d_v)
     if p.tiling is not None:
         m, l, acc = _online_softmax(Z, V, p.tiling.block)
@@ -201,6 +212,27 @@ def _head(p: Problem, out: dict, M: np.ndarray, prefix, Q: np.ndarray, K: np.nda
     if p.decode is not None:
         _decode(p, out, prefix, kv_prefix or prefix, Q, K, V, factor, O, sink)
     return O
+
+
+def _rms_rows(x: np.ndarray, norm, out: dict, prefix, ids) -> np.ndarray:
+    """RMSNorm of each row of ``x``, x/√(mean(x²) + ε)·γ, its stages kept under this head's ``ids``."""
+    ms_id, hat_id, gamma_id, out_id = (prefix(i) for i in ids)
+    ms = out[ms_id] = (x * x).mean(axis=1, keepdims=True)
+    y = out[hat_id] = x / np.sqrt(ms + float(norm.eps))
+    if norm.weight is not None:
+        g = out[gamma_id] = to_float64(norm.weight)
+        y = y * (norm.offset + g)
+    out[out_id] = y
+    return y
+
+
+def _compared_rows(p: Problem, out: dict, prefix, S_scaled: np.ndarray, M: np.ndarray, A: np.ndarray) -> None:
+    """The last query's weights without and with soft-capping (and without and with the temperature)."""
+    T = 1.0 if p.temperature is None else float(p.temperature)
+    if p.softcap is not None:
+        out[prefix(st.CAP_ROW)] = np.vstack([_softmax_rows((S_scaled[-1:] + M[-1:]) / T, None)[0], A[-1:]])
+    if p.temperature is not None:
+        out[prefix(st.TEMP_ROW)] = np.vstack([_softmax_rows(out[prefix(st.S_MASKED)][-1:].copy(), None)[0], A[-1:]])
 
 
 def _decode(p: Problem, out: dict, prefix, kv_prefix, Q, K, V, factor, O, sink=None) -> None:

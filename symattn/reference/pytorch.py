@@ -107,6 +107,7 @@ def torch_stages(p: Problem) -> dict[str, np.ndarray]:
     def head(prefix: str, Q, K, V, sink=None):
         if p.linear is not None:
             return torch_linear(torch, F, p, torch.tensor(p.mask.allowed, dtype=torch.bool), out, prefix, Q, K, V)
+        Q, K = qk_normed(F, p, Q, K, t)
         if p.rope is not None:
             Q, K = torch_rope(torch, Q, p.rope), torch_rope(torch, K, p.rope)
         d_k = Q.shape[1]
@@ -114,8 +115,8 @@ def torch_stages(p: Problem) -> dict[str, np.ndarray]:
         n_k = K.shape[0]
         K, V, mask = with_sink_key(torch, K, V, attn_mask, sink) if sink is not None else (K, V, attn_mask)
         eye = torch.eye(K.shape[0], dtype=torch.float64)
-        A = F.scaled_dot_product_attention(Q[None], K[None], eye[None], attn_mask=mask, scale=scale)[0][:, :n_k]
-        O = F.scaled_dot_product_attention(Q[None], K[None], V[None], attn_mask=mask, scale=scale)[0]
+        A = attend(torch, F, p, Q[None], K[None], eye[None], mask, scale)[0][:, :n_k]
+        O = attend(torch, F, p, Q[None], K[None], V[None], mask, scale)[0]
         out[prefix(st.A)] = A.numpy()
         out[prefix(st.O)] = O.numpy()
         return O
@@ -124,19 +125,21 @@ def torch_stages(p: Problem) -> dict[str, np.ndarray]:
         """Grouped-query attention as PyTorch does it: each K/V group once, SDPA's enable_gqa repeating it."""
         n_heads = len(p.heads)
         per_group = n_heads // p.kv_heads
-        rot = (lambda x: torch_rope(torch, x, p.rope)) if p.rope is not None else (lambda x: x)  # queries, group keys
+        def rot(x, side):  # QK-norm, then RoPE, on each head's queries and each group's keys (then shared)
+            x = qk_normed(F, p, x, x, t)[side]
+            return torch_rope(torch, x, p.rope) if p.rope is not None else x
 
-        Q = torch.stack([rot(linear(X, w.W_Q, w.b_Q)) for w in p.heads])        # (h, n_q, d_k)
+        Q = torch.stack([rot(linear(X, w.W_Q, w.b_Q), 0) for w in p.heads])     # (h, n_q, d_k)
         firsts = p.heads[::per_group]
-        K = torch.stack([rot(linear(C, w.W_K, w.b_K)) for w in firsts])         # (g, n_k, d_k)
+        K = torch.stack([rot(linear(C, w.W_K, w.b_K), 1) for w in firsts])      # (g, n_k, d_k)
         V = torch.stack([linear(C, w.W_V, w.b_V) for w in firsts])              # (g, n_k, d_v)
         d_k = Q.shape[-1]
         scale = {"auto": d_k**-0.5, "none": 1.0}.get(p.scale) if isinstance(p.scale, str) else float(p.scale)
         n_k = K.shape[1]
         K, V, mask = grouped_sink_keys(torch, K, V, attn_mask, p.sinks)
         eye = torch.eye(K.shape[1], dtype=torch.float64).expand(p.kv_heads, -1, -1)
-        A = F.scaled_dot_product_attention(Q, K, eye, attn_mask=mask, scale=scale, enable_gqa=True)[..., :n_k]
-        O = F.scaled_dot_product_attention(Q, K, V, attn_mask=mask, scale=scale, enable_gqa=True)
+        A, O = (attend(torch, F, p, Q, K, values, mask, scale, gqa=True) for values in (eye, V))
+        A = A[..., :n_k]
         for h in range(n_heads):
             out[st.stage_id(st.A, h + 1)] = A[h].numpy()
             out[st.stage_id(st.O, h + 1)] = O[h].numpy()
@@ -197,6 +200,27 @@ def torch_linear(torch, F, p: Problem, allowed, out: dict, prefix, Q, K, V):
     out[prefix(st.Z_STATE)], out[prefix(st.S_STATE)] = z.numpy(), S.reshape(Q.shape[0], -1).numpy()
     out[prefix(st.O_REC)] = out[prefix(st.O)] = O.numpy()
     return O
+
+
+def qk_normed(F, p: Problem, Q, K, t):
+    """QK-norm as Qwen 3 applies it: F.rms_norm of each query and key row over d_head, before RoPE."""
+    if p.qk_norm is None:
+        return Q, K
+    return tuple(torch_norm(F, n, x, t) for n, x in ((p.qk_norm.q, Q), (p.qk_norm.k, K)))
+
+
+def attend(torch, F, p: Problem, Q, K, V, attn_mask, scale: float, gqa: bool = False):
+    """SDPA's output, with the problem's temperature T folded into its ``scale=`` (and the mask, which
+    is divided by T with the scores: −∞/T = −∞); with soft-capping, the scores capped by torch.tanh
+    before the mask and the softmax taken by hand, as Gemma 2's eager attention does."""
+    T = 1.0 if p.temperature is None else float(p.temperature)
+    if p.softcap is None:
+        return F.scaled_dot_product_attention(Q, K, V, attn_mask=attn_mask / T, scale=scale / T, enable_gqa=gqa)
+    if gqa:
+        K, V = (x.repeat_interleave(Q.shape[0] // K.shape[0], dim=0) for x in (K, V))
+    c = float(p.softcap)
+    scores = c * torch.tanh(Q @ K.transpose(-1, -2) * scale / c)
+    return torch.softmax((scores + attn_mask) / T, dim=-1) @ V
 
 
 # the MLP's activations as PyTorch's modules and functions compute them

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .. import stages as registry
-from . import prose
+from . import headline, prose
 from .escape import tex_token
 from .grid import MAX_SHOWN, grid, grid_blocks
 from .head import top_lines
@@ -103,7 +103,7 @@ def blocks(d: Derivation, options: RenderOptions | None = None, *, shade: bool =
     max_shown, first, last, exercise, ask = options.max_shown, options.first, options.last, options.exercise, options.ask
     split = split if split or latex else None  # None: the displays' LaTeX is not written (see _displays)
     chosen = select(d, first, last)
-    out: list[Block] = [Block("para", _intro(d)), Block("math", _FORMULA if d.problem.linear is None else registry.LINEAR_FORMULA[0])]
+    out: list[Block] = [Block("para", _intro(d)), Block("math", headline.formula(p))]
     givens = given_inputs(d, chosen)
     if exercise:
         givens = [s for s in d.steps if s.given] + [s for s in givens if not s.given]
@@ -252,7 +252,6 @@ _SINK_SOFTMAX_DEF = (  # a learned sink s: one more term in Z_i, and in the maxi
     "A_{ij} = \\frac{e^{\\hat{S}_{ij} - m_i}}{Z_i},\\qquad "
     "m_i = \\max\\bigl(\\max_k \\hat{S}_{ik},\\ s\\bigr),\\qquad Z_i = \\sum_k e^{\\hat{S}_{ik} - m_i} + e^{s - m_i}"
 )
-_FORMULA = "\\operatorname{Attention}(Q, K, V) = \\operatorname{softmax}\\!\\left(\\frac{Q K^{\\top}}{\\sqrt{d_k}} + M\\right) V"
 
 
 def _short_name(step: Step) -> str:
@@ -326,7 +325,7 @@ def _intro(d: Derivation) -> str:
             at = ", ".join(f"{s.name} = {v}" for s, v in p.values)
             symbols += f"; decimals and the cross-check use {at}"
         symbols += "."
-    return f"The problem: {what}; mask: {p.mask.rule()}{bias}; {scale}. Every number below is exact.{symbols}{_sharing(p)}"
+    return f"The problem: {what}; mask: {p.mask.rule()}{bias}; {scale}{headline.scores_said(p)}. Every number below is exact.{symbols}{_sharing(p)}"
 
 
 def _norms_said(p) -> str:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from ..exact import derivation as exact
 from ..problem.model import Problem
-from . import prose
+from . import headline, prose
 from .blocks import check_sentence
 from .matrices import approx_tex_matrix, exact_tex_matrix, normaliser_lines
 from .entries import too_long, entry_forms, needs_decimals, written_exactly
@@ -86,12 +86,7 @@ def derivation_latex(d: Derivation) -> str:
         matrix = f"{out.kind_of.symbol} \\approx {approx_tex_matrix(d, out, d.problem.digits, NOTEBOOK_SHOWN)}"
     else:
         matrix = f"{out.kind_of.symbol} = {exact_tex_matrix(d, out, NOTEBOOK_SHOWN)}"
-    formula = ("\\operatorname{Attention}(Q, K, V) = "
-               "\\operatorname{softmax}\\!\\left(\\frac{Q K^{\\top}}{\\sqrt{d_k}} + M\\right) V")
-    if d.problem.linear is not None:
-        from ..stages import LINEAR_FORMULA
-
-        formula = LINEAR_FORMULA[0]
+    formula = headline.formula(d.problem)
     return f"$$ {formula},\\qquad {matrix} $$"
 
 

@@ -30,7 +30,7 @@ def turn_of(d: Derivation, step: Step) -> "_rope.Turn | None":
     """The 2×2 block a rotated stage shows (None for any other stage or without RoPE)."""
     if d.problem.rope is None or "rotation" not in step.shows:
         return None
-    base = stages.Q if step.key == stages.Q_ROT else stages.K
+    base = "q_pre" if step.key == stages.Q_ROT else "k_pre"  # what was turned: Q, or Q_norm under QK-norm
     return _rope.turn(d.problem.rope, d.step(_id(d, step, base)).lazy, step.lazy, _context(d, step).d_k)
 
 
@@ -38,7 +38,7 @@ def relative_of(d: Derivation, step: Step) -> "_rope.Relative | None":
     """The relative-position property the scores show (None without RoPE or with one token)."""
     if d.problem.rope is None or "rope_relative" not in step.shows or not step.written_exactly:
         return None  # (scores shown in decimals: their exact rotated entries are too long to read)
-    Q, K = (d.step(_id(d, step, name)).lazy for name in (stages.Q, stages.K))
+    Q, K = (d.step(_id(d, step, name)).lazy for name in ("q_pre", "k_pre"))
     return _rope.relative(d.problem.rope, Q, K, step.lazy, _context(d, step).d_k)
 
 

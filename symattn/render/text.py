@@ -8,7 +8,7 @@ import sympy
 
 from .. import stages as registry
 from ..text import show_bidi
-from . import prose
+from . import headline, prose
 from .head import top_lines
 from .blocks import JACOBIAN_ENTRY, check_sentence
 from .grid import MAX_SHOWN, shown
@@ -157,8 +157,7 @@ def document(derivation: Derivation, options: RenderOptions) -> str:
     chosen = {s.id for s in select(d, options.first, options.last)}
     title = show_bidi(d.problem.title)
     out = [title, "=" * len(title), ""]
-    out.append("Attention(Q, K, V) = softmax(Q·Kᵀ / √d_k + M)·V" if d.problem.linear is None
-               else registry.LINEAR_FORMULA[1])
+    out.append(headline.formula(d.problem, tex=False))
     out.append("")
     for stage in stages(d):
         steps = [s for s in stage.steps if s.id in chosen]

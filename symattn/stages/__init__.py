@@ -36,6 +36,8 @@ from .ids import (
     VAR_POST, VARIANCE, X_HAT, X_NORM,
 )
 from .ids import EBETA, EGAMMA, EMS, EMU, EVAR, TT, X_EMB, X_EMB_HAT
+from .ids import CAP_ROW, CAP_ROWS, S_CAPPED, S_TEMP, TEMP_ROW, TEMP_ROWS
+from .ids import K_HAT, K_NORM, KN_GAMMA, KN_MS, Q_HAT, Q_NORM, QN_GAMMA, QN_MS
 from .ids import DBETA, DBETA_POST, DGAMMA, DGAMMA_POST, DH, DR, DR_HAT, DX_HAT, DX_NORM
 from .ids import (
     MLP_MU, MLP_VAR, MLP_MS, H_HAT, MLP_GAMMA, MLP_BETA, H_NORM, W_1, B_1, W_UP, W_2, B_2, W_GATE, U_GATE, W_DOWN, U, U_UP, G, F, Y,
@@ -70,6 +72,8 @@ __all__ = [
     "BETA", "BETA_POST", "GAMMA", "GAMMA_POST", "H", "H_POST", "MEAN", "MEAN_SQUARE", "MS", "MS_POST", "MU",
     "MU_POST", "R", "R_HAT", "VAR", "VAR_POST", "VARIANCE", "X_HAT", "X_NORM",
     "EBETA", "EGAMMA", "EMS", "EMU", "EVAR", "TT", "X_EMB", "X_EMB_HAT",
+    "CAP_ROW", "CAP_ROWS", "S_CAPPED", "S_TEMP", "TEMP_ROW", "TEMP_ROWS",
+    "K_HAT", "K_NORM", "KN_GAMMA", "KN_MS", "Q_HAT", "Q_NORM", "QN_GAMMA", "QN_MS",
     "MLP_MU", "MLP_VAR", "MLP_MS", "H_HAT", "MLP_GAMMA", "MLP_BETA", "H_NORM", "W_1", "B_1", "W_UP", "W_2", "B_2", "W_GATE", "U_GATE",
     "W_DOWN", "U", "U_UP", "G", "F", "Y", "Y_SUM", "Y_HAT", "Y_POST", "Y_LAST", "FINAL_MU", "FINAL_VAR", "FINAL_MS", "Y_FINAL_HAT",
     "FINAL_GAMMA", "FINAL_BETA", "Y_FINAL", "W_U", "LOGITS", "P", "NLL", "LOSS", "VOCAB", "LAST", "LOSS_ROWS", "NLL_AXIS", "LOSS_AXIS",

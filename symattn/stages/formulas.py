@@ -39,6 +39,8 @@ def masked_formula(c: Context) -> tuple[str, str]:
     import sympy
 
     p = c.p
+    if getattr(p, "softcap", None) is not None:
+        return "\\hat{S} = \\tilde{S} + M", "Ŝ = S_capped + M"
     scaled = {"auto": "\\frac{S}{\\sqrt{d_k}}", "none": "S"}.get(p.scale) if isinstance(p.scale, str) else None
     scaled = scaled or f"{sympy.latex(p.scale)}\\,S"
     return f"\\hat{{S}} = {scaled} + M", "Ŝ = S_scaled + M"
@@ -96,13 +98,21 @@ def rope_formula(letter: str) -> Callable[[Context], tuple[str, str]]:
     return formula
 
 
+def _normed(c: Context) -> bool:
+    return getattr(c.p, "qk_norm", None) is not None
+
+
 def k_t_formula(c: Context) -> tuple[str, str]:
+    if c.rope is None and _normed(c):  # QK-norm: the normalised keys
+        return "K^{\\top} = (K_{norm})^{\\top}", "Kᵀ = K_normᵀ"
     if c.rope is None:
         return "K^{\\top}", "Kᵀ"
     return "K^{\\top} = (K^{\\mathrm{rot}})^{\\top}", "Kᵀ = K_rotᵀ"
 
 
 def s_formula(c: Context) -> tuple[str, str]:
+    if c.rope is None and _normed(c):
+        return "S = Q_{norm}\\,(K_{norm})^{\\top}", "S = Q_norm·K_normᵀ"
     if c.rope is None:
         return "S = Q\\,K^{\\top}", "S = Q·Kᵀ"
     return "S = Q^{\\mathrm{rot}}\\,(K^{\\mathrm{rot}})^{\\top}", "S = Q_rot·K_rotᵀ"
@@ -118,12 +128,13 @@ def few(heads, show, dots: str, most: int = 8) -> list[str]:
 
 
 def rot_tex(c: Context, letter: str) -> str:
-    """The matrix the cache reads: the rotated queries or keys under RoPE (the cache holds them rotated)."""
-    return f"{letter}^{{\\mathrm{{rot}}}}" if c.rope is not None else letter
+    """The matrix the cache reads: the rotated queries or keys under RoPE (the cache holds them rotated),
+    the normalised ones under QK-norm."""
+    return f"{letter}^{{\\mathrm{{rot}}}}" if c.rope is not None else f"{letter}_{{norm}}" if _normed(c) else letter
 
 
 def rot_text(c: Context, letter: str) -> str:
-    return f"{letter}_rot" if c.rope is not None else letter
+    return f"{letter}_rot" if c.rope is not None else f"{letter}_norm" if _normed(c) else letter
 
 
 def cache_span(c: Context, tex: bool) -> str:

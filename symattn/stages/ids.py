@@ -22,6 +22,16 @@ DO, DW_O, DCONCAT, DO_HEAD = "dO", "dW_O", "dconcat", "dO_head"
 DV, DA, DS_MASKED, DS, DQ, DK = "dV", "dA", "dS_masked", "dS", "dQ", "dK"
 DW_Q, DW_K, DW_V, DX, DCONTEXT = "dW_Q", "dW_K", "dW_V", "dX", "dcontext"
 Q_ROT, K_ROT = "Q_rot", "K_rot"  # the queries and keys rotated by RoPE
+# QK-norm (qk_norm:, Qwen 3, OLMo 2, Gemma 3): each head's query and key rows normalised (RMSNorm over
+# d_head) before RoPE: the mean square of each row, the normalised rows, γ_q (γ_k) and Q_norm (K_norm),
+# which RoPE (or the scores) then read. The K side is shared by a K/V group, as K is.
+QN_MU, QN_VAR, QN_MS, QN_GAMMA, QN_BETA, Q_HAT, Q_NORM = (
+    "q_norm_mean", "q_norm_var", "q_norm_ms", "q_norm_gamma", "q_norm_beta", "Q_hat", "Q_norm")
+KN_MU, KN_VAR, KN_MS, KN_GAMMA, KN_BETA, K_HAT, K_NORM = (
+    "k_norm_mean", "k_norm_var", "k_norm_ms", "k_norm_gamma", "k_norm_beta", "K_hat", "K_norm")
+# soft-capping (softcap: c): S_capped = c·tanh(S_scaled/c) before the mask, Gemma 2's; temperature
+# (temperature: T): S_temp = Ŝ/T after it; each with one row's weights with and without it, side by side
+S_CAPPED, S_TEMP, CAP_ROW, TEMP_ROW = "S_capped", "S_temp", "cap_row", "temp_row"
 # the backward pass through RoPE: the gradients of the rotated queries and keys, then dQ and dK
 # rotated back (keys "dQ_back", "dK_back": rows named dQ and dK, as O_final is named O)
 DQ_ROT, DK_ROT, DQ_BACK, DK_BACK = "dQ_rot", "dK_rot", "dQ_back", "dK_back"
@@ -101,7 +111,8 @@ STATE_COST = "state_cost"
 # With kv_heads (grouped-query attention) these stages exist once per K/V group, under the id of
 # the group's first query head (head1.K for group 1); the group's other heads read them. So do
 # their gradients: a group's dK and dV sum the shares of every head that reads it.
-SHARED_KV = frozenset({"W_K", "W_V", "b_K", "b_V", "K", "V", "K_rot", "K_T", "K_cache", "V_cache",
+SHARED_KV = frozenset({"W_K", "W_V", "b_K", "b_V", "K", "V", "K_rot", "K_T", "K_cache", "V_cache", "k_norm_mean",
+                       "k_norm_var", "k_norm_ms", "k_norm_gamma", "k_norm_beta", "K_hat", "K_norm",
                        "dK", "dV", "dK_rot", "dK_back", "dW_K", "dW_V", "db_K", "db_V"})
 
 _HEAD_PREFIX = "head"
@@ -116,13 +127,15 @@ VOCAB, LAST, LOSS_ROWS, NLL_AXIS, LOSS_AXIS = "vocab", "last", "loss rows", "cro
 # A decoding step's axes: the cached key tokens 1..t, the new query token t alone, and the
 # columns of the cost table.
 CACHED, NEW, STEPS, COSTS = "cached", "new", "steps", "costs"
+# the two rows of a comparison of one row's weights: without soft-capping (or temperature), then with it
+CAP_ROWS, TEMP_ROWS = "softcap rows", "temperature rows"
 # the one column of a norm's row statistics, labelled by what it holds
 MEAN, VARIANCE, MEAN_SQUARE = "mean", "variance", "mean square"
 SINK_AXIS = "sink"  # the one column of what a learned sink absorbed
 # linear attention: the one column of the normalisers, and the columns of the state's cost table
 NORMALISER, STATE_COSTS = "normaliser", "state costs"
-TOKEN_AXES = (QUERIES, KEYS, CACHED, NEW, STEPS, COSTS, MEAN, VARIANCE, MEAN_SQUARE, VOCAB, LAST, LOSS_ROWS, NLL_AXIS,
-              LOSS_AXIS, SINK_AXIS, NORMALISER, STATE_COSTS)  # labelled by words, not d1, d2
+TOKEN_AXES = (QUERIES, KEYS, CACHED, NEW, STEPS, COSTS, CAP_ROWS, TEMP_ROWS, MEAN, VARIANCE, MEAN_SQUARE, VOCAB, LAST,
+              LOSS_ROWS, NLL_AXIS, LOSS_AXIS, SINK_AXIS, NORMALISER, STATE_COSTS)  # labelled by words, not d1, d2
 COST_COLUMNS = ("scores (cache)", "output (cache)", "scores (full)", "outputs (full)")
 STATE_COST_COLUMNS = ("state (linear)", "KV cache (softmax)")
 

@@ -8,6 +8,7 @@ from typing import Callable
 from .ids import A, K, M, M_TILED, Q, Q_ROT, S, S_MASKED, S_SCALED, V
 from .kinds import Context, Mistake, Relation
 from .relations import row_t
+from .scores import cap, finish, temper
 from .shapes import is_square
 
 
@@ -50,13 +51,16 @@ def score_variants(kind: str) -> tuple[Mistake, ...]:
         return relation
 
     def columns(ops, ex, c):
-        z = ex(S_MASKED)
+        z = ex("a_in")
         if not ops.columns_attend(z):
             return None
         return ops.T(ops.softmax(ops.T(z)))
 
+    def unmasked(ops, ex, c):  # the scores as the softmax reads them, with no mask
+        return temper(ops, cap(ops, ex(S_SCALED), c), c)
+
     def after(ops, ex, c):
-        return ops.zero_masked(ops.softmax(ex(S_SCALED), sink=c.sink), ex(M))
+        return ops.zero_masked(ops.softmax(unmasked(ops, ex, c), sink=c.sink), ex(M))
 
     def with_sink(weights_of: Callable) -> Callable:
         def relation(ops, ex, c):
@@ -65,9 +69,9 @@ def score_variants(kind: str) -> tuple[Mistake, ...]:
         return relation
 
     return (
-        Mistake(NO_SCALING, carried(lambda ops, ex, c: ops.softmax(ops.add_mask(ex(S), ex(M)), sink=c.sink))),
-        Mistake(BY_D_K, carried(lambda ops, ex, c: ops.softmax(ops.add_mask(by_d_k(ops, ex, c), ex(M)), sink=c.sink))),
-        Mistake(MASK_MISSING, carried(lambda ops, ex, c: ops.softmax(ex(S_SCALED), sink=c.sink))),
+        Mistake(NO_SCALING, carried(lambda ops, ex, c: ops.softmax(finish(ops, ex(S), ex(M), c), sink=c.sink))),
+        Mistake(BY_D_K, carried(lambda ops, ex, c: ops.softmax(finish(ops, by_d_k(ops, ex, c), ex(M), c), sink=c.sink))),
+        Mistake(MASK_MISSING, carried(lambda ops, ex, c: ops.softmax(unmasked(ops, ex, c), sink=c.sink))),
         Mistake(_MASK_AFTER, carried(after)),
         Mistake(_COLUMNS, carried(columns)),
         Mistake(SINK_MISSING, carried(with_sink(lambda ops, ex, c: ops.softmax(ex(S_MASKED))))),
@@ -102,7 +106,7 @@ SCALE_MISSING_DQDK = "the scale factor is missing: dŜ was used instead of dS = 
 
 
 def rope_mistakes(key: str) -> tuple[Mistake, ...]:
-    from_ = Q if key == Q_ROT else K
+    from_ = "q_pre" if key == Q_ROT else "k_pre"  # the queries (keys) RoPE turns: normalised first under QK-norm
 
     def swapped(ops, ex, c):
         from ..problem.rope import other
@@ -137,7 +141,7 @@ ROPE_O_MISTAKES = (Mistake(_ROPE_ON_V, lambda ops, ex, c: None if _rope_on_v(ops
                            else ops.matmul(ex(A), _rope_on_v(ops, ex, c))),)
 ROPE_SCORE_MISTAKES = (
     Mistake("the rotation was left out: Q·Kᵀ of the unrotated queries and keys",
-            lambda ops, ex, c: None if c.rope is None else ops.matmul(ex(Q), ops.T(ex(K)))),
+            lambda ops, ex, c: None if c.rope is None else ops.matmul(ex("q_pre"), ops.T(ex("k_pre")))),
 )
 
 

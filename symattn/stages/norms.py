@@ -19,6 +19,12 @@ residual adds to.
 
 from __future__ import annotations
 
+import dataclasses
+
+from .ids import (
+    K, KEYS, K_HAT, K_NORM, KN_BETA, KN_GAMMA, KN_MS, KN_MU, KN_VAR, Q, Q_HAT, Q_NORM, QN_BETA, QN_GAMMA, QN_MS,
+    QN_MU, QN_VAR,
+)
 from .ids import (
     BETA, BETA_POST, LAST, EBETA, EGAMMA, EMS, EMU, EVAR, FINAL_BETA, FINAL_GAMMA, FINAL_MS, FINAL_MU, FINAL_VAR, GAMMA,
     GAMMA_POST, H, H_HAT, H_NORM, H_POST, MEAN, MEAN_SQUARE, MLP_BETA, MLP_BETA_POST, MLP_GAMMA, MLP_GAMMA_POST,
@@ -52,7 +58,9 @@ def _final_norm(c: Context):
 _WHEN = {"pre": _pre, "post": _post, "emb": _emb,
          "mlp": lambda c: _mlp_norm(c) is not None and not c.mlp.post,
          "mlp_post": lambda c: _mlp_norm(c) is not None and c.mlp.post,
-         "final": lambda c: _final_norm(c) is not None}
+         "final": lambda c: _final_norm(c) is not None,
+         "q": lambda c: getattr(c.p, "qk_norm", None) is not None,
+         "k": lambda c: getattr(c.p, "qk_norm", None) is not None}
 
 
 def _eps(n) -> str:
@@ -73,10 +81,14 @@ _KEYS = {
     "mlp": (MLP_MU, MLP_VAR, MLP_MS, MLP_GAMMA, MLP_BETA, H_HAT, H_NORM),
     "mlp_post": (MLP_MU_POST, MLP_VAR_POST, MLP_MS_POST, MLP_GAMMA_POST, MLP_BETA_POST, Y_HAT, Y_POST),
     "final": (FINAL_MU, FINAL_VAR, FINAL_MS, FINAL_GAMMA, FINAL_BETA, Y_FINAL_HAT, Y_FINAL),
+    "q": (QN_MU, QN_VAR, QN_MS, QN_GAMMA, QN_BETA, Q_HAT, Q_NORM),
+    "k": (KN_MU, KN_VAR, KN_MS, KN_GAMMA, KN_BETA, K_HAT, K_NORM),
 }
-_NAMES = {"pre": "pre", "post": "pre", "emb": "emb", "mlp": "mlp", "mlp_post": "mlp", "final": "final"}  # whose ids
+_NAMES = {"pre": "pre", "post": "pre", "emb": "emb", "mlp": "mlp", "mlp_post": "mlp", "final": "final",
+          "q": "q", "k": "k"}  # whose ids
 # each place's input key ("block": X, X_pos or X_emb; "stream": H; "final_in": Y, its last row, or H)
-_SOURCE = {"pre": "block", "post": R, "emb": "embedded", "mlp": "stream", "mlp_post": Y_SUM, "final": "final_in"}
+_SOURCE = {"pre": "block", "post": R, "emb": "embedded", "mlp": "stream", "mlp_post": Y_SUM, "final": "final_in",
+           "q": Q, "k": K}  # QK-norm: each head's own queries and keys
 
 
 def has_norm(p) -> bool:
@@ -93,7 +105,8 @@ def hat_keys(p) -> tuple[str, ...]:
 
 
 NORM_OF = {"pre": lambda c: c.norm, "post": lambda c: c.norm, "emb": lambda c: c.emb_norm,  # each place's Norm
-           "mlp": _mlp_norm, "mlp_post": _mlp_norm, "final": _final_norm}
+           "mlp": _mlp_norm, "mlp_post": _mlp_norm, "final": _final_norm,
+           "q": lambda c: c.p.qk_norm.q, "k": lambda c: c.p.qk_norm.k}
 
 
 NORM_WHY = {
@@ -120,6 +133,10 @@ NORM_WHY = {
                "unnormalised, and the MLP's output is added to it. {why}",
     "out_mlp_post": "Behind the MLP (post-norm, BERT's order) the sum ⟦H + F⟧ is normalised, and its norm is the "
                     "block's output ⟦Y⟧. {why}",
+    "out_q": "QK-norm (Qwen 3, OLMo 2, Gemma 3): each query row of this head is normalised over its own ⟦d_k⟧ "
+             "features, not over the tokens, before RoPE; ⟦Q_{{norm}}⟧ is what {reads}. {why}",
+    "out_k": "The keys are normalised the same way, row by row over ⟦d_k⟧, with their own weight ⟦\\gamma_k⟧; "
+             "⟦K_{{norm}}⟧ is what {reads}. {why}",
     "out_final": "The final norm's output is what the unembedding reads: each row is scored against every word "
                  "of the vocabulary. {why}",
 }
@@ -283,14 +300,23 @@ _PLACES = {
     "mlp": (18.7, "mlp_norm", H_HAT, H_NORM, "\\hat{H}", "H_{norm}", "H_norm", "h", 0.002),
     "mlp_post": (18.9, "mlp_residual", Y_HAT, Y, "\\hat{Y}", "Y", "Y", "r", 0.002),
     "final": (18.93, "final_norm", Y_FINAL_HAT, Y_FINAL, "\\hat{Y}_{final}", "Y_{final}", "Y_final", "y", 0.002),
+    "q": (8.1, "qk_norm", Q_HAT, Q_NORM, "\\hat{Q}", "Q_{norm}", "Q_norm", "q", 0.01),
+    "k": (8.2, "qk_norm", K_HAT, K_NORM, "\\hat{K}", "K_{norm}", "K_norm", "k", 0.01),
 }
 _OUT_TITLES = {"pre": "The attention's input", "post": "The block's output", "emb": "The layer's input",
-               "mlp": "The MLP's input", "mlp_post": "The block's output", "final": "The unembedding's input"}
+               "mlp": "The MLP's input", "mlp_post": "The block's output", "final": "The unembedding's input",
+               "q": "The normalised queries", "k": "The normalised keys"}
+
+
+_ROW = {"q": "query row", "k": "key row"}  # what a QK-norm normalises, one at a time
+_COLUMNS = {"q": ("q", "1 × d_k"), "k": ("k", "1 × d_k")}  # QK-norm's columns and its weights' shape
 
 
 def _axes(place: str):
     """A norm's axes with columns ``col``: a row per token, or for the final norm of ``rows: last``
     the last token's row alone."""
+    if place == "k":
+        return lambda col: (KEYS, col)
     if place != "final":
         return lambda col: (QUERIES, col)
     return lambda col: lambda c: (LAST if c.logits.last else QUERIES, col)
@@ -304,11 +330,11 @@ def norm_rows(place: str) -> tuple[Kind, ...]:
 
     def src(c):
         return {"pre": c.block, "emb": c.embedded, "mlp": c.stream, "final": c.final_in}.get(place, source)
-
+    col, width = _COLUMNS.get(place, ("d", "1 × d_model"))  # the normalised rows' columns: d1, ... (QK-norm: q1, ...)
     mu, var, ms, gamma, beta, hat, out = _KEYS[place]
     names = _KEYS[_NAMES[place]]  # a norm in front of a sub-block and behind it: the same names
     base, section, hat_name, out_name, hat_tex, out_tex, out_plain, x, unit = _PLACES[place]
-    by_relation = place not in ("pre", "emb")  # behind the softmax: from the inputs' values
+    by_relation = place not in ("pre", "emb", "q", "k")  # behind the softmax: from the inputs' values
     axes = _axes(place)
 
     def spread_of(ops, v, c):
@@ -329,7 +355,7 @@ def norm_rows(place: str) -> tuple[Kind, ...]:
     def layer(c):
         return when(c) and not N(c).rms
 
-    return (
+    rows = (
         Kind(mu, names[0], base, section, "Mean of each token's features", NORM_WHY["mu"],
              (f"\\mu_i = \\frac{{1}}{{d}}\\sum_k {x}_{{ik}}", f"μ_i = (1/d)·Σ_k {x}_ik"), axes(MEAN),
              lambda sh, r, c: plain(r, "one per token"), inputs=(source,),
@@ -343,36 +369,39 @@ def norm_rows(place: str) -> tuple[Kind, ...]:
                                lambda ops, ex, c: ops.row_spread(ex(src(c)), ex(mu), 1) if c.p.X.cols > 1 else None),
                        Mistake("the mean square (RMSNorm's) instead of the variance: the mean was not taken away",
                                lambda ops, ex, c: ops.row_spread(ex(src(c)), None)))),
-        Kind(ms, names[2], base + 2 * unit, section, "Mean square of each token's features",
+        Kind(ms, names[2], base + 2 * unit, section, f"Mean square of each {_ROW.get(place, 'token')}'s features",
              NORM_WHY["ms"],
              (f"\\mathrm{{ms}}_i = \\frac{{1}}{{d}}\\sum_k {x}_{{ik}}^2", f"ms_i = (1/d)·Σ_k {x}_ik²"),
              axes(MEAN_SQUARE), lambda sh, r, c: plain(r, "one per token"), inputs=(source,),
              relation=spread_of, when=lambda c: when(c) and N(c).rms, tex="\\mathrm{ms}", by_relation=by_relation,
              mistakes=(Mistake("the variance (LayerNorm's) instead of the mean square: RMSNorm takes no mean away",
                                lambda ops, ex, c: ops.row_spread(ex(src(c)), ops.row_mean(ex(src(c))))),)),
-        Kind(hat, hat_name, base + 4 * unit, section, "Normalise each token", lambda c: _hat_why(N(c)),
-             lambda c: _hat_formula(N(c), hat_tex, hat_name, x), axes("d"),
+        Kind(hat, hat_name, base + 4 * unit, section, f"Normalise each {_ROW.get(place, 'token')}", lambda c: _hat_why(N(c)),
+             lambda c: _hat_formula(N(c), hat_tex, hat_name, x), axes(col),
              lambda sh, r, c: plain(r, "like the input"), inputs=(source, mu, ms, var),
              relation=hat_relation, when=when, tex=hat_tex, mistakes=_hat_mistakes(src, N), by_relation=by_relation,
              note=factored),
         Kind(gamma, names[3], base + 6 * unit, section, "The norm's weight",
              lambda c: NORM_WHY["gamma"].format(offset=" as 1 + ⟦\\gamma⟧ (the weight is stored as an offset from 1)"
                                                 if N(c).offset else ""),
-             ("\\gamma", "γ"), ("b", "d"), lambda sh, r, c: plain(r, "1 × d_model"),
+             ("\\gamma", "γ"), ("b", col), lambda sh, r, c: plain(r, width),
              source=lambda c: N(c).weight, when=lambda c: when(c) and N(c).weight is not None, labelled=False,
              tex="\\gamma"),
         Kind(beta, names[4], base + 7 * unit, section, "The norm's bias", NORM_WHY["beta"],
-             ("\\beta", "β"), ("b", "d"),
-             lambda sh, r, c: plain(r, "1 × d_model"), source=lambda c: N(c).bias,
+             ("\\beta", "β"), ("b", col),
+             lambda sh, r, c: plain(r, width), source=lambda c: N(c).bias,
              when=lambda c: when(c) and N(c).bias is not None, labelled=False, tex="\\beta"),
         Kind(out, out_name, base + 8 * unit, section, _OUT_TITLES[place],
-             lambda c: NORM_WHY["out_" + place].format(why=_affine_why(N(c))),
+             lambda c: NORM_WHY["out_" + place].format(why=_affine_why(N(c)),
+                                                       reads="RoPE turns" if c.rope is not None else
+                                                       "the scores are made from"),
              lambda c: (f"{out_tex} = {_affine_text(N(c), True, hat_tex)}",
                         f"{out_plain} = {_affine_text(N(c), False, hat_name)}"),
-             axes("d"), lambda sh, r, c: plain(r, "like the input"), inputs=(hat, gamma, beta),
+             axes(col), lambda sh, r, c: plain(r, "like the input"), inputs=(hat, gamma, beta),
              relation=out_relation, when=when, tex=out_tex, mistakes=_out_mistakes(place),
              by_relation=by_relation),
     )
+    return tuple(dataclasses.replace(k, per_head=True) for k in rows) if place in ("q", "k") else rows  # QK-norm: per head
 
 
 def residual_rows() -> tuple[Kind, ...]:

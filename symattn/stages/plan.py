@@ -11,8 +11,10 @@ from .ids import (
     B_1, B_2, B_K, B_O, B_Q, B_V, BETA, BETA_POST, DH, DO, DO_HEAD, DR, DX, DX_HAT, EBETA, EGAMMA, EMS, EMU, EVAR,
     FINAL_BETA, FINAL_GAMMA, FINAL_MS, FINAL_MU, FINAL_VAR, GAMMA, GAMMA_POST, K, K_ROT, MLP_BETA, MLP_BETA_POST,
     MLP_GAMMA, MLP_GAMMA_POST, MLP_MS, MLP_MS_POST, MLP_MU, MLP_MU_POST, MLP_VAR, MLP_VAR_POST, MS, MS_POST, MU,
-    MU_POST, O, Q, Q_ROT, SHARED_KV, TT, U, U_GATE, U_UP, VAR, VAR_POST, W_2, W_DOWN, X_HAT, stage_id,
+    MU_POST, O, Q, Q_ROT, S_CAPPED, S_MASKED, S_SCALED, S_TEMP, SHARED_KV, TT, U, U_GATE, U_UP, VAR, VAR_POST, W_2,
+    W_DOWN, X_HAT, stage_id,
 )
+from .ids import KN_BETA, KN_GAMMA, KN_MS, KN_MU, KN_VAR, K_NORM, QN_BETA, QN_GAMMA, QN_MS, QN_MU, QN_VAR, Q_NORM
 from .kinds import Context, Kind
 from .registry import BY_KEY, KINDS
 from .relations import input_paths
@@ -20,10 +22,11 @@ from .relations import input_paths
 
 NORM_WEIGHTS = {GAMMA: "weight", GAMMA_POST: "weight", BETA: "bias", BETA_POST: "bias", EGAMMA: "weight",
                 EBETA: "bias", MLP_GAMMA: "weight", MLP_BETA: "bias", MLP_GAMMA_POST: "weight",
-                MLP_BETA_POST: "bias", FINAL_GAMMA: "weight", FINAL_BETA: "bias"}
+                MLP_BETA_POST: "bias", FINAL_GAMMA: "weight", FINAL_BETA: "bias", QN_GAMMA: "weight", QN_BETA: "bias",
+                KN_GAMMA: "weight", KN_BETA: "bias"}
 NORM_STATS = (MU, MU_POST, VAR, VAR_POST, MS, MS_POST, EMU, EVAR, EMS, MLP_MU, MLP_VAR, MLP_MS, MLP_MU_POST,
-              MLP_VAR_POST, MLP_MS_POST, FINAL_MU, FINAL_VAR, FINAL_MS)
-MS_KEYS = (MS, MS_POST, EMS, MLP_MS, MLP_MS_POST, FINAL_MS)  # RMSNorm's mean square (LayerNorm: μ and σ²)
+              MLP_VAR_POST, MLP_MS_POST, FINAL_MU, FINAL_VAR, FINAL_MS, QN_MU, QN_VAR, QN_MS, KN_MU, KN_VAR, KN_MS)
+MS_KEYS = (MS, MS_POST, EMS, MLP_MS, MLP_MS_POST, FINAL_MS, QN_MS, KN_MS)  # RMSNorm's mean square (LayerNorm: μ and σ²)
 EMB_KEYS = (EGAMMA, EBETA, EMU, EVAR, EMS)  # the embeddings' norm's (the others are the layer norm's)
 
 
@@ -39,7 +42,11 @@ def _final_norm(c):
 NORM_BY_KEY = {**{k: (lambda c: c.emb_norm) for k in EMB_KEYS},
                **{k: _mlp_norm for k in (MLP_GAMMA, MLP_BETA, MLP_MU, MLP_VAR, MLP_MS, MLP_GAMMA_POST, MLP_BETA_POST,
                                           MLP_MU_POST, MLP_VAR_POST, MLP_MS_POST)},
-               **{k: _final_norm for k in (FINAL_GAMMA, FINAL_BETA, FINAL_MU, FINAL_VAR, FINAL_MS)}}
+               **{k: _final_norm for k in (FINAL_GAMMA, FINAL_BETA, FINAL_MU, FINAL_VAR, FINAL_MS)},
+               **{k: (lambda c: c.p.qk_norm.q if getattr(c.p, "qk_norm", None) else None)
+                  for k in (QN_GAMMA, QN_BETA, QN_MU, QN_VAR, QN_MS)},
+               **{k: (lambda c: c.p.qk_norm.k if getattr(c.p, "qk_norm", None) else None)
+                  for k in (KN_GAMMA, KN_BETA, KN_MU, KN_VAR, KN_MS)}}
 # the pseudo-keys of the MLP's and the head's inputs: the stage each stands for here (None: none)
 BLOCK_KEYS = {
     "stream": lambda c: c.stream,
@@ -103,8 +110,16 @@ def resolve(key: str, c: Context, head: "int | None | object" = ...) -> list[str
     """The stage ids an input key stands for in context ``c`` (another head's with ``head``)."""
     if key == "kv":
         key = c.kv
+    normed = getattr(c.p, "qk_norm", None) is not None
+    if key in ("q_pre", "k_pre"):  # what RoPE turns: the queries and keys, normalised first under QK-norm
+        key = {"q_pre": Q_NORM, "k_pre": K_NORM}[key] if normed else {"q_pre": Q, "k_pre": K}[key]
     if key in ("q_in", "k_in"):  # what the scores read: the rotated queries and keys under RoPE
-        key = {"q_in": Q_ROT, "k_in": K_ROT}[key] if c.rope is not None else {"q_in": Q, "k_in": K}[key]
+        key = ({"q_in": Q_ROT, "k_in": K_ROT}[key] if c.rope is not None else
+               {"q_in": Q_NORM, "k_in": K_NORM}[key] if normed else {"q_in": Q, "k_in": K}[key])
+    if key == "mask_in":  # what the mask is added to: the soft-capped scores with softcap
+        key = S_CAPPED if getattr(c.p, "softcap", None) is not None else S_SCALED
+    if key == "a_in":  # what the softmax reads: the masked scores over the temperature with one
+        key = S_TEMP if getattr(c.p, "temperature", None) is not None else S_MASKED
     if key == "xq":
         key = c.xq
     if key == "block":

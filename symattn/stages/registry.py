@@ -36,6 +36,7 @@ from .block_backward import from_cross_entropy, rows as block_backward_rows
 from .norm_backward import WHY as NORM_BACK_WHY, input_gradient_rows, post_norm_backward_rows
 from .mlp import head_rows, head_rows_before, mlp_rows
 from .norms import norm_rows, residual_rows
+from .scores import cap, comparison_rows, qk_bound, masked_mistakes, score_rows, tempered, weight_mistakes
 from .mistakes import (
     BLOCK_MAX, BY_D_K, EVICTED, FUTURE_KEY, MASK_MISSING, NO_RESCALE, NO_SCALING, ROPE_O_MISTAKES,
     ROPE_SCORE_MISTAKES, SCALE_MISSING_DQDK, by_d_k, future_weights, kept_every_key, output_without_rescale, pe_slip,
@@ -115,6 +116,10 @@ KINDS: tuple[Kind, ...] = (
     projection_row(K, 6, "Key projection"),  # K = X·W_K + b_K (C·W_K + b_K with a context), or given  (n_k × d_k)
     projection_row(V, 8, "Value projection"),  # V = X·W_V + b_V (C·W_V + b_V with a context), or given  (n_k × d_v)
     # 3 to 8: one head, scores to output
+    # QK-norm (qk_norm:): each head's query rows, then key rows, normalised over d_k (RMSNorm): the mean
+    # squares, Q̂ (K̂), γ_q (γ_k) and Q_norm = Q̂ ∘ γ_q (K_norm), which RoPE reads  (n × 1, n × d_k, 1 × d_k)
+    *norm_rows("q"),
+    *norm_rows("k"),
     *rope_rows(),  # Q_rot, K_rot = each pair of q_p, k_p turned by p·θ_i  (n_q × d_k, n_k × d_k)
     # K_T = Kᵀ (K_rotᵀ with RoPE)  (d_k × n_k)
     Kind(K_T, K_T, 9, "transpose", "Transpose the keys", k_t_why, k_t_formula, ("k", KEYS),
@@ -135,11 +140,14 @@ KINDS: tuple[Kind, ...] = (
              *ROPE_SCORE_MISTAKES,
          )),
     # S_scaled = S / √d_k, or S times the problem's scale  (n_q × n_k)
-    Kind(S_SCALED, S_SCALED, 11, "scale", "Scale the scores", scale_why, scale_formula, (QUERIES, KEYS),
+    Kind(S_SCALED, S_SCALED, 11, "scale", "Scale the scores", lambda c: scale_why(c) + qk_bound(c), scale_formula,
+         (QUERIES, KEYS),
          lambda sh, r, c: plain(r, "n_q × n_k"),
          inputs=(S,), relation=lambda ops, v, c: ops.scale(v(S), c.factor), per_head=True, when=softmax_attention,
          tex="\\frac{S}{\\sqrt{d_k}}",
          mistakes=(Mistake(NO_SCALING, lambda ops, ex, c: ex(S)), Mistake(BY_D_K, by_d_k))),
+    # with softcap: S_capped = c·tanh(S_scaled / c), before the mask  (n_q × n_k)
+    *score_rows()[:1],
     # M = the mask (0 or −∞), plus the bias  (n_q × n_k)
     Kind(M, M, 12, "mask", "The mask", mask_why,
          lambda c: ("M = M_{\\text{mask}} + B", "M = mask + bias") if c.p.bias is not None else ("M", "M"),
@@ -149,19 +157,28 @@ KINDS: tuple[Kind, ...] = (
     # Ŝ = S_scaled + M  (n_q × n_k)
     Kind(S_MASKED, S_MASKED, 13, "mask", "Add the mask", WHY[S_MASKED], masked_formula, (QUERIES, KEYS),
          lambda sh, r, c: plain(r, "n_q × n_k"),
-         inputs=(S_SCALED, M), relation=lambda ops, v, c: ops.add_mask(v(S_SCALED), v(M)), per_head=True, when=softmax_attention,
+         inputs=("mask_in", M), relation=lambda ops, v, c: ops.add_mask(v("mask_in"), v(M)), per_head=True,
+         when=softmax_attention,
          tex="\\hat{S}",
-         mistakes=(Mistake(MASK_MISSING, lambda ops, ex, c: ex(S_SCALED)),
-                   Mistake(NO_SCALING, lambda ops, ex, c: ops.add_mask(ex(S), ex(M))),
-                   Mistake(BY_D_K, lambda ops, ex, c: ops.add_mask(by_d_k(ops, ex, c), ex(M))))),
+         mistakes=(Mistake(MASK_MISSING, lambda ops, ex, c: ex("mask_in")),
+                   Mistake(NO_SCALING, lambda ops, ex, c: ops.add_mask(cap(ops, ex(S), c), ex(M))),
+                   Mistake(BY_D_K, lambda ops, ex, c: ops.add_mask(cap(ops, by_d_k(ops, ex, c), c), ex(M))),
+                   *masked_mistakes())),
+    # with temperature: S_temp = Ŝ / T  (n_q × n_k)
+    *score_rows()[1:],
     # A = softmax(Ŝ), row by row  (n_q × n_k)
     Kind(A, A, 14, "softmax", lambda c: "Softmax on each row" if c.sink is None else "Softmax on each row, with the sink",
-         lambda c: WHY[A] if c.sink is None else sink_why(c, A), softmax_formula,
+         lambda c: WHY[A] if c.sink is None else sink_why(c, A),
+         lambda c: ("A = \\operatorname{softmax}(\\hat{S}_T)",
+                    "A[i,j] = exp(Ŝ_T[i,j] − m_i) / Z_i,  m_i = max_k Ŝ_T[i,k],  Z_i = Σ_k exp(Ŝ_T[i,k] − m_i)")
+         if tempered(c) else softmax_formula(c),
          (QUERIES, KEYS), lambda sh, r, c: f"{r[0]}×{r[1]} (n_q × n_k), each row sums to "
          + ("1" if c.sink is None else "less than 1 (the sink takes the rest)"),
-         inputs=(S_MASKED,), relation=lambda ops, v, c: ops.softmax(v(S_MASKED), sink=c.sink), per_head=True, when=softmax_attention,
-         shows=frozenset({"softmax"}), mistakes=score_variants(A),
+         inputs=("a_in",), relation=lambda ops, v, c: ops.softmax(v("a_in"), sink=c.sink), per_head=True,
+         when=softmax_attention, shows=frozenset({"softmax"}), mistakes=score_variants(A) + weight_mistakes(),
          note=lambda value: WHY["A_max"] if all(r.is_max for r in value.rows) else WHY["A_symbolic"]),
+    # with softcap or temperature: the last query's weights without and with it  (2 × n_k)
+    *comparison_rows(),
     # a_sink = e^(s − m_i) / Z_i = 1 − Σ_j a_ij, what each row's learned sink absorbed  (n_q × 1)
     Kind(A_SINK, A_SINK, 14.5, "softmax", "What the sink absorbed", lambda c: sink_why(c, A_SINK),
          ("a^{\\text{sink}}_i = e^{s - m_i} / Z_i = 1 - \\sum_j a_{ij}", "a_sink[i] = exp(s − m_i) / Z_i = 1 − Σ_j A[i,j]"),

@@ -108,7 +108,8 @@ def rope_rows() -> tuple[Kind, ...]:
             key, key, order, "rotate", title, rope_why(noun, "vector") if base == Q else K_ROT_WHY, rope_formula(base),
             (QUERIES if base == Q else KEYS, axis),
             lambda sh, r, c, base=base: plain(r, f"like {base}: {'n_q' if base == Q else 'n_k'} × d_k"),
-            inputs=(base,), relation=lambda ops, v, c, base=base: ops.rotate(v(base), *c.rotation()),
+            inputs=(base.lower() + "_pre",),
+            relation=lambda ops, v, c, base=base: ops.rotate(v(base.lower() + "_pre"), *c.rotation()),
             when=lambda c: c.rope is not None, per_head=True, tex=f"{base}^{{\\mathrm{{rot}}}}",
             shows=frozenset({"rotation"}), mistakes=rope_mistakes(key),
         )

@@ -6,7 +6,7 @@ from .ids import (
     A, ACC_TILED, A_SINK, A_T, B_K, B_O, B_Q, B_V, CONCAT, DA, DB_K, DB_O, DB_Q, DB_V, DK, DK_BACK, DK_ROT, DO, DQ,
     DQ_BACK, DQ_ROT, DS, DS_MASKED, DV,
     DW_K, DW_Q, DW_V, K, K_CACHE, K_ROT, K_T, L_TILED, M, M_TILED, O, O_FINAL, O_T, O_TILED, O_T_DIFF, PE, Q,
-    Q_ROT, S, S_MASKED, S_SCALED, S_T, SHARED_KV, TT, V, V_CACHE, W_K, W_O, W_Q, W_V, X, X_POS,
+    Q_ROT, S, S_CAPPED, S_MASKED, S_TEMP, S_SCALED, S_T, SHARED_KV, TT, V, V_CACHE, W_K, W_O, W_Q, W_V, X, X_POS,
 )
 from .ids import (
     BETA, BETA_POST, GAMMA, GAMMA_POST, H, H_POST, MS, MS_POST, MU, MU_POST, R, R_HAT, VAR, VAR_POST, X_HAT, X_NORM,
@@ -22,6 +22,7 @@ from .ids import (
 from .ids import (
     A_LIN, O_LIN, O_REC, O_REC_DIFF, PHI_K, PHI_Q, REC_DEN, REC_NUM, S_LIN, S_STATE, Z_LIN, Z_STATE,
 )
+from .ids import KN_BETA, KN_GAMMA, KN_MS, KN_MU, KN_VAR, K_HAT, K_NORM, QN_BETA, QN_GAMMA, QN_MS, QN_MU, QN_VAR, Q_HAT, Q_NORM
 from .kinds import Context, Kind
 from .plan import resolve
 
@@ -50,6 +51,8 @@ TRACES: dict[str, tuple[tuple[str, str], ...]] = {
     **_norm(R, MU_POST, VAR_POST, MS_POST, R_HAT, GAMMA_POST, BETA_POST, H_POST),
     **_norm("stream", MLP_MU, MLP_VAR, MLP_MS, H_HAT, MLP_GAMMA, MLP_BETA, H_NORM),
     **_norm(Y_SUM, MLP_MU_POST, MLP_VAR_POST, MLP_MS_POST, Y_HAT, MLP_GAMMA_POST, MLP_BETA_POST, Y_POST),
+    **_norm(Q, QN_MU, QN_VAR, QN_MS, Q_HAT, QN_GAMMA, QN_BETA, Q_NORM),
+    **_norm(K, KN_MU, KN_VAR, KN_MS, K_HAT, KN_GAMMA, KN_BETA, K_NORM),
     **_norm("final_in", FINAL_MU, FINAL_VAR, FINAL_MS, Y_FINAL_HAT, FINAL_GAMMA, FINAL_BETA, Y_FINAL),
     # the residual sums, entry by entry
     H: (("block", "entry"), ("output", "entry")),
@@ -71,13 +74,15 @@ TRACES: dict[str, tuple[tuple[str, str], ...]] = {
     Q: (("xq", "row"), (W_Q, "col"), (B_Q, "col")),
     K: (("kv", "row"), (W_K, "col"), (B_K, "col")),
     V: (("kv", "row"), (W_V, "col"), (B_V, "col")),
-    Q_ROT: ((Q, "row"),),
-    K_ROT: ((K, "row"),),
+    Q_ROT: (("q_pre", "row"),),
+    K_ROT: (("k_pre", "row"),),
     K_T: (("k_in", "T"),),
     S: (("q_in", "row"), (K_T, "col")),
     S_SCALED: ((S, "entry"),),
-    S_MASKED: ((S_SCALED, "entry"), (M, "entry")),
-    A: ((S_MASKED, "row"),),
+    S_CAPPED: ((S_SCALED, "entry"),),
+    S_MASKED: (("mask_in", "entry"), (M, "entry")),
+    S_TEMP: ((S_MASKED, "entry"),),
+    A: (("a_in", "row"),),
     O: ((A, "row"), (V, "col")),
     M_TILED: ((S_MASKED, "row"),),
     L_TILED: ((S_MASKED, "row"), (M_TILED, "row")),

@@ -357,6 +357,8 @@ K_ROT_WHY = (
 
 
 def k_t_why(c: Context) -> str:
+    if c.rope is None and getattr(c.p, "qk_norm", None) is not None:
+        return WHY[K_T].replace("⟦K⟧", "the normalised keys ⟦K_{norm}⟧")
     if c.rope is None:
         return WHY[K_T]
     return WHY[K_T].replace("⟦K⟧", "the rotated keys ⟦K^{\\mathrm{rot}}⟧")

@@ -23,11 +23,11 @@ MAX_CONFIG = 1_000_000  # bytes of config.json
 # is refused rather than read as if it were one of these.
 MODEL_TYPES = {
     "gpt2": ("gpt2",),
-    "llama": ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "starcoder2", "gemma"),
+    "llama": ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "starcoder2", "gemma"),
     "bert": ("bert", "roberta", "xlm-roberta"),
 }
 _EVERY_LAYER_WINDOW = ("mistral", "mixtral", "starcoder2")  # sliding_window applies to every layer
-_LAYER_TYPES_WINDOW = ("qwen2", "qwen2_moe")  # only with use_sliding_window, to the layers layer_types names
+_LAYER_TYPES_WINDOW = ("qwen2", "qwen2_moe", "qwen3")  # only with use_sliding_window, to the layers layer_types names
 _ROPE_DICTS = ("rope_parameters", "rope_scaling")  # transformers 5's name and the older one
 _ROPE_KEYS = ("rope_type", "type", "rope_theta", "partial_rotary_factor")
 _CONSTANTS = ("NaN", "Infinity", "-Infinity")  # what Python's json reads beside JSON's numbers

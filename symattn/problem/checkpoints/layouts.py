@@ -36,6 +36,7 @@ from ..model import Norm
 from ..rope import DEFAULT_BASE, Rope
 from ...text import excerpt, quote_path
 from .config import Config, bert_config, count_of, gpt2_scale, llama_config, read_config, shown_value
+from .qk_norm import read_qk_norm
 
 LAYOUTS = ("gpt2", "llama", "bert")
 KEYS = ("file", "layout", "layer", "heads", "n_head", "n_kv_head", "rope_theta", "norm", "residual", "embeddings",
@@ -67,6 +68,7 @@ class Loaded:
     embedded: tuple | None = None  # embeddings: true: (positions, token types, their ids, the embeddings' norm)
     mlp: object = None  # block: true: the layer's MLP and its norm (a problem.model.Mlp)
     head: tuple | None = None  # logits: {from: true}: (the final norm, W_U, logit lens?, tied?)
+    qk_norm: object = None  # llama: the layer's q_norm and k_norm (a problem.model.QkNorm), when it has them
 
 
 @dataclass(frozen=True)
@@ -250,8 +252,9 @@ def _layer(reader, key, node, fields, X, given, word, layout, layout_node, path,
     _charge(reader, given["heads"][1], layout, names, ckpt, picked, group, n_kv, d_model, d_head, layer, X)
     window = scale = None  # what the config changes in the layer's attention, read before any slice
     mask = layout.mask
+    qk_norm = None
     if word == "llama":
-        _qk_norm(at, node, names, ckpt)
+        qk_norm = read_qk_norm(at, key, node, names, ckpt, config, d_head)  # Qwen 3's q_norm and k_norm, when present
         window = llama_config(config, layer, X.rows, n_head, d_head, names, ckpt, "mask" in fields)
     elif word == "gpt2":
         scale = gpt2_scale(config, layer, d_head, "scale" in fields)
@@ -280,7 +283,7 @@ def _layer(reader, key, node, fields, X, given, word, layout, layout_node, path,
     if block or "logits" in fields:
         _read_rest(reader, given, fields, word, _prefix(layout, names, layer), ckpt, config, layer, found, d_model,
                    loaded)
-    loaded.rope = rope
+    loaded.rope, loaded.qk_norm = rope, qk_norm
     return loaded
 
 
@@ -577,15 +580,6 @@ def _count(reader, given: dict, config: Config, name: str, config_keys: tuple[st
         raise reader.at(given["file"][1]).error(f"the config.json beside the checkpoint has {k} {shown_value(v)}, not a "
                                                 "whole number from 1 to 999,999,999", "from." + name)
     return count
-
-
-def _qk_norm(at, node, names: dict, ckpt: _File) -> None:
-    """A llama-named layer that normalises its queries or keys (Qwen 3, OLMo 2) is refused."""
-    for p, what in (("q", "queries"), ("k", "keys")):
-        name = names[p][:-len("_proj")] + "_norm.weight"
-        if name in ckpt.shapes:
-            raise at(node).error(f"{quote_path(ckpt.rel)} has {name}: the layer normalises each head's {what} (QK-norm), "
-                                 "which symattn does not apply", "from.layout")
 
 
 def _whole(reader, node: yaml.Node, field: str, what: str, least: int) -> int:

@@ -32,6 +32,8 @@ from .passes import PassFields
 from .positions import PositionFields
 from .scalars import ScalarFields
 from .sinks import read_sinks
+from .qk_norm import read_qk_norm
+from .scores import read_scores
 
 
 class Reader(ScalarFields, MatrixFields, LayerFields, MaskFields, PositionFields, PassFields, NormFields, BlockFields):
@@ -71,6 +73,7 @@ class Reader(ScalarFields, MatrixFields, LayerFields, MaskFields, PositionFields
         mask, bias = read_mask_and_bias(self, root, fields, layer, tokens)
         passes = read_passes(self, fields, layer, mask, bias)
         loaded = layer.loaded
+        _refuse_together(self, fields)
         if "linear" in fields:
             from .linear import read_linear
 
@@ -89,6 +92,8 @@ class Reader(ScalarFields, MatrixFields, LayerFields, MaskFields, PositionFields
             symbols=tuple(self.symbols.values()),
             values=tuple(values.items()),
             kv_heads=layer.kv_heads,
+            **read_scores(self, fields, passes),
+            qk_norm=read_qk_norm(self, fields, layer, passes, bool(self.symbols)),
             **passes,
             **layer.matrices,
         )
@@ -296,3 +301,16 @@ def check_norm_rows(reader: Reader, fields: Fields, norm, X: Matrix, positions, 
             raise reader.at(key_of(fields, field)).error(
                 f"row {i + 1} of {'X + PE + TT' if token_types is not None else 'X + PE' if positions is not None else 'X'}: "
                 f"{what}, and eps is 0, so the norm would divide by 0: give eps > 0", field + ".eps")
+
+
+# fields whose arithmetic symattn has not put together yet: the second is refused beside the first
+_NOT_TOGETHER = (("sink", "softcap"), ("sink", "temperature"), ("linear", "softcap"), ("linear", "temperature"),
+                 ("linear", "qk_norm"), ("linear", "sink"))
+
+
+def _refuse_together(reader: Reader, fields: Fields) -> None:
+    """One line naming the second of two fields symattn does not derive together."""
+    for first, second in _NOT_TOGETHER:
+        if first in fields and second in fields:
+            raise reader.at(key_of(fields, second)).error(
+                f"{second} beside {first} is not derived yet: give one of them", second)
