@@ -223,8 +223,7 @@ class ExactOps(Ops):
                                     expanded=isinstance(z, _norms.NormedMasked), sink=sink))
 
     def sink_weight(self, a: Softmax):
-        rows = a.rows
-        return LazyMatrix(len(rows), 1, lambda i, j: rows[i].sink_weight())
+        return LazyMatrix(len(a.rows), 1, lambda i, j: a.rows[i].sink_weight())
 
     def softmax_backward(self, a: Softmax, dA) -> OverZ2:
         """dŜ_ij = e_ij (dA_ij Z_i − D_i) / Z_i² with D_i = Σ_k e_ik dA_ik (``e`` the row's terms):

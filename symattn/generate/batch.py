@@ -60,9 +60,8 @@ def generate(count: int = 1, *, seed: int = 0, level: str = "easy", tokens: int 
              scale: bool = True, range: tuple[int, int] | None = None, words: str | Sequence[str] | None = None,
              base: Problem | str | os.PathLike | None = None, vary: str = "weights", numbered: bool | None = None,
              command: str | None = None, norm: str | None = None, residual: bool = False, block: bool = False,
-             d_ff: int = 3, activation: str = "relu", vocab: str | Sequence[str] | None = None,
-             rows: str = "last", sink: int | None = None, linear: str | None = None, softcap=None,
-             temperature=None) -> list[GeneratedProblem]:
+             d_ff: int = 3, activation: str = "relu", vocab: str | Sequence[str] | None = None, rows: str = "last",
+             sink: int | None = None, linear: str | None = None, softcap=None, temperature=None) -> list[GeneratedProblem]:
     """``count`` different exercises with small, hand-friendly numbers, the same for the same
     options and seed (the options of ``symattn generate``; ``scale=False`` is ``--no-scale``).
     Variant k is what seed ``seed + k − 1`` gives alone; one equal to an earlier variant takes
@@ -86,8 +85,7 @@ def generate(count: int = 1, *, seed: int = 0, level: str = "easy", tokens: int 
     hard      scaled scores exact (a d_k that is not a perfect square gives √ terms)
     ========  ==========================================================================
 
-    The default ranges are 0..1 (easy), -1..1 (medium) and -2..2 (hard); the
-    bounds PROJ and SCORE are 4 and 8 (easy), 6 and 16 (medium), 12 and 48 (hard).
+    The default ranges are 0..1 (easy), -1..1 (medium), -2..2 (hard); PROJ and SCORE 4 and 8, 6 and 16, 12 and 48.
 
     ``norm`` ("layernorm" or "rmsnorm", ``--norm``) puts a norm with ε = 0 in front: each row
     of X is a·z + b with z a row of ±1, so the normalised rows are ±1 exactly, and the

@@ -88,6 +88,11 @@ def grouped_sink_keys(torch, K, V, mask, sinks):
     return K2, V2, torch.stack([with_sink_key(torch, K[0], V[0], mask, float(s))[2] for s in sinks])
 
 
+def _sdpa_scale(p: Problem, d_k: int) -> float:
+    """The factor SDPA's ``scale=`` takes: 1/√d_k, 1 (``scale: none``) or the problem's own number."""
+    return {"auto": d_k**-0.5, "none": 1.0}.get(p.scale) if isinstance(p.scale, str) else float(p.scale)
+
+
 def torch_stages(p: Problem) -> dict[str, np.ndarray]:
     """Each head's ``A`` and ``O`` (and with heads, the projected ``O``) from PyTorch in float64."""
     torch = import_torch()
@@ -110,9 +115,7 @@ def torch_stages(p: Problem) -> dict[str, np.ndarray]:
         Q, K = qk_normed(F, p, Q, K, t)
         if p.rope is not None:
             Q, K = torch_rope(torch, Q, p.rope), torch_rope(torch, K, p.rope)
-        d_k = Q.shape[1]
-        scale = {"auto": d_k**-0.5, "none": 1.0}.get(p.scale) if isinstance(p.scale, str) else float(p.scale)
-        n_k = K.shape[0]
+        scale, n_k = _sdpa_scale(p, Q.shape[-1]), K.shape[0]
         K, V, mask = with_sink_key(torch, K, V, attn_mask, sink) if sink is not None else (K, V, attn_mask)
         eye = torch.eye(K.shape[0], dtype=torch.float64)
         A = attend(torch, F, p, Q[None], K[None], eye[None], mask, scale)[0][:, :n_k]
@@ -133,9 +136,7 @@ def torch_stages(p: Problem) -> dict[str, np.ndarray]:
         firsts = p.heads[::per_group]
         K = torch.stack([rot(linear(C, w.W_K, w.b_K), 1) for w in firsts])      # (g, n_k, d_k)
         V = torch.stack([linear(C, w.W_V, w.b_V) for w in firsts])              # (g, n_k, d_v)
-        d_k = Q.shape[-1]
-        scale = {"auto": d_k**-0.5, "none": 1.0}.get(p.scale) if isinstance(p.scale, str) else float(p.scale)
-        n_k = K.shape[1]
+        scale, n_k = _sdpa_scale(p, Q.shape[-1]), K.shape[1]
         K, V, mask = grouped_sink_keys(torch, K, V, attn_mask, p.sinks)
         eye = torch.eye(K.shape[1], dtype=torch.float64).expand(p.kv_heads, -1, -1)
         A, O = (attend(torch, F, p, Q, K, values, mask, scale, gqa=True) for values in (eye, V))
