@@ -19,16 +19,17 @@ import mpmath
 
 
 def backward_supported(path) -> bool:
-    """Whether a worked example can take a backward pass: not with grouped K/V heads, which have
-    none yet, nor through the embeddings' norm (embeddings_norm:, from: {embeddings: true} of a
+    """Whether a worked example takes the generic backward-pass tests here: not with grouped K/V heads,
+    whose groups' gradients have their own tests (test_exact_gqa_backward.py), nor through the embeddings' norm (embeddings_norm:, from: {embeddings: true} of a
     BERT layer); nor a block with an MLP or the model's head (mlp:, logits:, from: {block: true}),
     whose backward pass starts from its cross-entropy, not from a loss on O or H, and has its own
     tests (test_block_backward.py, test_block_backward_hf.py); nor learned sinks (sink:), whose
-    backward pass is not supported yet; nor linear attention (linear:), which has none."""
+    backward pass is not supported yet; nor linear attention (linear:), which has none; nor soft-capping,
+    a temperature or QK-norm (softcap:, temperature:, qk_norm:), whose backward pass is refused too."""
     text = path.read_text("utf-8")
     return "kv_heads" not in text and not re.search(r"(?m)^sink:", text) and "embeddings_norm:" not in text and \
         not ("embeddings: true" in text and "layout: bert" in text) and \
-        not re.search(r"(?m)^(mlp|logits|linear):|block: true|n_kv_head", text)
+        not re.search(r"(?m)^(mlp|logits|linear|softcap|temperature|qk_norm):|block: true|n_kv_head", text)
 
 
 def is_linear(path) -> bool:

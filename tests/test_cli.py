@@ -159,6 +159,18 @@ def _forward_ids(raw: dict) -> list[str]:
     if "rope" in raw:  # RoPE rotates Q and K before the keys are transposed
         given, head_ids = (ids[:ids.index("V") + 1] + ["Q_rot", "K_rot"] + ids[ids.index("V") + 1:]
                            for ids in (GIVEN_IDS, HEAD_IDS))
+    if "qk_norm" in raw:  # QK-norm after the projections (RMSNorm: the mean square, x̂, γ, the output), before RoPE
+        norm = ["ms", "hat", "gamma", "norm"]
+        q = [{"ms": "q_norm_ms", "hat": "Q_hat", "gamma": "q_norm_gamma", "norm": "Q_norm"}[k] for k in norm]
+        k = [{"ms": "k_norm_ms", "hat": "K_hat", "gamma": "k_norm_gamma", "norm": "K_norm"}[k] for k in norm]
+        given, head_ids = (ids[:ids.index("V") + 1] + q + k + ids[ids.index("V") + 1:] for ids in (given, head_ids))
+    if "softcap" in raw:  # the cap between the scaling and the mask; one row without and with it after A
+        given, head_ids = (ids[:ids.index("M")] + ["S_capped"] + ids[ids.index("M"):] for ids in (given, head_ids))
+    if "temperature" in raw:  # the temperature after the mask
+        given, head_ids = (ids[:ids.index("A")] + ["S_temp"] + ids[ids.index("A"):] for ids in (given, head_ids))
+    rows = ["cap_row"] * ("softcap" in raw) + ["temp_row"] * ("temperature" in raw)
+    if rows:
+        given, head_ids = (ids[:ids.index("A") + 1] + rows + ids[ids.index("A") + 1:] for ids in (given, head_ids))
     if "sink" in raw:  # a learned sink: what it absorbed, after the weights
         given, head_ids = (ids[:ids.index("A") + 1] + ["A_sink"] + ids[ids.index("A") + 1:]
                            for ids in (given, head_ids))

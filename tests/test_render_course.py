@@ -169,7 +169,7 @@ def expected_headings(problem: dict) -> list[str]:
     back = ["Back to the input"] if norm is None or post or "context" in problem else []
     back += [f"Back through the norm ({kind})"] if norm is not None and not post else []
     if "heads" in problem:  # through the output projection, then each head in turn, then back to the input
-        assert "Q" not in problem and "kv_heads" not in problem
+        assert "Q" not in problem
         n = int(re.match(r"Step (\d+): (Output projection|The residual)", forward[-1]).group(1)) + 1
         out = [f"Step {k}: {t}" for k, t in enumerate(upstream + ["Back through the output projection"], n)]
         n += len(out)
@@ -277,8 +277,15 @@ def _forward_headings(problem: dict) -> list[str]:
     front, back = _norm_headings(problem)
     back = back + _block_headings(problem)
     stage_titles = STAGE_TITLES
+    if "softcap" in problem:  # the cap after the scaling, before the mask
+        stage_titles = (*stage_titles[:5], "Soft-cap the scores", *stage_titles[5:])
+    if "temperature" in problem:  # the temperature after the mask, before the softmax
+        k = stage_titles.index("Apply the mask") + 1
+        stage_titles = (*stage_titles[:k], "Divide by the temperature", *stage_titles[k:])
+    if "qk_norm" in problem:  # QK-norm after the projections, before RoPE and the keys' transpose
+        stage_titles = (*stage_titles[:2], "Normalise the queries and keys (QK-norm)", *stage_titles[2:])
     if "rope" in problem:  # RoPE rotates the queries and keys before the keys are transposed
-        stage_titles = (*STAGE_TITLES[:2], ROPE_TITLE, *STAGE_TITLES[2:])
+        stage_titles = (*stage_titles[:2 + ("qk_norm" in problem)], ROPE_TITLE, *stage_titles[2 + ("qk_norm" in problem):])
     stage_titles = stage_titles + ((TILED_TITLE,) if "tiling" in problem else ())
     if "linear" in problem:  # linear attention: the features and the parallel form instead of the softmax's steps
         stage_titles = (*stage_titles[:2], *LINEAR_TITLES[:2], STAGE_TITLES[-1], LINEAR_TITLES[2])
