@@ -58,13 +58,7 @@ def _balls(gen: random.Random, n: int, k: int):
     return flint.arb_mat(rows)
 
 
-def _floats(rng, shape):
-    """float32 numbers as float64 over a wide range of sizes, with zeros and negatives."""
-    values = (rng.standard_normal(shape) * 0.02).astype(np.float32).astype(np.float64)
-    values.flat[0] = np.float32(3e-30)
-    values.flat[-1] = -np.float32(12345.5)
-    values.flat[len(values.flat) // 2] = 0.0
-    return values
+from test_block_fast_paths import _floats  # noqa: E402  (float32 numbers over a wide range of sizes, zeros, negatives)
 
 
 @pytest.mark.parametrize("n, k, m", [(1, 1, 1), (2, 9, 5), (3, 200, 7), (1, 3000, 4)])

@@ -49,15 +49,7 @@ def _numpy_attention(Q, K, V, allowed, scale=1.0):
 ATOL = 1e-13
 
 
-def _floats(d, id: str) -> np.ndarray:
-    """Stage ``id``'s exact values evaluated at 30 digits, as float64."""
-    return np.array(d.evaluate(id, 30), dtype=np.float64)
-
-
-def _write(tmp_path: Path, data: dict, name: str = "p.yaml") -> Path:
-    path = tmp_path / name
-    path.write_text(yaml.safe_dump(data), "utf-8")
-    return path
+from test_exact_sinks import _floats, _write  # noqa: E402  (the sinks' tests' helpers: 30-digit values, a problem file)
 
 
 def test_the_mask_is_the_sink_tokens_and_the_window():
