@@ -102,19 +102,26 @@ class NormFields:
                     f"{did_you_mean(str(place), PLACES, ignore_case=True) if place else ''}", field + ".place")
         return Norm(kind, eps, weight, bias, offset, place)
 
-    def norm_row(self, node: yaml.Node, field: str, d: int, letter: str) -> Matrix:
-        """γ or β: one entry per feature (column of X), as a flat list, a 1-row matrix or a file's."""
+    def one_row(self, node: yaml.Node, field: str, letter: str, needs: str, width: str) -> Matrix:
+        """A norm's weight row ``letter`` (γ, β, γ_q, ...) as a flat list, a 1-row matrix or a file's, of
+        plain numbers: ``needs`` and ``width`` say how many entries it takes, in the errors."""
         if is_flat_row(node):
             m = self.flat_row(node, field, use_symbols=False)
         elif isinstance(node, yaml.SequenceNode) and not node.value:
-            raise self.at(node).error(f"{letter} is empty; it needs one entry per feature (column of X)", field)
+            raise self.at(node).error(f"{letter} is empty; it needs {needs}", field)
         else:
             m = self.matrix(node, field, vector=True)
             if m.rows != 1:
-                raise self.at(node).error(f"is {shape_text(m)}; {letter} is one row, such as [1, 2] or [[1, 2]], one "
-                                          "entry per feature (column of X)", field)
+                raise self.at(node).error(f"is {shape_text(m)}; {letter} is one row, such as [1, 2] or [[1, 2]], "
+                                          f"{width}", field)
         if not is_rational(m) and m.free_symbols:
             raise self.at(node).error(f"{letter} must be plain numbers, not symbols", field)
+        return m
+
+    def norm_row(self, node: yaml.Node, field: str, d: int, letter: str) -> Matrix:
+        """γ or β: one entry per feature (column of X), as a flat list, a 1-row matrix or a file's."""
+        per_feature = "one entry per feature (column of X)"
+        m = self.one_row(node, field, letter, per_feature, per_feature)
         if m.cols != d:
             raise self.at(node).error(
                 f"has {m.cols} {'entry' if m.cols == 1 else 'entries'}, but X has d_model = {d} "

@@ -12,12 +12,10 @@ from __future__ import annotations
 import yaml
 
 from .. import located_yaml as _yaml
-from ...numbers.matrices import is_rational
 from ...text import did_you_mean, excerpt
 from ..model import Matrix, Norm, QkNorm
-from ..places import plural, shape_text
+from ..places import plural
 from .fields import Fields, key_of, node_of
-from .layer import is_flat_row
 from .norm import mapping_keys
 
 KEYS = ("type", "weight_q", "weight_k", "eps", "offset")
@@ -87,17 +85,8 @@ def _d_head(reader, key: yaml.Node, layer) -> int:
 def _row(reader, node: yaml.Node, field: str, d_k: int, side: str) -> Matrix:
     """γ_q or γ_k: one entry per feature of a head's query (key) row."""
     letter = f"γ_{side}"
-    if is_flat_row(node):
-        m = reader.flat_row(node, field, use_symbols=False)
-    elif isinstance(node, yaml.SequenceNode) and not node.value:
-        raise reader.at(node).error(f"{letter} is empty; it needs one entry per feature of a head (d_k of them)", field)
-    else:
-        m = reader.matrix(node, field, vector=True)
-        if m.rows != 1:
-            raise reader.at(node).error(f"is {shape_text(m)}; {letter} is one row, such as [1, 2] or [[1, 2]], of "
-                                        "width d_head, shared by every head", field)
-    if not is_rational(m) and m.free_symbols:
-        raise reader.at(node).error(f"{letter} must be plain numbers, not symbols", field)
+    m = reader.one_row(node, field, letter, "one entry per feature of a head (d_k of them)",
+                       "of width d_head, shared by every head")
     if m.cols != d_k:
         noun = "query" if side == "q" else "key"
         raise reader.at(node).error(
