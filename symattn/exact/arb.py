@@ -18,6 +18,7 @@ from mpmath.libmp import from_man_exp as _from_man_exp
 from ..numbers.dyadic import exact_floats, integer_product
 from ..numbers.matrices import is_rational
 from ..numbers.sympy_internals import flint_matrix, qq_dense
+from .certified import arb_to_mpf, certified
 from .evaluation import evaluate, to_mpf
 from .lazy import qq_entries
 
@@ -39,12 +40,6 @@ def arb_precision(dps: int):
         yield
     finally:
         _flint.ctx.prec = old
-
-
-def arb_to_mpf(x) -> mpmath.mpf:
-    """The midpoint of an arb ball, exactly (it has at most the working precision's bits)."""
-    man, exp = x.mid().man_exp()
-    return _make_mpf(_from_man_exp(int(man), int(exp)))  # exact: no rounding to mpmath's precision
 
 
 def fmpq(x):
@@ -301,9 +296,14 @@ def arb_matrix(x, dps: int):
 
 
 def arb_scalar(x: sympy.Expr, dps: int):
-    """The number ``x`` as an arb ball (a rational exactly; else its ``dps``-digit value)."""
+    """The number ``x`` as an arb ball (a rational exactly; else its certified ball at ``dps`` digits, or
+    failing that its ``dps``-digit value)."""
     if isinstance(x, sympy.Rational):
         return _flint.arb(_flint.fmpq(int(x.p), int(x.q)))
+    with arb_precision(dps):
+        ball = certified(x, dps)
+    if ball is not None:
+        return ball
     with mpmath.workdps(dps + 10):
         return _flint.arb(to_mpf(x, dps))
 

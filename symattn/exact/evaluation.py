@@ -1,5 +1,6 @@
 """Exact values at high precision (mpmath) and as float64: a rational matrix read from its
-fractions directly, anything else through SymPy's evaluation at the digits asked for."""
+fractions directly, anything else in ball arithmetic (:mod:`symattn.exact.certified`), or through
+SymPy's evaluation at the digits asked for where balls cannot follow it."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from mpmath.libmp import from_rational as _from_rational
 from ..numbers.matrices import NEG_INF
 from ..numbers.parse import matrix_float64, qq_float
 from ..numbers.sympy_internals import to_mpmath
+from .certified import arb_to_mpf, certified
 from .lazy import qq_entries
 
 _make_mpf = mpmath.mp.make_mpf
@@ -25,7 +27,10 @@ def to_mpf(x: sympy.Expr, dps: int, subs=None) -> mpmath.mpf:
         return mpmath.mpf(int(x))
     if isinstance(x, sympy.Rational):
         return mpmath.mpf(int(x.p)) / int(x.q)
-    value = sympy.N(x, dps + 10)
+    ball = certified(x, dps + 10)  # ball arithmetic: every digit of dps + 10 guaranteed
+    if ball is not None:
+        return arb_to_mpf(ball)
+    value = sympy.N(x, dps + 10)  # a node balls do not follow, or a sum that cancels: SymPy's evaluation
     return mpmath.mpf(to_mpmath(value, mpmath.mp.prec + 40))
 
 

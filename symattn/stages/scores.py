@@ -79,7 +79,7 @@ _CAP_WHY = (
     "⟦\\tanh⟧ keeps a small score almost as it is (⟦c \\cdot \\tanh(s/c) \\approx s⟧ when ⟦|s|⟧ is small beside ⟦c⟧) and "
     "bounds every score to the open interval ⟦(-{c}, {c})⟧, so no key can take nearly all of a row's weight "
     "however large its score grows: each allowed weight is at least ⟦e^{{-2c}}/n_k⟧. Each entry is the exact "
-    "⟦\\tanh⟧ of an exact argument; its decimals are evaluated from that exact value."
+    "⟦\\tanh⟧ of an exact argument; its decimals are certified, computed in ball arithmetic from that exact value."
 )
 _TEMP_WHY = (
     "The masked scores are divided by the temperature ⟦T = {t}⟧ before the softmax. A temperature above ⟦1⟧ "
