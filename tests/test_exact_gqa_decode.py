@@ -122,7 +122,7 @@ def test_the_solution_says_which_heads_read_which_group_and_the_cache_size():
     d = symattn.derive(symattn.load_problem(GQA))
     text = symattn.render_text(d)
     assert "Heads 1 and 2 read K/V group 1" in text and "Heads 3 and 4 read K/V group 2" in text
-    assert "Head 2 reads K/V group 1 (head1.K and head1.V)" in text
+    assert "Head 2 reads K/V group 1 (K⁽¹⁾ and V⁽¹⁾)" in text
     assert "Head 4 · Step 2: Project to queries (K/V of group 2 above)" in text
     assert f"2 · {g} · {d_k} = {2 * g * d_k}" in text and f"2 · {h} · {d_k} = {2 * h * d_k}" in text
     latex, markdown = symattn.render_latex(d), symattn.render_markdown(d)

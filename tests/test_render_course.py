@@ -787,7 +787,7 @@ def test_from_S_to_A_shows_only_those_steps_with_their_inputs_given(symattn_cli)
     header, rows = parse_array(block(given, "K^{\\top} = "))
     assert header == text_labels(tokens)
     assert [cells for _, cells in rows] == tex_rows(numbers["K"].T)
-    assert "(Q)" in given and "(K\\_T)" in given
+    assert "($Q$)" in given and "($K^{\\top}$)" in given  # named by their symbols, not their ids
     assert "X = " not in given and "W_{Q} = " not in given
 
 
@@ -835,8 +835,8 @@ def test_two_heads_from_S_states_every_heads_inputs(symattn_cli):
     assert r.code == 0, r.stderr
     given = dict(md_sections(r.stdout))["Given"]
     for h in (1, 2):
-        assert f"(head{h}.Q)" in given, h
-        assert f"(head{h}.K\\_T)" in given, h
+        assert f"($Q^{{({h})}}$)" in given, h  # named by their symbols with the head's number, not by ids
+        assert f"($K^{{({h})\\top}}$)" in given, h
 
 
 # -- 7. --plot -----------------------------------------------------------------------------

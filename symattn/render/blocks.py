@@ -139,14 +139,14 @@ def _given_blocks(d: Derivation, givens: list, max_shown: int, exercise: bool, s
     out = [Block("section", "Given")]
     for group in _side_by_side(d, givens, max_shown):
         if len(group) > 1:  # small weight matrices share a line, so the page is not mostly white
-            notes = "; ".join(f"{step.title} ({step.id}), {step.shape_note}" for step in group)
+            notes = "; ".join(f"{step.title} (⟦{symbol_of(step)}⟧), {step.shape_note}" for step in group)
             out.append(Block("para", notes + ":"))
             out.append(Block("math", ",\\qquad ".join(
                 f"{_short_name(step)} = {exact_tex_blocks(d, step, max_shown)[0][1]}" for step in group),
                 source=tuple(Matrix(f"{_short_name(step)} = ", step, "exact") for step in group)))
             continue
         step = group[0]
-        out.append(Block("para", f"{step.title} ({step.id}), {step.shape_note}:"))
+        out.append(Block("para", f"{step.title} (⟦{symbol_of(step)}⟧), {step.shape_note}:"))
         lhs = f"{_short_name(step)} = "
         out += _displays(lhs, step, lambda b: exact_tex_blocks(d, step, max_shown, b), "exact", split)
     if exercise and p.bias is not None:
@@ -257,6 +257,30 @@ _SINK_SOFTMAX_DEF = (  # a learned sink s: one more term in Z_i, and in the maxi
 def _short_name(step: Step) -> str:
     """The stage's symbol in LaTeX (from the registry)."""
     return step.kind_of.symbol
+
+
+def symbol_of(step: Step) -> str:
+    """The step's symbol in LaTeX as the solution writes it, with its head's number: ``A^{(4)}``,
+    ``W_Q^{(1)}``, ``a_t``; what prose, captions and labels name a step by (its id is for programs)."""
+    symbol = step.kind_of.symbol if step.kind_of is not None else step.kind
+    if step.head is None:
+        return symbol
+    top = "^{\\top}"
+    if symbol.endswith(top):  # a transpose: the head's number first, K^{(2)\top}
+        return f"{symbol[:-len(top)]}^{{({step.head})\\top}}"
+    if symbol.startswith("\\frac"):  # a fraction (S/√d_k): in brackets, then the head's number
+        return f"\\left({symbol}\\right)^{{({step.head})}}"
+    if symbol.endswith("}") and "^{" in symbol:  # a superscript already: the head's number goes inside it
+        return f"{symbol[:-1]}\\,({step.head})}}"
+    return f"{symbol}^{{({step.head})}}"
+
+
+def symbol_text(step: Step) -> str:
+    """:func:`symbol_of` in plain text: ``A⁽⁴⁾``, ``Q^rot⁽¹⁾`` (a superscripted symbol keeps its own)."""
+    symbol = step.kind_of.symbol if step.kind_of is not None else step.kind
+    if step.head is not None and "^{" in symbol and not symbol.endswith("^{\\top}"):
+        return prose.text_of(symbol) + registry.head_sup(step.head)
+    return prose.text_of(symbol_of(step))
 
 
 def _parts_tex(p, step: Step, max_shown: int = MAX_SHOWN) -> str:

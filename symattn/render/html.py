@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Callable
 
 from .. import stages as registry
 from . import prose
-from .blocks import Block, Jacobian, Matrix, Normalisers, Tiles, blocks
+from .blocks import Block, Jacobian, Matrix, Normalisers, Tiles, blocks, symbol_of, symbol_text
 from .escape import escape_html
 from .grid import MAX_SHOWN, shown
 from .options import RenderOptions
@@ -212,7 +212,7 @@ class _Page:
         table = _table(
             step, m.form, shown(rows, self.max_shown), shown(cols, self.max_shown), cell, decimal,
             masked=self._masked(step), shade=self._shade(step, m.form), traces=traces,
-            explain=None if m.form == "answer" else self._explainer(step),
+            explain=None if m.form == "answer" else self._explainer(step), name_of=self._name_of,
         )
         return f'<div class="lhs">{mathml(m.lhs.rstrip(), True)}</div>{table}'
 
@@ -266,6 +266,12 @@ class _Page:
         caption = f"Row {source.row + 1} ({escape_html(source.step.rows[source.row])}), block by block"
         return body.replace('<table class="matrix plain">',
                             f'<table class="matrix plain tiles"><caption>{caption}</caption>', 1)
+
+    def _name_of(self, id: str) -> str:
+        """Stage ``id`` as a reader sees it: its symbol with its head's number (``head1.W_Q`` → ``W_Q^(1)``)."""
+        if id not in self.__dict__.setdefault("_ids", frozenset(self.d.ids)):
+            return id
+        return symbol_text(self.d.step(id))
 
     def heatmap(self, step: Step) -> str:
         self.heatmaps += 1
@@ -402,17 +408,18 @@ _TRACED = {"row": "row i", "col": "column j", "row_j": "row j", "col_i": "column
            "T": "entry (j, i)", "last": "entry j of the last row"}
 
 
-def _table(step: Step, form: str, rows, cols, cell, decimal, *, masked, shade, traces, explain) -> str:
-    """A step's matrix as an HTML table with token labels (weights: bracketed, no labels)."""
+def _table(step: Step, form: str, rows, cols, cell, decimal, *, masked, shade, traces, explain, name_of) -> str:
+    """A step's matrix as an HTML table with token labels (weights: bracketed, no labels); ``name_of``
+    gives a stage id's name as a reader sees it (``head1.W_Q`` → ``W_Q^(1)``)."""
     labelled = step.kind_of.labelled
     row_names, col_names = _names(step)
     trace = " ".join(f"{id}:{how}" for id, how in traces)
-    names = ", ".join(f"{_TRACED[how]} of {id}" for id, how in traces)
+    names = ", ".join(f"{_TRACED[how]} of {name_of(id)}" for id, how in traces)
     attrs = [f'class="matrix {form}{"" if labelled else " bracketed"}"', f'data-stage="{escape_html(step.id)}"',
              f'data-form="{form}"']
     if trace:
         attrs.append(f'data-traces="{escape_html(trace)}"')
-    label = f"{step.id}, {step.shape[0]}×{step.shape[1]}, {'decimals' if form == 'decimal' else form}"
+    label = f"{symbol_text(step)}, {step.shape[0]}×{step.shape[1]}, {'decimals' if form == 'decimal' else form}"
     if trace:
         label += f"; entry (i, j) is made from {names}"
     attrs.append(f'aria-label="{escape_html(label)}"')
@@ -489,10 +496,13 @@ def _heatmap(step: Step, value, digits: int, max_shown: int, number: int) -> str
     top = 14 + min(6 * max(len(_cut(t)) for t in step.cols), 100)
     width, height = label_w + _CELL * len(cols) + 2, top + _CELL * len(rows) + 2
     pattern = f"hatch{number}"
+    hatched = "; hatched cells are masked" if any(
+        step.softmax[i].is_masked(j) for i in rows if i is not None for j in cols if j is not None) else ""
     out = [
         f'<figure class="heatmap"><svg xmlns="http://www.w3.org/2000/svg" role="img" width="{width}" height="{height}" '
         f'viewBox="0 0 {width} {height}" aria-labelledby="{pattern}-t">',
-        f'<title id="{pattern}-t">Heat map of {escape_html(step.id)}: darker is a larger weight; hatched cells are masked</title>',
+        f'<title id="{pattern}-t">Heat map of {escape_html(prose.text_of(_whose(step)[1]))}: darker is a larger weight'
+        f'{hatched}</title>',
         f'<defs><pattern id="{pattern}" width="6" height="6" patternUnits="userSpaceOnUse" patternTransform="rotate(45)">'
         '<rect width="6" height="6" fill="#fff"/><line x1="0" y1="0" x2="0" y2="6" stroke="#888" stroke-width="2"/>'
         "</pattern></defs>",
@@ -520,9 +530,16 @@ def _heatmap(step: Step, value, digits: int, max_shown: int, number: int) -> str
                 out.append(f'<text x="{x + _CELL / 2:g}" y="{y + _CELL / 2 + 4:g}" class="v">'
                            f"{escape_html(_plain_decimal(value(i, j), 2))}</text>")
             out.append("</g>")
-    out.append(f"</svg><figcaption>The weights of {escape_html(step.id)} as a heat map: darker is larger; "
-               "hatched cells are masked (weight exactly 0).</figcaption></figure>")
+    words, symbol = _whose(step)
+    out.append(f"</svg><figcaption>{words}{mathml(symbol)} as a heat map: darker is larger"
+               f"{'; hatched cells are masked (weight exactly 0)' if hatched else ''}.</figcaption></figure>")
     return "".join(out)
+
+
+def _whose(step: Step) -> tuple[str, str]:
+    """The heat map's subject in words and its symbol as the solution writes it: ("Head 4's weights ",
+    "A^{(4)}"), ("The weights ", "a_t")."""
+    return ("The weights " if step.head is None else f"Head {step.head}'s weights "), symbol_of(step)
 
 
 def _cut(text: str, n: int = 16) -> str:

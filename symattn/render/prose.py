@@ -105,7 +105,7 @@ _COMMANDS = {
     "\\log": "log ", "\\tanh": "tanh", "\\Phi": "Φ",
 }
 _OPERATORS = {"\\cdot", "\\times", "\\le", "\\ge", "\\to", "\\approx", "\\circ", "\\odot"}
-_WRAPPERS = ("\\operatorname", "\\mathrm", "\\mathbf", "\\text", "\\hat", "\\sqrt")
+_WRAPPERS = ("\\operatorname", "\\mathrm", "\\mathbf", "\\text", "\\hat", "\\tilde", "\\sqrt")
 _COMMAND = re.compile(r"\\(?:[A-Za-z]+|.)")
 
 
@@ -187,6 +187,8 @@ def _text(tex: str, unicode: bool) -> str:
                 body = _text(body, unicode)
                 if name == "\\hat":
                     body = unicodedata.normalize("NFC", body + "\u0302")  # Ŝ
+                elif name == "\\tilde":
+                    body = unicodedata.normalize("NFC", body + "\u0303")  # S̃
                 elif name == "\\sqrt":
                     body = "√" + (f"({body})" if re.search(r"[ +−·/]", body) else body)
                 out.append(body)

@@ -10,7 +10,7 @@ from .. import stages as registry
 from ..text import show_bidi
 from . import headline, prose
 from .head import top_lines
-from .blocks import JACOBIAN_ENTRY, check_sentence
+from .blocks import JACOBIAN_ENTRY, check_sentence, symbol_text
 from .grid import MAX_SHOWN, shown
 from .numbers import DPS, MAX_CELL_TERMS, MAX_TERMS, decimal, exp_parts_text, exp_sum_text, text_entry, value_text
 from .options import RenderOptions
@@ -131,8 +131,9 @@ def _tiles(d: Derivation, step: Step, max_shown: int) -> list[str]:
         out.append(f"    o_tiled[{i + 1}] − (A·V)[{i + 1}] = {tiles.vector_text(w.difference, max_shown, value_text)}"
                    "   exactly (brought over one denominator and simplified)")
     if tiles.every_row_exact(d, step):
-        o = registry.resolve(registry.O, registry.Context(d.problem, step.head))[0]
-        out.append(f"  Every row, worked here or not, comes out the same: {step.id} − {o} = 0 exactly.")
+        o = d.step(registry.resolve(registry.O, registry.Context(d.problem, step.head))[0])
+        out.append(f"  Every row, worked here or not, comes out the same: {symbol_text(step)} − "
+                   f"{symbol_text(o)} = 0 exactly.")
     return out
 
 
@@ -167,7 +168,7 @@ def document(derivation: Derivation, options: RenderOptions) -> str:
         out.append(f"{head}Step {stage.number}: {stage.title}")
         out.append("-" * len(out[-1]))
         for step in steps:
-            out.append(f"  {step.title} ({step.id}): {step.formula_text}   [{step.shape_note}]")
+            out.append(f"  {step.title} ({symbol_text(step)}): {step.formula_text}   [{step.shape_note}]")
             out.append(f"  {prose.plain(step.why)}")
             if written_exactly(step):
                 form = entry_forms(d, step)

@@ -40,10 +40,11 @@ def masked_formula(c: Context) -> tuple[str, str]:
 
     p = c.p
     if getattr(p, "softcap", None) is not None:
-        return "\\hat{S} = \\tilde{S} + M", "Ŝ = S_capped + M"
+        return "\\hat{S} = \\tilde{S} + M", "Ŝ = S̃ + M"
     scaled = {"auto": "\\frac{S}{\\sqrt{d_k}}", "none": "S"}.get(p.scale) if isinstance(p.scale, str) else None
     scaled = scaled or f"{sympy.latex(p.scale)}\\,S"
-    return f"\\hat{{S}} = {scaled} + M", "Ŝ = S_scaled + M"
+    scaled_text = {"auto": "S/√dₖ", "none": "S"}.get(p.scale) if isinstance(p.scale, str) else None
+    return f"\\hat{{S}} = {scaled} + M", f"Ŝ = {scaled_text or f'{sympy.sstr(p.scale)}·S'} + M"
 
 
 def _scale_tex(c: Context) -> str:

@@ -9,9 +9,9 @@ the group's K and V. Without groups each sum has one term: the head's own Aᵀ·
 
 from __future__ import annotations
 
+from .ids import head_sup
 from .kinds import Context, Mistake
 
-_SUPERSCRIPT = str.maketrans("0123456789", "⁰¹²³⁴⁵⁶⁷⁸⁹")
 
 
 def group_product(left: str, right: str):
@@ -31,14 +31,10 @@ def group_formula(name: tuple[str, str], left: tuple[str, str], right: tuple[str
             return (f"{name[0]} = {left[0]}^{{\\top}} {right[0]}", f"{name[1]} = {left[1]}ᵀ·{right[1]}")
         heads = c.group_heads
         tex = " + ".join(f"{_sup_tex(left[0], h, True)} {_sup_tex(right[0], h)}" for h in heads)
-        text = " + ".join(f"{left[1]}{_sup(h)}ᵀ·{right[1]}{_sup(h)}" for h in heads)
+        text = " + ".join(f"{left[1]}{head_sup(h)}ᵀ·{right[1]}{head_sup(h)}" for h in heads)
         return f"{name[0]} = {tex}", f"{name[1]} = {text}"
 
     return formula
-
-
-def _sup(h: int) -> str:
-    return f"⁽{str(h).translate(_SUPERSCRIPT)}⁾"
 
 
 def _sup_tex(name: str, h: int, transposed: bool = False) -> str:

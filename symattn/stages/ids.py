@@ -149,6 +149,14 @@ def stage_id(name: str, head: int | None = None) -> str:
     return name if head is None else f"{_HEAD_PREFIX}{head}.{name}"
 
 
+_SUPERSCRIPT = str.maketrans("0123456789", "⁰¹²³⁴⁵⁶⁷⁸⁹")
+
+
+def head_sup(h: int) -> str:
+    """Head ``h``'s number as a superscript in text, as the solutions write it: ``O⁽²⁾``."""
+    return f"⁽{str(h).translate(_SUPERSCRIPT)}⁾"
+
+
 def split_id(id: str) -> tuple[int | None, str]:
     """``(head, name)`` of a stage id: ``"head2.A"`` → ``(2, "A")``, ``"O"`` → ``(None, "O")``."""
     prefix, dot, name = id.partition(".")

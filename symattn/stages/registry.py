@@ -28,7 +28,7 @@ from .ids import (
     A, ACC_TILED, A_SINK, A_T, B_K, B_O, B_Q, B_V, CACHED, CONCAT, CONTEXT, COSTS, DA, DB_K, DB_O, DB_Q, DB_V,
     DCONCAT, DCONTEXT, DECODE_COST, DH, DK, DO, DO_HEAD, DQ, DS, DS_MASKED, DV, DW_K, DW_O, DW_Q, DW_V, K,
     KEYS, K_CACHE, K_T, L_TILED, M, M_TILED, NEW, O, O_FINAL, O_T, O_TILED, O_T_DIFF, PE, Q, QUERIES, Q_T, S,
-    SINK_AXIS, STEPS, S_MASKED, S_SCALED, S_T, TT, V, V_CACHE, W_K, W_O, W_Q, W_V, X, X_POS, stage_id,
+    SINK_AXIS, STEPS, S_MASKED, S_SCALED, S_T, TT, V, V_CACHE, W_K, W_O, W_Q, W_V, X, X_POS, head_sup, stage_id,
 )
 from .kinds import Kind, Mistake, decoding, softmax_attention, tiled
 from .linear import linear_rows, recurrent_rows
@@ -306,7 +306,7 @@ KINDS: tuple[Kind, ...] = (
     Kind(CONCAT, CONCAT, 16, "concat", "Concatenate the heads", WHY[CONCAT],
          lambda c: ("\\operatorname{concat} = \\begin{bmatrix} "
                     + " & ".join(few(c.heads, lambda h: f"O^{{({h})}}", "\\cdots")) + " \\end{bmatrix}",
-                    "concat = [" + " | ".join(few(c.heads, lambda h: stage_id(O, h), "…")) + "]"),
+                    "concat = [" + " | ".join(few(c.heads, lambda h: "O" + head_sup(h), "…")) + "]"),
          (QUERIES, "c"),
          lambda sh, r, c: f"{c.p.n_q}×({' + '.join(few(c.heads, lambda h: str(sh(O, h)[1]), '…'))}) = {r[0]}×{r[1]} (n_q × h·d_v)",
          inputs=("heads",), relation=lambda ops, v, c: ops.hstack([v(O, h) for h in c.heads]),

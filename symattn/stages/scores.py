@@ -147,7 +147,7 @@ def score_rows() -> tuple[Kind, ...]:
         Kind(S_CAPPED, S_CAPPED, 11.5, "softcap", "Soft-cap the scores",
              lambda c: _CAP_WHY.format(c=_num(c.p.softcap)),
              lambda c: (f"\\tilde{{S}} = {_num(c.p.softcap)}\\,\\tanh\\!\\left(S_{{\\mathrm{{scaled}}}} / {_num(c.p.softcap)}\\right)",
-                        f"S_capped = c·tanh(S_scaled / c),  c = {sympy.sstr(c.p.softcap)}"),
+                        f"S̃ = c·tanh(S_scaled / c),  c = {sympy.sstr(c.p.softcap)}"),
              (QUERIES, KEYS), lambda sh, r, c: plain(r, "n_q × n_k") + ", every entry in (−c, c)",
              inputs=(S_SCALED,), relation=lambda ops, v, c: ops.softcap(v(S_SCALED), c.p.softcap),
              when=capped, per_head=True, tex="\\tilde{S}", mistakes=_cap_mistakes()),

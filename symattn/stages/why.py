@@ -17,7 +17,6 @@ from .ids import (
     A, ACC_TILED, A_SINK, A_T, B_K, B_O, B_Q, B_V, CONCAT, CONTEXT, DA, DCONCAT, DCONTEXT, DECODE_COST, DK, DO,
     DO_HEAD, DQ, DQ_ROT, DK_ROT, DS, DS_MASKED, DV, DW_K, DW_O, DW_Q, DW_V, DX, K, K_CACHE, K_T, L_TILED, M, M_TILED, O,
     O_FINAL, O_T, O_TILED, O_T_DIFF, Q, Q_T, S, S_MASKED, S_SCALED, S_T, V, V_CACHE, W_K, W_O, W_Q, W_V, X,
-    stage_id,
 )
 from .formulas import rot_tex
 from .kinds import Context, Text
@@ -232,8 +231,8 @@ def group_note(c: Context, key: str) -> str:
     group = p.kv_group(c.head)
     heads = kv_groups(p)[group - 1][1]
     if key == Q:
-        ids = f"{stage_id(K, heads[0])} and {stage_id(V, heads[0])}"
-        return (f" Head {c.head} reads K/V group {group} ({ids}), which {_heads_words(heads)} share "
+        names = f"⟦K^{{({heads[0]})}}⟧ and ⟦V^{{({heads[0]})}}⟧"
+        return (f" Head {c.head} reads K/V group {group} ({names}), which {_heads_words(heads)} share "
                 f"({'multi-query attention: one K/V head for all' if p.kv_heads == 1 else 'grouped-query attention'}).")
     note = f" {_heads_words(heads).capitalize()} read K/V group {group}: it is computed once, for them all."
     return note + (_cache_sentence(c) if key == K else "")
@@ -244,7 +243,8 @@ def reads_note(c: Context, key: str) -> str:
     other = c.reads(key, c.head)
     if other == c.head:
         return ""
-    return f" The {'keys' if key == K_T else 'values'} are K/V group {c.p.kv_group(c.head)}'s ({stage_id(key, other)})."
+    name = f"K^{{({other})\\top}}" if key == K_T else f"V^{{({other})}}"
+    return f" The {'keys' if key == K_T else 'values'} are K/V group {c.p.kv_group(c.head)}'s, head {other}'s ⟦{name}⟧."
 
 
 def mask_why(c: Context) -> str:
