@@ -318,5 +318,5 @@ def test_the_concat_formula_of_many_heads_fits_a_latex_matrix():
     formula = re.search(r"\\operatorname\{concat\} = \\begin\{bmatrix\}(.*?)\\end\{bmatrix\}", tex).group(1)
     assert [part.strip() for part in formula.split("&")] == ["O^{(1)}", "O^{(2)}", "\\cdots", "O^{(70)}"]
     text = symattn.render_text(d)
-    assert "concat = [head1.O | head2.O | … | head70.O]" in text
+    assert "concat = [O⁽¹⁾ | O⁽²⁾ | … | O⁽⁷⁰⁾]" in text
     assert "2×(1 + 1 + … + 1) = 2×70" in text

@@ -163,7 +163,7 @@ def _step_blocks(d: Derivation, step: Step, digits: int, max_shown: int, shade: 
     evaluable = d.can_evaluate
     out: list[Block] = []
     if "softmax" in step.shows:
-        out.append(Block("math", _SINK_SOFTMAX_DEF if any(r.sink is not None for r in step.softmax) else _SOFTMAX_DEF))
+        out.append(Block("math", softmax_def(step)))
     if not written_exactly(step):
         out.append(Block("math", step.formula))
         out.append(Block("para", too_long(step)))
@@ -244,14 +244,21 @@ def _boxes(d: Derivation, step: Step, max_shown: int, digits: int, budget: float
                        budget=budget)
 
 
-_SOFTMAX_DEF = (
-    "A_{ij} = \\frac{e^{\\hat{S}_{ij} - m_i}}{Z_i},\\qquad "
-    "m_i = \\max_k \\hat{S}_{ik},\\qquad Z_i = \\sum_k e^{\\hat{S}_{ik} - m_i}"
-)
-_SINK_SOFTMAX_DEF = (  # a learned sink s: one more term in Z_i, and in the maximum
-    "A_{ij} = \\frac{e^{\\hat{S}_{ij} - m_i}}{Z_i},\\qquad "
-    "m_i = \\max\\bigl(\\max_k \\hat{S}_{ik},\\ s\\bigr),\\qquad Z_i = \\sum_k e^{\\hat{S}_{ik} - m_i} + e^{s - m_i}"
-)
+def softmax_def(step: Step) -> str:
+    """The softmax written with the step's own names: ``A_{ij} = e^{Ŝ_ij − m_i}/Z_i`` …; a head's
+    ``A^{(2)}_{ij}``, ``m^{(2)}_i``, ``Z^{(2)}_i``; the decoding step's ``a_{t,j}``, ``s_{t,j}``, ``m_t``,
+    ``Z_t``; with a learned sink s, its term in the maximum and in Z."""
+    h = f"^{{({step.head})}}" if step.head is not None else ""
+    if step.key == registry.A_T:
+        w, s, i, j, k = "a", "s", "t", "t,j", "t,k"
+    else:
+        w, s, i, j, k = registry.BY_KEY[registry.A].symbol, "\\hat{S}", "i", "ij", "ik"
+    m, z = f"m{h}_{i}", f"Z{h}_{i}"
+    sink = any(r.sink is not None for r in step.softmax)
+    top = f"\\max_k {s}{h}_{{{k}}}"
+    top = f"\\max\\bigl({top},\\ s\\bigr)" if sink else top
+    return (f"{w}{h}_{{{j}}} = \\frac{{e^{{{s}{h}_{{{j}}} - {m}}}}}{{{z}}},\\qquad {m} = {top},\\qquad "
+            f"{z} = \\sum_k e^{{{s}{h}_{{{k}}} - {m}}}" + (f" + e^{{s - {m}}}" if sink else ""))
 
 
 def _short_name(step: Step) -> str:

@@ -15,7 +15,7 @@ from ..problem.model import Problem
 from . import headline, prose
 from .blocks import check_sentence
 from .matrices import approx_tex_matrix, exact_tex_matrix, normaliser_lines
-from .entries import too_long, entry_forms, needs_decimals, written_exactly
+from .entries import too_long, entry_forms, needs_decimals, row_base, written_exactly
 from .escape import escape_markdown
 from .text import text_grid, normaliser_text_lines, form_text
 
@@ -117,7 +117,8 @@ def step_text(step: Step) -> str:
         form = entry_forms(d, step)
         lines += text_grid(step.rows, step.cols, lambda i, j: form_text(form(i, j)), NOTEBOOK_SHOWN, indent="  ")
     if "softmax" in step.shows:
-        lines += [line[2:] for line in normaliser_text_lines(step, d.problem.digits, d.problem.substitutions, NOTEBOOK_SHOWN)]
+        lines += [line[2:] for line in normaliser_text_lines(step, d.problem.digits, d.problem.substitutions, NOTEBOOK_SHOWN,
+                                                                  row_base(d, step))]
     return "\n".join(lines)
 
 

@@ -95,27 +95,45 @@ def entry_forms(d: Derivation, step: Step) -> Callable[[int, int], EntryForm]:
     qq = _rational_entries(step)
     if qq is not None:
         return lambda i, j: EntryForm(NEG_INF if qq[i][j] is None else qq[i][j])
-    return lambda i, j: _form(step, i, j, wide)
+    base = row_base(d, step)
+    return lambda i, j: _form(step, i, j, wide, base)
 
 
-def _form(step: Step, i: int, j: int, wide: bool) -> EntryForm:
+def row_base(d: Derivation, step: Step) -> int:
+    """The number people give ``step``'s first softmax row: the decoded token's t for the decoding
+    step's one row (a_t, o_t: its m_t and Z_t are the full computation's row t), else 1."""
+    if step.key in (registry.A_T, registry.O_T) and getattr(d.problem, "decode", None) is not None:
+        return d.problem.decode
+    return 1
+
+
+def norm_names(step: Step, row: int) -> tuple[str, str]:
+    """Row ``row``'s (1-based) maximum and normaliser in LaTeX: ``m_{3}``, ``Z_{3}``; a head's
+    ``m^{(2)}_{3}``, ``Z^{(2)}_{3}`` (named per head from the start, as the concatenation reads them)."""
+    h = f"^{{({step.head})}}" if step.head is not None else ""
+    return f"m{h}_{{{row}}}", f"Z{h}_{{{row}}}"
+
+
+def _form(step: Step, i: int, j: int, wide: bool, base: int = 1) -> EntryForm:
+    h, r0 = step.head, base - 1  # each fraction over its head's Z, numbered as the full computation's rows
     if step.over_rows is not None:  # a sum of fractions, each over its own row's Z_r
         plain, fractions = step.over_rows(i, j)
-        over = tuple(Over(-top, r, squared=power == 2, negative=True) if _single_negative(top)
-                     else Over(top, r, squared=power == 2) for r, power, top in fractions)
+        over = tuple(Over(-top, r + r0, squared=power == 2, negative=True, head=h) if _single_negative(top)
+                     else Over(top, r + r0, squared=power == 2, head=h) for r, power, top in fractions)
         return EntryForm(plain if plain != 0 or not over else None, over, heads=True, wide=wide)
     squared = over_normaliser_squared(step, i, j)
     if squared is not None:
-        return EntryForm(_ZERO) if squared == 0 else EntryForm(over=(Over(squared, i, squared=True),), wide=wide)
+        return EntryForm(_ZERO) if squared == 0 else EntryForm(over=(Over(squared, i + r0, squared=True, head=h),),
+                                                                 wide=wide)
     parts = numerator_parts(step, i, j)  # rational rows: no SymPy number built
     if parts is not None:
-        return EntryForm(over=(Over(tuple(parts), i),), wide=wide) if parts else EntryForm(_ZERO)
+        return EntryForm(over=(Over(tuple(parts), i + r0, head=h),), wide=wide) if parts else EntryForm(_ZERO)
     numerator = over_normaliser(step, i, j)
     if numerator is None:
         return EntryForm(step.lazy[i, j])
     if numerator == 0:
         return EntryForm(_ZERO)
-    return EntryForm(over=(Over(numerator, i),), wide=wide)
+    return EntryForm(over=(Over(numerator, i + r0, head=h),), wide=wide)
 
 
 def quotient(x: sympy.Expr) -> "tuple[sympy.Expr, sympy.Expr] | None":

@@ -35,7 +35,7 @@ from .numbers import DPS, NEG_INF, tex_decimal, tex
 from .matrices import form_tex, normaliser_tex, worked_dot_tex
 from .page_style import PAGE_SCRIPT, PAGE_STYLE
 from .stream import picture, step_anchor, stream_svg
-from .entries import entry_forms, jacobian_form, needs_decimals, written_exactly
+from .entries import entry_forms, jacobian_form, needs_decimals, norm_names, written_exactly
 
 if TYPE_CHECKING:
     from ..exact.derivation import Derivation, Step
@@ -306,8 +306,9 @@ class _Page:
                 mathml(t) for t in normaliser_tex(d, step, i, self.digits)))
 
             def weight(i: int, j: int) -> str:
-                entry = (f"A_{{{i + 1},{j + 1}}} = \\dfrac{{e^{{\\hat{{S}}_{{{i + 1},{j + 1}}} - m_{{{i + 1}}}}}}}"
-                         f"{{Z_{{{i + 1}}}}}" + (f" = {form(i, j)}" if exact else ""))
+                (m, z), h = norm_names(step, i + 1), f"^{{({step.head})}}" if step.head is not None else ""
+                entry = (f"{step.kind_of.symbol}{h}_{{{i + 1},{j + 1}}} = \\dfrac{{e^{{\\hat{{S}}{h}_{{{i + 1},{j + 1}}} - {m}}}}}"
+                         f"{{{z}}}" + (f" = {form(i, j)}" if exact else ""))
                 if value is not None:
                     entry += f" \\approx {value(i, j)}"
                 return mathml(entry) + "<br>" + normalisers(i)

@@ -21,8 +21,10 @@ from .numbers import (
     value_tex,
 )
 from ..exact.lazy import LazyRows
-from ..stages.ids import O_T, TOKEN_AXES
-from .entries import EntryForm, Over, entry_forms, normaliser_is_number, quotient, written_exactly
+from ..stages.ids import A_T, O_T, TOKEN_AXES
+from .entries import (
+    EntryForm, Over, entry_forms, norm_names, normaliser_is_number, quotient, row_base, written_exactly,
+)
 
 if TYPE_CHECKING:
     from ..exact.derivation import Derivation, Step
@@ -89,6 +91,7 @@ def _over_tex(over: Over, max_terms: int) -> str:
         top = exp_sum_tex(over.numerator, max_terms)
     if over.head is not None:
         z = f"Z^{{({over.head})}}_{{{over.row + 1}}}"
+        z = f"\\bigl({z}\\bigr)^{{2}}" if over.squared else z
     else:
         z = f"Z_{{{over.row + 1}}}" + ("^{2}" if over.squared else "")
     return f"\\dfrac{{{top}}}{{{z}}}"
@@ -151,17 +154,20 @@ def normaliser_lines(d: Derivation, step: Step, digits: int, max_shown: int = MA
 def normaliser_tex(d: Derivation, step: Step, i: int, digits: int) -> tuple[str, str]:
     """Row ``i``'s ``m_i = …`` and ``Z_i = … ≈ …`` (the decimal when the problem can be evaluated)."""
     row = step.softmax[i]
+    r = i + row_base(d, step)  # the full computation's row: the decoded token's t in a decoding step
+    m_r, z_r = norm_names(step, r)
+    h = f"^{{({step.head})}}" if step.head is not None else ""
+    score = f"s{h}_{{{r},k}}" if step.key == A_T else f"\\hat{{S}}{h}_{{{r}k}}"
     # with a learned sink, Z_i has the sink's term too
-    total = f"\\sum_k e^{{\\hat{{S}}_{{{i + 1}k}} - m_{{{i + 1}}}}}" + (
-        f" + e^{{s - m_{{{i + 1}}}}}" if row.sink is not None else "")
+    total = f"\\sum_k e^{{{score} - {m_r}}}" + (f" + e^{{s - {m_r}}}" if row.sink is not None else "")
     if not written_exactly(step):  # too long to write: the decimals alone (RoPE at size)
         dps = max(digits + 5, DPS)
-        return (f"m_{{{i + 1}}} \\approx {tex_decimal(row.maximum_value(dps), digits)}",
-                f"Z_{{{i + 1}}} = {total} \\approx "
+        return (f"{m_r} \\approx {tex_decimal(row.maximum_value(dps), digits)}",
+                f"{z_r} = {total} \\approx "
                 f"{tex_decimal(row.evaluate_normaliser(dps), digits)}")
-    m = f"m_{{{i + 1}}} = {tex(row.maximum)}"
+    m = f"{m_r} = {tex(row.maximum)}"
     z = (
-        f"Z_{{{i + 1}}} = {total} = "
+        f"{z_r} = {total} = "
         f"{exp_parts_tex(row.numerator_parts()) if row.rational else exp_sum_tex(row.normaliser)}"
     )
     subs = d.problem.substitutions

@@ -93,8 +93,9 @@ def plain(text: str) -> str:
 
 # -- LaTeX to Unicode ---------------------------------------------------------------------------
 
-_SUB = dict(zip("0123456789+-=()aehijklmnoprstuvx", "₀₁₂₃₄₅₆₇₈₉₊₋₌₍₎ₐₑₕᵢⱼₖₗₘₙₒₚᵣₛₜᵤᵥₓ"))
-_SUP = dict(zip("0123456789+-=()n", "⁰¹²³⁴⁵⁶⁷⁸⁹⁺⁻⁼⁽⁾ⁿ")) | {"⊤": "ᵀ"}
+# (the text's minus is − by the time a script is read, so − is in both)
+_SUB = dict(zip("0123456789+-−=()aehijklmnoprstuvx", "₀₁₂₃₄₅₆₇₈₉₊₋₋₌₍₎ₐₑₕᵢⱼₖₗₘₙₒₚᵣₛₜᵤᵥₓ"))
+_SUP = dict(zip("0123456789+-−=()bn", "⁰¹²³⁴⁵⁶⁷⁸⁹⁺⁻⁻⁼⁽⁾ᵇⁿ")) | {"⊤": "ᵀ"}
 _COMMANDS = {
     "\\top": "⊤", "\\sum": "Σ", "\\partial": "∂", "\\delta": "δ", "\\cdot": "·", "\\times": "×",
     "\\le": "≤", "\\ge": "≥", "\\infty": "∞", "\\circ": "∘", "\\to": "→", "\\approx": "≈",
@@ -166,6 +167,15 @@ def _text(tex: str, unicode: bool) -> str:
         if ch in "_^":
             body, k = _group(tex, k + 1)
             body = _text(body, unicode)
+            if ch == "^" and out and out[-1] == "e" and (len(out) == 1 or not out[-2][-1:].isalnum()):
+                # a power of e: e⁻⁴ when it has superscripts, else exp(…) as the text format writes values
+                try:
+                    out.append(_script(body, _SUP, ch, unicode) if unicode else f"^{body}")
+                except _NoScript:
+                    out.append(f"^{body}")
+                if out[-1].startswith("^"):
+                    out[-2:] = [f"exp({body})"]
+                continue
             out.append(_script(body, _SUB if ch == "_" else _SUP, ch, unicode))
             continue
         if ch == "{" or ch == "}":

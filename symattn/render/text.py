@@ -24,6 +24,7 @@ from .entries import (
     needs_decimals,
     normaliser_is_number,
     quotient,
+    row_base,
     written_exactly,
 )
 from .outline import select, stages
@@ -33,16 +34,17 @@ if TYPE_CHECKING:
     from ..exact.derivation import Derivation, Step
 
 
-def text_grid(row_labels, col_labels, cell: Callable[[int, int], str], max_shown: int, indent: str = "    ") -> list[str]:
-    """The matrix as aligned text: row labels, column labels, elided above ``max_shown``."""
+def text_grid(row_labels, col_labels, cell: Callable[[int, int], str], max_shown: int, indent: str = "    ",
+              corner: str = "") -> list[str]:
+    """The matrix as aligned text: row labels (headed ``corner``), column labels, elided above ``max_shown``."""
     rows, cols = shown(len(row_labels), max_shown), shown(len(col_labels), max_shown)
     labels = ["⋮" if i is None else show_bidi(row_labels[i]) for i in rows]  # shown before they are measured
     heads = ["…" if j is None else show_bidi(col_labels[j]) for j in cols]
     cells = [["⋱" if i is None and j is None else "⋮" if i is None else "…" if j is None else cell(i, j)
               for j in cols] for i in rows]
-    label_w = max(len(r) for r in labels)
+    label_w = max(len(corner), *(len(r) for r in labels))
     widths = [max(len(h), *(len(row[k]) for row in cells)) for k, h in enumerate(heads)]
-    lines = [indent + " " * (label_w + 2) + "  ".join(h.rjust(w) for h, w in zip(heads, widths))]
+    lines = [indent + corner.ljust(label_w + 2) + "  ".join(h.rjust(w) for h, w in zip(heads, widths))]
     for label, row in zip(labels, cells):
         lines.append(indent + label.ljust(label_w) + " [" + "  ".join(v.rjust(w) for v, w in zip(row, widths)) + "]")
     return lines
@@ -74,27 +76,30 @@ def _over_text(over: Over, wide: bool) -> str:
     max_terms = MAX_CELL_TERMS if wide else MAX_TERMS
     top = exp_parts_text(list(over.numerator), max_terms) if over.parts else exp_sum_text(over.numerator, max_terms)
     if over.head is not None:
-        z = f"Z{over.head}_{over.row + 1}"
+        z = f"Z{registry.head_sup(over.head)}_{over.row + 1}"
+        z = f"({z})²" if over.squared else z
     else:
         z = f"Z_{over.row + 1}" + ("²" if over.squared else "")
     # a top that is a sum or holds a fraction is bracketed: (1/4)/Z_3, not 1/4/Z_3
     return f"({top})/{z}" if over.terms > 1 or "/" in top else f"{top}/{z}"
 
 
-def normaliser_text_lines(step: Step, digits: int, subs, max_shown: int) -> list[str]:
+def normaliser_text_lines(step: Step, digits: int, subs, max_shown: int, base: int = 1) -> list[str]:
+    """Each softmax row's m and Z, numbered from ``base`` (the decoded token's t in a decoding step)."""
     lines = []
+    h = registry.head_sup(step.head) if step.head is not None else ""
     for i in shown(len(step.softmax), max_shown):
         if i is None:
             lines.append("    ⋮")
             continue
-        row = step.softmax[i]
+        row, r = step.softmax[i], i + base
         if not normaliser_is_number(row) and not written_exactly(step):  # too long to write: decimals
             dps = max(digits + 5, DPS)
-            lines.append(f"    m_{i + 1} ≈ {decimal(row.maximum_value(dps), digits)},  "
-                         f"Z_{i + 1} ≈ {decimal(row.evaluate_normaliser(dps), digits)}")
+            lines.append(f"    m{h}_{r} ≈ {decimal(row.maximum_value(dps), digits)},  "
+                         f"Z{h}_{r} ≈ {decimal(row.evaluate_normaliser(dps), digits)}")
         elif not normaliser_is_number(row):
             z = exp_parts_text(row.numerator_parts()) if row.rational else exp_sum_text(row.normaliser)
-            line = f"    m_{i + 1} = {text_entry(row.maximum)},  Z_{i + 1} = {z}"
+            line = f"    m{h}_{r} = {text_entry(row.maximum)},  Z{h}_{r} = {z}"
             if subs is not None:
                 line += f" ≈ {decimal(row.evaluate_normaliser(max(digits + 5, DPS), subs), digits)}"
             lines.append(line)
@@ -125,7 +130,7 @@ def _tiles(d: Derivation, step: Step, max_shown: int) -> list[str]:
         cells = tiles.elided(tiles.table_cells(w, max_shown, text=True), max_shown, "⋮")
         # the rows (blocks) elided as a matrix's are; the five columns always shown
         out.extend(text_grid([r[0] for r in cells], list(tiles.HEADINGS_TEXT[1:]), lambda r, k: cells[r][k + 1],
-                         max(len(cells), 5)))
+                         max(len(cells), 5), corner=tiles.HEADINGS_TEXT[0]))
         output = tiles.vector_text(w.tiled.output, max_shown, lambda x: form_text(EntryForm(x, sums=True)))
         out.append(f"    o_tiled[{i + 1}] = acc/ℓ = {output}")
         out.append(f"    o_tiled[{i + 1}] − (A·V)[{i + 1}] = {tiles.vector_text(w.difference, max_shown, value_text)}"
@@ -177,7 +182,7 @@ def document(derivation: Derivation, options: RenderOptions) -> str:
                 out.append("  " + prose.plain(too_long(step)))
             out.extend(rope_text(d, step))
             if "softmax" in step.shows:
-                out.extend(normaliser_text_lines(step, digits, d.problem.substitutions, max_shown))
+                out.extend(normaliser_text_lines(step, digits, d.problem.substitutions, max_shown, row_base(d, step)))
             if "jacobian" in step.shows:
                 out.extend(_jacobian(step, max_shown))
             if needs_decimals(step) and d.can_evaluate:

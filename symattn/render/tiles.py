@@ -98,7 +98,7 @@ def vector_text(xs, max_shown: int, show=None) -> str:
 
 
 HEADINGS_TEX = ("b", "\\text{keys}", "m^{(b)}", "e^{m^{(b-1)} - m^{(b)}}", "\\ell^{(b)}", "\\mathrm{acc}^{(b)}")
-HEADINGS_TEXT = ("b", "keys", "m(b)", "exp(m(b−1) − m(b))", "ℓ(b)", "acc(b)")
+HEADINGS_TEXT = ("b", "keys", "m⁽ᵇ⁾", "exp(m⁽ᵇ⁻¹⁾ − m⁽ᵇ⁾)", "ℓ⁽ᵇ⁾", "acc⁽ᵇ⁾")  # as the prose writes m⁽⁰⁾
 
 
 def table_cells(w: WorkedRow, max_shown: int, text: bool = False) -> list[list[str]]:

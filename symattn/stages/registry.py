@@ -208,7 +208,7 @@ KINDS: tuple[Kind, ...] = (
     Kind(M_TILED, M_TILED, 15.02, "tiled", "Running maximum, block by block",
          lambda c: WHY[M_TILED].format(B=c.p.tiling.block),
          ("m^{(b)} = \\max\\bigl(m^{(b-1)},\\ \\max_{j \\in b} \\hat{S}_{ij}\\bigr)",
-          "m(b) = max(m(b−1), max_{j in block b} Ŝ[i,j]),  m(0) = −∞"),
+          "m⁽ᵇ⁾ = max(m⁽ᵇ⁻¹⁾, max_{j in block b} Ŝ[i,j]),  m⁽⁰⁾ = −∞"),
          (QUERIES, "b"), lambda sh, r, c: plain(r, "n_q × blocks"),
          inputs=(S_MASKED,), relation=lambda ops, v, c: ops.tiled_max(v(S_MASKED), c.p.tiling.block),
          when=tiled, per_head=True, tex="m",
@@ -216,7 +216,7 @@ KINDS: tuple[Kind, ...] = (
     # ℓ(b) = e^(m(b−1) − m(b))·ℓ(b−1) + Σ_(j in b) e^(Ŝ_ij − m(b))  (n_q × blocks)
     Kind(L_TILED, L_TILED, 15.04, "tiled", "Running sum, rescaled at each new maximum", WHY[L_TILED].format(),
          ("\\ell^{(b)} = e^{m^{(b-1)} - m^{(b)}}\\,\\ell^{(b-1)} + \\sum_{j \\in b} e^{\\hat{S}_{ij} - m^{(b)}}",
-          "ℓ(b) = exp(m(b−1) − m(b))·ℓ(b−1) + Σ_{j in block b} exp(Ŝ[i,j] − m(b)),  ℓ(0) = 0"),
+          "ℓ⁽ᵇ⁾ = exp(m⁽ᵇ⁻¹⁾ − m⁽ᵇ⁾)·ℓ⁽ᵇ⁻¹⁾ + Σ_{j in block b} exp(Ŝ[i,j] − m⁽ᵇ⁾),  ℓ⁽⁰⁾ = 0"),
          (QUERIES, "b"), lambda sh, r, c: plain(r, "n_q × blocks") + "; the last column is Z_i",
          inputs=(S_MASKED, M_TILED),
          relation=lambda ops, v, c: ops.tiled_sums(v(S_MASKED), v(M_TILED), c.p.tiling.block),
@@ -226,7 +226,7 @@ KINDS: tuple[Kind, ...] = (
     # acc(b) = e^(m(b−1) − m(b))·acc(b−1) + Σ_(j in b) e^(Ŝ_ij − m(b))·v_j  (n_q × d_v)
     Kind(ACC_TILED, ACC_TILED, 15.06, "tiled", "Accumulator after the last block", WHY[ACC_TILED].format(),
          ("\\mathrm{acc}^{(b)} = e^{m^{(b-1)} - m^{(b)}}\\,\\mathrm{acc}^{(b-1)} + \\sum_{j \\in b} e^{\\hat{S}_{ij} - m^{(b)}}\\, v_j",
-          "acc(b) = exp(m(b−1) − m(b))·acc(b−1) + Σ_{j in block b} exp(Ŝ[i,j] − m(b))·v_j,  acc(0) = 0"),
+          "acc⁽ᵇ⁾ = exp(m⁽ᵇ⁻¹⁾ − m⁽ᵇ⁾)·acc⁽ᵇ⁻¹⁾ + Σ_{j in block b} exp(Ŝ[i,j] − m⁽ᵇ⁾)·v_j,  acc⁽⁰⁾ = 0"),
          (QUERIES, "v"), lambda sh, r, c: plain(r, "n_q × d_v") + "; the accumulator after the last block",
          inputs=(S_MASKED, M_TILED, V),
          relation=lambda ops, v, c: ops.tiled_acc(v(S_MASKED), v(M_TILED), v(V), c.p.tiling.block),

@@ -82,3 +82,63 @@ def test_symbols_with_heads():
     assert symbol_text(d.step(registry.stage_id(registry.K_T, 3))) == "K⁽³⁾ᵀ"
     assert symbol_text(d.step(registry.stage_id(registry.Q, 1))) == "Q⁽¹⁾"
     assert symbol_text(d.step(registry.stage_id("Q_rot", 1))).endswith("⁽¹⁾")
+
+
+# -- the names in a decoding step and a head's step are the full computation's ----------------------
+
+
+def _normaliser_lines(text: str) -> list[str]:
+    return [line.strip() for line in text.splitlines() if re.match(r"\s+m\S*_\d+ [=≈]", line)]
+
+
+@pytest.mark.parametrize("name", ["decode_step", "sink_window"])
+def test_the_decoded_row_is_named_as_the_full_computations_row(derivations, name):
+    """Token t's m and Z in the decoding step are row t's of the full A (same name, same value), and
+    its formula speaks of a_t and s_t, not A and Ŝ."""
+    d = derivations[name]
+    t = d.problem.decode
+    text = symattn.render_text(d)
+    decoded = _normaliser_lines(text.split("Its weights")[1].split("Its output")[0])
+    assert len(decoded) == 1 and decoded[0].startswith(f"m_{t} ")
+    assert decoded[0] in _normaliser_lines(text.split("Its weights")[0])  # the full A's row t: the same line
+    tex = symattn.render_latex(d)
+    assert "m_t = \\max_k s_{t,k}" in tex and f"Z_{{{t}}} &= \\sum_k e^{{s_{{{t},k}} - m_{{{t}}}}}" in tex
+    assert "Z_{1}" not in tex.split("Its weights")[1].split("Its output")[0]
+
+
+def test_every_head_names_its_normalisers_per_head_from_the_start(derivations):
+    """A head's weights, its m and Z lines, and the concatenation all write Z^{(h)}_i: the name does
+    not change between a head's softmax and the step that reads it."""
+    d = derivations["two_heads"]
+    tex = symattn.render_latex(d)
+    for h in (1, 2):
+        assert f"A^{{({h})}}_{{ij}} = \\frac{{e^{{\\hat{{S}}^{{({h})}}_{{ij}} - m^{{({h})}}_i}}}}{{Z^{{({h})}}_i}}" in tex
+        assert f"Z^{{({h})}}_{{3}} &= \\sum_k" in tex
+    before, concat = tex.split("\\paragraph{Concatenate the heads.}")
+    names_in_a = set(re.findall(r"Z\^\{\((\d)\)\}_\{(\d)\}", before))
+    names_in_concat = set(re.findall(r"Z\^\{\((\d)\)\}_\{(\d)\}", concat))
+    assert names_in_concat and names_in_concat <= names_in_a
+    assert not re.search(r"Z_\{\d\}", tex)  # no head-less Z in a problem of heads
+
+
+# -- one notation in the text format ------------------------------------------------------------------
+
+
+def test_text_writes_powers_of_e_and_block_indices_one_way(derivations):
+    """The text format writes a power of e as e⁻⁴ or exp(…), never e^(…), and the online softmax's block
+    index as m⁽ᵇ⁾ everywhere (its formulas, its prose and its table's headings), never m(b) or m^(b)."""
+    found = []
+    for name, d in derivations.items():
+        text = symattn.render_text(d)
+        found += [f"{name}: {m.group(0)!r}" for m in re.finditer(r"\be\^\(|\b(m|ℓ|acc)(\^)?\((b|b−1|0)\)", text)]
+    assert not found, found[:10]
+    tiled = symattn.render_text(derivations["tiled_softmax"])
+    assert "exp(m⁽ᵇ⁻¹⁾ − m⁽ᵇ⁾)" in tiled and re.search(r"^\s+b\s+keys\s+m⁽ᵇ⁾", tiled, re.M)  # the column headed b
+
+
+def test_the_text_notation_check_can_fail():
+    from symattn.render import prose
+
+    assert prose.text_of("e^{s_j - m^{(b)}}") == "exp(sⱼ − m⁽ᵇ⁾)"
+    assert prose.text_of("e^{-4}") == "e⁻⁴" and prose.text_of("x_{i-1}") == "xᵢ₋₁"
+    assert re.search(r"\be\^\(", "Z = 1 + e^(−4)") and re.search(r"\b(m|ℓ|acc)(\^)?\((b|b−1|0)\)", "m(b−1)")
