@@ -211,8 +211,17 @@ def _finished(out: str, tex: str) -> str:
     out = out.replace("<mo>&#x0002F;</mo>", '<mo lspace="0" rspace="0">&#x0002F;</mo>')  # a/b, as LaTeX sets it
     # a minus that opens a group or follows another operator is a sign, as TeX sets it: (−1), = −3
     out = _SIGN.sub(r'\1<mo form="prefix">&#x02212;</mo>', out)
+    # brackets around one row of plain numbers (a value row v_j in a weighted sum) at the text's size:
+    # Chromium stretches them past the row and draws them in pieces, with seams
+    out = _ONE_ROW.sub(lambda m: m.group(0) if _TALL.search(m.group(2)) else
+                       f'<mo stretchy="false">{m.group(1)}</mo><mtable>{m.group(2)}</mtable><mo stretchy="false">{m.group(3)}</mo>', out)
     _check(out, tex)
     return out
+
+
+_ONE_ROW = re.compile(r"<mo>(&#x0005B;|&#x00028;)</mo><mtable>(<mtr>(?:(?!<mtr>|<mtable>|</mtable>).)*</mtr>)</mtable>"
+                      r"<mo>(&#x0005D;|&#x00029;)</mo>")
+_TALL = re.compile(r"<(?:mfrac|msqrt|mroot|munder|mover)\b")
 
 
 # -- piece by piece ------------------------------------------------------------------------
