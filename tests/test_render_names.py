@@ -142,3 +142,22 @@ def test_the_text_notation_check_can_fail():
     assert prose.text_of("e^{s_j - m^{(b)}}") == "exp(sⱼ − m⁽ᵇ⁾)"
     assert prose.text_of("e^{-4}") == "e⁻⁴" and prose.text_of("x_{i-1}") == "xᵢ₋₁"
     assert re.search(r"\be\^\(", "Z = 1 + e^(−4)") and re.search(r"\b(m|ℓ|acc)(\^)?\((b|b−1|0)\)", "m(b−1)")
+
+
+# -- a shared thing said once --------------------------------------------------------------------------
+
+
+def test_heads_say_a_shared_thing_once(derivations):
+    """Over every worked example of several heads: no reason of 60 characters or more is written again,
+    word for word under a later head: it is pointed back to, and a head says only what it adds."""
+    for name, d in derivations.items():
+        if not d.problem.multi_head:
+            continue
+        from symattn.render import prose
+
+        text = symattn.render_text(d)
+        whys = {step.why for step in d.steps if step.head is not None and len(step.why) >= 60}
+        repeated = [w for w in whys if text.count(prose.plain(w)) > 1]
+        assert not repeated, (name, repeated[:2])
+    gqa = symattn.render_text(derivations["gqa_4_heads_2_kv"])
+    assert "As for head 1. The keys are K/V group 2's, head 3's K⁽³⁾ᵀ." in gqa

@@ -118,7 +118,7 @@ def blocks(d: Derivation, options: RenderOptions | None = None, *, shade: bool =
         head = f"Head {stage.head} · " if stage.head else ""
         out.append(Block("section", f"{head}Step {stage.number}: {stage.title}"))
         for step in steps:
-            out.append(Block("step", step.title, step.why, source=step))
+            out.append(Block("step", step.title, step.why if exercise else step_why(d, step), source=step))
             if exercise:
                 # the shape first: it says what to fill in, and a display is never split from
                 # the line before it, so no page ends up holding only that line
@@ -264,6 +264,34 @@ def softmax_def(step: Step) -> str:
 def _short_name(step: Step) -> str:
     """The stage's symbol in LaTeX (from the registry)."""
     return step.kind_of.symbol
+
+
+def _first_head_step(d: Derivation, step: Step) -> "Step | None":
+    """The same stage of the problem's first head, for a step of a later head; else None."""
+    if step.head is None or step.kind_of is None or not step.kind_of.per_head:
+        return None
+    first = registry.Context(d.problem).heads[0]
+    id = registry.stage_id(step.kind, first)
+    return d.step(id) if step.head != first and id in d.ids else None
+
+
+def step_why(d: Derivation, step: Step) -> str:
+    """The step's why, said once: a later head whose why is an earlier head's word for word (the
+    same reason, the same numbers) is pointed back to the first head that gave it; one that only
+    adds to it (which K/V group it reads) says only what it adds."""
+    if _first_head_step(d, step) is None:
+        return step.why
+    for h in registry.Context(d.problem).heads:
+        if h == step.head:
+            break
+        id = registry.stage_id(step.kind, h)
+        said = d.step(id).why if id in d.ids else ""
+        if len(said) < 60 or not step.why.startswith(said):
+            continue
+        if said == step.why:
+            return f"The same as for head {h} (its reason is given there)."
+        return f"As for head {h}.{step.why[len(said):]}"  # only what this head adds
+    return step.why
 
 
 def symbol_of(step: Step) -> str:

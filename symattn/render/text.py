@@ -10,7 +10,7 @@ from .. import stages as registry
 from ..text import show_bidi
 from . import headline, prose
 from .head import top_lines
-from .blocks import JACOBIAN_ENTRY, check_sentence, symbol_text
+from .blocks import JACOBIAN_ENTRY, check_sentence, step_why, symbol_text
 from .grid import MAX_SHOWN, shown
 from .numbers import DPS, MAX_CELL_TERMS, MAX_TERMS, decimal, exp_parts_text, exp_sum_text, text_entry, value_text
 from .options import RenderOptions
@@ -174,7 +174,7 @@ def document(derivation: Derivation, options: RenderOptions) -> str:
         out.append("-" * len(out[-1]))
         for step in steps:
             out.append(f"  {step.title} ({symbol_text(step)}): {step.formula_text}   [{step.shape_note}]")
-            out.append(f"  {prose.plain(step.why)}")
+            out.append(f"  {prose.plain(step_why(d, step))}")
             if written_exactly(step):
                 form = entry_forms(d, step)
                 out.extend(text_grid(step.rows, step.cols, lambda i, j: form_text(form(i, j)), max_shown))
