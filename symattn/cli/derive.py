@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import click
@@ -20,7 +21,8 @@ SUFFIXES = {".tex": "latex", ".md": "markdown", ".markdown": "markdown", ".json"
 @output_option("Where to write; the format follows the suffix (.tex, .md, .json, .txt, .pdf, .html). "
                "Default: standard output.")
 @click.option("-f", "--format", "fmt", type=click.Choice(["latex", "markdown", "text", "json", "html"]),
-              help="Output format (default: from the suffix of -o, else latex).")
+              help="Output format (default: from the suffix of -o; on standard output, text when it is a "
+                   "terminal, else latex).")
 @click.option("--standalone/--fragment", default=True, show_default=True,
               help="A complete compilable LaTeX document, or only the steps (for \\input); for HTML, a whole page "
                    "or the part to paste into another page (its style and script included).")
@@ -75,6 +77,8 @@ def derive(problem: Path | None, output: Path | None, fmt: str | None, standalon
     try:
         check_outputs(output, plot)  # a folder first: it has no format to tell
         kind = output_kind(output, fmt)
+        hint = terminal_hint(problem) if fmt is None and output is None and not exercise and _to_terminal() else None
+        kind = "text" if hint is not None else kind
         _refuse_options(problem, output, plot, kind, exercise, ask, first, last)
         layout = {"max_shown": max_shown, "first": first, "last": last, "output": output, "plot": plot}
         if exercise:
@@ -86,8 +90,28 @@ def derive(problem: Path | None, output: Path | None, fmt: str | None, standalon
                                   max_size, progress, backward, tiled, decode)
             image, data = _draw_and_compile(d, text, kind, output, plot, progress)
         _write(text, data, image, kind, output, plot)
+        if hint is not None:
+            echo("\n" + hint)
     except _errors.SymattnError as exc:
         raise click.ClickException(str(exc)) from None
+
+
+def _to_terminal() -> bool:
+    """Whether standard output is a terminal (a person reading, not a pipe or a file)."""
+    isatty = getattr(sys.stdout, "isatty", None)
+    try:
+        return bool(isatty and isatty())
+    except ValueError:  # closed
+        return False
+
+
+def terminal_hint(problem: Path | None) -> str:
+    """The last line of the text solution shown on a terminal: the commands for the other formats."""
+    import shlex
+
+    command = "symattn derive" + ("" if problem is None else " " + shlex.quote(str(problem)))
+    return (f"Shown as text because this is a terminal. LaTeX: {command} --format latex; "
+            f"PDF: {command} -o solution.pdf; web page: {command} -o solution.html")
 
 
 def _refuse_options(problem: Path | None, output: Path | None, plot: Path | None, kind: str, exercise: bool,
