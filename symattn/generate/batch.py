@@ -154,7 +154,8 @@ def check_folder(folder: str | os.PathLike, count: int, sheets: str | None = Non
 def write_exercises(problems: Sequence[GeneratedProblem], folder: str | os.PathLike, *, sheets: str | None = None,
                     force: bool = False, paper: str = "a4") -> list[Path]:
     """Write ``problems`` (from :func:`generate`) into ``folder`` as ``symattn generate --count
-    --out-dir`` does: ``variant-01.yaml``, ..., ``index.csv`` (variant, seed, file) and with
+    --out-dir`` does: ``variant-01.yaml``, ..., ``index.csv`` (variant, seed, file; with sheets,
+    exercise and solution too) and with
     ``sheets`` ("pdf": PDFs, or their LaTeX without pdflatex; "html": web pages) each variant's
     exercise and solution sheets, the PDFs on ``paper`` ("a4" or "letter"). All of them or nothing: a failure leaves ``folder`` as it was;
     without ``force`` a file of the same name already there is an error. Returns the paths written.
@@ -177,13 +178,17 @@ def write_exercises(problems: Sequence[GeneratedProblem], folder: str | os.PathL
 
     try:
         with _batch(folder, names, force) as batch:
-            index = ["variant,seed,file"]
+            # the first three columns come first and in this order (other tools read them); with sheets,
+            # each variant's exercise and solution sheet follow, as paths relative to the folder
+            suffix = _sheet_suffix(sheets) if sheets is not None else None
+            index = ["variant,seed,file" + (",exercise,solution" if suffix else "")]
             for k, p in enumerate(problems, 1):
                 name = f"variant-{k:02d}"
                 batch.write(f"{name}.yaml", p.to_yaml().encode("utf-8"))
                 if sheets == "html":
                     _html_sheets(_derivation(p), name, batch)
-                index.append(f"{k},{p.seed},{name}.yaml")
+                index.append(f"{k},{p.seed},{name}.yaml"
+                             + (f",{name}-exercise{suffix},{name}-solution{suffix}" if suffix else ""))
             if sheets == "pdf":
                 _latex_sheets(problems, batch, paper)
             batch.write("index.csv", ("\n".join(index) + "\n").encode("utf-8"))
