@@ -34,6 +34,7 @@ from .mathml import mathml
 from .numbers import DPS, NEG_INF, tex_decimal, tex
 from .matrices import form_tex, normaliser_tex, worked_dot_tex
 from .page_style import PAGE_SCRIPT, PAGE_STYLE
+from .shades import HATCH_LINE, grey, grey_percent, rgb
 from .stream import picture, step_anchor, stream_svg
 from .entries import entry_forms, jacobian_form, needs_decimals, written_exactly
 
@@ -431,14 +432,15 @@ def _table(step: Step, form: str, rows, cols, cell, decimal, *, masked, shade, t
         for j in cols:
             if i is None or j is None:
                 gap = "⋱" if i is None and j is None else "⋮" if i is None else "⋯"
-                cells.append(f'<td class="gap">{gap}</td>')
+                hatched = " masked" if _gap_masked(masked, rows, cols, i, j) else ""  # the row's hatching unbroken
+                cells.append(f'<td class="gap{hatched}">{gap}</td>')
                 continue
             content = cell(i, j)
             classes = ["entry"]
             if masked(i, j):
                 classes.append("masked")
             elif shade is not None:
-                classes.append(f"g{round(100 - 50 * shade(i, j))}")
+                classes.append(f"g{grey_percent(shade(i, j))}")
             if decimal is not None:
                 content = f'<span class="x">{content}</span><span class="dec">{decimal(i, j)}</span>'
             if form == "answer":
@@ -459,6 +461,15 @@ def _table(step: Step, form: str, rows, cols, cell, decimal, *, masked, shade, t
         out.append(f'<div class="explain" data-for="{escape_html(step.id)}" aria-live="polite"></div>')
         out += templates
     return "".join(out)
+
+
+def _gap_masked(masked, rows, cols, i, j) -> bool:
+    """Whether every entry a gap cell (⋯, ⋮ or ⋱) stands for is masked: then it is hatched as they are."""
+    def hidden(indices):
+        k = indices.index(None)
+        return range(indices[k - 1] + 1, indices[k + 1])
+
+    return all(masked(r, c) for r in (hidden(rows) if i is None else (i,)) for c in (hidden(cols) if j is None else (j,)))
 
 
 def _plain_table(rows, cols, cell, row_names, col_names) -> str:
@@ -494,7 +505,7 @@ def _heatmap(step: Step, value, digits: int, max_shown: int, number: int) -> str
         f'viewBox="0 0 {width} {height}" aria-labelledby="{pattern}-t">',
         f'<title id="{pattern}-t">Heat map of {escape_html(step.id)}: darker is a larger weight; hatched cells are masked</title>',
         f'<defs><pattern id="{pattern}" width="6" height="6" patternUnits="userSpaceOnUse" patternTransform="rotate(45)">'
-        '<rect width="6" height="6" fill="#fff"/><line x1="0" y1="0" x2="0" y2="6" stroke="#888" stroke-width="2"/>'
+        f'<rect width="6" height="6" fill="#fff"/><line x1="0" y1="0" x2="0" y2="6" stroke="{HATCH_LINE}" stroke-width="2"/>'
         "</pattern></defs>",
     ]
     for k, j in enumerate(cols):
@@ -530,9 +541,8 @@ def _cut(text: str, n: int = 16) -> str:
 
 
 def _grey(w: float) -> str:
-    """The PDF's grey for weight ``w`` (1 − w/2 of white)."""
-    level = round(255 * (1 - 0.5 * max(0.0, min(1.0, w))))
-    return f"rgb({level},{level},{level})"
+    """The PDF's grey for weight ``w`` (see :mod:`.shades`)."""
+    return rgb(grey(w))
 
 
 def _plain_decimal(x, digits: int) -> str:
