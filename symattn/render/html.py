@@ -34,6 +34,7 @@ from .mathml import mathml
 from .numbers import DPS, NEG_INF, tex_decimal, tex
 from .matrices import form_tex, normaliser_tex, worked_dot_tex
 from .page_style import PAGE_SCRIPT, PAGE_STYLE
+from .labels import upright
 from .shades import HATCH_LINE, grey, grey_percent, rgb
 from .stream import picture, step_anchor, stream_svg
 from .entries import entry_forms, jacobian_form, needs_decimals, written_exactly
@@ -511,7 +512,10 @@ def _heatmap(step: Step, value, digits: int, max_shown: int, number: int) -> str
     for k, j in enumerate(cols):
         x = label_w + _CELL * k + _CELL / 2
         text = "⋯" if j is None else escape_html(_cut(step.cols[j]))
-        out.append(f'<text x="{x:g}" y="{top - 6}" transform="rotate(-45 {x:g} {top - 6})" class="col">{text}</text>')
+        if j is None or upright(step.cols[j]):  # a short token turned 45° loses its shape ("I" reads as "\\")
+            out.append(f'<text x="{x:g}" y="{top - 6}" class="col up">{text}</text>')
+        else:
+            out.append(f'<text x="{x:g}" y="{top - 6}" transform="rotate(-45 {x:g} {top - 6})" class="col">{text}</text>')
     for r, i in enumerate(rows):
         y = top + _CELL * r
         text = "⋮" if i is None else escape_html(_cut(step.rows[i]))

@@ -55,6 +55,7 @@ overflow-x:auto}
 .symattn-page figure.heatmap{margin:.6rem 0;overflow-x:auto}
 .symattn-page figure.heatmap text{font:12px system-ui,sans-serif;fill:#1a1a1a}
 .symattn-page figure.heatmap text.row{text-anchor:end}
+.symattn-page figure.heatmap text.up{text-anchor:middle}
 .symattn-page figure.heatmap text.v{text-anchor:middle;font-size:11px}
 .symattn-page figcaption{font-size:.9em;color:#444}
 .symattn-page figure.stream{margin:1rem 0 1.5rem}
