@@ -197,3 +197,62 @@ def test_the_hatching_runs_across_masked_gaps(pages):
     assert "masked" not in " ".join(last) and last[6] == "gap", last
     elided = re.findall(r'<td class="([^"]*)"', rows[6])  # the ⋮ row: only the last column is masked throughout
     assert elided == ["gap"] * 7 + ["gap masked"], elided
+
+
+def test_the_heat_map_hatches_the_gaps_of_masked_entries(pages):
+    """The heat map of a causal 64-token head, elided to 8 × 8: the '⋯' column of rows 1-6 and the '⋮'
+    row of the last column stand for masked entries only, so they are hatched; no other gap is."""
+    page = pages["large/causal_64_tokens"]
+    svg = re.search(r'<figure class="heatmap">.*?</figure>', page, re.S).group(0)
+    gaps = re.findall(r'<rect x="(\d+)" y="(\d+)"[^>]*fill="url\(#hatch\d+\)"[^>]*class="gap"/>', svg)
+    xs = sorted({int(x) for x, _ in gaps})
+    ys = sorted(int(y) for _, y in gaps)
+    assert len(gaps) == 7 and len(xs) == 2, gaps
+    cell = ys[1] - ys[0]
+    # six rows at the '⋯' column (the 7th drawn column), then the '⋮' row at the last column
+    assert [(int(x), int(y)) for x, y in gaps] == [(xs[0], ys[0] + cell * r) for r in range(6)] + [(xs[1], ys[0] + cell * 6)]
+    assert xs[1] - xs[0] == cell
+
+
+@pytest.mark.parametrize("name", PAGES)
+def test_every_digit_on_the_plot_has_aa_contrast(name):
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import to_rgb
+
+    from symattn.render.plot import figure
+
+    fig = figure(symattn.derive(symattn.load_problem(EXAMPLES / f"{name}.yaml")))
+    try:
+        checked = []
+        for ax in fig.axes:
+            for image in ax.get_images():
+                values = image.get_array()
+                for text in ax.texts:
+                    j, i = (round(v) for v in text.get_position())
+                    background = image.cmap(image.norm(values[i][j]))[:3]
+                    checked.append((text.get_text(), contrast(to_rgb(text.get_color()), background)))
+    finally:
+        plt.close(fig)
+    if name == "large/causal_64_tokens":  # more than 16 tokens: no digits are written
+        assert checked == []
+        return
+    assert checked
+    low = [(t, round(r, 2)) for t, r in checked if r < AA]
+    assert not low, low
+
+
+def test_the_plots_text_colour_has_aa_contrast_on_every_shade():
+    """Over the whole colour map, the digit colour --plot picks keeps 4.5:1."""
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import to_rgb
+
+    from symattn.render.plot import figure
+    from symattn.render.shades import on
+
+    fig = figure(symattn.derive(symattn.load_problem(EXAMPLES / "causal_4_tokens.yaml")))
+    cmap = fig.axes[0].get_images()[0].cmap  # the colour map the plot draws with
+    plt.close(fig)
+    worst = min(contrast(to_rgb(on(cmap(k / 1000)[:3])), cmap(k / 1000)[:3]) for k in range(1001))
+    assert worst >= AA, worst

@@ -522,7 +522,10 @@ def _heatmap(step: Step, value, digits: int, max_shown: int, number: int) -> str
         out.append(f'<text x="{label_w - 6}" y="{y + _CELL / 2 + 4:g}" class="row">{text}</text>')
         for k, j in enumerate(cols):
             x = label_w + _CELL * k
-            if i is None or j is None:
+            if i is None or j is None:  # a gap: hatched when it stands for masked entries only, as in the table
+                if _gap_masked(lambda r, c: step.softmax[r].is_masked(c), rows, cols, i, j):
+                    out.append(f'<rect x="{x}" y="{y}" width="{_CELL}" height="{_CELL}" fill="url(#{pattern})" '
+                               'stroke="#fff" class="gap"/>')
                 continue
             masked = step.softmax[i].is_masked(j)
             w = 0.0 if masked else float(value(i, j))

@@ -9,6 +9,7 @@ from .. import stages
 from ..errors import SymattnError
 from ..text import show_bidi
 from .labels import upright
+from .shades import on
 from ..exact.derivation import Derivation
 
 _MAX_LABELS = 32  # tick labels on an axis before they are thinned out
@@ -48,8 +49,8 @@ def figure(d: Derivation):
                 if masked[i, j]:
                     ax.add_patch(plt.Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, hatch="///", color="#8c8c8c", lw=0))
                 elif n_q <= 16 and n_k <= 16:
-                    ax.text(j, i, f"{values[i, j]:.2f}", ha="center", va="center", fontsize=8,
-                            color="white" if values[i, j] > 0.6 else "black")
+                    ax.text(j, i, f"{values[i, j]:.2f}", ha="center", va="center", fontsize=8,  # AA contrast
+                            color=on(image.cmap(image.norm(values[i, j]))[:3]))
         xs, ys = range(0, n_k, step_k), range(0, n_q, step_q)
         ax.set_xticks(xs, labels=[show_bidi(step.cols[j]) for j in xs], fontsize=font)
         for tick, j in zip(ax.get_xticklabels(), xs):  # many columns: long labels turned to fit, short ones upright

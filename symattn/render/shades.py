@@ -32,6 +32,16 @@ def grey_percent(weight: float) -> int:
     return round(100 * grey(weight))
 
 
+def on(background: tuple[float, float, float]) -> str:
+    """"black" or "white", whichever has the higher WCAG contrast with an sRGB ``background`` (channels
+    0..1): at least 4.58:1 on any colour, as the two are equal at a luminance of about 0.18."""
+    def linear(c: float) -> float:
+        return c / 12.92 if c <= 0.03928 else ((c + 0.055) / 1.055) ** 2.4
+
+    lum = 0.2126 * linear(background[0]) + 0.7152 * linear(background[1]) + 0.0722 * linear(background[2])
+    return "black" if (lum + 0.05) / 0.05 >= 1.05 / (lum + 0.05) else "white"
+
+
 def rgb(level: float) -> str:
     """A grey as CSS ``rgb(…)``."""
     v = round(255 * level)
