@@ -591,6 +591,36 @@ def test_sheets_are_pdfs(tmp_path: Path) -> None:
     assert (tmp_path / "D" / "variant-01-exercise.pdf").read_bytes() != (tmp_path / "D" / "variant-01-solution.pdf").read_bytes()
 
 
+@pytest.mark.parametrize("sheets", [None, "html", "pdf"])
+def test_index_lists_every_file_of_the_batch(tmp_path: Path, sheets) -> None:
+    """index.csv keeps variant, seed, file first and in order; with sheets each row also names its variant's
+    exercise and solution sheet (relative paths), and every file of the folder is in it exactly once."""
+    if sheets == "pdf" and shutil.which("pdflatex") is None and not os.environ.get("CI"):
+        pytest.skip("pdflatex is not installed")
+    folder = tmp_path / "D"
+    result = invoke(["generate", "--count", "3", "--out-dir", str(folder), "--seed", "4",
+                     *(["--sheets", sheets] if sheets else [])])
+    assert result.exit_code == 0, result.output
+    with open(folder / "index.csv", newline="", encoding="utf-8") as f:
+        header, *rows = list(csv.reader(f))
+    extra = ["exercise", "solution"] if sheets else []
+    assert header == ["variant", "seed", "file", *extra]
+    suffix = {"html": ".html", "pdf": ".pdf"}.get(sheets)
+    listed = []
+    for k, row in enumerate(rows, 1):
+        assert row[:3] == [str(k), str(4 + k - 1), f"variant-{k:02d}.yaml"]
+        assert row[3:] == [f"variant-{k:02d}-{part}{suffix}" for part in extra]
+        listed += row[2:]
+    on_disk = sorted(p.name for p in folder.iterdir() if p.name != "index.csv")
+    assert sorted(listed) == on_disk and len(set(listed)) == len(listed)
+    for name in listed[1:] if sheets else ():
+        assert not Path(name).is_absolute() and (folder / name).stat().st_size > 0
+    if sheets == "html":  # each names the right sheet: the exercise has empty boxes, the solution none
+        for row in rows:
+            assert 'class="box"' in (folder / row[3]).read_text("utf-8")
+            assert 'class="box"' not in (folder / row[4]).read_text("utf-8")
+
+
 # --------------------------------------------------------------------------- 4. --from
 
 

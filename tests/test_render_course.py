@@ -567,24 +567,26 @@ def test_weights_are_shaded_by_size_in_latex():
     header, rows = parse_array(block(latex, "A \\approx "))
     assert header == text_labels(tokens)
     assert [label for label, _ in rows] == text_labels(tokens)
+    from symattn.render.shades import DARKEST, MASKED_TEXT
+
     shaded = masked = 0
     for i, (_, cells) in enumerate(rows):
         assert len(cells) == 4
         for j, cell in enumerate(cells):
             if not allowed[i, j]:
-                assert cell == "\\color[gray]{0.6}0", cell
+                assert cell == f"\\color[gray]{{{MASKED_TEXT:.2f}}}0", cell
                 masked += 1
                 continue
             m = re.fullmatch(r"\\cellcolor\[gray\]\{([0-9.]+)\}(.+)", cell)
             assert m, f"cell ({i}, {j}) is not shaded: {cell!r}"
             level, value = m.group(1), m.group(2)
             assert re.fullmatch(r"[01]\.[0-9]{2}", level), level  # two decimals
-            assert abs(float(level) - (1 - 0.5 * A[i, j])) <= 0.005 + 1e-9, (i, j, level, A[i, j])
+            assert abs(float(level) - (1 - (1 - DARKEST) * A[i, j])) <= 0.005 + 1e-9, (i, j, level, A[i, j])
             assert float(value) == pytest.approx(A[i, j], rel=1e-3)
             shaded += 1
     assert (shaded, masked) == (10, 6)
-    # the weight 1 of the first row is the darkest grey, 0.50
-    assert rows[0][1][0] == "\\cellcolor[gray]{0.50}1"
+    # the weight 1 of the first row is the darkest grey
+    assert rows[0][1][0] == f"\\cellcolor[gray]{{{DARKEST:.2f}}}1"
 
 
 def test_markdown_has_no_shading():

@@ -159,6 +159,8 @@ def _number(td: Node) -> float:
 
 
 def test_the_scores_and_weights_on_the_page_are_numpys():
+    from symattn.render.shades import DARKEST
+
     path = ROOT / "worked_examples" / "causal_4_tokens.yaml"
     raw = yaml.safe_load(path.read_text())
     X, WQ, WK, WV = (np.array(raw[k], dtype=float) for k in ("X", "W_Q", "W_K", "W_V"))
@@ -177,11 +179,11 @@ def test_the_scores_and_weights_on_the_page_are_numpys():
     assert len(weights) == n * n
     for (i, j), td in weights.items():
         assert _number(td) == pytest.approx(A[i, j], rel=5e-4, abs=1e-12)
-        # shaded as in the PDF (1 − w/2 of white, in hundredths), masked entries hatched instead
+        # shaded as in the PDF (1 − (1 − DARKEST)·w of white, in hundredths), masked entries hatched instead
         if masked[i, j]:
             assert "masked" in td.classes()
         else:
-            assert f"g{round(100 - 50 * A[i, j])}" in td.classes()
+            assert f"g{round(100 * (1 - (1 - DARKEST) * A[i, j]))}" in td.classes()
     for (i, j), td in _cells(tree, "O", "decimal").items():
         assert _number(td) == pytest.approx(O[i, j], rel=5e-4)
     # the exact weights carry their decimals for the toggle

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import click
@@ -20,7 +21,8 @@ SUFFIXES = {".tex": "latex", ".md": "markdown", ".markdown": "markdown", ".json"
 @output_option("Where to write; the format follows the suffix (.tex, .md, .json, .txt, .pdf, .html). "
                "Default: standard output.")
 @click.option("-f", "--format", "fmt", type=click.Choice(["latex", "markdown", "text", "json", "html"]),
-              help="Output format (default: from the suffix of -o, else latex).")
+              help="Output format (default: from the suffix of -o; on standard output, text when it is a "
+                   "terminal, else latex).")
 @click.option("--standalone/--fragment", default=True, show_default=True,
               help="A complete compilable LaTeX document, or only the steps (for \\input); for HTML, a whole page "
                    "or the part to paste into another page (its style and script included).")
@@ -48,13 +50,16 @@ SUFFIXES = {".tex": "latex", ".md": "markdown", ".markdown": "markdown", ".json"
 @backward_option("Also derive the gradients (dO back to dX): the file's backward: section, else its cross-entropy "
                  "(loss:), else the loss L = Σ O.")
 @tiled_option("Also derive FlashAttention's online softmax over blocks of B keys (the file's tiling: rows are kept).")
+@click.option("--paper", type=click.Choice(["a4", "letter"]),
+              help="The page of LaTeX and PDF output (default: letter where the locale's LC_PAPER, LC_ALL or LANG "
+                   "names a Letter country such as en_US, else a4).")
 @click.option("--decode", type=Whole(), metavar="T",
               help="Also decode token T (from 1) from the KV cache and prove its row equals row T of the full "
                    "causal computation (causal self-attention only; overrides the file's decode:).")
 def derive(problem: Path | None, output: Path | None, fmt: str | None, standalone: bool, digits: int | None,
            check_with: str, no_check: bool, max_shown: int, first: str | None, last: str | None,
            exercise: bool, ask: frozenset[str] | None, max_size: int, plot: Path | None, backward: bool,
-           tiled: int | None, decode: int | None) -> None:
+           tiled: int | None, decode: int | None, paper: str | None) -> None:
     """Derive every stage of attention for PROBLEM exactly.
 
     PROBLEM is a YAML problem file; without it, symattn derives its built-in
@@ -75,8 +80,12 @@ def derive(problem: Path | None, output: Path | None, fmt: str | None, standalon
     try:
         check_outputs(output, plot)  # a folder first: it has no format to tell
         kind = output_kind(output, fmt)
+        asked = fmt is not None or output is not None or exercise or paper is not None  # else text on a terminal
+        hint = terminal_hint(problem) if not asked and _to_terminal() else None
+        kind = "text" if hint is not None else kind
         _refuse_options(problem, output, plot, kind, exercise, ask, first, last)
         layout = {"max_shown": max_shown, "first": first, "last": last, "output": output, "plot": plot}
+        layout.update(_paper(kind, paper, standalone))
         if exercise:
             layout.update(exercise=True, ask=ask)
         from .progress import Progress
@@ -86,8 +95,43 @@ def derive(problem: Path | None, output: Path | None, fmt: str | None, standalon
                                   max_size, progress, backward, tiled, decode)
             image, data = _draw_and_compile(d, text, kind, output, plot, progress)
         _write(text, data, image, kind, output, plot)
+        if hint is not None:
+            echo("\n" + hint)
     except _errors.SymattnError as exc:
         raise click.ClickException(str(exc)) from None
+
+
+def _paper(kind: str, paper: str | None, standalone: bool) -> dict[str, str]:
+    """The paper option for LaTeX and PDF (``--paper``, else the locale's); refused for another format."""
+    if paper is not None and kind == "latex" and not standalone:
+        raise click.UsageError("--paper goes with a whole LaTeX document: a --fragment takes its page from the "
+                               "document it is \\input in")
+    if kind not in ("latex", "pdf"):
+        if paper is not None:
+            raise click.UsageError(f"--paper goes with LaTeX or PDF output (--format latex, or -o FILE.tex or "
+                                   f"FILE.pdf), not {kind}")
+        return {}
+    from ..render.paper import paper_from_locale
+
+    return {"paper": paper or paper_from_locale()}
+
+
+def _to_terminal() -> bool:
+    """Whether standard output is a terminal (a person reading, not a pipe or a file)."""
+    isatty = getattr(sys.stdout, "isatty", None)
+    try:
+        return bool(isatty and isatty())
+    except ValueError:  # closed
+        return False
+
+
+def terminal_hint(problem: Path | None) -> str:
+    """The last line of the text solution shown on a terminal: the commands for the other formats."""
+    import shlex
+
+    command = "symattn derive" + ("" if problem is None else " " + shlex.quote(str(problem)))
+    return (f"Shown as text because this is a terminal. LaTeX: {command} --format latex; "
+            f"PDF: {command} -o solution.pdf; web page: {command} -o solution.html")
 
 
 def _refuse_options(problem: Path | None, output: Path | None, plot: Path | None, kind: str, exercise: bool,

@@ -83,12 +83,15 @@ class RecordingCommand(click.Command):
 @click.option("--sheets", type=click.Choice(["pdf", "html"]), is_flag=False, flag_value="pdf",
               help="With --count: each variant's exercise and solution as PDF (LaTeX without pdflatex); "
                    "--sheets html writes them as web pages.")
+@click.option("--paper", type=click.Choice(["a4", "letter"]),
+              help="With --sheets pdf: the sheets' page (default: letter where the locale's LC_PAPER, LC_ALL or "
+                   "LANG names a Letter country such as en_US, else a4).")
 @click.option("--force", is_flag=True, help="With --count: replace files of the same names already in --out-dir (without it they are listed and nothing is written).")
 @click.option("--from", "base", type=click.Path(path_type=Path), help="Keep the structure of this problem and draw new numbers.")
 @click.option("--vary", type=click.Choice(["weights", "inputs"]), default="weights", show_default=True, help="With --from: what gets new numbers.")
 def generate(tokens, d_model, d_k, d_v, mask, heads, cross, no_scale, norm, sink, residual, linear, block, d_ff,
              activation, vocab, rows, softcap, temperature, level, range_, words, seed, output, count, out_dir, sheets,
-             force, base, vary) -> None:
+             paper, force, base, vary) -> None:
     """Write new problems with small, hand-friendly numbers.
 
     Every problem is checked against its level's guarantees before it is
@@ -147,7 +150,9 @@ def generate(tokens, d_model, d_k, d_v, mask, heads, cross, no_scale, norm, sink
             text = problems[0].to_yaml()
             echo(text, nl=False) if output is None else write_atomic(output, text.encode("utf-8"))
             return
-        write_exercises(problems, out_dir, sheets=sheets, force=force)
+        from ..render.paper import paper_from_locale
+
+        write_exercises(problems, out_dir, sheets=sheets, force=force, paper=paper or paper_from_locale())
     except SymattnError as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(f"wrote {count} variants to {out_dir}" + (" with their exercise and solution sheets" if sheets else ""),
@@ -191,6 +196,8 @@ def _refuse_options(base: Path | None, output: Path | None, out_dir: Path | None
                                    "and words are kept (--vary, --level, --range and --seed choose the new numbers)")
     if count is None and (sheets or out_dir or force):
         raise click.UsageError("--out-dir, --sheets and --force go with --count")
+    if ctx.params.get("paper") is not None and sheets != "pdf":
+        raise click.UsageError("--paper goes with --sheets pdf (the web pages of --sheets html have no page size)")
     if count is not None and out_dir is None:
         raise click.UsageError("--count needs --out-dir")
     if count is not None and output is not None:

@@ -152,11 +152,12 @@ def check_folder(folder: str | os.PathLike, count: int, sheets: str | None = Non
 
 
 def write_exercises(problems: Sequence[GeneratedProblem], folder: str | os.PathLike, *, sheets: str | None = None,
-                    force: bool = False) -> list[Path]:
+                    force: bool = False, paper: str = "a4") -> list[Path]:
     """Write ``problems`` (from :func:`generate`) into ``folder`` as ``symattn generate --count
-    --out-dir`` does: ``variant-01.yaml``, ..., ``index.csv`` (variant, seed, file) and with
+    --out-dir`` does: ``variant-01.yaml``, ..., ``index.csv`` (variant, seed, file; with sheets,
+    exercise and solution too) and with
     ``sheets`` ("pdf": PDFs, or their LaTeX without pdflatex; "html": web pages) each variant's
-    exercise and solution sheets. All of them or nothing: a failure leaves ``folder`` as it was;
+    exercise and solution sheets, the PDFs on ``paper`` ("a4" or "letter"). All of them or nothing: a failure leaves ``folder`` as it was;
     without ``force`` a file of the same name already there is an error. Returns the paths written.
     """
     problems = list(problems) if isinstance(problems, (list, tuple)) else problems
@@ -167,21 +168,29 @@ def write_exercises(problems: Sequence[GeneratedProblem], folder: str | os.PathL
         if not isinstance(p, GeneratedProblem) or p._text is None:
             raise SymattnError(f"problem {k} was not made by symattn.generate, so it has no problem file to write")
     sheets = _sheet_kind(sheets)
+    from ..render.paper import PAPERS
+
+    if paper not in PAPERS:
+        raise SymattnError(f"paper is 'a4' or 'letter', not {shown(paper)}")
     folder = Path(folder)
     names = exercise_files(len(problems), sheets)
     import click  # the batch's own errors are the command line's; here they are SymattnErrors
 
     try:
         with _batch(folder, names, force) as batch:
-            index = ["variant,seed,file"]
+            # the first three columns come first and in this order (other tools read them); with sheets,
+            # each variant's exercise and solution sheet follow, as paths relative to the folder
+            suffix = _sheet_suffix(sheets) if sheets is not None else None
+            index = ["variant,seed,file" + (",exercise,solution" if suffix else "")]
             for k, p in enumerate(problems, 1):
                 name = f"variant-{k:02d}"
                 batch.write(f"{name}.yaml", p.to_yaml().encode("utf-8"))
                 if sheets == "html":
                     _html_sheets(_derivation(p), name, batch)
-                index.append(f"{k},{p.seed},{name}.yaml")
+                index.append(f"{k},{p.seed},{name}.yaml"
+                             + (f",{name}-exercise{suffix},{name}-solution{suffix}" if suffix else ""))
             if sheets == "pdf":
-                _latex_sheets(problems, batch)
+                _latex_sheets(problems, batch, paper)
             batch.write("index.csv", ("\n".join(index) + "\n").encode("utf-8"))
     except click.ClickException as exc:
         raise SymattnError(exc.message) from None
@@ -373,7 +382,7 @@ def _html_sheets(d, name: str, batch) -> None:
         batch.write(f"{name}-{part}.html", render_html(d, exercise=exercise).encode("utf-8"))
 
 
-def _latex_sheets(problems: list[GeneratedProblem], batch) -> None:
+def _latex_sheets(problems: list[GeneratedProblem], batch, paper: str) -> None:
     """Each variant's exercise and solution as PDFs, compiled in parallel while the next are
     rendered (their LaTeX when pdflatex is not installed)."""
     from ..render import render_latex
@@ -381,8 +390,8 @@ def _latex_sheets(problems: list[GeneratedProblem], batch) -> None:
     def sources():
         for p in problems:
             d = _derivation(p)
-            yield render_latex(d, exercise=True)
-            yield render_latex(d)
+            yield render_latex(d, exercise=True, paper=paper)
+            yield render_latex(d, paper=paper)
 
     names = [f"variant-{k:02d}-{part}" for k in _ordinals(len(problems)) for part in ("exercise", "solution")]
     if _sheet_suffix() == ".tex":

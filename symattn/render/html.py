@@ -34,6 +34,8 @@ from .mathml import mathml
 from .numbers import DPS, NEG_INF, tex_decimal, tex
 from .matrices import form_tex, normaliser_tex, worked_dot_tex
 from .page_style import PAGE_SCRIPT, PAGE_STYLE
+from .labels import upright
+from .shades import HATCH_LINE, grey, grey_percent, rgb
 from .stream import picture, step_anchor, stream_svg
 from .entries import entry_forms, jacobian_form, needs_decimals, norm_names, written_exactly
 
@@ -439,14 +441,15 @@ def _table(step: Step, form: str, rows, cols, cell, decimal, *, masked, shade, t
         for j in cols:
             if i is None or j is None:
                 gap = "⋱" if i is None and j is None else "⋮" if i is None else "⋯"
-                cells.append(f'<td class="gap">{gap}</td>')
+                hatched = " masked" if _gap_masked(masked, rows, cols, i, j) else ""  # the row's hatching unbroken
+                cells.append(f'<td class="gap{hatched}">{gap}</td>')
                 continue
             content = cell(i, j)
             classes = ["entry"]
             if masked(i, j):
                 classes.append("masked")
             elif shade is not None:
-                classes.append(f"g{round(100 - 50 * shade(i, j))}")
+                classes.append(f"g{grey_percent(shade(i, j))}")
             if decimal is not None:
                 content = f'<span class="x">{content}</span><span class="dec">{decimal(i, j)}</span>'
             if form == "answer":
@@ -467,6 +470,15 @@ def _table(step: Step, form: str, rows, cols, cell, decimal, *, masked, shade, t
         out.append(f'<div class="explain" data-for="{escape_html(step.id)}" aria-live="polite"></div>')
         out += templates
     return "".join(out)
+
+
+def _gap_masked(masked, rows, cols, i, j) -> bool:
+    """Whether every entry a gap cell (⋯, ⋮ or ⋱) stands for is masked: then it is hatched as they are."""
+    def hidden(indices):
+        k = indices.index(None)
+        return range(indices[k - 1] + 1, indices[k + 1])
+
+    return all(masked(r, c) for r in (hidden(rows) if i is None else (i,)) for c in (hidden(cols) if j is None else (j,)))
 
 
 def _plain_table(rows, cols, cell, row_names, col_names) -> str:
@@ -505,20 +517,26 @@ def _heatmap(step: Step, value, digits: int, max_shown: int, number: int) -> str
         f'<title id="{pattern}-t">Heat map of {escape_html(prose.text_of(_whose(step)[1]))}: darker is a larger weight'
         f'{hatched}</title>',
         f'<defs><pattern id="{pattern}" width="6" height="6" patternUnits="userSpaceOnUse" patternTransform="rotate(45)">'
-        '<rect width="6" height="6" fill="#fff"/><line x1="0" y1="0" x2="0" y2="6" stroke="#888" stroke-width="2"/>'
+        f'<rect width="6" height="6" fill="#fff"/><line x1="0" y1="0" x2="0" y2="6" stroke="{HATCH_LINE}" stroke-width="2"/>'
         "</pattern></defs>",
     ]
     for k, j in enumerate(cols):
         x = label_w + _CELL * k + _CELL / 2
         text = "⋯" if j is None else escape_html(_cut(step.cols[j]))
-        out.append(f'<text x="{x:g}" y="{top - 6}" transform="rotate(-45 {x:g} {top - 6})" class="col">{text}</text>')
+        if j is None or upright(step.cols[j]):  # a short token turned 45° loses its shape ("I" reads as "\\")
+            out.append(f'<text x="{x:g}" y="{top - 6}" class="col up">{text}</text>')
+        else:
+            out.append(f'<text x="{x:g}" y="{top - 6}" transform="rotate(-45 {x:g} {top - 6})" class="col">{text}</text>')
     for r, i in enumerate(rows):
         y = top + _CELL * r
         text = "⋮" if i is None else escape_html(_cut(step.rows[i]))
         out.append(f'<text x="{label_w - 6}" y="{y + _CELL / 2 + 4:g}" class="row">{text}</text>')
         for k, j in enumerate(cols):
             x = label_w + _CELL * k
-            if i is None or j is None:
+            if i is None or j is None:  # a gap: hatched when it stands for masked entries only, as in the table
+                if _gap_masked(lambda r, c: step.softmax[r].is_masked(c), rows, cols, i, j):
+                    out.append(f'<rect x="{x}" y="{y}" width="{_CELL}" height="{_CELL}" fill="url(#{pattern})" '
+                               'stroke="#fff" class="gap"/>')
                 continue
             masked = step.softmax[i].is_masked(j)
             w = 0.0 if masked else float(value(i, j))
@@ -548,9 +566,8 @@ def _cut(text: str, n: int = 16) -> str:
 
 
 def _grey(w: float) -> str:
-    """The PDF's grey for weight ``w`` (1 − w/2 of white)."""
-    level = round(255 * (1 - 0.5 * max(0.0, min(1.0, w))))
-    return f"rgb({level},{level},{level})"
+    """The PDF's grey for weight ``w`` (see :mod:`.shades`)."""
+    return rgb(grey(w))
 
 
 def _plain_decimal(x, digits: int) -> str:

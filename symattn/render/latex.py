@@ -9,6 +9,7 @@ from .blocks import blocks
 from .grid import MAX_SHOWN
 from .escape import escape_tex
 from .options import RenderOptions
+from .paper import DEFAULT_PAPER, geometry
 
 if TYPE_CHECKING:
     from ..exact.derivation import Derivation
@@ -31,18 +32,25 @@ _FRAGMENT_HEADER = r"""% symattn worked solution, for \input in a document that 
 \providecommand{\symattnfit}[1]{\sbox{\symattnbox}{#1}\typeout{symattn: display \the\wd\symattnbox\space of \the\linewidth}\ifdim\wd\symattnbox>\linewidth\ifdefined\resizebox\ifdim\dimexpr 1pt*\linewidth/\wd\symattnbox\relax<0.85pt\scalebox{0.85}{\usebox{\symattnbox}}\else\resizebox{\linewidth}{!}{\usebox{\symattnbox}}\fi\else\usebox{\symattnbox}\fi\else\usebox{\symattnbox}\fi}
 """
 
-_PREAMBLE = r"""\documentclass[11pt]{article}
+_PREAMBLE_ON = r"""\documentclass[11pt]{article}
 \usepackage[T1]{fontenc}
 \usepackage[utf8]{inputenc}
 \IfFileExists{lmodern.sty}{\usepackage{lmodern}}{}
 \usepackage{amsmath,amssymb}
-\usepackage[margin=2cm]{geometry}
-\usepackage{colortbl}
+@GEOMETRY@\usepackage{colortbl}
 \usepackage{graphicx}
 \setcounter{MaxMatrixCols}{64}
 \allowdisplaybreaks
 \renewcommand{\arraystretch}{1.3}
 """
+
+
+def preamble(paper: str = DEFAULT_PAPER) -> str:
+    """The standalone document's preamble, on ``paper`` ("a4" or "letter")."""
+    return _PREAMBLE_ON.replace("@GEOMETRY@", geometry(paper))
+
+
+_PREAMBLE = preamble()
 
 
 def render_latex(
@@ -56,10 +64,12 @@ def render_latex(
     last: str | None = None,
     exercise: bool = False,
     ask: frozenset[str] | None = None,
+    paper: str = DEFAULT_PAPER,
 ) -> str:
     """The worked solution as LaTeX (a full document unless ``standalone=False``): :func:`document`
     with these options (see :class:`~symattn.RenderOptions`)."""
-    return document(derivation, RenderOptions(standalone, digits, check, max_shown, first, last, exercise, ask))
+    return document(derivation, RenderOptions(standalone, digits, check, max_shown, first, last, exercise, ask,
+                                                 paper))
 
 
 def document(derivation: Derivation, options: RenderOptions) -> str:
@@ -95,7 +105,7 @@ def document(derivation: Derivation, options: RenderOptions) -> str:
     if exercise:
         heading = f"\\title{{{title}}}\n\\begin{{document}}\n" + heading
     return (
-        _PREAMBLE
+        preamble(options.paper)
         + heading + "\n"
         + body
         + "\n\\end{document}\n"

@@ -126,11 +126,13 @@ def approx_tex_blocks(d: Derivation, step: Step, digits: int, max_shown: int = M
 
 
 def _shade(masked: bool, weight) -> str:
-    """A grey proportional to the weight (readable printed in black and white); masked cells greyed out."""
+    """A grey proportional to the weight (see :mod:`.shades`: black digits keep 4.5:1 contrast on the
+    darkest, and a photocopy stays readable); masked cells unshaded, their digits grey."""
+    from .shades import MASKED_TEXT, grey
+
     if masked:
-        return "\\color[gray]{0.6}"
-    level = 1 - 0.5 * float(weight)
-    return f"\\cellcolor[gray]{{{level:.2f}}}"
+        return f"\\color[gray]{{{MASKED_TEXT:.2f}}}"
+    return f"\\cellcolor[gray]{{{grey(weight):.2f}}}"
 
 
 def normaliser_lines(d: Derivation, step: Step, digits: int, max_shown: int = MAX_SHOWN) -> list[str]:

@@ -13,7 +13,9 @@ from __future__ import annotations
 import functools
 import re
 
-LINE_WIDTH = 500.0  # pt: letter paper with 2 cm margins, symattn's page
+# pt: US Letter with 2 cm margins. On A4 the line is 482 pt: \symattnfit scales a display between the two
+# by at most 4 %, and the MIN_SCALE floor is tested on A4, the default page.
+LINE_WIDTH = 500.0
 MIN_SCALE = 0.85  # no display is shrunk further; a wider matrix is split into column blocks
 # A display is split when its estimate exceeds this: the estimate can be ~10 % low, and
 # LaTeX then still fits it at no less than MIN_SCALE.

@@ -1,7 +1,7 @@
 """How a worked solution is written: :class:`RenderOptions`, one frozen set of options for every format.
 
 >>> RenderOptions(digits=6, first="S", last="A")
-RenderOptions(standalone=True, digits=6, check=None, max_shown=8, first='S', last='A', exercise=False, ask=None)
+RenderOptions(standalone=True, digits=6, check=None, max_shown=8, first='S', last='A', exercise=False, ask=None, paper='a4')
 >>> RenderOptions(digits=0)
 Traceback (most recent call last):
 ...
@@ -16,6 +16,7 @@ from dataclasses import dataclass, fields
 
 from ..text import shown as _shown
 from .grid import MAX_SHOWN
+from .paper import DEFAULT_PAPER, PAPERS
 
 FORMATS = ("latex", "markdown", "text", "json", "html")
 MAX_DIGITS = 50  # as a problem file's digits and --digits
@@ -25,7 +26,7 @@ MAX_DIGITS = 50  # as a problem file's digits and --digits
 _LAYOUT = ("max_shown", "first", "last")
 _SHEET = ("exercise", "ask")
 USED = {
-    "latex": ("standalone", "digits", "check", *_LAYOUT, *_SHEET),
+    "latex": ("standalone", "digits", "check", *_LAYOUT, *_SHEET, "paper"),
     "markdown": ("standalone", "digits", "check", *_LAYOUT, *_SHEET),
     "html": ("standalone", "digits", "check", *_LAYOUT, *_SHEET),
     "text": ("standalone", "digits", "check", *_LAYOUT),
@@ -42,8 +43,9 @@ class RenderOptions:
     ``check``: a :class:`~symattn.CrossCheck` to report at the end. ``max_shown``: above this
     many rows or columns a matrix is elided. ``first``/``last``: the stages the solution starts
     and ends at (``--from``/``--to``). ``exercise``: the exercise sheet instead, with empty boxes
-    for the stages in ``ask`` (None: every computed stage). A value none of them can take is
-    refused with a ValueError naming it.
+    for the stages in ``ask`` (None: every computed stage). ``paper``: ``'a4'`` or ``'letter'``, the
+    page of a LaTeX document (and so of its PDF). A value none of them can take is refused with a
+    ValueError naming it.
     """
 
     standalone: bool = True
@@ -54,6 +56,7 @@ class RenderOptions:
     last: str | None = None
     exercise: bool = False
     ask: frozenset[str] | None = None
+    paper: str = DEFAULT_PAPER
 
     def __post_init__(self) -> None:
         for name in ("standalone", "exercise"):
@@ -75,6 +78,8 @@ class RenderOptions:
                                  f"not {_shown(self.check)}")
         if self.ask is not None:
             self._set_ask()
+        if not isinstance(self.paper, str) or self.paper not in PAPERS:
+            raise ValueError(f"paper must be one of {', '.join(repr(p) for p in PAPERS)}, not {_shown(self.paper)}")
 
     def _set_ask(self) -> None:
         ask = self.ask
@@ -96,6 +101,7 @@ class RenderOptions:
         unused = [f.name for f in fields(self) if f.name not in USED[format] and getattr(self, f.name) != f.default]
         if unused:
             what = "an exercise sheet is LaTeX, Markdown or HTML" if set(unused) & set(_SHEET) else (
+                "the paper is a LaTeX document's (and its PDF's)" if "paper" in unused else
                 "JSON holds every stage in full")
             raise ValueError(f"{format} does not take {', '.join(unused)}: {what}")
 

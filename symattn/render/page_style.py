@@ -6,10 +6,13 @@ the entries that make the entry a reader points at (mouse, or the keyboard: Tab 
 arrow keys inside it) and shows its explanation, and switches exact values to decimals.
 """
 
-_GREYS = "\n".join(
-    f".symattn-page td.g{k}{{background:rgb({round(2.55 * k)},{round(2.55 * k)},{round(2.55 * k)})}}"
-    for k in range(50, 101)
-)
+from .shades import HATCH, TEXT, grey_percent, rgb
+
+_GREYS = "\n".join(f".symattn-page td.g{k}{{background:{rgb(k / 100)}}}" for k in range(grey_percent(1), 101))
+# Masked entries: hatched, the stripes fixed to the page so that they run on unbroken across a row of
+# masked cells (and the gaps standing for masked entries only), the digits in the page's own colour.
+_MASKED = (f".symattn-page td.masked{{background:repeating-linear-gradient(45deg,{HATCH[0]} 0 4px,{HATCH[1]} 4px 6px) "
+           f"fixed;color:{TEXT}}}")
 
 PAGE_STYLE = """
 .symattn-page{font-family:system-ui,-apple-system,"Segoe UI",Roboto,"Helvetica Neue",Arial,sans-serif;
@@ -34,7 +37,6 @@ background:linear-gradient(#333,#333) left top/.45rem 2px no-repeat,linear-gradi
 linear-gradient(#333,#333) right top/.45rem 2px no-repeat,linear-gradient(#333,#333) right bottom/.45rem 2px no-repeat}
 .symattn-page td.entry math{math-style:normal}
 .symattn-page td.gap,.symattn-page th.gap{color:#555}
-.symattn-page td.masked{background:repeating-linear-gradient(45deg,#fff 0 4px,#d0d0d0 4px 6px);color:#555}
 .symattn-page td.answer .box{display:inline-block;min-width:3.5em;min-height:1.6em;border:1px solid #666}
 .symattn-page td.entry[tabindex]{cursor:pointer}
 .symattn-page td.entry:focus{outline:3px solid #1a56c4;outline-offset:-3px}
@@ -53,6 +55,7 @@ overflow-x:auto}
 .symattn-page figure.heatmap{margin:.6rem 0;overflow-x:auto}
 .symattn-page figure.heatmap text{font:12px system-ui,sans-serif;fill:#1a1a1a}
 .symattn-page figure.heatmap text.row{text-anchor:end}
+.symattn-page figure.heatmap text.up{text-anchor:middle}
 .symattn-page figure.heatmap text.v{text-anchor:middle;font-size:11px}
 .symattn-page figcaption{font-size:.9em;color:#444}
 .symattn-page figure.stream{margin:1rem 0 1.5rem}
@@ -86,7 +89,7 @@ overflow-x:auto}
 cursor:pointer}
 .symattn-page button[aria-pressed="true"]{background:#1a1a1a;color:#fff}
 @media print{.symattn-page .toc,.symattn-page .controls,.symattn-page .explain{display:none}}
-""" + _GREYS + "\n"
+""" + _GREYS + "\n" + _MASKED + "\n"
 
 PAGE_SCRIPT = """
 (function () {

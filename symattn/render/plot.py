@@ -8,21 +8,16 @@ import math
 from .. import stages
 from ..errors import SymattnError
 from ..text import show_bidi
+from .labels import upright
+from .shades import on
 from ..exact.derivation import Derivation
 
 _MAX_LABELS = 32  # tick labels on an axis before they are thinned out
 FORMATS = {".png": "png", ".svg": "svg", ".pdf": "pdf"}
 
 
-def plot_weights(d: Derivation, suffix: str = ".png") -> bytes:
-    """A heat map of each head's weights A (one panel per head) as PNG, SVG or PDF bytes.
-
-    Rows are the query tokens, columns the key tokens, each cell is labelled
-    with its weight; masked cells are hatched grey, so they never look like
-    small weights.
-    """
-    if suffix not in FORMATS:
-        raise SymattnError(f"a plot is written as .png, .svg or .pdf, not {suffix or 'a file without a suffix'}")
+def figure(d: Derivation):
+    """The matplotlib figure :func:`plot_weights` saves (closed by the caller)."""
     try:
         import matplotlib
 
@@ -54,11 +49,14 @@ def plot_weights(d: Derivation, suffix: str = ".png") -> bytes:
                 if masked[i, j]:
                     ax.add_patch(plt.Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, hatch="///", color="#8c8c8c", lw=0))
                 elif n_q <= 16 and n_k <= 16:
-                    ax.text(j, i, f"{values[i, j]:.2f}", ha="center", va="center", fontsize=8,
-                            color="white" if values[i, j] > 0.6 else "black")
+                    ax.text(j, i, f"{values[i, j]:.2f}", ha="center", va="center", fontsize=8,  # AA contrast
+                            color=on(image.cmap(image.norm(values[i, j]))[:3]))
         xs, ys = range(0, n_k, step_k), range(0, n_q, step_q)
-        ax.set_xticks(xs, labels=[show_bidi(step.cols[j]) for j in xs], rotation=45 if n_k > 6 else 0,
-                      ha="right" if n_k > 6 else "center", fontsize=font)
+        ax.set_xticks(xs, labels=[show_bidi(step.cols[j]) for j in xs], fontsize=font)
+        for tick, j in zip(ax.get_xticklabels(), xs):  # many columns: long labels turned to fit, short ones upright
+            if n_k > 6 and not upright(step.cols[j]):
+                tick.set_rotation(45)
+                tick.set_horizontalalignment("right")
         ax.set_yticks(ys, labels=[show_bidi(step.rows[i]) for i in ys], fontsize=font)
         ax.set_xlabel("key" + (f" (one token in {step_k} labelled)" if step_k > 1 else ""))
         ax.set_ylabel("query" + (f" (one token in {step_q} labelled)" if step_q > 1 else ""))
@@ -66,6 +64,21 @@ def plot_weights(d: Derivation, suffix: str = ".png") -> bytes:
         ax.set_title(f"Head {step.head}: weights {name}" if step.head else f"Attention weights {name}")
         fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
     fig.tight_layout()
+    return fig
+
+
+def plot_weights(d: Derivation, suffix: str = ".png") -> bytes:
+    """A heat map of each head's weights A (one panel per head) as PNG, SVG or PDF bytes.
+
+    Rows are the query tokens, columns the key tokens, each cell is labelled
+    with its weight; masked cells are hatched grey, so they never look like
+    small weights.
+    """
+    if suffix not in FORMATS:
+        raise SymattnError(f"a plot is written as .png, .svg or .pdf, not {suffix or 'a file without a suffix'}")
+    fig = figure(d)
+    import matplotlib.pyplot as plt
+
     out = io.BytesIO()
     fig.savefig(out, format=FORMATS[suffix], dpi=150, metadata={"Software": None} if suffix == ".png" else None)
     plt.close(fig)
