@@ -335,3 +335,43 @@ def test_passes_mla_has_none_of_are_refused_in_one_line(option, field, capsys):
     assert code == 1 and len(err.splitlines()) == 1 and err.startswith("Error: ")
     assert f"{field}: " in err and "mla" in err, err
 
+
+# -- symattn generate --mla ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("level, seed", [("easy", 0), ("easy", 5), ("medium", 1), ("hard", 2)])
+def test_generated_mla_exercises_keep_their_guarantees(level, seed, tmp_path):
+    """Reference: NumPy written here from the generated file (quarter turns as rope_np with θ = π/2): the
+    level's bounds (easy 4 and 8, medium 6 and 16, hard 12 and 48), whole numbers, a non-uniform row per
+    head, and scores unlike those with RoPE on the compressed part."""
+    (problem,) = symattn.generate(seed=seed, level=level, tokens=3, mla=True)
+    raw = yaml.safe_load(problem.to_yaml())
+    m = raw["mla"]
+    assert m["heads"] == 2 and m["rope"] == {"angles": ["pi/2"]}
+    f = lambda w: np.array(w, dtype=float)  # noqa: E731
+    X = f(raw["X"])
+    proj, bound = {"easy": (4, 8), "medium": (6, 16), "hard": (12, 48)}[level]
+    rot = lambda x: np.rint(rope_np(x, np.array([np.pi / 2]), "half"))  # noqa: E731  (whole numbers)
+    c_kv, k_rot = X @ f(m["W_DKV"]), rot(X @ f(m["W_KR"]))
+    allowed = np.tril(np.ones((3, 3), bool)) if raw["mask"] == "causal" else np.ones((3, 3), bool)
+    for h in range(2):
+        q_c, k_c = X @ f(m["W_Q"])[:, 2 * h:2 * h + 2], c_kv @ f(m["W_UK"])[:, 2 * h:2 * h + 2]
+        q_rot = rot(X @ f(m["W_QR"])[:, 2 * h:2 * h + 2])
+        S = np.hstack([q_c, q_rot]) @ np.hstack([k_c, k_rot]).T
+        wrong = np.hstack([rot(q_c), q_rot]) @ np.hstack([rot(k_c), k_rot]).T
+        V = c_kv @ f(m["W_UV"])[:, 2 * h:2 * h + 2]
+        assert max(np.abs(a).max() for a in (q_c, q_rot, k_c, V)) <= proj and np.abs(S).max() <= bound
+        assert not np.array_equal(np.where(allowed, S, 0), np.where(allowed, wrong, 0))
+        assert any(allowed[i].sum() > 1 and len(set(S[i][allowed[i]])) > 1 for i in range(3))
+        assert _close(symattn.derive(problem).approx(f"head{h + 1}.S"), S)
+    assert symattn.crosscheck(symattn.derive(problem)).passed
+    assert symattn.generate(seed=seed, level=level, tokens=3, mla=True)[0].to_yaml() == problem.to_yaml()
+
+
+@pytest.mark.parametrize("options, words", [(["--heads", "3"], "--heads"), (["--d-k", "2"], "--d-k"),
+                                            (["--linear", "relu"], "--linear"), (["--no-scale"], "--no-scale"),
+                                            (["--mask", "sliding-window:2"], "causal or none")])
+def test_generate_mla_refuses_what_it_cannot_follow(options, words, capsys):
+    assert main(["generate", "--mla", *options]) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.strip().splitlines()) == 1 and words in err, err

@@ -133,7 +133,7 @@ _FIELD_MODULES = {"problem/model.py", "problem/reader/fields.py", "problem/reade
                   "problem/reader/layer.py", "problem/reader/passes.py", "problem/reader/block.py",
                   "problem/reader/linear.py", "problem/reader/qk_norm.py", "problem/reader/mla.py",
                   "problem/checkpoints/layouts.py",
-                  "generate/exercises.py", "generate/block.py"} | {
+                  "generate/exercises.py", "generate/block.py", "generate/mla.py"} | {
     f"stages/{name}.py" for name in
     ("__init__", "ids", "kinds", "registry", "rows", "norms", "norm_backward", "formulas", "why", "relations",
      "outline", "mlp", "block_backward", "linear", "mla")}
