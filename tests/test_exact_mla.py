@@ -7,11 +7,11 @@ References written here, each test saying which it uses:
   k_C = W_UK c_KV, v_C = W_UV c_KV, k_R = RoPE(W_KR h_t), c_Q = W_DQ h_t, q_C = W_UQ c_Q, q_R = RoPE(W_QR c_Q),
   q = [q_C; q_R], k = [k_C; k_R], o = Σ_j softmax_j(qᵀk_j / √(d_h + d_R)) v_j, u = W_O[o_1; …; o_h]
   (written for rows: h_t is a row of X), with RoPE written here twice (rotate_half and complex pairs);
+  and with the RMSNorm after the latents (the paper's appendix) for norm_kv and norm_q;
 - PyTorch: F.scaled_dot_product_attention over the Q, K, V assembled here with torch (skips without torch);
+- transformers' own DeepseekV3Attention with the problem's weights loaded in (skips without transformers);
 - mpmath at 50 digits for the softmax's powers of e;
 - SymPy's simplify of each absorbed score minus the assembled one.
-Hugging Face's DeepseekV3Attention is not a reference here: it always normalises the latent
-(kv_a_layernorm, an RMSNorm), and symattn's mla has no latent norm yet (norm_kv is refused).
 """
 
 from __future__ import annotations
@@ -132,9 +132,13 @@ def deepseek_v2(example: dict, thetas: np.ndarray, allowed: np.ndarray) -> tuple
     f = lambda m: np.array([[float(Fraction(str(x))) for x in r] for r in m])  # noqa: E731
     m = example["mla"]
     X, h = f(example["X"]), m["heads"]
+    rms = lambda x, norm: x / np.sqrt((x * x).mean(axis=1, keepdims=True) + float(Fraction(str(norm.get("eps", "1e-6"))))) \
+        * (f([norm["weight"]])[0] if "weight" in norm else 1.0)  # noqa: E731  RMSNorm (DeepSeek's latent norms)
     c_kv = X @ f(m["W_DKV"])
+    c_kv = rms(c_kv, m["norm_kv"]) if "norm_kv" in m else c_kv
     k_r = rope_np(X @ f(m["W_KR"]), thetas, m["rope"].get("pairing", "half"))
     c_q = X @ f(m["W_DQ"]) if "W_DQ" in m else X
+    c_q = rms(c_q, m["norm_q"]) if "norm_q" in m else c_q
     W_q = f(m["W_UQ"]) if "W_DQ" in m else f(m["W_Q"])
     d_h, d_R, d_v = W_q.shape[1] // h, k_r.shape[1], f(m["W_UV"]).shape[1] // h
     heads = []
@@ -375,3 +379,134 @@ def test_generate_mla_refuses_what_it_cannot_follow(options, words, capsys):
     assert main(["generate", "--mla", *options]) == 1
     out, err = capsys.readouterr()
     assert out == "" and len(err.strip().splitlines()) == 1 and words in err, err
+
+
+# -- Hugging Face's DeepseekV3Attention -----------------------------------------------------------
+
+# HF_CASES: (problem text, rope_interleave); W_O is h·d_v × d_model, as o_proj maps back to hidden_size
+HF_CASES = {
+    "w_dq-norms-half": ("""X: [[1, 2, 0, -1], [0, 1, 1, 2], [2, -1, 1, 0]]
+W_O: [[1, 0, 0, 1], [0, 1, 1, 0], [1, 1, 0, 0], [2, -1, 0, 1], [0, 1, 1, 1], [1, 0, -1, 0], [1, 1, 0, 0], [-1, 0, 2, 1]]
+mask: causal
+mla:
+  heads: 2
+  W_DKV: [[1, 0], [0, 1], [1, 1], [0, -1]]
+  W_UK: [[1, 0, 2, -1, 0, 1], [0, 1, 1, 1, -1, 0]]
+  W_UV: [[1, 0, 0, 1, 1, 1, 0, 0], [0, 1, 1, 0, 0, 1, 1, -1]]
+  W_KR: [[1, 0, 0, 1], [0, 1, 0, 0], [1, 0, 1, 0], [0, 0, 1, 1]]
+  W_DQ: [[1, 0, 1], [0, 1, 0], [1, 1, 0], [0, 0, 1]]
+  W_UQ: [[1, 0, 0, 0, 1, 1], [0, 1, 1, 0, 0, 1], [1, 1, 0, 1, 0, 0]]
+  W_QR: [[1, 0, 0, 1, 0, 1, 1, 0], [0, 1, 1, 0, 1, 0, 0, 1], [1, 1, 0, 0, 0, 0, 1, 1]]
+  rope: {base: 10000}
+  norm_kv: {weight: [2, "1/2"], eps: 1/100}
+  norm_q: {weight: [1, 2, "1/4"], eps: 1e-6}
+""", False),
+    "w_q-norm-interleaved": ("""X: [[1, 2, 0, -1], [0, 1, 1, 2], [2, -1, 1, 0], [1, 1, 1, 1]]
+W_O: [[1, 0, 0, 1], [0, 1, 1, 0], [1, 1, 0, 0], [2, -1, 0, 1]]
+mask: causal
+mla:
+  heads: 2
+  W_DKV: [[1, 0, 1], [0, 1, 0], [1, 1, 0], [0, -1, 1]]
+  W_UK: [[1, 0, 2, -1], [0, 1, 1, 1], [1, 1, 0, 0]]
+  W_UV: [[1, 0, 0, 1], [0, 1, 1, 0], [1, 0, 1, 1]]
+  W_KR: [[1, 0], [0, 1], [1, 0], [0, 1]]
+  W_Q: [[1, 0, 1, 0], [0, 1, 0, 1], [1, 1, 0, 0], [0, 0, 1, 1]]
+  W_QR: [[1, 0, 0, 1], [0, 1, 1, 0], [1, 1, 0, 0], [0, 0, 1, 1]]
+  rope: {base: 10000, pairing: interleaved}
+  norm_kv: {eps: 1/10}
+""", True),
+}
+# Hugging Face's RMSNorm, its rotary module (cos and sin of p·θ_i) and its eager softmax compute in float32:
+# each normalised latent entry, each cos, sin and weight is within about 4 units of 2^-24 (relative) of its
+# float64 value, and every later stage multiplies that by at most the sum of the absolute weights along its
+# path (below 64 here)
+HF_TOL = 4 * 2.0**-24 * 64
+
+
+def _hf_attention(example: dict, interleave: bool, float64_norms: bool, monkeypatch):
+    """DeepseekV3Attention with the problem's weights (nn.Linear stores out × in: the transposes), head h's
+    blocks where Hugging Face splits q_b_proj (or q_proj) and kv_b_proj per head; returns o_proj's output."""
+    torch = pytest.importorskip("torch")
+    ds = pytest.importorskip("transformers.models.deepseek_v3.modeling_deepseek_v3")
+    from transformers import DeepseekV3Config
+
+    if float64_norms:  # the same three lines as Hugging Face's, without the cast to float32
+        def forward(self, x):
+            return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon))
+        monkeypatch.setattr(ds.DeepseekV3RMSNorm, "forward", forward)
+    m = example["mla"]
+    t = lambda w: torch.tensor([[float(Fraction(str(x))) for x in r] for r in w], dtype=torch.float64)  # noqa: E731
+    X, h = t(example["X"]), m["heads"]
+    d_c, d_R = len(m["W_DKV"][0]), len(m["W_KR"][0])
+    d_h, d_v = len(m["W_UK"][0]) // h, len(m["W_UV"][0]) // h
+    d_cq = len(m["W_DQ"][0]) if "W_DQ" in m else None
+    config = DeepseekV3Config(hidden_size=X.shape[1], num_attention_heads=h, num_key_value_heads=h,
+                              q_lora_rank=d_cq, kv_lora_rank=d_c, qk_nope_head_dim=d_h, qk_rope_head_dim=d_R,
+                              v_head_dim=d_v, rope_interleave=interleave, attention_bias=False,
+                              rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+    config._attn_implementation = "sdpa" if float64_norms else "eager"  # eager takes its softmax in float32
+    attn = ds.DeepseekV3Attention(config, 0).to(torch.float64)
+    blocks = lambda a, wa, b, wb: torch.cat([torch.cat([a[:, i * wa:(i + 1) * wa], b[:, i * wb:(i + 1) * wb]], 1)  # noqa: E731
+                                             for i in range(h)], 1).T
+    W_up = t(m["W_UQ"]) if d_cq else t(m["W_Q"])
+    with torch.no_grad():
+        if d_cq:
+            attn.q_a_proj.weight.copy_(t(m["W_DQ"]).T)
+            attn.q_b_proj.weight.copy_(blocks(W_up, d_h, t(m["W_QR"]), d_R))
+            norm_q = m["norm_q"]
+            attn.q_a_layernorm.weight.copy_(t([norm_q["weight"]])[0] if "weight" in norm_q else torch.ones(d_cq))
+            attn.q_a_layernorm.variance_epsilon = float(Fraction(str(norm_q.get("eps", "1e-6"))))
+        else:
+            attn.q_proj.weight.copy_(blocks(W_up, d_h, t(m["W_QR"]), d_R))
+        attn.kv_a_proj_with_mqa.weight.copy_(torch.cat([t(m["W_DKV"]), t(m["W_KR"])], 1).T)
+        norm_kv = m["norm_kv"]
+        attn.kv_a_layernorm.weight.copy_(t([norm_kv["weight"]])[0] if "weight" in norm_kv else torch.ones(d_c))
+        attn.kv_a_layernorm.variance_epsilon = float(Fraction(str(norm_kv.get("eps", "1e-6"))))
+        attn.kv_b_proj.weight.copy_(blocks(t(m["W_UK"]), d_h, t(m["W_UV"]), d_v))
+        attn.o_proj.weight.copy_(t(example["W_O"]).T)
+        n = X.shape[0]
+        position_ids = torch.arange(n)[None]
+        if float64_norms:  # cos and sin of p·θ_i in float64, laid out as Hugging Face's cat(freqs, freqs)
+            theta = 10000.0 ** (-torch.arange(0, d_R, 2, dtype=torch.float64) / d_R)
+            freqs = torch.outer(torch.arange(n, dtype=torch.float64), theta)
+            cos, sin = torch.cat([freqs, freqs], 1).cos()[None], torch.cat([freqs, freqs], 1).sin()[None]
+        else:
+            cos, sin = ds.DeepseekV3RotaryEmbedding(config)(X[None], position_ids)
+        mask = torch.full((n, n), float("-inf"), dtype=torch.float64).triu(1)[None, None]
+        out, _ = attn(X[None], (cos.to(torch.float64), sin.to(torch.float64)), mask)
+    return out[0].numpy()
+
+
+@pytest.mark.parametrize("name", list(HF_CASES))
+def test_hugging_faces_deepseek_v3_attention(name, tmp_path, monkeypatch):
+    """Reference: transformers' own DeepseekV3Attention (kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj split
+    per head, q_a_proj/q_a_layernorm/q_b_proj or q_proj, its RoPE with or without rope_interleave, o_proj)
+    with the problem's weights loaded in, float64: as it is (eager; its RMSNorm, rotary module and softmax in
+    float32, HF_TOL), and with its RMSNorm's cast to float32 lifted, cos, sin given in float64 and its sdpa
+    attention (TOL)."""
+    text, interleave = HF_CASES[name]
+    path = tmp_path / "p.yaml"
+    path.write_text(text, encoding="utf-8")
+    example = yaml.safe_load(text)
+    d = symattn.derive(symattn.load_problem(path))
+    exact = np.asarray(d.approx("O"), float)
+    as_is = _hf_attention(example, interleave, False, monkeypatch)
+    assert np.all(np.abs(as_is - exact) <= HF_TOL * np.maximum(1.0, np.abs(exact))), np.abs(as_is - exact).max()
+    assert _close(exact, _hf_attention(example, interleave, True, monkeypatch))
+    assert all(x == 0 for h in (1, 2) for x in d.step(f"head{h}.S_abs_diff").exact)  # absorbed through the norm too
+
+
+@pytest.mark.parametrize("name", list(HF_CASES))
+def test_the_latent_norms_match_the_papers_formulas_in_numpy(name, tmp_path):
+    """Reference: the NumPy equations above with RMSNorm after the compressed latents (DeepSeek-V2, appendix:
+    the extra RMSNorm layers after c_KV and c_Q), and each norm's mean squares by hand in Fractions."""
+    text, interleave = HF_CASES[name]
+    path = tmp_path / "p.yaml"
+    path.write_text(text, encoding="utf-8")
+    example = yaml.safe_load(text)
+    d = symattn.derive(symattn.load_problem(path))
+    d_R = len(example["mla"]["W_KR"][0])
+    _, u = deepseek_v2(example, 10000.0 ** (-2.0 * np.arange(d_R // 2) / d_R), np.array(d.problem.mask.allowed, bool))
+    assert _close(d.approx("O"), u)
+    c_kv = _mul(_fr(example["X"]), _fr(example["mla"]["W_DKV"]))
+    assert _exact(d, "kv_norm_ms") == [[sum(x * x for x in r) / len(r)] for r in c_kv]

@@ -271,7 +271,8 @@ class Mla:
     ``c_KV·W_UV^(h)`` (column blocks of W_UK, W_UV, head 1 first); one rotated key ``RoPE(X·W_KR)``
     (n × d_R) is shared by every head. The queries are ``X·W_Q^(h)``, or ``c_Q·W_UQ^(h)`` with
     ``c_Q = X·W_DQ``, beside ``RoPE(X·W_QR^(h))`` (``c_Q·W_QR^(h)`` with W_DQ). ``rope`` turns only the
-    d_R parts; ``line`` and ``col`` are where the field is written."""
+    d_R parts; ``norm_kv`` and ``norm_q`` normalise the latents (RMSNorm) when given; ``line`` and ``col``
+    are where the field is written."""
 
     heads: int
     W_DKV: Matrix  # d_model × d_c
@@ -283,6 +284,8 @@ class Mla:
     W_Q: Matrix | None = None  # d_model × h·d_h
     W_DQ: Matrix | None = None  # d_model × d_cq
     W_UQ: Matrix | None = None  # d_cq × h·d_h
+    norm_kv: "Norm | None" = None  # RMSNorm of c_KV (DeepSeek's kv_a_layernorm) before W_UK, W_UV and the cache
+    norm_q: "Norm | None" = None  # RMSNorm of c_Q (q_a_layernorm) before W_UQ and W_QR; only with W_DQ
     line: int | None = None
     col: int | None = None
 

@@ -31,6 +31,13 @@ def thetas_f64(rope, d: int) -> np.ndarray:
     return float(rope.base) ** (-2.0 * np.arange(d // 2) / d)
 
 
+def rms_f64(x: np.ndarray, norm, f) -> tuple[np.ndarray, np.ndarray]:
+    """RMSNorm of each row: its mean square, and x / √(ms + ε) times γ when given."""
+    ms = (x * x).mean(axis=1, keepdims=True)
+    y = x / np.sqrt(ms + float(norm.eps))
+    return ms, (y * f(norm.weight) if norm.weight is not None else y)
+
+
 def mla_heads(p, out: dict, X: np.ndarray, f):
     """The latent stages, then per head (h, its stage-id maker, Q, K, V) for the usual head's stages;
     ``f`` turns an exact matrix into float64."""
@@ -39,6 +46,9 @@ def mla_heads(p, out: dict, X: np.ndarray, f):
     W_KR = out[st.W_KR] = f(m.W_KR)
     W_UK, W_UV, W_QR = (out[st.W_UK], out[st.W_UV], out[st.W_QR]) = (f(m.W_UK), f(m.W_UV), f(m.W_QR))
     c_kv = out[st.C_KV] = X @ W_DKV                           # (n, d_c): the cached latent
+    if m.norm_kv is not None:                                 # DeepSeek's kv_a_layernorm
+        out[st.KV_NORM_MS], c_kv = rms_f64(c_kv, m.norm_kv, f)
+        out[st.C_KV_NORM] = c_kv
     k_r = out[st.K_R] = X @ W_KR                              # (n, d_R)
     thetas = thetas_f64(m.rope, m.d_R)
     k_rot = out[st.K_R_ROT] = rotate_f64(k_r, thetas, m.rope.pairing)
@@ -46,6 +56,9 @@ def mla_heads(p, out: dict, X: np.ndarray, f):
         W_DQ = out[st.W_DQ] = f(m.W_DQ)
         W_UQ = out[st.W_UQ] = f(m.W_UQ)
         source = out[st.C_Q] = X @ W_DQ
+        if m.norm_q is not None:                              # q_a_layernorm
+            out[st.CQ_NORM_MS], source = rms_f64(source, m.norm_q, f)
+            out[st.C_Q_NORM] = source
     else:
         W_UQ = out[st.W_Q] = f(m.W_Q)
         source = X
@@ -68,7 +81,8 @@ def mla_absorbed(p, out: dict, prefix, h: int) -> None:
     m = p.mla
     W_UK_h = out[st.W_UK][:, (h - 1) * m.d_h:h * m.d_h]
     q_abs = out[prefix(st.Q_ABS)] = out[prefix(st.Q_C)] @ W_UK_h.T          # (n, d_c)
-    s_abs = out[prefix(st.S_ABS)] = q_abs @ out[st.C_KV].T + out[prefix(st.Q_R_ROT)] @ out[st.K_R_ROT].T
+    latent = out.get(st.C_KV_NORM, out[st.C_KV])                            # the latent the keys read
+    s_abs = out[prefix(st.S_ABS)] = q_abs @ latent.T + out[prefix(st.Q_R_ROT)] @ out[st.K_R_ROT].T
     out[prefix(st.S_ABS_DIFF)] = s_abs - out[prefix(st.S)]
 
 

@@ -178,9 +178,14 @@ def torch_mla(torch, p: Problem, X, t):
     """Each head's stage-id maker and assembled Q, K, V of multi-head latent attention, with torch's
     products and the rotation as Hugging Face's and Meta's codebases write it (:func:`torch_rope`)."""
     m = p.mla
+    F = torch.nn.functional
     c_kv = X @ t(m.W_DKV)
+    if m.norm_kv is not None:  # DeepSeek's kv_a_layernorm, with F.rms_norm
+        c_kv = torch_norm(F, m.norm_kv, c_kv, t)
     k_rot = torch_rope(torch, X @ t(m.W_KR), m.rope)
     source = X @ t(m.W_DQ) if m.W_DQ is not None else X
+    if m.norm_q is not None:  # q_a_layernorm
+        source = torch_norm(F, m.norm_q, source, t)
     W_q = t(m.W_UQ) if m.W_DQ is not None else t(m.W_Q)
     W_UK, W_UV, W_QR = t(m.W_UK), t(m.W_UV), t(m.W_QR)
     out = []

@@ -55,6 +55,7 @@ from .ids import (
     CACHE_KINDS, CACHE_WIDTHS, CACHE_WIDTH_COLUMNS, C_KV, C_Q, K_C, K_R, K_R_ROT, MLA_CACHE, MLA_K, MLA_Q, MLA_V,
     MLA_W_Q, Q_ABS, Q_C, Q_R, Q_R_ROT, S_ABS, S_ABS_DIFF, W_DKV, W_DQ, W_KR, W_QR, W_UK, W_UQ, W_UV,
 )
+from .ids import C_KV_NORM, C_Q_NORM, CQ_NORM_MS, KV_NORM_MS
 from .linear import FORMULA as LINEAR_FORMULA
 from .mla import cache_kinds, mla_cache_table, times_smaller
 from .kinds import Context, Dot, Kind, Mistake, Section
@@ -88,7 +89,7 @@ __all__ = [
     "STATE_COST", "STATE_COST_COLUMNS", "STATE_COSTS", "Z_LIN", "Z_STATE",
     "CACHE_KINDS", "CACHE_WIDTHS", "CACHE_WIDTH_COLUMNS", "C_KV", "C_Q", "K_C", "K_R", "K_R_ROT", "MLA_CACHE", "MLA_K",
     "MLA_Q", "MLA_V", "MLA_W_Q", "Q_ABS", "Q_C", "Q_R", "Q_R_ROT", "S_ABS", "S_ABS_DIFF", "W_DKV", "W_DQ", "W_KR",
-    "W_QR", "W_UK", "W_UQ", "W_UV", "mla_cache_table", "cache_kinds", "times_smaller",
+    "W_QR", "W_UK", "W_UQ", "W_UV", "C_KV_NORM", "C_Q_NORM", "CQ_NORM_MS", "KV_NORM_MS", "mla_cache_table", "cache_kinds", "times_smaller",
     "Context", "Dot", "Kind", "Mistake", "Planned", "Section",
     "dot_at", "entry_tex", "has_norm", "hat_keys", "input_ids", "kv_cache_size", "kv_groups", "order_of", "plan", "resolve", "section_of",
     "sections", "split_id", "stage_id", "traces", "unknown_stage",

@@ -118,6 +118,8 @@ W_DKV, W_KR, W_DQ, W_UK, W_UV, W_UQ, W_QR, MLA_W_Q = "W_DKV", "W_KR", "W_DQ", "W
 C_KV, K_R, K_R_ROT, C_Q = "c_KV", "k_R", "k_R_rot", "c_Q"
 Q_C, Q_R, Q_R_ROT, K_C, MLA_Q, MLA_K, MLA_V = "q_C", "q_R", "q_R_rot", "K_C", "mla_Q", "mla_K", "mla_V"
 Q_ABS, S_ABS, S_ABS_DIFF, MLA_CACHE = "q_abs", "S_abs", "S_abs_diff", "mla_cache"
+# mla's latent norms (norm_kv:, norm_q:, RMSNorm): each latent row's mean square and the normalised latent
+KV_NORM_MS, C_KV_NORM, CQ_NORM_MS, C_Q_NORM = "kv_norm_ms", "c_KV_norm", "cq_norm_ms", "c_Q_norm"
 # With kv_heads (grouped-query attention) these stages exist once per K/V group, under the id of
 # the group's first query head (head1.K for group 1); the group's other heads read them. So do
 # their gradients: a group's dK and dV sum the shares of every head that reads it.

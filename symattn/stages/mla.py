@@ -23,6 +23,7 @@ from .ids import (
     Q_ABS, Q_C, Q_R, Q_R_ROT, QUERIES, S, S_ABS, S_ABS_DIFF, S_MASKED, S_SCALED, V, W_DKV, W_DQ, W_KR, W_QR, W_UK,
     W_UQ, W_UV, X,
 )
+from .ids import C_KV_NORM, C_Q_NORM, CQ_NORM_MS, KV_NORM_MS, MEAN_SQUARE
 from .kinds import Context, Kind, Mistake
 from .shapes import plain
 
@@ -51,7 +52,20 @@ def _head_block(ops, v, c: Context, key: str, width: int):
 
 
 def _q_source(c: Context) -> str:
-    return C_Q if _mla(c).W_DQ is not None else X
+    """What the queries are up-projected from: X, the query latent c_Q, or its norm."""
+    m = _mla(c)
+    return X if m.W_DQ is None else C_Q_NORM if m.norm_q is not None else C_Q
+
+
+def _kv(c: Context) -> str:
+    """The latent the keys and values are up-projected from: c_KV, or its norm."""
+    return C_KV_NORM if _mla(c).norm_kv is not None else C_KV
+
+
+def _normed(ops, m, ms, norm):
+    """RMSNorm of the rows of ``m`` with their mean squares ``ms``: m_ik / √(ms_i + ε), times γ when given."""
+    hat = ops.normalise(m, None, ms, norm.eps)
+    return hat if norm.weight is None else ops.times_row(hat, ops.given(norm.weight))
 
 
 def _rotation(c: Context, width: int):
@@ -162,6 +176,12 @@ def _cache_why(c: Context) -> str:
             f"⟦g\\,(d_h + d_R + d_v)⟧. The second column is the cache for the problem's ⟦n = {c.p.n_q}⟧ tokens.")
 
 
+def _latex(x) -> str:
+    import sympy
+
+    return sympy.latex(x)
+
+
 def _d(c: Context) -> str:
     m = _mla(c)
     return f"⟦d_h = {m.d_h}⟧, ⟦d_R = {m.d_R}⟧"
@@ -178,6 +198,16 @@ WHY = {
                         "This rotated key is cached beside ⟦c_{KV}⟧."),
     W_DQ: lambda c: "The down-projection of the queries: their own latent, not cached (only the keys' side is).",
     C_Q: lambda c: "The query latent ⟦c_Q = X\\,W_{DQ}⟧; each head's queries are up-projected from it.",
+    KV_NORM_MS: lambda c: ("DeepSeek normalises the latent before it is up-projected (its kv_a_layernorm, an RMSNorm): "
+                           "first each row's mean square."),
+    C_KV_NORM: lambda c: ("Each latent row divided by ⟦\\sqrt{\\mathrm{ms}_i + \\varepsilon}⟧"
+                          + (" and multiplied by ⟦\\gamma⟧" if _mla(c).norm_kv.weight is not None else "")
+                          + f" (⟦\\varepsilon = {_latex(_mla(c).norm_kv.eps)}⟧). This is the latent the heads' keys and "
+                          "values, and the absorbed scores, read."),
+    CQ_NORM_MS: lambda c: "The query latent is normalised too (q_a_layernorm): each row's mean square.",
+    C_Q_NORM: lambda c: ("Each query-latent row divided by ⟦\\sqrt{\\mathrm{ms}_i + \\varepsilon}⟧"
+                         + (" and multiplied by ⟦\\gamma⟧" if _mla(c).norm_q.weight is not None else "")
+                         + f" (⟦\\varepsilon = {_latex(_mla(c).norm_q.eps)}⟧); the heads' queries are up-projected from it."),
     W_UK: lambda c: "The up-projection of the keys: head ⟦h⟧'s block of ⟦d_h⟧ columns (head 1 first) turns the latent into its compressed key.",
     W_UV: lambda c: "The up-projection of the values: head ⟦h⟧'s block of ⟦d_v⟧ columns turns the latent into its value.",
     W_UQ: lambda c: "The up-projection of the query latent: head ⟦h⟧'s block of ⟦d_h⟧ columns.",
@@ -218,6 +248,14 @@ def _with_dq(c: Context) -> bool:
     return latent(c) and _mla(c).W_DQ is not None
 
 
+def _with_norm_kv(c: Context) -> bool:
+    return latent(c) and _mla(c).norm_kv is not None
+
+
+def _with_norm_q(c: Context) -> bool:
+    return latent(c) and _mla(c).norm_q is not None
+
+
 def latent_rows() -> tuple[Kind, ...]:
     """The layer-wide rows: the given weights, the latent, the shared rotated key and the query latent."""
     return (
@@ -246,6 +284,26 @@ def latent_rows() -> tuple[Kind, ...]:
         _kind(C_Q, C_Q, 2.77, "mla_latent", "The query latent", ("c_Q = X\\,W_{DQ}", "c_Q = X·W_DQ"), (QUERIES, "c"),
               "n × d_cq", (X, W_DQ), lambda ops, v, c: ops.matmul(v(X), v(W_DQ)), per_head=False, when=_with_dq,
               tex="c_Q"),
+        # kv_norm_ms = mean of each c_KV row's squares  (n × 1); c_KV_norm = c_KV / √(ms + ε) ∘ γ  (n × d_c)
+        _kind(KV_NORM_MS, KV_NORM_MS, 2.721, "mla_latent", "Mean square of each latent row",
+              ("\\mathrm{ms}_i = \\tfrac{1}{d_c} \\sum_k c_{ik}^2", "ms_i = mean_k c_KV[i,k]²"), (KEYS, MEAN_SQUARE),
+              "n × 1", (C_KV,), lambda ops, v, c: ops.row_spread(v(C_KV), None), per_head=False, when=_with_norm_kv,
+              tex="\\mathrm{ms}_{KV}"),
+        _kind(C_KV_NORM, C_KV_NORM, 2.722, "mla_latent", "The latent normalised (RMSNorm)",
+              ("c_{KV}^{norm} = c_{KV} / \\sqrt{\\mathrm{ms} + \\varepsilon} \\circ \\gamma", "c_KV_norm = c_KV / √(ms + ε) ∘ γ"),
+              (KEYS, "c"), "n × d_c", (C_KV, KV_NORM_MS),
+              lambda ops, v, c: _normed(ops, v(C_KV), v(KV_NORM_MS), _mla(c).norm_kv), per_head=False,
+              when=_with_norm_kv, tex="c_{KV}^{norm}"),
+        # with norm_q: cq_norm_ms  (n × 1); c_Q_norm = c_Q / √(ms + ε) ∘ γ  (n × d_cq)
+        _kind(CQ_NORM_MS, CQ_NORM_MS, 2.771, "mla_latent", "Mean square of each query-latent row",
+              ("\\mathrm{ms}_i = \\tfrac{1}{d_{cq}} \\sum_k (c_Q)_{ik}^2", "ms_i = mean_k c_Q[i,k]²"),
+              (QUERIES, MEAN_SQUARE), "n × 1", (C_Q,), lambda ops, v, c: ops.row_spread(v(C_Q), None), per_head=False,
+              when=_with_norm_q, tex="\\mathrm{ms}_{Q}"),
+        _kind(C_Q_NORM, C_Q_NORM, 2.772, "mla_latent", "The query latent normalised (RMSNorm)",
+              ("c_Q^{norm} = c_Q / \\sqrt{\\mathrm{ms} + \\varepsilon} \\circ \\gamma", "c_Q_norm = c_Q / √(ms + ε) ∘ γ"),
+              (QUERIES, "c"), "n × d_cq", (C_Q, CQ_NORM_MS),
+              lambda ops, v, c: _normed(ops, v(C_Q), v(CQ_NORM_MS), _mla(c).norm_q), per_head=False,
+              when=_with_norm_q, tex="c_Q^{norm}"),
         _given(W_UK, W_UK, 2.81, "mla_weights", "Up-projection of the keys", ("W_{UK}", "W_UK"), ("c", "k"),
                lambda c: _mla(c).W_UK),
         _given(W_UV, W_UV, 2.82, "mla_weights", "Up-projection of the values", ("W_{UV}", "W_UV"), ("c", "v"),
@@ -266,7 +324,7 @@ def head_rows() -> tuple[Kind, ...]:
                                                        _mla(c).d_h))
 
     def q_inputs(c):
-        return (C_Q, W_UQ) if _mla(c).W_DQ is not None else (X, MLA_W_Q)
+        return (_q_source(c), W_UQ) if _mla(c).W_DQ is not None else (X, MLA_W_Q)
 
     return (
         # q_C = X·W_Q^(h) or c_Q·W_UQ^(h)  (n × d_h)
@@ -287,8 +345,8 @@ def head_rows() -> tuple[Kind, ...]:
               "n × d_R", (Q_R,), lambda ops, v, c: ops.rotate(v(Q_R), *_rotation(c, _mla(c).d_R)), tex="q_R^{rot}"),
         # K_C = c_KV·W_UK^(h)  (n × d_h)
         _kind(K_C, K_C, 6.1, "mla_heads", "The compressed key", ("K_C = c_{KV}\\,W_{UK}^{(h)}", "K_C = c_KV·W_UK^(h)"),
-              (KEYS, "k"), "n × d_h", (C_KV, W_UK),
-              lambda ops, v, c: ops.matmul(v(C_KV), _head_block(ops, v, c, W_UK, _mla(c).d_h)), tex="K_C",
+              (KEYS, "k"), "n × d_h", lambda c: (_kv(c), W_UK),
+              lambda ops, v, c: ops.matmul(v(_kv(c)), _head_block(ops, v, c, W_UK, _mla(c).d_h)), tex="K_C",
               mistakes=(Mistake(ROPE_ON_COMPRESSED, lambda ops, ex, c: _turned(ops, ex(K_C), c, _mla(c).d_h)),)),
         # Q = [q_C ; q_R_rot]  (n × (d_h + d_R))
         _kind(MLA_Q, "Q", 8.1, "mla_heads", "The head's queries", ("Q = [\\,q_C \\;;\\; q_R^{rot}\\,]",
@@ -302,8 +360,8 @@ def head_rows() -> tuple[Kind, ...]:
               mistakes=(Mistake(ROPE_ON_COMPRESSED, _wrong_k),)),
         # V = c_KV·W_UV^(h)  (n × d_v)
         _kind(MLA_V, "V", 8.25, "mla_heads", "The head's values", ("V = c_{KV}\\,W_{UV}^{(h)}", "V = c_KV·W_UV^(h)"),
-              (KEYS, "v"), "n × d_v", (C_KV, W_UV),
-              lambda ops, v, c: ops.matmul(v(C_KV), _head_block(ops, v, c, W_UV, _mla(c).d_v))),
+              (KEYS, "v"), "n × d_v", lambda c: (_kv(c), W_UV),
+              lambda ops, v, c: ops.matmul(v(_kv(c)), _head_block(ops, v, c, W_UV, _mla(c).d_v))),
     )
 
 
@@ -318,8 +376,8 @@ def absorbed_rows() -> tuple[Kind, ...]:
         # S_abs = q_abs·c_KVᵀ + q_R_rot·k_R_rotᵀ  (n × n)
         _kind(S_ABS, S_ABS, 15.32, "absorb", "The scores from the cache",
               ("S_{abs} = q_{abs}\\,c_{KV}^{\\top} + q_R^{rot}\\,(k_R^{rot})^{\\top}", "S_abs = q_abs·c_KVᵀ + q_R_rot·k_R_rotᵀ"),
-              (QUERIES, KEYS), "n_q × n_k", (Q_ABS, C_KV, Q_R_ROT, K_R_ROT),
-              lambda ops, v, c: ops.sum([ops.matmul(v(Q_ABS), ops.T(v(C_KV))), ops.matmul(v(Q_R_ROT), ops.T(v(K_R_ROT)))]),
+              (QUERIES, KEYS), "n_q × n_k", lambda c: (Q_ABS, _kv(c), Q_R_ROT, K_R_ROT),
+              lambda ops, v, c: ops.sum([ops.matmul(v(Q_ABS), ops.T(v(_kv(c)))), ops.matmul(v(Q_R_ROT), ops.T(v(K_R_ROT)))]),
               tex="S_{abs}"),
         # S_abs − S  (n × n, exactly 0)
         _kind(S_ABS_DIFF, S_ABS_DIFF, 15.33, "absorb", "The same scores as the assembled keys",

@@ -9,10 +9,11 @@ import yaml
 from .. import located_yaml as _yaml
 from ...errors import SymattnError
 from ...text import did_you_mean, excerpt
-from ..model import Head, Matrix, Mla
+from ..model import Head, Matrix, Mla, Norm
 from ..places import plural, shape_text
 from .fields import Fields, key_of, node_of
 from .layer import Layer, read_output
+from .norm import mapping_keys
 from .rope import read_rope
 
 ENTRIES = ("heads", "W_DKV", "W_UK", "W_UV", "W_KR", "W_Q", "W_DQ", "W_UQ", "W_QR", "rope", "norm_kv", "norm_q")
@@ -77,11 +78,38 @@ def _entries(reader, node: yaml.Node) -> dict[str, tuple[yaml.Node, yaml.Node]]:
         if name in given:
             raise reader.at(k).error(f"mla.{name} is given twice", f"mla.{name}")
         given[name] = (k, v)
-    for name in ("norm_kv", "norm_q"):
-        if name in given:
-            raise reader.at(given[name][0]).error(
-                f"mla's latent norms are not derived yet: remove {name} (the latent is used as it is)", f"mla.{name}")
+    if "norm_q" in given and "W_DQ" not in given:
+        raise reader.at(given["norm_q"][0]).error("mla.norm_q normalises the query latent X·W_DQ: it goes with W_DQ "
+                                                  "and W_UQ", "mla.norm_q")
     return given
+
+
+def _latent_norm(reader, given, name: str, latent: Matrix) -> Norm | None:
+    """``norm_kv`` or ``norm_q``: RMSNorm of the latent's rows, ``{weight: [...], eps: ...}`` (weight 1 and
+    eps 1e-6 when not given); with eps 0 no latent row may be all 0."""
+    if name not in given:
+        return None
+    key, node = given[name]
+    field = f"mla.{name}"
+    if not isinstance(node, yaml.MappingNode):
+        raise reader.at(node).error(f"{name} is RMSNorm's {{weight: [...], eps: ...}}, not {_yaml.kind(node)}", field)
+    keys = mapping_keys(reader, node, field, ("weight", "eps"))
+    weight = None
+    if "weight" in keys:
+        width = f"one entry per latent column ({latent.cols})"
+        weight = reader.one_row(keys["weight"][1], field + ".weight", "γ", width, width)
+        if weight.cols != latent.cols:
+            raise reader.at(keys["weight"][1]).error(
+                f"has {weight.cols} {'entry' if weight.cols == 1 else 'entries'}, but the latent has {latent.cols} "
+                f"{plural(latent.cols, 'column')}: γ multiplies each of its columns", field + ".weight")
+    eps = reader.norm_eps(keys["eps"][1] if "eps" in keys else None, "rmsnorm", field + ".eps")
+    if eps == 0:
+        for i in range(latent.rows):
+            if all(x == 0 for x in latent.row(i)):
+                raise reader.at(keys["eps"][1]).error(
+                    f"row {i + 1} of the latent is all 0, so with eps 0 its norm divides 0 by 0: give eps > 0",
+                    field + ".eps")
+    return Norm("rmsnorm", eps, weight)
 
 
 def _heads(reader, given, node) -> int:
@@ -158,9 +186,9 @@ def _rope(reader, given, node, d_R: int, n: int):
 
 
 def effective_heads(mla: Mla) -> list[Head]:
-    """Each head's effective projections before the rotation: [W_Q^(h) ; W_QR^(h)] (through W_DQ when
-    given), [W_DKV·W_UK^(h) ; W_KR] and W_DKV·W_UV^(h). They give the heads' widths (d_h + d_R, d_v) to
-    the rest of symattn; mla's own stages never read them."""
+    """Each head's effective projections before the rotation and without the latent norms: [W_Q^(h) ;
+    W_QR^(h)] (through W_DQ when given), [W_DKV·W_UK^(h) ; W_KR] and W_DKV·W_UV^(h). They give the heads'
+    widths (d_h + d_R, d_v) to the rest of symattn; mla's own stages and references never read them."""
     h, d_h, d_R, d_v = mla.heads, mla.d_h, mla.d_R, mla.d_v
     out = []
     for k in range(h):
@@ -187,7 +215,10 @@ def read_mla(reader, root: yaml.MappingNode, fields: Fields) -> tuple[Layer, Mla
     w = _weights(reader, given, node, X, h)
     rope = _rope(reader, given, node, w["W_KR"].cols, X.rows)
     key = key_of(fields, "mla")
-    mla = Mla(h, rope=rope, line=key.start_mark.line + 1, col=key.start_mark.column + 1, **w)
+    norm_kv = _latent_norm(reader, given, "norm_kv", X * w["W_DKV"])
+    norm_q = _latent_norm(reader, given, "norm_q", X * w["W_DQ"]) if "W_DQ" in w else None
+    mla = Mla(h, rope=rope, line=key.start_mark.line + 1, col=key.start_mark.column + 1, norm_kv=norm_kv,
+              norm_q=norm_q, **w)
     heads = effective_heads(mla)
     if "W_O" not in fields:
         raise reader.at(key).error("mla's heads need W_O, the output projection applied to the concatenated heads",
