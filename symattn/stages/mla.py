@@ -310,9 +310,9 @@ def latent_rows() -> tuple[Kind, ...]:
                lambda c: _mla(c).W_UV),
         _given(W_UQ, W_UQ, 2.83, "mla_weights", "Up-projection of the queries", ("W_{UQ}", "W_UQ"), ("c", "q"),
                lambda c: _mla(c).W_UQ, when=_with_dq),
-        _given(MLA_W_Q, "W_Q", 2.83, "mla_weights", "Query weights (compressed part)", ("W_Q", "W_Q"), ("d", "q"),
+        _given(MLA_W_Q, "W_Q", 3, "mla_weights", "Query weights (compressed part)", ("W_Q", "W_Q"), ("d", "q"),
                lambda c: _mla(c).W_Q, when=lambda c: latent(c) and _mla(c).W_Q is not None),
-        _given(W_QR, W_QR, 2.84, "mla_weights", "Weights of the rotated queries", ("W_{QR}", "W_QR"), ("d", "r"),
+        _given(W_QR, W_QR, 3.01, "mla_weights", "Weights of the rotated queries", ("W_{QR}", "W_QR"), ("d", "r"),
                lambda c: _mla(c).W_QR),
     )
 
