@@ -306,9 +306,19 @@ def test_check_names_the_scale_by_root_d_h(tmp_path):
     scaled = [[f"{float(x) / np.sqrt(2):.4f}" for x in r] for r in hand[2]["S"]]
     by_id = _mark(d, {"head2.S_scaled": scaled}, tmp_path)["head2.S_scaled"]
     assert by_id["status"] == "wrong" and "scaled by 1/√d_h instead of 1/√(d_h + d_R)" in by_id["diagnosis"], by_id
+    # carried to the weights and the output: the causal softmax of S/√2 and its product with V, in NumPy
+    S, V = (np.array([[float(x) for x in r] for r in hand[2][k]]) for k in ("S", "V"))
+    z = np.where(np.tril(np.ones((3, 3), bool)), S / np.sqrt(2), -np.inf)
+    A = np.exp(z - z.max(axis=1, keepdims=True))
+    A /= A.sum(axis=1, keepdims=True)
+    rounded = lambda m: [[f"{x:.6f}" for x in r] for r in m]  # noqa: E731
+    for name, value in (("head2.A", A), ("head2.O", A @ V)):
+        mark_ = _mark(d, {name: rounded(value)}, tmp_path)[name]
+        assert mark_["status"] == "wrong" and "1/√d_h instead of 1/√(d_h + d_R)" in mark_["diagnosis"], mark_
 
 
 def test_right_answers_pass(tmp_path):
+    """Reference: the derivation's own exact values, marked right (no mistake is named on a right answer)."""
     d = symattn.derive(symattn.load_problem(EXAMPLE))
     answers = {s.id: [list(r) for r in s.exact.tolist()] for s in d
                if s.id.split(".")[-1] in ("c_KV", "k_R_rot", "Q", "K", "V", "S", "S_scaled", "S_abs", "q_abs")}
