@@ -154,7 +154,21 @@ def _block_ids(raw: dict) -> list[str]:
     return ids
 
 
+def _mla_ids(raw: dict) -> list[str]:
+    """mla: the latent and the weights, then per head its assembled Q, K, V, the usual head and the absorption,
+    then the cache table, concat and W_O."""
+    compressed = "W_DQ" in raw["mla"]
+    ids = ["X", "W_DKV", "c_KV", "W_KR", "k_R", "k_R_rot"] + ["W_DQ", "c_Q"] * compressed
+    ids += ["W_UK", "W_UV", "W_UQ" if compressed else "W_Q", "W_QR"]
+    per_head = ["q_C", "q_R", "q_R_rot", "K_C", "Q", "K", "V", "K_T", "S", "S_scaled", "M", "S_masked", "A", "O",
+                "q_abs", "S_abs", "S_abs_diff"]
+    ids += [f"head{h}.{i}" for h in range(1, raw["mla"]["heads"] + 1) for i in per_head]
+    return ids + ["mla_cache", "concat", "W_O"] + ["b_O"] * ("b_O" in raw) + ["O"]
+
+
 def _forward_ids(raw: dict) -> list[str]:
+    if "mla" in raw:
+        return _mla_ids(raw)
     given, head_ids = GIVEN_IDS, HEAD_IDS
     if "rope" in raw:  # RoPE rotates Q and K before the keys are transposed
         given, head_ids = (ids[:ids.index("V") + 1] + ["Q_rot", "K_rot"] + ids[ids.index("V") + 1:]

@@ -20,9 +20,10 @@ ROOT = Path(__file__).resolve().parent.parent
 # (test_exact_family.py checks the multi-head ones).
 EXAMPLES = sorted(
     p for p in (ROOT / "worked_examples").glob("*.yaml")
-    if not any(line.startswith(("heads:", "linear:")) for line in p.read_text("utf-8").splitlines())
+    if not any(line.startswith(("heads:", "linear:", "mla:")) for line in p.read_text("utf-8").splitlines())
     and "heads: all" not in p.read_text("utf-8")
-)  # (linear attention has no scores S: its cross-check is tested in test_exact_linear.py)
+)  # (linear attention has no scores S: its cross-check is tested in test_exact_linear.py; mla's heads are
+# per-head ids, tested in test_exact_mla.py)
 EXAMPLE_IDS = [p.stem for p in EXAMPLES]
 
 

@@ -270,7 +270,23 @@ def _norm_headings(problem: dict) -> tuple[list[str], list[str]]:
     return front, back
 
 
+def _mla_headings(problem: dict) -> list[str]:
+    """mla: the latent and the up-projections, then per head its Q, K, V, the usual steps and the absorption,
+    then the cache table, the heads concatenated and W_O."""
+    out = ["Step 1: The input", "Step 2: Compress: the latent c_KV and the shared rotated key k_R",
+           "Step 3: The up-projections (a block of columns per head)"]
+    per_head = ["The head's queries, keys and values from the latent", *STAGE_TITLES[2:],
+                "The absorption: the scores straight from the cache"]
+    for h in range(1, int(problem["mla"]["heads"]) + 1):
+        out += [f"Head {h} · Step {n}: {t}" for n, t in enumerate(per_head, 4)]
+    n = 4 + len(per_head)
+    return out + [f"Step {k}: {t}" for k, t in enumerate(["The cache per token: MLA against MHA and GQA",
+                                                          "Concatenate the heads", "Output projection"], n)]
+
+
 def _forward_headings(problem: dict) -> list[str]:
+    if "mla" in problem:
+        return _mla_headings(problem)
     problem = _from_fields(problem)
     if "mlp" in problem or "logits" in problem:  # both read the residual stream
         problem["residual"] = True

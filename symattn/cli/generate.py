@@ -12,7 +12,7 @@ from .paths import check_outputs, echo, inputs, refuse_input, same_file, write_a
 
 # what --from takes from its problem instead (so giving one of them with --from is refused)
 SHAPE_OPTIONS = ("tokens", "d_model", "d_k", "d_v", "mask", "heads", "cross", "no_scale", "words", "norm", "residual",
-                 "block", "d_ff", "activation", "vocab", "rows", "sink", "linear", "softcap", "temperature")
+                 "block", "d_ff", "activation", "vocab", "rows", "sink", "linear", "softcap", "temperature", "mla")
 BLOCK_OPTIONS = ("d_ff", "activation", "vocab", "rows")  # the options of --block alone
 
 
@@ -59,6 +59,9 @@ class RecordingCommand(click.Command):
 @click.option("--linear", type=click.Choice(["relu", "elu1", "identity"]),
               help="Linear attention with this feature map instead of the softmax (mask none, causal or padding:P): "
                    "every normaliser positive, with relu some entry cut.")
+@click.option("--mla", is_flag=True,
+              help="Multi-head latent attention (DeepSeek-V2): 2 heads, d_c = d_h = d_R = d_v = 2, RoPE in quarter turns, "
+                   "mask causal or none; whole-number scores, each head's differing from RoPE on the compressed part.")
 @click.option("--block", is_flag=True,
               help="The whole block: a norm in front (--norm, default layernorm), the residual, the MLP with its "
                    "own norm, the logits and the loss (guarantees below).")
@@ -89,7 +92,7 @@ class RecordingCommand(click.Command):
 @click.option("--force", is_flag=True, help="With --count: replace files of the same names already in --out-dir (without it they are listed and nothing is written).")
 @click.option("--from", "base", type=click.Path(path_type=Path), help="Keep the structure of this problem and draw new numbers.")
 @click.option("--vary", type=click.Choice(["weights", "inputs"]), default="weights", show_default=True, help="With --from: what gets new numbers.")
-def generate(tokens, d_model, d_k, d_v, mask, heads, cross, no_scale, norm, sink, residual, linear, block, d_ff,
+def generate(tokens, d_model, d_k, d_v, mask, heads, cross, no_scale, norm, sink, residual, linear, mla, block, d_ff,
              activation, vocab, rows, softcap, temperature, level, range_, words, seed, output, count, out_dir, sheets,
              paper, force, base, vary) -> None:
     """Write new problems with small, hand-friendly numbers.
@@ -123,6 +126,7 @@ def generate(tokens, d_model, d_k, d_v, mask, heads, cross, no_scale, norm, sink
       symattn generate --norm layernorm --residual --d-v 4 --seed 1 -o ln.yaml
       symattn generate --block --tokens 3 --words "the cat sat on" --seed 2 -o block.yaml
       symattn generate --linear relu --d-k 2 --d-v 2 --seed 1 -o linear.yaml
+      symattn generate --mla --tokens 3 --seed 1 -o mla.yaml
     """
     import shlex
 
@@ -142,7 +146,7 @@ def generate(tokens, d_model, d_k, d_v, mask, heads, cross, no_scale, norm, sink
                                                  heads=heads, cross=cross, scale=not no_scale, words=words,
                                                  norm=norm, residual=residual, block=block, d_ff=d_ff,
                                                  activation=activation, vocab=vocab, rows=rows, sink=sink, linear=linear,
-                                                 softcap=softcap, temperature=temperature)
+                                                 softcap=softcap, temperature=temperature, mla=mla)
         problems = make(count or 1, seed=seed, level=level, range=range_, base=loaded, vary=vary,
                         numbered=count is not None,
                         command=" ".join(["symattn generate", *(shlex.quote(a) for a in argv)]), **shape)

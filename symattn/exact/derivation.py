@@ -548,6 +548,10 @@ def _labels(axis: str, n: int, p: Problem) -> tuple[str, ...]:
         return tuple(f"t = {t}" for t in range(1, n + 1))
     if axis == stages.COSTS:
         return stages.COST_COLUMNS[:n]
+    if axis == stages.CACHE_KINDS:
+        return stages.cache_kinds(p)
+    if axis == stages.CACHE_WIDTHS:
+        return stages.CACHE_WIDTH_COLUMNS[:n]
     if axis == stages.STATE_COSTS:
         return stages.STATE_COST_COLUMNS[:n]
     if axis == stages.CAP_ROWS:  # one row's weights without the cap, then with it

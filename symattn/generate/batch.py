@@ -17,7 +17,7 @@ from typing import Sequence
 
 from ..errors import SymattnError
 from ..text import shown
-from . import block as _block
+from . import block as _block, mla as _mla
 from .exercises import LEVELS, Spec, from_problem, generate as _attention, to_yaml as _attention_yaml
 from ..problem.load import load_problem, parse_problem
 from ..problem.model import Problem
@@ -33,7 +33,7 @@ _BOUNDS = {level: (proj, score) for level, (_, proj, score, _) in LEVELS.items()
 _SHAPE = {"tokens": 4, "d_model": 4, "d_k": 4, "d_v": 4, "mask": "causal", "heads": 1, "cross": None,
           "scale": True, "words": None, "norm": None, "residual": False, "block": False, "d_ff": 3,
           "activation": "relu", "vocab": None, "rows": "last", "sink": None, "linear": None, "softcap": None,
-          "temperature": None}
+          "temperature": None, "mla": False}
 
 
 class GeneratedProblem(Problem):
@@ -61,7 +61,8 @@ def generate(count: int = 1, *, seed: int = 0, level: str = "easy", tokens: int 
              base: Problem | str | os.PathLike | None = None, vary: str = "weights", numbered: bool | None = None,
              command: str | None = None, norm: str | None = None, residual: bool = False, block: bool = False,
              d_ff: int = 3, activation: str = "relu", vocab: str | Sequence[str] | None = None, rows: str = "last",
-             sink: int | None = None, linear: str | None = None, softcap=None, temperature=None) -> list[GeneratedProblem]:
+             sink: int | None = None, linear: str | None = None, softcap=None, temperature=None, mla: bool = False,
+             ) -> list[GeneratedProblem]:
     """``count`` different exercises with small, hand-friendly numbers, the same for the same
     options and seed (the options of ``symattn generate``; ``scale=False`` is ``--no-scale``).
     Variant k is what seed ``seed + k − 1`` gives alone; one equal to an earlier variant takes
@@ -98,17 +99,16 @@ def generate(count: int = 1, *, seed: int = 0, level: str = "easy", tokens: int 
     ``activation`` ("relu" or "relu2"), the logits of the last position (``rows="all"``: of
     every one) over a vocabulary of 4 to 6 words (``vocab``, or the tokens' words, the next word
     and a few more) and the loss; its guarantees are in :mod:`symattn.generate.block`. ``softcap``,
-    ``temperature`` (exact, "50" or "1/2") add those fields to an attention exercise."""
+    ``temperature`` (exact, "50" or "1/2") add those fields to an attention exercise; ``mla``: :mod:`.mla`."""
     options = dict(tokens=tokens, d_model=d_model, d_k=d_k, d_v=d_v, mask=mask, heads=heads, cross=cross, scale=scale,
                    words=words, norm=norm, residual=residual, block=block, d_ff=d_ff, activation=activation,
-                   vocab=vocab, rows=rows, softcap=softcap, temperature=temperature,
-                   sink=sink, linear=linear)
+                   vocab=vocab, rows=rows, softcap=softcap, temperature=temperature, sink=sink, linear=linear, mla=mla)
     _check(count, seed, level, options, range, vary, numbered, command)
     if command is None:
         command = _call(count, dict(seed=seed, level=level, **options, range=range, base=base, vary=vary,
                                     numbered=numbered))
     spec, drawn_base = _spec(level, range, options, base, vary)
-    to_yaml = _block.to_yaml if spec.block else _attention_yaml
+    to_yaml = _block.to_yaml if spec.block else _mla.to_yaml if spec.mla else _attention_yaml
     numbered = count > 1 if numbered is None else numbered
     problems: list[GeneratedProblem] = []
     seen: set = set()
@@ -229,7 +229,7 @@ def _check(count, seed, level, options: dict, range, vary, numbered, command) ->
     if options["linear"] not in (None, "relu", "elu1", "identity"):
         raise SymattnError(f"linear is 'relu', 'elu1', 'identity' or None, not {shown(options['linear'])}")
     for name, value in (("scale", options["scale"]), ("numbered", numbered), ("residual", options["residual"]),
-                        ("block", options["block"])):
+                        ("block", options["block"]), ("mla", options["mla"])):
         if not isinstance(value, bool) and not (name == "numbered" and value is None):
             raise SymattnError(f"{name} is True or False, not {shown(value)}")
     for name in ("softcap", "temperature"):
@@ -280,6 +280,8 @@ def _spec(level: str, range, options: dict, base, vary: str):
     if base is None:
         words, vocab = (_words(options[name]) for name in ("words", "vocab"))
         block = options["block"]
+        if options["mla"]:
+            _mla.refuse(options)
         if not block:
             given = [name for name in ("d_ff", "activation", "vocab", "rows") if options[name] != _SHAPE[name]]
             if given:
@@ -289,12 +291,15 @@ def _spec(level: str, range, options: dict, base, vary: str):
                     level=level, range=tuple(range) if range is not None else None, words=words,
                     norm=options["norm"] or ("layernorm" if block else None), residual=options["residual"] or block,
                     block=block, d_ff=options["d_ff"], activation=options["activation"], vocab=vocab,
-                    rows=options["rows"], sink=options["sink"], linear=options["linear"],
+                    rows=options["rows"], sink=options["sink"], linear=options["linear"], mla=options["mla"],
                     extra=_score_lines(options)), None
     given = [name for name, default in _SHAPE.items() if options[name] != default]
     if given:
         raise SymattnError(f"{given[0]} comes from the base problem, which keeps its structure; leave it out with base")
     loaded = base if isinstance(base, Problem) else load_problem(base)
+    if loaded.mla is not None:
+        raise SymattnError("new numbers for a multi-head latent attention problem are not drawn yet: use mla=True "
+                           "(--mla) instead of base (--from)")
     spec, drawn = from_problem(loaded)
     # new numbers come from the range of the part that varies (and the level's)
     if vary == "weights":
@@ -315,6 +320,8 @@ def _words(words) -> tuple[str, ...] | None:
 
 def _draw(spec: Spec, seed: int, base):
     """The problem of one seed: a whole block, or the attention alone (a variant of ``base``)."""
+    if spec.mla:
+        return _mla.generate(spec, seed)
     return _block.generate(spec, seed) if spec.block else _attention(spec, seed, base)
 
 

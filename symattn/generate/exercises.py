@@ -25,7 +25,7 @@ LEVELS = {
     "hard": ((-2, 2), 12, 48, None),
 }
 MAX_TRIES = 200_000
-_LINE_BREAK = re.compile("\r\n|[\r\n\x85\u2028\u2029]")  # what YAML reads as the end of a line
+LINE_BREAK = re.compile("\r\n|[\r\n\x85\u2028\u2029]")  # what YAML reads as the end of a line
 DEFAULT_WORDS = ("the", "cat", "sat", "on", "a", "warm", "mat", "today", "and", "then", "slept", "well")
 
 
@@ -59,6 +59,7 @@ class Spec:
     # StreamingLLM's: the first K keys and a causal window of W
     sink: int | None = None
     linear: str | None = None  # linear attention's feature map (relu, elu1, identity) instead of the softmax
+    mla: bool = False  # multi-head latent attention of a fixed shape (symattn.generate.mla)
 
     @property
     def proj_score_bounds(self) -> tuple[int, int]:
@@ -373,7 +374,7 @@ def to_yaml(spec: Spec, drawn: Drawn, command: str, title: str) -> str:
 
     words = spec.words or DEFAULT_WORDS
     tokens = token_words(spec)
-    made_by = "\n#   ".join(_LINE_BREAK.split(command))  # a line break in an argument stays in the comment
+    made_by = "\n#   ".join(LINE_BREAK.split(command))  # a line break in an argument stays in the comment
     out = [f"# Made by: {made_by}", f"# Level {spec.level}: see `symattn generate --help` for its guarantees.", f"title: {quote(title)}"]
     out.append("tokens: [" + ", ".join(quote(t) for t in tokens) + "]")
     out.append("X:\n" + matrix(drawn.X))

@@ -265,6 +265,48 @@ class Linear:
 
 
 @dataclass(frozen=True)
+class Mla:
+    """Multi-head latent attention (DeepSeek-V2/V3), ``heads`` heads. The keys and values come from the
+    latent ``c_KV = X·W_DKV`` (n × d_c): head h's compressed key ``c_KV·W_UK^(h)`` and value
+    ``c_KV·W_UV^(h)`` (column blocks of W_UK, W_UV, head 1 first); one rotated key ``RoPE(X·W_KR)``
+    (n × d_R) is shared by every head. The queries are ``X·W_Q^(h)``, or ``c_Q·W_UQ^(h)`` with
+    ``c_Q = X·W_DQ``, beside ``RoPE(X·W_QR^(h))`` (``c_Q·W_QR^(h)`` with W_DQ). ``rope`` turns only the
+    d_R parts; ``norm_kv`` and ``norm_q`` normalise the latents (RMSNorm) when given; ``line`` and ``col``
+    are where the field is written."""
+
+    heads: int
+    W_DKV: Matrix  # d_model × d_c
+    W_UK: Matrix  # d_c × h·d_h
+    W_UV: Matrix  # d_c × h·d_v
+    W_KR: Matrix  # d_model × d_R
+    W_QR: Matrix  # (d_model, or d_cq with W_DQ) × h·d_R
+    rope: Rope
+    W_Q: Matrix | None = None  # d_model × h·d_h
+    W_DQ: Matrix | None = None  # d_model × d_cq
+    W_UQ: Matrix | None = None  # d_cq × h·d_h
+    norm_kv: "Norm | None" = None  # RMSNorm of c_KV (DeepSeek's kv_a_layernorm) before W_UK, W_UV and the cache
+    norm_q: "Norm | None" = None  # RMSNorm of c_Q (q_a_layernorm) before W_UQ and W_QR; only with W_DQ
+    line: int | None = None
+    col: int | None = None
+
+    @property
+    def d_c(self) -> int:
+        return self.W_DKV.cols
+
+    @property
+    def d_R(self) -> int:
+        return self.W_KR.cols
+
+    @property
+    def d_h(self) -> int:
+        return self.W_UK.cols // self.heads
+
+    @property
+    def d_v(self) -> int:
+        return self.W_UV.cols // self.heads
+
+
+@dataclass(frozen=True)
 class QkNorm:
     """QK-norm (Qwen 3, OLMo 2, Gemma 3): each head's query rows and key rows normalised over the
     head's d_head features, before RoPE, by the norms ``q`` and ``k`` (one weight row of width
@@ -320,6 +362,7 @@ class Problem:
     softcap: sympy.Expr | None = None  # c: the scaled scores become c·tanh(S_scaled/c) before the mask; None: none
     temperature: sympy.Expr | None = None  # T: the masked scores are divided by T; None: none
     qk_norm: QkNorm | None = None  # each head's queries and keys normalised before RoPE; None: not
+    mla: Mla | None = None  # multi-head latent attention: Q, K, V from its latent (heads: its effective weights)
 
     def kv_group(self, head: int) -> int:
         """The K/V group (1-based) that query head ``head`` (1-based) reads: heads

@@ -42,6 +42,9 @@ def with_backward(problem: Problem, loss=None) -> Problem:
     the problem's own ``backward:`` section, else takes the problem's cross-entropy (``loss:``) when
     it has one, else L = Σ O; ``"cross-entropy"`` goes back from the cross-entropy of the logits.
     """
+    if getattr(problem, "mla", None) is not None:
+        raise SymattnError("the backward pass of multi-head latent attention is not derived (a problem with mla:)",
+                           file=problem.source, field="backward")
     if getattr(problem, "linear", None) is not None:
         raise SymattnError("the backward pass of linear attention is not derived (a problem with linear:)",
                            file=problem.source, field="backward")
@@ -74,6 +77,9 @@ def with_tiling(problem: Problem, block: int) -> Problem:
     if problem.symbols:
         raise SymattnError("the tiled softmax needs numbers: the running maximum of scores with symbols cannot be "
                            "decided; remove symbols or --tiled", file=problem.source, field="--tiled")
+    if getattr(problem, "mla", None) is not None:
+        raise SymattnError("the tiled softmax is not derived with mla (a problem with mla:)", file=problem.source,
+                           field="--tiled")
     if getattr(problem, "linear", None) is not None:
         raise SymattnError("the tiled (online) softmax is the softmax's: linear attention has none to tile, and "
                            "shows its own recurrent form", file=problem.source, field="--tiled")
@@ -111,6 +117,9 @@ def with_decode(problem: Problem, t: int) -> Problem:
     if isinstance(t, bool) or not isinstance(t, int):
         raise SymattnError(f"the token to decode is a whole number from 1, not {excerpt(repr(t))}",
                            file=problem.source, field="--decode")
+    if getattr(problem, "mla", None) is not None:
+        raise SymattnError("decoding from mla's latent cache is not derived yet (its cache per token is shown in "
+                           "every mla solution): drop --decode", file=problem.source, field="--decode")
     if getattr(problem, "linear", None) is not None:
         raise SymattnError("linear attention decodes from its constant-size state, which its solution shows step "
                            "by step: drop --decode", file=problem.source, field="--decode")

@@ -440,7 +440,16 @@ def numeric_stages(p: Problem) -> dict[str, np.ndarray]:
         _head(p, out, M, st.stage_id, Q, K, V, sink=_sink(p, 1))
         return out
     X, C = _layer_inputs(p, out, subs)
-    outputs = _projected_heads(p, out, M, X, C, subs)
+    if p.mla is not None:                                   # mla: Q, K, V assembled from the latent
+        from .mla import mla_absorbed, mla_cache, mla_heads
+
+        outputs = []
+        for h, prefix, Q, K, V in mla_heads(p, out, X, functools.partial(to_float64, subs=subs)):
+            outputs.append(_head(p, out, M, prefix, Q, K, V))
+            mla_absorbed(p, out, prefix, h)
+        out[st.MLA_CACHE] = mla_cache(p)
+    else:
+        outputs = _projected_heads(p, out, M, X, C, subs)
     if p.multi_head:
         _output_projection(p, out, outputs, subs)
     if p.residual:

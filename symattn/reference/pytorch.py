@@ -155,10 +155,10 @@ def torch_stages(p: Problem) -> dict[str, np.ndarray]:
             X = torch_norm(F, p.norm, X, t)                     # the attention reads the norm of X
             out[st.X_NORM] = X.numpy()
         C = t(p.context) if p.context is not None else X
+        outputs = [head(*qkv) for qkv in torch_mla(torch, p, X, t)] if p.mla is not None else []  # mla: SDPA too
         if p.kv_heads:
             outputs = grouped(X, C)
-        else:
-            outputs = []
+        elif p.mla is None:
             for h, weights in enumerate(p.heads, 1):
                 prefix = functools.partial(st.stage_id, head=h if p.multi_head else None)  # this head's ids
                 outputs.append(head(prefix, linear(X, weights.W_Q, weights.b_Q), linear(C, weights.W_K, weights.b_K),
@@ -171,6 +171,31 @@ def torch_stages(p: Problem) -> dict[str, np.ndarray]:
             H = torch_residual(F, p, block, O, t)
             out[st.H] = H.numpy()
             torch_block(torch, F, p, H, t, out)
+    return out
+
+
+def torch_mla(torch, p: Problem, X, t):
+    """Each head's stage-id maker and assembled Q, K, V of multi-head latent attention, with torch's
+    products and the rotation as Hugging Face's and Meta's codebases write it (:func:`torch_rope`)."""
+    m = p.mla
+    F = torch.nn.functional
+    c_kv = X @ t(m.W_DKV)
+    if m.norm_kv is not None:  # DeepSeek's kv_a_layernorm, with F.rms_norm
+        c_kv = torch_norm(F, m.norm_kv, c_kv, t)
+    k_rot = torch_rope(torch, X @ t(m.W_KR), m.rope)
+    source = X @ t(m.W_DQ) if m.W_DQ is not None else X
+    if m.norm_q is not None:  # q_a_layernorm
+        source = torch_norm(F, m.norm_q, source, t)
+    W_q = t(m.W_UQ) if m.W_DQ is not None else t(m.W_Q)
+    W_UK, W_UV, W_QR = t(m.W_UK), t(m.W_UV), t(m.W_QR)
+    out = []
+    for h in range(m.heads):
+        def cols(w, width):
+            return w[:, h * width:(h + 1) * width]
+        q_rot = torch_rope(torch, source @ cols(W_QR, m.d_R), m.rope)
+        Q = torch.cat([source @ cols(W_q, m.d_h), q_rot], dim=1)
+        K = torch.cat([c_kv @ cols(W_UK, m.d_h), k_rot], dim=1)
+        out.append((functools.partial(st.stage_id, head=h + 1), Q, K, c_kv @ cols(W_UV, m.d_v)))
     return out
 
 

@@ -364,6 +364,11 @@ def _intro(d: Derivation) -> str:
     if p.linear is not None:  # no softmax, no scale: the feature map of the unscaled q and k
         scale = (f"linear attention with the feature map {'elu(x) + 1' if p.linear.feature == 'elu1' else p.linear.feature}"
                  " on the unscaled queries and keys (no softmax, no 1/√d_k)")
+    if getattr(p, "mla", None) is not None:  # the heads' widths come from the latent
+        m = p.mla
+        what += (f"; multi-head latent attention: a latent of d_c = {m.d_c} per token and one shared rotated key "
+                 f"of d_R = {m.d_R}, each head's key d_h + d_R = {m.d_h} + {m.d_R} wide")
+        scale = f"each head's scores scaled by 1/√(d_h + d_R) = 1/√{m.d_h + m.d_R}" if p.scale == "auto" else scale
     bias = "; a bias is added to the mask" if p.bias is not None else ""
     if p.positions is not None:  # said after the sizes: the projections read X + PE
         what += ("; sinusoidal positions (base " + str(p.positions.base) + ") are added to X"

@@ -51,7 +51,26 @@ def _extras(d: "Derivation") -> dict:
     out.update(_sharing_and_decoding(d))
     if d.problem.linear is not None:
         out["linear"] = _linear(d)
+    if getattr(d.problem, "mla", None) is not None:
+        out["mla"] = _mla(d)
     return out
+
+
+def _mla(d: Derivation) -> dict:
+    """Multi-head latent attention: its widths, whether the absorbed scores equal the assembled ones
+    exactly (every entry of each head's S_abs − S is 0), and the numbers cached per token by MLA, by
+    MHA of the same heads and widths, and by GQA with each smaller number of groups."""
+    c = registry.Context(d.problem)
+    m = d.problem.mla
+    diffs = [d.step(registry.stage_id(registry.S_ABS_DIFF, h)).exact for h in c.heads]
+    rows = registry.mla_cache_table(c)
+    ratio = registry.times_smaller(c)
+    groups = [g for g in range(m.heads - 1, 0, -1) if m.heads % g == 0]
+    return {"heads": m.heads, "d_c": m.d_c, "d_h": m.d_h, "d_R": m.d_R, "d_v": m.d_v,
+            "absorbed_equal": all(x == 0 for mat in diffs for x in mat),
+            "cache_per_token": {"mla": rows[0][0], "mha": rows[1][0],
+                                "gqa": [{"groups": g, "numbers": r[0]} for g, r in zip(groups, rows[2:])]},
+            "times_smaller": str(ratio)}
 
 
 def _linear(d: Derivation) -> dict:

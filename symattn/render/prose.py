@@ -60,6 +60,7 @@ def render(text: str, prose: Callable[[str], str], math: Callable[[str], str]) -
 NAMES = {
     "d_model": "d_{\\mathrm{model}}", "d_out": "d_{\\mathrm{out}}", "d_ff": "d_{\\mathrm{ff}}",
     "d_k": "d_k", "d_v": "d_v", "n_q": "n_q", "n_k": "n_k", "n": "n", "m_i": "m_i", "Z_i": "Z_i",
+    "d_c": "d_c", "d_cq": "d_{cq}", "d_h": "d_h", "d_R": "d_R",  # multi-head latent attention's widths
     **{k.name: k.name for k in KINDS if k.source is not None and not k.labelled},  # W_Q, W_K, W_V, W_O
 }
 _NAME_RE = re.compile(r"(?<![A-Za-z0-9_])(" + "|".join(NAMES) + r")(?![A-Za-z0-9_])")

@@ -51,7 +51,13 @@ from .ids import (
     A_LIN, NORMALISER, O_LIN, O_REC, O_REC_DIFF, PHI_K, PHI_Q, REC_DEN, REC_NUM, S_LIN, S_STATE, STATE_COST,
     STATE_COST_COLUMNS, STATE_COSTS, Z_LIN, Z_STATE,
 )
+from .ids import (
+    CACHE_KINDS, CACHE_WIDTHS, CACHE_WIDTH_COLUMNS, C_KV, C_Q, K_C, K_R, K_R_ROT, MLA_CACHE, MLA_K, MLA_Q, MLA_V,
+    MLA_W_Q, Q_ABS, Q_C, Q_R, Q_R_ROT, S_ABS, S_ABS_DIFF, W_DKV, W_DQ, W_KR, W_QR, W_UK, W_UQ, W_UV,
+)
+from .ids import C_KV_NORM, C_Q_NORM, CQ_NORM_MS, KV_NORM_MS
 from .linear import FORMULA as LINEAR_FORMULA
+from .mla import cache_kinds, mla_cache_table, times_smaller
 from .kinds import Context, Dot, Kind, Mistake, Section
 from .names import GRADIENT_NAMES, NAMES, TILED_NAMES, order_of, unknown_stage
 from .norms import entry_tex, has_norm, hat_keys
@@ -81,6 +87,9 @@ __all__ = [
     "DW_2", "DW_DOWN", "DG", "DU", "DU_GATE", "DU_UP", "DB_1", "DW_1", "DW_GATE", "DW_UP", "DH_NORM", "DH_HAT", "DMLP_GAMMA", "DMLP_BETA",
     "A_LIN", "LINEAR_FORMULA", "NORMALISER", "O_LIN", "O_REC", "O_REC_DIFF", "PHI_K", "PHI_Q", "REC_DEN", "REC_NUM", "S_LIN", "S_STATE",
     "STATE_COST", "STATE_COST_COLUMNS", "STATE_COSTS", "Z_LIN", "Z_STATE",
+    "CACHE_KINDS", "CACHE_WIDTHS", "CACHE_WIDTH_COLUMNS", "C_KV", "C_Q", "K_C", "K_R", "K_R_ROT", "MLA_CACHE", "MLA_K",
+    "MLA_Q", "MLA_V", "MLA_W_Q", "Q_ABS", "Q_C", "Q_R", "Q_R_ROT", "S_ABS", "S_ABS_DIFF", "W_DKV", "W_DQ", "W_KR",
+    "W_QR", "W_UK", "W_UQ", "W_UV", "C_KV_NORM", "C_Q_NORM", "CQ_NORM_MS", "KV_NORM_MS", "mla_cache_table", "cache_kinds", "times_smaller",
     "Context", "Dot", "Kind", "Mistake", "Planned", "Section",
     "dot_at", "entry_tex", "has_norm", "hat_keys", "input_ids", "kv_cache_size", "kv_groups", "order_of", "plan", "resolve", "section_of",
     "head_sup", "sections", "split_id", "stage_id", "traces", "unknown_stage",

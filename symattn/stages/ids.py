@@ -108,6 +108,18 @@ A_SINK = "A_sink"
 PHI_Q, PHI_K, S_LIN, Z_LIN, A_LIN, O_LIN = "phi_Q", "phi_K", "S_lin", "z_lin", "A_lin", "O_lin"
 Z_STATE, S_STATE, REC_NUM, REC_DEN, O_REC, O_REC_DIFF = "z_state", "S_state", "rec_num", "rec_den", "O_rec", "O_rec_diff"
 STATE_COST = "state_cost"
+# multi-head latent attention (mla:, DeepSeek-V2/V3): the given weights (W_DKV, W_KR, W_DQ, the
+# up-projections W_UK, W_UV, W_UQ and W_QR, or W_Q; key "mla_W_Q", named W_Q), the latent c_KV = X·W_DKV,
+# the one shared key k_R = X·W_KR and k_R_rot = RoPE(k_R), the query latent c_Q = X·W_DQ; per head q_C,
+# q_R, q_R_rot, K_C = c_KV·W_UK, and the assembled Q, K, V (keys "mla_Q", "mla_K", "mla_V", named Q, K,
+# V); the absorption q_abs = q_C·W_UKᵀ, S_abs = q_abs·c_KVᵀ + q_R_rot·k_R_rotᵀ and S_abs_diff = S_abs − S
+# (exactly 0); the cache per token of MLA against MHA and GQA of the same widths
+W_DKV, W_KR, W_DQ, W_UK, W_UV, W_UQ, W_QR, MLA_W_Q = "W_DKV", "W_KR", "W_DQ", "W_UK", "W_UV", "W_UQ", "W_QR", "mla_W_Q"
+C_KV, K_R, K_R_ROT, C_Q = "c_KV", "k_R", "k_R_rot", "c_Q"
+Q_C, Q_R, Q_R_ROT, K_C, MLA_Q, MLA_K, MLA_V = "q_C", "q_R", "q_R_rot", "K_C", "mla_Q", "mla_K", "mla_V"
+Q_ABS, S_ABS, S_ABS_DIFF, MLA_CACHE = "q_abs", "S_abs", "S_abs_diff", "mla_cache"
+# mla's latent norms (norm_kv:, norm_q:, RMSNorm): each latent row's mean square and the normalised latent
+KV_NORM_MS, C_KV_NORM, CQ_NORM_MS, C_Q_NORM = "kv_norm_ms", "c_KV_norm", "cq_norm_ms", "c_Q_norm"
 # With kv_heads (grouped-query attention) these stages exist once per K/V group, under the id of
 # the group's first query head (head1.K for group 1); the group's other heads read them. So do
 # their gradients: a group's dK and dV sum the shares of every head that reads it.
@@ -134,10 +146,14 @@ MEAN, VARIANCE, MEAN_SQUARE = "mean", "variance", "mean square"
 SINK_AXIS = "sink"  # the one column of what a learned sink absorbed
 # linear attention: the one column of the normalisers, and the columns of the state's cost table
 NORMALISER, STATE_COSTS = "normaliser", "state costs"
+# multi-head latent attention: the rows of the cache table (MLA, MHA, GQA per group count) and its columns
+CACHE_KINDS, CACHE_WIDTHS = "cache kinds", "cache widths"
 TOKEN_AXES = (QUERIES, KEYS, CACHED, NEW, STEPS, COSTS, CAP_ROWS, TEMP_ROWS, MEAN, VARIANCE, MEAN_SQUARE, VOCAB, LAST,
-              LOSS_ROWS, NLL_AXIS, LOSS_AXIS, SINK_AXIS, NORMALISER, STATE_COSTS)  # labelled by words, not d1, d2
+              LOSS_ROWS, NLL_AXIS, LOSS_AXIS, SINK_AXIS, NORMALISER, STATE_COSTS, CACHE_KINDS,
+              CACHE_WIDTHS)  # labelled by words, not d1, d2
 COST_COLUMNS = ("scores (cache)", "output (cache)", "scores (full)", "outputs (full)")
 STATE_COST_COLUMNS = ("state (linear)", "KV cache (softmax)")
+CACHE_WIDTH_COLUMNS = ("per token", "for the n tokens")
 
 
 def stage_id(name: str, head: int | None = None) -> str:

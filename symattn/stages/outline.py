@@ -6,6 +6,7 @@ from .block_backward import ce
 from .ids import K
 from .kinds import Context, Kind, Section, softmax_attention, tiled
 from .linear import linear
+from .mla import latent
 from .plan import per_head_blocks
 
 
@@ -23,9 +24,13 @@ SECTIONS: tuple[Section, ...] = (
             retitle=lambda c: "Normalise the embeddings (" + ("RMSNorm" if c.emb_norm.rms else "LayerNorm") + ")"),
     Section("norm", "Normalise each token", applies=lambda c: c.pre_norm,
             retitle=lambda c: "Normalise each token (RMSNorm)" if c.norm.rms else "Normalise each token (LayerNorm)"),
-    Section("project", "Project to queries, keys and values", per_head=True, applies=lambda c: c.projected,
+    Section("mla_latent", "Compress: the latent c_KV and the shared rotated key k_R", applies=latent),
+    Section("mla_weights", "The up-projections (a block of columns per head)", applies=latent),
+    Section("project", "Project to queries, keys and values", per_head=True,
+            applies=lambda c: c.projected and not latent(c),
             retitle=lambda c: (f"Project to queries (K/V of group {c.p.kv_group(c.head)} above)"
                                if c.reads(K, c.head) != c.head else None)),
+    Section("mla_heads", "The head's queries, keys and values from the latent", per_head=True, applies=latent),
     Section("qk_norm", "Normalise the queries and keys (QK-norm)", per_head=True,
             applies=lambda c: getattr(c.p, "qk_norm", None) is not None),
     Section("rotate", "Rotate the queries and keys (RoPE)", per_head=True, applies=lambda c: c.rope is not None),
@@ -40,12 +45,14 @@ SECTIONS: tuple[Section, ...] = (
     Section("features", "Linear attention: the feature maps", per_head=True, applies=linear),
     Section("linear", "The parallel form: the masked table and its normalisers", per_head=True, applies=linear),
     Section("output", "Weighted sum of the values", per_head=True),
+    Section("absorb", "The absorption: the scores straight from the cache", per_head=True, applies=latent),
     Section("recurrent", "The recurrent form: one state update per token", per_head=True, applies=linear),
     Section("tiled", "The same output in one pass: FlashAttention's online softmax", per_head=True,
             applies=lambda c: tiled(c)),
     Section("decode", "Decode the new token from the KV cache", per_head=True, applies=lambda c: c.t is not None),
     Section("step_cost", "The cost of a decoding step", applies=lambda c: c.t is not None),
     Section("state_cost", "The state against the KV cache", applies=linear),
+    Section("mla_cache", "The cache per token: MLA against MHA and GQA", applies=latent),
     Section("concat", "Concatenate the heads", applies=lambda c: c.multi),
     Section("projection", "Output projection", applies=lambda c: c.multi),
     Section("residual", "The residual stream", applies=lambda c: c.residual,

@@ -32,6 +32,7 @@ from .ids import (
 )
 from .kinds import Kind, Mistake, decoding, softmax_attention, tiled
 from .linear import linear_rows, recurrent_rows
+from .mla import absorbed_rows, cache_row as mla_cache_row, carried_mistakes, head_rows as mla_head_rows, latent_rows
 from .block_backward import from_cross_entropy, rows as block_backward_rows
 from .norm_backward import WHY as NORM_BACK_WHY, input_gradient_rows, post_norm_backward_rows
 from .mlp import head_rows, head_rows_before, mlp_rows
@@ -105,6 +106,9 @@ KINDS: tuple[Kind, ...] = (
     # the layer norm in front of the attention (norm:, place pre): μ, σ² (or the mean square), X̂,
     # γ, β and X_norm = X̂ ∘ γ + β, which the projections read  (n × 1, n × d_model)
     *norm_rows("pre"),
+    # multi-head latent attention (mla:): W_DKV, c_KV = X·W_DKV  (n × d_c); W_KR, k_R = X·W_KR and
+    # k_R_rot = RoPE(k_R)  (n × d_R); W_DQ, c_Q = X·W_DQ  (n × d_cq); the given up-projections
+    *latent_rows(),
     # 2 projections (weights first, as the JSON contract lists them)
     weights_row(W_Q, 3, "Query weights"),  # W_Q given  (d_model × d_k)
     weights_row(W_K, 5, "Key weights"),  # W_K given  (d_model × d_k)
@@ -115,6 +119,9 @@ KINDS: tuple[Kind, ...] = (
     projection_row(Q, 4, "Query projection"),  # Q = X·W_Q + b_Q, or given  (n_q × d_k)
     projection_row(K, 6, "Key projection"),  # K = X·W_K + b_K (C·W_K + b_K with a context), or given  (n_k × d_k)
     projection_row(V, 8, "Value projection"),  # V = X·W_V + b_V (C·W_V + b_V with a context), or given  (n_k × d_v)
+    # mla, per head: q_C  (n × d_h), q_R and q_R_rot  (n × d_R), K_C = c_KV·W_UK^(h)  (n × d_h),
+    # Q = [q_C ; q_R_rot], K = [K_C ; k_R_rot]  (n × (d_h + d_R)), V = c_KV·W_UV^(h)  (n × d_v)
+    *mla_head_rows(),
     # 3 to 8: one head, scores to output
     # QK-norm (qk_norm:): each head's query rows, then key rows, normalised over d_k (RMSNorm): the mean
     # squares, Q̂ (K̂), γ_q (γ_k) and Q_norm = Q̂ ∘ γ_q (K_norm), which RoPE reads  (n × 1, n × d_k, 1 × d_k)
@@ -138,6 +145,7 @@ KINDS: tuple[Kind, ...] = (
              Mistake("Q·K instead of Q·Kᵀ (K was not transposed)",
                      lambda ops, ex, c: ops.matmul(ex("q_in"), ex("k_in")) if len(ex("q_in")[0]) == len(ex("k_in")) else None),
              *ROPE_SCORE_MISTAKES,
+             *carried_mistakes(S),
          )),
     # S_scaled = S / √d_k, or S times the problem's scale  (n_q × n_k)
     Kind(S_SCALED, S_SCALED, 11, "scale", "Scale the scores", lambda c: scale_why(c) + qk_bound(c), scale_formula,
@@ -145,7 +153,7 @@ KINDS: tuple[Kind, ...] = (
          lambda sh, r, c: plain(r, "n_q × n_k"),
          inputs=(S,), relation=lambda ops, v, c: ops.scale(v(S), c.factor), per_head=True, when=softmax_attention,
          tex="\\frac{S}{\\sqrt{d_k}}",
-         mistakes=(Mistake(NO_SCALING, lambda ops, ex, c: ex(S)), Mistake(BY_D_K, by_d_k))),
+         mistakes=(Mistake(NO_SCALING, lambda ops, ex, c: ex(S)), Mistake(BY_D_K, by_d_k), *carried_mistakes(S_SCALED))),
     # with softcap: S_capped = c·tanh(S_scaled / c), before the mask  (n_q × n_k)
     *score_rows()[:1],
     # M = the mask (0 or −∞), plus the bias  (n_q × n_k)
@@ -163,7 +171,7 @@ KINDS: tuple[Kind, ...] = (
          mistakes=(Mistake(MASK_MISSING, lambda ops, ex, c: ex("mask_in")),
                    Mistake(NO_SCALING, lambda ops, ex, c: ops.add_mask(cap(ops, ex(S), c), ex(M))),
                    Mistake(BY_D_K, lambda ops, ex, c: ops.add_mask(cap(ops, by_d_k(ops, ex, c), c), ex(M))),
-                   *masked_mistakes())),
+                   *masked_mistakes(), *carried_mistakes(S_MASKED))),
     # with temperature: S_temp = Ŝ / T  (n_q × n_k)
     *score_rows()[1:],
     # A = softmax(Ŝ), row by row  (n_q × n_k)
@@ -175,7 +183,7 @@ KINDS: tuple[Kind, ...] = (
          (QUERIES, KEYS), lambda sh, r, c: f"{r[0]}×{r[1]} (n_q × n_k), each row sums to "
          + ("1" if c.sink is None else "less than 1 (the sink takes the rest)"),
          inputs=("a_in",), relation=lambda ops, v, c: ops.softmax(v("a_in"), sink=c.sink), per_head=True,
-         when=softmax_attention, shows=frozenset({"softmax"}), mistakes=score_variants(A) + weight_mistakes(),
+         when=softmax_attention, shows=frozenset({"softmax"}), mistakes=score_variants(A) + weight_mistakes() + carried_mistakes(A),
          note=lambda value: WHY["A_max"] if all(r.is_max for r in value.rows) else WHY["A_symbolic"]),
     # with softcap or temperature: the last query's weights without and with it  (2 × n_k)
     *comparison_rows(),
@@ -196,7 +204,11 @@ KINDS: tuple[Kind, ...] = (
                      lambda ops, ex, c: ops.matmul(ops.T(ex(A)), ex(V)) if is_square(ex(A)) else None),
              transposed(O),
              *ROPE_O_MISTAKES,
+             *carried_mistakes(O),
          )),
+    # mla, per head: q_abs = q_C·W_UK^(h)ᵀ  (n × d_c); S_abs = q_abs·c_KVᵀ + q_R_rot·k_R_rotᵀ and
+    # S_abs − S, exactly 0  (n_q × n_k)
+    *absorbed_rows(),
     # linear attention (linear:), instead of K_T … O: φ(Q), φ(K)  (n × d_k); S_lin = φ(Q)·φ(K)ᵀ, 0 where
     # masked  (n_q × n_k); z_lin = its row sums  (n_q × 1); A_lin = S_lin / z_lin  (n_q × n_k); O = A_lin·V
     *linear_rows(),
@@ -301,6 +313,8 @@ KINDS: tuple[Kind, ...] = (
          relation=lambda ops, v, c: ops.table(decode_cost_rows(c)), when=decoding, tex="\\text{cost}"),
     # linear attention's state against the KV cache, per step: (d_k·d_v + d_k, t·(d_k + d_v))  (n × 2)
     recurrent_rows()[-1],
+    # mla: the numbers cached per token (and for n tokens), MLA against MHA and GQA  (kinds × 2)
+    mla_cache_row(),
     # several heads: concatenate, then project
     # concat = [O⁽¹⁾ | O⁽²⁾ | … | O⁽ʰ⁾]  (n_q × h·d_v)
     Kind(CONCAT, CONCAT, 16, "concat", "Concatenate the heads", WHY[CONCAT],

@@ -30,7 +30,7 @@ def weights_row(key: str, order: int, title: str) -> Kind:
         (key.replace("_", "_{", 1) + "}", key),
         ("d", letter), lambda sh, r, c, key=key: plain(r, f"d_model × d_{'v' if key == W_V else 'k'}"),
         source=lambda c, key=key: getattr(c.weights, key) if c.projected else None,
-        when=lambda c: c.projected, per_head=True, labelled=False,
+        when=lambda c: c.projected and getattr(c.p, "mla", None) is None, per_head=True, labelled=False,
     )
 
 
@@ -80,7 +80,7 @@ def projection_row(key: str, order: int, title: str) -> Kind:
         why, formula, (QUERIES if key == Q else KEYS, key.lower()), shape,
         inputs=("xq" if key == Q else "kv", "W_" + key, bias), relation=relation,
         source=lambda c: None if c.projected else getattr(c.p, key),
-        per_head=True, slips=True, worked=worked_projection(key),
+        per_head=True, slips=True, worked=worked_projection(key), when=lambda c: getattr(c.p, "mla", None) is None,
         mistakes=(transposed(key),) + (ROPE_V_MISTAKES if key == V else ())
         + (Mistake(f"the bias {bias} was not added: {key} = {'X' if key == Q else 'the input'}·W_{key} alone",
                    unbiased),),

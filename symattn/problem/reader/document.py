@@ -68,7 +68,13 @@ class Reader(ScalarFields, MatrixFields, LayerFields, MaskFields, PositionFields
     def build(self, root: yaml.MappingNode, fields: Fields) -> Problem:
         self.symbols = self.read_symbols(node_of(fields, "symbols"))
         values = self.read_values(node_of(fields, "values"))
-        layer = read_layer(self, root, fields)
+        mla = None
+        if "mla" in fields:
+            from .mla import read_mla
+
+            layer, mla = read_mla(self, root, fields)
+        else:
+            layer = read_layer(self, root, fields)
         tokens, key_tokens = read_labels(self, fields, layer)
         mask, bias = read_mask_and_bias(self, root, fields, layer, tokens)
         passes = read_passes(self, fields, layer, mask, bias)
@@ -88,7 +94,7 @@ class Reader(ScalarFields, MatrixFields, LayerFields, MaskFields, PositionFields
             digits=self.digits(node_of(fields, "digits")),
             bias=bias,
             heads=tuple(layer.heads),
-            multi_head="heads" in fields or (loaded is not None and loaded.multi),
+            multi_head="heads" in fields or mla is not None or (loaded is not None and loaded.multi),
             symbols=tuple(self.symbols.values()),
             values=tuple(values.items()),
             kv_heads=layer.kv_heads,
@@ -96,6 +102,7 @@ class Reader(ScalarFields, MatrixFields, LayerFields, MaskFields, PositionFields
             qk_norm=read_qk_norm(self, fields, layer, passes, bool(self.symbols)),
             **passes,
             **layer.matrices,
+            **({"mla": mla} if mla is not None else {}),
         )
 
 
