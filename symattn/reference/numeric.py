@@ -392,7 +392,14 @@ def _projected_heads(p: Problem, out: dict, M: np.ndarray, X: np.ndarray, C: np.
         if h == first:  # the group's K and V, under its first head's ids
             kv_prefix = prefix
             K, V = _keys_and_values(out, prefix, weights, C, subs)
-        outputs.append(_head(p, out, M, prefix, Q, K, V, kv_prefix, sink=_sink(p, h)))
+        O = _head(p, out, M, prefix, Q, K, V, kv_prefix, sink=_sink(p, h))
+        if p.differential is not None:  # the second map, subtracted from the first (differential attention)
+            from .differential import numeric_head
+
+            maps = tuple(to_float64(m, subs) for m in p.differential.maps[h - 1])
+            rotate = (lambda x: rope_rotate(x, p.rope)) if p.rope is not None else None
+            O = numeric_head(p, out, prefix, out[prefix(st.A)], X, V, maps, M, scale_factor(p, Q.shape[1]), rotate)
+        outputs.append(O)
     return outputs
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from sympy import sstr
+
 from .. import stages as registry
 from . import headline, prose
 from .escape import tex_token
@@ -305,6 +307,11 @@ def _intro(d: Derivation) -> str:
     if p.linear is not None:  # no softmax, no scale: the feature map of the unscaled q and k
         scale = (f"linear attention with the feature map {'elu(x) + 1' if p.linear.feature == 'elu1' else p.linear.feature}"
                  " on the unscaled queries and keys (no softmax, no 1/√d_k)")
+    if p.differential is not None:  # two softmax maps, the second subtracted λ times
+        scale += (f"; differential attention: a second map from W_Q2 and W_K2, through the same scale and mask, "
+                  f"subtracted λ = {sstr(p.differential.lam)} times from the first")
+        if p.differential.paper is not None:
+            scale += ", each head's output normalised (RMSNorm) and multiplied by 1 − λ_init, as in the paper"
     bias = "; a bias is added to the mask" if p.bias is not None else ""
     if p.positions is not None:  # said after the sizes: the projections read X + PE
         what += ("; sinusoidal positions (base " + str(p.positions.base) + ") are added to X"

@@ -52,6 +52,10 @@ from .ids import (
     STATE_COST_COLUMNS, STATE_COSTS, Z_LIN, Z_STATE,
 )
 from .linear import FORMULA as LINEAR_FORMULA
+from .ids import (
+    A_2, A_DIFF, A_DIFF_SUMS, K_2, K_2ROT, O_DIFF, O_MS, O_SUBLN, Q_2, Q_2ROT, ROW_SUM, S_2, S_2MASKED, W_K2, W_Q2,
+)
+from .differential import FORMULA as DIFFERENTIAL_FORMULA
 from .kinds import Context, Dot, Kind, Mistake, Section
 from .names import GRADIENT_NAMES, NAMES, TILED_NAMES, order_of, unknown_stage
 from .norms import entry_tex, has_norm, hat_keys
@@ -81,6 +85,8 @@ __all__ = [
     "DW_2", "DW_DOWN", "DG", "DU", "DU_GATE", "DU_UP", "DB_1", "DW_1", "DW_GATE", "DW_UP", "DH_NORM", "DH_HAT", "DMLP_GAMMA", "DMLP_BETA",
     "A_LIN", "LINEAR_FORMULA", "NORMALISER", "O_LIN", "O_REC", "O_REC_DIFF", "PHI_K", "PHI_Q", "REC_DEN", "REC_NUM", "S_LIN", "S_STATE",
     "STATE_COST", "STATE_COST_COLUMNS", "STATE_COSTS", "Z_LIN", "Z_STATE",
+    "A_2", "A_DIFF", "A_DIFF_SUMS", "DIFFERENTIAL_FORMULA", "K_2", "K_2ROT", "O_DIFF", "O_MS", "O_SUBLN", "Q_2", "Q_2ROT",
+    "ROW_SUM", "S_2", "S_2MASKED", "W_K2", "W_Q2",
     "Context", "Dot", "Kind", "Mistake", "Planned", "Section",
     "dot_at", "entry_tex", "has_norm", "hat_keys", "input_ids", "kv_cache_size", "kv_groups", "order_of", "plan", "resolve", "section_of",
     "sections", "split_id", "stage_id", "traces", "unknown_stage",

@@ -108,6 +108,14 @@ A_SINK = "A_sink"
 PHI_Q, PHI_K, S_LIN, Z_LIN, A_LIN, O_LIN = "phi_Q", "phi_K", "S_lin", "z_lin", "A_lin", "O_lin"
 Z_STATE, S_STATE, REC_NUM, REC_DEN, O_REC, O_REC_DIFF = "z_state", "S_state", "rec_num", "rec_den", "O_rec", "O_rec_diff"
 STATE_COST = "state_cost"
+# differential attention (differential: {lambda, W_Q2, W_K2}): the second map's weights and queries and
+# keys (rotated under RoPE), its scores S_2 = Q_2·K_2ᵀ, scaled and masked as the first map's, its weights
+# A_2; the differential map A_diff = A − λ·A_2 (A is the first map, A₁), its row sums (each 1 − λ) and
+# the output (key "O_diff", named O); with the paper's per-head norm (diff_transformer:), each output
+# row's mean square and the normalised rows times (1 − λ_init)
+W_Q2, W_K2, Q_2, K_2, Q_2ROT, K_2ROT = "W_Q2", "W_K2", "Q_2", "K_2", "Q_2rot", "K_2rot"
+S_2, S_2MASKED, A_2, A_DIFF, A_DIFF_SUMS, O_DIFF = "S_2", "S_2masked", "A_2", "A_diff", "A_diff_sums", "O_diff"
+O_MS, O_SUBLN = "O_ms", "O_subln"
 # With kv_heads (grouped-query attention) these stages exist once per K/V group, under the id of
 # the group's first query head (head1.K for group 1); the group's other heads read them. So do
 # their gradients: a group's dK and dV sum the shares of every head that reads it.
@@ -134,8 +142,9 @@ MEAN, VARIANCE, MEAN_SQUARE = "mean", "variance", "mean square"
 SINK_AXIS = "sink"  # the one column of what a learned sink absorbed
 # linear attention: the one column of the normalisers, and the columns of the state's cost table
 NORMALISER, STATE_COSTS = "normaliser", "state costs"
+ROW_SUM = "row sum"  # differential attention: the one column of A_diff's row sums
 TOKEN_AXES = (QUERIES, KEYS, CACHED, NEW, STEPS, COSTS, CAP_ROWS, TEMP_ROWS, MEAN, VARIANCE, MEAN_SQUARE, VOCAB, LAST,
-              LOSS_ROWS, NLL_AXIS, LOSS_AXIS, SINK_AXIS, NORMALISER, STATE_COSTS)  # labelled by words, not d1, d2
+              LOSS_ROWS, NLL_AXIS, LOSS_AXIS, SINK_AXIS, NORMALISER, STATE_COSTS, ROW_SUM)  # labelled by words, not d1, d2
 COST_COLUMNS = ("scores (cache)", "output (cache)", "scores (full)", "outputs (full)")
 STATE_COST_COLUMNS = ("state (linear)", "KV cache (softmax)")
 

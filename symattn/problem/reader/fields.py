@@ -50,6 +50,7 @@ FIELDS = (
     "decode",
     "sink",
     "linear",
+    "differential",
     "from",
 )
 
