@@ -401,3 +401,30 @@ def test_passes_it_does_not_derive_are_refused_in_one_line(option, field, capsys
     err = capsys.readouterr().err
     assert code == 1 and len(err.splitlines()) == 1 and err.startswith("Error: ")
     assert f"{field}: " in err and "differential" in err and "not derived" in err
+
+
+BLOCK = """X: [[1, 0, 1, 0], [0, 2, 0, 2], [1, 1, 1, 1]]
+W_Q: [[1, 0], [0, 1], [1, 1], [0, 1]]
+W_K: [[0, 1], [1, 0], [-1, 1], [1, 0]]
+W_V: [[1, 0, 0, 1], [0, 1, 1, 0], [1, 1, 0, 0], [0, 0, 1, 1]]
+mask: causal
+norm: {type: rmsnorm, eps: 1/100}
+mlp: {W_1: [[1, 0], [0, 1], [1, 1], [0, 0]], W_2: [[1, 0, 0, 1], [0, 1, 1, 0]], activation: relu}
+differential: {lambda: 1/2, W_Q2: [[0, 1], [1, 0], [1, 0], [0, 1]], W_K2: [[1, 0], [0, 1], [0, 1], [1, 1]]PAPER}
+"""
+
+
+@pytest.mark.parametrize("paper", [None, (0.5, 0.01)])
+def test_the_rest_of_the_block_reads_the_differential_output(paper, tmp_path):
+    """Reference: NumPy here, RMSNorm of X (no weight), the paper's eq. 1 (and its norm), then H = X + O."""
+    text = BLOCK.replace("PAPER", ", diff_transformer: {lambda_init: 1/2, eps: 1/100}" if paper else "")
+    p, _ = _problem(text, tmp_path)
+    d = symattn.derive(p)
+    raw = yaml.safe_load(text)
+    X = _f(raw["X"])
+    Xn = X / np.sqrt((X * X).mean(axis=1, keepdims=True) + 0.01)
+    M = np.where(np.tril(np.ones((3, 3), bool)), 0.0, -np.inf)
+    _, _, O = diff_attention(Xn, _f(raw["W_Q"]), _f(raw["W_K"]), _f(raw["differential"]["W_Q2"]),
+                             _f(raw["differential"]["W_K2"]), _f(raw["W_V"]), 0.5, M, None, paper)
+    assert np.max(np.abs(d.approx("H") - (X + O))) <= _bound(X, O)
+    assert symattn.crosscheck(d).passed

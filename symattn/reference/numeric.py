@@ -452,7 +452,8 @@ def numeric_stages(p: Problem) -> dict[str, np.ndarray]:
         _output_projection(p, out, outputs, subs)
     if p.residual:
         block = out.get(st.X_EMB, out.get(st.X_POS, out[st.X]))  # the block's input (with its positions, normed)
-        total = block + out[st.O]                               # the layer's output, added to its input
+        out_id = st.O_SUBLN if p.differential is not None and p.differential.paper and not p.multi_head else st.O
+        total = block + out[out_id]                             # the layer's output, added to its input
         if p.norm is not None and p.norm.post:                  # BERT: H = LN(X + O)
             out[st.R] = total
             out[st.H] = layer_norm_f64(total, p.norm, out, "post")
