@@ -428,3 +428,48 @@ def test_the_rest_of_the_block_reads_the_differential_output(paper, tmp_path):
                              _f(raw["differential"]["W_K2"]), _f(raw["W_V"]), 0.5, M, None, paper)
     assert np.max(np.abs(d.approx("H") - (X + O))) <= _bound(X, O)
     assert symattn.crosscheck(d).passed
+
+
+# -- symattn generate --differential ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("options", [{"d_k": 1, "d_v": 2, "tokens": 3}, {"heads": 2, "d_k": 1, "d_v": 1, "mask": "none"},
+                                     {"d_k": 4, "d_v": 2, "mask": "sliding-window:2"}])
+def test_generated_differential_exercises_keep_their_guarantees(options):
+    """Reference: each problem's second map recomputed here in NumPy from its own numbers."""
+    problems = symattn.generate(3, seed=5, differential="1/2", **options)
+    assert [p.to_yaml() for p in problems] == [p.to_yaml() for p in symattn.generate(3, seed=5, differential="1/2",
+                                                                                      **options)]
+    for p in problems:
+        assert p.differential.lam == sympy.Rational(1, 2) and "differential:\n  lambda: 1/2" in p.to_yaml()
+        d = symattn.derive(p)
+        assert symattn.crosscheck(d).passed
+        X = _f(p.X)
+        allowed = np.array(p.mask.allowed)
+        for h, (w, (W_Q2, W_K2)) in enumerate(zip(p.heads, p.differential.maps), 1):
+            S1 = (X @ _f(w.W_Q)) @ (X @ _f(w.W_K)).T
+            S2 = (X @ _f(W_Q2)) @ (X @ _f(W_K2)).T
+            assert np.abs(S2).max() <= 8 and np.abs(X @ _f(W_Q2)).max() <= 4  # the easy level's bounds
+            root = np.sqrt(_f(W_Q2).shape[1])
+            assert np.all(S2 / root == np.round(S2 / root))  # whole scaled scores
+            assert max(len({S2[i, j] for j in range(len(S2)) if allowed[i, j]}) for i in range(len(S2))) <= 2
+            assert any(S1[i, j] - S1[i].max() != S2[i, j] - S2[i].max()
+                       for i in range(len(S2)) for j in range(len(S2)) if allowed[i, j])  # two different maps
+            prefix = f"head{h}." if p.multi_head else ""
+            assert list(d.step(prefix + "A_diff_sums").exact) == [sympy.Rational(1, 2)] * len(S2)
+
+
+def test_generate_differential_refuses_what_it_cannot_follow(capsys):
+    for args, message in ((["--differential", "3/2"], "between 0 and 1"), (["--differential", "x"], "a fraction"),
+                          (["--differential", "1/2", "--cross", "3"], "--cross"),
+                          (["--differential", "1/2", "--linear", "relu"], "--linear"),
+                          (["--differential", "1/2", "--block"], "--block")):
+        assert main(["generate", *args]) == 1
+        err = capsys.readouterr().err
+        assert message in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_generate_from_a_differential_problem_is_refused(capsys):
+    assert main(["generate", "--from", str(EXAMPLE)]) == 1
+    err = capsys.readouterr().err
+    assert "--from does not vary differential attention" in err and len(err.strip().splitlines()) == 1, err
