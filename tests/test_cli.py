@@ -43,6 +43,8 @@ HEAD_IDS = ["W_Q", "W_K", "W_V", "Q", "K", "V", "K_T", "S", "S_scaled", "M", "S_
 # linear: instead of K_T … A, then O and the recurrent form (then state_cost, after the heads)
 LINEAR_IDS = ["phi_Q", "phi_K", "S_lin", "z_lin", "A_lin", "O", "z_state", "S_state", "rec_num", "rec_den", "O_rec",
               "O_rec_diff"]
+# differential: the second map after A, then the differential map and O (instead of A's own O)
+DIFFERENTIAL_IDS = ["W_Q2", "W_K2", "Q_2", "K_2", "S_2", "S_2masked", "A_2", "A_diff", "A_diff_sums", "O"]
 # decode: t adds token t's row from the KV cache after each head's stages, then the cost table
 DECODE_IDS = ["K_cache", "V_cache", "q_t", "s_t", "a_t", "o_t", "o_t_diff"]
 # with kv_heads, a K/V group's stages are listed once, with the group's first query head
@@ -188,6 +190,8 @@ def _forward_ids(raw: dict) -> list[str]:
     if "sink" in raw:  # a learned sink: what it absorbed, after the weights
         given, head_ids = (ids[:ids.index("A") + 1] + ["A_sink"] + ids[ids.index("A") + 1:]
                            for ids in (given, head_ids))
+    if "differential" in raw:  # the second map, the difference and its O after the first map's A
+        given, head_ids = (ids[:ids.index("A") + 1] + DIFFERENTIAL_IDS for ids in (given, head_ids))
     tiled = ["m_tiled", "l_tiled", "acc_tiled", "O_tiled"] if "tiling" in raw else []  # after each head's O
     if "linear" in raw:  # linear attention: its features and both forms instead of K_T … A; the state's cost after
         given, head_ids = (ids[:ids.index("K_T")] + LINEAR_IDS for ids in (GIVEN_IDS, HEAD_IDS))

@@ -38,11 +38,12 @@ ROOT = Path(__file__).resolve().parent.parent
 # weights from a checkpoint's layout (from:) in test_problem_layouts.py; a norm (square roots of each row's
 # variance) in test_norm.py; linear attention (no scores, no softmax) in test_exact_linear.py; soft-capping
 # and the temperature (scores changed before the softmax) in test_score_changes.py, QK-norm in test_qk_norm.py,
-# multi-head latent attention (Q, K, V assembled from a latent) in test_exact_mla.py.
+# multi-head latent attention (Q, K, V assembled from a latent) in test_exact_mla.py; differential attention
+# (two maps, O = (A₁ − λA₂)·V) in test_differential.py.
 EXAMPLES = sorted(
     p for p in (ROOT / "worked_examples").glob("*.yaml")
     if not any(line.startswith(("heads:", "symbols:", "rope:", "positions:", "from:", "norm:", "linear:", "softcap:",
-                                "temperature:", "qk_norm:", "mla:"))
+                                "temperature:", "qk_norm:", "mla:", "differential:"))
                for line in p.read_text("utf-8").splitlines())
 )
 EXAMPLE_IDS = [p.stem for p in EXAMPLES]

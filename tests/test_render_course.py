@@ -305,6 +305,9 @@ def _forward_headings(problem: dict) -> list[str]:
     stage_titles = stage_titles + ((TILED_TITLE,) if "tiling" in problem else ())
     if "linear" in problem:  # linear attention: the features and the parallel form instead of the softmax's steps
         stage_titles = (*stage_titles[:2], *LINEAR_TITLES[:2], STAGE_TITLES[-1], LINEAR_TITLES[2])
+    if "differential" in problem:  # the first map's softmax retitled; the second map and the difference after it
+        k = stage_titles.index("Softmax on each row")
+        stage_titles = (*stage_titles[:k], *DIFFERENTIAL_TITLES, *stage_titles[k + 1:])
     # decode: t adds its step after each head's, and the cost table after the heads
     stage_titles = stage_titles + (("Decode the new token from the KV cache",) if "decode" in problem else ())
     cost = ("The cost of a decoding step",) if "decode" in problem else ()
@@ -343,6 +346,10 @@ def _forward_headings(problem: dict) -> list[str]:
 # recurrent form; the state's cost after the heads)
 LINEAR_TITLES = ("Linear attention: the feature maps", "The parallel form: the masked table and its normalisers",
                  "The recurrent form: one state update per token")
+# with differential:, the softmax's step is the first map's, then the second map and the difference (then O)
+DIFFERENTIAL_TITLES = ("Softmax on each row: the first map",
+                       "The second map: its own queries and keys",
+                       "The differential map: the first map minus λ times the second")
 # with a tiling: section, after the weighted sum
 TILED_TITLE = "The same output in one pass: FlashAttention's online softmax"
 

@@ -279,7 +279,7 @@ return {
                 .map(function (t) { return t.getAttribute("data-stage") + "/" + t.getAttribute("data-form"); }),
   heatmaps: document.querySelectorAll("figure.heatmap > svg").length,
   weights: Array.prototype.filter.call(document.querySelectorAll("table.matrix[data-form=decimal]"), function (t) {
-    return /(^|\\.)(A|a_t|cap_row|temp_row)$/.test(t.getAttribute("data-stage")); }).length  // the softmax steps: A, a decoded row's a_t, one row without and with a cap or temperature
+    return /(^|\\.)(A|A_2|a_t|cap_row|temp_row)$/.test(t.getAttribute("data-stage")); }).length  // the softmax steps: A, a differential problem's second map A_2, a decoded row's a_t, one row without and with a cap or temperature
 };
 """
 

@@ -132,11 +132,12 @@ def test_the_cli_suggests_a_stage_name(symattn_cli, tmp_path):
 _FIELD_MODULES = {"problem/model.py", "problem/reader/fields.py", "problem/reader/document.py",
                   "problem/reader/layer.py", "problem/reader/passes.py", "problem/reader/block.py",
                   "problem/reader/linear.py", "problem/reader/qk_norm.py", "problem/reader/mla.py",
+                  "problem/reader/differential.py",
                   "problem/checkpoints/layouts.py",
                   "generate/exercises.py", "generate/block.py", "generate/mla.py"} | {
     f"stages/{name}.py" for name in
     ("__init__", "ids", "kinds", "registry", "rows", "norms", "norm_backward", "formulas", "why", "relations",
-     "outline", "mlp", "block_backward", "linear", "mla")}
+     "outline", "mlp", "block_backward", "linear", "mla", "differential")}
 # generated tables of LaTeX pieces and their MathML ('K' there is a letter to typeset, not a stage)
 _DATA_MODULES = {"render/mathml_known.py"}
 _NAMES = set(stages.NAMES) | {k.key for k in stages.KINDS}

@@ -12,7 +12,8 @@ from .paths import check_outputs, echo, inputs, refuse_input, same_file, write_a
 
 # what --from takes from its problem instead (so giving one of them with --from is refused)
 SHAPE_OPTIONS = ("tokens", "d_model", "d_k", "d_v", "mask", "heads", "cross", "no_scale", "words", "norm", "residual",
-                 "block", "d_ff", "activation", "vocab", "rows", "sink", "linear", "softcap", "temperature", "mla")
+                 "block", "d_ff", "activation", "vocab", "rows", "sink", "linear", "softcap", "temperature", "mla",
+                 "differential")
 BLOCK_OPTIONS = ("d_ff", "activation", "vocab", "rows")  # the options of --block alone
 
 
@@ -62,6 +63,9 @@ class RecordingCommand(click.Command):
 @click.option("--mla", is_flag=True,
               help="Multi-head latent attention (DeepSeek-V2): 2 heads, d_c = d_h = d_R = d_v = 2, RoPE in quarter turns, "
                    "mask causal or none; whole-number scores, each head's differing from RoPE on the compressed part.")
+@click.option("--differential", metavar="LAMBDA",
+              help="Differential attention: a second map (W_Q2, W_K2) drawn with the same guarantees, subtracted "
+                   "LAMBDA times (a fraction between 0 and 1, such as 1/2).")
 @click.option("--block", is_flag=True,
               help="The whole block: a norm in front (--norm, default layernorm), the residual, the MLP with its "
                    "own norm, the logits and the loss (guarantees below).")
@@ -92,7 +96,8 @@ class RecordingCommand(click.Command):
 @click.option("--force", is_flag=True, help="With --count: replace files of the same names already in --out-dir (without it they are listed and nothing is written).")
 @click.option("--from", "base", type=click.Path(path_type=Path), help="Keep the structure of this problem and draw new numbers.")
 @click.option("--vary", type=click.Choice(["weights", "inputs"]), default="weights", show_default=True, help="With --from: what gets new numbers.")
-def generate(tokens, d_model, d_k, d_v, mask, heads, cross, no_scale, norm, sink, residual, linear, mla, block, d_ff,
+def generate(tokens, d_model, d_k, d_v, mask, heads, cross, no_scale, norm, sink, residual, linear, mla, differential,
+             block, d_ff,
              activation, vocab, rows, softcap, temperature, level, range_, words, seed, output, count, out_dir, sheets,
              paper, force, base, vary) -> None:
     """Write new problems with small, hand-friendly numbers.
@@ -146,7 +151,8 @@ def generate(tokens, d_model, d_k, d_v, mask, heads, cross, no_scale, norm, sink
                                                  heads=heads, cross=cross, scale=not no_scale, words=words,
                                                  norm=norm, residual=residual, block=block, d_ff=d_ff,
                                                  activation=activation, vocab=vocab, rows=rows, sink=sink, linear=linear,
-                                                 softcap=softcap, temperature=temperature, mla=mla)
+                                                 softcap=softcap, temperature=temperature, mla=mla,
+                                                 differential=differential)
         problems = make(count or 1, seed=seed, level=level, range=range_, base=loaded, vary=vary,
                         numbered=count is not None,
                         command=" ".join(["symattn generate", *(shlex.quote(a) for a in argv)]), **shape)

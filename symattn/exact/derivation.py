@@ -558,7 +558,8 @@ def _labels(axis: str, n: int, p: Problem) -> tuple[str, ...]:
         return ("no cap", f"c = {sympy.sstr(p.softcap)}")
     if axis == stages.TEMP_ROWS:  # one row's weights at T = 1, then at the problem's T
         return ("T = 1", f"T = {sympy.sstr(p.temperature)}")
-    if axis in (stages.MEAN, stages.VARIANCE, stages.MEAN_SQUARE, stages.SINK_AXIS, stages.NORMALISER):  # one column: what it holds
+    if axis in (stages.MEAN, stages.VARIANCE, stages.MEAN_SQUARE, stages.SINK_AXIS, stages.NORMALISER,
+                stages.ROW_SUM):  # one column: what it holds
         return (axis,)
     if axis == stages.LAST:  # the last position's row (the logits of rows: last)
         return p.tokens[-1:]

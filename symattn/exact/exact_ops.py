@@ -46,6 +46,13 @@ def _stacked(parts):
     return _products.vstack([matrix_of(p) for p in parts])
 
 
+def _weights_times(a, factor: sympy.Expr) -> LazyMatrix:
+    """A map's weights (or their row sums) times a number, differential attention's λ·A_2: each entry
+    kept as written, not expanded, so A_1 − λ·A_2 of two equal rows collects to (1 − λ)·A_1."""
+    m = matrix_of(a)
+    return LazyMatrix(m.rows, m.cols, lambda i, j: factor * m[i, j])
+
+
 class ExactOps(Ops):
     """The relations' operations on exact values: a forward product expanded (``expand``), a gradient's kept."""
 
@@ -202,7 +209,7 @@ class ExactOps(Ops):
                 return scaled
         if isinstance(a, _norms.NormedScores):
             return a.scaled(factor)
-        return _products.scale(a, factor)
+        return _weights_times(a, factor) if isinstance(a, (Softmax, Output)) else _products.scale(a, factor)
 
     def mask(self, allowed, bias):
         return mask_matrix(allowed, bias)

@@ -33,7 +33,7 @@ _BOUNDS = {level: (proj, score) for level, (_, proj, score, _) in LEVELS.items()
 _SHAPE = {"tokens": 4, "d_model": 4, "d_k": 4, "d_v": 4, "mask": "causal", "heads": 1, "cross": None,
           "scale": True, "words": None, "norm": None, "residual": False, "block": False, "d_ff": 3,
           "activation": "relu", "vocab": None, "rows": "last", "sink": None, "linear": None, "softcap": None,
-          "temperature": None, "mla": False}
+          "temperature": None, "mla": False, "differential": None}
 
 
 class GeneratedProblem(Problem):
@@ -62,7 +62,7 @@ def generate(count: int = 1, *, seed: int = 0, level: str = "easy", tokens: int 
              command: str | None = None, norm: str | None = None, residual: bool = False, block: bool = False,
              d_ff: int = 3, activation: str = "relu", vocab: str | Sequence[str] | None = None, rows: str = "last",
              sink: int | None = None, linear: str | None = None, softcap=None, temperature=None, mla: bool = False,
-             ) -> list[GeneratedProblem]:
+             differential: str | None = None) -> list[GeneratedProblem]:
     """``count`` different exercises with small, hand-friendly numbers, the same for the same
     options and seed (the options of ``symattn generate``; ``scale=False`` is ``--no-scale``).
     Variant k is what seed ``seed + k − 1`` gives alone; one equal to an earlier variant takes
@@ -98,11 +98,11 @@ def generate(count: int = 1, *, seed: int = 0, level: str = "easy", tokens: int 
     "layernorm") and the residual, then an MLP of ``d_ff`` hidden units with its own norm and
     ``activation`` ("relu" or "relu2"), the logits of the last position (``rows="all"``: of
     every one) over a vocabulary of 4 to 6 words (``vocab``, or the tokens' words, the next word
-    and a few more) and the loss; its guarantees are in :mod:`symattn.generate.block`. ``softcap``,
-    ``temperature`` (exact, "50" or "1/2") add those fields to an attention exercise; ``mla``: :mod:`.mla`."""
+    and a few more) and the loss; its guarantees are in :mod:`symattn.generate.block`. ``softcap``, ``temperature``
+    (exact, "50" or "1/2"), ``differential`` (λ, "1/2") add those fields to an attention exercise; ``mla``: :mod:`.mla`."""
     options = dict(tokens=tokens, d_model=d_model, d_k=d_k, d_v=d_v, mask=mask, heads=heads, cross=cross, scale=scale,
-                   words=words, norm=norm, residual=residual, block=block, d_ff=d_ff, activation=activation,
-                   vocab=vocab, rows=rows, softcap=softcap, temperature=temperature, sink=sink, linear=linear, mla=mla)
+                   words=words, norm=norm, residual=residual, block=block, d_ff=d_ff, activation=activation, vocab=vocab,
+                   rows=rows, softcap=softcap, temperature=temperature, sink=sink, linear=linear, mla=mla, differential=differential)
     _check(count, seed, level, options, range, vary, numbered, command)
     if command is None:
         command = _call(count, dict(seed=seed, level=level, **options, range=range, base=base, vary=vary,
@@ -292,6 +292,7 @@ def _spec(level: str, range, options: dict, base, vary: str):
                     norm=options["norm"] or ("layernorm" if block else None), residual=options["residual"] or block,
                     block=block, d_ff=options["d_ff"], activation=options["activation"], vocab=vocab,
                     rows=options["rows"], sink=options["sink"], linear=options["linear"], mla=options["mla"],
+                    differential=None if options["differential"] is None else str(options["differential"]),
                     extra=_score_lines(options)), None
     given = [name for name, default in _SHAPE.items() if options[name] != default]
     if given:

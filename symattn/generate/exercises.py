@@ -17,6 +17,7 @@ import numpy as np
 from ..errors import SymattnError
 from ..text import LongNumber, excerpt, whole_number
 from ..problem.masks import mask_rule
+from . import differential as _differential
 
 LEVELS = {
     # range, |projection| bound, |score| bound, allowed denominators of scaled scores
@@ -60,6 +61,7 @@ class Spec:
     sink: int | None = None
     linear: str | None = None  # linear attention's feature map (relu, elu1, identity) instead of the softmax
     mla: bool = False  # multi-head latent attention of a fixed shape (symattn.generate.mla)
+    differential: str | None = None  # differential attention's λ (text such as "1/2"): a second map drawn too
 
     @property
     def proj_score_bounds(self) -> tuple[int, int]:
@@ -87,10 +89,11 @@ class Drawn:
     gamma: np.ndarray | None = None  # the norm's weight (1 × d_model), with a norm
     beta: np.ndarray | None = None  # the norm's bias (1 × d_model), with a LayerNorm
     mlp: object = None  # with a block: its symattn.generate.block.Mlp (the MLP's norm and weights, W_U)
+    maps: tuple = ()  # with --differential: each head's (W_Q2, W_K2)
 
     def key(self) -> tuple:
         parts = [self.X] + ([self.context] if self.context is not None else []) + [w for h in self.heads for w in h]
-        parts += [m for m in (self.W_O, self.gamma, self.beta) if m is not None]
+        parts += [m for m in (self.W_O, self.gamma, self.beta) if m is not None] + [w for m in self.maps for w in m]
         key = tuple(tuple(map(int, p.ravel())) + (p.shape,) for p in parts)
         return key + (self.mlp.key() if self.mlp is not None else ())
 
@@ -132,6 +135,8 @@ def validate(spec: Spec) -> None:
                            f"is not --d-model {spec.d_model} (or use several --heads, whose W_O gives d_model columns)")
     if spec.linear is not None:
         _validate_linear(spec)
+    if spec.differential is not None:
+        _differential.validate(spec)
     elif spec.scale and spec.level != "hard" and math.isqrt(spec.d_k) ** 2 != spec.d_k:
         raise SymattnError(
             f"d_k = {spec.d_k} is not a perfect square, so the scaled scores carry √{spec.d_k}; "
@@ -286,6 +291,8 @@ def niceness(spec: Spec, drawn: Drawn) -> str | None:
             return "a softmax row has more than two distinct exponents"
         if max(distinct) < 2 and max(len(row) for row in mask.tolist()) > 1 and sum(mask.ravel()) > mask.shape[0]:
             return "every softmax row is uniform (nothing to compute)"
+    if spec.differential is not None:
+        return _differential.niceness(spec, drawn, X, mask, (proj_bound, score_bound), denominators)
     return None
 
 
@@ -319,7 +326,8 @@ def draw(spec: Spec, rng: np.random.Generator, base: Drawn | None = None) -> Dra
         d_out = base.W_O.shape[1] if base is not None and base.W_O is not None else \
             spec.d_model if spec.residual else heads[0][2].shape[1]
         W_O = ints(width, d_out)
-    return Drawn(X, context, tuple(heads), W_O, gamma, beta)
+    maps = _differential.draw(spec, ints, heads) if spec.differential is not None else ()
+    return Drawn(X, context, tuple(heads), W_O, gamma, beta, maps=maps)
 
 
 def _normed_rows(spec: Spec, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
@@ -415,6 +423,8 @@ def to_yaml(spec: Spec, drawn: Drawn, command: str, title: str) -> str:
         out.append("residual: true")
     if spec.linear is not None:
         out.append(f"linear: {{feature: {spec.linear}}}")
+    if spec.differential is not None:
+        out += _differential.yaml_lines(spec, drawn)
     out.extend(spec.extra)
     return "\n".join(out) + "\n"
 
@@ -438,6 +448,9 @@ def from_problem(problem) -> tuple[Spec, Drawn]:
         raise SymattnError(f"{problem.source}: --from needs a problem with X and weights (not Q, K, V given)")
     if problem.positions is not None:
         raise SymattnError(f"{problem.source}: --from does not vary problems with positions (remove positions: first)")
+    if getattr(problem, "differential", None) is not None:
+        raise SymattnError(f"{problem.source}: --from does not vary differential attention yet (its second map would "
+                           "be lost); use --differential LAMBDA")
     if problem.mlp is not None or problem.logits is not None:
         raise SymattnError(f"{problem.source}: --from does not vary problems with an MLP or logits yet (remove mlp:, "
                            "logits: and loss: first)")

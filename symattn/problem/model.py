@@ -317,6 +317,30 @@ class QkNorm:
 
 
 @dataclass(frozen=True)
+class DiffTransformer:
+    """The Differential Transformer paper's per-head norm: each head's output row divided by its root
+    mean square (RMSNorm with no learned weight, the paper's GroupNorm "subln", ``eps`` under the root),
+    then times ``1 − lambda_init``."""
+
+    lambda_init: sympy.Expr
+    eps: sympy.Expr
+
+
+@dataclass(frozen=True)
+class Differential:
+    """Differential attention (Ye et al., 2024): ``(softmax(Q₁K₁ᵀ/√d) − λ·softmax(Q₂K₂ᵀ/√d))·V``. Q₁ and
+    K₁ are the problem's own; ``maps`` holds each head's (W_Q2, W_K2) of the second map; ``lam`` is λ,
+    exact from its text; ``paper`` the paper's per-head norm and scale, or None; ``line`` and ``col``
+    are where the field is written."""
+
+    lam: sympy.Expr
+    maps: tuple[tuple[Matrix, Matrix], ...]
+    paper: DiffTransformer | None = None
+    line: int | None = None
+    col: int | None = None
+
+
+@dataclass(frozen=True)
 class Problem:
     """A validated attention problem; every matrix entry is an exact SymPy number.
 
@@ -359,6 +383,7 @@ class Problem:
     logits: Logits | None = None  # the final norm and the unembedding; None: none
     loss: Loss | None = None  # the cross-entropy of the logits; None: none
     linear: Linear | None = None  # linear attention instead of the softmax; None: the softmax
+    differential: Differential | None = None  # differential attention: a second map subtracted; None: none
     softcap: sympy.Expr | None = None  # c: the scaled scores become c·tanh(S_scaled/c) before the mask; None: none
     temperature: sympy.Expr | None = None  # T: the masked scores are divided by T; None: none
     qk_norm: QkNorm | None = None  # each head's queries and keys normalised before RoPE; None: not

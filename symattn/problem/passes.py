@@ -48,6 +48,9 @@ def with_backward(problem: Problem, loss=None) -> Problem:
     if getattr(problem, "linear", None) is not None:
         raise SymattnError("the backward pass of linear attention is not derived (a problem with linear:)",
                            file=problem.source, field="backward")
+    if getattr(problem, "differential", None) is not None:
+        raise SymattnError("the backward pass of differential attention is not derived (a problem with differential:)",
+                           file=problem.source, field="backward")
     if loss is None:
         if problem.backward is not None:
             return problem
@@ -83,6 +86,9 @@ def with_tiling(problem: Problem, block: int) -> Problem:
     if getattr(problem, "linear", None) is not None:
         raise SymattnError("the tiled (online) softmax is the softmax's: linear attention has none to tile, and "
                            "shows its own recurrent form", file=problem.source, field="--tiled")
+    if getattr(problem, "differential", None) is not None:
+        raise SymattnError("the tiled (online) softmax of two maps and their difference is not derived (a problem "
+                           "with differential:)", file=problem.source, field="--tiled")
     _score_changes(problem, "tiling", "--tiled")
     rows = problem.tiling.rows if problem.tiling is not None else None
     return dataclasses.replace(problem, tiling=Tiling(block, rows))
@@ -123,6 +129,9 @@ def with_decode(problem: Problem, t: int) -> Problem:
     if getattr(problem, "linear", None) is not None:
         raise SymattnError("linear attention decodes from its constant-size state, which its solution shows step "
                            "by step: drop --decode", file=problem.source, field="--decode")
+    if getattr(problem, "differential", None) is not None:
+        raise SymattnError("decoding from the KV cache with two maps is not derived (a problem with differential:)",
+                           file=problem.source, field="--decode")
     _score_changes(problem, "decode", "--decode")
     wrong = decode_problem(t, problem.n_q, problem.mask, problem.context is not None, problem.bias is not None)
     if wrong:

@@ -392,7 +392,14 @@ def _projected_heads(p: Problem, out: dict, M: np.ndarray, X: np.ndarray, C: np.
         if h == first:  # the group's K and V, under its first head's ids
             kv_prefix = prefix
             K, V = _keys_and_values(out, prefix, weights, C, subs)
-        outputs.append(_head(p, out, M, prefix, Q, K, V, kv_prefix, sink=_sink(p, h)))
+        O = _head(p, out, M, prefix, Q, K, V, kv_prefix, sink=_sink(p, h))
+        if p.differential is not None:  # the second map, subtracted from the first (differential attention)
+            from .differential import numeric_head
+
+            maps = tuple(to_float64(m, subs) for m in p.differential.maps[h - 1])
+            rotate = (lambda x: rope_rotate(x, p.rope)) if p.rope is not None else None
+            O = numeric_head(p, out, prefix, out[prefix(st.A)], X, V, maps, M, scale_factor(p, Q.shape[1]), rotate)
+        outputs.append(O)
     return outputs
 
 
@@ -454,7 +461,8 @@ def numeric_stages(p: Problem) -> dict[str, np.ndarray]:
         _output_projection(p, out, outputs, subs)
     if p.residual:
         block = out.get(st.X_EMB, out.get(st.X_POS, out[st.X]))  # the block's input (with its positions, normed)
-        total = block + out[st.O]                               # the layer's output, added to its input
+        out_id = st.O_SUBLN if p.differential is not None and p.differential.paper and not p.multi_head else st.O
+        total = block + out[out_id]                             # the layer's output, added to its input
         if p.norm is not None and p.norm.post:                  # BERT: H = LN(X + O)
             out[st.R] = total
             out[st.H] = layer_norm_f64(total, p.norm, out, "post")

@@ -161,7 +161,8 @@ def torch_stages(p: Problem) -> dict[str, np.ndarray]:
         elif p.mla is None:
             for h, weights in enumerate(p.heads, 1):
                 prefix = functools.partial(st.stage_id, head=h if p.multi_head else None)  # this head's ids
-                outputs.append(head(prefix, linear(X, weights.W_Q, weights.b_Q), linear(C, weights.W_K, weights.b_K),
+                outputs.append(_differential(torch, F, p, out, prefix, X, weights, h, t, attn_mask, linear)
+                               if p.differential is not None else head(prefix, linear(X, weights.W_Q, weights.b_Q), linear(C, weights.W_K, weights.b_K),
                                     linear(C, weights.W_V, weights.b_V), _sink(p, h)))
         O = outputs[0]
         if p.multi_head:
@@ -197,6 +198,14 @@ def torch_mla(torch, p: Problem, X, t):
         K = torch.cat([c_kv @ cols(W_UK, m.d_h), k_rot], dim=1)
         out.append((functools.partial(st.stage_id, head=h + 1), Q, K, c_kv @ cols(W_UV, m.d_v)))
     return out
+def _differential(torch, F, p: Problem, out: dict, prefix, X, weights, h: int, t, attn_mask, linear):
+    """Head ``h`` of differential attention (see :func:`.differential.torch_head`): its output."""
+    from .differential import torch_head
+
+    Q, K, V = linear(X, weights.W_Q, None), linear(X, weights.W_K, None), linear(X, weights.W_V, weights.b_V)
+    rope = (lambda x: torch_rope(torch, x, p.rope)) if p.rope is not None else None
+    return torch_head(torch, F, p, out, prefix, X, Q, K, V, tuple(t(m) for m in p.differential.maps[h - 1]),
+                      attn_mask, _sdpa_scale(p, Q.shape[-1]), rope)
 
 
 # linear attention's feature maps as PyTorch's functions compute them (elu(x) + 1 with F.elu)

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from sympy import sstr
+
 from .. import stages as registry
 from . import headline, prose
 from .escape import tex_token
@@ -369,6 +371,11 @@ def _intro(d: Derivation) -> str:
         what += (f"; multi-head latent attention: a latent of d_c = {m.d_c} per token and one shared rotated key "
                  f"of d_R = {m.d_R}, each head's key d_h + d_R = {m.d_h} + {m.d_R} wide")
         scale = f"each head's scores scaled by 1/√(d_h + d_R) = 1/√{m.d_h + m.d_R}" if p.scale == "auto" else scale
+    if p.differential is not None:  # two softmax maps, the second subtracted λ times
+        scale += (f"; differential attention: a second map from W_Q2 and W_K2, through the same scale and mask, "
+                  f"subtracted λ = {sstr(p.differential.lam)} times from the first")
+        if p.differential.paper is not None:
+            scale += ", each head's output normalised (RMSNorm) and multiplied by 1 − λ_init, as in the paper"
     bias = "; a bias is added to the mask" if p.bias is not None else ""
     if p.positions is not None:  # said after the sizes: the projections read X + PE
         what += ("; sinusoidal positions (base " + str(p.positions.base) + ") are added to X"

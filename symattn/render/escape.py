@@ -48,6 +48,7 @@ _SYMBOLS = {
     "∘": "\\ensuremath{\\circ}",
     "‖": "\\ensuremath{\\|}",
     "½": "\\ensuremath{\\tfrac{1}{2}}",
+    "λ": "\\ensuremath{\\lambda}",
     "²": "\\ensuremath{^{2}}",
     "…": "\\ldots{}",
     "–": "--",

@@ -15,6 +15,12 @@ def formula(p, tex: bool = True) -> str:
         from ..stages import LINEAR_FORMULA
 
         return LINEAR_FORMULA[0 if tex else 1]
+    diff = getattr(p, "differential", None)
+    if diff is not None:  # differential attention: two maps, the second λ times subtracted
+        from ..stages import DIFFERENTIAL_FORMULA
+
+        lam = f",\\quad \\lambda = {sympy.latex(diff.lam)}" if tex else f",  λ = {sympy.sstr(diff.lam)}"
+        return DIFFERENTIAL_FORMULA[0 if tex else 1] + lam
     cap, T = getattr(p, "softcap", None), getattr(p, "temperature", None)
     if cap is None and T is None:
         return _PLAIN_TEX if tex else _PLAIN_TEXT

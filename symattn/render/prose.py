@@ -104,7 +104,7 @@ _COMMANDS = {
     "\\left": "", "\\right": "", "\\ell": "ℓ", "\\ldots": "…",
     "\\theta": "θ", "\\alpha": "α", "\\beta": "β", "\\pi": "π", "\\varphi": "φ", "\\cos": "cos", "\\sin": "sin", "\\dots": "…",
     "\\mu": "μ", "\\sigma": "σ", "\\gamma": "γ", "\\varepsilon": "ε", "\\odot": "∘",
-    "\\log": "log ", "\\tanh": "tanh", "\\Phi": "Φ",
+    "\\log": "log ", "\\tanh": "tanh", "\\Phi": "Φ", "\\lambda": "λ",
 }
 _OPERATORS = {"\\cdot", "\\times", "\\le", "\\ge", "\\to", "\\approx", "\\circ", "\\odot"}
 _WRAPPERS = ("\\operatorname", "\\mathrm", "\\mathbf", "\\text", "\\hat", "\\tilde", "\\sqrt")

@@ -181,7 +181,9 @@ def _attention(b: _Builder, p) -> SubBlock:
         what.append(f"{p.kv_heads} K/V {'group' if p.kv_heads == 1 else 'groups'}")
     if p.rope is not None:
         what.append("RoPE")
-    formula = ("softmax(Q·Kᵀ/√d_k + M)·V" if p.linear is None else "linear: φ(Q)φ(K)ᵀ masked, normalised, ·V") + (", then ·W_O" if p.multi_head else "")
+    formula = ("softmax(Q·Kᵀ/√d_k + M)·V" if p.linear is None else "linear: φ(Q)φ(K)ᵀ masked, normalised, ·V")
+    if p.differential is not None:
+        formula = "(softmax(Q₁·K₁ᵀ/√d_k + M) − λ·softmax(Q₂·K₂ᵀ/√d_k + M))·V" + (", then ·W_O" if p.multi_head else "")
     attention = b.box(_ATTENTION, title="Attention: " + ", ".join(what), detail=formula, name=registry.O)
     post = b.c.norm is not None and b.c.norm.post
     plus, after = b.sum(_RESIDUAL, registry.R if post else registry.H)

@@ -58,6 +58,10 @@ from .ids import (
 from .ids import C_KV_NORM, C_Q_NORM, CQ_NORM_MS, KV_NORM_MS
 from .linear import FORMULA as LINEAR_FORMULA
 from .mla import cache_kinds, mla_cache_table, times_smaller
+from .ids import (
+    A_2, A_DIFF, A_DIFF_SUMS, K_2, K_2ROT, O_DIFF, O_MS, O_SUBLN, Q_2, Q_2ROT, ROW_SUM, S_2, S_2MASKED, W_K2, W_Q2,
+)
+from .differential import FORMULA as DIFFERENTIAL_FORMULA
 from .kinds import Context, Dot, Kind, Mistake, Section
 from .names import GRADIENT_NAMES, NAMES, TILED_NAMES, order_of, unknown_stage
 from .norms import entry_tex, has_norm, hat_keys
@@ -90,6 +94,8 @@ __all__ = [
     "CACHE_KINDS", "CACHE_WIDTHS", "CACHE_WIDTH_COLUMNS", "C_KV", "C_Q", "K_C", "K_R", "K_R_ROT", "MLA_CACHE", "MLA_K",
     "MLA_Q", "MLA_V", "MLA_W_Q", "Q_ABS", "Q_C", "Q_R", "Q_R_ROT", "S_ABS", "S_ABS_DIFF", "W_DKV", "W_DQ", "W_KR",
     "W_QR", "W_UK", "W_UQ", "W_UV", "C_KV_NORM", "C_Q_NORM", "CQ_NORM_MS", "KV_NORM_MS", "mla_cache_table", "cache_kinds", "times_smaller",
+    "A_2", "A_DIFF", "A_DIFF_SUMS", "DIFFERENTIAL_FORMULA", "K_2", "K_2ROT", "O_DIFF", "O_MS", "O_SUBLN", "Q_2", "Q_2ROT",
+    "ROW_SUM", "S_2", "S_2MASKED", "W_K2", "W_Q2",
     "Context", "Dot", "Kind", "Mistake", "Planned", "Section",
     "dot_at", "entry_tex", "has_norm", "hat_keys", "input_ids", "kv_cache_size", "kv_groups", "order_of", "plan", "resolve", "section_of",
     "head_sup", "sections", "split_id", "stage_id", "traces", "unknown_stage",

@@ -120,6 +120,14 @@ Q_C, Q_R, Q_R_ROT, K_C, MLA_Q, MLA_K, MLA_V = "q_C", "q_R", "q_R_rot", "K_C", "m
 Q_ABS, S_ABS, S_ABS_DIFF, MLA_CACHE = "q_abs", "S_abs", "S_abs_diff", "mla_cache"
 # mla's latent norms (norm_kv:, norm_q:, RMSNorm): each latent row's mean square and the normalised latent
 KV_NORM_MS, C_KV_NORM, CQ_NORM_MS, C_Q_NORM = "kv_norm_ms", "c_KV_norm", "cq_norm_ms", "c_Q_norm"
+# differential attention (differential: {lambda, W_Q2, W_K2}): the second map's weights and queries and
+# keys (rotated under RoPE), its scores S_2 = Q_2·K_2ᵀ, scaled and masked as the first map's, its weights
+# A_2; the differential map A_diff = A − λ·A_2 (A is the first map, A₁), its row sums (each 1 − λ) and
+# the output (key "O_diff", named O); with the paper's per-head norm (diff_transformer:), each output
+# row's mean square and the normalised rows times (1 − λ_init)
+W_Q2, W_K2, Q_2, K_2, Q_2ROT, K_2ROT = "W_Q2", "W_K2", "Q_2", "K_2", "Q_2rot", "K_2rot"
+S_2, S_2MASKED, A_2, A_DIFF, A_DIFF_SUMS, O_DIFF = "S_2", "S_2masked", "A_2", "A_diff", "A_diff_sums", "O_diff"
+O_MS, O_SUBLN = "O_ms", "O_subln"
 # With kv_heads (grouped-query attention) these stages exist once per K/V group, under the id of
 # the group's first query head (head1.K for group 1); the group's other heads read them. So do
 # their gradients: a group's dK and dV sum the shares of every head that reads it.
@@ -148,9 +156,10 @@ SINK_AXIS = "sink"  # the one column of what a learned sink absorbed
 NORMALISER, STATE_COSTS = "normaliser", "state costs"
 # multi-head latent attention: the rows of the cache table (MLA, MHA, GQA per group count) and its columns
 CACHE_KINDS, CACHE_WIDTHS = "cache kinds", "cache widths"
+ROW_SUM = "row sum"  # differential attention: the one column of A_diff's row sums
 TOKEN_AXES = (QUERIES, KEYS, CACHED, NEW, STEPS, COSTS, CAP_ROWS, TEMP_ROWS, MEAN, VARIANCE, MEAN_SQUARE, VOCAB, LAST,
-              LOSS_ROWS, NLL_AXIS, LOSS_AXIS, SINK_AXIS, NORMALISER, STATE_COSTS, CACHE_KINDS,
-              CACHE_WIDTHS)  # labelled by words, not d1, d2
+              LOSS_ROWS, NLL_AXIS, LOSS_AXIS, SINK_AXIS, NORMALISER, STATE_COSTS, CACHE_KINDS, CACHE_WIDTHS,
+              ROW_SUM)  # labelled by words, not d1, d2
 COST_COLUMNS = ("scores (cache)", "output (cache)", "scores (full)", "outputs (full)")
 STATE_COST_COLUMNS = ("state (linear)", "KV cache (softmax)")
 CACHE_WIDTH_COLUMNS = ("per token", "for the n tokens")

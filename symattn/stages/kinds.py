@@ -175,7 +175,9 @@ class Context:
     @property
     def output(self) -> str:
         """The key of the layer's output: a head's O, or the projected O of several heads."""
-        return O_FINAL if self.multi else O
+        if self.multi:
+            return O_FINAL
+        return "O_subln" if getattr(self.differential, "paper", None) is not None else O
 
     @property
     def loss(self):
@@ -211,6 +213,11 @@ class Context:
         """Linear attention's feature map (relu, elu1, identity), or None for the softmax."""
         lin = getattr(self.p, "linear", None)
         return lin.feature if lin is not None else None
+
+    @property
+    def differential(self):
+        """Differential attention's section (a :class:`symattn.problem.model.Differential`), or None."""
+        return getattr(self.p, "differential", None)
 
     @property
     def grouped(self) -> bool:

@@ -7,6 +7,7 @@ from .ids import K
 from .kinds import Context, Kind, Section, softmax_attention, tiled
 from .linear import linear
 from .mla import latent
+from .differential import differential, paper
 from .plan import per_head_blocks
 
 
@@ -41,11 +42,17 @@ SECTIONS: tuple[Section, ...] = (
     Section("mask", "Apply the mask", per_head=True, applies=softmax_attention),
     Section("temperature", "Divide by the temperature", per_head=True,
             applies=lambda c: getattr(c.p, "temperature", None) is not None),
-    Section("softmax", "Softmax on each row", per_head=True, applies=softmax_attention),
+    Section("softmax", "Softmax on each row", per_head=True, applies=softmax_attention,
+            retitle=lambda c: "Softmax on each row: the first map" if differential(c) else None),
+    Section("second_map", "The second map: its own queries and keys", per_head=True,
+            applies=differential),
+    Section("differential", "The differential map: the first map minus λ times the second", per_head=True,
+            applies=differential),
     Section("features", "Linear attention: the feature maps", per_head=True, applies=linear),
     Section("linear", "The parallel form: the masked table and its normalisers", per_head=True, applies=linear),
     Section("output", "Weighted sum of the values", per_head=True),
     Section("absorb", "The absorption: the scores straight from the cache", per_head=True, applies=latent),
+    Section("subln", "The paper's per-head norm and its factor", per_head=True, applies=paper),
     Section("recurrent", "The recurrent form: one state update per token", per_head=True, applies=linear),
     Section("tiled", "The same output in one pass: FlashAttention's online softmax", per_head=True,
             applies=lambda c: tiled(c)),

@@ -15,6 +15,7 @@ from .ids import (
     W_DOWN, X_HAT, stage_id,
 )
 from .ids import KN_BETA, KN_GAMMA, KN_MS, KN_MU, KN_VAR, K_NORM, QN_BETA, QN_GAMMA, QN_MS, QN_MU, QN_VAR, Q_NORM
+from .ids import K_2, K_2ROT, O_SUBLN, Q_2, Q_2ROT
 from .kinds import Context, Kind
 from .registry import BY_KEY, KINDS
 from .relations import input_paths
@@ -116,6 +117,8 @@ def resolve(key: str, c: Context, head: "int | None | object" = ...) -> list[str
     if key in ("q_in", "k_in"):  # what the scores read: the rotated queries and keys under RoPE
         key = ({"q_in": Q_ROT, "k_in": K_ROT}[key] if c.rope is not None else
                {"q_in": Q_NORM, "k_in": K_NORM}[key] if normed else {"q_in": Q, "k_in": K}[key])
+    if key in ("q2_in", "k2_in"):  # what the second map's scores read (differential attention)
+        key = ({"q2_in": Q_2ROT, "k2_in": K_2ROT} if c.rope is not None else {"q2_in": Q_2, "k2_in": K_2})[key]
     if key == "mask_in":  # what the mask is added to: the soft-capped scores with softcap
         key = S_CAPPED if getattr(c.p, "softcap", None) is not None else S_SCALED
     if key == "a_in":  # what the softmax reads: the masked scores over the temperature with one
@@ -147,7 +150,7 @@ def resolve(key: str, c: Context, head: "int | None | object" = ...) -> list[str
             return []
         key = DR if post else DH
     if key == "heads":
-        return [stage_id(O, h) for h in c.heads]
+        return [stage_id(O_SUBLN if getattr(c.differential, "paper", None) is not None else O, h) for h in c.heads]
     if key in (B_Q, B_K, B_V, B_O) and not c.has_bias(key):
         return []  # no bias: the projection is the product alone
     h = c.head if head is ... else head

@@ -33,6 +33,7 @@ from .ids import (
 from .kinds import Kind, Mistake, decoding, softmax_attention, tiled
 from .linear import linear_rows, recurrent_rows
 from .mla import absorbed_rows, cache_row as mla_cache_row, carried_mistakes, head_rows as mla_head_rows, latent_rows
+from .differential import difference_rows, head_out, not_differential, second_map_rows
 from .block_backward import from_cross_entropy, rows as block_backward_rows
 from .norm_backward import WHY as NORM_BACK_WHY, input_gradient_rows, post_norm_backward_rows
 from .mlp import head_rows, head_rows_before, mlp_rows
@@ -197,7 +198,7 @@ KINDS: tuple[Kind, ...] = (
     Kind(O, O, 15, "output", "Weighted sum of the values",
          lambda c: WHY[O] + reads_note(c, V) + (WHY["O_sink"] if c.sink is not None else ""), ("O = A\\,V", "O = A·V"), (QUERIES, "v"),
          lambda sh, r, c: f"({sh(A)[0]}×{sh(A)[1]})·({sh(V)[0]}×{sh(V)[1]}) → {r[0]}×{r[1]} (n_q × d_v)",
-         inputs=(A, V), relation=lambda ops, v, c: ops.matmul(v(A), v(V)), per_head=True, when=softmax_attention,
+         inputs=(A, V), relation=lambda ops, v, c: ops.matmul(v(A), v(V)), per_head=True, when=not_differential,
          shows=frozenset({"weighted_sum"}),
          mistakes=score_variants(O) + (
              Mistake("Aᵀ·V instead of A·V (the weights were transposed)",
@@ -209,6 +210,12 @@ KINDS: tuple[Kind, ...] = (
     # mla, per head: q_abs = q_C·W_UK^(h)ᵀ  (n × d_c); S_abs = q_abs·c_KVᵀ + q_R_rot·k_R_rotᵀ and
     # S_abs − S, exactly 0  (n_q × n_k)
     *absorbed_rows(),
+    # differential attention (differential:), after the first map A, instead of O: the second map's W_Q2, W_K2
+    # (d_model × d_k), Q_2, K_2 (rotated under RoPE; n × d_k), S_2 = Q_2·K_2ᵀ, Ŝ_2 = S_2·scale + M, A_2 =
+    # softmax(Ŝ_2)  (n_q × n_k); A_diff = A − λ·A_2  (n_q × n_k), its row sums 1 − λ  (n_q × 1), O = A_diff·V
+    # (n_q × d_v); with the paper's norm, each row's mean square  (n_q × 1) and O/√(ms + ε)·(1 − λ_init)  (n_q × d_v)
+    *second_map_rows(),
+    *difference_rows(),
     # linear attention (linear:), instead of K_T … O: φ(Q), φ(K)  (n × d_k); S_lin = φ(Q)·φ(K)ᵀ, 0 where
     # masked  (n_q × n_k); z_lin = its row sums  (n_q × 1); A_lin = S_lin / z_lin  (n_q × n_k); O = A_lin·V
     *linear_rows(),
@@ -323,7 +330,7 @@ KINDS: tuple[Kind, ...] = (
                     "concat = [" + " | ".join(few(c.heads, lambda h: "O" + head_sup(h), "…")) + "]"),
          (QUERIES, "c"),
          lambda sh, r, c: f"{c.p.n_q}×({' + '.join(few(c.heads, lambda h: str(sh(O, h)[1]), '…'))}) = {r[0]}×{r[1]} (n_q × h·d_v)",
-         inputs=("heads",), relation=lambda ops, v, c: ops.hstack([v(O, h) for h in c.heads]),
+         inputs=("heads",), relation=lambda ops, v, c: ops.hstack([v(head_out(c), h) for h in c.heads]),
          when=lambda c: c.multi, tex="\\operatorname{concat}", by_relation=True,
          shows=frozenset({"heads_sum"}), mistakes=(transposed(CONCAT),)),
     # W_O given  (h·d_v × d_out)

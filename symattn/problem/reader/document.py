@@ -84,6 +84,10 @@ class Reader(ScalarFields, MatrixFields, LayerFields, MaskFields, PositionFields
             from .linear import read_linear
 
             passes["linear"], mask = read_linear(self, fields, layer.n_q, layer.n_k, mask, loaded)
+        if "differential" in fields:
+            from .differential import read_differential
+
+            passes["differential"] = read_differential(self, fields, layer)
         return Problem(
             source=self.file,
             title=self.title(node_of(fields, "title")),

@@ -51,6 +51,7 @@ FIELDS = (
     "sink",
     "linear",
     "mla",
+    "differential",
     "from",
 )
 
