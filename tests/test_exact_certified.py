@@ -74,3 +74,9 @@ def test_soft_capped_scores_are_certified_in_the_solution():
                 true = mpmath.mpf(c) * mpmath.tanh(s / mpmath.mpf(c))
                 assert abs(values[i][j] - true) <= abs(true) * mpmath.mpf(10) ** -40 + mpmath.mpf(10) ** -55
     assert "certified" in d.step("S_capped").why
+
+
+def test_python_numbers_are_read_as_numbers():
+    assert to_mpf(-1, 15) == -1 and to_mpf(3, 15) == 3
+    with mpmath.workdps(30):
+        assert abs(to_mpf(0.5, 20) - mpmath.mpf("0.5")) == 0

@@ -19,6 +19,8 @@ _make_mpf = mpmath.mp.make_mpf
 
 def to_mpf(x: sympy.Expr, dps: int, subs=None) -> mpmath.mpf:
     """``x`` as an mpmath number good to ``dps`` digits (−∞ stays −∞); ``subs`` gives the symbols' values."""
+    if not isinstance(x, sympy.Basic):  # a Python number (a factor such as −1)
+        x = sympy.sympify(x)
     if subs and x.free_symbols:
         x = x.xreplace(subs)
     if x == NEG_INF:
