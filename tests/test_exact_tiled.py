@@ -87,8 +87,8 @@ def test_the_worked_example_by_hand():
 def test_every_format_shows_the_recurrence(tmp_path):
     d = symattn.derive(symattn.load_problem(EXAMPLE))
     text = symattn.render_text(d)
-    assert "Row 4 (on)" in text and "exp(m(b−1) − m(b))" in text
-    assert "O_tiled − O = 0 exactly" in text
+    assert "Row 4 (on)" in text and "exp(m⁽ᵇ⁻¹⁾ − m⁽ᵇ⁾)" in text
+    assert "O^tiled − O = 0 exactly" in text
     tex = symattn.render_latex(d)
     assert "\\begin{array}{c|c|c|c|c|c}" in tex and "e^{m^{(b-1)} - m^{(b)}}" in tex
     assert "O^{\\text{tiled}} - O = 0" in tex
@@ -175,7 +175,7 @@ def test_an_entirely_masked_block_changes_nothing(tmp_path):
     assert sympy.simplify(l[1, 1] - (1 + E**-1)) == 0
     assert symattn.crosscheck(d).passed  # NumPy's −∞ meets the exact −∞ in the same place
     text = symattn.render_text(d)
-    assert "O_tiled − O = 0 exactly" in text
+    assert "O^tiled − O = 0 exactly" in text
 
 
 def test_heads_each_get_their_tiled_stages(tmp_path):

@@ -206,7 +206,8 @@ def test_stage_order_and_every_format(tmp_path):
     text = symattn.render(post, "text")  # the worked solution derives dR before it says dO = dR
     assert text.index("Back through the norm (dR)") < text.index("(dO): dO = dR")
     for fmt, fragments in (("latex", ("Back through the norm", "d\\gamma")), ("markdown", ("Back through the norm",)),
-                           ("text", ("dnorm_gamma", "dX_hat")), ("html", ("dX_hat", "Back through the norm"))):
+                           ("text", ("Gradient of the norm's weight (dγ)", "Back to the normalised rows (dX̂)")),
+                           ("html", ("dX_hat", "Back through the norm"))):
         out = symattn.render(d, fmt)
         assert all(f in out for f in fragments), fmt
 
