@@ -24,12 +24,12 @@ def backward_supported(path) -> bool:
     BERT layer); nor a block with an MLP or the model's head (mlp:, logits:, from: {block: true}),
     whose backward pass starts from its cross-entropy, not from a loss on O or H, and has its own
     tests (test_block_backward.py, test_block_backward_hf.py); nor learned sinks (sink:), whose
-    backward pass is not supported yet; nor linear attention (linear:) nor multi-head latent attention (mla:), which have none; nor soft-capping,
+    backward pass is not supported yet; nor linear attention (linear:) nor multi-head latent attention (mla:) nor differential attention (differential:), which have none; nor soft-capping,
     a temperature or QK-norm (softcap:, temperature:, qk_norm:), whose backward pass is refused too."""
     text = path.read_text("utf-8")
     return "kv_heads" not in text and not re.search(r"(?m)^sink:", text) and "embeddings_norm:" not in text and \
         not ("embeddings: true" in text and "layout: bert" in text) and \
-        not re.search(r"(?m)^(mlp|logits|linear|mla|softcap|temperature|qk_norm):|block: true|n_kv_head", text)
+        not re.search(r"(?m)^(mlp|logits|linear|mla|differential|softcap|temperature|qk_norm):|block: true|n_kv_head", text)
 
 
 def is_linear(path) -> bool:

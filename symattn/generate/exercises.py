@@ -133,10 +133,10 @@ def validate(spec: Spec) -> None:
     if spec.residual and not spec.block and spec.heads == 1 and spec.d_v != spec.d_model:
         raise SymattnError(f"--residual adds the output to X, so it needs the output as wide as X: --d-v {spec.d_v} "
                            f"is not --d-model {spec.d_model} (or use several --heads, whose W_O gives d_model columns)")
-    if spec.linear is not None:
-        _validate_linear(spec)
     if spec.differential is not None:
         _differential.validate(spec)
+    if spec.linear is not None:
+        _validate_linear(spec)
     elif spec.scale and spec.level != "hard" and math.isqrt(spec.d_k) ** 2 != spec.d_k:
         raise SymattnError(
             f"d_k = {spec.d_k} is not a perfect square, so the scaled scores carry √{spec.d_k}; "
