@@ -11,7 +11,7 @@ from .. import located_yaml as _yaml
 from ...text import did_you_mean, excerpt
 from ..model import DiffTransformer, Differential, Matrix
 from ..places import item_field, shape_text
-from .fields import Fields, key_of, node_of
+from .fields import Fields, key_of, node_of, section_entries
 
 USAGE = "write {lambda: 1/2, W_Q2: [[...]], W_K2: [[...]]}"
 KEYS = ("lambda", "W_Q2", "W_K2", "heads", "diff_transformer")
@@ -49,15 +49,7 @@ def read_differential(reader, fields: Fields, layer) -> Differential:
             raise reader.at(key_of(fields, field)).error(REFUSED["Q"], field)
     node = node_of(fields, "differential")
     key = key_of(fields, "differential")
-    if not isinstance(node, yaml.MappingNode) or not node.value:
-        raise reader.at(node).error(f"{USAGE}, not {_yaml.kind(node)}", "differential")
-    given: dict[str, tuple[yaml.Node, yaml.Node]] = {}
-    for name_node, value in node.value:
-        name = name_node.value if isinstance(name_node, yaml.ScalarNode) else None
-        if name not in KEYS:
-            hint = did_you_mean(str(name), KEYS, ignore_case=True)
-            raise reader.at(name_node).error(f"unknown entry {excerpt(str(name))}{hint}; {USAGE}", "differential")
-        given[name] = (name_node, value)
+    given = section_entries(reader, node, "differential", KEYS, USAGE)
     if "lambda" not in given:
         raise reader.at(key).error(f"λ is missing: {USAGE}", "differential")
     lam = _number(reader, given["lambda"][1], "differential.lambda", "λ")

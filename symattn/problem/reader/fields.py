@@ -82,3 +82,19 @@ def node_of(fields: Fields, name: str) -> yaml.Node | None:
 def key_of(fields: Fields, name: str) -> yaml.Node:
     """The name's node of the field ``name`` (given): where a rule about the field is reported."""
     return fields[name][0]
+
+
+def section_entries(reader, node: yaml.Node, field: str, keys, usage: str) -> dict[str, tuple[yaml.Node, yaml.Node]]:
+    """The entries of a section such as ``linear:`` or ``differential:``, by name, each with its key and
+    value node: a mapping of known keys only (an empty or non-mapping section, or an unknown key, is
+    one error naming ``usage``)."""
+    if not isinstance(node, yaml.MappingNode) or not node.value:
+        raise reader.at(node).error(f"{usage}, not {_yaml.kind(node)}", field)
+    given: dict[str, tuple[yaml.Node, yaml.Node]] = {}
+    for name_node, value in node.value:
+        name = name_node.value if isinstance(name_node, yaml.ScalarNode) else None
+        if name not in keys:
+            hint = did_you_mean(str(name), keys, ignore_case=True)
+            raise reader.at(name_node).error(f"unknown entry {excerpt(str(name))}{hint}; {usage}", field)
+        given[name] = (name_node, value)
+    return given

@@ -10,7 +10,7 @@ from .. import located_yaml as _yaml
 from ...text import did_you_mean, excerpt
 from ..masks import Mask, mask_rule
 from ..model import FEATURES, Linear
-from .fields import Fields, key_of, node_of
+from .fields import Fields, key_of, node_of, section_entries
 
 USAGE = "write {feature: relu}, {feature: elu1} (elu(x) + 1) or {feature: identity}"
 # the mask kinds linear attention follows: the sum over the keys j ≤ i (causal) or over every key,
@@ -39,14 +39,8 @@ def read_linear(reader, fields: Fields, n_q: int, n_k: int, mask: Mask, loaded=N
     problem gives none."""
     node = node_of(fields, "linear")
     key = key_of(fields, "linear")
-    if not isinstance(node, yaml.MappingNode) or not node.value:
-        raise reader.at(node).error(f"{USAGE}, not {_yaml.kind(node)}", "linear")
     feature = None
-    for name_node, value in node.value:
-        name = name_node.value if isinstance(name_node, yaml.ScalarNode) else None
-        if name != "feature":
-            hint = did_you_mean(str(name), ("feature",), ignore_case=True)
-            raise reader.at(name_node).error(f"unknown entry {excerpt(str(name))}{hint}; {USAGE}", "linear")
+    for _, value in section_entries(reader, node, "linear", ("feature",), USAGE).values():
         word = value.value if isinstance(value, yaml.ScalarNode) and not _yaml.is_null(value) else None
         if word not in FEATURES:
             what = excerpt(word) if word is not None else _yaml.kind(value)
