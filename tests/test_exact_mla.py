@@ -156,10 +156,9 @@ def deepseek_v2(example: dict, thetas: np.ndarray, allowed: np.ndarray) -> tuple
 BASE = """X: [[1, 2, 0, -1], [0, 1, 1, 2], [2, -1, 1, 0]]
 W_O: [[1, 0], [0, 1], [1, 1], [2, -1], [0, 1], [1, 0], [1, 1], [-1, 0]]
 """
-CASES = {
-    # W_DQ and W_UQ, base 10000 (cos 1, sin 1/100: irrational), half pairing, no mask, 2 heads of d_v 4
-    "w_dq-base-half": (BASE + """mask: none
-mla:
+# W_DQ and W_UQ, base 10000 (cos 1, sin 1/100: irrational), half pairing, 2 heads of d_v 4: also the
+# first Hugging Face case's, there with the latent norms
+W_DQ_BASE_HALF = """mla:
   heads: 2
   W_DKV: [[1, 0], [0, 1], [1, 1], [0, -1]]
   W_UK: [[1, 0, 2, -1, 0, 1], [0, 1, 1, 1, -1, 0]]
@@ -169,7 +168,10 @@ mla:
   W_UQ: [[1, 0, 0, 0, 1, 1], [0, 1, 1, 0, 0, 1], [1, 1, 0, 1, 0, 0]]
   W_QR: [[1, 0, 0, 1, 0, 1, 1, 0], [0, 1, 1, 0, 1, 0, 0, 1], [1, 1, 0, 0, 0, 0, 1, 1]]
   rope: {base: 10000}
-""", None),
+"""
+CASES = {
+    # W_DQ and W_UQ, base 10000 (cos 1, sin 1/100: irrational), half pairing, no mask, 2 heads of d_v 4
+    "w_dq-base-half": (BASE + "mask: none\n" + W_DQ_BASE_HALF, None),
     # W_Q, the angles 1/3 and 1/5, interleaved pairs, causal, 4 heads (MHA, GQA with 2 groups, MQA)
     "w_q-angles-interleaved": ("""X: [[1, 2, 0, -1], [0, 1, 1, 2], [2, -1, 1, 0]]
 W_O: [[1, 0], [0, 1], [1, 1], [2, -1]]
@@ -398,17 +400,7 @@ HF_CASES = {
     "w_dq-norms-half": ("""X: [[1, 2, 0, -1], [0, 1, 1, 2], [2, -1, 1, 0]]
 W_O: [[1, 0, 0, 1], [0, 1, 1, 0], [1, 1, 0, 0], [2, -1, 0, 1], [0, 1, 1, 1], [1, 0, -1, 0], [1, 1, 0, 0], [-1, 0, 2, 1]]
 mask: causal
-mla:
-  heads: 2
-  W_DKV: [[1, 0], [0, 1], [1, 1], [0, -1]]
-  W_UK: [[1, 0, 2, -1, 0, 1], [0, 1, 1, 1, -1, 0]]
-  W_UV: [[1, 0, 0, 1, 1, 1, 0, 0], [0, 1, 1, 0, 0, 1, 1, -1]]
-  W_KR: [[1, 0, 0, 1], [0, 1, 0, 0], [1, 0, 1, 0], [0, 0, 1, 1]]
-  W_DQ: [[1, 0, 1], [0, 1, 0], [1, 1, 0], [0, 0, 1]]
-  W_UQ: [[1, 0, 0, 0, 1, 1], [0, 1, 1, 0, 0, 1], [1, 1, 0, 1, 0, 0]]
-  W_QR: [[1, 0, 0, 1, 0, 1, 1, 0], [0, 1, 1, 0, 1, 0, 0, 1], [1, 1, 0, 0, 0, 0, 1, 1]]
-  rope: {base: 10000}
-  norm_kv: {weight: [2, "1/2"], eps: 1/100}
+""" + W_DQ_BASE_HALF + """  norm_kv: {weight: [2, "1/2"], eps: 1/100}
   norm_q: {weight: [1, 2, "1/4"], eps: 1e-6}
 """, False),
     "w_q-norm-interleaved": ("""X: [[1, 2, 0, -1], [0, 1, 1, 2], [2, -1, 1, 0], [1, 1, 1, 1]]
