@@ -81,6 +81,7 @@ def test_symbols_with_heads():
     assert symbol_of(d.step(registry.stage_id(registry.K_T, 3))) == "K^{(3)\\top}"
     assert symbol_text(d.step(registry.stage_id(registry.K_T, 3))) == "K⁽³⁾ᵀ"
     assert symbol_text(d.step(registry.stage_id(registry.Q, 1))) == "Q⁽¹⁾"
+    assert "head3.K_T" in d and "head2.K_T" not in d  # a grouped head reads its group's K_T: it has none
     assert symbol_text(d.step(registry.stage_id("Q_rot", 1))).endswith("⁽¹⁾")
 
 

@@ -228,6 +228,10 @@ class Derivation:
     def __iter__(self) -> Iterator[Step]:
         return iter(self.steps)
 
+    def __contains__(self, id: object) -> bool:
+        """Whether the derivation has a stage of this id (``"head2.A" in d``), without a tuple of every id."""
+        return id in self._by_id
+
     def record_check(self, check) -> None:
         """Keep ``check`` as :attr:`last_check` (what :func:`symattn.crosscheck` does with its result)."""
         object.__setattr__(self, "last_check", check)  # the one field set after the derivation is made

@@ -274,7 +274,7 @@ def _first_head_step(d: Derivation, step: Step) -> "Step | None":
         return None
     first = registry.Context(d.problem).heads[0]
     id = registry.stage_id(step.kind, first)
-    return d.step(id) if step.head != first and id in d.ids else None
+    return d.step(id) if step.head != first and id in d else None
 
 
 def step_why(d: Derivation, step: Step) -> str:
@@ -287,7 +287,7 @@ def step_why(d: Derivation, step: Step) -> str:
         if h == step.head:
             break
         id = registry.stage_id(step.kind, h)
-        said = d.step(id).why if id in d.ids else ""
+        said = d.step(id).why if id in d else ""
         if len(said) < 60 or not step.why.startswith(said):
             continue
         if said == step.why:

@@ -271,7 +271,7 @@ class _Page:
 
     def _name_of(self, id: str) -> str:
         """Stage ``id`` as a reader sees it: its symbol with its head's number (``head1.W_Q`` → ``W_Q^(1)``)."""
-        if id not in self.__dict__.setdefault("_ids", frozenset(self.d.ids)):
+        if id not in self.d:
             return id
         return symbol_text(self.d.step(id))
 
