@@ -304,12 +304,10 @@ def symbol_of(step: Step) -> str:
         return symbol
     top = "^{\\top}"
     if symbol.endswith(top):  # a transpose: the head's number first, K^{(2)\top}
-        return f"{symbol[:-len(top)]}^{{({step.head})\\top}}"
+        return registry.head_sup_tex(symbol[:-len(top)], step.head, transposed=True)
     if symbol.startswith("\\frac"):  # a fraction (S/√d_k): in brackets, then the head's number
         return f"\\left({symbol}\\right)^{{({step.head})}}"
-    if symbol.endswith("}") and "^{" in symbol:  # a superscript already: the head's number goes inside it
-        return f"{symbol[:-1]}\\,({step.head})}}"
-    return f"{symbol}^{{({step.head})}}"
+    return registry.head_sup_tex(symbol, step.head)
 
 
 def symbol_text(step: Step) -> str:

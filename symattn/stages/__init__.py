@@ -29,7 +29,7 @@ from .ids import (
     DB_O, DB_Q, DB_V, DCONCAT, DCONTEXT, DECODE_COST, DK, DK_BACK, DK_ROT, DO, DO_HEAD, DQ, DQ_BACK, DQ_ROT, DS, DS_MASKED, DV, DW_K, DW_O,
     DW_Q, DW_V, DX, K, K_CACHE, K_ROT, K_T, KEYS, L_TILED, M, M_TILED, NEW, O, O_FINAL, O_T, O_T_DIFF,
     O_TILED, PE, Q, Q_ROT, Q_T, QUERIES, S, S_MASKED, S_SCALED, S_T, SHARED_KV, SINK_AXIS, STEPS, TOKEN_AXES, V,
-    V_CACHE, W_K, W_O, W_Q, W_V, X, X_POS, head_sup, split_id, stage_id,
+    V_CACHE, W_K, W_O, W_Q, W_V, X, X_POS, head_sup, head_sup_tex, split_id, stage_id,
 )
 from .ids import (
     BETA, BETA_POST, GAMMA, GAMMA_POST, H, H_POST, MEAN, MEAN_SQUARE, MS, MS_POST, MU, MU_POST, R, R_HAT, VAR,
@@ -98,5 +98,5 @@ __all__ = [
     "ROW_SUM", "S_2", "S_2MASKED", "W_K2", "W_Q2",
     "Context", "Dot", "Kind", "Mistake", "Planned", "Section",
     "dot_at", "entry_tex", "has_norm", "hat_keys", "input_ids", "kv_cache_size", "kv_groups", "order_of", "plan", "resolve", "section_of",
-    "head_sup", "sections", "split_id", "stage_id", "traces", "unknown_stage",
+    "head_sup", "head_sup_tex", "sections", "split_id", "stage_id", "traces", "unknown_stage",
 ]

@@ -9,7 +9,7 @@ the group's K and V. Without groups each sum has one term: the head's own Aᵀ·
 
 from __future__ import annotations
 
-from .ids import head_sup
+from .ids import head_sup, head_sup_tex
 from .kinds import Context, Mistake
 
 
@@ -30,20 +30,11 @@ def group_formula(name: tuple[str, str], left: tuple[str, str], right: tuple[str
         if not c.grouped:
             return (f"{name[0]} = {left[0]}^{{\\top}} {right[0]}", f"{name[1]} = {left[1]}ᵀ·{right[1]}")
         heads = c.group_heads
-        tex = " + ".join(f"{_sup_tex(left[0], h, True)} {_sup_tex(right[0], h)}" for h in heads)
+        tex = " + ".join(f"{head_sup_tex(left[0], h, True)} {head_sup_tex(right[0], h)}" for h in heads)
         text = " + ".join(f"{left[1]}{head_sup(h)}ᵀ·{right[1]}{head_sup(h)}" for h in heads)
         return f"{name[0]} = {tex}", f"{name[1]} = {text}"
 
     return formula
-
-
-def _sup_tex(name: str, h: int, transposed: bool = False) -> str:
-    """``name`` with the head's number in one superscript (and the transpose's):
-    ``A^{(2)\\top}``, ``dO^{(2)}``, ``Q^{\\mathrm{rot}\\,(2)}``."""
-    top = "\\top" if transposed else ""
-    if name.endswith("}") and "^{" in name:  # a superscript already: the head's number goes inside it
-        return f"{name[:-1]}\\,({h}){top}}}"
-    return f"{name}^{{({h}){top}}}"
 
 
 def group_why(noun: str):

@@ -182,6 +182,15 @@ def head_sup(h: int) -> str:
     return f"⁽{str(h).translate(_SUPERSCRIPT)}⁾"
 
 
+def head_sup_tex(name: str, h: int, transposed: bool = False) -> str:
+    """``name`` with the head's number in one superscript (and the transpose's):
+    ``A^{(2)\\top}``, ``dO^{(2)}``, ``Q^{\\mathrm{rot}\\,(2)}``."""
+    top = "\\top" if transposed else ""
+    if name.endswith("}") and "^{" in name:  # a superscript already: the head's number goes inside it
+        return f"{name[:-1]}\\,({h}){top}}}"
+    return f"{name}^{{({h}){top}}}"
+
+
 def split_id(id: str) -> tuple[int | None, str]:
     """``(head, name)`` of a stage id: ``"head2.A"`` → ``(2, "A")``, ``"O"`` → ``(None, "O")``."""
     prefix, dot, name = id.partition(".")
