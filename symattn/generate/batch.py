@@ -22,7 +22,7 @@ from .exercises import LEVELS, Spec, from_problem, generate as _attention, to_ya
 from ..problem.load import load_problem, parse_problem
 from ..problem.model import Problem
 
-__all__ = ["GeneratedProblem", "exercise_files", "generate", "write_exercises"]
+__all__ = ["GeneratedProblem", "derivation_of", "exercise_files", "generate", "write_exercises"]
 
 MAX_COUNT = 500  # variants in one batch (symattn generate --count)
 _MAX_DIGITS = 40  # a count, size or seed has at most this many digits (as on the command line)
@@ -146,18 +146,22 @@ def exercise_files(count: int, sheets: str | None = None) -> list[str]:
     return names
 
 
-def check_folder(folder: str | os.PathLike, count: int, sheets: str | None = None, force: bool = False) -> None:
-    """Refuse, before any work, what :func:`write_exercises` would refuse to write into ``folder``."""
-    _batch(Path(folder), exercise_files(count, _sheet_kind(sheets)), force)
+def check_folder(folder: str | os.PathLike, count: int, sheets: str | None = None, force: bool = False,
+                 also: Sequence[str] = ()) -> None:
+    """Refuse, before any work, what :func:`write_exercises` would refuse to write into ``folder``
+    (``also``: the names of the files a caller adds, see :func:`write_exercises`)."""
+    _batch(Path(folder), exercise_files(count, _sheet_kind(sheets)) + list(also), force)
 
 
 def write_exercises(problems: Sequence[GeneratedProblem], folder: str | os.PathLike, *, sheets: str | None = None,
-                    force: bool = False, paper: str = "a4") -> list[Path]:
+                    force: bool = False, paper: str = "a4", also=None) -> list[Path]:
     """Write ``problems`` (from :func:`generate`) into ``folder`` as ``symattn generate --count
     --out-dir`` does: ``variant-01.yaml``, ..., ``index.csv`` (variant, seed, file; with sheets,
     exercise and solution too) and with
     ``sheets`` ("pdf": PDFs, or their LaTeX without pdflatex; "html": web pages) each variant's
-    exercise and solution sheets, the PDFs on ``paper`` ("a4" or "letter"). All of them or nothing: a failure leaves ``folder`` as it was;
+    exercise and solution sheets, the PDFs on ``paper`` ("a4" or "letter"). ``also``, a pair
+    (names, write), adds the files ``names``, which ``write(batch)`` writes with ``batch.write``
+    (a course platform's files: :func:`symattn.write_course`). All of them or nothing: a failure leaves ``folder`` as it was;
     without ``force`` a file of the same name already there is an error. Returns the paths written.
     """
     problems = list(problems) if isinstance(problems, (list, tuple)) else problems
@@ -173,7 +177,7 @@ def write_exercises(problems: Sequence[GeneratedProblem], folder: str | os.PathL
     if paper not in PAPERS:
         raise SymattnError(f"paper is 'a4' or 'letter', not {shown(paper)}")
     folder = Path(folder)
-    names = exercise_files(len(problems), sheets)
+    names = exercise_files(len(problems), sheets) + (list(also[0]) if also is not None else [])
     import click  # the batch's own errors are the command line's; here they are SymattnErrors
 
     try:
@@ -186,12 +190,14 @@ def write_exercises(problems: Sequence[GeneratedProblem], folder: str | os.PathL
                 name = f"variant-{k:02d}"
                 batch.write(f"{name}.yaml", p.to_yaml().encode("utf-8"))
                 if sheets == "html":
-                    _html_sheets(_derivation(p), name, batch)
+                    _html_sheets(derivation_of(p), name, batch)
                 index.append(f"{k},{p.seed},{name}.yaml"
                              + (f",{name}-exercise{suffix},{name}-solution{suffix}" if suffix else ""))
             if sheets == "pdf":
                 _latex_sheets(problems, batch, paper)
             batch.write("index.csv", ("\n".join(index) + "\n").encode("utf-8"))
+            if also is not None:
+                also[1](batch)
     except click.ClickException as exc:
         raise SymattnError(exc.message) from None
     return [folder / name for name in names]
@@ -360,7 +366,8 @@ def _verified(problem: Problem, text: str, seed: int, variant: int | None) -> Ge
     return made
 
 
-def _derivation(p: GeneratedProblem):
+def derivation_of(p: GeneratedProblem):
+    """The verified derivation of ``p`` (derived again if ``p`` was changed since)."""
     if p._derivation is None:
         from ..exact.derivation import derive
 
@@ -397,7 +404,7 @@ def _latex_sheets(problems: list[GeneratedProblem], batch, paper: str) -> None:
 
     def sources():
         for p in problems:
-            d = _derivation(p)
+            d = derivation_of(p)
             yield render_latex(d, exercise=True, paper=paper)
             yield render_latex(d, paper=paper)
 
