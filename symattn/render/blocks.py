@@ -277,6 +277,29 @@ def _first_head_step(d: Derivation, step: Step) -> "Step | None":
     return d.step(id) if step.head != first and id in d else None
 
 
+_REPEAT_LIMIT = 256  # entries: a bigger matrix is not compared (a page that size is long for other reasons)
+
+
+def repeated(d: Derivation, step: Step) -> str | None:
+    """Prose saying that ``step``'s matrix is, entry for entry, one already shown (an earlier
+    head's mask, as a causal mask is every head's; or the step before, such as scores divided
+    by √1), for a page that folds it away; None when it is new. A result that happens to equal
+    an earlier head's (two heads' weights alike) is not folded: its working differs."""
+    rows, cols = step.shape
+    if step.given or rows * cols > _REPEAT_LIMIT or not step.written_exactly:
+        return None
+    first = _first_head_step(d, step)
+    if step.kind == registry.M and first is not None and first.shape == step.shape and first.exact == step.exact:
+        return f"⟦{symbol_of(step)}⟧ is head {first.head}'s ⟦{symbol_of(first)}⟧, entry for entry."
+    ids = d.ids
+    k = ids.index(step.id)
+    before = d.step(ids[k - 1]) if k > 0 else None
+    if (before is not None and not before.given and before.head == step.head and before.shape == step.shape
+            and before.written_exactly and before.exact == step.exact):
+        return f"⟦{symbol_of(step)}⟧ is ⟦{symbol_of(before)}⟧ above, entry for entry."
+    return None
+
+
 def step_why(d: Derivation, step: Step) -> str:
     """The step's why, said once: a later head whose why is an earlier head's word for word (the
     same reason, the same numbers) is pointed back to the first head that gave it; one that only
