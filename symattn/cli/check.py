@@ -71,10 +71,10 @@ VISIBILITIES = ["visible", "after_due_date", "after_published", "hidden"]
                  "(loss:), else the loss L = Σ O.")
 @tiled_option("Mark the online softmax's stages too (m_tiled, l_tiled, acc_tiled, O_tiled) over blocks of B keys.")
 @max_size_option("The size budget: the most numbers the problem may hold (the budget for its scores grows with it).")
-@click.option("--points", type=WholeRange(min=1), help="With --format gradescope: what each stage is worth  [default: 1]")
+@click.option("--points", type=WholeRange(min=1), help="With --format gradescope: what each stage is worth (default 1).")
 @click.option("--visibility", type=click.Choice(VISIBILITIES),
               help="With --format gradescope: when students see the stages' tests (Gradescope's visibility; "
-                   "the test saying whether the answers file was read is always visible)  [default: visible]")
+                   "default visible; the test saying whether the answers file was read is always visible).")
 @click.option("--ask", callback=stage_list, metavar="IDS",
               help="With --format gradescope: the stages the exercise asks for, e.g. S_scaled,A,O (as derive "
                    "--exercise --ask); each is a test, scoring 0 when not answered (default: the stages answered).")
@@ -122,7 +122,7 @@ def _derivation(problem: Path, output: Path | None, backward: bool, tiled: int |
     """The problem derived, within its budget; with ``gradescope``, also markable and with its
     asked stages: a problem that is not is the teacher's to fix, an ``Error:`` line."""
     with Importing():
-        from .. import check  # noqa: F401  (SymPy and mpmath, loaded with the collector paused)
+        from .. import check as _loaded  # noqa: F401  (SymPy and mpmath, loaded with the collector paused)
         from ..errors import SymattnError
         from ..problem.load import load_problem
         from ..render.display import derive as _derive
