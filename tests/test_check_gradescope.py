@@ -179,6 +179,23 @@ def test_wrong_stages_score_nothing_and_say_why(tmp_path, case, points):
     assert sum(line.startswith("S[") for line in lines) == len(wrong)
 
 
+def test_hide_expected_names_the_wrong_entries_without_their_values(tmp_path):
+    """For students who may submit again: which entries are wrong, never what they should be
+    (nor an arithmetic slip's offset, which gives the value away); the scores do not change."""
+    answers = {"S": text(_slip(S, 1, 0, 1)), "A": [[x if (i, j) != (2, 0) else "0.9999" for j, x in enumerate(row)]
+                                                   for i, row in enumerate(A)]}
+    shown = results(tmp_path, answers_text(answers))
+    hidden = results(tmp_path, answers_text(answers), "--hide-expected")
+    assert [t.get("score") for t in hidden["tests"]] == [t.get("score") for t in shown["tests"]] == [None, 0, 0]
+    tests = scored(hidden)
+    assert tests["S"]["output"].splitlines()[1:] == [f"S[2,1]: you wrote {S[1][0] + 1}, which is not right",
+                                                     "likely cause: an arithmetic slip"]
+    assert "A[3,1]: you wrote 0.9999, which is not right" in tests["A"]["output"]
+    out = (tmp_path / "results" / "results.json").read_text("utf-8")
+    assert "expected" not in out and "off by" not in out and "≈" not in out and A[2][0] not in out
+    assert "expected" in scored(shown)["S"]["output"]  # the same answers, shown in full by default
+
+
 def test_follow_through_is_named_in_the_output(tmp_path):
     answers, _, _ = CASES["S_scaled follows from a slip in S"]
     t = scored(results(tmp_path, answers_text(answers)))["S_scaled"]
@@ -320,7 +337,7 @@ def test_a_problem_that_cannot_be_read_is_an_error_line_and_nothing_written(tmp_
 def test_gradescope_options_need_the_format_and_one_file(tmp_path):
     problem = write(tmp_path, "problem.yaml", PROBLEM)
     answers = write(tmp_path, "answers.yaml", answers_text({"S": text(S)}))
-    for extra in (["--points", "2"], ["--visibility", "hidden"], ["--ask", "S"]):
+    for extra in (["--points", "2"], ["--visibility", "hidden"], ["--ask", "S"], ["--hide-expected"]):
         r = CLI("check", problem, answers, *extra)
         assert r.code == 2 and f"{extra[0]} goes with --format gradescope" in r.stderr
     out = tmp_path / "r.json"
@@ -352,7 +369,7 @@ def test_library_options_are_checked():
     d = symattn.derive(symattn.load_problem(PROBLEM.replace("title:", "title: lib")))
     m = symattn.check(d, {"S": text(S)})
     for bad in ({"points": 0}, {"points": True}, {"points": 1.5}, {"visibility": "soon"}, {"ask": "S"},
-                {"ask": {"Sx"}}):
+                {"ask": {"Sx"}}, {"expected": "no"}):
         with pytest.raises(symattn.SymattnError):
             m.to_gradescope(**bad)
     doc = json.loads(m.to_gradescope(points=2, visibility="hidden"))

@@ -65,14 +65,15 @@ class Marking(_Verdicts):
         """What ``symattn check --format json`` prints."""
         return json.dumps(self.as_dict(), indent=2, ensure_ascii=False) + "\n"
 
-    def to_gradescope(self, *, points: int = 1, visibility: str = "visible", ask: Iterable[str] | None = None) -> str:
+    def to_gradescope(self, *, points: int = 1, visibility: str = "visible", ask: Iterable[str] | None = None,
+                      expected: bool = True) -> str:
         """What ``symattn check --format gradescope`` writes: Gradescope's ``results.json``, a test
-        per stage worth ``points`` (see :mod:`symattn.check.gradescope` for the rules, ``visibility``
-        and ``ask``)."""
+        per stage worth ``points`` (see :mod:`symattn.check.gradescope` for the rules, ``visibility``,
+        ``ask`` and ``expected``)."""
         from . import gradescope
 
         return gradescope.to_json(gradescope.results(self, self.derivation, points=points, visibility=visibility,
-                                                     ask=ask))
+                                                     ask=ask, expected=expected))
 
     def __str__(self) -> str:
         return check_reports.report_text(self)

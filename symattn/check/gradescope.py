@@ -9,7 +9,8 @@ with heads ``Head 2 · Step 3: Scores (head2.S)``):
   scores its ``points``; a wrong stage scores 0. There is no credit per entry: the follow-through
   already marks one slip once, and a common mistake changes every entry it touches;
 * its ``output`` is the stage's feedback as ``symattn check`` prints it (entries counted from 1,
-  up to :data:`MAX_ENTRIES` of them, and the likely cause);
+  up to :data:`MAX_ENTRIES` of them, and the likely cause), or with ``expected=False`` without
+  the values expected (see :func:`feedback`);
 * with ``ask`` (the stages the exercise asks for, as ``derive --exercise --ask`` takes them),
   the tests are the asked stages: one not answered is a failed test scoring 0, and one answered
   but not asked is named in the top-level output and not scored. Without it, a test per stage
@@ -30,6 +31,7 @@ from typing import TYPE_CHECKING
 from ..errors import SymattnError
 from ..text import excerpt, show_bidi
 from .reports import detail_lines, verdict_line
+from .verdicts import StageMark, entry_name
 
 if TYPE_CHECKING:
     from ..exact.derivation import Derivation
@@ -41,9 +43,12 @@ READING = "Your answers file"  # the first test's name
 
 
 def results(marking: "Marking", derivation: "Derivation | None", *, points: int = 1, visibility: str = "visible",
-            ask: Iterable[str] | None = None) -> dict:
-    """The results of ``marking`` (made against ``derivation``) as Gradescope reads them."""
+            ask: Iterable[str] | None = None, expected: bool = True) -> dict:
+    """The results of ``marking`` (made against ``derivation``) as Gradescope reads them; with
+    ``expected=False``, the wrong entries without their expected values (see :func:`feedback`)."""
     _options(points, visibility)
+    if not isinstance(expected, bool):
+        raise SymattnError(f"expected is True or False, not {excerpt(repr(expected))}")
     marks = {s.id: s for s in marking.stages}
     names = stage_names(derivation)
     ids = [s.id for s in marking.stages] if ask is None else asked_ids(derivation, ask)
@@ -56,7 +61,7 @@ def results(marking: "Marking", derivation: "Derivation | None", *, points: int 
                                {"stage": id, "verdict": "not answered"}, score=0, tag=_kind(derivation, id)))
             continue
         passed = s.status != "wrong"
-        text = "\n".join([verdict_line(s), *detail_lines(s, MAX_ENTRIES, " wrong entries")])
+        text = "\n".join(feedback(s, expected))
         tests.append(_test(names.get(id, id), points, "passed" if passed else "failed", text,
                            {"stage": id, "verdict": s.status}, score=points if passed else 0,
                            tag=_kind(derivation, id)))
@@ -86,6 +91,22 @@ def unreadable(message: str, derivation: "Derivation | None", *, points: int = 1
     total = f" of {points * len(ids)}" if ids else ""
     text = f"Score 0{total}: your answers file could not be read, so nothing was marked.\n{message}"
     return _top(derivation, 0, text, visibility, tests)
+
+
+def feedback(s: StageMark, expected: bool = True) -> list[str]:
+    """A stage's output, a line each: its verdict, its wrong entries and their likely cause. Without
+    ``expected`` a wrong entry is named without the value it should have, and an arithmetic
+    slip without how far it is off (which would give the value away): a student who may submit
+    again is not handed the answers."""
+    if expected:
+        return [verdict_line(s), *detail_lines(s, MAX_ENTRIES, " wrong entries")]
+    lines = [verdict_line(s)]
+    lines += [f"{entry_name(s.id, w.row, w.col)}: you wrote {w.given}, which is not right" for w in s.wrong[:MAX_ENTRIES]]
+    if s.wrong_count > MAX_ENTRIES:
+        lines.append(f"... and {s.wrong_count - MAX_ENTRIES} more wrong entries")
+    if s.diagnosis:
+        lines.append("likely cause: " + ("an arithmetic slip" if s.diagnosis.kind == "arithmetic slip" else s.diagnosis.text))
+    return lines
 
 
 def to_json(results: dict) -> str:

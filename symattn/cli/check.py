@@ -45,7 +45,7 @@ csv gives a spreadsheet, --format json everything.
 --format gradescope writes Gradescope's results.json for one answers file (an
 autograder's run_autograder: -o /autograder/results/results.json): a test per
 stage worth --points, right or right by follow-through scoring them, the
-feedback as its output; --ask names the stages the exercise asks for (one not
+feedback as its output (--hide-expected: without the values expected); --ask names the stages the exercise asks for (one not
 answered scores 0). It exits 0 whenever results.json is written: a wrong answer
 is a score, and an answers file that cannot be read is a score of 0 with the
 reason shown to the student. A problem that cannot be read is an Error: line.
@@ -78,11 +78,14 @@ VISIBILITIES = ["visible", "after_due_date", "after_published", "hidden"]
 @click.option("--ask", callback=stage_list, metavar="IDS",
               help="With --format gradescope: the stages the exercise asks for, e.g. S_scaled,A,O (as derive "
                    "--exercise --ask); each is a test, scoring 0 when not answered (default: the stages answered).")
+@click.option("--hide-expected", is_flag=True,
+              help="With --format gradescope: name each wrong entry without the value expected (and an arithmetic "
+                   "slip without how far off it is), for students who may submit again.")
 def check(problem: Path, answers: tuple[Path, ...], fmt: str, output: Path | None, tolerance: float | None,
           precision: str, backward: bool, tiled: int | None, max_size: int, points: int | None,
-          visibility: str | None, ask: frozenset[str] | None) -> None:
+          visibility: str | None, ask: frozenset[str] | None, hide_expected: bool) -> None:
     gradescope = dict(points=points or 1, visibility=visibility or "visible", ask=ask)
-    _refuse_options(fmt, answers, points, visibility, ask)
+    _refuse_options(fmt, answers, points, visibility, ask, hide_expected or None)
     check_outputs(output)
     if output is not None and any(same_file(output, path) for path in answers):
         raise click.ClickException(f"{output} is an answers file; choose another output path")
@@ -92,7 +95,7 @@ def check(problem: Path, answers: tuple[Path, ...], fmt: str, output: Path | Non
     from ..errors import SymattnError
 
     if fmt == "gradescope":
-        _write(output, _gradescope(d, answers[0], precision, tolerance, gradescope))
+        _write(output, _gradescope(d, answers[0], precision, tolerance, gradescope, not hide_expected))
         click.get_current_context().exit(0)  # a wrong or unreadable answer is a score, not an error
     try:
         if len(answers) == 1 and fmt != "csv":
@@ -107,9 +110,10 @@ def check(problem: Path, answers: tuple[Path, ...], fmt: str, output: Path | Non
     click.get_current_context().exit(0 if marked.passed else 1)
 
 
-def _refuse_options(fmt: str, answers: tuple[Path, ...], points, visibility, ask) -> None:
+def _refuse_options(fmt: str, answers: tuple[Path, ...], points, visibility, ask, hide_expected) -> None:
     if fmt != "gradescope":
-        for name, value in (("--points", points), ("--visibility", visibility), ("--ask", ask)):
+        for name, value in (("--points", points), ("--visibility", visibility), ("--ask", ask),
+                            ("--hide-expected", hide_expected)):
             if value is not None:
                 raise click.UsageError(f"{name} goes with --format gradescope")
     elif len(answers) > 1:
@@ -151,7 +155,7 @@ def _derivation(problem: Path, output: Path | None, backward: bool, tiled: int |
     return d
 
 
-def _gradescope(d, answers: Path, precision: str, tolerance: float | None, options: dict) -> str:
+def _gradescope(d, answers: Path, precision: str, tolerance: float | None, options: dict, expected: bool) -> str:
     """results.json: the marking, or a score of 0 with the reason when the answers cannot be read."""
     from .. import check as _check
     from ..check import gradescope
@@ -161,7 +165,7 @@ def _gradescope(d, answers: Path, precision: str, tolerance: float | None, optio
         marking = _check(d, answers, precision=precision, tolerance=tolerance)
     except SymattnError as exc:
         return gradescope.to_json(gradescope.unreadable(str(exc), d, **options))
-    return marking.to_gradescope(**options)
+    return marking.to_gradescope(**options, expected=expected)
 
 
 def _write(output: Path | None, text: str) -> None:
