@@ -413,5 +413,6 @@ def test_the_template_writes_results_json(tmp_path, upload):
         assert doc["score"] == 0 and "answers.yaml: no such file" in doc["tests"][0]["output"]
     else:
         assert [t["score"] for t in tests.values()] == [0, 1, 1, 0]
+        assert "which is not right" in tests["S"]["output"] and "expected" not in tests["S"]["output"]
         assert f"{upload}:" not in doc["output"]  # read, no message
     subprocess.run(["bash", "-n", str(TEMPLATE / "setup.sh")], check=True)
