@@ -212,6 +212,13 @@ def test_asked_stages_not_answered_score_nothing(tmp_path):
     assert "Not asked, so not marked: K_T" in doc["output"]  # answered, but it scores nothing
 
 
+def test_given_stages_are_no_answers(tmp_path):
+    """Q, K and V are given by the problem: an answers file copying them cannot farm points; it is
+    refused as the text report refuses it, a score of 0."""
+    doc = results(tmp_path, answers_text({"Q": text(Q), "S": text(S)}), "--ask", "S")
+    assert doc["score"] == 0 and "'Q' is not a computed stage" in doc["tests"][0]["output"]
+
+
 def test_names_are_the_worked_solutions(tmp_path):
     """Each test is named ``Step n: title (id)`` as the text worked solution heads step n and titles
     the stage in it; with heads, ``Head h · Step n: ...`` for each head."""
