@@ -429,7 +429,7 @@ def _latex_sheets(problems: list[GeneratedProblem], batch, paper: str) -> None:
         batch.write(f"{name}.pdf", pdf)
 
 
-def _one_file_sheets(problems: list[GeneratedProblem], batch, paper: str) -> tuple[list, list] | None:
+def _one_file_sheets(problems: list[GeneratedProblem], batch, paper: str) -> tuple[list, list]:
     """Every variant's exercise in exercises.pdf, its solution in solutions.pdf (their LaTeX when
     pdflatex is not installed, and then no pages: empty columns); the page where each variant
     starts in each, from the compiled documents' logs."""

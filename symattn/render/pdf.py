@@ -94,8 +94,9 @@ def latex_to_pdfs(sources: Iterable[str], count: int, timeout: float = 120, jobs
 
 def compile_latexes(sources: Iterable[str], count: int, timeout: float = 120,
                     jobs: int | None = None) -> list[tuple[bytes, str]]:
-    """The PDFs and the logs of their last pdflatex runs (see :func:`display_scales`) of ``count`` documents (``sources``, which may still be being made: each is
-    compiled as soon as it comes), one pdflatex run per core at once. Each PDF is the one
+    """The PDFs of ``count`` documents and the logs of their last pdflatex runs (see
+    :func:`display_scales`). The documents (``sources``) may still be being made: each is
+    compiled as soon as it comes, one pdflatex run per core at once. Each PDF is the one
     :func:`latex_to_pdf` makes of its source (pdflatex is run again while its log asks for it);
     documents that share their preamble up to the title load it from a format made once. Every
     run is bounded by ``timeout``; the first document that fails (in order) is the error, and
