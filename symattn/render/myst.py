@@ -10,25 +10,11 @@ from typing import TYPE_CHECKING
 
 from . import prose
 from .blocks import blocks
-from .escape import escape_markdown
+from .escape import escape_myst
 from .options import RenderOptions
 
 if TYPE_CHECKING:
     from ..exact.derivation import Derivation
-
-# Every ASCII punctuation character may be backslash-escaped in CommonMark: user text escaped so
-# is text in MyST too, never a role ({abbr}`…`), directive (:::), target, HTML or math.
-_PUNCT = re.compile(r"([!-/:-@\[-`{-~])")
-
-
-def escape_myst(text: str) -> str:
-    """User text shown literally in MyST.
-
-    >>> escape_myst("{abbr}`x` <b> $y$")
-    '\\\\{abbr\\\\}\\\\`x\\\\` \\\\<b\\\\> \\\\$y\\\\$'
-    """
-    return _PUNCT.sub(r"\\\1", escape_markdown(text).replace("\\", ""))  # escape_markdown: bidi and newlines
-
 
 def myst_prose(text: str) -> str:
     return prose.render(text, escape_myst, prose.markdown)
