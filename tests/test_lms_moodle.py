@@ -23,7 +23,7 @@ _TYPES = (r"(NUMERICAL|NM)|(MULTICHOICE|MC)|(MULTICHOICE_V|MCV)|(MULTICHOICE_H|M
           r"|(SHORTANSWER_C|SAC|MWC)|(MULTICHOICE_S|MCS)|(MULTICHOICE_VS|MCVS)|(MULTICHOICE_HS|MCHS)"
           r"|(MULTIRESPONSE|MR)|(MULTIRESPONSE_H|MRH)|(MULTIRESPONSE_S|MRS)|(MULTIRESPONSE_HS|MRHS)")
 ANSWER_REGEX = re.compile(r"\{([0-9]*):(" + _TYPES + r"):(" + _ALT + "(~" + _ALT + r")*)\}", re.S)
-NUMBER = r"[+-]?(?:[0-9]+(?:[.,][0-9]*)?|[.,][0-9]+)(?:[eE][-+]?[0-9]+)?"
+NUMBER = r"-?(?:(?:[0-9]+[.,]?[0-9]*|[.,][0-9]+)(?:[eE][-+]?[0-9]+)?)"  # Moodle's NUMBER_REGEX
 
 SHAPE = ["--tokens", "3", "--d-model", "2", "--d-k", "4", "--d-v", "2"]
 
@@ -118,6 +118,17 @@ def test_hostile_words_stay_text(tmp_path):
         assert "<script>" not in text and "&lt;script&gt;" in text
         assert "]]&gt;" in text
         assert "<script>" not in q.findtext("generalfeedback/text")
+
+
+def test_feedback_text_cannot_end_a_blank():
+    import html
+
+    from symattn.lms.moodle import cloze_text
+
+    text = "a}b#c~d\\e{f<g"
+    got = cloze_text(text)
+    assert not re.search(r"[{}#~\\<]", got.replace("&#", "").replace(";", ""))
+    assert html.unescape(got) == text  # Moodle html_entity_decode()s the feedback
 
 
 def test_cdata_survives_its_end_marker():

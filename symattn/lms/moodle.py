@@ -86,6 +86,7 @@ def blank(e: "Blank | str", a: Asked, i: int, j: int) -> str:
 
 
 def cloze_text(text: str) -> str:
-    """Text inside a cloze blank: ``} # ~ / " \\`` escaped with a backslash, HTML escaped."""
-    out = "".join("\\" + c if c in '}#~/"\\' else c for c in text)
-    return escape_html(out).replace("{", "&#123;")
+    """Text inside a cloze blank's feedback, HTML-escaped, with ``{ } # ~ \\`` as entities: Moodle's
+    parser stops the feedback at an unescaped ``~`` or ``}``, then decodes entities (and only
+    ``\\}``, ``\\#``), so entities keep each character as itself."""
+    return "".join(f"&#{ord(c)};" if c in "{}#~\\" else c for c in escape_html(text))
