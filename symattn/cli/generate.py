@@ -96,10 +96,9 @@ class RecordingCommand(click.Command):
 @click.option("--paper", type=click.Choice(["a4", "letter"]),
               help="With --sheets pdf: the sheets' page (default: letter where the locale's LC_PAPER, LC_ALL or "
                    "LANG names a Letter country such as en_US, else a4).")
-@click.option("--lms", type=click.Choice(["moodle", "qti", "prairielearn"]),
+@click.option("--lms", type=click.Choice(["moodle", "qti"]),
               help="With --count: the files a course platform imports as well (see the README's 'Using it in a "
-                   "course'): a Moodle XML question bank, a QTI 1.2 package (Canvas, Blackboard, D2L), a "
-                   "PrairieLearn question.")
+                   "course'): a Moodle XML question bank, or a QTI 1.2 package (Canvas, Blackboard, D2L).")
 @click.option("--ask", callback=stage_list, metavar="IDS",
               help="With --lms: the stages each question asks for, e.g. S,A,O (default: the last stage).")
 @click.option("--places", type=click.IntRange(1, 10), metavar="PLACES",

@@ -65,7 +65,10 @@ def stage_list(ctx, param, value: str | None) -> frozenset[str] | None:
         from ..text import did_you_mean
 
         hint = did_you_mean(unknown[0], known) if unknown else ""
-        raise click.BadParameter(f"{', '.join(unknown) or 'nothing'}{hint}: choose from {', '.join(known)}")
+        if len(known) <= 20:
+            raise click.BadParameter(f"{', '.join(unknown) or 'nothing'}{hint}: choose from {', '.join(known)}")
+        raise click.BadParameter(f"{', '.join(unknown) or 'nothing'}{hint}: not a stage; give stage ids as the worked "
+                                 "solution and `symattn derive -f json` name them, such as S,A,O")
     return frozenset(names)
 
 
