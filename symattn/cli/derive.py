@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from .imports import Importing
-from .options import WholeRange, Whole, backward_option, kinds, max_size_option, output_option, stage_list, \
+from .options import WholeRange, Whole, asked_in, backward_option, kinds, max_size_option, output_option, stage_names, \
     stage_name, tiled_option
 from .paths import check_outputs, echo, inputs, is_stream, refuse_input, same_file, write_atomic
 
@@ -40,7 +40,7 @@ SUFFIXES = {".tex": "latex", ".md": "markdown", ".markdown": "markdown", ".json"
 @click.option("--exercise", is_flag=True,
               help="Write the exercise sheet instead: the problem with empty boxes for each asked stage "
                    "(LaTeX, Markdown, MyST, PDF or HTML); the normal derivation is its solution, with the same numbering.")
-@click.option("--ask", callback=stage_list, metavar="IDS",
+@click.option("--ask", callback=stage_names, metavar="IDS",
               help="With --exercise: the stages to ask for, e.g. Q,S_scaled,A,O (default: every computed stage).")
 @max_size_option("The size budget: the most numbers a problem file may hold in all its matrices together; "
                  "the budget for its attention scores (by default 1,000,000 for LaTeX, Markdown and text, "
@@ -224,6 +224,7 @@ def derive_text(problem: Path | None, kind: str, standalone: bool, digits: int |
     p = _read(problem, layout, max_size, backward, tiled, decode, kind)
     advance("exact stages")
     d = _derive(p, on_step=progress.note if progress.enabled else None)
+    asked_in(d, layout.get("ask"))
     result = _crosscheck(d, check, advance) if check else None
     fmt = "latex" if kind == "pdf" else kind
     if fmt == "json":  # hundreds of megabytes for a model-sized head: written as it is rendered
