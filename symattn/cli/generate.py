@@ -183,10 +183,16 @@ def generate(tokens, d_model, d_k, d_v, mask, heads, cross, no_scale, norm, sink
                          one_file=one_file)
     except SymattnError as exc:
         raise click.ClickException(str(exc)) from None
-    click.echo(f"wrote {count} variants to {out_dir}" + (" with all their exercises and solutions in one file each"
-                                                         if one_file else " with their exercise and solution sheets"
-                                                         if sheets else "")
-               + (f" and their {lms} questions" if lms else ""), err=True)
+    click.echo(_wrote(count, out_dir, sheets, one_file, lms), err=True)
+
+
+def _wrote(count: int, out_dir: Path, sheets: bool, one_file: bool, lms: str | None) -> str:
+    """What generate says it wrote: ``wrote 1 variant to d and its moodle questions``."""
+    their = "its" if count == 1 else "their"
+    return (f"wrote {count} variant{'' if count == 1 else 's'} to {out_dir}"
+            + (f" with all {their} exercises and solutions in one file each" if one_file
+               else f" with {their} exercise and solution sheets" if sheets else "")
+            + (f" and {their} {lms} questions" if lms else ""))
 
 
 def _read_base(base: Path | None, output: Path | None, out_dir: Path | None, count: int | None):

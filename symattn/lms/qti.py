@@ -114,7 +114,7 @@ def _ask_html(stage: Asked, b: Blank, places: int) -> str:
 
 
 def _item(section: ET.Element, q: Question, stage: Asked, b: Blank, ident: str, places: int) -> None:
-    item = ET.SubElement(section, "item", {"ident": ident, "title": f"{q.name}: {stage.id} "
+    item = ET.SubElement(section, "item", {"ident": ident, "title": f"{q.name}: {stage.name}, "
                                                                     f"row {b.row + 1}, column {b.col + 1}"})
     md = ET.SubElement(ET.SubElement(item, "itemmetadata"), "qtimetadata")
     for label, entry in (("question_type", "numerical_question"), ("points_possible", "1.0")):

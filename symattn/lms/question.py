@@ -66,6 +66,12 @@ class Asked:
     title: str
     shape: tuple[int, int]
     entries: tuple[tuple["Blank | str", ...], ...]
+    head: int | None = None
+
+    @property
+    def name(self) -> str:
+        """The stage as a person names it in plain text: ``Softmax on each row, head 2``."""
+        return self.title + ("" if self.head is None else f", head {self.head}")
 
     @property
     def blanks(self) -> list[Blank]:
@@ -168,7 +174,8 @@ def _asked(d: "Derivation", step: "Step", places: int) -> Asked:
     exact = step.exact
     value = d.entry_values(step.id, _DPS)
     entries = tuple(tuple(_entry(exact[i, j], value(i, j), i, j, places) for j in range(cols)) for i in range(rows))
-    return Asked(id=step.id, symbol=symbol_of(step), title=step.title, shape=(rows, cols), entries=entries)
+    return Asked(id=step.id, symbol=symbol_of(step), title=step.title, shape=(rows, cols), entries=entries,
+                 head=step.head)
 
 
 def _entry(x, v: mpmath.mpf, i: int, j: int, places: int) -> "Blank | str":
