@@ -16,6 +16,12 @@ from ..errors import SymattnError
 TEX_PACKAGES = "texlive-latex-base texlive-latex-recommended"
 
 
+# Put before what pdflatex reads (on its first line, so that the log's line numbers are the
+# source's): no date and no trailer /ID in the PDF, so the same source gives the same bytes
+# (generate's sheets from one seed); the .tex symattn writes does not carry it.
+_SAME_BYTES = r"\ifdefined\pdfinfoomitdate\pdfinfoomitdate=1 \pdftrailerid{}\fi"
+
+
 def latex_to_pdf(source: str, timeout: float = 120) -> bytes:
     """The PDF of ``source``, compiled in a temporary folder without shell escape."""
     return compile_latex(source, timeout)[0]
@@ -46,7 +52,7 @@ def compile_latex(source: str, timeout: float = 120) -> tuple[bytes, str]:
         )
     with tempfile.TemporaryDirectory(prefix="symattn-") as tmp:
         tex = Path(tmp) / "solution.tex"
-        tex.write_text(source, encoding="utf-8")
+        tex.write_text(_SAME_BYTES + source, encoding="utf-8")
         try:
             flags = ["-no-shell-escape", "-halt-on-error", "-interaction=nonstopmode"]
             if latexmk is not None:  # reruns pdflatex as often as the document needs
@@ -152,9 +158,9 @@ def _compile_one(pdflatex: str, source: str, folder: Path, timeout: float, fmt: 
     there is one; a failure is compiled again as a whole, so its error is the one it has alone."""
     folder.mkdir()
     if fmt is None:
-        (folder / "solution.tex").write_text(source, encoding="utf-8")
+        (folder / "solution.tex").write_text(_SAME_BYTES + source, encoding="utf-8")
         return _runs([pdflatex, *_FLAGS, "solution.tex"], folder, timeout)
-    (folder / "body.tex").write_text(source[skip:], encoding="utf-8")
+    (folder / "body.tex").write_text(_SAME_BYTES + source[skip:], encoding="utf-8")
     try:
         return _runs([pdflatex, f"-fmt={fmt}", "-jobname=solution", *_FLAGS, "body.tex"], folder, timeout)
     except SymattnError as exc:
