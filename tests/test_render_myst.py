@@ -108,3 +108,24 @@ def test_exercise_and_solution_resolve(tmp_path):
     refs = [c for s in solutions for c in nodes(s) if c["type"] == "crossReference"]
     assert [r["label"] for r in refs][:2] == ["ex-stage-S", "ex-stage-A"] and all(r["resolved"] for r in refs[:2])
     assert any("0.8808" in n.get("html", "") for s in solutions[1:] for n in nodes(s) if n["type"] == "math")
+
+
+MARKUP = ["<script>alert(1)</script>", "{math}`x`", ":::{note}", "`x`", "$y$", "{abbr}`a`", "(t)=", "@cite",
+          "[^1]", "~~s~~", "*e* _f_", "&amp;", "<https://x.example>", "% c", "- li", "+ li", "1. x", "12) x",
+          "+++", "a\\b", "| t |", "# h", "> q", "```", "    four", "---", "!", "=== x", "[l](u)", "{{ sub }}"]
+
+
+@needs_myst
+def test_escaped_text_is_read_back_as_the_same_text(tmp_path):
+    """Each paragraph is one piece of user text escaped as the MyST solution escapes prose, at a
+    paragraph's start (where - 1. (t)= % ::: open blocks) and within a line; mystmd must read
+    back exactly that text, as plain text, in one paragraph."""
+    from symattn.render.escape import escape_myst, myst_paragraph
+
+    text = "\n\n".join(myst_paragraph(escape_myst(t)) + "\n\nSo " + myst_paragraph(escape_myst(t)) for t in MARKUP)
+    output, page = build(tmp_path, "# T\n\n" + text + "\n")
+    clean(output)
+    paragraphs = [n for n in page["mdast"]["children"][0]["children"] if n["type"] == "paragraph"]
+    assert not [n for p in paragraphs for n in nodes(p) if n["type"] not in ("paragraph", "text")]
+    read = [" ".join("".join(n["value"] for n in nodes(p) if n["type"] == "text").split()) for p in paragraphs]
+    assert read == [" ".join(w.split()) for t in MARKUP for w in (t, "So " + t)]  # as HTML shows spaces

@@ -163,15 +163,36 @@ def escape_markdown(text: str) -> str:
     return _MD_SPECIAL.sub(r"\\\1", show_bidi(text).replace("\n", " "))
 
 
-# Every ASCII punctuation character may be backslash-escaped in CommonMark: user text escaped so
-# is text in MyST too, never a role ({abbr}`…`), directive (:::), target, HTML or math.
-_PUNCT = re.compile(r"([!-/:-@\[-`{-~])")
+
+# The characters that start inline markup in MyST: CommonMark's (emphasis, code, links, HTML,
+# entities, tables, strikethrough) and MyST's own (a role {abbr}`…`, math $…$, a citation @key).
+# Each is backslash-escaped, as CommonMark allows for any ASCII punctuation. The rest (: , ; . ( )
+# ' = /) is markup only at a line's start (:::, (t)=, %, a list), which myst_paragraph guards, so
+# the source a teacher edits reads as prose.
+_MYST_INLINE = re.compile(r"([\\`*_\[\]<>#|~$&{}@])")
+_MYST_LINE_START = re.compile(r"([-+:%(=!]|\d{1,9}(?=[.)]))")
 
 
 def escape_myst(text: str) -> str:
-    """User text shown literally in MyST.
+    r"""User text shown literally in MyST, within a line.
 
-    >>> escape_myst("{abbr}`x` <b> $y$")
-    '\\\\{abbr\\\\}\\\\`x\\\\` \\\\<b\\\\> \\\\$y\\\\$'
+    >>> print(escape_myst("{abbr}`x` <b> $y$ @cite: (t)"))
+    \{abbr\}\`x\` \<b\> \$y\$ \@cite: (t)
     """
-    return _PUNCT.sub(r"\\\1", show_bidi(text).replace("\n", " "))
+    return _MYST_INLINE.sub(r"\\\1", show_bidi(text).replace("\n", " "))
+
+
+def myst_paragraph(text: str) -> str:
+    r"""An escaped paragraph, on one line that cannot open a block: a leading ``-``, ``+``, ``:``,
+    ``%``, ``(``, ``=`` or ``!`` is escaped, and a leading number's ``.`` or ``)`` (a list item).
+
+    >>> print(myst_paragraph("(t)= 1. x"), myst_paragraph("12. x"), myst_paragraph("  :::"))
+    \(t)= 1. x 12\. x \:::
+    """
+    text = text.replace("\n", " ").lstrip(" \t")
+    found = _MYST_LINE_START.match(text)
+    if found is None:
+        return text
+    if found[1][0].isdigit():
+        return found[1] + "\\" + text[found.end():]
+    return "\\" + text

@@ -10,14 +10,15 @@ from typing import TYPE_CHECKING
 
 from . import prose
 from .blocks import blocks
-from .escape import escape_myst
+from .escape import escape_myst, myst_paragraph
 from .options import RenderOptions
 
 if TYPE_CHECKING:
     from ..exact.derivation import Derivation
 
 def myst_prose(text: str) -> str:
-    return prose.render(text, escape_myst, prose.markdown)
+    """A paragraph of prose as MyST: its math as $…$, its text escaped, on one line that starts no block."""
+    return myst_paragraph(prose.render(text, escape_myst, prose.markdown))
 
 
 def _label(step) -> str:
