@@ -37,30 +37,40 @@ def _attention(path: Path) -> np.ndarray:
 
 
 def _read(out: Path):
+    """The zip and its assessments (one quiz per variant), each checked against the manifest."""
     z = zipfile.ZipFile(out / "qti.zip")
     manifest = ET.fromstring(z.read("imsmanifest.xml"))
     hrefs = [f.get("href") for f in manifest.iter(f"{CP}file")]
     assert hrefs and all(h in z.namelist() for h in hrefs)
-    assert [r.get("type") for r in manifest.iter(f"{CP}resource")] == ["imsqti_xmlv1p2"]
-    return z, ET.fromstring(z.read(hrefs[0]))
+    assert sorted(z.namelist()) == sorted(["imsmanifest.xml", *hrefs])
+    assert {r.get("type") for r in manifest.iter(f"{CP}resource")} == {"imsqti_xmlv1p2"}
+    return z, [ET.fromstring(z.read(h)) for h in hrefs]
+
+
+def _kind(item) -> str:
+    (kind,) = [f.findtext(f"{QTI}fieldentry") for f in item.iter(f"{QTI}qtimetadatafield")
+               if f.findtext(f"{QTI}fieldlabel") == "question_type"]
+    return kind
 
 
 def test_each_answer_range_holds_the_rounded_value_and_nothing_a_unit_off(symattn_cli, tmp_path: Path) -> None:
     r, out = _run(symattn_cli, tmp_path)
     assert r.code == 0, r.output
-    z, root = _read(out)
-    assert root.tag == f"{QTI}questestinterop"
-    (assessment,) = root.findall(f"{QTI}assessment")
-    variants = assessment.findall(f"{QTI}section/{QTI}section")
-    assert len(variants) == 2
-    for n, section in enumerate(variants, 1):
+    z, roots = _read(out)
+    assert len(roots) == 2  # a quiz per variant, given to a student or a group
+    for n, root in enumerate(roots, 1):
+        assert root.tag == f"{QTI}questestinterop"
+        (assessment,) = root.findall(f"{QTI}assessment")
+        assert f"variant {n}" in assessment.get("title") and "(seed " in assessment.get("title")
         O = _attention(out / f"variant-{n:02d}.yaml")
-        items = section.findall(f"{QTI}item")
+        statement, *items = assessment.findall(f"{QTI}section/{QTI}item")
+        assert _kind(statement) == "text_only_question"  # the given matrices, once
+        assert "W_{Q}" in statement.findtext(f".//{QTI}mattext")
         assert len(items) == O.size  # the last stage, O, entry by entry
-        for item, value in zip(items, O.flat):
-            types = [f.findtext(f"{QTI}fieldentry") for f in item.iter(f"{QTI}qtimetadatafield")
-                     if f.findtext(f"{QTI}fieldlabel") == "question_type"]
-            assert types == ["numerical_question"]
+        for k, (item, value) in enumerate(zip(items, O.flat)):
+            assert _kind(item) == "numerical_question"
+            row, col = divmod(k, O.shape[1])
+            assert f"row {row + 1}, column {col + 1} of" in item.findtext(f".//{QTI}mattext")
             assert item.find(f"{QTI}presentation/{QTI}response_str/{QTI}render_fib").get("fibtype") == "Decimal"
             cond = item.find(f"{QTI}resprocessing/{QTI}respcondition/{QTI}conditionvar/{QTI}and")
             lo = Decimal(cond.findtext(f"{QTI}vargte"))
@@ -76,9 +86,9 @@ def test_each_answer_range_holds_the_rounded_value_and_nothing_a_unit_off(symatt
 def test_more_than_four_places_are_asked_scaled(symattn_cli, tmp_path: Path) -> None:
     r, out = _run(symattn_cli, tmp_path, "--places", "6")
     assert r.code == 0, r.output
-    _, root = _read(out)
+    _, roots = _read(out)
     O = _attention(out / "variant-01.yaml")
-    item = root.find(f".//{QTI}item")
+    item = roots[0].findall(f".//{QTI}item")[1]
     assert "10<sup>2</sup> times" in item.findtext(f".//{QTI}mattext")
     lo = Decimal(item.findtext(f".//{QTI}vargte"))
     hi = Decimal(item.findtext(f".//{QTI}varlte"))
@@ -89,10 +99,10 @@ def test_hostile_tokens_are_text_and_same_seed_same_bytes(symattn_cli, tmp_path:
     r1, out1 = _run(symattn_cli, tmp_path / "a")  # the same folder name: it titles the assessment
     r2, out2 = _run(symattn_cli, tmp_path / "b")
     assert r1.code == r2.code == 0
-    z, root = _read(out1)
-    for el in root.iter():
+    z, roots = _read(out1)
+    for el in (el for root in roots for el in root.iter()):
         assert el.tag.rpartition("}")[2] not in ("script", "style")
-    html = root.find(f".//{QTI}mattext").text
+    html = roots[0].find(f".//{QTI}mattext").text
     assert "<script>" not in html and "&lt;script&gt;" in html  # the token, escaped once more as HTML
     data = (out1 / "qti.zip").read_bytes()
     assert data == (out2 / "qti.zip").read_bytes()

@@ -61,13 +61,24 @@ def test_canvas_reads_every_range_and_the_value_is_in_it(symattn_cli, tmp_path: 
                           f"{unz}/"], cwd=TOOL, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout + run.stderr
     assert "error" not in (run.stdout + run.stderr).lower(), run.stdout + run.stderr
+    assert sorted(p.name for p in (conv / "assessmentTests").glob("*.xml")) == [
+        "symattn_variant-01.xml", "symattn_variant-02.xml"]  # a quiz per variant
     items = sorted((conv / "assessmentItems").glob("*.xml"))
     stages = {n: _stages(out / f"variant-{n:02d}.yaml") for n in (1, 2)}
-    assert len(items) == sum(m.size for s in stages.values() for m in s.values())  # every entry asked
+    assert len(items) == 2 + sum(m.size for s in stages.values() for m in s.values())  # the statement, each entry
     unit = Decimal("0.0001")
     for path in items:
         root = ET.parse(path).getroot()
         fields = {f.get("name"): f.get("value") for f in root.iter(f"{V2}instructureField")}
+        shown = [div.text or "" for div in root.iter(f"{V2}div")]  # HTML as text, as Canvas shows it
+        for html in shown:
+            tags = _Tags()
+            tags.feed(html)
+            assert "script" not in tags.tags, html
+        if path.name.endswith("_000.xml"):
+            assert fields["question_type"] == "text_only_question"
+            assert "W_{Q}" in shown[0] and "&lt;script&gt;" in shown[0]  # the token, as text
+            continue
         assert fields["question_type"] == "numerical_question"
         title = re.fullmatch(r"variant-(\d+): (.+), row (\d+), column (\d+)", root.get("title"))
         assert title, root.get("title")
@@ -79,7 +90,3 @@ def test_canvas_reads_every_range_and_the_value_is_in_it(symattn_cli, tmp_path: 
         assert Decimal(start) <= rounded <= Decimal(end), (path.name, value, start, end)
         assert not Decimal(start) <= rounded + unit <= Decimal(end), (path.name, value, start, end)
         assert not Decimal(start) <= rounded - unit <= Decimal(end), (path.name, value, start, end)
-        for div in root.iter(f"{V2}div"):  # the statement and feedback: HTML as text, as Canvas shows it
-            tags = _Tags()
-            tags.feed(div.text or "")
-            assert "script" not in tags.tags and "&lt;script&gt;" in div.text

@@ -1,11 +1,12 @@
 """The qti writer (see :mod:`symattn.lms`): one QTI 1.2 package, ``qti.zip``, in Canvas's own
 export format (Canvas Classic Quizzes, Blackboard, D2L read it).
 
-The package holds ``imsmanifest.xml`` and one assessment, a section per variant holding all of
-that variant's questions. Each asked entry is one Canvas
-``numerical_question`` (the statement repeated, the entry named by row and column, people
-counting from 1), its answer a range ``[key - tolerance, key + tolerance]`` (``vargte`` /
-``varlte``), the worked solution its feedback.
+The package holds ``imsmanifest.xml`` and one assessment (a quiz) per variant, so that each
+student, or each group, is given one variant, as Canvas assigns a quiz to chosen students. A quiz
+opens with the variant's statement as a ``text_only_question`` (the given matrices, and which
+stages are asked), then asks each entry as one Canvas ``numerical_question`` (the entry named by
+row and column, people counting from 1), its answer a range ``[key - tolerance, key + tolerance]``
+(``vargte`` / ``varlte``), the worked solution its feedback.
 
 Canvas stores numbers below 1e-4 as 0. A range's bound smaller than that is moved inwards to 0
 or ±0.0001, the nearest value a written answer can take (with at most 4 places every written
@@ -55,9 +56,9 @@ def answer_range(blank: Blank, places: int) -> tuple[Decimal, Decimal]:
 
 def package(questions: list[Question], name: str, places: int) -> bytes:
     """The zip's bytes: the same questions give the same bytes (fixed times, no random ids)."""
-    ident = "symattn_assessment"
-    files_ = {"imsmanifest.xml": _xml(_manifest(ident, name)),
-              f"{ident}/{ident}.xml": _xml(_assessment(questions, ident, name, places))}
+    files_ = {"imsmanifest.xml": _xml(_manifest([_ident(q) for q in questions]))}
+    for q in questions:
+        files_[_href(q)] = _xml(_assessment(q, name, places))
     out = io.BytesIO()
     with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as z:
         for path, data in files_.items():
@@ -68,36 +69,62 @@ def package(questions: list[Question], name: str, places: int) -> bytes:
     return out.getvalue()
 
 
+def _ident(q: Question) -> str:
+    return f"symattn_{q.name}"
+
+
+def _href(q: Question) -> str:
+    return f"{_ident(q)}/{_ident(q)}.xml"
+
+
 def _xml(root: ET.Element) -> bytes:
     ET.indent(root)
     return b'<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="utf-8", xml_declaration=False) + b"\n"
 
 
-def _manifest(ident: str, name: str) -> ET.Element:
-    m = ET.Element("manifest", {"identifier": f"{ident}_manifest",
+def _manifest(idents: list[str]) -> ET.Element:
+    m = ET.Element("manifest", {"identifier": "symattn_manifest",
                                 "xmlns": "http://www.imsglobal.org/xsd/imsccv1p1/imscp_v1p1"})
     meta = ET.SubElement(m, "metadata")
     ET.SubElement(meta, "schema").text = "IMS Content"
     ET.SubElement(meta, "schemaversion").text = "1.1.3"
     ET.SubElement(m, "organizations")
-    res = ET.SubElement(ET.SubElement(m, "resources"), "resource",
-                        {"identifier": ident, "type": "imsqti_xmlv1p2", "href": f"{ident}/{ident}.xml"})
-    ET.SubElement(res, "file", {"href": f"{ident}/{ident}.xml"})
+    resources = ET.SubElement(m, "resources")
+    for ident in idents:
+        res = ET.SubElement(resources, "resource", {"identifier": ident, "type": "imsqti_xmlv1p2",
+                                                    "href": f"{ident}/{ident}.xml"})
+        ET.SubElement(res, "file", {"href": f"{ident}/{ident}.xml"})
     return m
 
 
-def _assessment(questions: list[Question], ident: str, name: str, places: int) -> ET.Element:
+def _assessment(q: Question, name: str, places: int) -> ET.Element:
+    """A variant's quiz: its statement, then a question per asked entry."""
     root = ET.Element("questestinterop", {"xmlns": "http://www.imsglobal.org/xsd/ims_qtiasiv1p2"})
-    a = ET.SubElement(root, "assessment", {"ident": ident, "title": f"{name}: attention exercises"})
+    seed = "" if q.seed is None else f" (seed {q.seed})"
+    a = ET.SubElement(root, "assessment", {"ident": _ident(q), "title": f"{name}: {q.title}{seed}"})
     top = ET.SubElement(a, "section", {"ident": "root_section"})
-    for q in questions:
-        s = ET.SubElement(top, "section", {"ident": f"{ident}_{q.name}", "title": f"{q.title} ({q.name})"})
-        n = 0
-        for stage in q.asked:
-            for b in stage.blanks:
-                n += 1
-                _item(s, q, stage, b, f"{q.name}_{n:03d}", places)
+    statement = q.statement(lambda s: f"<p>\\({s.symbol}\\) ({text_html(s.title)}): asked in the questions "
+                                      f"below, entry by entry.</p>")
+    _question(top, f"{q.name}_000", f"{q.name}: the problem", "text_only_question", statement, 0)
+    n = 0
+    for stage in q.asked:
+        for b in stage.blanks:
+            n += 1
+            _item(top, q, stage, b, f"{q.name}_{n:03d}", places)
     return root
+
+
+def _question(section: ET.Element, ident: str, title: str, kind: str, html: str, points: int) -> ET.Element:
+    """An item of Canvas's ``kind`` showing ``html``; its presentation, to add a response to."""
+    item = ET.SubElement(section, "item", {"ident": ident, "title": title})
+    md = ET.SubElement(ET.SubElement(item, "itemmetadata"), "qtimetadata")
+    for label, entry in (("question_type", kind), ("points_possible", f"{points}.0")):
+        f = ET.SubElement(md, "qtimetadatafield")
+        ET.SubElement(f, "fieldlabel").text = label
+        ET.SubElement(f, "fieldentry").text = entry
+    pres = ET.SubElement(item, "presentation")
+    _mattext(pres, html)
+    return item
 
 
 def _mattext(parent: ET.Element, html: str) -> None:
@@ -114,16 +141,9 @@ def _ask_html(stage: Asked, b: Blank, places: int) -> str:
 
 
 def _item(section: ET.Element, q: Question, stage: Asked, b: Blank, ident: str, places: int) -> None:
-    item = ET.SubElement(section, "item", {"ident": ident, "title": f"{q.name}: {stage.name}, "
-                                                                    f"row {b.row + 1}, column {b.col + 1}"})
-    md = ET.SubElement(ET.SubElement(item, "itemmetadata"), "qtimetadata")
-    for label, entry in (("question_type", "numerical_question"), ("points_possible", "1.0")):
-        f = ET.SubElement(md, "qtimetadatafield")
-        ET.SubElement(f, "fieldlabel").text = label
-        ET.SubElement(f, "fieldentry").text = entry
-    pres = ET.SubElement(item, "presentation")
-    statement = q.statement(lambda s: f"<p>\\({s.symbol}\\) ({text_html(s.title)}): asked below.</p>")
-    _mattext(pres, statement + "\n" + _ask_html(stage, b, places))
+    item = _question(section, ident, f"{q.name}: {stage.name}, row {b.row + 1}, column {b.col + 1}",
+                     "numerical_question", _ask_html(stage, b, places), 1)
+    pres = item.find("presentation")
     resp = ET.SubElement(pres, "response_str", {"ident": "response1", "rcardinality": "Single"})
     ET.SubElement(resp, "render_fib", {"fibtype": "Decimal"}).append(ET.Element("response_label", {"ident": "answer1"}))
     rp = ET.SubElement(item, "resprocessing")
