@@ -80,7 +80,10 @@ def test_each_answer_range_holds_the_rounded_value_and_nothing_a_unit_off(symatt
             assert lo <= rounded <= hi, (value, lo, hi)
             assert not lo <= rounded + unit <= hi and not lo <= rounded - unit <= hi
             assert lo == 0 or abs(lo) >= unit and (hi == 0 or abs(hi) >= unit)  # Canvas zeroes below 1e-4
-            assert item.find(f"{QTI}itemfeedback/{QTI}flow_mat/{QTI}material/{QTI}mattext") is not None
+            feedback = item.findtext(f"{QTI}itemfeedback/{QTI}flow_mat/{QTI}material/{QTI}mattext")
+            assert f"Row {row + 1}, column {col + 1} of" in feedback and f", {rounded} to 4 decimal places" in feedback
+            # the worked solution once, under the quiz's last question (Canvas shows all feedback on one page)
+            assert ("Worked solution" in feedback) == (k == O.size - 1)
 
 
 def test_more_than_four_places_are_asked_scaled(symattn_cli, tmp_path: Path) -> None:

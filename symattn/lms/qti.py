@@ -6,7 +6,8 @@ student, or each group, is given one variant, as Canvas assigns a quiz to chosen
 opens with the variant's statement as a ``text_only_question`` (the given matrices, and which
 stages are asked), then asks each entry as one Canvas ``numerical_question`` (the entry named by
 row and column, people counting from 1), its answer a range ``[key - tolerance, key + tolerance]``
-(``vargte`` / ``varlte``), the worked solution its feedback.
+(``vargte`` / ``varlte``), its feedback the entry's exact value, and the last entry's the worked
+solution too.
 
 Canvas stores numbers below 1e-4 as 0. A range's bound smaller than that is moved inwards to 0
 or ±0.0001, the nearest value a written answer can take (with at most 4 places every written
@@ -21,7 +22,7 @@ import zipfile
 from decimal import Decimal
 from xml.etree import ElementTree as ET
 
-from .question import Asked, Blank, Question, half_unit, text_html
+from .question import Asked, Blank, Question, half_unit, tex_html, text_html
 
 NAME = "qti.zip"
 _CANVAS_SMALL = Decimal("0.0001")  # Canvas stores numbers below this as 0
@@ -106,11 +107,9 @@ def _assessment(q: Question, name: str, places: int) -> ET.Element:
     statement = q.statement(lambda s: f"<p>\\({s.symbol}\\) ({text_html(s.title)}): asked in the questions "
                                       f"below, entry by entry.</p>")
     _question(top, f"{q.name}_000", f"{q.name}: the problem", "text_only_question", statement, 0)
-    n = 0
-    for stage in q.asked:
-        for b in stage.blanks:
-            n += 1
-            _item(top, q, stage, b, f"{q.name}_{n:03d}", places)
+    asked = [(stage, b) for stage in q.asked for b in stage.blanks]
+    for n, (stage, b) in enumerate(asked, 1):
+        _item(top, q, stage, b, f"{q.name}_{n:03d}", places, solution=n == len(asked))
     return root
 
 
@@ -140,7 +139,16 @@ def _ask_html(stage: Asked, b: Blank, places: int) -> str:
     return f"<p><strong>Give {what}, to {places - k} decimal places.</strong></p>"
 
 
-def _item(section: ET.Element, q: Question, stage: Asked, b: Blank, ident: str, places: int) -> None:
+def _feedback_html(q: Question, stage: Asked, b: Blank, places: int, solution: bool) -> str:
+    """An entry's feedback: its exact value and its rounding; the quiz's last entry also holds the
+    worked solution (Canvas shows every question's feedback on the one results page)."""
+    html = (f"<p>Row {b.row + 1}, column {b.col + 1} of {tex_html(stage.symbol)} is {tex_html(b.tex)}, "
+            f"{b.rounded} to {places} decimal places.</p>")
+    return html + ("\n<h4>Worked solution</h4>\n" + q.feedback if solution else "")
+
+
+def _item(section: ET.Element, q: Question, stage: Asked, b: Blank, ident: str, places: int, *,
+          solution: bool) -> None:
     item = _question(section, ident, f"{q.name}: {stage.name}, row {b.row + 1}, column {b.col + 1}",
                      "numerical_question", _ask_html(stage, b, places), 1)
     pres = item.find("presentation")
@@ -157,4 +165,4 @@ def _item(section: ET.Element, q: Question, stage: Asked, b: Blank, ident: str, 
     ET.SubElement(cond, "setvar", {"action": "Set", "varname": "SCORE"}).text = "100"
     ET.SubElement(cond, "displayfeedback", {"feedbacktype": "Response", "linkrefid": "general_fb"})
     fb = ET.SubElement(item, "itemfeedback", {"ident": "general_fb"})
-    _mattext(ET.SubElement(fb, "flow_mat"), q.feedback)
+    _mattext(ET.SubElement(fb, "flow_mat"), _feedback_html(q, stage, b, places, solution))
