@@ -72,3 +72,20 @@ def test_same_seed_same_bytes(tmp_path):
     _run(tmp_path / "b")
     for name in ("info.json", "question.html", "server.py", "variants.json"):
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
+
+
+def test_hostile_words_stay_text(tmp_path):
+    out = tmp_path / "h"
+    hostile = '{{x}} <b>a" \'"""; import os #'
+    cmd = [sys.executable, "-m", "symattn", "generate", "--count", "1", "--out-dir", str(out), "--lms", "prairielearn",
+           "--tokens", "4", "--words", f"{hostile} b c d", "--seed", "1"]
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=Path(__file__).parent.parent)
+    assert r.returncode == 0, r.stderr
+    source = (out / "server.py").read_text()
+    compile(source, "server.py", "exec")
+    assert "import os #" not in source and "<b>" not in (out / "question.html").read_text()
+    data = _data(5)
+    _server(out).generate(data)
+    statement = data["params"]["statement"]
+    assert "<b>a" not in statement and "&lt;b&gt;a" in statement
+    HTMLParser().feed(statement)
