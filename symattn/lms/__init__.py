@@ -5,7 +5,6 @@ Each platform's writer turns the generated variants into the files that platform
 =============  ====================================================================
 ``moodle``     one Moodle XML question bank (:mod:`.moodle`)
 ``qti``        a QTI 1.2 package for Canvas, Blackboard, D2L (:mod:`.qti`)
-``prairielearn``  a PrairieLearn question folder (:mod:`.prairielearn`)
 =============  ====================================================================
 
 A writer is a module with ``files(count) -> list[str]`` (the names it writes into the
@@ -29,7 +28,7 @@ from .question import DEFAULT_PLACES, MAX_PLACES, MIN_PLACES, Question, check_pl
 if TYPE_CHECKING:
     from ..generate.batch import GeneratedProblem
 
-LMS = ("moodle", "qti", "prairielearn")
+LMS = ("moodle", "qti")
 
 __all__ = ["DEFAULT_PLACES", "LMS", "MAX_PLACES", "MIN_PLACES", "Run", "lms_files", "write_course", "write_lms"]
 
@@ -71,7 +70,7 @@ def write_lms(lms: str, run: Run, batch) -> None:
 
 def write_course(problems: Sequence["GeneratedProblem"], folder: str | os.PathLike, lms: str, *,
                  ask: "frozenset[str] | set[str] | None" = None, places: int | None = None, sheets: str | None = None,
-                 force: bool = False, paper: str = "a4") -> list[Path]:
+                 force: bool = False, paper: str = "a4", one_file: bool = False) -> list[Path]:
     """:func:`symattn.write_exercises` (the variants' files, ``index.csv``, the ``sheets``), and the
     files course platform ``lms`` imports (``symattn generate --count N --out-dir d --lms LMS``),
     each question asking the stages ``ask`` (stage names such as {"S", "A"}; None: each variant's
@@ -93,7 +92,7 @@ def write_course(problems: Sequence["GeneratedProblem"], folder: str | os.PathLi
               command=_command(problems[0]))
     run.questions()  # every asked stage checked before any file is made
     names = lms_files(lms, len(problems))
-    written = write_exercises(list(problems), folder, sheets=sheets, force=force, paper=paper,
+    written = write_exercises(list(problems), folder, sheets=sheets, force=force, paper=paper, one_file=one_file,
                               also=(names, lambda batch: write_lms(lms, run, batch)))
     return written + [Path(folder) / name for name in names]
 
