@@ -167,6 +167,47 @@ def test_without_symattn_marks_each_entry(symattn_cli, tmp_path):
     assert not any("likely cause" in data["feedback"][name] for name in ("stage1_", "stage2_"))
 
 
+_COURSE = """
+import importlib.util, json, sys
+sys.path.append(sys.argv[2])  # the site-packages of the tests' Python (-S: no .pth, so no installed symattn)
+try:
+    import symattn
+    sys.exit("symattn is importable before server.py runs")
+except ImportError:
+    pass
+spec = importlib.util.spec_from_file_location("server", sys.argv[1])
+server = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(server)
+data = json.loads(sys.stdin.read())
+server.parse(data)
+server.grade(data)
+print(json.dumps({"data": data, "symattn": sys.modules["symattn"].__file__}, allow_nan=False))
+"""
+
+
+def test_symattn_from_server_files_course(symattn_cli, tmp_path):
+    """The README's recipe: symattn in serverFilesCourse/symattn-lib, found through
+    data["options"]["server_files_course_path"] (as PrairieLearn passes it), follows through."""
+    import sysconfig
+
+    out = tmp_path / "q"
+    _run(symattn_cli, out, "--ask", "S_scaled,A")
+    lib = tmp_path / "course" / "serverFilesCourse" / "symattn-lib"
+    lib.mkdir(parents=True)
+    (lib / "symattn").symlink_to(ROOT / "symattn", target_is_directory=True)
+    generated = _generated(_server(out), 4)
+    generated["options"]["server_files_course_path"] = str(lib.parent)
+    unscaled = _scores(_problem(out, generated["params"]["variant"]))
+    data = _submission(generated, [_text(unscaled), _text(_softmax_causal(unscaled))])
+    r = subprocess.run([sys.executable, "-S", "-c", _COURSE, str(out / "server.py"), sysconfig.get_paths()["purelib"]],
+                       cwd=tmp_path, capture_output=True, text=True, input=json.dumps(data), env={"PATH": "/usr/bin:/bin"})
+    assert r.returncode == 0, r.stderr + r.stdout
+    got = json.loads(r.stdout)
+    assert got["symattn"].startswith(str(lib))
+    assert {k: v["score"] for k, v in got["data"]["partial_scores"].items()} == {"stage1_": 0, "stage2_": 1}
+    assert "need symattn" not in got["data"]["feedback"]["marking"]
+
+
 def test_parse_format_errors_and_masked_entries(symattn_cli, tmp_path):
     out = tmp_path / "q"
     _run(symattn_cli, out, "--ask", "S_masked")
