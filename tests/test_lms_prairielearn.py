@@ -223,8 +223,9 @@ def test_parse_format_errors_and_masked_entries(symattn_cli, tmp_path):
     assert data["format_errors"] == {}
     server.grade(data)
     assert data["score"] == 1
-    for cell, message in ((None, "Row 2, column 1 is empty"), ("0.1", "Row 2, column 1 has 1 decimal places: write 4"),
-                          ("1_000", "Row 2, column 1 is not a number"), ("nan", "Row 2, column 1 is not a number")):
+    for cell, message in ((None, "Row 2, column 1 is empty"), ("0.1", "Row 2, column 1 is written to 1 decimal place: write 4"),
+                          ("1_000", "Row 2, column 1 is not a number"), ("nan", "Row 2, column 1 is not a number"),
+                          ("1e-99999", "Row 2, column 1 is not a number"), ("9" * 61, "Row 2, column 1 is longer than 60")):
         bad = [row[:] for row in typed]
         bad[1][0] = cell
         data = _submission(generated, [bad])
@@ -232,6 +233,7 @@ def test_parse_format_errors_and_masked_entries(symattn_cli, tmp_path):
         assert data["format_errors"]["stage1_"].startswith(message)
     exact = [row[:] for row in typed]
     exact[1][0] = f"{int(_scores(p)[1, 0])}/{int(np.sqrt(np.array(p['W_Q']).shape[1]))}"  # S/√d_k as a fraction
+    exact[0][1] = "-INF"  # a masked entry may be typed too
     data = _submission(generated, [exact])
     server.parse(data)
     assert data["format_errors"] == {}

@@ -27,7 +27,7 @@ from fractions import Fraction
 LIB = "symattn-lib"  # serverFilesCourse/symattn-lib: where a course may install symattn
 WITHOUT_SYMATTN = ("Marked against the exact answers only: follow-through from your own earlier answers and the "
                    "likely cause of a mistake need symattn importable by this question's server.py.")
-_DECIMAL = re.compile(r"[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?\Z")
+_DECIMAL = re.compile(r"[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]{1,2})?\Z")  # 1e-5, not 1e-99999
 _FRACTION = re.compile(r"[-+]?[0-9]+/[0-9]*[1-9][0-9]*\Z")
 NEG_INF = "-inf"
 MAX_TEXT = 60  # characters of one entry
@@ -76,6 +76,8 @@ def _cells(data, a):
         for j, key in enumerate(keys):
             text = raw.get(cell_name(a, i, j))
             text = text.strip().replace("\u2212", "-") if isinstance(text, str) else ""
+            if text.lower() == NEG_INF:
+                text = NEG_INF
             row.append(text or (NEG_INF if key is None else None))
         rows.append(row)
     return rows
@@ -90,7 +92,7 @@ def _problem(a, cells):
                 return where + " is empty: only the entries shown as -inf may be left empty."
             if len(text) > MAX_TEXT:
                 return where + " is longer than %d characters." % MAX_TEXT
-            if text.lower() == NEG_INF or _FRACTION.match(text):
+            if text == NEG_INF or _FRACTION.match(text):
                 continue
             if not _DECIMAL.match(text):
                 return where + " is not a number: write a decimal such as 0.4231, a fraction such as 3/4, or -inf."
@@ -98,8 +100,9 @@ def _problem(a, cells):
             places = len(mantissa.partition(".")[2]) - (int(exponent) if exponent else 0)
             if "." in text or exponent:
                 if places < a["places"]:
-                    return where + (" has %d decimal places: write %d (or the exact value, as a whole number or "
-                                    "a fraction such as 3/4)." % (max(places, 0), a["places"]))
+                    return where + (" is written to %d decimal place%s: write %d (or the exact value, as a whole "
+                                    "number or a fraction such as 3/4)." % (max(places, 0), "" if places == 1 else "s",
+                                                                            a["places"]))
     return None
 
 
@@ -133,8 +136,8 @@ def _exact(v, answers):
         tolerance, wrong = Fraction(a["tolerance"]), []
         for i, (keys, texts) in enumerate(zip(a["keys"], answers[a["id"]])):
             for j, (key, text) in enumerate(zip(keys, texts)):
-                if key is None or text.lower() == NEG_INF:
-                    right = key is None and text.lower() == NEG_INF
+                if key is None or text == NEG_INF:
+                    right = key is None and text == NEG_INF
                 else:
                     right = abs(Fraction(text) - Fraction(key)) <= tolerance
                 if not right:
