@@ -96,9 +96,10 @@ class RecordingCommand(click.Command):
 @click.option("--paper", type=click.Choice(["a4", "letter"]),
               help="With --sheets pdf: the sheets' page (default: letter where the locale's LC_PAPER, LC_ALL or "
                    "LANG names a Letter country such as en_US, else a4).")
-@click.option("--lms", type=click.Choice(["moodle", "qti"]),
+@click.option("--lms", type=click.Choice(["moodle", "qti", "prairielearn"]),
               help="With --count: the files a course platform imports as well (see the README's 'Using it in a "
-                   "course'): a Moodle XML question bank, or a QTI 1.2 package (Canvas, Blackboard, D2L).")
+                   "course'): a Moodle XML question bank, a QTI 1.2 package (Canvas, Blackboard, D2L), a "
+                   "PrairieLearn question.")
 @click.option("--ask", callback=stage_list, metavar="IDS",
               help="With --lms: the stages each question asks for, e.g. S,A,O (default: the last stage).")
 @click.option("--places", type=click.IntRange(1, 10), metavar="PLACES",

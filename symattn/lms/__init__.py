@@ -2,10 +2,11 @@
 
 Each platform's writer turns the generated variants into the files that platform imports:
 
-=============  ====================================================================
-``moodle``     one Moodle XML question bank (:mod:`.moodle`)
-``qti``        a QTI 1.2 package for Canvas, Blackboard, D2L (:mod:`.qti`)
-=============  ====================================================================
+=================  ====================================================================
+``moodle``         one Moodle XML question bank (:mod:`.moodle`)
+``qti``            a QTI 1.2 package for Canvas, Blackboard, D2L (:mod:`.qti`)
+``prairielearn``   a PrairieLearn question folder (:mod:`.prairielearn`)
+=================  ====================================================================
 
 A writer is a module with ``files(count) -> list[str]`` (the names it writes into the
 folder, relative to it) and ``write(run, batch)``, which writes them with ``batch.write(name,
@@ -28,7 +29,7 @@ from .question import DEFAULT_PLACES, MAX_PLACES, MIN_PLACES, Question, check_pl
 if TYPE_CHECKING:
     from ..generate.batch import GeneratedProblem
 
-LMS = ("moodle", "qti")
+LMS = ("moodle", "qti", "prairielearn")
 
 __all__ = ["DEFAULT_PLACES", "LMS", "MAX_PLACES", "MIN_PLACES", "Run", "lms_files", "write_course", "write_lms"]
 

@@ -1,6 +1,6 @@
 """One generated variant as a course platform's question: the statement (the given matrices), the
 asked stages entry by entry with the answer and its tolerance, and the worked solution as
-feedback. Every platform writer (:mod:`.moodle`, :mod:`.qti`) reads these.
+feedback. Every platform writer (:mod:`.moodle`, :mod:`.qti`, :mod:`.prairielearn`) reads these.
 
 The statement and feedback are HTML fragments with TeX math between ``\\(…\\)`` and ``\\[…\\]``,
 which MathJax renders (Moodle's MathJax filter, Canvas, PrairieLearn): symattn's own TeX, the
