@@ -20,6 +20,10 @@ def _prose(text: str) -> str:
     return prose.render(text, escape_tex, prose.latex)
 
 
+# \symattnkeep{head}{rest} keeps a step on one page: it measures the step (typeset once in a box,
+# its log lines silenced) and starts a new page when the rest of this one is too short for it; a
+# step taller than a page keeps only its head (heading, reason and first display) together, and
+# breaks after it as usual (\symattnneed is needspace.sty's \Needspace, which not every TeX has).
 # Lets a fragment compile in a document that does not load colortbl (then unshaded).
 # \symattnfit scales a display wider than the line down to fit, never below 0.85 (the renderer
 # splits wider matrices into column blocks first), and writes each display's natural width to
@@ -29,6 +33,10 @@ _FRAGMENT_HEADER = r"""% symattn worked solution, for \input in a document that 
 \providecommand{\cellcolor}[2][]{}
 \providecommand{\color}[2][]{}
 \ifdefined\symattnbox\else\newsavebox{\symattnbox}\fi
+\ifdefined\symattnmeasure\else\newsavebox{\symattnmeasure}\fi
+\providecommand{\symattnquiet}[1]{}
+\providecommand{\symattnneed}[1]{\par\ifinner\else\penalty-100\begingroup\dimen0=\dimexpr\pagetotal+#1\relax\ifdim\dimen0>\pagegoal\ifdim\pagetotal>0pt\vfil\fi\break\fi\endgroup\fi}
+\providecommand{\symattnkeep}[2]{\par\setbox\symattnmeasure\vbox{\hsize\linewidth\let\typeout\symattnquiet#1#2}\ifdim\dimexpr\ht\symattnmeasure+\dp\symattnmeasure\relax>\textheight\setbox\symattnmeasure\vbox{\hsize\linewidth\let\typeout\symattnquiet#1}\ifdim\dimexpr\ht\symattnmeasure+\dp\symattnmeasure\relax>\textheight\setbox\symattnmeasure\vbox{}\fi\fi\symattnneed{\ht\symattnmeasure+\dp\symattnmeasure}#1#2}
 \providecommand{\symattnfit}[1]{\sbox{\symattnbox}{#1}\typeout{symattn: display \the\wd\symattnbox\space of \the\linewidth}\ifdim\wd\symattnbox>\linewidth\ifdefined\resizebox\ifdim\dimexpr 1pt*\linewidth/\wd\symattnbox\relax<0.85pt\scalebox{0.85}{\usebox{\symattnbox}}\else\resizebox{\linewidth}{!}{\usebox{\symattnbox}}\fi\else\usebox{\symattnbox}\fi\else\usebox{\symattnbox}\fi}
 """
 
@@ -51,6 +59,38 @@ def preamble(paper: str = DEFAULT_PAPER) -> str:
 
 
 _PREAMBLE = preamble()
+
+
+def keep_spans(parts: list) -> tuple[set[int], set[int], set[int]]:
+    """Where each step's \\symattnkeep opens, ends its head and closes, as indices into ``parts``.
+
+    A step runs from its heading (its stage's, for the stage's first step) to its decimal table
+    (the exact display and its decimals belong together), or, without one, to its matrix and
+    the line after it; its head ends with its first display."""
+    opens: set[int] = set()
+    splits: set[int] = set()
+    closes: set[int] = set()
+    for k, block in enumerate(parts):
+        if block.kind != "step":
+            continue
+        start = k - 1 if k > 0 and parts[k - 1].kind == "section" else k
+        stop = next((j for j in range(k + 1, len(parts)) if parts[j].kind in ("step", "section")), len(parts))
+        body = range(k + 1, stop)
+        shown = [j for j in body if parts[j].form == "decimal"]
+        end = shown[-1] if shown else None
+        if end is None:
+            matrices = [j for j in body if parts[j].form]
+            end = matrices[-1] if matrices else None
+            if end is not None and end + 1 < stop and parts[end + 1].kind == "para":
+                end += 1  # its Shape line
+        first = next((j for j in body if parts[j].kind == "math"), None)
+        end = first if end is None else end
+        if first is None or end is None:
+            continue
+        opens.add(start)
+        splits.add(first)
+        closes.add(end)
+    return opens, splits, closes
 
 
 def render_latex(
@@ -80,7 +120,10 @@ def document(derivation: Derivation, options: RenderOptions) -> str:
     """
     lines: list[str] = []
     parts = blocks(derivation, options, shade=True)
+    opens, splits, closes = keep_spans(parts)
     for k, block in enumerate(parts):
+        if k in opens:
+            lines.append("\\symattnkeep{%")
         if block.kind == "section":
             lines.append(f"\\section*{{{_prose(block.text)}}}")
         elif block.kind == "step":
@@ -90,9 +133,13 @@ def document(derivation: Derivation, options: RenderOptions) -> str:
         else:
             # A display wider than the page is scaled down to fit (never up).
             lines.append(f"\\[\n\\symattnfit{{$\\displaystyle {block.text}$}}\n\\]")
-        if block.kind in ("para", "step") and k + 1 < len(parts) and parts[k + 1].kind == "math":
-            continue  # a display is part of the paragraph introducing it: never a page apart
-        lines.append("")
+        glued = block.kind in ("para", "step") and k + 1 < len(parts) and parts[k + 1].kind == "math"
+        if not glued:  # a display is part of the paragraph introducing it: never a page apart
+            lines.append("")
+        if k in splits:
+            lines.append("}{%")
+        if k in closes:
+            lines.append("}")
     body = "\n".join(lines).rstrip() + "\n"
     body = _FRAGMENT_HEADER + body  # the standalone document holds the fragment as it is
     if not options.standalone:
