@@ -21,6 +21,7 @@ _EXPORTS = {
     "GeneratedProblem": ".generate",
     "generate": ".generate",
     "write_exercises": ".generate.batch",
+    "write_course": ".lms",
     "with_backward": ".problem.passes",
     "with_decode": ".problem.passes",
     "with_tiling": ".problem.passes",
@@ -80,4 +81,5 @@ __all__ = [
     "with_decode",
     "with_tiling",
     "write_exercises",
+    "write_course",
 ]

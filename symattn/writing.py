@@ -269,7 +269,10 @@ class Batch:
         return Path(self.tmp) / name
 
     def write(self, name: str, data: bytes) -> None:
-        with open(self.path(name), "wb") as f:
+        """Write file ``name`` (a path inside the folder: a course platform's files have their own folders)."""
+        path = self.path(name)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "wb") as f:
             f.write(data)
 
     def __exit__(self, exc_type, exc, tb) -> None:
@@ -300,6 +303,7 @@ class Batch:
         try:
             for name in self.names:
                 src, dst = Path(self.tmp) / name, self.folder / name
+                dst.parent.mkdir(parents=True, exist_ok=True)
                 if self.force:
                     os.replace(src, dst)
                     continue

@@ -292,6 +292,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("render", ("symattn.render",)),
     ("check", ("symattn.check",)),
     ("generate", ("symattn.generate",)),
+    ("lms", ("symattn.lms",)),
     ("cli", ("symattn.cli",)),
 )
 # The API layer on top of them all: exactly these two modules (symattn/__init__.py, symattn/__main__.py).

@@ -502,7 +502,7 @@ def test_derive_help_lists_every_spec_option(run):
     assert out.startswith("Usage: symattn derive [OPTIONS] [PROBLEM]")
     for option in (
         "-o, --output",
-        "-f, --format [latex|markdown|text|json|html]",
+        "-f, --format [latex|markdown|myst|text|json|html]",
         "--standalone / --fragment",
         "--digits",
         "--no-check",

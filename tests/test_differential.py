@@ -220,6 +220,74 @@ def test_the_papers_norm_matches_numpy(heads, tmp_path):
     assert symattn.crosscheck(d).passed
 
 
+ROPE_HEADS = """X: [[1, 0], [0, 1], [1, 1]]
+heads:
+  - {W_Q: [[1, 0], [0, 1]], W_K: [[1, 0], [0, 1]], W_V: [[1, 0], [1, 2]]}
+  - {W_Q: [[0, 1], [1, 0]], W_K: [[1, 1], [0, 1]], W_V: [[0, 1], [1, 1]]}
+W_O: [[1, 0], [0, 1], [1, 1], [0, 1]]
+mask: causal
+rope: {base: 10000}
+differential:
+  lambda: 4/5
+  heads: [{W_Q2: [[0, 1], [1, 0]], W_K2: [[1, 0], [0, 1]]}, {W_Q2: [[1, 0], [1, 1]], W_K2: [[0, 1], [1, 0]]}]
+  diff_transformer: {lambda_init: 4/5, eps: 1e-5}
+"""
+HEAD_NORM_STAGES = ["head1.O_ms", "head1.O_subln", "head2.O_ms", "head2.O_subln", "concat", "O"]
+
+
+def test_the_papers_norm_under_rope_base_10000_with_two_heads(tmp_path, capsys):
+    """Reference: NumPy float64 from the paper's eq. 1 with RoPE (rotate_half, θ = 10000^(−2i/d) = 1 for
+    d_k = 2) and its per-head norm, written here, then concat·W_O. The per-head norm's exact entries
+    (roots of sums of squares of sums of exponentials of cosines) are shown in decimals."""
+    p, path = _problem(ROPE_HEADS, tmp_path)
+    d = symattn.derive(p)
+    raw = yaml.safe_load(ROPE_HEADS)
+    X = _f(raw["X"])
+    M = np.where(np.tril(np.ones((3, 3), bool)), 0.0, -np.inf)
+    outs = []
+    for h, (w, pair) in enumerate(zip(raw["heads"], raw["differential"]["heads"]), 1):
+        _, _, plain = diff_attention(X, _f(w["W_Q"]), _f(w["W_K"]), _f(pair["W_Q2"]), _f(pair["W_K2"]), _f(w["W_V"]),
+                                     0.8, M, 10000.0)
+        _, _, O = diff_attention(X, _f(w["W_Q"]), _f(w["W_K"]), _f(pair["W_Q2"]), _f(pair["W_K2"]), _f(w["W_V"]),
+                                 0.8, M, 10000.0, (0.8, 1e-5))
+        assert np.max(np.abs(d.approx(f"head{h}.O") - plain)) <= _bound(plain)
+        ms = (plain * plain).mean(axis=1, keepdims=True)
+        assert np.max(np.abs(d.approx(f"head{h}.O_ms") - ms)) <= _bound(ms)
+        assert np.max(np.abs(d.approx(f"head{h}.O_subln") - O)) <= _bound(O, 1 / np.sqrt(ms + 1e-5))
+        outs.append(O)
+    want = np.concatenate(outs, axis=1) @ _f(raw["W_O"])
+    assert np.max(np.abs(d.approx("O") - want)) <= _bound(want, 1 / np.sqrt(1e-5))
+    assert symattn.crosscheck(d).passed
+    assert [i for i in HEAD_NORM_STAGES if not d.step(i).written_exactly] == HEAD_NORM_STAGES
+    # the head's own output is still written exactly; its norm says why it is in decimals
+    assert d.step("head1.O").written_exactly and d.step("head1.A_diff").written_exactly
+    assert main(["derive", str(path), "-f", "text"]) == 0
+    text = capsys.readouterr().out
+    assert text.count("too long to print, so they are shown in decimals") == len(HEAD_NORM_STAGES)
+    assert "√(msᵢ + ε) of such a sum of squares" in text
+    assert main(["derive", str(path), "-f", "json"]) == 0
+    stages = {s["id"]: s for s in json.loads(capsys.readouterr().out)["stages"]}
+    for i in HEAD_NORM_STAGES:
+        assert stages[i]["exact"] is None and np.allclose(stages[i]["approx"], d.approx(i), rtol=0, atol=0)
+
+
+def test_the_papers_norm_is_written_exactly_where_it_is_short(tmp_path):
+    """Reference: SymPy by hand. Each token attends to itself alone (a window of 1), so both maps are
+    the identity, O = (1 − λ)·V is rational and so is each mean square: every entry is short and exact."""
+    text = ("X: [[1, 2], [3, 0]]\nW_Q: [[1, 0], [0, 1]]\nW_K: [[1, 0], [0, 1]]\nW_V: [[1, 0], [0, 1]]\n"
+            "mask: {sliding-window: 1}\ndifferential: {lambda: 1/2, W_Q2: [[0, 1], [1, 0]], W_K2: [[1, 0], [0, 1]], "
+            "diff_transformer: {lambda_init: 1/4, eps: 1/100}}\n")
+    p, _ = _problem(text, tmp_path)
+    d = symattn.derive(p)
+    half = sympy.Rational(1, 2)
+    O = sympy.Matrix([[1, 2], [3, 0]]) * half
+    ms = [sum(x ** 2 for x in O.row(i)) / 2 for i in range(2)]
+    assert list(d.step("O_ms").exact) == ms == [sympy.Rational(5, 8), sympy.Rational(9, 8)]
+    want = [O[i, k] / sympy.sqrt(ms[i] + sympy.Rational(1, 100)) * sympy.Rational(3, 4) for i in range(2) for k in range(2)]
+    assert all(sympy.simplify(a - b) == 0 for a, b in zip(d.step("O_subln").exact, want))
+    assert d.step("O_ms").written_exactly and d.step("O_subln").written_exactly
+
+
 # -- PyTorch ------------------------------------------------------------------------------------
 
 

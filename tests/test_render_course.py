@@ -751,15 +751,38 @@ def test_exercise_sections_pair_with_the_solution(symattn_cli, tmp_path, example
     assert sheet == want
 
 
+def _named(stderr: str) -> list[str]:
+    valid = re.search(r"choose from (.*)", stderr, re.S)
+    assert valid, stderr
+    return [v.strip() for v in valid.group(1).replace("\n", " ").split(",")]
+
+
 def test_ask_with_an_unknown_id_names_the_valid_ids(symattn_cli):
     r = symattn_cli("derive", FOUR, "--exercise", "--ask", "Q,bogus", catch_exceptions=False)
     assert r.code == 2
     assert "bogus" in r.stderr
-    valid = re.search(r"choose from (.*)", r.stderr)
-    assert valid, r.stderr
-    named = {v.strip() for v in valid.group(1).replace("\n", " ").split(",")}
-    assert {"X", "W_Q", "Q", "K", "V", "K_T", "S", "S_scaled", "M", "S_masked", "A", "O", "concat", "W_O"} <= named
+    # the problem's own stages, in the formula's order: one head, so no concat or W_O
+    assert _named(r.stderr) == ["X", "W_Q", "W_K", "W_V", "Q", "K", "V", "K_T", "S", "S_scaled", "M", "S_masked",
+                                "A", "O"]
     assert r.stdout == ""
+
+
+def test_ask_names_a_stage_the_problem_does_not_have(symattn_cli):
+    """concat is a stage of a problem with heads, not of one head: asked of one head it would have
+    been left out of the sheet without a word."""
+    r = symattn_cli("derive", FOUR, "--exercise", "--ask", "A,concat", catch_exceptions=False)
+    assert r.code == 2
+    assert "concat is not a stage of this problem" in r.stderr
+    assert "concat" not in _named(r.stderr)
+    assert r.stdout == ""
+    heads = symattn_cli("derive", TWO_HEADS, "--exercise", "--ask", "A,bogus", catch_exceptions=False)
+    assert heads.code == 2
+    assert {"concat", "W_O", "A", "O"} <= set(_named(heads.stderr))
+    gradient = symattn_cli("derive", FOUR, "--exercise", "--ask", "dQ", catch_exceptions=False)
+    assert gradient.code == 2 and "add --backward" in gradient.stderr
+    asked = symattn_cli("derive", FOUR, "--exercise", "--ask", "dQ", "--backward", "-f", "markdown",
+                        catch_exceptions=False)
+    assert asked.code == 0, asked.stderr
 
 
 def test_ask_without_exercise_is_a_usage_error(symattn_cli):

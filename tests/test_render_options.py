@@ -187,9 +187,9 @@ def test_an_unknown_stage_to_ask_for_gets_a_suggestion():
 
 def test_render_refuses_what_it_cannot_follow(causal):
     d, _ = causal
-    with pytest.raises(ValueError, match=r"^unknown format 'pdf'; choose one of latex, markdown, text, json, html$"):
+    with pytest.raises(ValueError, match=r"^unknown format 'pdf'; choose one of latex, markdown, myst, text, json, html$"):
         symattn.render(d, "pdf")
-    with pytest.raises(ValueError, match=r"^text does not take exercise: an exercise sheet is LaTeX, Markdown or HTML$"):
+    with pytest.raises(ValueError, match=r"^text does not take exercise: an exercise sheet is LaTeX, Markdown, MyST or HTML$"):
         symattn.render(d, "text", RenderOptions(exercise=True))
     with pytest.raises(ValueError, match=r"^json does not take max_shown, first: JSON holds every stage in full$"):
         symattn.render(d, "json", max_shown=3, first="S")
@@ -297,4 +297,4 @@ def test_one_escape_per_language():
             if isinstance(node, ast.FunctionDef) and re.fullmatch(r"_?escape(_\w+)?", node.name):
                 defined.append(f"{path.relative_to(ROOT)}:{node.name}")
     assert defined == ["symattn/render/escape.py:escape_tex", "symattn/render/escape.py:escape_html",
-                       "symattn/render/escape.py:escape_markdown"], defined
+                       "symattn/render/escape.py:escape_markdown", "symattn/render/escape.py:escape_myst"], defined

@@ -26,7 +26,7 @@ import math
 import numbers
 import os
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
 
@@ -51,15 +51,29 @@ TEXT_NAME = "<answers>"  # YAML text given as answers, in messages
 Answers = Mapping | str | os.PathLike
 
 
+@dataclass(frozen=True)
 class Marking(_Verdicts):
     """The marking of one set of answers: ``passed``, and ``stages`` (a :class:`StageMark` per
     answered stage: ``id``, ``status``, ``wrong`` entries, ``diagnosis``, ``rules``, ...), with the
     reports of ``symattn check``: ``str()`` the text report, :meth:`to_json`, :meth:`to_markdown`,
-    :meth:`to_latex`, and in a notebook a table."""
+    :meth:`to_latex`, :meth:`to_gradescope`, and in a notebook a table. ``derivation`` is the one
+    the answers were marked against (it names the stages for Gradescope)."""
+
+    derivation: Derivation | None = field(default=None, compare=False, repr=False)
 
     def to_json(self) -> str:
         """What ``symattn check --format json`` prints."""
         return json.dumps(self.as_dict(), indent=2, ensure_ascii=False) + "\n"
+
+    def to_gradescope(self, *, points: int = 1, visibility: str = "visible", ask: Iterable[str] | None = None,
+                      expected: bool = True) -> str:
+        """What ``symattn check --format gradescope`` writes: Gradescope's ``results.json``, a test
+        per stage worth ``points`` (see :mod:`symattn.check.gradescope` for the rules, ``visibility``,
+        ``ask`` and ``expected``)."""
+        from . import gradescope
+
+        return gradescope.to_json(gradescope.results(self, self.derivation, points=points, visibility=visibility,
+                                                     ask=ask, expected=expected))
 
     def __str__(self) -> str:
         return check_reports.report_text(self)
@@ -153,7 +167,7 @@ def _mark(derivation: Derivation, answers: Answers, precision: str, tolerance, s
           shared: dict | None = None) -> Marking:
     read, name = read_answers(answers, derivation)
     verdicts = mark(derivation, read, tolerance, source or name, precision, shared)
-    return Marking(verdicts.source, verdicts.stages)
+    return Marking(verdicts.source, verdicts.stages, derivation)
 
 
 def read_answers(answers: Answers, derivation: Derivation) -> tuple[dict[str, Answer], str]:

@@ -40,7 +40,8 @@ def rules_sentence(s: StageMark) -> str:
     return ", ".join(f"{n} {_RULE_WORDS[rule]}" for rule, n in counts.items())
 
 
-def _verdict_line(s: StageMark) -> str:
+def verdict_line(s: StageMark) -> str:
+    """A stage's verdict in a line: ``✗ S: 1 wrong entry``, ``✓ A: every entry exact``."""
     line = {"right": "✓", "follows": "✓ (follows)", "wrong": "✗"}[s.status] + f" {s.id}"
     if s.status == "wrong":
         return line + f": {s.wrong_count} wrong " + ("entry" if s.wrong_count == 1 else "entries")
@@ -48,16 +49,23 @@ def _verdict_line(s: StageMark) -> str:
     return line + (": " + "; ".join(details) if details else "")
 
 
+def detail_lines(s: StageMark, max_wrong: int = MAX_WRONG_SHOWN, more: str = "") -> list[str]:
+    """A wrong stage's entries (the first ``max_wrong``, then how many more, with ``more`` after
+    that count) and its likely cause, a line each."""
+    lines = [f"{entry_name(s.id, w.row, w.col)}: you wrote {w.given}, expected {w.expected}{_approx(w)}"
+             for w in s.wrong[:max_wrong]]
+    if s.wrong_count > max_wrong:
+        lines.append(f"... and {s.wrong_count - max_wrong} more{more}")
+    if s.diagnosis:
+        lines.append(f"likely cause: {s.diagnosis.text}")
+    return lines
+
+
 def report_text(m: Marking, max_wrong: int = MAX_WRONG_SHOWN) -> str:
     lines = []
     for s in m.stages:
-        lines.append(_verdict_line(s))
-        for w in s.wrong[:max_wrong]:
-            lines.append(f"    {entry_name(s.id, w.row, w.col)}: you wrote {w.given}, expected {w.expected}{_approx(w)}")
-        if s.wrong_count > max_wrong:
-            lines.append(f"    ... and {s.wrong_count - max_wrong} more (--format json lists every one)")
-        if s.diagnosis:
-            lines.append(f"    likely cause: {s.diagnosis.text}")
+        lines.append(verdict_line(s))
+        lines.extend("    " + line for line in detail_lines(s, max_wrong, " (--format json lists every one)"))
     count = {k: sum(s.status == k for s in m.stages) for k in ("right", "follows", "wrong")}
     summary = f"{count['right']} of {len(m.stages)} stages right"
     if count["follows"]:

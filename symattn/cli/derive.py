@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from .imports import Importing
-from .options import WholeRange, Whole, backward_option, kinds, max_size_option, output_option, stage_list, \
+from .options import WholeRange, Whole, asked_in, backward_option, kinds, max_size_option, output_option, stage_names, \
     stage_name, tiled_option
 from .paths import check_outputs, echo, inputs, is_stream, refuse_input, same_file, write_atomic
 
@@ -18,9 +18,9 @@ SUFFIXES = {".tex": "latex", ".md": "markdown", ".markdown": "markdown", ".json"
 
 @click.command()
 @click.argument("problem", required=False, type=click.Path(path_type=Path))  # a folder: one Error line (exit 1)
-@output_option("Where to write; the format follows the suffix (.tex, .md, .json, .txt, .pdf, .html). "
+@output_option("Where to write; the format follows the suffix (.tex, .md, .myst.md, .json, .txt, .pdf, .html). "
                "Default: standard output.")
-@click.option("-f", "--format", "fmt", type=click.Choice(["latex", "markdown", "text", "json", "html"]),
+@click.option("-f", "--format", "fmt", type=click.Choice(["latex", "markdown", "myst", "text", "json", "html"]),
               help="Output format (default: from the suffix of -o; on standard output, text when it is a "
                    "terminal, else latex).")
 @click.option("--standalone/--fragment", default=True, show_default=True,
@@ -39,8 +39,8 @@ SUFFIXES = {".tex": "latex", ".md": "markdown", ".markdown": "markdown", ".json"
               help="End the worked solution at this stage.")
 @click.option("--exercise", is_flag=True,
               help="Write the exercise sheet instead: the problem with empty boxes for each asked stage "
-                   "(LaTeX, Markdown, PDF or HTML); the normal derivation is its solution, with the same numbering.")
-@click.option("--ask", callback=stage_list, metavar="IDS",
+                   "(LaTeX, Markdown, MyST, PDF or HTML); the normal derivation is its solution, with the same numbering.")
+@click.option("--ask", callback=stage_names, metavar="IDS",
               help="With --exercise: the stages to ask for, e.g. Q,S_scaled,A,O (default: every computed stage).")
 @max_size_option("The size budget: the most numbers a problem file may hold in all its matrices together; "
                  "the budget for its attention scores (by default 1,000,000 for LaTeX, Markdown and text, "
@@ -140,7 +140,7 @@ def _refuse_options(problem: Path | None, output: Path | None, plot: Path | None
     if ask is not None and not exercise:
         raise click.UsageError("--ask goes with --exercise")
     if exercise and kind in ("text", "json"):
-        raise click.UsageError("an exercise sheet is LaTeX, Markdown, PDF or HTML")
+        raise click.UsageError("an exercise sheet is LaTeX, Markdown, MyST, PDF or HTML")
     if first and last and kinds().index(first) > kinds().index(last):
         raise click.UsageError(f"--from {first} comes after --to {last} in the formula")
     for path in (output, plot):
@@ -199,7 +199,7 @@ def _write(text, data, image, kind: str, output: Path | None, plot: Path | None)
 
 def writing(kind: str) -> str:
     """The progress display's name for the rendering phase."""
-    return "writing " + {"latex": "LaTeX", "pdf": "LaTeX", "markdown": "Markdown", "json": "JSON",
+    return "writing " + {"latex": "LaTeX", "pdf": "LaTeX", "markdown": "Markdown", "myst": "MyST", "json": "JSON",
                          "html": "HTML"}.get(kind, kind)
 
 
@@ -224,6 +224,7 @@ def derive_text(problem: Path | None, kind: str, standalone: bool, digits: int |
     p = _read(problem, layout, max_size, backward, tiled, decode, kind)
     advance("exact stages")
     d = _derive(p, on_step=progress.note if progress.enabled else None)
+    asked_in(d, layout.get("ask"))
     result = _crosscheck(d, check, advance) if check else None
     fmt = "latex" if kind == "pdf" else kind
     if fmt == "json":  # hundreds of megabytes for a model-sized head: written as it is rendered
@@ -296,12 +297,12 @@ def output_kind(output: Path | None, fmt: str | None) -> str:
         return "pdf" if output is not None and output.suffix.lower() == ".pdf" else fmt
     if output is None:
         return "latex"
-    kind = SUFFIXES.get(output.suffix.lower())
+    kind = "myst" if output.name.lower().endswith(".myst.md") else SUFFIXES.get(output.suffix.lower())
     if kind is None and is_stream(output):
         return "latex"  # a device or FIFO such as /dev/stdout gets what standard output would
     if kind is None:
         raise click.UsageError(
-            f"cannot tell the format from {output.name!r}; use a .tex, .md, .json, .txt, .pdf or .html name, "
+            f"cannot tell the format from {output.name!r}; use a .tex, .md, .myst.md, .json, .txt, .pdf or .html name, "
             "or give --format"
         )
     return kind

@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from .imports import Importing
-from .options import Whole, WholeRange, output_option
+from .options import Whole, WholeRange, output_option, stage_list
 from .paths import check_outputs, echo, inputs, refuse_input, same_file, write_atomic
 
 # what --from takes from its problem instead (so giving one of them with --from is refused)
@@ -90,16 +90,27 @@ class RecordingCommand(click.Command):
 @click.option("--sheets", type=click.Choice(["pdf", "html"]), is_flag=False, flag_value="pdf",
               help="With --count: each variant's exercise and solution as PDF (LaTeX without pdflatex); "
                    "--sheets html writes them as web pages.")
+@click.option("--one-file", is_flag=True,
+              help="With --sheets pdf: all the variants in one exercises.pdf and one solutions.pdf, each variant on "
+                   "new pages headed by its number and seed (the exercise with a line for the student's name).")
 @click.option("--paper", type=click.Choice(["a4", "letter"]),
               help="With --sheets pdf: the sheets' page (default: letter where the locale's LC_PAPER, LC_ALL or "
                    "LANG names a Letter country such as en_US, else a4).")
+@click.option("--lms", type=click.Choice(["moodle", "qti"]),
+              help="With --count: the files a course platform imports as well (see the README's 'Using it in a "
+                   "course'): a Moodle XML question bank, or a QTI 1.2 package (Canvas, Blackboard, D2L).")
+@click.option("--ask", callback=stage_list, metavar="IDS",
+              help="With --lms: the stages each question asks for, e.g. S,A,O (default: the last stage).")
+@click.option("--places", type=click.IntRange(1, 10), metavar="PLACES",
+              help="With --lms: the decimal places asked of each entry, 1 to 10 (default 4); an answer is right "
+                   "within half a unit in the last place, as symattn check marks it.")
 @click.option("--force", is_flag=True, help="With --count: replace files of the same names already in --out-dir (without it they are listed and nothing is written).")
 @click.option("--from", "base", type=click.Path(path_type=Path), help="Keep the structure of this problem and draw new numbers.")
 @click.option("--vary", type=click.Choice(["weights", "inputs"]), default="weights", show_default=True, help="With --from: what gets new numbers.")
 def generate(tokens, d_model, d_k, d_v, mask, heads, cross, no_scale, norm, sink, residual, linear, mla, differential,
              block, d_ff,
              activation, vocab, rows, softcap, temperature, level, range_, words, seed, output, count, out_dir, sheets,
-             paper, force, base, vary) -> None:
+             one_file, paper, lms, ask, places, force, base, vary) -> None:
     """Write new problems with small, hand-friendly numbers.
 
     Every problem is checked against its level's guarantees before it is
@@ -127,6 +138,7 @@ def generate(tokens, d_model, d_k, d_v, mask, heads, cross, no_scale, norm, sink
       symattn generate --tokens 4 --d-model 4 --d-k 4 --d-v 4 --mask causal --seed 7 -o p.yaml
       symattn generate --count 30 --out-dir variants/ --sheets
       symattn generate --count 30 --out-dir variants/ --sheets html
+      symattn generate --count 30 --out-dir class/ --sheets --one-file
       symattn generate --from problem.yaml --vary weights --seed 3
       symattn generate --norm layernorm --residual --d-v 4 --seed 1 -o ln.yaml
       symattn generate --block --tokens 3 --words "the cat sat on" --seed 2 -o block.yaml
@@ -140,12 +152,13 @@ def generate(tokens, d_model, d_k, d_v, mask, heads, cross, no_scale, norm, sink
     try:
         with Importing():
             from ..generate.batch import check_folder, generate as make, write_exercises
+            from ..lms import lms_files, write_course
             from ..problem.load import load_problem  # noqa: F401  (read in _read_base)
         check_outputs(output)
         loaded = _read_base(base, output, out_dir, count)
         _refuse_options(base, output, out_dir, count, sheets, force)
         if count is not None:
-            check_folder(out_dir, count, sheets, force)  # files already there: refused before any work
+            check_folder(out_dir, count, sheets, force, one_file, lms_files(lms, count) if lms else ())  # files already there: refused before any work
         argv = click.get_current_context().meta.get("symattn.argv", [])
         shape = {} if base is not None else dict(tokens=tokens, d_model=d_model, d_k=d_k, d_v=d_v, mask=mask,
                                                  heads=heads, cross=cross, scale=not no_scale, words=words,
@@ -162,11 +175,18 @@ def generate(tokens, d_model, d_k, d_v, mask, heads, cross, no_scale, norm, sink
             return
         from ..render.paper import paper_from_locale
 
-        write_exercises(problems, out_dir, sheets=sheets, force=force, paper=paper or paper_from_locale())
+        paper = paper or paper_from_locale()
+        if lms is None:
+            write_exercises(problems, out_dir, sheets=sheets, force=force, paper=paper, one_file=one_file)
+        else:
+            write_course(problems, out_dir, lms, ask=ask, places=places, sheets=sheets, force=force, paper=paper,
+                         one_file=one_file)
     except SymattnError as exc:
         raise click.ClickException(str(exc)) from None
-    click.echo(f"wrote {count} variants to {out_dir}" + (" with their exercise and solution sheets" if sheets else ""),
-               err=True)
+    click.echo(f"wrote {count} variants to {out_dir}" + (" with all their exercises and solutions in one file each"
+                                                         if one_file else " with their exercise and solution sheets"
+                                                         if sheets else "")
+               + (f" and their {lms} questions" if lms else ""), err=True)
 
 
 def _read_base(base: Path | None, output: Path | None, out_dir: Path | None, count: int | None):
@@ -204,14 +224,19 @@ def _refuse_options(base: Path | None, output: Path | None, out_dir: Path | None
         if given:
             raise click.UsageError(f"{', '.join(given)} cannot go with --from: the problem's own shape, mask, heads "
                                    "and words are kept (--vary, --level, --range and --seed choose the new numbers)")
-    if count is None and (sheets or out_dir or force):
-        raise click.UsageError("--out-dir, --sheets and --force go with --count")
+    if count is None and (sheets or out_dir or force or ctx.params.get("lms")):
+        raise click.UsageError("--out-dir, --sheets, --lms and --force go with --count")
+    if ctx.params.get("lms") is None and (ctx.params.get("ask") is not None or ctx.params.get("places") is not None):
+        raise click.UsageError("--ask and --places go with --lms (what a course platform's question asks)")
+    if ctx.params.get("one_file") and sheets != "pdf":
+        raise click.UsageError("--one-file goes with --sheets pdf (one PDF of the exercises, one of the solutions)"
+                               + ("; the web pages of --sheets html are one per variant" if sheets else ""))
     if ctx.params.get("paper") is not None and sheets != "pdf":
         raise click.UsageError("--paper goes with --sheets pdf (the web pages of --sheets html have no page size)")
     if count is not None and out_dir is None:
         raise click.UsageError("--count needs --out-dir")
     if count is not None and output is not None:
         raise click.UsageError("with --count the files go into --out-dir, not -o")
-    for name in exercise_files(count, sheets) if count is not None and base is not None else ():
+    for name in exercise_files(count, sheets, bool(ctx.params.get("one_file"))) if count is not None and base is not None else ():
         if same_file(out_dir / name, base):
             raise click.ClickException(f"{out_dir / name} is the --from problem itself; choose another --out-dir")

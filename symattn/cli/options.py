@@ -54,6 +54,39 @@ def stage_name(value: str | None, option: str) -> str | None:
     raise click.BadParameter(unknown_stage(value, kinds()), param_hint=f"'{option}'")
 
 
+def stage_names(ctx, param, value: str | None) -> frozenset[str] | None:
+    """The stage names of derive's --ask, comma-separated; :func:`asked_in` checks them against the
+    problem's own stages once it is derived."""
+    if value is None:
+        return None
+    names = frozenset(v.strip() for v in value.split(",") if v.strip())
+    if not names:
+        raise click.BadParameter("nothing: give stage ids, such as Q,S_scaled,A,O")
+    return names
+
+
+def asked_in(derivation, ask: frozenset[str] | None) -> None:
+    """Refuse (a usage error naming the problem's stages) a name of ``ask`` that is not a stage of
+    ``derivation``: an exercise never silently leaves out a stage it was asked for."""
+    if ask is None:
+        return
+    kinds_here = list(dict.fromkeys(s.kind for s in derivation.steps))
+    missing = sorted(ask - set(kinds_here))
+    if not missing:
+        return
+    from ..stages.names import GRADIENT_NAMES
+    from ..text import did_you_mean
+
+    name = missing[0]
+    if name in kinds():
+        what = "is not a stage of this problem" + (" (a gradient: add --backward)" if name in GRADIENT_NAMES else "")
+    else:
+        what = "is not a stage"
+    others = f" (nor is {', '.join(missing[1:])})" if missing[1:] else ""
+    raise click.BadParameter(f"{name} {what}{did_you_mean(name, kinds_here)}{others}; "
+                             f"choose from {', '.join(kinds_here)}", param_hint="'--ask'")
+
+
 def stage_list(ctx, param, value: str | None) -> frozenset[str] | None:
     """The stage names of --ask, comma-separated, each checked."""
     if value is None:
@@ -65,7 +98,10 @@ def stage_list(ctx, param, value: str | None) -> frozenset[str] | None:
         from ..text import did_you_mean
 
         hint = did_you_mean(unknown[0], known) if unknown else ""
-        raise click.BadParameter(f"{', '.join(unknown) or 'nothing'}{hint}: choose from {', '.join(known)}")
+        if len(known) <= 20:
+            raise click.BadParameter(f"{', '.join(unknown) or 'nothing'}{hint}: choose from {', '.join(known)}")
+        raise click.BadParameter(f"{', '.join(unknown) or 'nothing'}{hint}: not a stage; give stage ids as the worked "
+                                 "solution and `symattn derive -f json` name them, such as S,A,O")
     return frozenset(names)
 
 

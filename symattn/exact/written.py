@@ -21,6 +21,7 @@ NORMED_STREAM_FROM = stages.BY_KEY[stages.H].order  # the residual stream and a 
 NORMED_STREAM_CHARS = 160  # the longest exact entry they are written with (a post norm's roots of such sums: none)
 BLOCK_FROM = stages.BY_KEY[stages.MLP_MU].order  # the MLP and the model's head: sums over the Z_i, through more
 BLOCK_EXACT_LIMIT = 64  # the most entries (of the stage, and of its widest input) they are written exactly at
+HEAD_NORM_FROM = stages.BY_KEY[stages.O_MS].order  # differential attention's per-head norm (diff_transformer:)
 
 
 def _rational_norm(p: Problem, values: dict) -> bool:
@@ -59,6 +60,30 @@ def _block_written(p: Problem, result) -> bool:
     return _short_entries(result, NORMED_STREAM_CHARS)
 
 
+def _rational_column(m) -> bool:
+    """Whether every entry of the n × 1 ``m`` is rational (its n entries built: a hand-sized stage)."""
+    m = _structures.matrix_of(m)
+    return _lazy.qq_entries(m) is not None or all(m[i, 0].is_Rational for i in range(m.rows))
+
+
+def _head_norm_written(kind, result, c, values: dict) -> bool:
+    """Whether a stage of differential attention's per-head norm is written exactly (its inputs are).
+
+    Each mean square ms_i sums the squares of an output row: sums of the two maps' weights, each a
+    fraction over its row's sum of exponentials Z_i. It is written when rational, or hand-sized and
+    short. Each normalised row is then divided by √(ms_i + ε): written only when every ms_i is rational
+    (past that, the root of such a sum, distributed over the row's terms, runs to hundreds of thousands
+    of characters at three tokens, and every stage behind it is longer still)."""
+    p = c.p
+    if kind.key == stages.O_MS:
+        if _lazy.qq_entries(_structures.matrix_of(result)) is not None:
+            return True
+        width = _structures.shape_of(values[stages.resolve(stages.O, c)[0]])[1]
+        return p.n_k * width <= NORMED_EXACT_LIMIT and _short_entries(result, NORMED_STREAM_CHARS)
+    ms = values[stages.resolve(stages.O_MS, c)[0]]
+    return _rational_column(ms) and _short_entries(result, NORMED_STREAM_CHARS)
+
+
 def written(kind, result, c, values: dict, ops, given: bool, inputs_shown: bool = True) -> bool:
     """Whether the stage ``kind`` of value ``result`` is written exactly (else in certified decimals);
     ``inputs_shown``: whether the stages it is computed from are (a stage of the block behind one
@@ -91,4 +116,8 @@ def written(kind, result, c, values: dict, ops, given: bool, inputs_shown: bool 
                     written = _short_entries(result, NORMED_STREAM_CHARS)
             else:  # rows of real floats over their roots: long numbers, shown in decimals past a width
                 written = _short_entries(result)
+        if written and c.differential is not None and c.differential.paper is not None and kind.order >= HEAD_NORM_FROM:
+            # the per-head norm, and what reads it (concat, the projection, the residual stream)
+            written = inputs_shown and (kind.key not in (stages.O_MS, stages.O_SUBLN)
+                                        or _head_norm_written(kind, result, c, values))
     return written

@@ -22,10 +22,11 @@ from .exercises import LEVELS, Spec, from_problem, generate as _attention, to_ya
 from ..problem.load import load_problem, parse_problem
 from ..problem.model import Problem
 
-__all__ = ["GeneratedProblem", "exercise_files", "generate", "write_exercises"]
+__all__ = ["GeneratedProblem", "derivation_of", "exercise_files", "generate", "write_exercises"]
 
 MAX_COUNT = 500  # variants in one batch (symattn generate --count)
 _MAX_DIGITS = 40  # a count, size or seed has at most this many digits (as on the command line)
+ONE_FILE = ("exercises", "solutions")  # the sheets' files with one_file (--one-file), .pdf or .tex
 _TRIES = 1000  # spare seeds tried for one variant before the options are deemed exhausted
 # |projection| and |score| bounds of each level, the least a variant of a --from problem allows
 _BOUNDS = {level: (proj, score) for level, (_, proj, score, _) in LEVELS.items()}
@@ -137,27 +138,36 @@ def generate(count: int = 1, *, seed: int = 0, level: str = "easy", tokens: int 
     return problems
 
 
-def exercise_files(count: int, sheets: str | None = None) -> list[str]:
+def exercise_files(count: int, sheets: str | None = None, one_file: bool = False) -> list[str]:
     """The names :func:`write_exercises` gives ``count`` problems: their files, ``index.csv``, the sheets."""
     names = [f"variant-{k:02d}.yaml" for k in _ordinals(count)] + ["index.csv"]
     if sheets is not None:
         suffix = _sheet_suffix(sheets)
+        if one_file:
+            return names + [f"{part}{suffix}" for part in ONE_FILE]
         names += [f"variant-{k:02d}-{part}{suffix}" for k in _ordinals(count) for part in ("exercise", "solution")]
     return names
 
 
-def check_folder(folder: str | os.PathLike, count: int, sheets: str | None = None, force: bool = False) -> None:
-    """Refuse, before any work, what :func:`write_exercises` would refuse to write into ``folder``."""
-    _batch(Path(folder), exercise_files(count, _sheet_kind(sheets)), force)
+def check_folder(folder: str | os.PathLike, count: int, sheets: str | None = None, force: bool = False,
+                 one_file: bool = False, also: Sequence[str] = ()) -> None:
+    """Refuse, before any work, what :func:`write_exercises` would refuse to write into ``folder``
+    (``also``: the names of the files a caller adds, see :func:`write_exercises`)."""
+    _batch(Path(folder), exercise_files(count, _sheet_kind(sheets, one_file), one_file) + list(also), force)
 
 
 def write_exercises(problems: Sequence[GeneratedProblem], folder: str | os.PathLike, *, sheets: str | None = None,
-                    force: bool = False, paper: str = "a4") -> list[Path]:
+                    force: bool = False, paper: str = "a4", one_file: bool = False, also=None) -> list[Path]:
     """Write ``problems`` (from :func:`generate`) into ``folder`` as ``symattn generate --count
     --out-dir`` does: ``variant-01.yaml``, ..., ``index.csv`` (variant, seed, file; with sheets,
     exercise and solution too) and with
     ``sheets`` ("pdf": PDFs, or their LaTeX without pdflatex; "html": web pages) each variant's
-    exercise and solution sheets, the PDFs on ``paper`` ("a4" or "letter"). All of them or nothing: a failure leaves ``folder`` as it was;
+    exercise and solution sheets, the PDFs on ``paper`` ("a4" or "letter"). With ``one_file``
+    (``--one-file``, sheets "pdf") the sheets are two files, ``exercises.pdf`` and ``solutions.pdf``, each
+    variant on pages of its own in order, and index.csv's last columns are exercise_page and
+    solution_page, where each variant starts (empty when only the LaTeX is written). ``also``, a pair
+    (names, write), adds the files ``names``, which ``write(batch)`` writes with ``batch.write``
+    (a course platform's files: :func:`symattn.write_course`). All of them or nothing: a failure leaves ``folder`` as it was;
     without ``force`` a file of the same name already there is an error. Returns the paths written.
     """
     problems = list(problems) if isinstance(problems, (list, tuple)) else problems
@@ -167,31 +177,37 @@ def write_exercises(problems: Sequence[GeneratedProblem], folder: str | os.PathL
     for k, p in enumerate(problems, 1):
         if not isinstance(p, GeneratedProblem) or p._text is None:
             raise SymattnError(f"problem {k} was not made by symattn.generate, so it has no problem file to write")
-    sheets = _sheet_kind(sheets)
+    sheets = _sheet_kind(sheets, one_file)
     from ..render.paper import PAPERS
 
     if paper not in PAPERS:
         raise SymattnError(f"paper is 'a4' or 'letter', not {shown(paper)}")
     folder = Path(folder)
-    names = exercise_files(len(problems), sheets)
+    names = exercise_files(len(problems), sheets, one_file) + (list(also[0]) if also is not None else [])
     import click  # the batch's own errors are the command line's; here they are SymattnErrors
 
     try:
         with _batch(folder, names, force) as batch:
             # the first three columns come first and in this order (other tools read them); with sheets,
-            # each variant's exercise and solution sheet follow, as paths relative to the folder
+            # each variant's exercise and solution sheet follow, as paths relative to the folder (with
+            # one_file: the page of exercises.pdf and of solutions.pdf where the variant starts)
             suffix = _sheet_suffix(sheets) if sheets is not None else None
-            index = ["variant,seed,file" + (",exercise,solution" if suffix else "")]
+            pages = _one_file_sheets(problems, batch, paper) if one_file else None
+            index = ["variant,seed,file" + (",exercise_page,solution_page" if one_file
+                                            else ",exercise,solution" if suffix else "")]
             for k, p in enumerate(problems, 1):
                 name = f"variant-{k:02d}"
                 batch.write(f"{name}.yaml", p.to_yaml().encode("utf-8"))
                 if sheets == "html":
-                    _html_sheets(_derivation(p), name, batch)
+                    _html_sheets(derivation_of(p), name, batch)
                 index.append(f"{k},{p.seed},{name}.yaml"
-                             + (f",{name}-exercise{suffix},{name}-solution{suffix}" if suffix else ""))
-            if sheets == "pdf":
+                             + (f",{pages[0][k - 1]},{pages[1][k - 1]}" if pages
+                                else f",{name}-exercise{suffix},{name}-solution{suffix}" if suffix else ""))
+            if sheets == "pdf" and not one_file:
                 _latex_sheets(problems, batch, paper)
             batch.write("index.csv", ("\n".join(index) + "\n").encode("utf-8"))
+            if also is not None:
+                also[1](batch)
     except click.ClickException as exc:
         raise SymattnError(exc.message) from None
     return [folder / name for name in names]
@@ -360,7 +376,8 @@ def _verified(problem: Problem, text: str, seed: int, variant: int | None) -> Ge
     return made
 
 
-def _derivation(p: GeneratedProblem):
+def derivation_of(p: GeneratedProblem):
+    """The verified derivation of ``p`` (derived again if ``p`` was changed since)."""
     if p._derivation is None:
         from ..exact.derivation import derive
 
@@ -368,9 +385,15 @@ def _derivation(p: GeneratedProblem):
     return p._derivation
 
 
-def _sheet_kind(sheets: str | None) -> str | None:
+def _sheet_kind(sheets: str | None, one_file: bool = False) -> str | None:
     if sheets not in (None, "pdf", "html"):
         raise SymattnError(f"sheets is 'pdf' or 'html' (or None: no sheets), not {shown(sheets)}")
+    if not isinstance(one_file, bool):
+        raise SymattnError(f"one_file is True or False, not {shown(one_file)}")
+    if one_file and sheets != "pdf":
+        raise SymattnError("one_file (--one-file) goes with sheets='pdf' (--sheets pdf): one PDF of the "
+                           "exercises, one of the solutions" + ("; the web pages are one per variant"
+                                                                  if sheets == "html" else ""))
     return sheets
 
 
@@ -397,7 +420,7 @@ def _latex_sheets(problems: list[GeneratedProblem], batch, paper: str) -> None:
 
     def sources():
         for p in problems:
-            d = _derivation(p)
+            d = derivation_of(p)
             yield render_latex(d, exercise=True, paper=paper)
             yield render_latex(d, paper=paper)
 
@@ -410,6 +433,30 @@ def _latex_sheets(problems: list[GeneratedProblem], batch, paper: str) -> None:
 
     for name, pdf in zip(names, latex_to_pdfs(sources(), len(names))):
         batch.write(f"{name}.pdf", pdf)
+
+
+def _one_file_sheets(problems: list[GeneratedProblem], batch, paper: str) -> tuple[list, list]:
+    """Every variant's exercise in exercises.pdf, its solution in solutions.pdf (their LaTeX when
+    pdflatex is not installed, and then no pages: empty columns); the page where each variant
+    starts in each, from the compiled documents' logs."""
+    from ..render.sheets import sheets_latex, variant_pages
+
+    sheets = [(derivation_of(p), k, p.seed) for k, p in enumerate(problems, 1)]
+    sources = [sheets_latex(sheets, exercise=exercise, paper=paper) for exercise in (True, False)]
+    if _sheet_suffix() == ".tex":
+        for name, source in zip(ONE_FILE, sources):
+            batch.write(f"{name}.tex", source.encode("utf-8"))
+        return [""] * len(problems), [""] * len(problems)
+    from ..render.pdf import compile_latexes
+
+    # one pdflatex run holds every variant: its bound grows with them (the two documents run at once)
+    compiled = compile_latexes(iter(sources), 2, timeout=120 + 4 * len(problems))
+    pages = [variant_pages(log) for _, log in compiled]
+    if any(len(p) != len(problems) for p in pages):  # a bug of symattn's, never the user's doing
+        raise RuntimeError("the one-file sheets' log does not give every variant's first page")
+    for name, (pdf, _) in zip(ONE_FILE, compiled):
+        batch.write(f"{name}.pdf", pdf)
+    return pages[0], pages[1]
 
 
 def _batch(folder: Path, names: list[str], force: bool):

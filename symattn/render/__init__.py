@@ -21,7 +21,7 @@ from .outline import select
 # The other formats' modules are imported when first used (the web page's MathML converter alone
 # takes a tenth of a second to import): symattn.render.render_html and the others still work.
 _LAZY = {"render_html": ".html", "render_json": ".json", "render_markdown": ".markdown", "render_text": ".text"}
-_MODULES = {"latex": ".latex", "markdown": ".markdown", "text": ".text", "json": ".json", "html": ".html"}
+_MODULES = {"latex": ".latex", "markdown": ".markdown", "myst": ".myst", "text": ".text", "json": ".json", "html": ".html"}
 _OPTIONS = tuple(f.name for f in fields(RenderOptions))
 
 
@@ -34,7 +34,7 @@ def __getattr__(name: str):
 
 
 def render(derivation, format: str = "latex", options: RenderOptions | None = None, **keywords) -> str:
-    """The derivation in ``format`` (one of ``latex``, ``markdown``, ``text``, ``json``, ``html``),
+    """The derivation in ``format`` (one of ``latex``, ``markdown``, ``myst``, ``text``, ``json``, ``html``),
     written with ``options`` (a :class:`RenderOptions`; None: the defaults).
 
     The options can be given as keywords too (``standalone``, ``digits``, ``check``, ``max_shown``,

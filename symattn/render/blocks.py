@@ -96,7 +96,9 @@ def blocks(d: Derivation, options: RenderOptions | None = None, *, shade: bool =
 
     ``split`` cuts a matrix too wide for a page into column blocks (a web page scrolls instead).
     Without ``latex`` (and without ``split``) a display drawn from its ``source`` carries no
-    LaTeX text: the web page draws it from the derivation.
+    LaTeX text: the web page draws it from the derivation. With ``latex``, a matrix shown
+    already (:func:`repeated`: a later head's shared mask) is one sentence instead of a display;
+    the web page folds it itself.
 
     ``first``/``last`` limit it to part of the pipeline (the inputs of the
     first shown step are stated as given). ``exercise`` writes the problem
@@ -130,6 +132,8 @@ def blocks(d: Derivation, options: RenderOptions | None = None, *, shade: bool =
                 out.append(Block("para", f"Shape: {step.shape_note}."))
                 out += _displays(f"{step.formula} = ", step, lambda b: _boxes(d, step, max_shown, digits, b),
                                  "answer", split)
+            elif latex and repeated(d, step) is not None:  # a page folds it instead (see html.py)
+                out.append(Block("para", repeated(d, step)))
             else:
                 out += _step_blocks(d, step, digits, max_shown, shade, split)
     if options.check is not None and not exercise:
@@ -278,6 +282,39 @@ def _first_head_step(d: Derivation, step: Step) -> "Step | None":
     first = registry.Context(d.problem).heads[0]
     id = registry.stage_id(step.kind, first)
     return d.step(id) if step.head != first and id in d else None
+
+
+_REPEAT_LIMIT = 256  # entries: a bigger matrix is not compared (a page that size is long for other reasons)
+
+
+def repeated(d: Derivation, step: Step) -> str | None:
+    """Prose saying that ``step``'s matrix is, entry for entry, one already shown, for a page that
+    folds it away; None when it is new. Two cases only, where the equality is the problem's
+    structure and not a coincidence of its numbers: a later head's mask that is an earlier
+    head's (a causal mask is every head's), and scores scaled by exactly 1 (√d_k = 1, or no
+    scaling). A result that happens to equal another (two heads' weights alike, a sum whose
+    other term is 0) is drawn: its working differs."""
+    rows, cols = step.shape
+    if step.given or rows * cols > _REPEAT_LIMIT or not step.written_exactly:
+        return None
+    if step.kind == registry.M:
+        first = _first_head_step(d, step)
+        if first is not None and first.shape == step.shape and first.exact == step.exact:
+            return f"⟦{symbol_of(step)}⟧ is head {first.head}'s ⟦{symbol_of(first)}⟧, entry for entry."
+    elif step.kind == registry.S_SCALED:
+        scores = registry.stage_id(registry.S, step.head)
+        if scores in d and d.step(scores).written_exactly and d.step(scores).exact == step.exact \
+                and _scale_is_one(d, step):
+            return f"⟦{symbol_of(step)}⟧ is ⟦{symbol_of(d.step(scores))}⟧ above, entry for entry: the scale is 1."
+    return None
+
+
+def _scale_is_one(d: Derivation, step: Step) -> bool:
+    """Whether the scores of ``step``'s head are multiplied by exactly 1."""
+    p = d.problem
+    heads = getattr(p, "heads", None)
+    d_k = heads[step.head - 1].d_k if step.head is not None and heads else p.d_k
+    return p.scale_for(d_k) == 1
 
 
 def step_why(d: Derivation, step: Step) -> str:

@@ -178,6 +178,12 @@ STREAM_TOO_LONG = (
     "are shown in certified decimals, computed in ball arithmetic from the exact values "
     "(symattn.derive(...).step(id).exact builds them)."
 )
+HEAD_NORM_TOO_LONG = (
+    "The head's output rows are sums of the two maps' weights, fractions over their rows' sums ⟦Z_i⟧ of "
+    "exponentials, and {what}: the exact entries are too long to print, so they are shown in decimals, computed "
+    "from the exact values (each entry of ⟦O⟧ in ball arithmetic, then {then} in multiple precision; "
+    "symattn.derive(...).step(id).exact builds them)."
+)
 ROTARY_TOO_LONG = (
     "At this size the exact entries, rational multiples of the cosines and sines of RoPE's angles "
     "({what}), have {terms:,} terms in all, too many to write out, so they are shown in decimals, computed in "
@@ -190,6 +196,12 @@ def too_long(step: Step) -> str:
     terms = rotary_terms(step.value)
     if terms is None:
         kind = step.kind_of
+        if _behind_head_norm(step):
+            if kind.key == registry.O_MS:
+                return HEAD_NORM_TOO_LONG.format(what="each mean square sums the squares of such a row",
+                                                 then="the mean squares")
+            return HEAD_NORM_TOO_LONG.format(what="the norm divides each row by the root ⟦\\sqrt{\\mathrm{ms}_i + "
+                                             "\\varepsilon}⟧ of such a sum of squares", then="the norm")
         if kind is not None and not kind.gradient and kind.order >= registry.BY_KEY[registry.H].order:
             post = kind.order >= registry.BY_KEY[registry.R_HAT].order
             return STREAM_TOO_LONG.format(roots=", and the norm's roots ⟦\\sqrt{\\sigma_i^2 + \\varepsilon}⟧ of sums of "
@@ -204,6 +216,15 @@ def too_long(step: Step) -> str:
     else:
         what = score
     return ROTARY_TOO_LONG.format(what=what, terms=terms)
+
+
+def _behind_head_norm(step: Step) -> bool:
+    """Whether the step is differential attention's per-head norm (``diff_transformer:``), or reads it
+    before the residual stream (concat, the output projection)."""
+    kind, d = step.kind_of, step.derivation
+    differential = getattr(d.problem, "differential", None) if d is not None else None
+    return (kind is not None and not kind.gradient and differential is not None and differential.paper is not None
+            and registry.BY_KEY[registry.O_MS].order <= kind.order < registry.BY_KEY[registry.H].order)
 
 
 def _irrational_norm(d: "Derivation | None") -> bool:

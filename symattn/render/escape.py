@@ -1,7 +1,7 @@
 """User text made safe in each output language: printed as written, never obeyed.
 
 One escape per target: :func:`escape_tex` (LaTeX text) and :func:`tex_token` (a token as LaTeX
-math), :func:`escape_html` (HTML text and attributes), :func:`escape_markdown`. Every renderer,
+math), :func:`escape_html` (HTML text and attributes), :func:`escape_markdown`, :func:`escape_myst`. Every renderer,
 and every report that writes user text, takes its escape from here.
 """
 
@@ -161,3 +161,17 @@ def escape_markdown(text: str) -> str:
     '\\\\*bold\\\\* \\\\<b\\\\>'
     """
     return _MD_SPECIAL.sub(r"\\\1", show_bidi(text).replace("\n", " "))
+
+
+# Every ASCII punctuation character may be backslash-escaped in CommonMark: user text escaped so
+# is text in MyST too, never a role ({abbr}`…`), directive (:::), target, HTML or math.
+_PUNCT = re.compile(r"([!-/:-@\[-`{-~])")
+
+
+def escape_myst(text: str) -> str:
+    """User text shown literally in MyST.
+
+    >>> escape_myst("{abbr}`x` <b> $y$")
+    '\\\\{abbr\\\\}\\\\`x\\\\` \\\\<b\\\\> \\\\$y\\\\$'
+    """
+    return _PUNCT.sub(r"\\\1", show_bidi(text).replace("\n", " "))

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Callable
 
 from .. import stages as registry
 from . import prose
-from .blocks import Block, Jacobian, Matrix, Normalisers, Tiles, blocks, symbol_of, symbol_text
+from .blocks import Block, Jacobian, Matrix, Normalisers, Tiles, blocks, repeated, symbol_of, symbol_text
 from .escape import escape_html
 from .grid import MAX_SHOWN, shown
 from .options import RenderOptions
@@ -134,9 +134,12 @@ class _Page:
 
     def body(self, parts: list[Block]) -> str:
         out: list[str] = []
-        open_section = False
+        open_section = folded = False
         figure = self.stream(parts)
         for block in parts:
+            if folded and block.kind in ("section", "step"):
+                out.append("</details>")
+                folded = False
             if block.kind == "section":
                 if figure:  # the picture of the stream, after the opening lines
                     out.append(figure)
@@ -150,10 +153,16 @@ class _Page:
             elif block.kind == "step":
                 anchor = f' id="{step_anchor(block.source.id)}"' if block.source is not None else ""
                 out.append(f'<h3{anchor}>{escape_html(block.text)}</h3>\n<p class="why">{_prose(block.extra)}</p>')
+                same = repeated(self.d, block.source) if block.source is not None and not self.exercise else None
+                if same is not None:  # a matrix shown already: folded away, one click from sight
+                    out.append(f'<details class="same"><summary>{_prose(same)} Show it again.</summary>')
+                    folded = True
             elif block.kind == "para":
                 out.append(f"<p>{_prose(block.text)}</p>")
             else:
                 out.append(self.display(block))
+        if folded:
+            out.append("</details>")
         if open_section:
             out.append("</section>")
         return "\n".join(out)

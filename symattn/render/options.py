@@ -18,7 +18,7 @@ from ..text import shown as _shown
 from .grid import MAX_SHOWN
 from .paper import DEFAULT_PAPER, PAPERS
 
-FORMATS = ("latex", "markdown", "text", "json", "html")
+FORMATS = ("latex", "markdown", "myst", "text", "json", "html")
 MAX_DIGITS = 50  # as a problem file's digits and --digits
 
 # The options each format reads (standalone is read by LaTeX and HTML, and accepted by every format
@@ -28,6 +28,7 @@ _SHEET = ("exercise", "ask")
 USED = {
     "latex": ("standalone", "digits", "check", *_LAYOUT, *_SHEET, "paper"),
     "markdown": ("standalone", "digits", "check", *_LAYOUT, *_SHEET),
+    "myst": ("standalone", "digits", "check", *_LAYOUT, *_SHEET),
     "html": ("standalone", "digits", "check", *_LAYOUT, *_SHEET),
     "text": ("standalone", "digits", "check", *_LAYOUT),
     "json": ("standalone", "digits", "check"),
@@ -100,7 +101,7 @@ class RenderOptions:
             raise ValueError(f"unknown format {_shown(format)}; choose one of {', '.join(FORMATS)}")
         unused = [f.name for f in fields(self) if f.name not in USED[format] and getattr(self, f.name) != f.default]
         if unused:
-            what = "an exercise sheet is LaTeX, Markdown or HTML" if set(unused) & set(_SHEET) else (
+            what = "an exercise sheet is LaTeX, Markdown, MyST or HTML" if set(unused) & set(_SHEET) else (
                 "the paper is a LaTeX document's (and its PDF's)" if "paper" in unused else
                 "JSON holds every stage in full")
             raise ValueError(f"{format} does not take {', '.join(unused)}: {what}")

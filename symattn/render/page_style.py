@@ -21,6 +21,7 @@ line-height:1.5;color:#1a1a1a;background:#fff;max-width:72rem;margin:0 auto;padd
 .symattn-page h1{font-size:1.8rem;margin:.5rem 0 1rem}
 .symattn-page h2{font-size:1.35rem;margin:2rem 0 .5rem;border-bottom:1px solid #ccc;padding-bottom:.2rem}
 .symattn-page h3{font-size:1.1rem;margin:1.2rem 0 .3rem}
+.symattn-page details.same>summary{cursor:pointer;color:#333;margin:.3rem 0}
 .symattn-page .toc h2{font-size:1.1rem;border:0;margin:0 0 .3rem}
 .symattn-page .toc{background:#f5f5f5;border:1px solid #ddd;border-radius:4px;padding:.6rem 1rem;margin-bottom:1rem}
 .symattn-page .toc ol{margin:0;padding-left:1.5rem;columns:2 22rem}

@@ -88,8 +88,15 @@ def workers() -> int:
 
 
 def latex_to_pdfs(sources: Iterable[str], count: int, timeout: float = 120, jobs: int | None = None) -> list[bytes]:
-    """The PDFs of ``count`` documents (``sources``, which may still be being made: each is
-    compiled as soon as it comes), one pdflatex run per core at once. Each PDF is the one
+    """The PDFs of ``count`` documents: :func:`compile_latexes` without the logs."""
+    return [pdf for pdf, _ in compile_latexes(sources, count, timeout, jobs)]
+
+
+def compile_latexes(sources: Iterable[str], count: int, timeout: float = 120,
+                    jobs: int | None = None) -> list[tuple[bytes, str]]:
+    """The PDFs of ``count`` documents and the logs of their last pdflatex runs (see
+    :func:`display_scales`). The documents (``sources``) may still be being made: each is
+    compiled as soon as it comes, one pdflatex run per core at once. Each PDF is the one
     :func:`latex_to_pdf` makes of its source (pdflatex is run again while its log asks for it);
     documents that share their preamble up to the title load it from a format made once. Every
     run is bounded by ``timeout``; the first document that fails (in order) is the error, and
@@ -139,7 +146,8 @@ def _make_format(pdflatex: str, preamble: str, folder: Path, timeout: float) -> 
     return str(made.with_suffix("")) if run.returncode == 0 and made.exists() else None
 
 
-def _compile_one(pdflatex: str, source: str, folder: Path, timeout: float, fmt: str | None, skip: int) -> bytes:
+def _compile_one(pdflatex: str, source: str, folder: Path, timeout: float, fmt: str | None,
+                 skip: int) -> tuple[bytes, str]:
     """One document's PDF: from the format ``fmt`` that holds its first ``skip`` characters, when
     there is one; a failure is compiled again as a whole, so its error is the one it has alone."""
     folder.mkdir()
@@ -155,7 +163,7 @@ def _compile_one(pdflatex: str, source: str, folder: Path, timeout: float, fmt: 
         return _compile_one(pdflatex, source, folder / "alone", timeout, None, 0)
 
 
-def _runs(command: list[str], folder: Path, timeout: float) -> bytes:
+def _runs(command: list[str], folder: Path, timeout: float) -> tuple[bytes, str]:
     """pdflatex run in ``folder`` until its log asks for no other run (at most :data:`_RUNS`)."""
     for _ in range(_RUNS):
         try:
@@ -168,7 +176,7 @@ def _runs(command: list[str], folder: Path, timeout: float) -> bytes:
             raise SymattnError("pdflatex failed: " + _log_excerpt(text + "\n" + run.stdout.decode("utf-8", "replace")))
         if not _RERUN.search(text):
             break
-    return pdf.read_bytes()
+    return pdf.read_bytes(), text
 
 
 TEX_LINE_LIMIT = 200_000  # characters: TeX Live's buf_size, the longest line pdflatex reads
