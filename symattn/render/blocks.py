@@ -50,6 +50,9 @@ class Block:
     # from ``text`` (the web page): a tuple of Matrix (side by side), a Normalisers or a Jacobian;
     # a ``step`` block's Step (the web page's anchor of the step)
     source: object = None
+    # a display of a step's matrix: its entries' form (``exact``, ``decimal`` or ``answer``), on
+    # each column block too; what LaTeX keeps on one page with the step's heading
+    form: str = ""
 
 
 @dataclass(frozen=True)
@@ -208,12 +211,12 @@ def _displays(lhs: str, step: Step, draw, form: str, split: bool | None = True) 
         return [Block("math", "", source=(Matrix(lhs, step, form),))]
     parts = draw(SPLIT_WIDTH - width(lhs) if split else None)
     if len(parts) == 1:
-        return [Block("math", lhs + parts[0][1], source=(Matrix(lhs, step, form),))]
+        return [Block("math", lhs + parts[0][1], source=(Matrix(lhs, step, form),), form=form)]
     out = []
     for (a, b), matrix in parts:
         which = f"Column {a + 1}" if a == b else f"Columns {a + 1} to {b + 1}"
         out.append(Block("para", f"{which} of {step.shape[1]}:"))
-        out.append(Block("math", lhs + matrix))
+        out.append(Block("math", lhs + matrix, form=form))
     return out
 
 
